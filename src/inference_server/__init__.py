@@ -1,0 +1,1 @@
+"""inference_server: a single-GPU LLM inference engine."""

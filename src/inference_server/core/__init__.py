@@ -1,0 +1,1 @@
+"""Trio-free engine logic: data structures and algorithms (no trio, no Quart)."""

@@ -1,0 +1,1 @@
+"""Model architectures, configs, weight loading and tokenizers."""
