@@ -1,0 +1,80 @@
+"""Modules shared by the Gemma and Qwen3-MoE decoders, with Hugging Face parameter names.
+
+``SelfAttention`` covers every attention variant of the supported models through its ``LayerSpec`` and the
+model's switches (norm style, value norm, scale); ``GatedMLP`` is the gate/up/down MLP; ``FusedExperts``
+holds MoE expert weights stored fused as in the checkpoints (``gate_up_proj [E, 2I, H]``, gate rows first,
+``down_proj [E, H, I]``) and runs them through the active MoE implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inference_server.models import ops
+from inference_server.models.attention import AttentionContext
+from inference_server.models.layers import RMSNorm, activation, apply_rope
+from inference_server.models.spec import LayerSpec, ModelSpec
+
+
+class SelfAttention(nn.Module):
+    """q/k/v projections, per-head q/k norms, RoPE, optional value norm, attention through the context."""
+
+    def __init__(self, spec: ModelSpec, layer: LayerSpec) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = spec.num_attention_heads
+        self.head_dim = layer.head_dim
+        self.scale = spec.attention_scale if spec.attention_scale is not None else layer.head_dim ** -0.5
+        self.logit_softcap = spec.attn_logit_softcapping
+        hidden, d, kv = spec.hidden_size, layer.head_dim, layer.num_kv_heads
+        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=False)
+        self.q_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style)
+        if layer.computes_kv:
+            self.k_proj = nn.Linear(hidden, kv * d, bias=False)
+            self.k_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style)
+            self.v_proj = nn.Linear(hidden, kv * d, bias=False) if layer.has_v_proj else None
+            self.v_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style, with_weight=False) \
+                if spec.value_norm else None
+        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(tokens, -1, self.head_dim))  # [T, nH, D]
+        q = apply_rope(q, cos, sin)
+        k = v = None
+        if self.layer.computes_kv:
+            k_raw = self.k_proj(x).view(tokens, -1, self.head_dim)  # [T, nKV, D]
+            v = self.v_proj(x).view(tokens, -1, self.head_dim) if self.v_proj is not None else k_raw
+            k = apply_rope(self.k_norm(k_raw), cos, sin)
+            if self.v_norm is not None:
+                v = self.v_norm(v)
+        out = ctx.attend(self.layer, q, k, v, self.scale, self.logit_softcap)  # [T, nH, D]
+        return self.o_proj(out.reshape(tokens, -1))
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class FusedExperts(nn.Module):
+    """Expert weights of one MoE layer; ``forward`` applies the routed experts with their weights."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.activation = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation)

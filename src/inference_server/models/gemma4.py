@@ -1,0 +1,154 @@
+"""Gemma 4 text decoder (and Gemma 3 through the same code), as specified in models.md §2 and §7.
+
+Parameter names follow ``Gemma4ForCausalLM`` (``model.layers.{i}...``); the loader strips the hub prefix
+``model.language_model.``. Gemma 3 runs here with the switches carried by ``ModelSpec``: (1 + w) rsqrt
+norms, ``query_pre_attn_scalar ** -0.5`` attention scale, no value norm, no layer scalar.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inference_server.models.attention import AttentionContext
+from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.layers import RMSNorm, activation, rms_norm, rope_cos_sin, rope_inv_freq, softcap
+from inference_server.models.spec import LayerSpec, ModelSpec
+
+
+class Gemma4Router(nn.Module):
+    """Top-k routing from the *un-normed* residual: weightless norm, per-channel scale, H^-0.5, fp32 softmax,
+    renormalised top-k weights times ``per_expert_scale`` (weights stay fp32)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.eps = spec.rms_norm_eps
+        self.top_k = spec.experts_top_k
+        self.root_size = spec.hidden_size ** -0.5
+        self.proj = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(spec.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(spec.num_experts))
+
+    def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
+        probs = torch.softmax(self.proj(x), dim=-1, dtype=torch.float32)  # [T, E]
+        weights, ids = torch.topk(probs, k=self.top_k, dim=-1)  # [T, K]
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[ids], ids
+
+
+class Gemma4DecoderLayer(nn.Module):
+    """Sandwich-normed attention and FFN; optional MoE beside the dense MLP, PLE gate and layer scalar."""
+
+    def __init__(self, spec: ModelSpec, layer: LayerSpec) -> None:
+        super().__init__()
+        hidden, eps, style = spec.hidden_size, spec.rms_norm_eps, spec.norm_style
+        self.self_attn = SelfAttention(spec, layer)
+        self.mlp = GatedMLP(hidden, layer.intermediate_size, spec.hidden_activation)
+        self.input_layernorm = RMSNorm(hidden, eps, style)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, style)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, style)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, style)
+        self.has_layer_scalar = spec.architecture == "gemma4"
+        if self.has_layer_scalar:
+            self.register_buffer("layer_scalar", torch.ones(1))
+        self.is_moe = layer.is_moe
+        if self.is_moe:
+            self.router = Gemma4Router(spec)
+            self.experts = FusedExperts(spec.num_experts, hidden, spec.moe_intermediate_size,
+                                        spec.hidden_activation)
+            self.pre_feedforward_layernorm_2 = RMSNorm(hidden, eps, style)
+            self.post_feedforward_layernorm_1 = RMSNorm(hidden, eps, style)
+            self.post_feedforward_layernorm_2 = RMSNorm(hidden, eps, style)
+        self.ple_size = spec.ple_hidden_size
+        if self.ple_size:
+            self.act = activation(spec.hidden_activation)
+            self.per_layer_input_gate = nn.Linear(hidden, self.ple_size, bias=False)
+            self.per_layer_projection = nn.Linear(self.ple_size, hidden, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(hidden, eps, style)
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, H]
+        per_layer_input: torch.Tensor | None,  # [T, P]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        residual = h
+        h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, ctx))
+        h = residual + h
+
+        residual = h
+        m = self.mlp(self.pre_feedforward_layernorm(h))
+        if self.is_moe:
+            dense = self.post_feedforward_layernorm_1(m)
+            weights, ids = self.router(residual)
+            moe = self.experts(self.pre_feedforward_layernorm_2(residual), weights, ids)
+            m = dense + self.post_feedforward_layernorm_2(moe)
+        h = residual + self.post_feedforward_layernorm(m)
+
+        if self.ple_size:
+            gate = self.act(self.per_layer_input_gate(h)) * per_layer_input  # [T, P]
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
+        if self.has_layer_scalar:
+            h = h * self.layer_scalar
+        return h
+
+
+class Gemma4Model(nn.Module):
+    """Embeddings (with per-layer embeddings when configured), decoder layers and final norm."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(spec, layer) for layer in spec.layers)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_style)
+        if spec.ple_hidden_size:
+            total = spec.num_layers * spec.ple_hidden_size
+            self.embed_tokens_per_layer = nn.Embedding(spec.ple_vocab_size, total)
+            self.per_layer_model_projection = nn.Linear(spec.hidden_size, total, bias=False)
+            self.per_layer_projection_norm = RMSNorm(spec.ple_hidden_size, spec.rms_norm_eps, spec.norm_style)
+        with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device
+            self.inv_freqs = {layer.layer_type: rope_inv_freq(layer.rope) for layer in spec.layers}
+
+    def per_layer_inputs(self, ids: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+        """PLE: per-layer inputs [T, L, P] from the token table and a projection of the scaled embedding."""
+        spec, tokens = self.spec, ids.shape[0]
+        table = self.embed_tokens_per_layer.weight
+        tok = self.embed_tokens_per_layer(ids) * torch.tensor(spec.ple_hidden_size ** 0.5).to(table.dtype)
+        tok = tok.reshape(tokens, spec.num_layers, spec.ple_hidden_size)
+        proj = self.per_layer_model_projection(h0) * spec.hidden_size ** -0.5
+        proj = self.per_layer_projection_norm(proj.reshape(tokens, spec.num_layers, spec.ple_hidden_size))
+        return (proj + tok) * 2.0 ** -0.5
+
+    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Final-normed hidden states [T, H] for the packed token ids [T]."""
+        weight = self.embed_tokens.weight
+        h = self.embed_tokens(ids) * torch.tensor(self.spec.embed_scale).to(weight.dtype)  # [T, H]
+        ple = self.per_layer_inputs(ids, h) if self.spec.ple_hidden_size else None  # [T, L, P]
+        rope = {t: rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
+        for i, decoder_layer in enumerate(self.layers):
+            cos, sin = rope[self.spec.layers[i].layer_type]
+            h = decoder_layer(h, ple[:, i, :] if ple is not None else None, cos, sin, ctx)
+        return self.norm(h)
+
+
+class Gemma4ForCausalLM(nn.Module):
+    """Gemma 4 / Gemma 3 causal LM: tied lm_head and final logit softcapping."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = Gemma4Model(spec)
+        if not spec.tie_word_embeddings:
+            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        return self.model(ids, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] for final hidden states [N, H] (in the model dtype, softcapped)."""
+        weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
+        return softcap(torch.nn.functional.linear(hidden, weight), self.spec.final_logit_softcapping)

@@ -1,0 +1,93 @@
+"""Building blocks shared by the model files: RMSNorm variants, rotary embeddings, activations.
+
+Each function reproduces the exact operation order of the transformers reference it mirrors, because the
+parity tests compare fp32 logits bit for bit (see ../shared/reference/models.md §2.3, §2.5, §2.10, §4).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference_server.models.spec import NormStyle, RopeSpec
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+    """RMSNorm over the last dim in one of three numerically distinct conventions.
+
+    * ``gemma4``: fp32 ``x * pow(mean(x²)+eps, -0.5) * w``, one cast at the end; ``weight`` may be None
+      (weightless norms: value norm, router norm).
+    * ``gemma3``: fp32 ``x * rsqrt(mean(x²)+eps) * (1 + w)``, one cast at the end.
+    * ``qwen``: fp32 ``x * rsqrt(mean(x²)+eps)``, cast to the input dtype, then ``w *`` in the weight dtype.
+    """
+    xf = x.float()
+    if style == "gemma4":
+        y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+        if weight is not None:
+            y = y * weight.float()
+        return y.type_as(x)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if style == "gemma3":
+        if weight is not None:
+            y = y * (1.0 + weight.float())
+        return y.type_as(x)
+    y = y.to(x.dtype)
+    return y if weight is None else weight * y
+
+
+class RMSNorm(nn.Module):
+    """An RMSNorm with an HF-named ``weight`` parameter (or none, for weightless norms)."""
+
+    def __init__(self, dim: int, eps: float, style: NormStyle, with_weight: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.style: NormStyle = style
+        self.weight = nn.Parameter(torch.ones(dim)) if with_weight else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, self.style)
+
+
+def rope_inv_freq(rope: RopeSpec) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in fp32; pairs beyond ``rope.rotated_pairs`` get frequency 0."""
+    pairs = rope.rotated_pairs
+    exponents = torch.arange(0, 2 * pairs, 2, dtype=torch.int64).to(dtype=torch.float) / rope.head_dim
+    inv_freq = 1.0 / (rope.theta ** exponents)
+    padding = rope.head_dim // 2 - pairs
+    if padding > 0:
+        inv_freq = torch.cat((inv_freq, torch.zeros(padding, dtype=torch.float32)))
+    return inv_freq / rope.linear_factor
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """cos and sin [T, head_dim] for absolute ``positions`` [T], made in fp32 and cast to ``dtype``."""
+    freqs = positions[:, None].float() * inv_freq.to(device=positions.device, dtype=torch.float)  # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX half-split rotation of x [T, heads, D] with cos/sin [T, D]."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)
+
+
+def activation(name: str) -> callable:
+    """The MLP activation by its HF name."""
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "silu":
+        return F.silu
+    if name == "gelu":
+        return F.gelu
+    raise ValueError(f"unsupported activation {name!r}")
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``tanh(x / cap) * cap`` (identity when cap is None), in x's dtype."""
+    if cap is None:
+        return x
+    return torch.tanh(x / cap) * cap

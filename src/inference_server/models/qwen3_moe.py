@@ -1,0 +1,99 @@
+"""Qwen3-MoE decoder, as specified in models.md §4.
+
+Parameter names follow ``Qwen3MoeForCausalLM`` with experts fused as transformers holds them in memory
+(``mlp.experts.gate_up_proj [E, 2I, H]``, ``mlp.experts.down_proj [E, H, I]``); the loader fuses the hub's
+per-expert tensors. Router: fp32 softmax, top-k, optional renormalisation, then a cast to the activation
+dtype *before* weighting (unlike Gemma 4).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inference_server.models.attention import AttentionContext
+from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.layers import RMSNorm, rope_cos_sin, rope_inv_freq
+from inference_server.models.spec import LayerSpec, ModelSpec
+
+
+class Qwen3MoeRouter(nn.Module):
+    """``mlp.gate``: linear router over experts."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.top_k = spec.experts_top_k
+        self.normalize = spec.norm_topk_prob
+        self.weight = nn.Parameter(torch.zeros(spec.num_experts, spec.hidden_size))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = torch.nn.functional.linear(x, self.weight)  # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), ids
+
+
+class Qwen3MoeSparseBlock(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.gate = Qwen3MoeRouter(spec)
+        self.experts = FusedExperts(spec.num_experts, spec.hidden_size, spec.moe_intermediate_size,
+                                    spec.hidden_activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        return self.experts(x, weights, ids)
+
+
+class Qwen3MoeDecoderLayer(nn.Module):
+    """Pre-norm attention and pre-norm FFN (sparse MoE or dense MLP), each added to the residual."""
+
+    def __init__(self, spec: ModelSpec, layer: LayerSpec) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(spec, layer)
+        self.mlp = Qwen3MoeSparseBlock(spec) if layer.is_moe else \
+            GatedMLP(spec.hidden_size, layer.intermediate_size, spec.hidden_activation)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, "qwen")
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, "qwen")
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3MoeModel(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(spec, layer) for layer in spec.layers)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, "qwen")
+        with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device
+            self.inv_freq = rope_inv_freq(spec.layers[0].rope)
+
+    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Final-normed hidden states [T, H] for the packed token ids [T]."""
+        h = self.embed_tokens(ids)  # [T, H]
+        cos, sin = rope_cos_sin(self.inv_freq, ctx.positions, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, ctx)
+        return self.norm(h)
+
+
+class Qwen3MoeForCausalLM(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = Qwen3MoeModel(spec)
+        if not spec.tie_word_embeddings:
+            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        return self.model(ids, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] for final hidden states [N, H]."""
+        weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)
