@@ -1,0 +1,162 @@
+"""Typed settings, read once at start-up from defaults < ``.env`` < environment < command line.
+
+Every knob is one field of ``Settings`` with its environment name (the field name upper-cased), a type,
+accepted values and a help line; ``.env.example`` documents the same list (a test keeps the two in sync).
+An invalid value stops start-up with a ``SettingsError`` naming the setting and the accepted values.
+Runtime facts (the device actually chosen, the model's context length) travel separately, not here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+class SettingsError(ValueError):
+    """A setting with an invalid value; the message names the setting and what it accepts."""
+
+
+def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: float | None = None) -> Any:
+    return attrs.field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
+
+
+@attrs.frozen
+class Settings:
+    model: str = _field("", "Model to serve: a Hugging Face checkpoint folder, a .gguf file or a preset name "
+                            "(with DUMMY_WEIGHTS). Empty: the embedded Gemma 3 270M GGUF.")
+    dummy_weights: bool = _field(False, "Random weights at the model's real size, made on the device "
+                                        "(benchmarks; needs a preset or a folder with config.json).")
+    device: str = _field("auto", "Where the model runs; auto picks CUDA, then MPS, then CPU.",
+                         ("auto", "cuda", "mps", "cpu"))
+    dtype: str = _field("auto", "Weight and activation dtype; auto is bfloat16 on CUDA, float32 elsewhere.",
+                        ("auto", "bfloat16", "float16", "float32"))
+    backend: str = _field("auto", "Step runner backend: custom-cuda (Triton kernels, CUDA graphs) or "
+                                  "reference (pure PyTorch); auto picks custom-cuda when CUDA is present.",
+                          ("auto", "custom-cuda", "reference"))
+    custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend.")
+    cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
+    host: str = _field("127.0.0.1", "Address the HTTP server listens on.")
+    port: int = _field(8000, "Port the HTTP server listens on.", minimum=0)
+    served_model_name: str = _field("", "Model name reported by /v1/models; empty: derived from MODEL.")
+    max_model_len: int = _field(0, "Longest context (prompt + output) in tokens; 0: the model's own limit, "
+                                   "capped at 8192 on CPU.", minimum=0)
+    max_batch_size: int = _field(256, "Most sequences in one step.", minimum=1)
+    max_num_batched_tokens: int = _field(2048, "Token budget of one step (prefill chunks plus decodes).",
+                                         minimum=1)
+    max_active_kv_tokens: int = _field(0, "Cap on KV tokens held by running requests; 0: the KV pool size.",
+                                       minimum=0)
+    max_queued_tokens: int = _field(1_000_000, "Cap on prompt tokens waiting for admission; more is rejected "
+                                               "as overloaded.", minimum=1)
+    max_queue_size: int = _field(1024, "Capacity of the admission inbox; a full inbox rejects at once.",
+                                 minimum=1)
+    kv_block_size: int = _field(16, "Tokens per KV-cache block.", minimum=1)
+    kv_cache_memory_fraction: float = _field(0.9, "Fraction of free device memory (after weights) given to "
+                                                  "the KV cache.", minimum=0.0)
+    kv_cache_tokens: int = _field(0, "KV pool size in tokens; 0: sized from KV_CACHE_MEMORY_FRACTION "
+                                     "(CPU: 65536).", minimum=0)
+    prefill_mode: str = _field("chunked", "How prompts are prefilled: one whole prompt a step (monolithic), "
+                                          "in token-budget chunks beside running decodes (chunked), or "
+                                          "several prompts in one forward (batched).",
+                               ("monolithic", "chunked", "batched"))
+    scheduling_policy: str = _field("fcfs", "Order of admission: first come first served, or fair share "
+                                            "per session_id (virtual token counter).", ("fcfs", "fair"))
+    enable_prefix_caching: bool = _field(True, "Reuse KV blocks of identical prompt prefixes (radix cache).")
+    admission_timeout: float = _field(60.0, "Seconds a request may wait to start before it ends with "
+                                            "a timeout.", minimum=0.0)
+    shutdown_timeout: float = _field(30.0, "Seconds in-flight requests get to finish after SIGTERM/SIGINT.",
+                                     minimum=0.0)
+    stall_timeout: float = _field(30.0, "Readiness turns 503 when work is pending and no step completed "
+                                        "for this many seconds.", minimum=0.0)
+    max_body_bytes: int = _field(4 * 1024 * 1024, "Largest accepted HTTP request body.", minimum=1)
+    seed: int = _field(0, "Seed for dummy weights and for requests without their own seed.", minimum=0)
+    cache_dir: str = _field("", "Where converted tokenizers and other caches live; empty: "
+                                "$XDG_CACHE_HOME/inference_server or ~/.cache/inference_server.")
+    telemetry_dir: str = _field("", "Folder for the per-run SQLite file and JSONL timeline; empty: off.")
+    log_level: str = _field("info", "Logging level.", ("debug", "info", "warning", "error"))
+
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir)
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "inference_server"
+
+
+def env_name(field: attrs.Attribute) -> str:
+    return field.name.upper()
+
+
+def _convert(field: attrs.Attribute, raw: str) -> Any:
+    name, meta = env_name(field), field.metadata
+    text = raw.strip()
+    try:
+        if field.type in (bool, "bool"):
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
+        if field.type in (int, "int"):
+            value: Any = int(text)
+        elif field.type in (float, "float"):
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+        else:
+            value = text
+    except ValueError:
+        kind = {"bool": "true or false", "int": "an integer", "float": "a finite number"}.get(
+            str(field.type), str(field.type))
+        raise SettingsError(f"{name}={raw!r} is invalid: expected {kind}") from None
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise SettingsError(f"{name}={raw!r} is invalid: accepted values are {', '.join(meta['choices'])}")
+    if meta["minimum"] is not None and value < meta["minimum"]:
+        raise SettingsError(f"{name}={raw!r} is invalid: must be >= {meta['minimum']}")
+    return value
+
+
+def load_settings(
+    overrides: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: str | Path | None = ".env",
+) -> Settings:
+    """Settings from defaults, then ``dotenv_path`` (if it exists), then ``environ``, then ``overrides``.
+
+    Keys are environment names (``MAX_BATCH_SIZE``); unknown keys in ``overrides`` are an error, unknown
+    environment variables are ignored.
+    """
+    from dotenv import dotenv_values
+
+    fields = {env_name(f): f for f in attrs.fields(Settings)}
+    layers: list[Mapping[str, str | None]] = []
+    if dotenv_path is not None and Path(dotenv_path).is_file():
+        layers.append(dotenv_values(dotenv_path))
+    layers.append(os.environ if environ is None else environ)
+    unknown = sorted(set(overrides or {}) - set(fields))
+    if unknown:
+        raise SettingsError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    layers.append(overrides or {})
+    values: dict[str, Any] = {}
+    for layer in layers:
+        for key, raw in layer.items():
+            if key in fields and raw is not None:
+                values[fields[key].name] = _convert(fields[key], raw)
+    return Settings(**values)
+
+
+def settings_help() -> list[tuple[str, str, str]]:
+    """(environment name, default, help) for every setting, in declaration order."""
+    rows = []
+    for field in attrs.fields(Settings):
+        help_text = field.metadata["help"]
+        if field.metadata["choices"]:
+            help_text += f" One of: {', '.join(field.metadata['choices'])}."
+        default = field.default
+        rows.append((env_name(field), str(default).lower() if isinstance(default, bool) else str(default),
+                     help_text))
+    return rows

@@ -1,0 +1,40 @@
+"""Runtime facts resolved from settings once at start-up: the torch device and dtype actually used."""
+
+from __future__ import annotations
+
+import torch
+
+from inference_server.config import Settings, SettingsError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(settings: Settings) -> torch.device:
+    """CUDA, then MPS, then CPU for ``auto``; an explicit device that is absent is a settings error."""
+    if settings.device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise SettingsError("DEVICE='cuda' is invalid: no CUDA device is available (accepted: auto, cuda, mps, cpu)")
+    if settings.device == "mps" and not torch.backends.mps.is_available():
+        raise SettingsError("DEVICE='mps' is invalid: MPS is not available (accepted: auto, cuda, mps, cpu)")
+    return torch.device(settings.device)
+
+
+def resolve_dtype(settings: Settings, device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA and float32 elsewhere for ``auto``."""
+    if settings.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[settings.dtype]
+
+
+def resolve_backend(settings: Settings, device: torch.device) -> str:
+    """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``."""
+    if settings.backend == "auto":
+        return "custom-cuda" if device.type == "cuda" else "reference"
+    if settings.backend == "custom-cuda" and device.type != "cuda":
+        raise SettingsError("BACKEND='custom-cuda' is invalid on a non-CUDA device (accepted: auto, reference)")
+    return settings.backend

@@ -1,0 +1,51 @@
+"""Settings: precedence, validation messages, and .env.example kept in sync with the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inference_server.config import Settings, SettingsError, load_settings, settings_help
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_without_any_source() -> None:
+    assert load_settings(environ={}, dotenv_path=None) == Settings()
+
+
+def test_precedence_dotenv_then_environment_then_overrides(tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("MAX_BATCH_SIZE=8\nPORT=9000\nDTYPE=float16\n")
+    settings = load_settings(overrides={"PORT": "9100"}, environ={"MAX_BATCH_SIZE": "16"}, dotenv_path=dotenv)
+    assert (settings.max_batch_size, settings.port, settings.dtype) == (16, 9100, "float16")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("DEVICE", "tpu", "DEVICE='tpu' is invalid: accepted values are auto, cuda, mps, cpu"),
+        ("PREFILL_MODE", "eager", "accepted values are monolithic, chunked, batched"),
+        ("MAX_BATCH_SIZE", "0", "MAX_BATCH_SIZE='0' is invalid: must be >= 1"),
+        ("MAX_BATCH_SIZE", "many", "expected an integer"),
+        ("DUMMY_WEIGHTS", "maybe", "expected true or false"),
+        ("ADMISSION_TIMEOUT", "nan", "expected a finite number"),
+    ],
+)
+def test_invalid_values_name_the_setting_and_accepted_values(key: str, value: str, message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        load_settings(environ={key: value}, dotenv_path=None)
+
+
+def test_unknown_override_is_rejected() -> None:
+    with pytest.raises(SettingsError, match="unknown setting"):
+        load_settings(overrides={"MAX_BATCHSIZE": "3"}, environ={}, dotenv_path=None)
+
+
+def test_env_example_documents_every_setting_with_its_default() -> None:
+    text = (REPO / ".env.example").read_text()
+    for name, default, _ in settings_help():
+        assert f"\n{name}={default}\n" in text, name
+    documented = {line.split("=")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert documented == {name for name, _, _ in settings_help()}
