@@ -1,0 +1,150 @@
+"""The step runner: one forward over a mixed batch of prefill chunks and decodes, then batched sampling.
+
+It owns the model, the paged KV storage and the per-request sampling state (seeded generators and the token
+history penalties read). It is synchronous and trio-free: the executor actor calls ``execute`` in its
+worker thread. Attention and KV-store implementations are injected, so the Triton kernels and CUDA graphs
+of the CUDA backend plug in behind the same ``execute``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+from torch import nn
+
+from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
+from inference_server.core.sampling import PenaltyHistory, SamplingBatch, make_generator, sample
+from inference_server.messages import SampledToken, ScheduledSequence, StepPlan, StepResult
+from inference_server.models.spec import ModelSpec
+
+
+@attrs.define
+class _RequestState:
+    """What the runner remembers of a request between steps: every token fed to the model so far (the
+    prompt's first ``prompt_len``, then outputs, since each sampled token is fed back) and its generator."""
+
+    prompt_len: int
+    token_ids: list[int]
+    generator: torch.Generator | None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: self.prompt_len]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+
+class ModelRunner:
+    """Runs ``StepPlan``s on one model. Not thread-safe: one caller at a time (the executor's thread)."""
+
+    def __init__(self, model: nn.Module, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
+                 *, attention_kwargs: dict | None = None) -> None:
+        self.model = model
+        self.spec = spec
+        self.storage = storage
+        self.device = device
+        self.block_size = storage.block_size
+        self.num_groups = max(storage.num_blocks) + 1
+        self.attention_kwargs = attention_kwargs or {}
+        self._requests: dict[int, _RequestState] = {}
+        self.tokens_computed = 0  # all tokens run through the model (tests count prefix-cache savings)
+
+    # -- state ---------------------------------------------------------------------------------------
+    def _state_for(self, seq: ScheduledSequence) -> _RequestState:
+        state = self._requests.get(seq.request_id)
+        if state is None or seq.reset:
+            generator = state.generator if state is not None else None  # a recomputed request keeps its stream
+            if generator is None and seq.sampling.seed is not None:
+                generator = make_generator(seq.sampling.seed, self.device)
+            state = _RequestState(prompt_len=seq.prompt_len, token_ids=[], generator=generator)
+            self._requests[seq.request_id] = state
+        state.token_ids.extend(seq.token_ids)
+        return state
+
+    def forget(self, request_ids: tuple[int, ...]) -> None:
+        for request_id in request_ids:
+            self._requests.pop(request_id, None)
+
+    # -- tensors -------------------------------------------------------------------------------------
+    def _step_tensors(self, plan: StepPlan) -> StepTensors:
+        positions, slots = [], {g: [] for g in range(self.num_groups)}
+        cu, context_lens = [0], []
+        width = {g: 1 for g in range(self.num_groups)}
+        for seq in plan.sequences:
+            n = len(seq.token_ids)
+            positions.extend(range(seq.cached_len, seq.cached_len + n))
+            cu.append(cu[-1] + n)
+            context_lens.append(seq.cached_len + n)
+            for g in range(self.num_groups):
+                table = seq.block_tables[g]
+                width[g] = max(width[g], len(table))
+                for p in range(seq.cached_len, seq.cached_len + n):
+                    index = p // self.block_size
+                    slots[g].append(table[index] * self.block_size + p % self.block_size
+                                    if index < len(table) else -1)
+        tables = {}
+        for g in range(self.num_groups):
+            rows = [list(seq.block_tables[g]) + [0] * (width[g] - len(seq.block_tables[g]))
+                    for seq in plan.sequences]
+            tables[g] = torch.tensor(rows, dtype=torch.int32).to(self.device, non_blocking=True)
+        return StepTensors(
+            positions=torch.tensor(positions, dtype=torch.int64).to(self.device, non_blocking=True),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32).to(self.device, non_blocking=True),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32).to(self.device, non_blocking=True),
+            block_tables=tables,
+            slot_mappings={g: torch.tensor(s, dtype=torch.int64).to(self.device, non_blocking=True)
+                           for g, s in slots.items()},
+            is_decode_only=all(len(seq.token_ids) == 1 for seq in plan.sequences),
+        )
+
+    # -- the step ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step; returns a sampled token for every sequence with ``sample`` set."""
+        started = time.perf_counter()
+        self.forget(plan.finished_request_ids)
+        states = [self._state_for(seq) for seq in plan.sequences]
+        tokens: tuple[SampledToken, ...] = ()
+        if plan.sequences:
+            step = self._step_tensors(plan)
+            ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
+            ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
+            hidden = self.model(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
+            tokens = self._sample(plan, states, hidden)
+            self.tokens_computed += plan.num_tokens
+        return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
+                          seconds=time.perf_counter() - started)
+
+    def _sample(self, plan: StepPlan, states: list[_RequestState], hidden: torch.Tensor) -> tuple[SampledToken, ...]:
+        rows, ends, total = [], [], 0
+        for i, seq in enumerate(plan.sequences):
+            total += len(seq.token_ids)
+            if seq.sample:
+                rows.append(i)
+                ends.append(total - 1)
+        if not rows:
+            return ()
+        logits = self.model.compute_logits(hidden[torch.tensor(ends, device=hidden.device)])  # [N, V]
+        seqs = [plan.sequences[i] for i in rows]
+        batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device,
+                                          [states[i].generator for i in rows])
+        history = None
+        if batch.use_penalties:
+            history = PenaltyHistory.from_lists([states[i].prompt_ids for i in rows],
+                                                [states[i].output_ids for i in rows], self.device)
+        out = sample(logits, batch, history)
+        token_ids = out.token_ids.tolist()
+        logprobs = out.logprobs.tolist()
+        top = None
+        if out.top_logprobs is not None:
+            top = (out.top_logprobs.token_ids.tolist(), out.top_logprobs.logprobs.tolist())
+        result = []
+        for j, seq in enumerate(seqs):
+            n_top = seq.sampling.logprobs or 0
+            pairs = tuple(zip(top[0][j][:n_top], top[1][j][:n_top], strict=True)) if top and n_top else ()
+            result.append(SampledToken(seq.request_id, token_ids[j], logprobs[j], pairs))
+        return tuple(result)

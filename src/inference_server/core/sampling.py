@@ -1,0 +1,328 @@
+"""Per-request sampling parameters and the batched token sampler.
+
+The sampler turns one step's logits ``[B, V]`` into one token per row, on the logits' device, in fp32.
+Per row, in this order (vLLM v1's order):
+
+1. repetition / presence / frequency penalties (only if some row uses them);
+2. greedy rows (``temperature < GREEDY_EPSILON``) take the argmax here and skip the rest;
+3. temperature, then min-p, then top-k and top-p (one descending sort shared by both);
+4. a draw from the remaining distribution by the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)``,
+   which is exact sampling from ``probs``. Rows with a ``torch.Generator`` draw their ``q`` from it alone,
+   so a seeded request gets the same tokens whatever else shares its batch; other rows share one draw
+   from the device's default generator.
+
+Returned logprobs are those of the *raw* model distribution (``log_softmax(logits)`` before penalties,
+temperature and truncation), as vLLM returns by default.
+
+Host syncs: nothing here reads device memory back. Per-row parameters go to the device in one copy per
+batch (`SamplingBatch.from_params`); which stages run is decided from Python-side flags, never from tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+GREEDY_EPSILON = 1e-5
+"""Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
+
+MAX_LOGPROBS = 20
+"""Largest accepted ``SamplingParams.logprobs`` (the OpenAI API's limit)."""
+
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return (isinstance(value, float) or _is_int(value)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _require(ok: bool, field: str, accepted: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{field} must be {accepted}, got {value!r}")
+
+
+@attrs.frozen
+class SamplingParams:
+    """How one request samples and when it stops. Defaults match vLLM / the OpenAI API."""
+
+    temperature: float = 1.0
+    """Softmax temperature, >= 0. Values below `GREEDY_EPSILON` (0 in particular) mean greedy (argmax)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 or -1 = off."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of best tokens with total probability >= top_p; 1.0 = off."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below ``min_p`` times the best token's; 0 = off."""
+    repetition_penalty: float = 1.0
+    """Over prompt + output tokens (HF/vLLM): positive logits divided, negative multiplied; 1.0 = off."""
+    presence_penalty: float = 0.0
+    """OpenAI semantics over output tokens: subtracted once from the logit of every token already output."""
+    frequency_penalty: float = 0.0
+    """OpenAI semantics over output tokens: subtracted from a token's logit once per time it was output."""
+    seed: int | None = None
+    """Per-request seed: the same seed, prompt and params give the same tokens. None = unseeded."""
+    max_tokens: int = 16
+    """Most output tokens to generate (finish reason ``"length"`` when reached)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: output ends before the first one that appears (or after it, see below)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the output (in addition to EOS, and even with ``ignore_eos``)."""
+    ignore_eos: bool = False
+    """Keep generating after the model's EOS tokens (benchmarks)."""
+    logprobs: int | None = None
+    """Top logprobs to return per token: None = none, 0 = only the sampled token's, n = it plus the top n."""
+    include_stop_str_in_output: bool = False
+    """Keep the matched stop string (or stop token's text) at the end of the output."""
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether this request takes the argmax instead of sampling."""
+        return self.temperature < GREEDY_EPSILON
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether the sampler needs this request's token history."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field out of its accepted range (vLLM's ranges)."""
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        _require(_is_real(t) and t >= 0, "temperature", "a finite number >= 0", t)
+        _require(_is_int(k) and k >= -1, "top_k", "-1 or 0 (off) or an integer >= 1", k)
+        _require(_is_real(p) and 0 < p <= 1, "top_p", "a number in (0, 1]", p)
+        _require(_is_real(m) and 0 <= m <= 1, "min_p", "a number in [0, 1]", m)
+        rep, pres, freq = self.repetition_penalty, self.presence_penalty, self.frequency_penalty
+        _require(_is_real(rep) and rep > 0, "repetition_penalty", "a finite number > 0", rep)
+        _require(_is_real(pres) and -2 <= pres <= 2, "presence_penalty", "a number in [-2, 2]", pres)
+        _require(_is_real(freq) and -2 <= freq <= 2, "frequency_penalty", "a number in [-2, 2]", freq)
+        seed, (lo, hi) = self.seed, _SEED_RANGE
+        ok_seed = seed is None or (_is_int(seed) and lo <= seed <= hi)
+        _require(ok_seed, "seed", f"None or an integer in [{lo}, {hi}]", seed)
+        max_tokens, logprobs = self.max_tokens, self.logprobs
+        _require(_is_int(max_tokens) and max_tokens >= 1, "max_tokens", "an integer >= 1", max_tokens)
+        ok_logprobs = logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS)
+        _require(ok_logprobs, "logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
+        ok_stop = isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)
+        _require(ok_stop, "stop", "a tuple of non-empty strings", self.stop)
+        ids = self.stop_token_ids
+        ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
+        _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A generator for one seeded request; the caller keeps it for the request's whole life."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@attrs.frozen(eq=False)
+class SamplingBatch:
+    """One step's per-row sampling parameters as device tensors, built once per batch by `from_params`.
+
+    The ``bool``/``int`` fields are host-side summaries so that stages no row needs are skipped without
+    reading device memory.
+    """
+
+    temperature: torch.Tensor  # [B] f32; 1.0 on greedy rows (they never divide)
+    greedy: torch.Tensor  # [B] bool
+    top_k: torch.Tensor  # [B] int64; <= 0 = off
+    top_p: torch.Tensor  # [B] f32; 1.0 = off
+    min_p: torch.Tensor  # [B] f32; 0.0 = off
+    repetition_penalty: torch.Tensor  # [B] f32
+    presence_penalty: torch.Tensor  # [B] f32
+    frequency_penalty: torch.Tensor  # [B] f32
+    generators: tuple[torch.Generator | None, ...]  # B entries; a row's own noise source, or None
+    all_greedy: bool
+    any_greedy: bool
+    use_min_p: bool
+    use_top_k_top_p: bool
+    use_penalties: bool
+    num_top_logprobs: int  # columns of `SamplerOutput.top_logprobs` (max over rows); 0 = none
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        device: torch.device | str,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> SamplingBatch:
+        """Pack B requests' params (one host-to-device copy). A row with a seed must have a generator."""
+        gens = tuple(generators) if generators is not None else (None,) * len(params)
+        if len(gens) != len(params):
+            raise ValueError(f"{len(gens)} generators for {len(params)} rows")
+        for row, (p, g) in enumerate(zip(params, gens, strict=True)):
+            if p.seed is not None and g is None:
+                raise ValueError(f"row {row} has seed {p.seed} but no generator (see make_generator)")
+        columns = [
+            [1.0 if p.is_greedy else p.temperature for p in params],
+            [float(p.is_greedy) for p in params],
+            [float(p.top_k) for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            [p.repetition_penalty for p in params],
+            [p.presence_penalty for p in params],
+            [p.frequency_penalty for p in params],
+        ]
+        packed = torch.tensor(columns, dtype=torch.float32).to(device, non_blocking=True)  # [8, B]
+        temperature, greedy, top_k, top_p, min_p, rep, pres, freq = packed.unbind(0)
+        return cls(
+            temperature=temperature,
+            greedy=greedy.bool(),
+            top_k=top_k.long(),
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=rep,
+            presence_penalty=pres,
+            frequency_penalty=freq,
+            generators=gens,
+            all_greedy=all(p.is_greedy for p in params),
+            any_greedy=any(p.is_greedy for p in params),
+            use_min_p=any(p.min_p > 0 for p in params),
+            use_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
+            use_penalties=any(p.uses_penalties for p in params),
+            num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
+        )
+
+
+@attrs.frozen(eq=False)
+class PenaltyHistory:
+    """Token ids the penalties look at, right-padded with -1 (rows without penalties may be empty)."""
+
+    prompt_ids: torch.Tensor  # [B, Lp] int64
+    output_ids: torch.Tensor  # [B, Lo] int64
+
+    @classmethod
+    def from_lists(
+        cls,
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        device: torch.device | str,
+    ) -> PenaltyHistory:
+        """Pad per-row id lists into two device tensors."""
+        return cls(_pad(prompt_ids, device), _pad(output_ids, device))
+
+
+def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    padded = [[*r, *([-1] * (width - len(r)))] for r in rows]
+    return torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width).to(device, non_blocking=True)
+
+
+@attrs.frozen(eq=False)
+class TopLogprobs:
+    """The n most likely tokens of each row's raw distribution, best first.
+
+    n is the batch's largest ``params.logprobs``; a row uses its first ``params.logprobs`` columns.
+    """
+
+    token_ids: torch.Tensor  # [B, n] int64
+    logprobs: torch.Tensor  # [B, n] f32
+
+
+@attrs.frozen(eq=False)
+class SamplerOutput:
+    """One step's sampled tokens; all tensors stay on the logits' device."""
+
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] f32, log-prob of token_ids under the raw (unprocessed) distribution
+    top_logprobs: TopLogprobs | None  # None when no row asked for logprobs >= 1
+
+
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    history: PenaltyHistory | None = None,
+) -> SamplerOutput:
+    """Sample one token per row of ``logits`` ``[B, V]`` (any float dtype; read, never modified).
+
+    ``history`` is required when ``batch.use_penalties``. Greedy rows give exactly the argmax of the
+    (penalised) logits.
+    """
+    work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
+    lse = torch.logsumexp(work, dim=-1)  # [B]
+    top = _top_logprobs(work, lse, batch.num_top_logprobs)
+    if batch.use_penalties:
+        if history is None:
+            raise ValueError("a row uses penalties but no PenaltyHistory was given")
+        _apply_penalties(work, history, batch)
+    token_ids = _choose_tokens(work, batch)  # [B]
+    logprobs = logits.gather(1, token_ids[:, None]).squeeze(1).float() - lse  # [B]
+    return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
+
+
+def _top_logprobs(logits: torch.Tensor, lse: torch.Tensor, n: int) -> TopLogprobs | None:
+    if n == 0:
+        return None
+    values, ids = logits.topk(min(n, logits.shape[-1]), dim=-1)  # [B, n], sorted descending
+    return TopLogprobs(token_ids=ids, logprobs=values - lse[:, None])
+
+
+def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    greedy_ids = work.argmax(dim=-1) if batch.any_greedy else None  # [B]
+    if greedy_ids is not None and batch.all_greedy:
+        return greedy_ids
+    work.div_(batch.temperature[:, None])
+    if batch.use_min_p:
+        _apply_min_p(work, batch.min_p)
+    if batch.use_top_k_top_p:
+        _apply_top_k_top_p(work, batch.top_k, batch.top_p)
+    sampled = _exponential_race(work.softmax(dim=-1), batch.generators)  # [B]
+    return sampled if greedy_ids is None else torch.where(batch.greedy, greedy_ids, sampled)
+
+
+def _bin_counts(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[B, L]`` ids (-1 = padding) -> ``[B, V]`` f32 occurrence counts."""
+    index = torch.where(ids < 0, vocab_size, ids)  # [B, L]; padding lands in a spare column
+    counts = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.float32, device=ids.device)
+    counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))  # [B, V + 1]
+    return counts[:, :vocab_size]
+
+
+def _apply_penalties(work: torch.Tensor, history: PenaltyHistory, batch: SamplingBatch) -> None:
+    rows, vocab_size = work.shape
+    if history.prompt_ids.shape[0] != rows or history.output_ids.shape[0] != rows:
+        raise ValueError(f"PenaltyHistory has {history.prompt_ids.shape[0]} rows, logits have {rows}")
+    output_counts = _bin_counts(history.output_ids, vocab_size)  # [B, V]
+    seen = (output_counts > 0) | (_bin_counts(history.prompt_ids, vocab_size) > 0)  # [B, V]
+    rep = torch.where(seen, batch.repetition_penalty[:, None], 1.0)  # [B, V]
+    work.copy_(torch.where(work > 0, work / rep, work * rep))
+    work.sub_(batch.frequency_penalty[:, None] * output_counts)
+    work.sub_(batch.presence_penalty[:, None] * (output_counts > 0))
+
+
+def _apply_min_p(work: torch.Tensor, min_p: torch.Tensor) -> None:
+    probs = work.softmax(dim=-1)  # [B, V]
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [B, 1]
+    work.masked_fill_(probs < threshold, -math.inf)
+
+
+def _apply_top_k_top_p(work: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Mask (to -inf) everything outside each row's top-k, then outside its top-p of what is left."""
+    vocab_size = work.shape[-1]
+    sorted_logits, order = work.sort(dim=-1, descending=True)  # [B, V] each
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab_size), vocab_size)  # [B]
+    ranks = torch.arange(vocab_size, device=work.device)  # [V]
+    sorted_logits.masked_fill_(ranks[None, :] >= k[:, None], -math.inf)
+    probs = sorted_logits.softmax(dim=-1)  # [B, V]
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V] mass of strictly better-ranked tokens
+    outside_p = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # the best token always stays
+    sorted_logits.masked_fill_(outside_p, -math.inf)
+    work.scatter_(1, order, sorted_logits)
+
+
+def _exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One exact sample per row of ``probs`` ``[B, V]`` (consumed): ``argmax(probs / q)``, ``q ~ Exp(1)``."""
+    q = torch.empty_like(probs)  # [B, V]
+    seeded = [row for row, g in enumerate(generators) if g is not None]
+    if len(seeded) < len(generators):
+        q.exponential_()
+    for row in seeded:
+        q[row].exponential_(generator=generators[row])
+    q.clamp_(min=torch.finfo(q.dtype).tiny)  # a zero draw would turn 0/0 into a NaN "winner"
+    return probs.div_(q).argmax(dim=-1)

@@ -1,0 +1,146 @@
+"""Per-request stop detection and stop-string-safe text release (pure Python, no torch).
+
+The caller feeds each new token with the text its detokenizer produced for it (possibly ``""``). The
+checker answers with the text that is safe to show now and, once, why the request finished:
+
+* ``"stop"``: an EOS token (unless ``ignore_eos``; ``stop_reason`` None), a stop token id
+  (``stop_reason`` = the id) or a stop string (``stop_reason`` = the string);
+* ``"length"``: ``max_tokens`` tokens were generated.
+
+A stop condition beats ``"length"`` on the same token. Stop strings are matched in the concatenated
+output text, across token boundaries; the first match to *complete* wins (ties: the longest), so the
+result never depends on how the text was split into tokens. Output ends before the matched string, or
+after it with ``include_stop_str_in_output``; a stop token's own text is dropped unless that flag is set
+(vLLM's behaviour). Text that could still be the start of a stop string is held back until resolved;
+with ``include_stop_str_in_output`` nothing needs holding back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    from inference_server.core.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@attrs.frozen
+class StopUpdate:
+    """What one token changed: text to emit now and, on the last token, why the request ended."""
+
+    text: str
+    """Newly released output text (may be empty while a possible stop string is pending)."""
+    finish_reason: FinishReason | None = None
+    """None while the request keeps going."""
+    stop_reason: str | int | None = None
+    """The matched stop string or stop token id (None for EOS, length, or while running)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether this was the request's last token."""
+        return self.finish_reason is not None
+
+
+class StopChecker:
+    """Decides, token by token, when one request is done and how much of its text may be shown."""
+
+    def __init__(
+        self,
+        *,
+        max_tokens: int,
+        eos_token_ids: Collection[int] = (),
+        stop: Sequence[str] = (),
+        stop_token_ids: Collection[int] = (),
+        ignore_eos: bool = False,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._max_tokens = max_tokens
+        self._eos = frozenset(() if ignore_eos else eos_token_ids)
+        self._stop_ids = frozenset(stop_token_ids)
+        self._stop = tuple(stop)
+        self._include_stop = include_stop_str_in_output
+        self._keep = max((len(s) for s in self._stop), default=1) - 1  # tail chars a match may start in
+        self._tail = ""  # the last `_keep` chars of output text seen so far
+        self._held = 0  # how many chars at the end of `_tail` are not yet released
+        self.num_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+
+    @classmethod
+    def from_params(cls, params: SamplingParams, eos_token_ids: Collection[int]) -> StopChecker:
+        """A checker for one request (``eos_token_ids``: the model's EOS ids, from its generation config)."""
+        return cls(
+            max_tokens=params.max_tokens,
+            eos_token_ids=eos_token_ids,
+            stop=params.stop,
+            stop_token_ids=params.stop_token_ids,
+            ignore_eos=params.ignore_eos,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+
+    @property
+    def finished(self) -> bool:
+        """Whether a finishing token has been seen (then `update` must not be called again)."""
+        return self.finish_reason is not None
+
+    def update(self, token_id: int, text: str) -> StopUpdate:
+        """Account for one generated token and the text its detokenization added."""
+        if self.finished:
+            raise RuntimeError("StopChecker.update called after the request finished")
+        self.num_tokens += 1
+        if token_id in self._eos or token_id in self._stop_ids:
+            reason = token_id if token_id in self._stop_ids else None
+            return self._finish("stop", reason, self.flush() + (text if self._include_stop else ""))
+        released, match = self._scan(text)
+        if match is not None:
+            return self._finish("stop", match, released)
+        if self.num_tokens >= self._max_tokens:
+            return self._finish("length", None, released + self.flush())
+        return StopUpdate(released)
+
+    def flush(self) -> str:
+        """Release held-back text, e.g. when the caller ends the request for its own reasons."""
+        held, self._held = (self._tail[len(self._tail) - self._held :] if self._held else ""), 0
+        return held
+
+    def _finish(self, reason: FinishReason, stop_reason: str | int | None, text: str) -> StopUpdate:
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        return StopUpdate(text, reason, stop_reason)
+
+    def _scan(self, text: str) -> tuple[str, str | None]:
+        """Release what is safe of ``tail + text``; return (released text, matched stop string or None)."""
+        buf = self._tail + text
+        unreleased = len(self._tail) - self._held  # index in buf of the first unreleased char
+        match = self._first_match(buf, new_from=len(self._tail))
+        if match is not None:
+            start, stop_str = match
+            end = start + len(stop_str) if self._include_stop else start
+            self._held = 0
+            return buf[unreleased:end], stop_str
+        hold = 0 if self._include_stop else self._partial_match_len(buf)
+        self._held = hold
+        self._tail = buf[max(0, len(buf) - self._keep) :] if self._keep else ""
+        return buf[unreleased : len(buf) - hold], None
+
+    def _first_match(self, buf: str, new_from: int) -> tuple[int, str] | None:
+        """The match ending earliest (ties: longest) among those ending after ``buf[:new_from]``."""
+        best: tuple[int, int, str] | None = None  # (end, -len, string)
+        for s in self._stop:
+            start = buf.find(s, max(0, new_from - len(s) + 1))
+            if start >= 0 and (best is None or (start + len(s), -len(s)) < best[:2]):
+                best = (start + len(s), -len(s), s)
+        return None if best is None else (best[0] + best[1], best[2])
+
+    def _partial_match_len(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of some stop string."""
+        longest = 0
+        for s in self._stop:
+            for n in range(min(len(s) - 1, len(buf)), longest, -1):
+                if buf.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
