@@ -1,0 +1,88 @@
+"""A request's state inside the scheduler, and the updates the scheduler emits for it."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from inference_server.core.detokenizer import IncrementalDetokenizer
+from inference_server.core.sampling import SamplingParams
+from inference_server.core.stop_checker import StopChecker
+from inference_server.messages import FinishReason
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@attrs.define(eq=False)
+class Request:
+    """One generation request as the scheduler tracks it.
+
+    ``num_computed`` counts tokens of ``all_token_ids`` whose KV has a slot (written by an issued step);
+    a preempted request goes back to 0 and is recomputed. ``arrival_index`` is the admission order, kept
+    across preemption so a preempted request keeps its place.
+    """
+
+    request_id: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_time: float
+    arrival_index: int
+    deadline: float | None = None  # absolute time by which the request must have started, or None
+    session_id: str | None = None
+    priority: int = 0  # smaller runs first (vLLM's convention)
+    extra_key: Any = None  # keeps prefix-cache entries of different salts / model revisions apart
+    detokenizer: IncrementalDetokenizer | None = None
+    stop_checker: StopChecker | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = attrs.Factory(list)
+    num_computed: int = 0
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    started: bool = False
+    needs_reset: bool = True  # the next chunk is the first after a (re)start
+
+    @property
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_ids + tuple(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+
+@attrs.frozen
+class TokenOutput:
+    """One generated token as it reaches a request's stream."""
+
+    token_id: int
+    text: str  # newly complete text (may be empty while a character or a stop string is pending)
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.frozen
+class RequestUpdate:
+    """What one step changed for one request: new tokens and, at the end, exactly one finish."""
+
+    request_id: int
+    tokens: tuple[TokenOutput, ...] = ()
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,216 @@
+"""Scheduler behaviour with a deterministic fake runner: refills, prefill modes, fairness, priority,
+preemption, deadlines, and KV released exactly once."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_server.core.kv_manager import KVManager
+from inference_server.core.policies import make_policy
+from inference_server.core.request import Request
+from inference_server.core.sampling import SamplingParams
+from inference_server.core.scheduler import Scheduler, SchedulerConfig
+from inference_server.core.stop_checker import StopChecker
+from inference_server.messages import SampledToken, StepPlan, StepResult
+
+BLOCK = 4
+
+
+def fake_token(length: int, last_token: int) -> int:
+    """A deterministic 'model': the next token depends on the sequence length and its last token."""
+    return (last_token * 31 + length * 7) % 97 + 3
+
+
+class FakeRunner:
+    """Checks that each request's chunks arrive contiguously and answers with ``fake_token``."""
+
+    def __init__(self) -> None:
+        self.progress: dict[int, int] = {}
+        self.tokens_computed = 0
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        tokens = []
+        for seq in plan.sequences:
+            assert seq.reset or self.progress[seq.request_id] == seq.cached_len
+            self.progress[seq.request_id] = seq.cached_len + len(seq.token_ids)
+            self.tokens_computed += len(seq.token_ids)
+            if seq.sample:
+                length = seq.cached_len + len(seq.token_ids)
+                tokens.append(SampledToken(seq.request_id, fake_token(length, seq.token_ids[-1]), -0.5))
+        for request_id in plan.finished_request_ids:
+            self.progress.pop(request_id, None)
+        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0)
+
+
+def make_scheduler(num_blocks: int = 64, policy: str = "fcfs", **config) -> Scheduler:
+    kv = KVManager(block_size=BLOCK, num_full_blocks=num_blocks)
+    return Scheduler(SchedulerConfig(**config), kv, make_policy(policy))
+
+
+_next_index = iter(range(10**6))
+
+
+def request(rid: int, prompt_len: int = 6, max_tokens: int = 5, session: str | None = None, priority: int = 0,
+            deadline: float | None = None, first_token: int = 10) -> Request:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return Request(request_id=rid, prompt_ids=tuple(range(first_token, first_token + prompt_len)), params=params,
+                   arrival_time=0.0, arrival_index=next(_next_index), deadline=deadline, session_id=session,
+                   priority=priority, stop_checker=StopChecker.from_params(params, eos_token_ids=()))
+
+
+def run_to_completion(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 1000) -> dict[int, list]:
+    outputs: dict[int, list] = {}
+    finished: dict[int, str] = {}
+    for _ in range(max_steps):
+        plan = scheduler.schedule()
+        if plan is None:
+            break
+        for update in scheduler.on_step_result(runner.execute(plan)):
+            outputs.setdefault(update.request_id, []).extend(t.token_id for t in update.tokens)
+            if update.finished:
+                assert update.request_id not in finished, "two terminal events"
+                finished[update.request_id] = update.finish_reason
+        scheduler.check_integrity()
+    assert not scheduler.has_work
+    assert scheduler.kv.full_pool.num_referenced == 0
+    return {rid: (outputs.get(rid, []), reason) for rid, reason in finished.items()}
+
+
+def test_freed_slot_is_refilled_in_the_next_step() -> None:
+    scheduler = make_scheduler(max_batch_size=2)
+    runner = FakeRunner()
+    scheduler.add(request(1, max_tokens=1))
+    scheduler.add(request(2, max_tokens=4))
+    scheduler.add(request(3, max_tokens=4))
+    first = scheduler.schedule()
+    assert [s.request_id for s in first.sequences] == [1, 2]
+    updates = scheduler.on_step_result(runner.execute(first))
+    assert [u.request_id for u in updates if u.finished] == [1]
+    second = scheduler.schedule()
+    assert {s.request_id for s in second.sequences} == {2, 3}  # request 3 took request 1's slot at once
+    assert second.finished_request_ids == (1,)
+
+
+@pytest.mark.parametrize("mode", ["monolithic", "chunked", "batched"])
+def test_prefill_modes_produce_identical_outputs(mode: str) -> None:
+    reference = None
+    scheduler = make_scheduler(prefill_mode=mode, max_num_batched_tokens=8)
+    for rid, length in [(1, 3), (2, 13), (3, 7)]:
+        scheduler.add(request(rid, prompt_len=length, first_token=rid * 20))
+    results = run_to_completion(scheduler, FakeRunner())
+    reference = {rid: run_alone(rid * 20, length) for rid, length in [(1, 3), (2, 13), (3, 7)]}
+    assert {rid: out for rid, (out, _) in results.items()} == reference
+
+
+def run_alone(first_token: int, length: int) -> list[int]:
+    tokens = list(range(first_token, first_token + length))
+    out = []
+    for _ in range(5):
+        t = fake_token(len(tokens), tokens[-1])
+        out.append(t)
+        tokens.append(t)
+    return out
+
+
+def test_prefill_mode_batch_shapes() -> None:
+    def first_plan(mode: str) -> list[int]:
+        scheduler = make_scheduler(prefill_mode=mode, max_num_batched_tokens=10)
+        for rid in (1, 2, 3):
+            scheduler.add(request(rid, prompt_len=4))
+        return [len(s.token_ids) for s in scheduler.schedule().sequences]
+
+    assert first_plan("monolithic") == [4]
+    assert first_plan("batched") == [4, 4]
+    assert first_plan("chunked") == [4, 4, 2]
+
+
+def test_chunked_prefill_never_stalls_running_decodes() -> None:
+    scheduler = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8)
+    runner = FakeRunner()
+    scheduler.add(request(1, prompt_len=4, max_tokens=20))
+    scheduler.on_step_result(runner.execute(scheduler.schedule()))
+    scheduler.add(request(2, prompt_len=40))
+    for _ in range(5):  # while the long prompt is prefilled in chunks, request 1 decodes every step
+        plan = scheduler.schedule()
+        assert plan.sequences[0].request_id == 1 and len(plan.sequences[0].token_ids) == 1
+        assert plan.num_tokens <= 8
+        scheduler.on_step_result(runner.execute(plan))
+
+
+def test_preemption_under_a_tiny_pool_loses_nothing_and_keeps_outputs() -> None:
+    prompts = [(rid, 5 + rid) for rid in range(1, 7)]
+    roomy = make_scheduler(num_blocks=256)
+    tight = make_scheduler(num_blocks=12)
+    for scheduler in (roomy, tight):
+        for rid, length in prompts:
+            scheduler.add(request(rid, prompt_len=length, max_tokens=12, first_token=rid * 7))
+    expected = run_to_completion(roomy, FakeRunner())
+    got = run_to_completion(tight, FakeRunner())
+    assert tight.num_preemptions > 0
+    assert got == expected
+    assert all(reason == "length" for _, reason in got.values())
+
+
+def test_priority_orders_admission_and_picks_victims() -> None:
+    scheduler = make_scheduler(max_batch_size=1)
+    scheduler.add(request(1, priority=5))
+    scheduler.add(request(2, priority=0))
+    assert [s.request_id for s in scheduler.schedule().sequences] == [2]
+    assert max(scheduler.running + scheduler.waiting, key=scheduler.policy.victim_key).request_id == 1
+
+
+def test_fair_share_bounds_a_light_session_while_a_heavy_one_floods() -> None:
+    """Ten heavy requests arrive before one light request; under fair share the light one is admitted
+    immediately after the heavy session has received service, under FCFS it waits for all of them."""
+
+    def light_finish_step(policy: str) -> int:
+        scheduler = make_scheduler(policy=policy, max_batch_size=2)
+        runner = FakeRunner()
+        for rid in range(10):
+            scheduler.add(request(100 + rid, session="heavy", max_tokens=8))
+        step = 0
+        while True:
+            if step == 2:
+                scheduler.add(request(1, session="light", max_tokens=8))
+            plan = scheduler.schedule()
+            updates = scheduler.on_step_result(runner.execute(plan))
+            step += 1
+            if any(u.request_id == 1 and u.finished for u in updates):
+                return step
+
+    assert light_finish_step("fair") <= 18
+    assert light_finish_step("fcfs") > 30
+
+
+def test_admission_deadline_times_out_only_unstarted_requests() -> None:
+    scheduler = make_scheduler(max_batch_size=1)
+    scheduler.add(request(1, deadline=5.0))
+    scheduler.add(request(2, deadline=5.0))
+    scheduler.schedule()
+    updates = scheduler.expire(now=6.0)
+    assert [(u.request_id, u.finish_reason) for u in updates] == [(2, "timeout")]
+    assert scheduler.expire(now=100.0) == []  # request 1 started: no timeout
+
+
+def test_abort_frees_kv_exactly_once() -> None:
+    scheduler = make_scheduler()
+    runner = FakeRunner()
+    scheduler.add(request(1, max_tokens=50))
+    scheduler.on_step_result(runner.execute(scheduler.schedule()))
+    update = scheduler.abort(1)
+    assert update.finish_reason == "abort"
+    assert scheduler.abort(1) is None
+    assert scheduler.kv.full_pool.num_referenced == 0
+    scheduler.check_integrity()
+
+
+def test_prefix_hit_computes_only_the_suffix() -> None:
+    scheduler = make_scheduler()
+    runner = FakeRunner()
+    shared = request(1, prompt_len=16, max_tokens=1)
+    run_to_completion_one = lambda r: (scheduler.add(r), run_to_completion(scheduler, runner))  # noqa: E731
+    run_to_completion_one(shared)
+    before = runner.tokens_computed
+    second = request(2, prompt_len=18, max_tokens=1)  # same first 16 tokens, 2 more
+    run_to_completion_one(second)
+    assert runner.tokens_computed - before == 18 - 16
