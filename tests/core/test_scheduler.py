@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inference_server.core.kv_grants import allocate_step
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import make_policy
 from inference_server.core.request import Request
@@ -42,9 +43,22 @@ class FakeRunner:
         return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0)
 
 
-def make_scheduler(num_blocks: int = 64, policy: str = "fcfs", **config) -> Scheduler:
-    kv = KVManager(block_size=BLOCK, num_full_blocks=num_blocks)
-    return Scheduler(SchedulerConfig(**config), kv, make_policy(policy))
+class Harness:
+    """Scheduler and KV allocator composed as the actors compose them, one demand and grant per step."""
+
+    def __init__(self, num_blocks: int = 64, policy: str = "fcfs", **config) -> None:
+        self.kv = KVManager(block_size=BLOCK, num_full_blocks=num_blocks)
+        self.scheduler = Scheduler(SchedulerConfig(**config), make_policy(policy))
+
+    def schedule(self) -> StepPlan | None:
+        return self.scheduler.apply_grant(allocate_step(self.kv, self.scheduler.demand()))
+
+    def __getattr__(self, name: str):
+        return getattr(self.scheduler, name)
+
+
+def make_scheduler(num_blocks: int = 64, policy: str = "fcfs", **config) -> Harness:
+    return Harness(num_blocks, policy, **config)
 
 
 _next_index = iter(range(10**6))
@@ -58,7 +72,7 @@ def request(rid: int, prompt_len: int = 6, max_tokens: int = 5, session: str | N
                    priority=priority, stop_checker=StopChecker.from_params(params, eos_token_ids=()))
 
 
-def run_to_completion(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 1000) -> dict[int, list]:
+def run_to_completion(scheduler: Harness, runner: FakeRunner, max_steps: int = 1000) -> dict[int, list]:
     outputs: dict[int, list] = {}
     finished: dict[int, str] = {}
     for _ in range(max_steps):
@@ -72,6 +86,8 @@ def run_to_completion(scheduler: Scheduler, runner: FakeRunner, max_steps: int =
                 finished[update.request_id] = update.finish_reason
         scheduler.check_integrity()
     assert not scheduler.has_work
+    scheduler.schedule()  # delivers the last releases to the allocator
+    scheduler.check_integrity(scheduler.kv)
     assert scheduler.kv.full_pool.num_referenced == 0
     return {rid: (outputs.get(rid, []), reason) for rid, reason in finished.items()}
 
@@ -200,8 +216,9 @@ def test_abort_frees_kv_exactly_once() -> None:
     update = scheduler.abort(1)
     assert update.finish_reason == "abort"
     assert scheduler.abort(1) is None
+    assert scheduler.schedule().finished_request_ids == (1,)
     assert scheduler.kv.full_pool.num_referenced == 0
-    scheduler.check_integrity()
+    scheduler.check_integrity(scheduler.kv)
 
 
 def test_prefix_hit_computes_only_the_suffix() -> None:

@@ -11,18 +11,20 @@ Prefill modes (``PREFILL_MODE``):
 * ``chunked``: prompts are cut into chunks that fill the budget left after the decodes, so a long prompt
   never stalls running decodes for more than one step's budget.
 
-Under KV pressure a running request is preempted by recompute: its blocks are released (its computed
-tokens go to the prefix cache, so the recompute is often short) and it goes back to the waiting queue with
-its original arrival index, so it keeps its place. The KV manager is the only owner of blocks; every path
-that ends a request (finish, abort, timeout, failure) releases its sequence exactly once.
+Under KV pressure a running request is preempted by recompute: the KV allocator releases its blocks and it
+goes back to the waiting queue with its original arrival index, so it keeps its place.
+
+The scheduler never touches blocks: ``demand`` describes what the next step wants, the KV allocator (the
+sole owner of blocks, ``core/kv_grants.py``) answers with a ``StepGrant``, and ``apply_grant`` turns that
+into the ``StepPlan``. Every path that ends a running request (finish, abort, timeout, failure) puts its
+sequence on the release list of the next demand exactly once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import attrs
 
+from inference_server.core.kv_grants import Demand, StepDemand, StepGrant
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import SchedulingPolicy, session_of
 from inference_server.core.request import Request, RequestStatus, RequestUpdate, TokenOutput
@@ -46,17 +48,18 @@ class SchedulerConfig:
 class Scheduler:
     """Owns waiting and running requests; trio-free and deterministic (tests drive it step by step)."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVManager, policy: SchedulingPolicy) -> None:
+    def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy, *, has_sliding_group: bool = False) -> None:
         self.config = config
-        self.kv = kv
         self.policy = policy
+        self.has_sliding_group = has_sliding_group
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
-        self._finished_since_last_plan: list[int] = []
+        self._releases: list[tuple[int, tuple[int, ...] | None]] = []
+        self._forget: list[int] = []
         self._step_id = 0
-        self._scheduled_now: set[int] = set()
         self.num_preemptions = 0
+        self.kv_free_fraction = 1.0
 
     # -- queries -------------------------------------------------------------------------------------
     @property
@@ -65,9 +68,6 @@ class Scheduler:
 
     def active_sessions(self) -> set[str]:
         return {session_of(r) for r in self.requests.values()}
-
-    def active_kv_tokens(self) -> int:
-        return sum(self.kv.num_tokens(r.request_id) for r in self.running)
 
     # -- request lifecycle ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -97,8 +97,8 @@ class Scheduler:
                 error: str | None = None, tokens: tuple[TokenOutput, ...] = ()) -> RequestUpdate:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            self.kv.release_sequence(request.request_id, request.all_token_ids[: request.num_computed])
-            self._finished_since_last_plan.append(request.request_id)
+            self._releases.append((request.request_id, request.all_token_ids[: request.num_computed]))
+            self._forget.append(request.request_id)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
@@ -110,54 +110,47 @@ class Scheduler:
         )
 
     # -- planning ------------------------------------------------------------------------------------
-    def schedule(self) -> StepPlan | None:
-        """The next step's plan, or None when there is nothing to run (finished ids are still delivered
-        with the next plan)."""
-        budget = self.config.max_num_batched_tokens
-        work: list[tuple[Request, int]] = []
-        self._scheduled_now = set()
-        for request in self._decodes():
-            if len(work) >= self.config.max_batch_size:
-                break
-            work.append((request, 1))
-            self._scheduled_now.add(request.request_id)
-            budget -= 1
-        self._plan_prefills(work, budget)
-        work = [(r, n) for r, n in work if r.status is RequestStatus.RUNNING]
-        if not work:
+    def demand(self) -> StepDemand:
+        """What the next step wants from the KV allocator (and the sequences to release first)."""
+        whole = self.config.prefill_mode != "chunked"
+        decodes = [Demand(r.request_id, new=False, num_tokens=1) for r in self.running if r.num_uncomputed == 1]
+        prefills = [Demand(r.request_id, new=False, num_tokens=r.num_uncomputed, whole=whole)
+                    for r in self.running if r.num_uncomputed > 1]
+        admissions = [Demand(r.request_id, new=True, num_tokens=r.num_tokens, tokens=r.all_token_ids,
+                             extra_key=r.extra_key, whole=whole) for r in self.policy.order(self.waiting)]
+        victims = sorted(self.running, key=self.policy.victim_key, reverse=True)
+        demand = StepDemand(
+            releases=tuple(self._releases), items=tuple(decodes + prefills + admissions),
+            victims=tuple(r.request_id for r in victims), token_budget=self.config.max_num_batched_tokens,
+            max_sequences=self.config.max_batch_size,
+            max_new=1 if self.config.prefill_mode == "monolithic" else None,
+            kv_token_cap=self.config.max_active_kv_tokens,
+        )
+        self._releases.clear()
+        return demand
+
+    def apply_grant(self, grant: StepGrant) -> StepPlan | None:
+        """Turn the allocator's grant into the next ``StepPlan`` (None when nothing was granted)."""
+        self.kv_free_fraction = grant.free_fraction
+        for request_id in grant.preempted:
+            self._preempted(self.requests[request_id])
+        sequences = []
+        for g in grant.grants:
+            request = self.requests[g.request_id]
+            if request.status is RequestStatus.WAITING:
+                self._started(request, g.start)
+            sequences.append(self._scheduled(request, g.num_tokens, g.block_tables))
+        forget = tuple(self._forget)
+        self._forget.clear()
+        if not sequences and not forget:
             return None
-        sequences = tuple(self._scheduled(request, n) for request, n in work)
-        plan = StepPlan(step_id=self._step_id, sequences=sequences,
-                        finished_request_ids=tuple(self._finished_since_last_plan))
+        plan = StepPlan(step_id=self._step_id, sequences=tuple(sequences), finished_request_ids=forget)
         self._step_id += 1
-        self._finished_since_last_plan.clear()
         return plan
 
-    def _decodes(self) -> Iterator[Request]:
-        """Running requests whose prompt is computed, each with a KV slot for one more token (preempting
-        the policy's victims when the pool runs short)."""
-        for request in list(self.running):
-            if request.status is not RequestStatus.RUNNING or request.num_uncomputed != 1:
-                continue
-            if self._make_room(request, 1):
-                yield request
-
-    def _make_room(self, request: Request, num_tokens: int) -> bool:
-        """Preempt other running requests until ``request`` can append ``num_tokens``; False if it was
-        itself the victim."""
-        while not self.kv.can_append(request.request_id, num_tokens):
-            candidates = [r for r in self.running if r.request_id not in self._scheduled_now or r is request]
-            victim = max(candidates, key=self.policy.victim_key)
-            self._preempt(victim)
-            if victim is request:
-                return False
-        self.kv.append_slots(request.request_id, num_tokens)
-        return True
-
-    def _preempt(self, request: Request) -> None:
+    def _preempted(self, request: Request) -> None:
         self.running.remove(request)
-        self.kv.release_sequence(request.request_id, request.all_token_ids[: request.num_computed])
-        self._finished_since_last_plan.append(request.request_id)  # the runner forgets its state
+        self._forget.append(request.request_id)  # the runner drops its per-request state
         request.status = RequestStatus.WAITING
         request.num_computed = 0
         request.needs_reset = True
@@ -165,50 +158,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.append(request)
 
-    def _plan_prefills(self, work: list[tuple[Request, int]], budget: int) -> None:
-        mode = self.config.prefill_mode
-        prefills = 0
-        in_progress = [r for r in self.running if r.num_uncomputed > 1]
-        for request in in_progress:  # prefills already under way (chunked mode) come first
-            if budget <= 0 or len(work) >= self.config.max_batch_size:
-                return
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted while this step was being planned
-            chunk = min(request.num_uncomputed, budget)
-            if not self._make_room(request, chunk):
-                continue
-            work.append((request, chunk))
-            self._scheduled_now.add(request.request_id)
-            budget -= chunk
-            prefills += 1
-        for request in self.policy.order(self.waiting):
-            if len(work) >= self.config.max_batch_size or (mode == "monolithic" and prefills >= 1):
-                break
-            chunk = self._admit(request, budget, first_in_step=not work)
-            if chunk is None:
-                break
-            work.append((request, chunk))
-            self._scheduled_now.add(request.request_id)
-            budget -= chunk
-            prefills += 1
-            if budget <= 0:
-                break
-
-    def _admit(self, request: Request, budget: int, first_in_step: bool) -> int | None:
-        """Start a waiting request with the chunk it gets this step, or None (it stays waiting)."""
-        self.kv.start_sequence(request.request_id, request.all_token_ids, request.extra_key)
-        cached = self.kv.num_tokens(request.request_id)
-        remaining = request.num_tokens - cached
-        whole_prompt = self.config.prefill_mode != "chunked"
-        chunk = remaining if whole_prompt else min(remaining, budget)
-        fits_budget = chunk <= budget or (whole_prompt and first_in_step)
-        cap = self.config.max_active_kv_tokens
-        alone = first_in_step and not self.running
-        fits_cap = cap == 0 or alone or self.active_kv_tokens() + request.num_tokens <= cap
-        if chunk <= 0 or not fits_budget or not fits_cap or not self.kv.can_append(request.request_id, chunk):
-            self.kv.release_sequence(request.request_id)
-            return None
-        self.kv.append_slots(request.request_id, chunk)
+    def _started(self, request: Request, cached: int) -> None:
         self.waiting.remove(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
@@ -217,17 +167,15 @@ class Scheduler:
             request.num_cached_prompt_tokens = min(cached, len(request.prompt_ids))
         request.started = True
         request.needs_reset = True
-        return chunk
 
-    def _scheduled(self, request: Request, num_tokens: int) -> ScheduledSequence:
+    def _scheduled(self, request: Request, num_tokens: int,
+                   block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
         start = request.num_computed
-        tables = self.kv.block_tables(request.request_id)
-        groups = (tables.full, tables.sliding) if self.kv.sliding_pool is not None else (tables.full,)
         sequence = ScheduledSequence(
             request_id=request.request_id,
             token_ids=request.all_token_ids[start:start + num_tokens],
             cached_len=start,
-            block_tables=groups,
+            block_tables=block_tables,
             sample=start + num_tokens == request.num_tokens,
             sampling=request.params,
             reset=request.needs_reset,
@@ -259,12 +207,18 @@ class Scheduler:
                 updates.append(RequestUpdate(request_id=request.request_id, tokens=(token,)))
         return updates
 
-    def check_integrity(self) -> None:
-        """Scheduler and KV manager agree: exactly the running requests hold KV sequences."""
-        self.kv.check_integrity()
-        running_ids = {r.request_id for r in self.running}
-        assert self.kv.num_sequences == len(running_ids), (self.kv.num_sequences, running_ids)
+    def check_integrity(self, kv: KVManager | None = None) -> None:
+        """Internal consistency, and (given the allocator's manager after it applied every release)
+        exactly the running requests hold KV sequences."""
         for r in self.running:
-            assert r.request_id in self.kv and r.status is RequestStatus.RUNNING
+            assert r.status is RequestStatus.RUNNING and self.requests[r.request_id] is r
         for r in self.waiting:
-            assert r.request_id not in self.kv and r.status is RequestStatus.WAITING
+            assert r.status is RequestStatus.WAITING and self.requests[r.request_id] is r
+        assert len(self.running) + len(self.waiting) == len(self.requests)
+        if kv is not None:
+            kv.check_integrity()
+            pending = {rid for rid, _ in self._releases}
+            held = {r.request_id for r in self.running} | pending
+            assert kv.num_sequences == len(held), (kv.num_sequences, held)
+            for rid in held:
+                assert rid in kv
