@@ -134,8 +134,7 @@ class _Allocation:
         alone = not self.grants and kv.num_sequences == 1
         fits_budget = num_tokens <= self.budget or (item.whole and not self.grants)
         cap = self.demand.kv_token_cap
-        active = sum(g.start + g.num_tokens for g in self.grants.values())
-        fits_cap = cap == 0 or alone or active + len(item.tokens) <= cap
+        fits_cap = cap == 0 or alone or kv.total_tokens + remaining <= cap
         if num_tokens <= 0 or not fits_budget or not fits_cap or not kv.can_append(item.request_id, num_tokens):
             kv.release_sequence(item.request_id)
             self.refused.append(item.request_id)

@@ -4,6 +4,8 @@ Invariants every component relies on:
 
 * One pair of tensors per *KV-cache layer* (not per model layer): KV-shared layers of Gemma 4 read the
   storage of their producer layer, so Gemma 4 E2B has 15 cache layers for 35 model layers.
+* Cache layers form two block groups, full attention and sliding window, each with its own block pool and
+  block tables (``core/kv_manager.py``); a block id names the same slot in every cache layer of its group.
 * ``k_cache[layer]`` and ``v_cache[layer]`` have shape ``[num_blocks, block_size, num_kv_heads, head_dim]``
   (head_dim and num_kv_heads may differ per cache layer: 256/512 on Gemma 4).
 * A sequence's token at absolute position ``p`` lives in block ``block_table[p // block_size]`` at offset

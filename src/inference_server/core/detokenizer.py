@@ -1,0 +1,91 @@
+"""Incremental detokenisation: turn a stream of token ids into a stream of complete text pieces.
+
+Technique (after vLLM's ``prefix_offset``/``read_offset``): decoding single tokens is wrong for
+SentencePiece (a leading ``▁`` becomes a space, or is stripped, depending on position) and for byte
+tokens (``<0xE2>``, byte-level BPE pieces) that carry part of a UTF-8 character. So each step decodes a
+short window of ids, ``ids[prefix:]``, and emits what it adds beyond ``text(ids[prefix:read])``, the
+window's already-emitted part. Both decodes start at the same token, so position effects cancel out.
+While the window's text ends in U+FFFD (an incomplete character), nothing is emitted and the window
+grows. Once text is emitted, the window slides forward: ``prefix, read = read, len(ids)``.
+
+Per-token cost is one backend decode of a window of a few tokens, plus one more decode each time the
+window slides. Ids from before ``prefix`` are dropped, so memory stays constant.
+
+Contract: given ids whose bytes form valid UTF-8 (anything ``encode`` produces, and normal model
+output), the emitted pieces are always whole characters. With no prompt, they concatenate (``flush()``
+included) to ``decode(ids)``. With a prompt, they concatenate to ``decode(prompt + ids)`` minus its
+``decode(prompt)`` prefix. That is the same string unless the decoder strips a leading space (Llama-style
+SentencePiece), where the prompt-relative form keeps the space the output really continues with.
+
+Limitation: ``flush()`` releases a held-back incomplete character at the end as U+FFFD, as ``decode``
+does. Byte tokens that are invalid in the middle of the output may render differently from one full
+decode, because SentencePiece byte fallback replaces a whole run of byte tokens once any byte in it is
+invalid. vLLM has the same limitation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+__all__ = ["IncrementalDetokenizer", "TokenDecoder"]
+
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+class TokenDecoder(Protocol):
+    """What the detokenizer needs: ``inference_server.models.tokenizer.Tokenizer`` satisfies it."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+class IncrementalDetokenizer:
+    """Per-request incremental decoder; not thread-safe (one owner feeds it tokens in order)."""
+
+    def __init__(
+        self,
+        tokenizer: TokenDecoder,
+        prompt_ids: Sequence[int] = (),
+        *,
+        skip_special_tokens: bool = True,
+        context_tokens: int = 5,
+    ) -> None:
+        """``prompt_ids``: the tokens the output continues (only the last ``context_tokens`` are used),
+        so that the first output token decodes as it does in context (e.g. its leading space)."""
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._window: list[int] = list(prompt_ids[-context_tokens:]) if context_tokens > 0 else []
+        self._read = len(self._window)  # window[:read] is already emitted (or prompt)
+        self._emitted_text = self._decode(self._window)
+
+    def add_token(self, token_id: int) -> str:
+        """Append one id; return the newly completed text (``""`` while a character is incomplete)."""
+        self._window.append(token_id)
+        text = self._decode(self._window)
+        if len(text) <= len(self._emitted_text) or text.endswith(REPLACEMENT_CHARACTER):
+            return ""
+        return self._emit(text)
+
+    def add_tokens(self, token_ids: Iterable[int]) -> str:
+        """Append several ids; return the text they complete (same result as adding them one by one)."""
+        return "".join(self.add_token(token_id) for token_id in token_ids)
+
+    def flush(self) -> str:
+        """Release held-back text at the end of generation (may end in U+FFFD, as ``decode`` would)."""
+        text = self._decode(self._window)
+        if len(text) <= len(self._emitted_text):
+            return ""
+        return self._emit(text)
+
+    def _emit(self, text: str) -> str:
+        """Return ``text`` beyond the emitted part and slide the window to the tokens just emitted."""
+        new_text = text[len(self._emitted_text) :]
+        del self._window[: self._read]
+        self._read = len(self._window)
+        self._emitted_text = self._decode(self._window)
+        return new_text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
