@@ -59,6 +59,8 @@ class Settings:
                                                   "the KV cache.", minimum=0.0)
     kv_cache_tokens: int = _field(0, "KV pool size in tokens; 0: sized from KV_CACHE_MEMORY_FRACTION "
                                      "(CPU: 65536).", minimum=0)
+    kv_expected_sequence_tokens: int = _field(2048, "Sequence length the KV pools are split for on models "
+                                                     "with sliding windows (full vs sliding blocks).", minimum=1)
     prefill_mode: str = _field("chunked", "How prompts are prefilled: one whole prompt a step (monolithic), "
                                           "in token-budget chunks beside running decodes (chunked), or "
                                           "several prompts in one forward (batched).",

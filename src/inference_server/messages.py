@@ -61,3 +61,58 @@ class StepResult:
     tokens: tuple[SampledToken, ...]
     num_computed_tokens: int
     seconds: float
+
+
+# -- requests entering the engine and what their streams carry ------------------------------------------
+
+
+@attrs.frozen
+class ChatMessage:
+    role: str
+    content: str
+
+
+@attrs.frozen
+class GenerationRequest:
+    """A request as submitted to the engine (HTTP or offline API), before validation and tokenisation.
+
+    Exactly one of ``prompt`` (text), ``prompt_ids`` (token ids) or ``messages`` (chat) is set.
+    """
+
+    params: SamplingParams
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    add_special_tokens: bool = True
+    session_id: str | None = None
+    priority: int = 0
+    trace_id: str | None = None
+    cache_salt: str | None = None
+
+
+ErrorCode = Literal["invalid_request", "context_length_exceeded", "overloaded", "unavailable", "internal"]
+
+
+@attrs.frozen
+class Admitted:
+    """First item of an accepted request's stream: it is queued and will end with one terminal update."""
+
+    request_id: int
+    prompt_tokens: int
+
+
+@attrs.frozen
+class Rejected:
+    """The only item of a refused request's stream; nothing was queued."""
+
+    code: ErrorCode
+    message: str
+    param: str | None = None
+
+
+@attrs.frozen
+class Abort:
+    """Ask the scheduler to end a request (client gone)."""
+
+    request_id: int
+    reason: FinishReason = "abort"

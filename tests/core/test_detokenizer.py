@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -32,9 +32,11 @@ def _wrap(backend: BackendTokenizer, name: str) -> Tokenizer:
 
 
 def byte_fallback_tokenizer(strip_leading_space: bool) -> Tokenizer:
-    """SentencePiece-style BPE with byte fallback: Gemma-style decoder, or Llama-style (strips one space)."""
+    """SentencePiece-style BPE with byte fallback: Gemma-style (no "▁" prepended, none stripped), or
+    Llama-style ("▁" prepended to the text, one leading space stripped when decoding)."""
     backend = BackendTokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    prepend_scheme = "first" if strip_leading_space else "never"
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend_scheme)
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False)
     backend.train_from_iterator(CORPUS, trainer)
     spec = json.loads(backend.to_str())
@@ -101,6 +103,7 @@ def test_stream_concatenates_to_full_decode(name: str, text: str) -> None:
 @pytest.mark.parametrize("name", list(TOKENIZERS))
 @PROPERTY_SETTINGS
 @given(prompt=TEXT, text=TEXT)
+@example(prompt="ab 𐀀𐀀", text="\x07")  # context would start inside a byte-fallback character
 def test_stream_after_prompt_continues_the_prompt(name: str, prompt: str, text: str) -> None:
     tokenizer = TOKENIZERS[name]
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
@@ -142,9 +145,17 @@ def test_flush_releases_an_incomplete_tail_like_decode() -> None:
 def test_special_tokens_are_skipped_or_kept() -> None:
     tokenizer = TOKENIZERS["gemma-style"]
     ids = [*tokenizer.encode("the dog", add_special_tokens=False), tokenizer.token_to_id("<eos>")]
-    assert IncrementalDetokenizer(tokenizer).add_tokens(ids) == " the dog"  # Metaspace prepends "▁"
+    assert IncrementalDetokenizer(tokenizer).add_tokens(ids) == "the dog"
     kept = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
-    assert kept.add_tokens(ids) + kept.flush() == " the dog<eos>"
+    assert kept.add_tokens(ids) + kept.flush() == "the dog<eos>"
+
+
+def test_prompt_context_starts_on_a_character_boundary() -> None:
+    tokenizer = TOKENIZERS["gemma-style"]
+    prompt_ids = tokenizer.encode("ab 𐀀𐀀", add_special_tokens=False)
+    assert tokenizer.decode(prompt_ids[-5:]).startswith("\ufffd")  # the naive context is mid-character
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+    assert detokenizer.add_token(tokenizer.token_to_id("<0x07>")) == "\x07"
 
 
 def test_window_stays_small() -> None:
@@ -160,6 +171,7 @@ def test_window_stays_small() -> None:
 @pytest.mark.heavy
 @settings(max_examples=300, deadline=None)
 @given(prompt=TEXT, text=TEXT)
+@example(prompt="Ŗ𐀀", text="\x07")
 def test_embedded_gemma_tokenizer_streams_exactly(prompt: str, text: str) -> None:
     tokenizer = _embedded_tokenizer()
     prompt_ids = tokenizer.encode(prompt)

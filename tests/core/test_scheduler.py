@@ -224,10 +224,9 @@ def test_abort_frees_kv_exactly_once() -> None:
 def test_prefix_hit_computes_only_the_suffix() -> None:
     scheduler = make_scheduler()
     runner = FakeRunner()
-    shared = request(1, prompt_len=16, max_tokens=1)
-    run_to_completion_one = lambda r: (scheduler.add(r), run_to_completion(scheduler, runner))  # noqa: E731
-    run_to_completion_one(shared)
+    scheduler.add(request(1, prompt_len=16, max_tokens=1))
+    run_to_completion(scheduler, runner)
     before = runner.tokens_computed
-    second = request(2, prompt_len=18, max_tokens=1)  # same first 16 tokens, 2 more
-    run_to_completion_one(second)
+    scheduler.add(request(2, prompt_len=18, max_tokens=1))  # same first 16 tokens, 2 more
+    run_to_completion(scheduler, runner)
     assert runner.tokens_computed - before == 18 - 16

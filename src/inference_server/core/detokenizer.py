@@ -8,6 +8,11 @@ window's already-emitted part. Both decodes start at the same token, so position
 While the window's text ends in U+FFFD (an incomplete character), nothing is emitted and the window
 grows. Once text is emitted, the window slides forward: ``prefix, read = read, len(ids)``.
 
+The initial window holds the last few prompt ids (``context_tokens``). It is moved back by up to 3 ids
+if it would otherwise start inside a character split over byte tokens. Byte fallback turns a whole run
+of byte tokens into U+FFFD once any byte in it is invalid, so a run cut in the middle would hide the
+first output token's bytes.
+
 Per-token cost is one backend decode of a window of a few tokens, plus one more decode each time the
 window slides. Ids from before ``prefix`` are dropped, so memory stays constant.
 
@@ -31,6 +36,7 @@ from typing import Protocol
 __all__ = ["IncrementalDetokenizer", "TokenDecoder"]
 
 REPLACEMENT_CHARACTER = "\ufffd"
+_MAX_CONTINUATION_BYTES = 3
 
 
 class TokenDecoder(Protocol):
@@ -54,7 +60,7 @@ class IncrementalDetokenizer:
         so that the first output token decodes as it does in context (e.g. its leading space)."""
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._window: list[int] = list(prompt_ids[-context_tokens:]) if context_tokens > 0 else []
+        self._window: list[int] = self._prompt_context(prompt_ids, context_tokens)
         self._read = len(self._window)  # window[:read] is already emitted (or prompt)
         self._emitted_text = self._decode(self._window)
 
@@ -84,6 +90,18 @@ class IncrementalDetokenizer:
         self._read = len(self._window)
         self._emitted_text = self._decode(self._window)
         return new_text
+
+    def _prompt_context(self, prompt_ids: Sequence[int], context_tokens: int) -> list[int]:
+        """The last ``context_tokens`` prompt ids, extended back by up to 3 ids (a UTF-8 character has at
+        most 4 bytes) while the window would start inside a character split over byte tokens."""
+        if context_tokens <= 0:
+            return []
+        start = max(len(prompt_ids) - context_tokens, 0)
+        for _ in range(_MAX_CONTINUATION_BYTES):
+            if start == 0 or not self._decode(prompt_ids[start:]).startswith(REPLACEMENT_CHARACTER):
+                break
+            start -= 1
+        return list(prompt_ids[start:])
 
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:

@@ -37,6 +37,8 @@ class Request:
     session_id: str | None = None
     priority: int = 0  # smaller runs first (vLLM's convention)
     extra_key: Any = None  # keeps prefix-cache entries of different salts / model revisions apart
+    trace_id: str | None = None
+    first_token_time: float | None = None
     detokenizer: IncrementalDetokenizer | None = None
     stop_checker: StopChecker | None = None
     status: RequestStatus = RequestStatus.WAITING

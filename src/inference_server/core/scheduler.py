@@ -60,11 +60,17 @@ class Scheduler:
         self._step_id = 0
         self.num_preemptions = 0
         self.kv_free_fraction = 1.0
+        self.last_finished: dict[int, Request] = {}  # requests ended since the last demand (for reporting)
 
     # -- queries -------------------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def has_pending_releases(self) -> bool:
+        """Ended requests whose KV release or runner state has not been sent with a step yet."""
+        return bool(self._releases or self._forget)
 
     def active_sessions(self) -> set[str]:
         return {session_of(r) for r in self.requests.values()}
@@ -103,6 +109,7 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
         del self.requests[request.request_id]
+        self.last_finished[request.request_id] = request
         return RequestUpdate(
             request_id=request.request_id, tokens=tokens, finish_reason=reason, stop_reason=stop_reason,
             error=error, prompt_tokens=len(request.prompt_ids), completion_tokens=len(request.output_ids),
@@ -119,6 +126,7 @@ class Scheduler:
         admissions = [Demand(r.request_id, new=True, num_tokens=r.num_tokens, tokens=r.all_token_ids,
                              extra_key=r.extra_key, whole=whole) for r in self.policy.order(self.waiting)]
         victims = sorted(self.running, key=self.policy.victim_key, reverse=True)
+        self.last_finished.clear()
         demand = StepDemand(
             releases=tuple(self._releases), items=tuple(decodes + prefills + admissions),
             victims=tuple(r.request_id for r in victims), token_budget=self.config.max_num_batched_tokens,

@@ -1,0 +1,99 @@
+"""Command line: ``inference-server serve`` and ``inference-server generate PROMPT...``.
+
+The only place argv is read. Every setting of ``config.Settings`` is also a flag (``MAX_BATCH_SIZE`` is
+``--max-batch-size``); flags override the environment and ``.env``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import attrs
+
+from inference_server.config import Settings, SettingsError, env_name, load_settings
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (also read from the environment and .env)")
+    for field in attrs.fields(Settings):
+        flag = "--" + field.name.replace("_", "-")
+        help_text = field.metadata["help"] + f" [env {env_name(field)}, default {field.default!r}]"
+        if field.type in (bool, "bool"):
+            group.add_argument(flag, dest=field.name, nargs="?", const="true", default=None, metavar="BOOL",
+                               help=help_text)
+        else:
+            group.add_argument(flag, dest=field.name, default=None, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inference-server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="complete prompts offline through the engine and print them")
+    generate.add_argument("prompts", nargs="+", help="prompt texts")
+    generate.add_argument("--max-tokens", type=int, default=32)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    generate.add_argument("--chat", action="store_true", help="send each prompt as a user chat message")
+    _add_setting_flags(generate)
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    _add_setting_flags(serve)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {env_name(f): getattr(args, f.name) for f in attrs.fields(Settings)
+                 if getattr(args, f.name, None) is not None}
+    return load_settings(overrides=overrides)
+
+
+def run_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from inference_server.core.sampling import SamplingParams
+    from inference_server.offline import LLM
+
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.sampling_seed)
+    try:
+        params.validate()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    llm = LLM(settings)
+    if not settings.model:
+        from inference_server.models.embedded import embedded_licence_path
+
+        print(f"[default model: Gemma 3 270M, Gemma Terms of Use: {embedded_licence_path()}]", file=sys.stderr)
+    for prompt, completion in zip(args.prompts, llm.generate(args.prompts, params, chat=args.chat), strict=True):
+        if completion.error:
+            print(f"error: {completion.error}", file=sys.stderr)
+            return 1
+        print(prompt + completion.text if not args.chat else completion.text)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "generate":
+            return run_generate(args, settings)
+        from inference_server.server import serve
+
+        return serve(settings)
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

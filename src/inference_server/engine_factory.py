@@ -1,0 +1,70 @@
+"""From settings to ``EngineParts``: load the model, size the KV cache, build the step runner."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import torch
+
+from inference_server.actors.executor import threaded
+from inference_server.backends.factory import build_kv, build_runner, max_model_len
+from inference_server.backends.model_runner import ModelRunner
+from inference_server.config import Settings
+from inference_server.core.scheduler import SchedulerConfig
+from inference_server.models.source import LoadedModel, load_model
+from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
+from inference_server.supervisor import EngineParts
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class BuiltEngine:
+    parts: EngineParts
+    loaded: LoadedModel
+    runner: ModelRunner
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+
+
+def build_engine_parts(settings: Settings) -> BuiltEngine:
+    """Load the model named by ``settings`` and assemble everything the actors own."""
+    device = resolve_device(settings)
+    dtype = resolve_dtype(settings, device)
+    backend = resolve_backend(settings, device)
+    loaded = load_model(settings, device, dtype)
+    log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
+             loaded.load_seconds)
+    model_len = max_model_len(settings, loaded, device)
+    kv, storage = build_kv(settings, loaded, device, dtype, model_len)
+    capacity = kv.full_pool.num_blocks * kv.block_size
+    model_len = min(model_len, capacity)  # a request longer than the whole KV pool could never run
+    runner = build_runner(settings, loaded, storage, device, backend)
+    tokenizer = loaded.tokenizer
+    eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
+    torch.manual_seed(settings.seed)
+    parts = EngineParts(
+        step=threaded(runner.execute),
+        kv=kv,
+        tokenizer=tokenizer,
+        max_model_len=model_len,
+        vocab_size=loaded.spec.vocab_size,
+        eos_token_ids=eos,
+        scheduler_config=SchedulerConfig(
+            max_batch_size=settings.max_batch_size,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            prefill_mode=settings.prefill_mode,
+            max_active_kv_tokens=settings.max_active_kv_tokens,
+        ),
+        scheduling_policy=settings.scheduling_policy,
+        max_queue_size=settings.max_queue_size,
+        max_queued_tokens=settings.max_queued_tokens,
+        admission_timeout=settings.admission_timeout,
+        model_name=loaded.name,
+    )
+    log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",
+             kv.full_pool.num_blocks, kv.sliding_pool.num_blocks if kv.sliding_pool else 0, kv.block_size,
+             model_len, backend)
+    return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)

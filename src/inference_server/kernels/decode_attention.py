@@ -1,0 +1,324 @@
+"""Triton paged decode attention (one query token per sequence), with a split-KV (flash-decoding) variant.
+
+Contract (reference: ``reference_attention.ref_paged_decode_attention``):
+
+* ``q``: ``[B, nH, D]``; ``k_cache``/``v_cache``: ``[num_blocks, block_size, nKV, D]`` (last dim contiguous);
+  ``block_tables``: ``int32 [B, max_blocks]``; ``context_lens``: ``int32 [B]`` including the query token,
+  whose K/V must already be stored. The query of sequence ``b`` sits at ``q_pos = context_lens[b] - 1``.
+* Sees keys ``max(0, q_pos - W + 1) .. q_pos`` (W = ``window``, or all keys when ``window`` is None). Only
+  those positions are loaded, so block-table entries of released blocks outside the window are never read.
+* ``nH`` is a multiple of ``nKV``; one program serves all ``G = nH // nKV`` query heads of a kv head, so the
+  K/V tiles are read once per group. Scores ``q·k * scale`` and the softmax are fp32; output dtype = q's.
+* ``context_lens[b] == 0`` (a padded batch slot) gives a zero output row and reads nothing.
+* No host syncs: grid sizes come from tensor shapes and Python ints only, so the call can be captured in a
+  CUDA graph (the split count is fixed at capture time from the shapes; each sequence divides *its own*
+  visible range evenly between the splits at run time).
+
+Split-KV: with ``S`` splits, program ``(b, kv_head, s)`` handles the ``s``-th slice of the visible range and
+writes a partial ``(m, l, acc)`` (running max in the log2 domain, normaliser, unnormalised fp32 output) to a
+workspace; ``_decode_reduce_kernel`` merges them with the usual rescaling. Without splits the grid is only
+``B * nKV`` programs, which leaves most of the 132 SMs idle at small batch (vLLM #34579), hence the auto
+choice in :func:`choose_num_splits`.
+
+Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is read as ``[D, BLOCK_N]`` and V
+as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers). Compiled ahead of time for sm_90
+with Triton 3.6 in bf16: 80-112 registers, no spills, 38/74/81 KiB smem for D = 128/256/512.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+# Triton's CPU interpreter multiplies the raw bits of bf16 operands in tl.dot (triton 3.9): under it, the
+# kernels upcast bf16 tiles to fp32 before each dot. Compiled kernels never take that branch.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+NO_WINDOW = 1 << 30  # "window" passed to the kernels when there is none
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+H200_NUM_SMS = 132
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,  # [B, nH, D]
+    k_cache_ptr,  # [num_blocks, PAGE, nKV, D]
+    v_cache_ptr,  # [num_blocks, PAGE, nKV, D]
+    block_tables_ptr,  # int32 [B, max_blocks]
+    context_lens_ptr,  # int32 [B]
+    out_ptr,  # [B, nH, D] (used when not SPLIT)
+    part_m_ptr,  # fp32 [B, nH, num_splits] (used when SPLIT)
+    part_l_ptr,  # fp32 [B, nH, num_splits]
+    part_acc_ptr,  # fp32 [B, nH, num_splits, D]
+    qk_scale,  # softmax scale * log2(e)
+    window,  # int; NO_WINDOW when full attention
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_btb,
+    stride_ob,
+    stride_oh,
+    PAGE: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * G
+
+    ctx = tl.load(context_lens_ptr + b)
+    lo = tl.maximum(ctx - window, 0)  # first visible key
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < G
+    d_mask = offs_d < D
+    heads = kvh * G + offs_g  # [BLOCK_G]
+
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_G, BLOCK_D]
+    if UPCAST:
+        q = q.to(tl.float32)
+    else:
+        q = q.to(k_cache_ptr.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    bt_row = block_tables_ptr + b * stride_btb
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n  # [BLOCK_N]
+        valid = pos < end
+        blk = tl.load(bt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        tok = pos % PAGE
+        k = tl.load(  # [BLOCK_D, BLOCK_N]
+            k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+            mask=valid[None, :] & d_mask[:, None],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(  # [BLOCK_N, BLOCK_D]
+            v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=valid[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if SPLIT:
+        # Empty splits (start >= end) write nothing; the reduce recomputes how many splits are active.
+        row = (b * num_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_G]
+        active = g_mask & (offs_g * 0 + start < end)  # vector compare: the interpreter rejects scalar&vector
+        tl.store(part_m_ptr + row, m_i, mask=active)
+        tl.store(part_l_ptr + row, l_i, mask=active)
+        tl.store(
+            part_acc_ptr + row[:, None] * D + offs_d[None, :],
+            acc,
+            mask=active[:, None] & d_mask[None, :],
+        )
+    else:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_m_ptr,  # fp32 [B, nH, num_splits]
+    part_l_ptr,  # fp32 [B, nH, num_splits]
+    part_acc_ptr,  # fp32 [B, nH, num_splits, D]
+    context_lens_ptr,  # int32 [B]
+    out_ptr,  # [B, nH, D]
+    window,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+
+    # Same partition arithmetic as _paged_decode_kernel: which splits wrote something.
+    ctx = tl.load(context_lens_ptr + b)
+    span = ctx - tl.maximum(ctx - window, 0)
+    chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    n_active = tl.cdiv(span, tl.maximum(chunk, 1))
+
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < n_active
+    d_mask = offs_d < D
+    base = (b * num_heads + h).to(tl.int64) * num_splits  # row of split 0
+    m = tl.load(part_m_ptr + base + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+    l_part = tl.load(part_l_ptr + base + offs_s, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no active split: all weights 0
+    denom = tl.sum(tl.exp2(m - m_max) * l_part, 0)
+    # One split at a time keeps registers at O(D) even with 64 splits of D=512.
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for split in range(0, n_active):
+        w = tl.exp2(tl.load(part_m_ptr + base + split) - m_max)
+        acc += w * tl.load(part_acc_ptr + (base + split) * D + offs_d, mask=d_mask, other=0.0)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)  # [BLOCK_D]
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int | None) -> int:
+    if device_index is None or not torch.cuda.is_available():
+        return H200_NUM_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int = H200_NUM_SMS) -> int:
+    """Split count for the decode grid: enough programs to fill ~2 waves of SMs, ≥256 keys per split."""
+    programs = batch * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    by_occupancy = triton.cdiv(2 * num_sms, programs)
+    by_length = max(1, max_context_len // MIN_TOKENS_PER_SPLIT)
+    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def _decode_config(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) per head dim: K and V tiles of BLOCK_N x D stay <= 32 KiB each in bf16."""
+    if head_dim <= 128:
+        return 64, 4
+    if head_dim <= 256:
+        return 64, 8
+    return 32, 8
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, nH, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
+    block_tables: torch.Tensor,  # int32 [B, max_blocks]
+    context_lens: torch.Tensor,  # int32 [B]
+    scale: float,
+    window: int | None,
+    num_splits: int | None = None,
+    *,
+    max_context_len: int | None = None,
+    out: torch.Tensor | None = None,  # [B, nH, D], e.g. a static CUDA-graph buffer
+    block_n: int | None = None,
+) -> torch.Tensor:  # [B, nH, D]
+    """Paged decode attention; see the module docstring for the contract.
+
+    ``num_splits``: None picks one from the shapes (:func:`choose_num_splits`, using ``max_context_len`` if
+    given, else ``max_blocks * block_size``, capped by the window); 1 runs the single-pass kernel; >1 runs
+    split-KV plus the reduce kernel. ``block_n`` overrides the key tile (tests use it to cross tiles).
+    """
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert k_cache.shape[-1] == head_dim and v_cache.shape == k_cache.shape
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    if num_splits is None:
+        bound = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
+        if window is not None:
+            bound = min(bound, window)
+        num_sms = _num_sms(q.device.index if q.is_cuda else None)
+        num_splits = choose_num_splits(batch, num_kv_heads, bound, num_sms)
+    cfg_block_n, num_warps = _decode_config(head_dim)
+    block_n = block_n or cfg_block_n
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
+    common = dict(
+        PAGE=block_size,
+        G=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        D=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
+        UPCAST=upcast,
+        num_warps=num_warps,
+        num_stages=2,
+    )
+    win = NO_WINDOW if window is None else window
+    args = (q, k_cache, v_cache, block_tables, context_lens)
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+    )
+    if num_splits <= 1:
+        grid = (batch, num_kv_heads, 1)
+        _paged_decode_kernel[grid](*args, out, out, out, out, scale * LOG2E, win, 1, *strides, SPLIT=False, **common)
+        return out
+    part_m = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    grid = (batch, num_kv_heads, num_splits)
+    _paged_decode_kernel[grid](
+        *args, out, part_m, part_l, part_acc, scale * LOG2E, win, num_splits, *strides, SPLIT=True, **common
+    )
+    _decode_reduce_kernel[(batch, num_heads)](
+        part_m,
+        part_l,
+        part_acc,
+        context_lens,
+        out,
+        win,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        D=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,246 @@
+"""Triton paged prefill attention: a packed batch of query chunks over their cached prefix plus themselves.
+
+Contract (reference: ``reference_attention.ref_paged_prefill_attention``):
+
+* ``q``: ``[T, nH, D]``, the chunks of ``B`` sequences back to back; ``cu_seqlens_q``: ``int32 [B + 1]``
+  (chunk ``b`` is ``q[cu[b]:cu[b+1]]``; empty chunks are allowed); ``context_lens``: ``int32 [B]`` = cached
+  tokens + this chunk's tokens. Query ``i`` of sequence ``b`` sits at ``context_lens[b] - chunk_len_b + i``.
+* All keys, the chunk's own included, are read from the paged cache (``[num_blocks, block_size, nKV, D]``,
+  last dim contiguous) through ``block_tables`` (``int32 [B, max_blocks]``), so store the chunk's K/V first.
+* Causal; with ``window`` = W also ``q_pos - kv_pos < W``. Positions before the window of a program's first
+  query are never loaded, so blocks wholly outside the window of the chunk's first query may be released.
+* GQA (``nH`` a multiple of ``nKV``): a program owns one kv head and a tile of ``BLOCK_M`` rows, each row one
+  (query token, head of the group) pair, ``BLOCK_Q = BLOCK_M // G`` tokens per tile; K/V tiles are loaded
+  once for all of them. fp32 scores and softmax; output dtype = q's.
+* No host syncs: the grid is ``(T // BLOCK_Q + B, nKV)``, an upper bound on the q tiles that every program
+  maps back to (sequence, tile) with a binary search over ``cu_seqlens_q`` (the scheme of vLLM's unified
+  Triton attention); surplus programs exit at once.
+
+Head dim 512 (Gemma 4 full layers) and shared memory / registers: Q stays on chip for the whole loop, K
+and V tiles are ``BLOCK_N x D`` and the fp32 accumulator is ``BLOCK_M x D``. At D=512 in bf16 a 64x64
+tiling needs a 128 KiB accumulator (128 regs/thread over 8 warps, on top of Q and the K/V fragments) and
+64 KiB K + 64 KiB V per pipeline stage: ptxas spills and smem overflows the 227 KiB of an SM. Rather than
+tiling D (which costs re-reading Q per D-slice or recomputing QK^T per output slice), D=512 uses small
+tiles, BLOCK_M=32, BLOCK_N=32, 8 warps, 2 stages (vLLM's H512 tuning, PR #43257): the accumulator is
+64 fp32 regs/thread. Compiled ahead of time for sm_90 with Triton 3.6 (bf16, G in 1..16) that shape uses
+~100 KiB smem, 180-200 registers, no spills, mma.sync (wgmma needs BLOCK_M >= 64). D=128 (128x64) and
+D=256 (64x32) use wgmma, ~96 KiB smem, no spills. fp32 caches (tests only) fit but spill. Tune on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+# Triton's CPU interpreter multiplies the raw bits of bf16 operands in tl.dot (triton 3.9): under it, the
+# kernels upcast bf16 tiles to fp32 before each dot. Compiled kernels never take that branch.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+NO_WINDOW = 1 << 30
+
+
+@triton.jit
+def _find_seq(cu_seqlens_q_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest b with cu[b] // BLOCK_Q + b <= tile_idx (tile starts are strictly increasing in b)."""
+    left: tl.int32 = 0
+    right: tl.int32 = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if start <= tile_idx:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr,  # [T, nH, D]
+    k_cache_ptr,  # [num_blocks, PAGE, nKV, D]
+    v_cache_ptr,  # [num_blocks, PAGE, nKV, D]
+    block_tables_ptr,  # int32 [B, max_blocks]
+    cu_seqlens_q_ptr,  # int32 [B + 1]
+    context_lens_ptr,  # int32 [B]
+    out_ptr,  # [T, nH, D]
+    qk_scale,  # softmax scale * log2(e)
+    window,  # int; NO_WINDOW when full attention
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_btb,
+    stride_ot,
+    stride_oh,
+    PAGE: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    tile_idx = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = _find_seq(cu_seqlens_q_ptr, tile_idx, num_seqs, BLOCK_Q)
+    q_begin = tl.load(cu_seqlens_q_ptr + b)
+    chunk_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_begin
+    q_start = (tile_idx - (q_begin // BLOCK_Q + b)) * BLOCK_Q  # first chunk-local query of this tile
+    if q_start >= chunk_len:
+        return
+    ctx = tl.load(context_lens_ptr + b)
+    prefix = ctx - chunk_len  # absolute position of the chunk's first query
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < D
+    q_tok = q_start + offs_m // G  # [BLOCK_M] chunk-local token of each row
+    heads = kvh * G + offs_m % G  # [BLOCK_M]
+    row_valid = (offs_m // G < BLOCK_Q) & (q_tok < chunk_len)
+    q_pos = prefix + q_tok  # [BLOCK_M]
+    q_rows = (q_begin + q_tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+    if UPCAST:
+        q = q.to(tl.float32)
+    else:
+        q = q.to(k_cache_ptr.dtype.element_ty)
+
+    hi = prefix + tl.minimum(q_start + BLOCK_Q, chunk_len)  # one past the last query's position
+    lo = tl.maximum(prefix + q_start - window + 1, 0)  # first key in the first query's window
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a row may see no key in a tile
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    bt_row = block_tables_ptr + b * stride_btb
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + offs_n  # [BLOCK_N]
+        kv_valid = pos < hi
+        blk = tl.load(bt_row + pos // PAGE, mask=kv_valid, other=0).to(tl.int64)
+        tok = pos % PAGE
+        k = tl.load(  # [BLOCK_D, BLOCK_N]
+            k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+            mask=kv_valid[None, :] & d_mask[:, None],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        delta = q_pos[:, None] - pos[None, :]
+        visible = kv_valid[None, :] & (delta >= 0) & (delta < window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(  # [BLOCK_N, BLOCK_D]
+            v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=kv_valid[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & d_mask[None, :],
+    )
+
+
+def _prefill_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim; see the module docstring for D=512."""
+    if head_dim <= 64:
+        return 128, 64, 4, 3
+    if head_dim <= 128:
+        return 128, 64, 8, 2
+    if head_dim <= 256:
+        return 64, 32, 8, 2
+    return 32, 32, 8, 2
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [T, nH, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
+    block_tables: torch.Tensor,  # int32 [B, max_blocks]
+    cu_seqlens_q: torch.Tensor,  # int32 [B + 1]
+    context_lens: torch.Tensor,  # int32 [B]
+    scale: float,
+    window: int | None,
+    *,
+    out: torch.Tensor | None = None,  # [T, nH, D]
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:  # [T, nH, D]
+    """Paged causal (+ sliding window) prefill attention; see the module docstring for the contract.
+
+    ``block_m``/``block_n`` override the tile sizes (powers of two, >= 16; tests use small ones to cross
+    tile boundaries). ``block_m`` is raised to the next power of two >= G if smaller.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = context_lens.shape[0]
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert k_cache.shape[-1] == head_dim and v_cache.shape == k_cache.shape
+    assert cu_seqlens_q.shape[0] == num_seqs + 1
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim)
+    block_m = max(block_m or cfg_m, triton.next_power_of_2(group))
+    block_n = block_n or cfg_n
+    block_q = block_m // group
+    upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        out,
+        scale * LOG2E,
+        NO_WINDOW if window is None else window,
+        num_seqs,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        PAGE=block_size,
+        G=group,
+        D=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
+        UPCAST=upcast,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out

@@ -1,0 +1,120 @@
+"""Pure-PyTorch reference of the fused MoE block and its softmax-top-k routing.
+
+This is both the oracle for the Triton kernel (`fused_moe.py`) and the CPU engine's MoE path, so it
+is written to be reasonably fast: (token, k) pairs are grouped by expert with one stable sort and the
+loop runs over the *active* experts only.
+
+Numerics (what parity with HF transformers depends on, see reference/models.md §2.7 and §4):
+
+* Per expert: ``gu = x @ W_gu[e].T`` in the activation dtype (one rounding), ``h = act(gate) * up``
+  in the activation dtype (act and product each rounded, as torch does for bf16),
+  ``y = h @ W_down[e].T`` in the activation dtype, then ``y * w`` with torch type promotion:
+  **the dtype of ``topk_weights`` decides the weighting precision.**
+  - Qwen3-MoE casts the routing weights to the activation dtype *before* weighting
+    (``router_top_value.to(router_logits.dtype)``), so pass bf16 weights: ``y * w`` is rounded to bf16.
+  - Gemma 4 keeps them fp32 (after renormalisation and ``per_expert_scale``), so pass fp32 weights:
+    ``y * w`` is exact-ish fp32.
+* The sum over k (``accumulate``):
+  - ``"pairs"`` (default) mirrors HF's default ``grouped_mm`` experts path: every weighted pair is
+    written to a ``[T, K, H]`` buffer of dtype ``promote(act dtype, weights dtype)`` and summed over
+    k with ``.sum(dim=1)`` (torch reduces low-precision floats in fp32, k = 0..K-1), then cast to
+    the activation dtype once. The Triton kernel does the same (fp32, k ascending).
+  - ``"index_add"`` mirrors HF's eager experts loop: ``out.index_add_`` in the activation dtype,
+    experts in ascending id order, one rounding per added pair. In bf16 this differs from "pairs"
+    by rounding; pin the HF ``experts_implementation`` when comparing bitwise.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+Activation = Literal["silu", "gelu_tanh"]
+Accumulate = Literal["pairs", "index_add"]
+
+__all__ = ["Accumulate", "Activation", "apply_activation", "fused_moe_reference", "route_softmax_topk"]
+
+
+def apply_activation(x: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """``silu`` (Qwen3-MoE) or ``gelu_tanh`` (Gemma 4, HF ``gelu_pytorch_tanh``), in x's dtype."""
+    if activation == "silu":
+        return F.silu(x)
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def route_softmax_topk(
+    router_logits: torch.Tensor, k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax-top-k routing as in HF Qwen3-MoE / Gemma 4.
+
+    ``router_logits [T, E]`` (any float dtype) -> ``(weights [T, K] fp32, ids [T, K] int64)``.
+    The softmax is taken in fp32 over all E experts, then ``torch.topk`` (descending; ties go the way
+    torch.topk breaks them), then, if ``renormalize``, ``w / w.sum(-1)`` in fp32.
+    The caller applies model specifics afterwards: Qwen casts the weights to the activation dtype,
+    Gemma multiplies them by ``per_expert_scale[ids]`` and keeps fp32.
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+    weights, ids = torch.topk(probs, k, dim=-1)  # [T, K], [T, K]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def _group_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """Stable sort of the flat (token, k) pair ids by expert; returns (order [T*K], counts per expert)."""
+    flat = topk_ids.reshape(-1)  # [T*K]
+    order = torch.sort(flat, stable=True).indices  # [T*K] pair ids grouped by expert, token order inside
+    counts = torch.bincount(flat, minlength=num_experts).tolist()  # host sync: fine on the CPU path
+    return order, counts
+
+
+def fused_moe_reference(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: Activation,
+    accumulate: Accumulate = "pairs",
+) -> torch.Tensor:
+    """out[t] = Σ_k w[t,k] · down_e(act(gate_e(x_t)) · up_e(x_t)),  e = topk_ids[t, k].
+
+    Shapes: ``hidden [T, H]``, ``w_gate_up [E, 2I, H]`` (gate rows first, then up), ``w_down [E, H, I]``,
+    ``topk_weights [T, K]`` (float; its dtype sets the weighting precision, see the module docstring),
+    ``topk_ids [T, K]`` (int, every id in [0, E)). Returns ``[T, H]`` in ``hidden.dtype``.
+    Weights must share ``hidden``'s dtype. Host-syncs once (bincount) to loop over active experts.
+    """
+    T, H = hidden.shape
+    E, two_i, _ = w_gate_up.shape
+    K = topk_ids.shape[1]
+    inter = two_i // 2
+    order, counts = _group_pairs_by_expert(topk_ids, E)
+    flat_w = topk_weights.reshape(-1)  # [T*K]
+    buf_dtype = torch.promote_types(hidden.dtype, topk_weights.dtype)
+    if accumulate == "pairs":
+        acc = torch.zeros(T * K, H, dtype=buf_dtype, device=hidden.device)  # [T*K, H]
+    elif accumulate == "index_add":
+        acc = torch.zeros(T, H, dtype=hidden.dtype, device=hidden.device)  # [T, H]
+    else:
+        raise ValueError(f"unknown accumulate {accumulate!r}")
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        pairs = order[start : start + n]  # [n] flat pair ids t*K + k, ascending
+        start += n
+        tokens = pairs // K  # [n]
+        gu = hidden[tokens] @ w_gate_up[e].T  # [n, 2I]
+        h = apply_activation(gu[:, :inter], activation) * gu[:, inter:]  # [n, I]
+        y = (h @ w_down[e].T) * flat_w[pairs, None]  # [n, H], dtype promote(act, weights)
+        if accumulate == "pairs":
+            acc[pairs] = y.to(buf_dtype)
+        else:
+            acc.index_add_(0, tokens, y.to(hidden.dtype))
+    if accumulate == "pairs":
+        return acc.view(T, K, H).sum(dim=1).to(hidden.dtype)  # [T, H], fp32 reduction over k
+    return acc

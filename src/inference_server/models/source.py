@@ -1,0 +1,91 @@
+"""Turn the ``MODEL`` setting into a loaded model, its spec and its tokenizer.
+
+``MODEL`` may be empty (the embedded Gemma 3 270M GGUF), a ``.gguf`` file, a Hugging Face checkpoint
+folder, or a preset name (``gemma-4-31b``, ``qwen3-30b-a3b-tiny``, ...) with ``DUMMY_WEIGHTS=true``. Dummy
+weights work for a folder too (its config.json at real size). A preset has no tokenizer: such an engine
+takes token-id prompts only.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import attrs
+import torch
+from torch import nn
+
+from inference_server.config import Settings, SettingsError
+from inference_server.models.loader import build_model, init_dummy_weights, load_weights, read_config
+from inference_server.models.presets import preset_config, preset_names
+from inference_server.models.spec import ModelSpec, parse_model_spec
+from inference_server.models.tokenizer import Tokenizer
+
+
+@attrs.frozen
+class LoadedModel:
+    model: nn.Module
+    spec: ModelSpec
+    tokenizer: Tokenizer | None
+    name: str  # the name /v1/models reports
+    load_seconds: float
+
+
+def _served_name(settings: Settings, default: str) -> str:
+    return settings.served_model_name or default
+
+
+def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """Load what ``settings.model`` names onto ``device`` (see the module docstring)."""
+    started = time.perf_counter()
+    source = settings.model
+    cache_dir = settings.resolved_cache_dir()
+    if not source:
+        from inference_server.models.embedded import embedded_gguf_path
+
+        path = embedded_gguf_path(cache_dir)
+        model, spec = _load_gguf(path, device, dtype)
+        tokenizer = Tokenizer.from_gguf(path, cache_dir=cache_dir)
+        name = _served_name(settings, "gemma-3-270m")
+    elif source.endswith(".gguf"):
+        model, spec = _load_gguf(Path(source), device, dtype)
+        tokenizer = Tokenizer.from_gguf(source, cache_dir=cache_dir)
+        name = _served_name(settings, Path(source).stem)
+    elif Path(source).is_dir():
+        folder = Path(source)
+        spec = parse_model_spec(read_config(folder))
+        model = build_model(spec, dtype, device)
+        if settings.dummy_weights:
+            init_dummy_weights(model, settings.seed)
+        else:
+            from inference_server.models.loader import iter_safetensors
+
+            load_weights(model, spec, iter_safetensors(folder), str(folder))
+        tokenizer = Tokenizer.from_pretrained_dir(folder) if (folder / "tokenizer.json").is_file() or \
+            (folder / "tokenizer.model").is_file() else None
+        name = _served_name(settings, folder.name)
+    elif source in preset_names():
+        if not settings.dummy_weights:
+            raise SettingsError(f"MODEL={source!r} is a preset: presets need DUMMY_WEIGHTS=true")
+        spec = parse_model_spec(preset_config(source))
+        model = build_model(spec, dtype, device)
+        init_dummy_weights(model, settings.seed)
+        tokenizer = None
+        name = _served_name(settings, source)
+    else:
+        raise SettingsError(f"MODEL={source!r} is invalid: not a checkpoint folder, an existing .gguf file or a "
+                            f"preset (one of {', '.join(preset_names())})")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return LoadedModel(model=model, spec=spec, tokenizer=tokenizer, name=name,
+                       load_seconds=time.perf_counter() - started)
+
+
+def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, ModelSpec]:
+    from inference_server.models.gguf_loader import open_gguf
+
+    checkpoint = open_gguf(path)
+    spec = parse_model_spec(checkpoint.config)
+    model = build_model(spec, dtype, device)
+    load_weights(model, spec, checkpoint.iter_tensors(torch.float32), str(path))
+    return model, spec

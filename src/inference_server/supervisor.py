@@ -1,0 +1,194 @@
+"""The supervisor: the only place that opens the engine nursery and creates the actors' channels.
+
+Start order is dependency order (telemetry, executor, KV allocator, scheduler, admission); each actor is
+started with ``nursery.start`` so the engine reports ready only once every actor runs. Shutdown is by
+closing: ``close`` closes the admission inbox, each actor finishes its work and closes the channels it
+sends on, and the chain winds down. ``drain`` bounds that with a timeout, after which what is left is
+cancelled and ended with a terminal event.
+
+Failure policy: if any actor raises, the nursery cancels the rest; every in-flight request then receives a
+terminal error event, the state turns ``FAILED`` (readiness 503), and the error propagates out of ``run`` as
+an ``ExceptionGroup`` for the entry point to handle.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+import attrs
+import trio
+
+from inference_server.actors.admission import Admission, Submission
+from inference_server.actors.executor import Executor, StepFunction
+from inference_server.actors.kv_allocator import KVAllocator
+from inference_server.actors.request_streams import RequestStreams, StreamItem
+from inference_server.actors.scheduler import SchedulerActor
+from inference_server.actors.telemetry import Telemetry
+from inference_server.core.kv_grants import StepDemand, StepGrant
+from inference_server.core.kv_manager import KVManager
+from inference_server.core.policies import make_policy
+from inference_server.core.request import Request
+from inference_server.core.scheduler import Scheduler, SchedulerConfig
+from inference_server.core.validation import PromptTokenizer
+from inference_server.messages import Abort, GenerationRequest, Rejected, StepPlan, StepResult
+
+
+class EngineState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@attrs.frozen
+class EngineParts:
+    """Everything the actors own, built (model loaded, KV sized) before the nursery opens."""
+
+    step: StepFunction
+    kv: KVManager
+    tokenizer: PromptTokenizer | None
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    scheduler_config: SchedulerConfig
+    scheduling_policy: str = "fcfs"
+    max_queue_size: int = 1024
+    max_queued_tokens: int = 1_000_000
+    admission_timeout: float = 60.0
+    model_name: str = "model"
+
+
+class Engine:
+    """The running engine: ``submit`` requests, read their streams, ``close``/``drain`` to stop."""
+
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+        self.state = EngineState.STARTING
+        self.streams = RequestStreams()
+        self.telemetry = Telemetry()
+        self.scheduler = Scheduler(parts.scheduler_config, make_policy(parts.scheduling_policy),
+                                   has_sliding_group=parts.kv.sliding_pool is not None)
+        self.failure: BaseException | None = None
+        self._ids = itertools.count(1)
+        self._admission_send: trio.MemorySendChannel[Submission] | None = None
+        self._pipeline_scope: trio.CancelScope | None = None
+        self._stopped = trio.Event()
+        self._shutdown_message: str | None = None
+        self.scheduler_actor: SchedulerActor | None = None
+        self.executor: Executor | None = None
+
+    # -- client API ----------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> tuple[int, trio.MemoryReceiveChannel[StreamItem]]:
+        """Queue a request; its stream yields ``Admitted`` then updates ending in one terminal update, or a
+        single ``Rejected`` (overloaded, unavailable, invalid). Never blocks."""
+        request_id = next(self._ids)
+        stream = self.streams.open(request_id)
+        if self.state is not EngineState.READY or self._admission_send is None:
+            self.streams.reject(request_id, Rejected("unavailable", f"the engine is {self.state.value}"))
+            return request_id, stream
+        try:
+            self._admission_send.send_nowait(Submission(request_id, request, trio.current_time()))
+        except trio.WouldBlock:
+            self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later"))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.streams.reject(request_id, Rejected("unavailable", "the engine is shutting down"))
+        return request_id, stream
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    def seconds_since_progress(self) -> float | None:
+        """How long work has been pending without a completed step (None when idle)."""
+        actor = self.scheduler_actor
+        if actor is None or not self.scheduler.has_work:
+            return None
+        last = actor.last_step_end
+        return None if last is None else trio.current_time() - last
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every actor until shutdown; raises (after failing in-flight requests) if an actor crashes."""
+        try:
+            async with trio.open_nursery() as outer:
+                await outer.start(self.telemetry.run)
+                try:
+                    await self._run_pipeline(task_status)
+                finally:
+                    self.telemetry.close()
+        except BaseException as error:
+            self._end_in_flight(error)
+            raise
+        else:
+            self._end_in_flight(None)
+        finally:
+            self._stopped.set()
+
+    async def _run_pipeline(self, task_status: trio.TaskStatus[Engine]) -> None:
+        parts = self.parts
+        emit = self.telemetry.emit
+        # The admission inbox: a full queue rejects at once (Engine.submit uses send_nowait).
+        admission_send, admission_receive = trio.open_memory_channel[Submission](parts.max_queue_size)
+        # Admission -> scheduler: one step's worth of new requests; beyond that admission waits, and the
+        # admission inbox fills up instead (which is where overload is reported).
+        to_scheduler_send, to_scheduler_receive = trio.open_memory_channel[Request | Abort](
+            parts.scheduler_config.max_batch_size)
+        # Scheduler <-> KV allocator and scheduler <-> executor are rendezvous channels: exactly one demand,
+        # one grant, one plan and one result per step, so at most one step is in flight.
+        demand_send, demand_receive = trio.open_memory_channel[StepDemand](0)
+        grant_send, grant_receive = trio.open_memory_channel[StepGrant](0)
+        plan_send, plan_receive = trio.open_memory_channel[StepPlan](0)
+        result_send, result_receive = trio.open_memory_channel[StepResult](0)
+
+        self.executor = Executor(parts.step, plan_receive, result_send)
+        kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send)
+        self.scheduler_actor = SchedulerActor(
+            self.scheduler, to_scheduler_receive, demand_send, grant_receive, plan_send, result_receive,
+            self.streams, emit, max_queued_tokens=parts.max_queued_tokens)
+        admission = Admission(
+            admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
+            vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,
+            admission_timeout=parts.admission_timeout, emit=emit)
+        async with trio.open_nursery() as pipeline:
+            self._pipeline_scope = pipeline.cancel_scope
+            await pipeline.start(self.executor.run)
+            await pipeline.start(kv_allocator.run)
+            await pipeline.start(self.scheduler_actor.run)
+            await pipeline.start(admission.run)
+            self._admission_send = admission_send
+            self.state = EngineState.READY
+            task_status.started(self)
+
+    def close(self) -> None:
+        """Stop accepting requests; the engine stops once the admitted ones finish."""
+        if self.state is EngineState.READY:
+            self.state = EngineState.DRAINING
+        if self._admission_send is not None:
+            self._admission_send.close()
+
+    async def drain(self, timeout: float) -> None:
+        """``close``, wait up to ``timeout`` seconds for in-flight requests, then cancel what is left
+        (each remaining request ends with a terminal error event)."""
+        self.close()
+        with trio.move_on_after(timeout):
+            await self._stopped.wait()
+        if not self._stopped.is_set():
+            self._shutdown_message = f"the server shut down before the request finished ({timeout:g} s drain)"
+            if self._pipeline_scope is not None:
+                self._pipeline_scope.cancel()
+            await self._stopped.wait()
+
+    def _end_in_flight(self, error: BaseException | None) -> None:
+        """Exactly one terminal event for every request still in the engine."""
+        if error is not None and self._shutdown_message is None:
+            self.failure = error
+            self.state = EngineState.FAILED
+            message = f"engine failure: {error!r}"
+        else:
+            self.state = EngineState.STOPPED
+            message = self._shutdown_message or "the engine stopped"
+        for update in self.scheduler.fail_all(message):
+            self.streams.deliver(update)
+        self.streams.fail_all(message)

@@ -1,0 +1,74 @@
+"""Telemetry event records: what actors report about requests and steps.
+
+Actors emit these with ``send_nowait`` into the telemetry inbox; a full inbox drops the event and counts the
+drop, so reporting can never block the step loop. Times are trio clock readings (seconds).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class RequestQueued:
+    time: float
+    request_id: int
+    prompt_tokens: int
+    session_id: str | None
+    trace_id: str | None
+    priority: int
+
+
+@attrs.frozen
+class RequestRejected:
+    time: float
+    code: str
+    message: str
+    trace_id: str | None
+
+
+@attrs.frozen
+class RequestStarted:
+    time: float
+    request_id: int
+    cached_prompt_tokens: int
+
+
+@attrs.frozen
+class FirstToken:
+    time: float
+    request_id: int
+    ttft: float  # seconds from queueing to the first generated token
+
+
+@attrs.frozen
+class RequestFinished:
+    time: float
+    request_id: int
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    e2e_latency: float
+    queue_time: float
+    session_id: str | None
+    trace_id: str | None
+    error: str | None = None
+
+
+@attrs.frozen
+class StepCompleted:
+    time: float
+    step_id: int
+    num_sequences: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    seconds: float
+    num_waiting: int
+    num_running: int
+    kv_usage: float  # fraction of full-group KV blocks in use
+    num_preempted: int
+
+
+TelemetryEvent = (RequestQueued | RequestRejected | RequestStarted | FirstToken | RequestFinished
+                  | StepCompleted)

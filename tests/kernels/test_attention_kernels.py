@@ -1,0 +1,452 @@
+"""Paged attention kernels against their PyTorch references, and the references against dense attention.
+
+Without CUDA the Triton kernels run in the interpreter (``TRITON_INTERPRET=1``, set below before triton is
+imported; it is read when ``@triton.jit`` decorates), so the CPU shapes are tiny. ``@pytest.mark.gpu``
+tests run real shapes on the device.
+
+Every paged cache here starts as NaN: block 0 is the "null" block that unused and released block-table
+entries point to, and slots past a sequence's context are never written. A kernel that reads a position it
+must not (past the context, or in a block released outside the sliding window) produces NaN and fails.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import attrs
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from inference_server.kernels.decode_attention import (
+    H200_NUM_SMS,
+    choose_num_splits,
+    paged_decode_attention,
+)
+from inference_server.kernels.kv_store import store_kv
+from inference_server.kernels.prefill_attention import paged_prefill_attention
+from inference_server.kernels.reference_attention import (
+    ref_paged_decode_attention,
+    ref_paged_prefill_attention,
+    ref_store_kv,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@attrs.frozen
+class PagedCase:
+    k_cache: torch.Tensor  # [num_blocks, bs, nKV, D]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    context_lens: torch.Tensor  # int32 [B]
+    keys: list[torch.Tensor]  # per sequence [ctx, nKV, D], in the cache dtype
+    values: list[torch.Tensor]
+
+
+def randn(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device=DEVICE)
+
+
+def build_paged(
+    ctx_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    *,
+    first_visible: list[int] | None = None,
+    seed: int = 0,
+    kv_std: float = 1.0,
+) -> PagedCase:
+    """A NaN-filled paged cache holding random K/V for each sequence in shuffled blocks.
+
+    ``first_visible[b]``: blocks wholly before this position are "released" (their table entry -> 0).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    dev_gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    nblocks = [-(-c // block_size) for c in ctx_lens]
+    num_blocks = 1 + sum(nblocks) + 2
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+    block_tables = torch.zeros((len(ctx_lens), max([*nblocks, 1]) + 1), dtype=torch.int32)
+    free = (1 + torch.randperm(num_blocks - 1, generator=gen)).tolist()
+    keys, values = [], []
+    for b, ctx in enumerate(ctx_lens):
+        ids = torch.tensor([free.pop() for _ in range(nblocks[b])], dtype=torch.long)
+        block_tables[b, : nblocks[b]] = ids.int()
+        k = (randn((ctx, num_kv_heads, head_dim), dev_gen) * kv_std).to(dtype)
+        v = randn((ctx, num_kv_heads, head_dim), dev_gen).to(dtype)
+        pos = torch.arange(ctx)
+        where = (ids[pos // block_size].to(DEVICE), (pos % block_size).to(DEVICE))
+        k_cache[where] = k
+        v_cache[where] = v
+        keys.append(k)
+        values.append(v)
+        if first_visible is not None:
+            block_tables[b, : max(0, first_visible[b]) // block_size] = 0
+    return PagedCase(
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables.to(DEVICE),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
+        keys=keys,
+        values=values,
+    )
+
+
+def dense_attention(
+    q: torch.Tensor,  # [L, nH, D]
+    k: torch.Tensor,  # [ctx, nKV, D]
+    v: torch.Tensor,  # [ctx, nKV, D]
+    first_q_pos: int,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:  # [L, nH, D], float64
+    """Naive attention over contiguous K/V with explicit causal and sliding masks, in float64."""
+    chunk, num_heads, _ = q.shape
+    ctx = k.shape[0]
+    if ctx == 0:
+        return torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    group = num_heads // k.shape[1]
+    kd = k.double().repeat_interleave(group, dim=1)  # [ctx, nH, D]
+    vd = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("lhd,shd->hls", q.double(), kd) * scale  # [nH, L, ctx]
+    q_pos = torch.arange(first_q_pos, first_q_pos + chunk, device=q.device)[:, None]
+    kv_pos = torch.arange(ctx, device=q.device)[None, :]
+    mask = kv_pos <= q_pos
+    if window is not None:
+        mask &= q_pos - kv_pos < window
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.einsum("hls,shd->lhd", probs, vd)
+
+
+def packed(chunks: list[int]) -> torch.Tensor:
+    cu = [0]
+    for c in chunks:
+        cu.append(cu[-1] + c)
+    return torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+
+
+def prefill_setup(
+    prefixes: list[int],
+    chunks: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    window: int | None,
+    seed: int = 0,
+    qk_std: float = 1.0,
+) -> tuple[torch.Tensor, PagedCase, torch.Tensor]:
+    ctx = [p + c for p, c in zip(prefixes, chunks, strict=True)]
+    first_visible = [p - window + 1 for p in prefixes] if window is not None else None
+    case = build_paged(
+        ctx, num_kv_heads, head_dim, block_size, dtype, first_visible=first_visible, seed=seed, kv_std=qk_std
+    )
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    q = (randn((sum(chunks), num_heads, head_dim), gen) * qk_std).to(dtype)
+    return q, case, packed(chunks)
+
+
+def decode_setup(
+    ctx_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    window: int | None,
+    seed: int = 0,
+    qk_std: float = 1.0,
+) -> tuple[torch.Tensor, PagedCase]:
+    first_visible = [c - window for c in ctx_lens] if window is not None else None
+    case = build_paged(
+        ctx_lens,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        dtype,
+        first_visible=first_visible,
+        seed=seed,
+        kv_std=qk_std,
+    )
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    q = (randn((len(ctx_lens), num_heads, head_dim), gen) * qk_std).to(dtype)
+    return q, case
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """Elementwise closeness plus a relative Frobenius bound (outputs shrink as contexts grow)."""
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert not actual.isnan().any(), "NaN in output: a masked or released position was read"
+    actual, expected = actual.double(), expected.double()
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+    rel = (actual - expected).norm() / expected.norm().clamp_min(1e-30)
+    assert rel < (1e-5 if dtype == torch.float32 else 1e-2), f"relative error {rel:.2e}"
+
+
+# ---------------------------------------------------------------------------------------- references
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 1, 6])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2), (8, 1)])
+def test_reference_prefill_matches_dense(
+    num_heads: int, num_kv_heads: int, window: int | None, dtype: torch.dtype
+) -> None:
+    prefixes, chunks = [0, 5, 13, 9, 0, 30], [7, 1, 11, 0, 1, 16]
+    q, case, cu = prefill_setup(prefixes, chunks, num_heads, num_kv_heads, 16, 4, dtype, window)
+    out = ref_paged_prefill_attention(
+        q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.3, window
+    )
+    assert out.dtype == dtype and out.shape == q.shape
+    cu_l = cu.tolist()
+    for b, prefix in enumerate(prefixes):
+        want = dense_attention(q[cu_l[b] : cu_l[b + 1]], case.keys[b], case.values[b], prefix, 0.3, window)
+        assert_close(out[cu_l[b] : cu_l[b + 1]], want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window", [None, 3, 9])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (8, 2)])
+def test_reference_decode_matches_dense(
+    num_heads: int, num_kv_heads: int, window: int | None, dtype: torch.dtype
+) -> None:
+    ctx_lens = [1, 4, 5, 16, 37, 0]
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, 32, 4, dtype, window)
+    out = ref_paged_decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.2, window)
+    for b, ctx in enumerate(ctx_lens):
+        want = dense_attention(q[b : b + 1], case.keys[b], case.values[b], ctx - 1, 0.2, window)
+        assert_close(out[b : b + 1], want, dtype)
+
+
+def test_reference_store_kv_matches_loop() -> None:
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn((9, 2, 8), generator=gen), torch.randn((9, 2, 8), generator=gen)
+    slots = torch.tensor([0, 5, -1, 19, 7, -3, 2, 8, 11])
+    k_cache, v_cache = torch.zeros((5, 4, 2, 8)), torch.zeros((5, 4, 2, 8))
+    ref_store_kv(k, v, k_cache, v_cache, slots)
+    want_k, want_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            want_k[slot // 4, slot % 4] = k[t]
+            want_v[slot // 4, slot % 4] = v[t]
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+# ---------------------------------------------------------------------------------------- kv store
+
+
+@pytest.mark.parametrize(("num_kv_heads", "head_dim"), [(1, 16), (3, 24), (2, 64)])
+def test_store_kv_kernel_matches_reference(num_kv_heads: int, head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    num_blocks, block_size, tokens = 6, 4, 11
+    # K/V as strided views of a fused projection output, as the model produces them.
+    kv = torch.randn((tokens, 3, num_kv_heads, head_dim), generator=gen).to(DEVICE)
+    k, v = kv[:, 0], kv[:, 2]
+    slots = torch.tensor([0, 5, -1, 19, 7, -3, 2, 23, 12, 13, -1], dtype=torch.int64, device=DEVICE)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(shape, device=DEVICE), torch.zeros(shape, device=DEVICE)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    store_kv(k, v, k_cache, v_cache, slots)
+    ref_store_kv(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_store_kv_kernel_casts_to_cache_dtype() -> None:
+    gen = torch.Generator().manual_seed(1)
+    k, v = torch.randn((5, 2, 16), generator=gen).to(DEVICE), torch.randn((5, 2, 16), generator=gen).to(DEVICE)
+    slots = torch.tensor([3, -1, 0, 9, 4], dtype=torch.int64, device=DEVICE)
+    k_cache = torch.zeros((3, 4, 2, 16), dtype=torch.bfloat16, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    store_kv(k, v, k_cache, v_cache, slots)
+    ref_store_kv(k, v, k_ref, v_ref, slots)
+    # The interpreter truncates fp32 -> bf16 where torch rounds to nearest: allow one bf16 ulp.
+    torch.testing.assert_close(k_cache.float(), k_ref.float(), atol=0, rtol=2**-7)
+    torch.testing.assert_close(v_cache.float(), v_ref.float(), atol=0, rtol=2**-7)
+
+
+# ---------------------------------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+@pytest.mark.parametrize("window", [None, 5, 20])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 16), (8, 2, 32), (6, 2, 64), (16, 1, 16)])
+def test_decode_kernel_matches_reference(
+    num_heads: int, num_kv_heads: int, head_dim: int, window: int | None, num_splits: int | None
+) -> None:
+    ctx_lens = [1, 4, 5, 16, 37, 0]  # block_size 4: on and just past block boundaries; 0 = padded slot
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 4, torch.float32, window)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, window)
+    hint = 1024 if num_splits is None else None  # auto + a long-context hint: 4 splits at this batch
+    out = paged_decode_attention(*args, num_splits, max_context_len=hint, block_n=16)
+    assert_close(out, ref_paged_decode_attention(*args), torch.float32)
+    assert torch.all(out[-1] == 0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_kernel_bf16_static_out(num_splits: int) -> None:
+    ctx_lens = [3, 29, 8]
+    q, case = decode_setup(ctx_lens, 8, 2, 32, 8, torch.bfloat16, None)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, None)
+    out = torch.full_like(q, float("nan"))
+    got = paged_decode_attention(*args, num_splits, out=out, block_n=16)
+    assert got.data_ptr() == out.data_ptr()
+    assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("head_dim", "num_splits"), [(128, 1), (128, 2), (256, 2), (512, 1), (512, 3)])
+def test_decode_kernel_large_head_dim(head_dim: int, num_splits: int) -> None:
+    ctx_lens = [9, 30]
+    q, case = decode_setup(ctx_lens, 4, 2, head_dim, 8, torch.float32, None, qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 1.0, None)
+    out = paged_decode_attention(*args, num_splits, block_n=16)
+    assert_close(out, ref_paged_decode_attention(*args), torch.float32)
+
+
+def test_choose_num_splits() -> None:
+    assert choose_num_splits(64, 8, 8192) == 1  # 512 programs already fill the GPU
+    assert choose_num_splits(1, 4, 8192) == 32  # 4 programs: up to 2 waves, >= 256 keys per split
+    assert choose_num_splits(1, 4, 300) == 1  # too short to split
+    assert choose_num_splits(1, 1, 1 << 20) == 64  # capped
+    assert choose_num_splits(1, 4, 8192, num_sms=H200_NUM_SMS) == choose_num_splits(1, 4, 8192)
+
+
+# ---------------------------------------------------------------------------------------- prefill
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (None, None)])
+@pytest.mark.parametrize("window", [None, 3, 8])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 16), (8, 2, 32), (6, 2, 16)])
+def test_prefill_kernel_matches_reference(
+    num_heads: int, num_kv_heads: int, head_dim: int, window: int | None, tiles: tuple[int | None, ...]
+) -> None:
+    prefixes, chunks = [0, 5, 13, 9, 0, 3], [7, 1, 11, 0, 1, 16]
+    q, case, cu = prefill_setup(prefixes, chunks, num_heads, num_kv_heads, head_dim, 4, torch.float32, window)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.3, window)
+    out = paged_prefill_attention(*args, block_m=tiles[0], block_n=tiles[1])
+    assert_close(out, ref_paged_prefill_attention(*args), torch.float32)
+
+
+@pytest.mark.parametrize(("head_dim", "window", "tiles"), [(128, None, (16, 16)), (512, 4, (None, None))])
+def test_prefill_kernel_bf16_large_head_dim(
+    head_dim: int, window: int | None, tiles: tuple[int | None, int | None]
+) -> None:
+    q, case, cu = prefill_setup([6, 0], [5, 3], 4, 2, head_dim, 8, torch.bfloat16, window, qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 1.0, window)
+    out = paged_prefill_attention(*args, block_m=tiles[0], block_n=tiles[1])
+    assert_close(out, ref_paged_prefill_attention(*args), torch.bfloat16)
+
+
+def test_prefill_single_token_chunks_equal_decode() -> None:
+    ctx_lens = [1, 12, 21]
+    q, case = decode_setup(ctx_lens, 8, 2, 16, 4, torch.float32, 6)
+    cu = packed([1, 1, 1])
+    pre = paged_prefill_attention(q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.5, 6)
+    dec = paged_decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.5, 6, 2)
+    assert_close(pre, dec.double(), torch.float32)
+
+
+# ---------------------------------------------------------------------------------------- GPU, real shapes
+
+# (num_heads, num_kv_heads, head_dim, scale, window): Qwen3-30B-A3B, Gemma 4 sliding and full layers.
+GPU_LAYERS = [
+    (32, 4, 128, 128**-0.5, None),
+    (16, 8, 256, 1.0, 1024),
+    (16, 2, 512, 1.0, None),
+]
+
+
+@gpu
+@requires_cuda
+@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
+@pytest.mark.parametrize("num_splits", [1, None])
+def test_gpu_decode(
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    window: int | None,
+    num_splits: int | None,
+) -> None:
+    gen = torch.Generator().manual_seed(batch)
+    ctx_lens = torch.randint(1, 8193, (batch,), generator=gen).tolist()
+    ctx_lens[0] = 8192
+    std = head_dim**-0.25
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window, qk_std=std)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, scale, window)
+    out = paged_decode_attention(*args, num_splits)
+    assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
+
+
+@gpu
+@requires_cuda
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
+def test_gpu_prefill(num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None) -> None:
+    prefixes, chunks = [0, 3000, 517, 8000, 0], [2048, 1000, 1, 192, 77]
+    std = head_dim**-0.25
+    q, case, cu = prefill_setup(
+        prefixes, chunks, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window, qk_std=std
+    )
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, scale, window)
+    assert_close(paged_prefill_attention(*args), ref_paged_prefill_attention(*args), torch.bfloat16)
+
+
+@gpu
+@requires_cuda
+@pytest.mark.parametrize(("num_kv_heads", "head_dim"), [(4, 128), (8, 256), (2, 512)])
+def test_gpu_store_kv(num_kv_heads: int, head_dim: int) -> None:
+    tokens, num_blocks, block_size = 3000, 400, 16
+    k = torch.randn((tokens, num_kv_heads, head_dim), device=DEVICE, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = torch.randperm(num_blocks * block_size, device=DEVICE)[:tokens]
+    slots[::7] = -1
+    k_cache = torch.zeros((num_blocks, block_size, num_kv_heads, head_dim), device=DEVICE, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    store_kv(k, v, k_cache, v_cache, slots)
+    ref_store_kv(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+@gpu
+@requires_cuda
+def test_gpu_decode_cuda_graph_replay() -> None:
+    """Captured once with static buffers, replayed with new lengths: no host sync inside the wrapper."""
+    batch, num_heads, num_kv_heads, head_dim = 4, 32, 4, 128
+    q, case = decode_setup(
+        [4096] * batch, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, None, qk_std=head_dim**-0.25
+    )
+    ctx_static = case.context_lens.clone()
+    out = torch.empty_like(q)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, ctx_static, head_dim**-0.5, None)
+    paged_decode_attention(*args, out=out)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(*args, out=out)
+    for lens in ([1, 17, 4096, 300], [4096, 2048, 1, 0]):
+        ctx_static.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
+
+
+def test_dense_helper_sanity() -> None:
+    """The dense helper itself: one key means the output is that key's value."""
+    q = torch.randn(1, 2, 4)
+    k, v = torch.randn(1, 1, 4), torch.randn(1, 1, 4)
+    out = dense_attention(q, k, v, 0, 1.0, None)
+    assert torch.allclose(out, v.double().expand(1, 2, 4))
+    assert math.isclose(float(dense_attention(q, k, v, 0, 1.0, 1).sum()), float(v.sum() * 2), rel_tol=1e-6)
