@@ -368,9 +368,12 @@ def _build_plan(
         placements[_hf_to_gguf_name(name_map, hf_name)] = _Placement(hf_name)
     fused_targets = _place_fused_parameters(spec, num_layers, name_map, tensors, placements, path)
     _check_tensor_sets(placements, tensors, path)
-    targets = {p.hf_name: _Target(_logical_shape(tensors[g]), 1) for g, p in placements.items()}
-    targets.update(fused_targets)
-    return placements, targets
+    targets = {
+        placement.hf_name: _Target(_logical_shape(tensors[gguf_name]), part_count=1)
+        for gguf_name, placement in placements.items()
+        if placement.hf_name not in fused_targets
+    }
+    return placements, targets | fused_targets
 
 
 def _place_fused_parameters(

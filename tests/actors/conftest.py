@@ -1,0 +1,89 @@
+"""Engines for actor tests: a deterministic in-loop fake executor, or the real CPU runner on a tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import trio
+
+from inference_server.backends.model_runner import ModelRunner
+from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedKVStorage
+from inference_server.core.kv_manager import KVManager
+from inference_server.core.scheduler import SchedulerConfig
+from inference_server.messages import SampledToken, StepPlan, StepResult
+from inference_server.models.loader import build_model, init_dummy_weights
+from inference_server.models.presets import preset_config
+from inference_server.models.spec import parse_model_spec
+from inference_server.supervisor import EngineParts
+
+BLOCK = 4
+VOCAB = 512
+
+
+def fake_token(length: int, last_token: int) -> int:
+    return (last_token * 31 + length * 7) % 97 + 3
+
+
+class FakeStep:
+    """An in-loop executor: each step takes ``step_seconds`` of (mock) time and answers deterministically.
+
+    ``plans`` records every plan; ``fail_at`` makes the step with that id raise (an executor crash).
+    """
+
+    def __init__(self, step_seconds: float = 0.01, fail_at: int | None = None) -> None:
+        self.step_seconds = step_seconds
+        self.fail_at = fail_at
+        self.plans: list[StepPlan] = []
+        self.gate: trio.Event | None = None  # when set, steps wait for it (a stalled executor)
+
+    async def __call__(self, plan: StepPlan) -> StepResult:
+        self.plans.append(plan)
+        if self.gate is not None:
+            await self.gate.wait()
+        await trio.sleep(self.step_seconds)
+        if self.fail_at is not None and plan.step_id >= self.fail_at:
+            raise RuntimeError("injected executor failure")
+        tokens = []
+        for seq in plan.sequences:
+            if seq.sample:
+                length = seq.cached_len + len(seq.token_ids)
+                tokens.append(SampledToken(seq.request_id, fake_token(length, seq.token_ids[-1]), -1.0))
+        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, self.step_seconds)
+
+
+def fake_parts(step: Callable, *, num_blocks: int = 256, **overrides) -> EngineParts:
+    config = overrides.pop("scheduler_config", SchedulerConfig(max_batch_size=8, max_num_batched_tokens=64))
+    values = dict(step=step, kv=KVManager(block_size=BLOCK, num_full_blocks=num_blocks), tokenizer=None,
+                  max_model_len=512, vocab_size=VOCAB, eos_token_ids=frozenset(), scheduler_config=config)
+    values.update(overrides)
+    return EngineParts(**values)
+
+
+def tiny_model_parts(num_blocks: int, *, preset: str = "gemma-4-31b-tiny", **overrides) -> EngineParts:
+    """The real CPU step runner (reference attention, fp32) on a tiny dummy-weight model."""
+    torch.set_num_threads(1)
+    spec = parse_model_spec(preset_config(preset))
+    model = build_model(spec, torch.float32, "cpu")
+    init_dummy_weights(model, seed=5)
+    window = max((c.window for c in spec.cache_layers if c.window), default=None)
+    kv = KVManager(block_size=BLOCK, num_full_blocks=num_blocks, num_sliding_blocks=num_blocks if window else 0,
+                   sliding_window=window)
+    groups = {FULL_GROUP: num_blocks} | ({SLIDING_GROUP: num_blocks} if window else {})
+    storage = PagedKVStorage(spec.cache_layers, groups, BLOCK, torch.float32, "cpu")
+    runner = ModelRunner(model, spec, storage, torch.device("cpu"))
+
+    async def step(plan: StepPlan) -> StepResult:
+        return runner.execute(plan)  # in the loop: keeps mock-clock tests free of threads
+
+    values = dict(step=step, kv=kv, tokenizer=None, max_model_len=256, vocab_size=spec.vocab_size,
+                  eos_token_ids=frozenset(),
+                  scheduler_config=SchedulerConfig(max_batch_size=8, max_num_batched_tokens=32))
+    values.update(overrides)
+    return EngineParts(**values)
+
+
+@pytest.fixture
+def fake_step() -> FakeStep:
+    return FakeStep()

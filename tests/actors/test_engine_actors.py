@@ -1,0 +1,248 @@
+"""The actor engine under trio's autojump clock: refills, fairness, priority, preemption, deadlines,
+overload, client aborts, crashes — and after each test every KV block is free."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from inference_server.core.request import RequestUpdate
+from inference_server.core.sampling import SamplingParams
+from inference_server.core.scheduler import SchedulerConfig
+from inference_server.messages import Admitted, GenerationRequest, Rejected
+from inference_server.offline import Completion, collect
+from inference_server.supervisor import Engine, EngineParts, EngineState
+
+from .conftest import FakeStep, fake_parts, tiny_model_parts  # noqa: TID252
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def ids_request(first: int, length: int = 5, params: SamplingParams = GREEDY, **kw) -> GenerationRequest:
+    return GenerationRequest(params=params, prompt_ids=tuple(range(first, first + length)), **kw)
+
+
+def assert_kv_clean(engine: Engine) -> None:
+    kv = engine.parts.kv
+    kv.check_integrity()
+    assert kv.num_sequences == 0
+    assert kv.full_pool.num_referenced == 0
+
+
+async def run_all(parts: EngineParts, requests: list[GenerationRequest]) -> tuple[Engine, list[Completion]]:
+    results: list[Completion | None] = [None] * len(requests)
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        async with trio.open_nursery() as clients:
+            for i, request in enumerate(requests):
+                _, stream = engine.submit(request)
+
+                async def consume(i: int = i, stream=stream) -> None:
+                    results[i] = await collect(stream)
+
+                clients.start_soon(consume)
+        engine.close()
+    return engine, results
+
+
+async def test_requests_complete_and_kv_is_freed(fake_step: FakeStep) -> None:
+    engine, results = await run_all(fake_parts(fake_step), [ids_request(10 * i) for i in range(1, 6)])
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 6 for r in results)
+    assert engine.state is EngineState.STOPPED
+    assert_kv_clean(engine)
+
+
+async def test_a_freed_slot_is_refilled_in_the_next_step(fake_step: FakeStep) -> None:
+    parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64))
+    short = ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=2))
+    engine, _ = await run_all(parts, [short, ids_request(20), ids_request(30)])
+    plans = [p for p in fake_step.plans if p.sequences]
+    finished_step = next(i for i, p in enumerate(plans) if 1 in p.finished_request_ids)
+    assert {s.request_id for s in plans[finished_step].sequences} == {2, 3}  # 3 took 1's slot at once
+    assert_kv_clean(engine)
+
+
+async def test_fair_share_bounds_a_light_sessions_latency(autojump_clock: trio.testing.MockClock) -> None:
+    """A heavy session floods 20 requests; a light session's single request then finishes within a few
+    request lifetimes under fair share, and only after the whole flood under FCFS."""
+
+    async def light_latency(policy: str) -> float:
+        step = FakeStep(step_seconds=0.01)
+        parts = fake_parts(step, scheduling_policy=policy,
+                           scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64))
+        async with trio.open_nursery() as nursery:
+            engine: Engine = await nursery.start(Engine(parts).run)
+            heavy = [engine.submit(ids_request(10 + i, session_id="heavy"))[1] for i in range(20)]
+            for stream in heavy:
+                nursery.start_soon(collect, stream)
+            await trio.sleep(0.05)
+            started = trio.current_time()
+            _, light = engine.submit(ids_request(300, session_id="light"))
+            result = await collect(light)
+            latency = trio.current_time() - started
+            engine.close()
+        assert result.finish_reason == "length"
+        assert_kv_clean(engine)
+        return latency
+
+    fair, fcfs = await light_latency("fair"), await light_latency("fcfs")
+    assert fair <= 0.2  # at most about one heavy request's lifetime (7 steps) plus its own
+    assert fcfs >= 0.5  # behind the whole flood (20 requests / 2 slots * 7 steps)
+
+
+async def test_priority_orders_admission(fake_step: FakeStep) -> None:
+    parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        fake_step.gate = trio.Event()  # hold the executor while all requests queue
+        streams = [engine.submit(ids_request(10 * i, priority=p))[1] for i, p in [(1, 5), (2, 0), (3, 9), (4, 1)]]
+        await trio.sleep(0.1)
+        fake_step.gate.set()
+        for s in streams:
+            nursery.start_soon(collect, s)
+        await trio.sleep(5)
+        engine.close()
+    first_seen = []
+    for plan in fake_step.plans:
+        for seq in plan.sequences:
+            if seq.request_id not in first_seen:
+                first_seen.append(seq.request_id)
+    assert first_seen[0] == 1  # it was alone when the executor was held
+    assert first_seen[1:] == [2, 4, 3]  # then priority 0, 1, 9
+    assert_kv_clean(engine)
+
+
+async def test_preemption_under_a_tiny_pool_keeps_greedy_outputs() -> None:
+    requests = [ids_request(5 + 30 * i, length=6 + i, params=SamplingParams(temperature=0.0, max_tokens=10))
+                for i in range(5)]
+    roomy_engine, roomy = await run_all(tiny_model_parts(num_blocks=128), requests)
+    tight_engine, tight = await run_all(tiny_model_parts(num_blocks=10), requests)
+    assert tight_engine.scheduler.num_preemptions > 0
+    assert [r.token_ids for r in tight] == [r.token_ids for r in roomy]
+    assert all(r.finish_reason == "length" for r in tight)
+    assert_kv_clean(roomy_engine)
+    assert_kv_clean(tight_engine)
+
+
+async def test_admission_deadline_ends_unstarted_requests_with_timeout(fake_step: FakeStep) -> None:
+    parts = fake_parts(fake_step, admission_timeout=1.0,
+                       scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
+    fake_step.step_seconds = 0.5  # the first request holds the only slot for 3 s
+    engine, results = await run_all(parts, [ids_request(10), ids_request(20)])
+    assert results[0].finish_reason == "length"
+    assert results[1].finish_reason == "timeout" and results[1].token_ids == ()
+    assert_kv_clean(engine)
+
+
+async def test_full_inbox_rejects_at_once_as_overloaded(fake_step: FakeStep) -> None:
+    """With the executor stalled, requests back up: the scheduler's inbox (1) fills, admission blocks
+    sending on, the admission inbox (1) fills, and the next submission is refused at once."""
+    parts = fake_parts(fake_step, max_queue_size=1,
+                       scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
+    fake_step.gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        accepted = []
+        for i in range(4):
+            accepted.append(engine.submit(ids_request(10 * (i + 1)))[1])
+            await trio.sleep(0.01)
+        rejected = await engine.submit(ids_request(99))[1].receive()
+        assert isinstance(rejected, Rejected) and rejected.code == "overloaded"
+        fake_step.gate.set()
+        for stream in accepted:
+            assert (await collect(stream)).finish_reason == "length"
+        engine.close()
+    assert_kv_clean(engine)
+
+
+async def test_invalid_requests_are_rejected_before_queueing(fake_step: FakeStep) -> None:
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
+        too_long = engine.submit(GenerationRequest(params=GREEDY, prompt_ids=(7,) * 510))[1]
+        bad_param = engine.submit(ids_request(10, params=SamplingParams(temperature=-1.0)))[1]
+        no_tokenizer = engine.submit(GenerationRequest(params=GREEDY, prompt="hello"))[1]
+        assert (await too_long.receive()).code == "context_length_exceeded"
+        item = await bad_param.receive()
+        assert item.code == "invalid_request" and item.param == "temperature"
+        assert "token ids" in (await no_tokenizer.receive()).message
+        engine.close()
+    assert not fake_step.plans
+
+
+async def test_closing_the_stream_aborts_within_one_step_and_frees_kv(fake_step: FakeStep) -> None:
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
+        _, stream = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=400)))
+        assert isinstance(await stream.receive(), Admitted)
+        await stream.receive()  # a first token
+        steps_before = len(fake_step.plans)
+        await stream.aclose()
+        while engine.parts.kv.num_sequences:
+            await trio.sleep(0.001)
+        assert len(fake_step.plans) - steps_before <= 2  # the step in flight, then the abort
+        engine.close()
+    assert_kv_clean(engine)
+
+
+async def test_an_actor_crash_ends_every_request_with_an_error_and_nothing_hangs() -> None:
+    step = FakeStep(fail_at=3)
+    engine = Engine(fake_parts(step))
+    results: dict[int, Completion] = {}
+
+    async def consume(i: int, stream) -> None:
+        results[i] = await collect(stream)
+
+    with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            for i in range(1, 4):
+                stream = engine.submit(ids_request(10 * i, params=SamplingParams(max_tokens=50)))[1]
+                nursery.start_soon(consume, i, stream.clone())
+                await stream.aclose()  # the clone keeps the stream open; only the consumer reads it
+    assert caught.value.subgroup(RuntimeError) is not None
+    assert engine.state is EngineState.FAILED and not engine.is_ready
+    # The consumers were cancelled with the nursery; the streams still hold the terminal events.
+    late = engine.submit(ids_request(10))[1]
+    assert (await late.receive()).code == "unavailable"
+
+
+async def test_an_actor_crash_delivers_a_terminal_error_to_each_stream() -> None:
+    step = FakeStep(fail_at=3)
+    engine = Engine(fake_parts(step))
+    streams = []
+    with trio.fail_after(10), pytest.raises(BaseExceptionGroup):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            streams = [engine.submit(ids_request(10 * i, params=SamplingParams(max_tokens=50)))[1]
+                       for i in range(1, 4)]
+    for stream in streams:  # nobody read during the run: everything is buffered, ending in one error
+        items = [item async for item in stream]
+        assert isinstance(items[0], Admitted)
+        terminal = [i for i in items if isinstance(i, RequestUpdate) and i.finished]
+        assert len(terminal) == 1 and terminal[0] is items[-1]
+        assert terminal[0].finish_reason == "error" and "injected executor failure" in terminal[0].error
+
+
+async def test_drain_gives_in_flight_requests_a_terminal_event(fake_step: FakeStep) -> None:
+    fake_step.step_seconds = 1.0
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
+        _, stream = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=100)))
+        results: list[Completion] = []
+
+        async def consume() -> None:
+            results.append(await collect(stream))
+
+        nursery.start_soon(consume)
+        await trio.sleep(2.5)
+        await engine.drain(timeout=3.0)
+        assert (await engine.submit(ids_request(20))[1].receive()).code == "unavailable"
+    assert results[0].finish_reason == "error" and "shut down" in results[0].error
+    assert 3 <= len(results[0].token_ids) < 100
+    assert engine.state is EngineState.STOPPED
