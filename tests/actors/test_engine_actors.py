@@ -14,7 +14,7 @@ from inference_server.messages import Admitted, GenerationRequest, Rejected
 from inference_server.offline import Completion, collect
 from inference_server.supervisor import Engine, EngineParts, EngineState
 
-from .conftest import FakeStep, fake_parts, tiny_model_parts  # noqa: TID252
+from .conftest import FakeStep, fake_parts, tiny_model_parts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 
