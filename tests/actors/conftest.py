@@ -77,6 +77,8 @@ def tiny_model_parts(num_blocks: int, *, preset: str = "gemma-4-31b-tiny", **ove
     async def step(plan: StepPlan) -> StepResult:
         return runner.execute(plan)  # in the loop: keeps mock-clock tests free of threads
 
+    step.runner = runner  # tests count the tokens it computed
+
     values = dict(step=step, kv=kv, tokenizer=None, max_model_len=256, vocab_size=spec.vocab_size,
                   eos_token_ids=frozenset(),
                   scheduler_config=SchedulerConfig(max_batch_size=8, max_num_batched_tokens=32))

@@ -3,10 +3,12 @@ overload, client aborts, crashes — and after each test every KV block is free.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
+from inference_server.core.kv_manager import KVManager
 from inference_server.core.request import RequestUpdate
 from inference_server.core.sampling import SamplingParams
 from inference_server.core.scheduler import SchedulerConfig
@@ -246,3 +248,63 @@ async def test_drain_gives_in_flight_requests_a_terminal_event(fake_step: FakeSt
     assert results[0].finish_reason == "error" and "shut down" in results[0].error
     assert 3 <= len(results[0].token_ids) < 100
     assert engine.state is EngineState.STOPPED
+
+
+async def test_a_shared_prefix_is_computed_once_with_identical_outputs() -> None:
+    """The second request's 16-token prefix comes from the radix cache: only its suffix is computed, and its
+    greedy output equals a run without prefix caching."""
+    shared = tuple(range(40, 56))
+    first = GenerationRequest(params=SamplingParams(temperature=0.0, max_tokens=3), prompt_ids=(*shared, 7))
+    second = GenerationRequest(params=SamplingParams(temperature=0.0, max_tokens=5), prompt_ids=(*shared, 8, 9))
+
+    async def run_sequentially(parts: EngineParts) -> tuple[Engine, list[Completion]]:
+        outputs = []
+        async with trio.open_nursery() as nursery:
+            engine: Engine = await nursery.start(Engine(parts).run)
+            for request in (first, second):
+                outputs.append(await collect(engine.submit(request)[1]))
+            engine.close()
+        return engine, outputs
+
+    parts = tiny_model_parts(num_blocks=64)
+    engine, outputs = await run_sequentially(parts)
+    # first: 17 prompt tokens + 2 fed-back outputs; second: only its 2 new prompt tokens + 4 fed-back outputs
+    assert parts.step.runner.tokens_computed == (17 + 2) + (2 + 4)
+    uncached = tiny_model_parts(num_blocks=64)
+    uncached = attrs.evolve(uncached, kv=KVManager(block_size=4, num_full_blocks=64, num_sliding_blocks=64,
+                                                   sliding_window=uncached.kv.sliding_window,
+                                                   enable_prefix_cache=False))
+    _, reference = await run_sequentially(uncached)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    assert_kv_clean(engine)
+
+
+async def test_active_kv_token_cap_holds_requests_back(fake_step: FakeStep) -> None:
+    """With MAX_ACTIVE_KV_TOKENS room for about one request, requests run one at a time."""
+    parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=8, max_num_batched_tokens=64,
+                                                                   max_active_kv_tokens=12))
+    engine, results = await run_all(parts, [ids_request(10 * i) for i in range(1, 4)])
+    assert all(r.finish_reason == "length" for r in results)
+    assert max(len(p.sequences) for p in fake_step.plans) == 1
+    assert_kv_clean(engine)
+
+
+async def test_queued_token_cap_rejects_as_overloaded(autojump_clock: trio.testing.MockClock) -> None:
+    """One slot, slow steps: while request 1 runs, requests 2 and 3 wait (10 prompt tokens queued), so
+    request 4 (5 more) would exceed MAX_QUEUED_TOKENS=12 and is refused as overloaded."""
+    step = FakeStep(step_seconds=1.0)
+    parts = fake_parts(step, max_queued_tokens=12,
+                       scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        streams = []
+        for i in range(4):
+            streams.append(engine.submit(ids_request(10 * (i + 1)))[1])
+            await trio.sleep(0.01)
+        items = [await s.receive() for s in streams]
+        assert [type(i).__name__ for i in items] == ["Admitted", "Admitted", "Admitted", "Rejected"]
+        assert items[3].code == "overloaded"
+        for s in streams[:3]:
+            assert (await collect(s)).finish_reason == "length"
+        engine.close()
+    assert_kv_clean(engine)

@@ -18,7 +18,12 @@ from inference_server.models.spec import parse_model_spec
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
-MODELS = ["gemma-4-e2b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-31b-tiny", "qwen3-30b-a3b-tiny"]
+MODELS = ["gemma-4-e2b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-31b-tiny", "qwen3-30b-a3b-tiny", "gemma-3-tiny"]
+GEMMA3_TINY = dict(model_type="gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=96,
+                   num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                   query_pre_attn_scalar=16, sliding_window=4, layer_types=["sliding_attention"] * 5 +
+                   ["full_attention"], max_position_embeddings=256, rope_theta=1_000_000.0,
+                   rope_local_base_freq=10_000.0, tie_word_embeddings=True)
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +35,7 @@ def one_thread() -> None:
 
 
 def make(name: str):
-    spec = parse_model_spec(preset_config(name))
+    spec = parse_model_spec(GEMMA3_TINY if name == "gemma-3-tiny" else preset_config(name))
     model = build_model(spec, torch.float32, "cpu")
     init_dummy_weights(model, seed=3)
     groups = {group_of(layer) for layer in spec.cache_layers}

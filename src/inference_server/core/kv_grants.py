@@ -5,8 +5,8 @@ each request wants this step (running decodes, prefills in progress, new admissi
 the order in which running requests may be preempted. ``allocate_step`` answers with a ``StepGrant``:
 exactly which tokens each granted request computes and its block tables, and which requests were preempted.
 Because "can I allocate" and "allocate" happen inside one call on the allocator's own state, the decision
-is atomic. Token budget, sequence cap and KV-token cap are applied here because granting a new request
-depends on its prefix-cache hit, which only the allocator knows.
+is atomic. The token budget and sequence cap are applied here because granting a new request depends on its
+prefix-cache hit, which only the allocator knows.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ class StepDemand:
     token_budget: int
     max_sequences: int
     max_new: int | None = None  # at most this many new requests this step (monolithic prefill: 1)
-    kv_token_cap: int = 0  # 0: no cap beyond the pool
 
 
 @attrs.frozen
@@ -131,11 +130,8 @@ class _Allocation:
         cached = kv.start_sequence(item.request_id, item.tokens, item.extra_key)
         remaining = len(item.tokens) - cached
         num_tokens = remaining if item.whole else min(remaining, self.budget)
-        alone = not self.grants and kv.num_sequences == 1
         fits_budget = num_tokens <= self.budget or (item.whole and not self.grants)
-        cap = self.demand.kv_token_cap
-        fits_cap = cap == 0 or alone or kv.total_tokens + remaining <= cap
-        if num_tokens <= 0 or not fits_budget or not fits_cap or not kv.can_append(item.request_id, num_tokens):
+        if num_tokens <= 0 or not fits_budget or not kv.can_append(item.request_id, num_tokens):
             kv.release_sequence(item.request_id)
             self.refused.append(item.request_id)
             return False

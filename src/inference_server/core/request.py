@@ -58,6 +58,11 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def max_length(self) -> int:
+        """The most tokens this request can hold in the KV cache (prompt plus ``max_tokens``)."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
 

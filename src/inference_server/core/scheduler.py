@@ -124,7 +124,7 @@ class Scheduler:
         prefills = [Demand(r.request_id, new=False, num_tokens=r.num_uncomputed, whole=whole)
                     for r in self.running if r.num_uncomputed > 1]
         admissions = [Demand(r.request_id, new=True, num_tokens=r.num_tokens, tokens=r.all_token_ids,
-                             extra_key=r.extra_key, whole=whole) for r in self.policy.order(self.waiting)]
+                             extra_key=r.extra_key, whole=whole) for r in self._admissible()]
         victims = sorted(self.running, key=self.policy.victim_key, reverse=True)
         self.last_finished.clear()
         demand = StepDemand(
@@ -132,10 +132,29 @@ class Scheduler:
             victims=tuple(r.request_id for r in victims), token_budget=self.config.max_num_batched_tokens,
             max_sequences=self.config.max_batch_size,
             max_new=1 if self.config.prefill_mode == "monolithic" else None,
-            kv_token_cap=self.config.max_active_kv_tokens,
         )
         self._releases.clear()
         return demand
+
+    def _admissible(self) -> list[Request]:
+        """Waiting requests in policy order, cut where the active-KV-token cap would be exceeded.
+
+        Each request reserves its whole possible length (prompt plus ``max_tokens``), so admitted requests
+        can always grow to completion within the cap; the first one that does not fit stops admission
+        (head of line), except that a lone request is always admitted.
+        """
+        ordered = self.policy.order(self.waiting)
+        cap = self.config.max_active_kv_tokens
+        if cap == 0:
+            return ordered
+        reserved = sum(r.max_length for r in self.running)
+        admissible = []
+        for request in ordered:
+            if reserved + request.max_length > cap and (self.running or admissible):
+                break
+            reserved += request.max_length
+            admissible.append(request)
+        return admissible
 
     def apply_grant(self, grant: StepGrant) -> StepPlan | None:
         """Turn the allocator's grant into the next ``StepPlan`` (None when nothing was granted)."""
