@@ -26,12 +26,7 @@ GEMMA3_TINY = dict(model_type="gemma3_text", vocab_size=512, hidden_size=64, int
                    rope_local_base_freq=10_000.0, tie_word_embeddings=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(name: str):

@@ -11,12 +11,7 @@ from inference_server.models.loader import load_hf_folder
 BATCH, SEQ = 2, 12  # sequences longer than the fixtures' window of 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def input_ids() -> torch.Tensor:
