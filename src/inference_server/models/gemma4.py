@@ -12,7 +12,14 @@ from torch import nn
 
 from inference_server.models.attention import AttentionContext
 from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
-from inference_server.models.layers import RMSNorm, activation, rms_norm, rope_cos_sin, rope_inv_freq, softcap
+from inference_server.models.layers import (
+    RMSNorm,
+    activation,
+    apply_rms_norm,
+    rope_cos_sin,
+    rope_inv_freq,
+    softcap,
+)
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -30,7 +37,7 @@ class Gemma4Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(spec.num_experts))
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
+        x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
         probs = torch.softmax(self.proj(x), dim=-1, dtype=torch.float32)  # [T, E]
         weights, ids = torch.topk(probs, k=self.top_k, dim=-1)  # [T, K]
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -112,6 +119,12 @@ class Gemma4Model(nn.Module):
             self.per_layer_projection_norm = RMSNorm(spec.ple_hidden_size, spec.rms_norm_eps, spec.norm_style)
         with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device
             self.inv_freqs = {layer.layer_type: rope_inv_freq(layer.rope) for layer in spec.layers}
+
+    def place_rope_tables(self, device: torch.device | str) -> None:
+        """Move the fp32 inverse-frequency tables to ``device`` once. They live on the CPU by default (they
+        are built while the model may be on the meta device); on a GPU, a per-step host-to-device copy would
+        cost a copy per forward and cannot be captured in a CUDA graph."""
+        self.inv_freqs = {t: inv_freq.to(device) for t, inv_freq in self.inv_freqs.items()}
 
     def per_layer_inputs(self, ids: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
         """PLE: per-layer inputs [T, L, P] from the token table and a projection of the scaled embedding."""

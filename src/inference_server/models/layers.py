@@ -6,11 +6,15 @@ parity tests compare fp32 logits bit for bit (see ../shared/reference/models.md 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inference_server.models.spec import NormStyle, RopeSpec
+
+NormFn = Callable[[torch.Tensor, torch.Tensor | None, float, NormStyle], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
@@ -36,6 +40,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: No
     return y if weight is None else weight * y
 
 
+_norm_impl: NormFn = rms_norm  # what every model norm runs; a backend swaps it through ops.use_ops(norm=...)
+
+
+def apply_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+    """RMSNorm through the installed implementation (``rms_norm`` above unless a backend installed another
+    one with the same contract, e.g. the Triton kernel on CUDA)."""
+    return _norm_impl(x, weight, eps, style)
+
+
+def set_norm_impl(fn: NormFn) -> NormFn:
+    """Install ``fn`` as the RMSNorm implementation; returns the previous one (process-wide)."""
+    global _norm_impl
+    previous, _norm_impl = _norm_impl, fn
+    return previous
+
+
 class RMSNorm(nn.Module):
     """An RMSNorm with an HF-named ``weight`` parameter (or none, for weightless norms)."""
 
@@ -46,7 +66,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if with_weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.style)
+        return _norm_impl(x, self.weight, self.eps, self.style)
 
 
 def rope_inv_freq(rope: RopeSpec) -> torch.Tensor:

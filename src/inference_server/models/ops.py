@@ -1,16 +1,20 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
-Model files call ``ops.fused_moe``; a backend installs faster implementations with ``use_ops`` once at
-start-up (the CUDA backend installs the Triton kernels). Keeping the switch here means model code reads the
-same on every device.
+Model files call ``ops.fused_moe`` and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs
+faster implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping
+the switch here means model code reads the same on every device. The choice is process-wide: a test that
+runs a reference runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 
+from inference_server.models import layers
+from inference_server.models.layers import NormFn
 from inference_server.models.layers import activation as activation_fn
 
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
@@ -41,8 +45,24 @@ def torch_fused_moe(
 fused_moe: MoEFn = torch_fused_moe
 
 
-def use_ops(*, moe: MoEFn | None = None) -> None:
-    """Install faster implementations (process-wide; called once by a backend at start-up)."""
+def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None) -> None:
+    """Install faster implementations (process-wide; a backend calls it at start-up)."""
     global fused_moe
     if moe is not None:
         fused_moe = moe
+    if norm is not None:
+        layers.set_norm_impl(norm)
+
+
+@contextlib.contextmanager
+def reference_ops() -> Iterator[None]:
+    """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
+    global fused_moe
+    previous_moe = fused_moe
+    previous_norm = layers.set_norm_impl(layers.rms_norm)
+    fused_moe = torch_fused_moe
+    try:
+        yield
+    finally:
+        fused_moe = previous_moe
+        layers.set_norm_impl(previous_norm)

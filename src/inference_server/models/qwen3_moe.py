@@ -73,6 +73,10 @@ class Qwen3MoeModel(nn.Module):
         with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device
             self.inv_freq = rope_inv_freq(spec.layers[0].rope)
 
+    def place_rope_tables(self, device: torch.device | str) -> None:
+        """Move the fp32 inverse-frequency table to ``device`` once (see ``Gemma4Model.place_rope_tables``)."""
+        self.inv_freq = self.inv_freq.to(device)
+
     def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Final-normed hidden states [T, H] for the packed token ids [T]."""
         h = self.embed_tokens(ids)  # [T, H]

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""GPU benchmark of the custom-cuda backend: steady-state decode and the nano-vllm offline workload.
+
+``run`` measures one model (dummy bf16 weights at the real config) and appends JSON lines to
+``<out>/engine_bench.jsonl``; ``table`` turns every line there, the transformers baseline's RESULT lines and
+the physical limits of ``roofline.py`` into one markdown table (``<out>/table.md``, also printed).
+
+* build: model construction plus dummy-weight init on the GPU (seconds, GPU memory allocated).
+* decode: the runner of the engine (``build_cuda_runner``) over a paged KV cache filled with random K/V,
+  ``B`` sequences at context ~``--context``; per batch, ``--steps`` full ``execute`` steps (stage inputs,
+  graph replay, logits, sampling, token read-back) timed with synchronize + perf_counter, and the same count
+  of bare graph replays timed with CUDA events. Batches whose KV would not fit are skipped (recorded).
+* offline: nano-vllm's workload (256 requests, prompt and output lengths U[100, 1024], seed 0, ignore EOS,
+  temperature 0.6) through the real engine path, ``offline.LLM.generate`` (admission, scheduler, KV
+  allocator, executor thread, runner). Output tokens / wall seconds, after a small warm-up generate.
+
+  python3 bench/engine_bench.py run --model qwen3-30b-a3b --out $OUT
+  python3 bench/engine_bench.py run --model qwen3-30b-a3b --smoke --out /tmp/b  # tiny preset, seconds
+  python3 bench/engine_bench.py table --out $OUT --hf-log $OUT/hf_qwen.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import roofline
+
+GIB = 1 << 30
+# Transformers 5.17 static-batch generate() decode tok/s (prompt 512), measured 2026-11-29 on the lent H200 by
+# ../shared/bench/hf_baseline.py (../shared/bench/results/README.md); used when no --hf-log is given.
+HF_FALLBACK_DECODE = {
+    "qwen3-30b-a3b": {1: 6.1, 16: 94.9, 64: 280.8, 256: 392.0},
+    "gemma-4-26b-a4b": {1: 7.6, 16: 142.8, 64: 342.0},
+    "gemma-4-31b": {1: 6.3, 16: 101.4, 64: 498.5},
+}
+# transformers' continuous batching (generate_batch), 256 x 512 -> 128 tokens: Qwen only (Gemma 4 fails there).
+HF_FALLBACK_OFFLINE = {"qwen3-30b-a3b": 348.0}
+HF_PRESET = {"qwen3-30b-a3b": "qwen3-30b-a3b", "gemma4-26b-a4b": "gemma-4-26b-a4b", "gemma4-31b": "gemma-4-31b"}
+
+
+def emit(out: Path, **record: object) -> None:
+    line = json.dumps(record)
+    print("BENCH " + line, flush=True)
+    with (out / "engine_bench.jsonl").open("a") as f:
+        f.write(line + "\n")
+
+
+def gpu_gib() -> float:
+    return torch.cuda.memory_allocated() / GIB if torch.cuda.is_available() else 0.0
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def free_gpu() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------- decode
+
+
+def time_replays(graphs, bucket: int, count: int, device: torch.device) -> float:
+    """Median over 3 rounds of the mean seconds per bare graph replay (CUDA events; host clock off-GPU)."""
+    times = []
+    with torch.inference_mode():
+        for _ in range(3):
+            if device.type != "cuda":
+                t0 = time.perf_counter()
+                for _ in range(count):
+                    graphs.run(bucket)
+                times.append((time.perf_counter() - t0) / count)
+                continue
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(count):
+                graphs.run(bucket)
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end) / 1e3 / count)
+    return statistics.median(times)
+
+
+def count_kernels(runner, batch: int) -> int | None:
+    """CUDA kernels one eager decode forward of ``batch`` padded rows launches (torch.profiler)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        ids, step = runner.graphs.step_view(runner.graphs.bucket_for(batch))
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.graphs.forward(ids, step)
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as err:  # the count is informative only
+        print(f"kernel count failed: {err!r}", flush=True)
+        return None
+
+
+def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
+                 device: torch.device) -> None:
+    from inference_server.backends.cuda_backend import CudaModelRunner, build_cuda_runner
+    from inference_server.backends.paged_kv import PagedKVStorage, group_of
+    from inference_server.config import Settings
+    from inference_server.core.sampling import SamplingParams
+    from inference_server.messages import ScheduledSequence, StepPlan
+    from inference_server.models.loader import build_model, init_dummy_weights
+    from inference_server.models.presets import preset_config
+    from inference_server.models.source import LoadedModel
+    from inference_server.models.spec import parse_model_spec
+
+    spec = parse_model_spec(preset_config(preset))
+    free_gpu()
+    started = time.perf_counter()
+    model = build_model(spec, torch.bfloat16, device)
+    init_dummy_weights(model, seed=0)
+    sync()
+    load_s = time.perf_counter() - started
+    params = sum(p.numel() for p in model.parameters())
+    emit(out, kind="build", model=name, preset=preset, seconds=round(load_s, 2), params=params,
+         gpu_gib=round(gpu_gib(), 2))
+
+    warmup, bs = 3, 16
+    blocks_per_seq = -(-(context + warmup + steps + 2) // bs)
+    groups = sorted({group_of(layer) for layer in spec.cache_layers})
+    block_bytes = sum(PagedKVStorage.bytes_per_block(spec.cache_layers, bs, 2).values())
+    free = torch.cuda.mem_get_info()[0] if device.type == "cuda" else 8 * GIB
+    fits = [b for b in batches if b * blocks_per_seq * block_bytes <= 0.75 * free]
+    for b in sorted(set(batches) - set(fits)):
+        emit(out, kind="decode", model=name, batch=b, skipped=f"KV for {b} x {blocks_per_seq * bs} tokens "
+             f"({b * blocks_per_seq * block_bytes / GIB:.0f} GiB) does not fit beside the weights")
+    if not fits:
+        return
+    max_b = max(fits)
+    storage = PagedKVStorage(spec.cache_layers, {g: max_b * blocks_per_seq for g in groups}, bs, torch.bfloat16,
+                             device)
+    for t in storage.keys + storage.values:
+        t.normal_()  # random K/V: never time on zeros
+    settings = Settings(max_batch_size=max_b, max_model_len=blocks_per_seq * bs)
+    loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name=preset, load_seconds=load_s)
+    runner = build_cuda_runner(settings, loaded, storage, device)
+    emit(out, kind="capture", model=name, buckets=list(runner.graphs.captured),
+         seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
+         kernels_b1=count_kernels(runner, 1))
+    greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20)
+    gen = torch.Generator().manual_seed(0)
+    for batch in sorted(fits):
+        first_ids = torch.randint(100, spec.vocab_size - 100, (batch,), generator=gen).tolist()
+        tables = [(tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),) * len(groups) for i in range(batch)]
+        last = list(first_ids)
+
+        def plan(k: int, batch: int = batch, tables: list = tables, last: list = last) -> StepPlan:
+            return StepPlan(step_id=k, sequences=tuple(ScheduledSequence(
+                request_id=batch * 100_000 + i, token_ids=(last[i],), cached_len=context + k, block_tables=tables[i],
+                sample=True, sampling=greedy, reset=k == 0, prompt_len=1) for i in range(batch)))
+
+        def step(k: int, last: list = last, runner: CudaModelRunner = runner) -> None:
+            result = runner.execute(plan(k))
+            for i, token in enumerate(result.tokens):
+                last[i] = token.token_id
+
+        for k in range(warmup):
+            step(k)
+        sync()
+        t0 = time.perf_counter()
+        for k in range(warmup, warmup + steps):
+            step(k)
+        sync()
+        step_s = (time.perf_counter() - t0) / steps
+        bucket = runner.graphs.bucket_for(batch)
+        replay_s = time_replays(runner.graphs, bucket, steps, device)
+        ctx_mid = context + warmup + steps // 2
+        limit = roofline.decode_tok_s(name, batch, ctx_mid)
+        runner.forget(tuple(batch * 100_000 + i for i in range(batch)))
+        emit(out, kind="decode", model=name, batch=batch, bucket=bucket, context=ctx_mid, steps=steps,
+             step_ms=round(step_s * 1e3, 3), tok_s=round(batch / step_s, 1), replay_ms=round(replay_s * 1e3, 3),
+             replay_tok_s=round(batch / replay_s, 1), limit_tok_s=round(limit, 1),
+             fraction=round(batch / step_s / limit, 3), replay_fraction=round(batch / replay_s / limit, 3),
+             graph_steps=runner.graph_steps)
+    del runner, storage, loaded, model
+    free_gpu()
+
+
+# -------------------------------------------------------------------------------------------- offline
+
+
+def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: bool, device: torch.device) -> None:
+    from inference_server.config import Settings
+    from inference_server.core.sampling import SamplingParams
+    from inference_server.offline import LLM
+
+    free_gpu()
+    backend = "custom-cuda" if device.type == "cuda" else "reference"  # off-GPU: a dry run of the script
+    settings = Settings(model=preset, dummy_weights=True, device=device.type, backend=backend, max_batch_size=256,
+                        max_model_len=4096 if not smoke else 1024, kv_cache_memory_fraction=0.85, seed=0,
+                        kv_cache_tokens=65_536 if smoke else 0)
+    started = time.perf_counter()
+    llm = LLM(settings)
+    runner = llm.built.runner
+    kv = llm.built.parts.kv
+    emit(out, kind="engine_build", model=name, seconds=round(time.perf_counter() - started, 2),
+         load_seconds=round(llm.built.loaded.load_seconds, 2),
+         capture_seconds=round(getattr(runner, "capture_seconds", 0.0), 2),
+         gpu_gib=round(gpu_gib(), 2), kv_full_blocks=kv.full_pool.num_blocks,
+         kv_sliding_blocks=kv.sliding_pool.num_blocks if kv.sliding_pool else 0, block_size=kv.block_size)
+    # Warm-up (nano-vllm does one too): a smaller draw of the same workload, 8 tokens each, so the Triton
+    # kernels of the prefill-chunk and decode shapes are compiled before the clock starts.
+    warm_prompts, _ = roofline.nano_vllm_workload(32, seed=1, max_input=1024 if not smoke else 200)
+    vocab = llm.built.loaded.spec.vocab_size
+    llm.generate([[t % vocab for t in p] for p in warm_prompts], SamplingParams(max_tokens=8, ignore_eos=True))
+    prompts, outputs = roofline.nano_vllm_workload(num_requests, seed=0, max_input=1024 if not smoke else 200,
+                                                   max_output=1024 if not smoke else 120)
+    if smoke:  # the tiny presets' vocabulary is smaller than nano-vllm's ids
+        prompts = [[t % llm.built.loaded.spec.vocab_size for t in p] for p in prompts]
+    params = [SamplingParams(temperature=0.6, max_tokens=o, ignore_eos=True) for o in outputs]
+    graph0, eager0 = getattr(runner, "graph_steps", 0), getattr(runner, "eager_steps", 0)
+    started = time.perf_counter()
+    completions = llm.generate(prompts, params)
+    seconds = time.perf_counter() - started
+    generated = sum(len(c.token_ids) for c in completions)
+    short = sum(1 for c, o in zip(completions, outputs, strict=True) if len(c.token_ids) != o)
+    errors = [c.error for c in completions if c.error][:3]
+    prompt_lens = [len(p) for p in prompts]
+    limit_s, _ = roofline.offline_floor(roofline.MODELS[name], prompt_lens, outputs)
+    emit(out, kind="offline", model=name, requests=num_requests, prompt_tokens=sum(prompt_lens),
+         output_tokens=generated, expected_tokens=sum(outputs), short_requests=short, errors=errors,
+         seconds=round(seconds, 2), tok_s=round(generated / seconds, 1),
+         limit_tok_s=round(sum(outputs) / limit_s, 1),
+         fraction=round(generated / seconds / (sum(outputs) / limit_s), 3),
+         graph_steps=getattr(runner, "graph_steps", 0) - graph0,
+         eager_steps=getattr(runner, "eager_steps", 0) - eager0)
+    del llm, runner, kv
+    free_gpu()
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+
+def hf_results(paths: list[Path]) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
+    """decode tok/s per model and batch, and continuous-batching tok/s, from hf_baseline.py RESULT lines."""
+    decode: dict[str, dict[int, float]] = {}
+    offline: dict[str, float] = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        model = None
+        for line in path.read_text().splitlines():
+            if not line.startswith("RESULT "):
+                continue
+            rec = json.loads(line[7:])
+            if rec.get("kind") == "build":
+                model = HF_PRESET.get(rec["preset"], rec["preset"])
+            elif rec.get("kind") == "hf_static_generate" and "decode_tok_s" in rec and model:
+                decode.setdefault(model, {})[rec["batch"]] = rec["decode_tok_s"]
+            elif rec.get("kind") == "hf_generate_batch" and "out_tok_s" in rec and model:
+                offline[model] = rec["out_tok_s"]
+    return decode, offline
+
+
+def table(out: Path, hf_logs: list[Path]) -> str:
+    records = [json.loads(line) for line in (out / "engine_bench.jsonl").read_text().splitlines() if line]
+    hf_decode, hf_offline = hf_results(hf_logs)
+    source = {m: "measured in this run" for m in hf_decode}
+    for model, values in HF_FALLBACK_DECODE.items():
+        if model not in hf_decode:
+            hf_decode[model], source[model] = values, "shared results of 2026-11-29"
+    for model, value in HF_FALLBACK_OFFLINE.items():
+        hf_offline.setdefault(model, value)
+    rows = ["| model | workload | ours tok/s | graph-replay tok/s | limit tok/s | fraction of limit | "
+            "transformers tok/s | ours / transformers |", "|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        model = rec.get("model")
+        if rec["kind"] == "decode" and "skipped" in rec:
+            rows.append(f"| {model} | decode B={rec['batch']} | skipped: {rec['skipped']} | | | | | |")
+        elif rec["kind"] == "decode":
+            hf = hf_decode.get(model, {}).get(rec["batch"])
+            ratio = f"{rec['tok_s'] / hf:,.1f}x" if hf else "n/a"
+            rows.append(f"| {model} | decode B={rec['batch']} ctx {rec['context']} | {rec['tok_s']:,.0f} | "
+                        f"{rec['replay_tok_s']:,.0f} | {rec['limit_tok_s']:,.0f} | {rec['fraction']:.2f} "
+                        f"(replay {rec['replay_fraction']:.2f}) | {hf if hf else 'n/a'} | {ratio} |")
+        elif rec["kind"] == "offline":
+            hf = hf_offline.get(model)
+            ratio = f"{rec['tok_s'] / hf:,.1f}x (different workload)" if hf else "n/a"
+            rows.append(f"| {model} | offline {rec['requests']} req, {rec['output_tokens']:,} out tok in "
+                        f"{rec['seconds']:.1f} s | {rec['tok_s']:,.0f} | | {rec['limit_tok_s']:,.0f} | "
+                        f"{rec['fraction']:.2f} | {hf if hf else 'n/a'} | {ratio} |")
+    builds = [f"- {r['model']}: {r['kind']} {r['seconds']} s, GPU memory {r['gpu_gib']} GiB"
+              + (f", graphs captured in {r['capture_seconds']} s" if "capture_seconds" in r else "")
+              for r in records if r["kind"] in ("build", "engine_build")]
+    captures = [f"- {r['model']}: decode graphs {r['buckets']} captured in {r['seconds']} s; "
+                f"{r['kernels_b1']} kernels per eager B=1 decode forward" for r in records if r["kind"] == "capture"]
+    notes = [f"- transformers numbers for {m}: {s}" for m, s in sorted(source.items())]
+    text = "\n".join([*rows, "", *builds, *captures, *notes])
+    (out / "table.md").write_text(text + "\n")
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("run", "table"))
+    ap.add_argument("--model", choices=sorted(roofline.MODELS))
+    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-offline", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
+    ap.add_argument("--hf-log", type=Path, action="append", default=[])
+    ap.add_argument("--device", default="cuda", help="cpu: dry run of the script (tiny preset, interpreter)")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.what == "table":
+        print(table(a.out, a.hf_log))
+        return
+    import triton
+
+    preset = a.model + ("-tiny" if a.smoke else "")
+    device = torch.device(a.device)
+    emit(a.out, kind="env", model=a.model, torch=torch.__version__, triton=triton.__version__,
+         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", date=time.strftime("%Y-%m-%d %H:%M"))
+    if not a.skip_decode:
+        bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device)
+    if not a.skip_offline:
+        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Physical limits on one H200: the least time a decode step, a prefill or a whole offline workload can take.
+
+Two ceilings, both measured on the lent H200 (2026-10/11): HBM traffic at 4.3 TB/s (device-to-device copy,
+bytes read plus written) and bf16 matrix math at 790 TFLOP/s (8192^3 matmul on random data). A piece of
+work takes at least ``max(bytes / 4.3e12, flops / 790e12)``; the *fraction of the limit* of a measurement is
+``floor time / measured time`` (1.0 = at the limit).
+
+What a decode step must move, per model (parameter counts are exact counts of the released text configs, the
+same table as ../shared/bench/roofline.py):
+
+* ``always_read``: parameters every step reads whole: lm_head, attention, dense MLPs, routers, per-layer
+  projections (the embedding table is only gathered, B rows, so it is left out).
+* ``expert_params``: all routed-expert weights. With uniform routing a batch of B tokens touches an
+  expected ``E * (1 - (1 - k/E)^B)`` of the E experts in each layer, and only those are read.
+* KV: each sequence reads its whole context on full-attention layers and at most ``window`` tokens on
+  sliding layers (bf16, K and V).
+* FLOPs: 2 per active parameter per token (attention score FLOPs are left out: ~6% at context 512).
+
+Prefill reads every weight at least once and does 2 * active FLOPs per prompt token. The offline floor
+adds the prefill of all prompts to decode steps under continuous batching with every request admitted as
+soon as a batch slot frees (KV capacity is assumed unlimited, so the floor is optimistic for Gemma-4-31B).
+
+  python3 bench/roofline.py                                   # table: decode B=1/16/64/256 @512, offline
+  python3 bench/roofline.py decode qwen3-30b-a3b --batch 1 --context 512
+  python3 bench/roofline.py offline gemma-4-31b --requests 256 --int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections import deque
+from dataclasses import dataclass
+
+HBM_BYTES_PER_S = 4.3e12
+BF16_FLOPS_PER_S = 790e12
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one token costs in bytes and FLOPs (see the module docstring)."""
+
+    always_read: int  # parameters read whole every step
+    expert_params: int  # all routed-expert parameters (0: dense model)
+    num_experts: int
+    top_k: int
+    active_params: int  # parameters multiplied per token
+    kv_full: int  # KV bytes per token over the full-attention layers (bf16)
+    kv_sliding: int  # KV bytes per token over the sliding-window layers (bf16)
+    window: int  # sliding window in tokens (0: no sliding layers)
+
+    @property
+    def total_params(self) -> int:
+        return self.always_read + self.expert_params
+
+    def experts_touched(self, batch: int) -> float:
+        """Expected fraction of expert weights a batch of ``batch`` tokens reads (uniform routing)."""
+        if not self.expert_params:
+            return 0.0
+        return 1.0 - (1.0 - self.top_k / self.num_experts) ** batch
+
+    def kv_bytes(self, context: int) -> int:
+        """KV bytes one sequence's decode step reads at ``context`` tokens."""
+        return self.kv_full * context + self.kv_sliding * min(context, self.window)
+
+
+MODELS: dict[str, ModelCost] = {
+    "qwen3-30b-a3b": ModelCost(
+        always_read=311_164_928 + 905_969_664 + 12_582_912,  # lm_head, attention, routers
+        expert_params=28_991_029_248, num_experts=128, top_k=8, active_params=3_346_000_000,
+        kv_full=98_304, kv_sliding=0, window=0),
+    "gemma-4-26b-a4b": ModelCost(
+        always_read=738_197_504 + 1_110_179_840 + 535_265_280 + 10_901_760,  # tied lm_head, attn, MLP, routers
+        expert_params=22_837_985_280, num_experts=128, top_k=8, active_params=3_822_530_560,
+        kv_full=20_480, kv_sliding=204_800, window=1024),
+    "gemma-4-31b": ModelCost(
+        always_read=1_409_286_144 + 8_477_736_960 + 20_808_990_720,  # tied lm_head, attention, MLP
+        expert_params=0, num_experts=1, top_k=1, active_params=30_697_345_280,
+        kv_full=81_920, kv_sliding=819_200, window=1024),
+}
+
+
+@dataclass(frozen=True)
+class Floor:
+    seconds: float
+    bytes: float
+    flops: float
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.bytes / HBM_BYTES_PER_S >= self.flops / BF16_FLOPS_PER_S else "compute"
+
+
+def _floor(num_bytes: float, flops: float) -> Floor:
+    return Floor(max(num_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS_PER_S), num_bytes, flops)
+
+
+def decode_step_floor(model: ModelCost, contexts: list[int], weight_bytes: float = 2.0) -> Floor:
+    """One decode step of ``len(contexts)`` sequences at those context lengths."""
+    batch = len(contexts)
+    params = model.always_read + model.expert_params * model.experts_touched(batch)
+    kv = sum(model.kv_bytes(c) for c in contexts)
+    return _floor(params * weight_bytes + kv, 2.0 * model.active_params * batch)
+
+
+def prefill_floor(model: ModelCost, num_tokens: int, weight_bytes: float = 2.0) -> Floor:
+    """Prefill of ``num_tokens`` prompt tokens: every weight read once, 2 FLOPs per active param per token."""
+    return _floor(model.total_params * weight_bytes, 2.0 * model.active_params * num_tokens)
+
+
+def nano_vllm_workload(num_requests: int = 256, seed: int = 0, max_input: int = 1024,
+                       max_output: int = 1024) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's bench.py workload: prompts of U[100, max_input] random ids < 10000, then output lengths
+    U[100, max_output], drawn in that order from one ``random.Random(seed)`` (its ``random.seed(0)``)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, max_input))] for _ in range(num_requests)]
+    outputs = [rng.randint(100, max_output) for _ in range(num_requests)]
+    return prompts, outputs
+
+
+def offline_floor(model: ModelCost, prompt_lens: list[int], output_lens: list[int], max_batch: int = 256,
+                  weight_bytes: float = 2.0) -> tuple[float, int]:
+    """(seconds, output tokens) of the least time the workload can take. Prefill yields each request's first
+    token; every further token is one decode step of whatever runs then."""
+    seconds = prefill_floor(model, sum(prompt_lens), weight_bytes).seconds
+    waiting = deque(zip(prompt_lens, output_lens, strict=True))
+    running: list[list[int]] = []  # [context, tokens still to decode]
+    while waiting or running:
+        while waiting and len(running) < max_batch:
+            prompt, output = waiting.popleft()
+            running.append([prompt + 1, output - 1])
+        running = [r for r in running if r[1] > 0]
+        if not running:
+            continue
+        seconds += decode_step_floor(model, [r[0] for r in running], weight_bytes).seconds
+        for r in running:
+            r[0] += 1
+            r[1] -= 1
+    return seconds, sum(output_lens)
+
+
+def decode_tok_s(model: str, batch: int, context: int, weight_bytes: float = 2.0) -> float:
+    """Ideal decode throughput (tokens/s) at ``batch`` sequences of ``context`` tokens."""
+    return batch / decode_step_floor(MODELS[model], [context] * batch, weight_bytes).seconds
+
+
+def offline_tok_s(model: str, num_requests: int = 256, seed: int = 0, weight_bytes: float = 2.0) -> float:
+    """Ideal output tokens/s of the nano-vllm offline workload."""
+    prompts, outputs = nano_vllm_workload(num_requests, seed)
+    seconds, tokens = offline_floor(MODELS[model], [len(p) for p in prompts], outputs, weight_bytes=weight_bytes)
+    return tokens / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", nargs="?", choices=("table", "decode", "offline"), default="table")
+    ap.add_argument("model", nargs="?", choices=sorted(MODELS))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--int8", action="store_true", help="int8 weight-only: 1 byte a weight")
+    a = ap.parse_args()
+    wb = 1.0 if a.int8 else 2.0
+    if a.what == "decode":
+        step = decode_step_floor(MODELS[a.model], [a.context] * a.batch, wb)
+        print(f"{a.model} decode B={a.batch} ctx={a.context}: floor {step.seconds * 1e3:.2f} ms/step "
+              f"({step.bound}-bound), {a.batch / step.seconds:,.0f} tok/s")
+    elif a.what == "offline":
+        print(f"{a.model} offline {a.requests} requests: {offline_tok_s(a.model, a.requests, 0, wb):,.0f} tok/s")
+    else:
+        print("| model | B=1 | B=16 | B=64 | B=256 | offline 256 |")
+        print("|---|---|---|---|---|---|")
+        for name in MODELS:
+            cells = [f"{decode_tok_s(name, b, a.context, wb):,.0f}" for b in (1, 16, 64, 256)]
+            print(f"| {name} | {' | '.join(cells)} | {offline_tok_s(name, a.requests, 0, wb):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

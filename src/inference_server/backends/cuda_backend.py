@@ -1,0 +1,165 @@
+"""The ``custom-cuda`` step runner: Triton kernels for attention, KV store, MoE and RMSNorm, decode in CUDA graphs.
+
+What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> StepResult`` contract):
+
+* Ops: installs the Triton fused MoE and the Triton RMSNorm through ``models.ops.use_ops`` (process-wide; it
+  re-installs them at every step so a reference runner in the same process, run under
+  ``ops.reference_ops()``, cannot leave the wrong ones behind). Attention goes through
+  ``PagedAttentionContext`` with the Triton store, prefill and decode kernels. The decode kernel gets a fixed
+  ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
+  and graphed steps of the same batch run identical kernels.
+* Weights and KV stay in the dtype they were built with (bf16 on CUDA); rope tables move to the device once.
+* Decode-only steps of at most ``max_batch_size`` sequences replay a CUDA graph of the smallest bucket that
+  holds them (``cuda_graphs.DecodeGraphs``); steps with prefill chunks run eagerly. The graph ends at the
+  final hidden states: logits and sampling run outside it, on the sampled rows only.
+* No host syncs inside the forward (every kernel wrapper sizes its grid from shapes; the reference paths
+  with ``.tolist()`` are not used). The one sync per step is reading the sampled tokens back.
+* ``compile=True`` wraps the model in ``torch.compile`` (default mode): Inductor fuses the elementwise ops
+  (norms, RoPE, routing, residuals) between the Triton kernels, which stay opaque to the compiler (a graph
+  break at each attention call and each MoE call; traced through Inductor, the decode kernel's float scale
+  became an fp64 constant that its loop rejects, seen on the H200 with torch 2.11 / Triton 3.6). The decode
+  graphs then capture the compiled code after a warm-up per bucket.
+
+Next steps this layout leaves room for: int8 weight-only linears (a different ``nn.Linear`` swap, same
+runner) and overlapping step N+1's host work with step N (``DecodeGraphs.stage`` would write into a second
+set of static buffers while the first is being replayed; today stage -> replay -> sample is sequential).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import attrs
+import torch
+from torch import nn
+
+from inference_server.backends.cuda_graphs import DecodeGraphs
+from inference_server.backends.factory import max_model_len
+from inference_server.backends.model_runner import ModelRunner
+from inference_server.backends.paged_kv import FULL_GROUP, PagedAttentionContext, PagedKVStorage, StepTensors
+from inference_server.config import Settings
+from inference_server.kernels import rmsnorm as triton_norm
+from inference_server.kernels.decode_attention import paged_decode_attention
+from inference_server.kernels.fused_moe import fused_moe
+from inference_server.kernels.kv_store import store_kv
+from inference_server.kernels.prefill_attention import paged_prefill_attention
+from inference_server.messages import StepPlan, StepResult
+from inference_server.models import layers, ops
+from inference_server.models.source import LoadedModel
+from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
+
+_TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
+
+
+def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+    """``layers.rms_norm`` contract through the Triton kernel (one launch instead of ~7 elementwise kernels);
+    falls back to the reference for the gemma3 style and for inputs the kernel does not take."""
+    mode = _TRITON_NORM_MODE.get(style)
+    if mode is None or x.dim() > 3 or x.stride(-1) != 1:
+        return layers.rms_norm(x, weight, eps, style)
+    return triton_norm.rms_norm(x, weight, eps, mode)  # type: ignore[arg-type]
+
+
+def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                     topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str) -> torch.Tensor:
+    """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync)."""
+    return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act)  # type: ignore[arg-type]
+
+
+class OpaqueAttentionContext(PagedAttentionContext):
+    """``PagedAttentionContext`` that ``torch.compile`` does not trace: it calls the Triton kernels eagerly."""
+
+    @torch.compiler.disable
+    def attend(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+               scale: float, logit_softcap: float | None) -> torch.Tensor:
+        return super().attend(layer, q, k, v, scale, logit_softcap)
+
+
+@attrs.frozen
+class CudaRunnerOptions:
+    """Knobs of the CUDA runner. ``max_model_len`` bounds the static block tables and fixes the decode
+    kernel's split choice; ``capture=False`` runs graph-eligible steps eagerly on the static buffers."""
+
+    max_model_len: int
+    max_batch_size: int = 256
+    cuda_graphs: bool = True
+    capture: bool = True
+    compile: bool = False
+    triton_norm: bool = True
+
+
+class CudaModelRunner(ModelRunner):
+    """``ModelRunner`` with Triton kernels and bucketed decode graphs (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
+                 options: CudaRunnerOptions) -> None:
+        decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
+        super().__init__(model, spec, storage, device, attention_kwargs=dict(
+            store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode))
+        self.options = options
+        # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
+        # Inductor, which fuses the reference ops into their neighbours.
+        self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
+        self._moe = torch.compiler.disable(triton_fused_moe) if options.compile else triton_fused_moe
+        self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm
+        self._install_ops()
+        inner = getattr(model, "model", None)
+        if hasattr(inner, "place_rope_tables"):
+            inner.place_rope_tables(device)
+        self._model_fn: nn.Module = torch.compile(model) if options.compile else model
+        self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
+        self.eager_steps = 0
+        self.capture_seconds = 0.0
+        self.graphs: DecodeGraphs | None = None
+        if options.cuda_graphs:
+            max_blocks = -(-options.max_model_len // storage.block_size) + 1  # one block of slack
+            self.graphs = DecodeGraphs(self._graph_forward, max_batch=options.max_batch_size,
+                                       num_groups=self.num_groups, max_blocks=max_blocks,
+                                       block_size=storage.block_size, device=device, capture=options.capture)
+            started = time.perf_counter()
+            self.graphs.capture()
+            self.capture_seconds = time.perf_counter() - started
+
+    def _install_ops(self) -> None:
+        ops.use_ops(moe=self._moe, norm=self._norm)
+
+    def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        self._install_ops()
+        return self._model_fn(ids, self._context_cls(self.storage, step, **self.attention_kwargs))
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step (graph replay for decode-only steps that fit a bucket, eager otherwise)."""
+        started = time.perf_counter()
+        self._install_ops()
+        self.forget(plan.finished_request_ids)
+        states = [self._state_for(seq) for seq in plan.sequences]
+        tokens = ()
+        if plan.sequences:
+            if self.graphs is not None and self.graphs.fits(plan.sequences):
+                hidden = self.graphs.run(self.graphs.stage(plan.sequences))  # [bucket, H], padded rows unread
+                self.graph_steps += 1
+            else:
+                step = self._step_tensors(plan)
+                ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
+                ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
+                hidden = self._model_fn(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
+                self.eager_steps += 1
+            tokens = self._sample(plan, states, hidden)
+            self.tokens_computed += plan.num_tokens
+        return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
+                          seconds=time.perf_counter() - started)
+
+
+def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage,
+                      device: torch.device) -> CudaModelRunner:
+    """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``),
+    ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's model length,
+    capped by the full-attention pool (a longer sequence could never be admitted)."""
+    pool_tokens = storage.num_blocks.get(FULL_GROUP, max(storage.num_blocks.values())) * storage.block_size
+    model_len = min(max_model_len(settings, loaded, device), pool_tokens)
+    options = CudaRunnerOptions(max_model_len=model_len, max_batch_size=settings.max_batch_size,
+                                cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
+                                compile=settings.custom_backend_compile)
+    return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)
