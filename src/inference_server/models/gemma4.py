@@ -12,13 +12,13 @@ from torch import nn
 
 from inference_server.models.attention import AttentionContext
 from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.causal_lm import CausalLM
 from inference_server.models.layers import (
     RMSNorm,
     activation,
     apply_rms_norm,
     rope_cos_sin,
     rope_inv_freq,
-    softcap,
 )
 from inference_server.models.spec import LayerSpec, ModelSpec
 
@@ -148,20 +148,7 @@ class Gemma4Model(nn.Module):
         return self.norm(h)
 
 
-class Gemma4ForCausalLM(nn.Module):
+class Gemma4ForCausalLM(CausalLM):
     """Gemma 4 / Gemma 3 causal LM: tied lm_head and final logit softcapping."""
 
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.spec = spec
-        self.model = Gemma4Model(spec)
-        if not spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
-
-    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        return self.model(ids, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, V] for final hidden states [N, H] (in the model dtype, softcapped)."""
-        weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return softcap(torch.nn.functional.linear(hidden, weight), self.spec.final_logit_softcapping)
+    decoder_class = Gemma4Model

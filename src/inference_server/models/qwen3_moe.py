@@ -13,6 +13,7 @@ from torch import nn
 
 from inference_server.models.attention import AttentionContext
 from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.causal_lm import CausalLM
 from inference_server.models.layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from inference_server.models.spec import LayerSpec, ModelSpec
 
@@ -86,18 +87,7 @@ class Qwen3MoeModel(nn.Module):
         return self.norm(h)
 
 
-class Qwen3MoeForCausalLM(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.spec = spec
-        self.model = Qwen3MoeModel(spec)
-        if not spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+class Qwen3MoeForCausalLM(CausalLM):
+    """Qwen3-MoE causal LM: untied lm_head, no softcap."""
 
-    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        return self.model(ids, ctx)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, V] for final hidden states [N, H]."""
-        weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+    decoder_class = Qwen3MoeModel

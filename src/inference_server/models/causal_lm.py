@@ -1,0 +1,32 @@
+"""The causal-LM wrapper every architecture shares: ``model.*`` decoder plus an (optionally tied) lm_head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inference_server.models.attention import AttentionContext
+from inference_server.models.layers import softcap
+from inference_server.models.spec import ModelSpec
+
+
+class CausalLM(nn.Module):
+    """``forward`` gives final hidden states [T, H]; ``compute_logits`` turns the rows that need logits into
+    [N, V] (tied to ``model.embed_tokens`` when the config says so, softcapped when it has a final cap)."""
+
+    decoder_class: type[nn.Module]
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = self.decoder_class(spec)
+        if not spec.tie_word_embeddings:
+            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        return self.model(ids, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] for final hidden states [N, H], in the model dtype."""
+        weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
+        return softcap(torch.nn.functional.linear(hidden, weight), self.spec.final_logit_softcapping)
