@@ -101,12 +101,16 @@ class Engine:
         return self.state is EngineState.READY
 
     def seconds_since_progress(self) -> float | None:
-        """How long work has been pending without a completed step (None when idle)."""
+        """How long work has been pending without a completed step (None when idle): measured from the last
+        step's end or, if later, the arrival of the oldest request in the scheduler (so the first step after
+        an idle spell is not counted as a stall, and a first step that never ends is)."""
         actor = self.scheduler_actor
         if actor is None or not self.scheduler.has_work:
             return None
+        oldest_arrival = min(r.arrival_time for r in self.scheduler.requests.values())
         last = actor.last_step_end
-        return None if last is None else trio.current_time() - last
+        since = oldest_arrival if last is None else max(last, oldest_arrival)
+        return trio.current_time() - since
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:

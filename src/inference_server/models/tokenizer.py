@@ -275,8 +275,10 @@ def _eos_token_ids(backend: tokenizers.Tokenizer, eos_token: str | None, extra_i
     ids = set(extra_ids)
     if eos_token is not None and (eos_id := backend.token_to_id(eos_token)) is not None:
         ids.add(eos_id)
-    for token_id, added in backend.get_added_tokens_decoder().items():
-        if added.special and added.content in _END_OF_TURN_TOKENS:
+    # Look the markers up in the whole vocabulary: converters differ on whether they register them as
+    # special added tokens (transformers 5.17's GGUF conversion does not, 5.24's does).
+    for marker in _END_OF_TURN_TOKENS:
+        if (token_id := backend.token_to_id(marker)) is not None:
             ids.add(token_id)
     return frozenset(ids)
 

@@ -1,0 +1,427 @@
+"""CPU cost of the HTTP and actor path: streamed tokens per second with a zero-cost fake backend.
+
+The server is the real one (``server.run_server``: Hypercorn, the Quart-Trio app, admission, scheduler, KV
+allocator, executor and telemetry actors, detokenisation with the embedded Gemma 3 tokenizer), except that
+the step function returns one token per sequence at once, without a model. So every CPU cycle measured is
+the serving stack's. The load generator runs in a separate process: raw trio sockets, HTTP/1.1 keep-alive,
+``POST /generate`` with ``stream: true`` (token-id prompts, ``ignore_eos``), a fixed number of concurrent
+streams, each ``--max-tokens`` long, back to back.
+
+For each concurrency it reports tokens/s and SSE events/s as the client received them, tokens per event
+(coalescing: a stream that falls behind gets several tokens per event), and the server process's CPU time
+per event and per token (from /proc). Runs with coalescing on (the default) and off (one event per token).
+
+    uv run python bench/http_overhead.py                      # 1, 64, 256 streams; coalescing on and off
+    uv run python bench/http_overhead.py --concurrency 64 --seconds 5 --coalesce on
+    uv run python bench/http_overhead.py --slow-client-ms 500 --max-tokens 512   # clients that fall behind
+    uv run python bench/http_overhead.py --pure-sse       # the floor: a bare Quart-Trio SSE app, no engine
+    uv run python bench/http_overhead.py --engine-only    # the actor path alone, no HTTP
+
+This is a benchmark, not a test; docs/benchmarks.md records its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+if TYPE_CHECKING:
+    from inference_server.supervisor import EngineParts
+
+PROMPT_IDS = [2, 818, 5279, 529, 7001, 563]  # "<bos>The capital of France is" in Gemma 3's vocabulary
+SLOW_CLIENT_RCVBUF = 4096
+SLOW_CLIENT_READ = 4096
+WORD_IDS = [506, 3823, 10541, 39935, 35101, 1024, 506, 31770, 4799, 532, 1299, 1070, 919, 4171, 1500, 528, 672]
+
+
+# -- server side (a child process) ---------------------------------------------------------------------------
+
+
+def _small_send_buffers() -> None:
+    """Accepted sockets inherit the listener's SO_SNDBUF: a small one (no autotuning) makes the server feel a
+    slow client's backpressure after a few KiB instead of megabytes (slow-client runs only)."""
+    import socket
+
+    from hypercorn.config import Config
+
+    create_sockets = Config.create_sockets
+
+    def create_small_sockets(self: Config) -> object:
+        sockets = create_sockets(self)
+        for sock in sockets.insecure_sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SLOW_CLIENT_RCVBUF)
+        return sockets
+
+    Config.create_sockets = create_small_sockets  # type: ignore[method-assign]
+
+
+def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
+    """Engine parts around a step function that costs no CPU: one token per sampled sequence, at once.
+    ``step_ms`` > 0 makes each step take that long off the event loop (like a GPU step, which the executor
+    runs in a worker thread while the loop keeps serving HTTP)."""
+    from inference_server.config import Settings
+    from inference_server.core.kv_manager import KVManager
+    from inference_server.core.scheduler import SchedulerConfig
+    from inference_server.messages import SampledToken, StepPlan, StepResult
+    from inference_server.models.embedded import embedded_gguf_path
+    from inference_server.models.tokenizer import Tokenizer
+    from inference_server.supervisor import EngineParts
+
+    cache_dir = Settings().resolved_cache_dir()
+    tokenizer = Tokenizer.from_gguf(embedded_gguf_path(cache_dir), cache_dir=cache_dir)
+
+    async def step(plan: StepPlan) -> StepResult:
+        if step_ms:
+            await trio.sleep(step_ms / 1000)
+        tokens = tuple(SampledToken(s.request_id, WORD_IDS[(s.cached_len + len(s.token_ids)) % len(WORD_IDS)], -1.0)
+                       for s in plan.sequences if s.sample)
+        return StepResult(plan.step_id, tokens, plan.num_tokens, 0.0)
+
+    return EngineParts(
+        step=step, kv=KVManager(block_size=16, num_full_blocks=16384), tokenizer=tokenizer, max_model_len=4096,
+        vocab_size=262144, eos_token_ids=frozenset(tokenizer.eos_token_ids),
+        scheduler_config=SchedulerConfig(max_batch_size=max_streams, max_num_batched_tokens=8192),
+        max_queue_size=4 * max_streams, model_name="fake")
+
+
+def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool) -> int:
+    """Run the real server (``run_server``, which prints its URL) on ``fake_parts``."""
+    from inference_server.config import Settings
+    from inference_server.server import run_server
+
+    if small_send_buffers:
+        _small_send_buffers()
+    settings = Settings(host="127.0.0.1", port=0, log_level="warning", max_batch_size=max_streams,
+                        max_queue_size=4 * max_streams)
+    return run_server(fake_parts(max_streams, step_ms), settings, coalesce=coalesce)
+
+
+def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float) -> Row:
+    """The actor path alone (no HTTP): ``concurrency`` clients in this process, each submitting its next
+    request as soon as the last one finished (``offline.collect`` reads each stream), on one running engine."""
+    from inference_server.core.sampling import SamplingParams
+    from inference_server.messages import GenerationRequest
+    from inference_server.offline import collect
+    from inference_server.supervisor import Engine
+
+    parts = fake_parts(max(concurrency, 1), 0.0)
+    request = GenerationRequest(params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+                                prompt_ids=tuple(PROMPT_IDS))
+    counters = Counters()
+
+    async def client(engine: Engine) -> None:
+        while True:
+            completion = await collect(engine.submit(request)[1])
+            if counters.measuring:
+                counters.tokens += len(completion.token_ids)
+                counters.streams += 1
+
+    async def run() -> tuple[float, float]:
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(Engine(parts).run)
+            for _ in range(concurrency):
+                nursery.start_soon(client, engine)
+            await trio.sleep(warmup)
+            counters.measuring, t0, cpu0 = True, time.perf_counter(), time.process_time()
+            await trio.sleep(seconds)
+            counters.measuring, t1, cpu1 = False, time.perf_counter(), time.process_time()
+            nursery.cancel_scope.cancel()
+        return t1 - t0, cpu1 - cpu0
+
+    wall, cpu = trio.run(run)
+    return Row("engine", concurrency, counters.tokens / wall, 0.0, counters.streams / wall, cpu / wall, 0.0,
+               float("nan"), 0)
+
+
+def serve_pure_sse() -> int:
+    """The stack's floor: a bare Quart-Trio app under Hypercorn whose ``/generate`` streams ``max_tokens``
+    pre-encoded one-token events and ``[DONE]``, with no engine and no per-token work of ours."""
+    import json as json_module
+
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+    from quart import Response, request
+    from quart_trio import QuartTrio
+
+    app = QuartTrio("pure-sse")
+    app.config["RESPONSE_TIMEOUT"] = None
+    event = b'data: {"token_ids":[506],"text":" the"}\n\n'
+
+    @app.post("/generate")
+    async def generate() -> Response:
+        count = json_module.loads(await request.get_data())["max_tokens"]
+
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(count):
+                yield event
+            yield b"data: [DONE]\n\n"
+
+        return Response(body(), content_type="text/event-stream")
+
+    async def run() -> None:
+        config = Config()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(hypercorn_serve, app, config)
+            print(f"listening on {binds[0]}", flush=True)
+
+    trio.run(run)
+    return 0
+
+
+# -- load generator --------------------------------------------------------------------------------------------
+
+
+@attrs.define
+class Counters:
+    measuring: bool = False
+    tokens: int = 0
+    events: int = 0
+    streams: int = 0
+    errors: int = 0
+    first_token_latencies: list[float] = attrs.Factory(list)
+
+
+def count_tokens(event: bytes) -> int:
+    """Tokens in a native event ``data: {"token_ids":[...],...}`` without decoding the JSON (client CPU is the
+    scarcer resource here: both processes share two cores)."""
+    start = event.index(b"[", event.index(b'"token_ids"')) + 1
+    end = event.index(b"]", start)
+    return 0 if end == start else event.count(b",", start, end) + 1
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection that streams ``/generate`` responses (chunked SSE)."""
+
+    def __init__(self, host: str, port: int, read_interval: float) -> None:
+        self.host, self.port = host, port
+        self.read_interval = read_interval
+        self.stream: trio.SocketStream | None = None
+        self.buffer = b""
+
+    async def _connect(self) -> trio.SocketStream:
+        if not self.read_interval:
+            return await trio.open_tcp_stream(self.host, self.port)
+        # A slow client: a small receive window, read in small pieces at intervals, so the server's socket
+        # writes block and its tokens pile up (coalescing territory).
+        sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, SLOW_CLIENT_RCVBUF)
+        await sock.connect((self.host, self.port))
+        return trio.SocketStream(sock)
+
+    async def _read_more(self) -> None:
+        assert self.stream is not None
+        if self.read_interval:
+            await trio.sleep(self.read_interval)
+        data = await self.stream.receive_some(SLOW_CLIENT_READ if self.read_interval else 65536)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        self.buffer += data
+
+    async def _read_until(self, marker: bytes) -> bytes:
+        while (index := self.buffer.find(marker)) < 0:
+            await self._read_more()
+        head, self.buffer = self.buffer[:index], self.buffer[index + len(marker):]
+        return head
+
+    async def _read_exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            await self._read_more()
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    async def generate(self, body: bytes, counters: Counters) -> None:
+        if self.stream is None:
+            self.stream = await self._connect()
+            self.buffer = b""
+        request = (f"POST /generate HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        started = time.perf_counter()
+        await self.stream.send_all(request)
+        head = (await self._read_until(b"\r\n\r\n")).lower()
+        if not head.startswith(b"http/1.1 200"):
+            counters.errors += 1
+            raise ConnectionError(head.split(b"\r\n")[0].decode())
+        pending, first = b"", True
+        while True:
+            size = int(await self._read_until(b"\r\n"), 16)
+            if size == 0:
+                await self._read_until(b"\r\n")
+                break
+            pending += await self._read_exactly(size)
+            await self._read_exactly(2)
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if event == b"data: [DONE]":
+                    continue
+                tokens = count_tokens(event)
+                if counters.measuring:
+                    counters.events += 1
+                    counters.tokens += tokens
+                    if first:
+                        counters.first_token_latencies.append(time.perf_counter() - started)
+                first = False
+        if counters.measuring:
+            counters.streams += 1
+        if b"connection: close" in head:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
+
+
+async def client_loop(host: str, port: int, body: bytes, counters: Counters, read_interval: float) -> None:
+    connection = Connection(host, port, read_interval)
+    try:
+        while True:
+            try:
+                await connection.generate(body, counters)
+            except (ConnectionError, trio.BrokenResourceError, ValueError):
+                await connection.close()
+    finally:
+        await connection.close()
+
+
+def server_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@attrs.frozen
+class Row:
+    server: str  # "on"/"off": our server with coalescing on/off; "bare": the bare Quart-Trio SSE app
+    concurrency: int
+    tokens_per_s: float
+    events_per_s: float
+    streams_per_s: float
+    server_cpu: float  # fraction of one core
+    client_cpu: float
+    ttft_p50_ms: float
+    errors: int
+
+    @property
+    def tokens_per_event(self) -> float:
+        return self.tokens_per_s / self.events_per_s if self.events_per_s else 0.0
+
+    @property
+    def us_per_event(self) -> float:
+        return self.server_cpu / self.events_per_s * 1e6 if self.events_per_s else 0.0
+
+    @property
+    def us_per_token(self) -> float:
+        return self.server_cpu / self.tokens_per_s * 1e6 if self.tokens_per_s else 0.0
+
+
+async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: int, seconds: float,
+                  warmup: float, server: str, read_interval: float = 0.0) -> Row:
+    body = json.dumps({"prompt_token_ids": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True,
+                       "temperature": 0, "stream": True}).encode()
+    counters = Counters()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(client_loop, host, port, body, counters, read_interval)
+        await trio.sleep(warmup)
+        counters.measuring, cpu0, t0, c0 = True, server_cpu_seconds(pid), time.perf_counter(), time.process_time()
+        await trio.sleep(seconds)
+        counters.measuring, cpu1, t1, c1 = False, server_cpu_seconds(pid), time.perf_counter(), time.process_time()
+        nursery.cancel_scope.cancel()
+    wall = t1 - t0
+    latencies = sorted(counters.first_token_latencies)
+    p50 = latencies[len(latencies) // 2] * 1e3 if latencies else float("nan")
+    return Row(server, concurrency, counters.tokens / wall, counters.events / wall, counters.streams / wall,
+               (cpu1 - cpu0) / wall, (c1 - c0) / wall, p50, counters.errors)
+
+
+def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool
+                 ) -> tuple[subprocess.Popen, str, int]:
+    command = [sys.executable, __file__, "--serve", "--coalesce", "on" if coalesce else "off",
+               "--max-streams", str(max_streams), "--step-ms", str(step_ms)]
+    command += (["--slow-client-ms", "1"] if slow_clients else []) + (["--pure-sse"] if pure_sse else [])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "listening on http://" in line:
+            host, port = line.rsplit("http://", 1)[1].strip().rsplit(":", 1)
+            return process, host, int(port)
+    raise RuntimeError("the benchmark server did not start")
+
+
+def print_table(rows: list[Row], max_tokens: int, step_ms: float) -> None:
+    print(f"\nstreams of {max_tokens} tokens, fake step {step_ms:g} ms; server: on/off = coalescing on/off, bare = "
+          "bare Quart-Trio SSE app; CPU = fraction of one core")
+    header = (f"{'server':>8} {'streams':>7} {'tokens/s':>9} {'events/s':>9} {'tok/event':>9} {'streams/s':>9} "
+              f"{'server CPU':>10} {'client CPU':>10} {'µs/event':>9} {'µs/token':>9} {'TTFT p50':>9}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        has_events = r.events_per_s > 0
+        cells = [f"{r.server:>8}", f"{r.concurrency:>7}", f"{r.tokens_per_s:>9.0f}",
+                 f"{r.events_per_s:>9.0f}" if has_events else f"{'-':>9}",
+                 f"{r.tokens_per_event:>9.2f}" if has_events else f"{'-':>9}", f"{r.streams_per_s:>9.1f}",
+                 f"{r.server_cpu:>10.2f}", f"{r.client_cpu:>10.2f}" if has_events else f"{'-':>10}",
+                 f"{r.us_per_event:>9.1f}" if has_events else f"{'-':>9}", f"{r.us_per_token:>9.1f}",
+                 f"{r.ttft_p50_ms:>7.1f}ms" if has_events else f"{'-':>9}"]
+        print(" ".join(cells) + (f"  ({r.errors} errors)" if r.errors else ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--coalesce", choices=["on", "off", "both"], default="both")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per stream")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per concurrency")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="wall time of one fake step, spent off the event loop like a GPU step (0: none)")
+    parser.add_argument("--slow-client-ms", type=float, default=0.0,
+                        help="slow clients: each reads 4 KiB every this many ms, through 4 KiB socket buffers on "
+                             "both sides (0: clients read at full speed)")
+    parser.add_argument("--engine-only", action="store_true",
+                        help="measure the actor path alone instead, in this process (no HTTP, no sockets)")
+    parser.add_argument("--pure-sse", action="store_true",
+                        help="measure the stack's floor instead: a bare Quart-Trio SSE app, no engine")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--max-streams", type=int, default=256, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        if args.pure_sse:
+            return serve_pure_sse()
+        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0)
+    rows = []
+    if args.engine_only:
+        rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup) for c in args.concurrency]
+        print_table(rows, args.max_tokens, 0.0)
+        return 0
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.coalesce]
+    for coalesce in modes if not args.pure_sse else [False]:
+        process, host, port = start_server(coalesce, max(args.concurrency), args.step_ms, args.slow_client_ms > 0,
+                                           args.pure_sse)
+        try:
+            for concurrency in args.concurrency:
+                row = trio.run(measure, host, port, process.pid, concurrency, args.max_tokens, args.seconds,
+                               args.warmup, "bare" if args.pure_sse else "on" if coalesce else "off",
+                               args.slow_client_ms / 1000)
+                rows.append(row)
+                print_table([row], args.max_tokens, args.step_ms)
+        finally:
+            process.terminate()
+            process.wait(30)
+    print_table(rows, args.max_tokens, args.step_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

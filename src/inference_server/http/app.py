@@ -1,0 +1,126 @@
+"""The Quart-Trio app factory: routes, JSON error handlers, trace ids, and framework settings.
+
+``create_app(engine, settings)`` serves an engine that is already running (``server.serve`` starts the
+engine first, then the app; tests do the same with a fake step function). The app never starts or stops the
+engine: it only submits requests and reads their streams.
+
+Framework settings that matter:
+
+* ``RESPONSE_TIMEOUT = None``: Quart's default (60 s) would silently cut any longer SSE stream. Deadlines are
+  the engine's (``ADMISSION_TIMEOUT``), reported in-band.
+* ``BODY_TIMEOUT``: a request body must arrive within ``BODY_TIMEOUT_SECONDS`` (else 408); it bounds only
+  the upload, never the response.
+* ``MAX_CONTENT_LENGTH = settings.max_body_bytes``: a larger body is a 413.
+
+Every error is JSON in the OpenAI shape, including 404 (unknown route), 405 (wrong method, with ``Allow``),
+408, 413 and 500; nothing is ever HTML. Every response carries ``X-Trace-Id``: the client's (validated:
+1-128 visible ASCII characters) or a fresh one; generation routes pass it to the engine as the request's
+trace id.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import attrs
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from inference_server.config import Settings
+from inference_server.http.convert import TRACE_ID_HEADER, header_id
+from inference_server.http.errors import ApiError, from_http_status, internal_error
+from inference_server.http.native import NativeRoutes
+from inference_server.http.openai import OpenAIRoutes
+from inference_server.http.responses import error_response
+from inference_server.http.service import ServiceRoutes
+from inference_server.http.state import AppState
+from inference_server.supervisor import Engine
+
+log = logging.getLogger(__name__)
+
+BODY_TIMEOUT_SECONDS = 30
+STATE_KEY = "inference_server"
+
+
+@attrs.frozen
+class Route:
+    method: str
+    path: str
+    handler: Callable[..., Awaitable[Response]]
+    summary: str
+
+    def line(self) -> str:
+        return f"{self.method:<4} {self.path:<28} {self.summary}"
+
+
+def _routes(state: AppState) -> list[Route]:
+    native, openai, service = NativeRoutes(state), OpenAIRoutes(state), ServiceRoutes(state)
+    routes = [
+        Route("POST", "/generate", native.generate, "native generation: text or token ids, SSE with stream=true"),
+        Route("GET", "/v1/models", openai.models, "OpenAI: the served model"),
+        Route("GET", "/v1/models/<path:model>", openai.model, "OpenAI: one model's card"),
+        Route("POST", "/v1/completions", openai.completions, "OpenAI: text completions (stream, n, logprobs)"),
+        Route("POST", "/v1/chat/completions", openai.chat_completions, "OpenAI: chat completions (stream, n, "
+              "logprobs)"),
+        Route("GET", "/health", service.health, "liveness: 200 while the process runs"),
+        Route("GET", "/ready", service.ready, "readiness: 503 while starting, draining, failed or stalled"),
+        Route("GET", "/", service.index, "this index"),
+    ]
+    service.route_lines = [r.line() for r in routes]
+    return routes
+
+
+def app_state(app: QuartTrio) -> AppState:
+    """The shared state of an app made by ``create_app`` (the server flips ``draining`` on it)."""
+    return app.extensions[STATE_KEY]
+
+
+def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True) -> QuartTrio:
+    """The HTTP app serving ``engine`` (already running). ``coalesce=False`` sends one SSE event per token
+    (only for measuring what coalescing buys)."""
+    app = QuartTrio("inference_server", static_folder=None)
+    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=BODY_TIMEOUT_SECONDS,
+                      MAX_CONTENT_LENGTH=settings.max_body_bytes, BACKGROUND_TASK_SHUTDOWN_TIMEOUT=2)
+    state = AppState(engine, settings, coalesce=coalesce)
+    app.extensions[STATE_KEY] = state
+    for route in _routes(state):
+        app.add_url_rule(route.path, endpoint=route.path, view_func=route.handler, methods=[route.method])
+    _register_trace_ids(app)
+    _register_error_handlers(app)
+    return app
+
+
+def _register_trace_ids(app: QuartTrio) -> None:
+    @app.before_request
+    async def assign_trace_id() -> None:
+        g.trace_id = uuid.uuid4().hex
+        g.trace_id = header_id(request.headers.get(TRACE_ID_HEADER), TRACE_ID_HEADER) or g.trace_id
+
+    @app.after_request
+    async def echo_trace_id(response: Response) -> Response:
+        trace_id = g.get("trace_id")
+        if trace_id is not None:
+            response.headers[TRACE_ID_HEADER] = trace_id
+        return response
+
+
+def _register_error_handlers(app: QuartTrio) -> None:
+    @app.errorhandler(ApiError)
+    async def api_error(error: ApiError) -> Response:
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        response = error_response(from_http_status(error.code or 500, error.description or error.name))
+        allow = dict(error.get_headers()).get("Allow")
+        if allow:
+            response.headers["Allow"] = allow
+        return response
+
+    @app.errorhandler(Exception)
+    async def unexpected_error(error: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path, exc_info=error)
+        return error_response(internal_error(f"internal server error: {type(error).__name__}"))

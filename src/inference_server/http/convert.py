@@ -1,0 +1,69 @@
+"""Wire records to engine records: sampling parameters, and the identifiers read from headers.
+
+Defaults are ``SamplingParams``' own (the OpenAI API's), applied where a field is absent or ``null``.
+Values are checked here with ``SamplingParams.validate`` (the same check admission runs), so a bad value
+is a 400 naming the field before anything is submitted; ``renames`` maps an engine field name back to the
+wire name the client used (chat's ``top_logprobs``, ``max_completion_tokens``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from inference_server.core.sampling import SamplingParams
+from inference_server.http.errors import invalid_request
+from inference_server.http.schemas import SamplingFields, StopInput
+
+DEFAULTS = SamplingParams()
+MAX_HEADER_ID_LENGTH = 128
+TRACE_ID_HEADER = "X-Trace-Id"
+SESSION_ID_HEADER = "X-Session-Id"
+
+
+def _or(value: object, default: object) -> object:
+    return default if value is None else value
+
+
+def stop_strings(stop: StopInput) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
+                    renames: Mapping[str, str] | None = None) -> SamplingParams:
+    """Validated ``SamplingParams`` from the shared wire fields plus the route's ``max_tokens``/``logprobs``."""
+    params = SamplingParams(
+        temperature=_or(fields.temperature, DEFAULTS.temperature),
+        top_p=_or(fields.top_p, DEFAULTS.top_p),
+        top_k=_or(fields.top_k, DEFAULTS.top_k),
+        min_p=_or(fields.min_p, DEFAULTS.min_p),
+        repetition_penalty=_or(fields.repetition_penalty, DEFAULTS.repetition_penalty),
+        presence_penalty=_or(fields.presence_penalty, DEFAULTS.presence_penalty),
+        frequency_penalty=_or(fields.frequency_penalty, DEFAULTS.frequency_penalty),
+        seed=fields.seed,
+        max_tokens=_or(max_tokens, DEFAULTS.max_tokens),
+        stop=stop_strings(fields.stop),
+        stop_token_ids=tuple(fields.stop_token_ids or ()),
+        ignore_eos=bool(fields.ignore_eos),
+        logprobs=logprobs,
+        include_stop_str_in_output=bool(fields.include_stop_str_in_output),
+    )  # type: ignore[arg-type]
+    try:
+        params.validate()
+    except ValueError as error:
+        field = str(error).split(" ", 1)[0]
+        wire = (renames or {}).get(field, field)
+        message = str(error) if wire == field else str(error).replace(field, wire, 1)
+        raise invalid_request(message, wire) from None
+    return params
+
+
+def header_id(value: str | None, header: str) -> str | None:
+    """A client-chosen identifier from a header: 1-128 visible ASCII characters, or a 400."""
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_HEADER_ID_LENGTH or not all(33 <= ord(c) <= 126 for c in value):
+        raise invalid_request(f"{header} must be 1 to {MAX_HEADER_ID_LENGTH} visible ASCII characters", header)
+    return value
+

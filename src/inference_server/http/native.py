@@ -1,0 +1,109 @@
+"""``POST /generate``: the native generation route (text or token-id prompt, streamed or not).
+
+Request: ``prompt`` (text) or ``prompt_token_ids``, every ``SamplingParams`` field, ``logprobs`` (top-n per
+token, 0 = only the sampled token's), ``session_id`` (else the ``X-Session-Id`` header), ``priority``
+(smaller runs first), ``trace_id`` (used when no ``X-Trace-Id`` header is sent), ``add_special_tokens``,
+``cache_salt``, ``stream``.
+
+Streamed, each event is ``{"token_ids": [...], "text": "..."}`` (plus ``logprobs`` and ``top_logprobs``
+when asked for), covering every token generated since the previous event; the last event adds ``id``,
+``finish_reason``, ``stop_reason`` and ``usage`` (and ``error`` when the request failed), then
+``data: [DONE]``. Not streamed, one object with the same fields for the whole output.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from quart import Response, g, request
+
+from inference_server.core.request import RequestUpdate
+from inference_server.http.convert import SESSION_ID_HEADER, TRACE_ID_HEADER, header_id, sampling_params
+from inference_server.http.errors import ApiError, from_unsuccessful_finish, invalid_request
+from inference_server.http.generation import admit
+from inference_server.http.responses import json_response, read_body, sse_response
+from inference_server.http.schemas import GenerateRequest
+from inference_server.http.sse import SUCCESSFUL_FINISHES, event
+from inference_server.http.state import AppState
+from inference_server.http.usage import usage
+from inference_server.messages import GenerationRequest
+from inference_server.supervisor import EngineState
+
+
+class NativeRoutes:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    async def generate(self) -> Response:
+        """``POST /generate``."""
+        state = self.state
+        state.check_accepting()
+        body = await read_body(GenerateRequest)
+        if (body.prompt is None) == (body.prompt_token_ids is None):
+            raise invalid_request("send exactly one of 'prompt' (text) or 'prompt_token_ids'", "prompt")
+        if request.headers.get(TRACE_ID_HEADER) is None and body.trace_id is not None:
+            g.trace_id = header_id(body.trace_id, "trace_id")
+        params = sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+        engine_request = GenerationRequest(
+            params=params, prompt=body.prompt,
+            prompt_ids=tuple(body.prompt_token_ids) if body.prompt_token_ids is not None else None,
+            add_special_tokens=body.add_special_tokens is not False,
+            session_id=body.session_id or header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER),
+            priority=body.priority or 0, trace_id=g.trace_id, cache_salt=body.cache_salt)
+        generation = await admit(state.engine, [engine_request], state.tracker)
+        encoder = NativeEncoder(f"gen-{uuid.uuid4().hex}", generation.prompt_tokens[0], params.logprobs is not None,
+                                state)
+        if body.stream:
+            return sse_response(generation, encoder, coalesce=state.coalesce)
+        try:
+            (result,) = await generation.collect()
+        finally:
+            generation.close()
+        if result.finish_reason not in SUCCESSFUL_FINISHES:
+            raise from_unsuccessful_finish(result, engine_failed=state.engine.state is EngineState.FAILED)
+        return json_response(encoder.payload(result, final=True))
+
+
+class NativeEncoder:
+    """Native SSE events and the non-streamed response (see the module docstring)."""
+
+    def __init__(self, response_id: str, prompt_tokens: int, with_logprobs: bool, state: AppState) -> None:
+        self.response_id = response_id
+        self.prompt_tokens = prompt_tokens
+        self.with_logprobs = with_logprobs
+        self.state = state
+        self.completion_tokens = 0
+
+    def payload(self, update: RequestUpdate, *, final: bool) -> dict[str, Any]:
+        tokens = update.tokens
+        self.completion_tokens += len(tokens)
+        payload: dict[str, Any] = {"token_ids": [t.token_id for t in tokens], "text": "".join(t.text for t in tokens)}
+        if self.with_logprobs:
+            payload["logprobs"] = [t.logprob for t in tokens]
+            payload["top_logprobs"] = [[list(pair) for pair in t.top_logprobs] for t in tokens]
+        if final:
+            payload = {"id": self.response_id, **payload, "finish_reason": update.finish_reason,
+                       "stop_reason": update.stop_reason,
+                       "usage": usage(self.prompt_tokens, self.completion_tokens, update.cached_prompt_tokens)}
+        return payload
+
+    def opening(self) -> bytes:
+        return b""
+
+    def update(self, index: int, update: RequestUpdate) -> bytes:
+        if not update.tokens and not update.finished:
+            return b""
+        return event(self.payload(update, final=update.finished))
+
+    def failure(self, index: int, update: RequestUpdate) -> bytes:
+        payload = self.payload(update, final=True)
+        payload.update(from_unsuccessful_finish(
+            update, engine_failed=self.state.engine.state is EngineState.FAILED).body())
+        return event(payload)
+
+    def closing(self) -> bytes:
+        return b""
+
+    def error(self, error: ApiError) -> bytes:
+        return event(error.body())

@@ -1,0 +1,251 @@
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+
+Conventions (see docs/api.md for every field):
+
+* ``model`` must be the served name (``/v1/models``) or absent; anything else is 404 ``model_not_found``.
+* ``n`` choices (1..``MAX_N``) are ``n`` engine requests submitted together; with a ``seed``, choice ``j``
+  uses ``seed + j`` so the choices differ and stay reproducible. A list of prompts gives ``len(prompts) * n``
+  choices, choice ``i * n + j`` being prompt ``i``'s ``j``-th.
+* Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
+* Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply may
+  use the rest of the context (``max_model_len`` minus the prompt). Message content is a string or a list of
+  ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
+  ``assistant``, ``tool``.
+* Not supported, with a 400 that says so: ``echo``, ``suffix``, ``best_of`` > 1, tools and functions,
+  ``response_format``, ``logit_bias``, ``min_tokens``, non-text content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import attrs
+from quart import Response, g, request
+
+from inference_server.core.request import RequestUpdate
+from inference_server.core.sampling import SamplingParams
+from inference_server.core.validation import RequestError, tokenize
+from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
+from inference_server.http.errors import ApiError, from_unsuccessful_finish, invalid_request, model_not_found
+from inference_server.http.generation import Generation, admit
+from inference_server.http.openai_format import (
+    ChatEncoder,
+    CompletionEncoder,
+    chat_response,
+    completion_response,
+    new_id,
+)
+from inference_server.http.responses import json_response, read_body, sse_response
+from inference_server.http.schemas import ChatCompletionRequest, ChatMessageInput, CompletionRequest, StreamOptions
+from inference_server.http.sse import SUCCESSFUL_FINISHES
+from inference_server.http.state import AppState
+from inference_server.messages import ChatMessage, GenerationRequest
+from inference_server.supervisor import EngineState
+
+Record = TypeVar("Record", CompletionRequest, ChatCompletionRequest)
+
+MAX_N = 16
+"""Most choices per prompt."""
+MAX_CHOICES = 256
+"""Most choices per request (prompts times ``n``)."""
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_SEED_MODULUS = 2**63
+
+
+class OpenAIRoutes:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    # -- models --------------------------------------------------------------------------------------
+    def _model_card(self) -> dict:
+        state = self.state
+        return {"id": state.model_name, "object": "model", "created": state.started_at, "owned_by": "inference_server",
+                "max_model_len": state.engine.parts.max_model_len}
+
+    async def models(self) -> Response:
+        """``GET /v1/models``: the one served model."""
+        return json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, model: str) -> Response:
+        """``GET /v1/models/<model>``."""
+        self._check_model(model)
+        return json_response(self._model_card())
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.state.model_name:
+            raise model_not_found(model)
+
+    # -- completions ---------------------------------------------------------------------------------
+    async def completions(self) -> Response:
+        """``POST /v1/completions``."""
+        body = await self._read(CompletionRequest)
+        requests, n = self._completion_requests(body)
+        generation = await admit(self.state.engine, requests, self.state.tracker)
+        return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
+                                   body.stream_options, CompletionEncoder, completion_response, "cmpl")
+
+    def _completion_requests(self, body: CompletionRequest) -> tuple[list[GenerationRequest], int]:
+        if body.echo:
+            raise invalid_request("echo is not supported (prompt logprobs are not computed)", "echo",
+                                  "unsupported_parameter")
+        if body.suffix:
+            raise invalid_request("suffix is not supported", "suffix", "unsupported_parameter")
+        if body.best_of not in (None, 1):
+            raise invalid_request("best_of > 1 is not supported; use n", "best_of", "unsupported_parameter")
+        prompts = _prompts(body.prompt)
+        n = _choice_count(body.n, len(prompts))
+        params = sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+        session = self._session(body.user)
+        requests = [
+            GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
+                              prompt_ids=p if not isinstance(p, str) else None,
+                              add_special_tokens=body.add_special_tokens is not False, session_id=session,
+                              priority=body.priority or 0, trace_id=g.trace_id)
+            for p in prompts for j in range(n)]
+        return requests, n
+
+    # -- chat ----------------------------------------------------------------------------------------
+    async def chat_completions(self) -> Response:
+        """``POST /v1/chat/completions``."""
+        body = await self._read(ChatCompletionRequest)
+        requests, n = self._chat_requests(body)
+        try:
+            generation = await admit(self.state.engine, requests, self.state.tracker)
+        except ApiError as error:
+            if error.param == "prompt":
+                error.param = "messages"
+            raise
+        return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
+                                   body.stream_options, ChatEncoder, chat_response, "chatcmpl")
+
+    def _chat_requests(self, body: ChatCompletionRequest) -> tuple[list[GenerationRequest], int]:
+        messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
+        if not messages:
+            raise invalid_request("messages must not be empty", "messages")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise invalid_request("top_logprobs requires logprobs: true", "top_logprobs")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens, max_field = _chat_max_tokens(body)
+        n = _choice_count(body.n, 1)
+        prompt_ids = None
+        if max_tokens is None:  # the rest of the context: needs the prompt's length
+            prompt_ids = self._chat_prompt_ids(messages)
+            max_tokens = max(1, self.state.engine.parts.max_model_len - len(prompt_ids))
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                 renames={"logprobs": "top_logprobs", "max_tokens": max_field})
+        session = self._session(body.user)
+        requests = [
+            GenerationRequest(params=_choice_params(params, j), messages=messages if prompt_ids is None else None,
+                              prompt_ids=prompt_ids, session_id=session, priority=body.priority or 0,
+                              trace_id=g.trace_id)
+            for j in range(n)]
+        return requests, n
+
+    # -- shared --------------------------------------------------------------------------------------
+    async def _read(self, record_type: type[Record]) -> Record:
+        """The parsed body, once shutdown has not begun and its ``model`` is ours."""
+        self.state.check_accepting()
+        body = await read_body(record_type)
+        self._check_model(body.model)
+        return body
+
+    async def _respond(self, generation: Generation, n: int, with_logprobs: bool, stream: bool | None,
+                       stream_options: StreamOptions | None, encoder_type: type[CompletionEncoder | ChatEncoder],
+                       build_response: Callable[..., dict], id_prefix: str) -> Response:
+        """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body."""
+        state, response_id = self.state, new_id(id_prefix)
+        if stream:
+            include_usage, continuous = _stream_usage(stream_options)
+            encoder = encoder_type(state, response_id, generation.prompt_tokens, n, with_logprobs=with_logprobs,
+                                   include_usage=include_usage, continuous_usage=continuous)
+            return sse_response(generation, encoder, coalesce=state.coalesce)
+        results = await self._collect(generation)
+        return json_response(build_response(state, response_id, results, generation.prompt_tokens, n,
+                                            with_logprobs=with_logprobs))
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _chat_prompt_ids(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
+        """The chat prompt's token ids (rendered here only when the default output length needs them)."""
+        probe = GenerationRequest(params=SamplingParams(), messages=messages)
+        try:
+            return tokenize(probe, self.state.engine.parts.tokenizer)
+        except RequestError as error:
+            raise invalid_request(error.message, "messages" if error.param == "prompt" else error.param,
+                                  error.code) from None
+
+    def _session(self, user: str | None) -> str | None:
+        return header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or user
+
+    async def _collect(self, generation: Generation) -> list[RequestUpdate]:
+        try:
+            results = await generation.collect()
+        finally:
+            generation.close()
+        for result in results:
+            if result.finish_reason not in SUCCESSFUL_FINISHES:
+                raise from_unsuccessful_finish(result, engine_failed=self.state.engine.state is EngineState.FAILED)
+        return results
+
+
+def _prompts(prompt: str | list) -> list[str | tuple[int, ...]]:
+    """The completion prompt as a list of texts or token-id tuples."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [tuple(prompt)]
+    return [p if isinstance(p, str) else tuple(p) for p in prompt]
+
+
+def _choice_count(n: int | None, prompts: int) -> int:
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_N:
+        raise invalid_request(f"n must be an integer in [1, {MAX_N}], got {n}", "n")
+    if n * prompts > MAX_CHOICES:
+        raise invalid_request(f"{prompts} prompts x n={n} exceeds the limit of {MAX_CHOICES} choices per request",
+                              "prompt")
+    return n
+
+
+def _choice_params(params: SamplingParams, j: int) -> SamplingParams:
+    """Choice ``j``'s params: the request's, with seed ``seed + j`` when seeded."""
+    if j == 0 or params.seed is None:
+        return params
+    return attrs.evolve(params, seed=(params.seed + j) % _SEED_MODULUS)
+
+
+def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
+    if options is None:
+        return False, False
+    return bool(options.include_usage), bool(options.continuous_usage_stats)
+
+
+def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:
+    """The output cap and the field it came from."""
+    if body.max_tokens is not None and body.max_completion_tokens is not None \
+            and body.max_tokens != body.max_completion_tokens:
+        raise invalid_request("max_tokens and max_completion_tokens disagree; send one of them",
+                              "max_completion_tokens")
+    if body.max_completion_tokens is not None:
+        return body.max_completion_tokens, "max_completion_tokens"
+    return body.max_tokens, "max_tokens"
+
+
+def _chat_message(message: ChatMessageInput, index: int) -> ChatMessage:
+    role = CHAT_ROLES.get(message.role)
+    if role is None:
+        raise invalid_request(f"unknown role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}",
+                              f"messages[{index}].role")
+    return ChatMessage(role, _content_text(message.content, index))
+
+
+def _content_text(content: str | Sequence | None, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part_index, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise invalid_request(f"content part of type {part.type!r} is not supported; only text parts are",
+                                  f"messages[{index}].content[{part_index}]", "unsupported_parameter")
+        texts.append(part.text)
+    return "\n".join(texts)

@@ -1,0 +1,206 @@
+"""OpenAI response bodies and stream chunks, exactly as openai-python, lm-eval and AIPerf parse them.
+
+Streams (``text/event-stream``, one ``data:`` JSON object per event, then ``data: [DONE]``):
+
+* chat: a first chunk per choice with ``delta: {"role": "assistant", "content": ""}``, then chunks with
+  ``delta: {"content": ...}``; the last chunk of a choice carries its ``finish_reason`` (``stop`` or
+  ``length``) and whatever text arrived with it (``delta: {}`` when none).
+* completions: chunks with ``text``; the last one of a choice carries ``finish_reason``.
+* every chunk has ``id`` and ``created`` (the same on all chunks), ``object``, ``model`` and ``choices``
+  (one choice per chunk, ``index`` = its position); with ``stream_options.include_usage`` every chunk has
+  ``"usage": null`` and a final chunk with ``"choices": []`` carries the totals; with
+  ``continuous_usage_stats`` every chunk carries its choice's usage so far.
+* an error (the engine failed or shut down, the request timed out in the queue) is an event
+  ``{"error": {"message", "type", "param", "code"}}``, then ``[DONE]``.
+
+Logprobs: completions give ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
+(each ``top_logprobs`` dict holds the top-n and the sampled token); chat gives ``{"content": [{"token",
+"logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``. Logprobs are those of the raw
+model distribution (before temperature and penalties), as vLLM returns them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from inference_server.core.request import RequestUpdate, TokenOutput
+from inference_server.http.errors import ApiError, from_unsuccessful_finish
+from inference_server.http.sse import dumps, event, raw_event
+from inference_server.http.state import AppState
+from inference_server.http.usage import usage
+from inference_server.supervisor import EngineState
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# -- logprobs ----------------------------------------------------------------------------------------------
+
+
+def completion_logprobs(tokens: Sequence[TokenOutput], state: AppState, offset: int) -> dict[str, Any]:
+    """The completions ``logprobs`` object for ``tokens``, whose text starts at ``offset`` in the output."""
+    text = state.token_text
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token.text)
+    top = []
+    for token in tokens:
+        ranked = {text(token_id): logprob for token_id, logprob in token.top_logprobs}
+        ranked.setdefault(text(token.token_id), token.logprob)
+        top.append(ranked)
+    return {"tokens": [text(t.token_id) for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": top, "text_offset": offsets}
+
+
+def _chat_token(token_id: int, logprob: float, state: AppState) -> dict[str, Any]:
+    text = state.token_text(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+
+
+def chat_logprobs(tokens: Sequence[TokenOutput], state: AppState) -> list[dict[str, Any]]:
+    """The chat ``logprobs.content`` entries for ``tokens``."""
+    return [{**_chat_token(t.token_id, t.logprob, state),
+             "top_logprobs": [_chat_token(i, lp, state) for i, lp in t.top_logprobs]} for t in tokens]
+
+
+# -- shared bookkeeping ------------------------------------------------------------------------------------
+
+
+class _Choices:
+    """Per-choice token counts and text offsets, and the request's usage totals."""
+
+    def __init__(self, prompt_tokens: Sequence[int], n: int) -> None:
+        self.prompt_tokens = list(prompt_tokens)
+        self.n = n
+        self.completion_tokens = [0] * len(prompt_tokens)
+        self.text_offsets = [0] * len(prompt_tokens)
+        self.cached_tokens = [0] * len(prompt_tokens)
+
+    def record(self, index: int, update: RequestUpdate) -> int:
+        """Count ``update``'s tokens; returns the text offset they start at."""
+        offset = self.text_offsets[index]
+        self.completion_tokens[index] += len(update.tokens)
+        self.text_offsets[index] += sum(len(t.text) for t in update.tokens)
+        if update.finished:
+            self.cached_tokens[index] = update.cached_prompt_tokens
+        return offset
+
+    def choice_usage(self, index: int) -> dict[str, Any]:
+        return usage(self.prompt_tokens[index], self.completion_tokens[index], self.cached_tokens[index])
+
+    def total_usage(self) -> dict[str, Any]:
+        """Prompt tokens count once per prompt (not once per choice), as in the OpenAI API."""
+        firsts = range(0, len(self.prompt_tokens), self.n)
+        return usage(sum(self.prompt_tokens[i] for i in firsts), sum(self.completion_tokens),
+                     sum(self.cached_tokens[i] for i in firsts))
+
+
+class _ChunkEncoder:
+    """What chat and completion chunk encoders share: the fixed head, usage, errors."""
+
+    object_name = ""
+
+    def __init__(self, state: AppState, response_id: str, prompt_tokens: Sequence[int], n: int, *,
+                 with_logprobs: bool, include_usage: bool, continuous_usage: bool) -> None:
+        self.state = state
+        self.choices = _Choices(prompt_tokens, n)
+        self.with_logprobs = with_logprobs
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        head = dumps({"id": response_id, "object": self.object_name, "created": int(time.time()),
+                      "model": state.model_name})
+        self._head = head[:-1] + ',"choices":['  # every chunk starts the same way
+
+    def _chunk(self, choice: dict[str, Any] | None, index: int) -> bytes:
+        tail = "]"
+        if self.continuous_usage:
+            tail += ',"usage":' + dumps(self.choices.choice_usage(index))
+        elif self.include_usage:
+            tail += ',"usage":null'
+        return raw_event(self._head + ("" if choice is None else dumps(choice)) + tail + "}")
+
+    def failure(self, index: int, update: RequestUpdate) -> bytes:
+        failed = self.state.engine.state is EngineState.FAILED
+        return event(from_unsuccessful_finish(update, engine_failed=failed).body())
+
+    def closing(self) -> bytes:
+        if not self.include_usage:
+            return b""
+        return raw_event(self._head + '],"usage":' + dumps(self.choices.total_usage()) + "}")
+
+    def error(self, error: ApiError) -> bytes:
+        return event(error.body())
+
+
+class CompletionEncoder(_ChunkEncoder):
+    """``text_completion`` chunks for ``/v1/completions``."""
+
+    object_name = "text_completion"
+
+    def opening(self) -> bytes:
+        return b""
+
+    def update(self, index: int, update: RequestUpdate) -> bytes:
+        offset = self.choices.record(index, update)
+        if not update.tokens and not update.finished:
+            return b""
+        logprobs = completion_logprobs(update.tokens, self.state, offset) if self.with_logprobs else None
+        choice = {"index": index, "text": "".join(t.text for t in update.tokens), "logprobs": logprobs,
+                  "finish_reason": update.finish_reason}
+        return self._chunk(choice, index)
+
+
+class ChatEncoder(_ChunkEncoder):
+    """``chat.completion.chunk`` chunks for ``/v1/chat/completions``."""
+
+    object_name = "chat.completion.chunk"
+
+    def opening(self) -> bytes:
+        return b"".join(
+            self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}, index) for index in range(len(self.choices.prompt_tokens)))
+
+    def update(self, index: int, update: RequestUpdate) -> bytes:
+        self.choices.record(index, update)
+        text = "".join(t.text for t in update.tokens)
+        if not text and not update.finished and not (self.with_logprobs and update.tokens):
+            return b""
+        logprobs = {"content": chat_logprobs(update.tokens, self.state)} if self.with_logprobs else None
+        choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
+                  "finish_reason": update.finish_reason}
+        return self._chunk(choice, index)
+
+
+# -- whole (non-streamed) responses ------------------------------------------------------------------------
+
+
+def completion_response(state: AppState, response_id: str, results: Sequence[RequestUpdate],
+                        prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool) -> dict[str, Any]:
+    choices = _Choices(prompt_tokens, n)
+    out = []
+    for index, result in enumerate(results):
+        choices.record(index, result)
+        logprobs = completion_logprobs(result.tokens, state, 0) if with_logprobs else None
+        out.append({"index": index, "text": "".join(t.text for t in result.tokens), "logprobs": logprobs,
+                    "finish_reason": result.finish_reason})
+    return {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
+            "choices": out, "usage": choices.total_usage()}
+
+
+def chat_response(state: AppState, response_id: str, results: Sequence[RequestUpdate],
+                  prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool) -> dict[str, Any]:
+    choices = _Choices(prompt_tokens, n)
+    out = []
+    for index, result in enumerate(results):
+        choices.record(index, result)
+        logprobs = {"content": chat_logprobs(result.tokens, state)} if with_logprobs else None
+        out.append({"index": index,
+                    "message": {"role": "assistant", "content": "".join(t.text for t in result.tokens)},
+                    "logprobs": logprobs, "finish_reason": result.finish_reason})
+    return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
+            "choices": out, "usage": choices.total_usage()}

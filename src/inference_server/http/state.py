@@ -1,0 +1,44 @@
+"""What every route shares: the engine, the settings, the draining flag and the open-response tracker."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from inference_server.config import Settings
+from inference_server.http.errors import unavailable
+from inference_server.http.generation import ResponseTracker
+from inference_server.http.token_text import TokenText
+from inference_server.supervisor import Engine
+
+
+@attrs.define(eq=False)
+class AppState:
+    """Owned by the app; ``server.serve`` flips ``draining`` on SIGTERM/SIGINT."""
+
+    engine: Engine
+    settings: Settings
+    tracker: ResponseTracker = attrs.Factory(ResponseTracker)
+    token_text: TokenText = attrs.field(init=False)
+    started_at: int = attrs.Factory(lambda: int(time.time()))
+    draining: bool = False
+    coalesce: bool = True
+    """Merge buffered tokens into one SSE event (off only to measure what coalescing buys)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.token_text = TokenText(self.engine.parts.tokenizer)
+
+    @property
+    def model_name(self) -> str:
+        """The one name ``/v1/models`` lists and the OpenAI routes accept."""
+        return self.engine.parts.model_name
+
+    def begin_drain(self) -> None:
+        """New generation requests get 503 from now on and readiness turns 503."""
+        self.draining = True
+
+    def check_accepting(self) -> None:
+        """Raise 503 ``draining`` once shutdown has begun (before anything is parsed or submitted)."""
+        if self.draining:
+            raise unavailable("the server is shutting down; retry shortly or on another instance", "draining")

@@ -1,0 +1,187 @@
+"""``inference-server serve``: the engine and Hypercorn in one ``trio.run``, with a signal-driven drain.
+
+Start-up, in order: load the model and size the KV cache (``build_engine_parts``, before the event loop),
+start the engine (every actor running), and only then bind the socket and serve HTTP; the listening URL is
+printed (``inference-server listening on http://HOST:PORT``) and logged.
+
+Shutdown on SIGTERM or SIGINT (exit status 0):
+
+1. readiness turns 503 and new generation requests get 503 ``draining`` with ``Retry-After`` (the listener
+   keeps accepting, so clients get a fast answer rather than a refused or hanging connection);
+2. in-flight requests get ``SHUTDOWN_TIMEOUT`` seconds to finish (``Engine.drain``); what is left then ends
+   with a terminal error event (streams: an error event and ``[DONE]``; others: 503 ``shutdown``);
+3. responses get ``HTTP_FLUSH_SECONDS`` to write their last events, then Hypercorn stops
+   (``graceful_timeout`` ``HYPERCORN_GRACEFUL_SECONDS``);
+4. a daemon watchdog thread ends the process with ``os._exit`` if it is still alive
+   ``SHUTDOWN_TIMEOUT + HARD_EXIT_GRACE_SECONDS`` after the signal: Hypercorn's socket writes are shielded
+   from cancellation, so a client that stopped reading could otherwise hold the process forever.
+
+A second signal during the drain ends the in-flight requests at once. If the engine fails, every in-flight
+request has already received a terminal error event (the supervisor's failure policy); the server then
+stops the same way and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from inference_server.config import Settings
+from inference_server.http import app_state, create_app
+from inference_server.http.state import AppState
+from inference_server.supervisor import Engine, EngineParts
+
+log = logging.getLogger(__name__)
+
+HTTP_FLUSH_SECONDS = 2.0
+HYPERCORN_GRACEFUL_SECONDS = 2.0
+HARD_EXIT_GRACE_SECONDS = 5.0
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def serve(settings: Settings) -> int:
+    """Load the model named by ``settings`` and serve it over HTTP until a signal; the process exit status."""
+    from inference_server.engine_factory import build_engine_parts
+
+    built = build_engine_parts(settings)
+    return run_server(built.parts, settings)
+
+
+def run_server(parts: EngineParts, settings: Settings, *, coalesce: bool = True) -> int:
+    """Serve an engine built from ``parts`` (see the module docstring); 0 after a signal, 1 after an engine
+    failure or when the address cannot be bound."""
+    exit_code = EXIT_FAILED
+    try:
+        exit_code = trio.run(_serve, parts, settings, coalesce)
+    except* OSError as errors:  # the address is in use, the host does not resolve, ...
+        for error in _leaves(errors):
+            log.error("cannot serve on %s:%s: %s", settings.host, settings.port, error)
+    return exit_code
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for error in group.exceptions
+            for leaf in (_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
+
+
+class Shutdown:
+    """Why and when the server stops: ``requested`` by a signal or an engine failure; ``http_may_stop``
+    once in-flight work has drained (Hypercorn's shutdown trigger)."""
+
+    def __init__(self) -> None:
+        self.exit_code = EXIT_OK
+        self.requested = trio.Event()
+        self.http_may_stop = trio.Event()
+        self.drain_scope = trio.CancelScope()  # cancelled by a second signal: stop waiting for requests
+
+    def request(self, exit_code: int = EXIT_OK) -> None:
+        self.exit_code = max(self.exit_code, exit_code)
+        self.requested.set()
+
+
+async def _serve(parts: EngineParts, settings: Settings, coalesce: bool) -> int:
+    shutdown = Shutdown()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            engine: Engine = await nursery.start(supervise_engine, Engine(parts), shutdown.request)
+            app = create_app(engine, settings, coalesce=coalesce)
+            nursery.start_soon(_watch_signals, signals, shutdown)
+            nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown)
+            binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
+            for bind in binds:
+                print(f"inference-server listening on {bind}", flush=True)
+                log.info("serving %s on %s", engine.parts.model_name, bind)
+    return shutdown.exit_code
+
+
+async def supervise_engine(engine: Engine, on_failure: Callable[[int], None], *,
+                           task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``engine``; once it is started, a failure is logged and reported to ``on_failure(EXIT_FAILED)``
+    instead of propagating (the engine has already ended every in-flight request with an error, and the HTTP
+    side must stay up long enough to send those errors). A failure during start-up propagates."""
+    started = _StartedFlag(task_status)
+    try:
+        await engine.run(task_status=started)  # type: ignore[arg-type]
+    except Exception as error:
+        if not started.done:
+            raise
+        log.error("the engine failed; in-flight requests were ended with an error", exc_info=error)
+        on_failure(EXIT_FAILED)
+
+
+class _StartedFlag:
+    """A ``task_status`` that remembers whether ``started`` was called."""
+
+    def __init__(self, inner: trio.TaskStatus[Engine]) -> None:
+        self.inner = inner
+        self.done = False
+
+    def started(self, value: Engine) -> None:
+        self.done = True
+        self.inner.started(value)
+
+
+async def _serve_http(app: object, config: Config, shutdown: Shutdown, server_scope: trio.CancelScope, *,
+                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Hypercorn until ``shutdown.http_may_stop``; then end the server's remaining tasks."""
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown.http_may_stop.wait,  # type: ignore[arg-type]
+                          task_status=task_status)
+    server_scope.cancel()
+
+
+async def _watch_signals(signals: AsyncIterator[int], shutdown: Shutdown) -> None:
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if not shutdown.requested.is_set():
+            log.info("%s: draining (new requests get 503; in-flight ones may finish)", name)
+            shutdown.request()
+        else:
+            log.warning("%s again: ending in-flight requests now", name)
+            shutdown.drain_scope.cancel()
+
+
+async def _stop_sequence(engine: Engine, state: AppState, settings: Settings, shutdown: Shutdown) -> None:
+    """Steps 1-3 of the module docstring, once shutdown is requested."""
+    await shutdown.requested.wait()
+    _start_watchdog(settings.shutdown_timeout + HARD_EXIT_GRACE_SECONDS, shutdown)
+    state.begin_drain()
+    with shutdown.drain_scope:
+        await engine.drain(settings.shutdown_timeout)
+    await engine.drain(0)  # returns at once if drained; else (second signal) ends what is left now
+    with trio.move_on_after(HTTP_FLUSH_SECONDS):
+        await state.tracker.wait_idle()
+    if state.tracker.active:
+        log.warning("%d responses still open after the drain; stopping HTTP anyway", state.tracker.active)
+    shutdown.http_may_stop.set()
+
+
+def _start_watchdog(seconds: float, shutdown: Shutdown) -> None:
+    def hard_exit() -> None:
+        time.sleep(seconds)
+        log.error("still running %.0f s after shutdown began (a client stopped reading?): exiting now", seconds)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(shutdown.exit_code)
+
+    threading.Thread(target=hard_exit, name="hard-exit-watchdog", daemon=True).start()
+
+
+def _hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    config.bind = [f"{host}:{settings.port}"]
+    config.graceful_timeout = HYPERCORN_GRACEFUL_SECONDS
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+__all__ = ["run_server", "serve", "supervise_engine"]

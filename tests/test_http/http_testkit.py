@@ -1,0 +1,213 @@
+"""Test kit for the HTTP tests (imported by them; ``conftest.py`` puts this folder on ``sys.path``): a tiny
+word-level tokenizer, a fake in-loop step function, an engine + app served through the Quart test client,
+and SSE helpers.
+
+The fake "model" answers each sampled sequence with a word chosen by its length, so outputs are
+deterministic and readable ("w3 w4 w5 ..."); it can sleep per step, block, fail at a given step, or emit
+EOS. With pytest-trio's ``autojump_clock`` the sleeps cost no real time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors
+
+from inference_server.config import Settings
+from inference_server.core.kv_manager import KVManager
+from inference_server.core.scheduler import SchedulerConfig
+from inference_server.http import app_state, create_app
+from inference_server.messages import SampledToken, StepPlan, StepResult
+from inference_server.models.tokenizer import Tokenizer
+from inference_server.server import supervise_engine
+from inference_server.supervisor import Engine, EngineParts
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+BASE_WORDS = ["user", "model", "system", "the", "capital", "of", "france", "is", "paris", "hello", "world",
+              "a", "b", "c", ".", ",", "?", "!", "stop", "here", "and", "what", "said"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+EOS_ID = 1
+MODEL_NAME = "tiny-test"
+
+
+def write_tokenizer_folder(folder: Path, vocab_size: int = 512) -> Path:
+    """A word-level tokenizer of exactly ``vocab_size`` ids (specials, a few words, then ``w0``, ``w1``, ...),
+    saved as tokenizer.json + tokenizer_config.json with a chat template."""
+    words = SPECIAL_TOKENS + BASE_WORDS
+    words += [f"w{i}" for i in range(vocab_size - len(words))]
+    backend = BackendTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.add_special_tokens(SPECIAL_TOKENS)
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    folder.mkdir(parents=True, exist_ok=True)
+    backend.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+              "pad_token": "<pad>", "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+FIRST_WORD_ID = len(SPECIAL_TOKENS) + len(BASE_WORDS)  # "w0"
+NUM_WORDS = 100
+
+
+def fake_token(length: int) -> int:
+    """The fake model's next token for a sequence of ``length`` tokens: ``w<length mod 100>``."""
+    return FIRST_WORD_ID + length % NUM_WORDS
+
+
+@attrs.define
+class FakeModel:
+    """An in-loop step function. ``delay``: seconds per step; ``block``: steps wait for ``release``;
+    ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS."""
+
+    delay: float = 0.0
+    block: bool = False
+    fail_at_step: int | None = None
+    eos_at_length: int | None = None
+    steps: int = 0
+    tokens_emitted: int = 0
+    release: trio.Event = attrs.Factory(trio.Event)
+
+    async def step(self, plan: StepPlan) -> StepResult:
+        if self.block:
+            await self.release.wait()
+        if self.delay:
+            await trio.sleep(self.delay)
+        self.steps += 1
+        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
+            raise RuntimeError("injected step failure")
+        tokens = []
+        for seq in plan.sequences:
+            if not seq.sample:
+                continue
+            length = seq.cached_len + len(seq.token_ids)
+            token = EOS_ID if length == self.eos_at_length else fake_token(length)
+            top = tuple((fake_token(length + k), -0.5 * (k + 1)) for k in range(seq.sampling.logprobs or 0))
+            tokens.append(SampledToken(seq.request_id, token, -0.25, top))
+        self.tokens_emitted += len(tokens)
+        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0)
+
+
+def make_parts(model: FakeModel, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:
+    """Engine parts around ``model``: 512-id vocabulary, 128-token context, 4-token KV blocks."""
+    scheduler = SchedulerConfig(max_batch_size=overrides.pop("max_batch_size", 8), max_num_batched_tokens=512)
+    values: dict[str, Any] = dict(
+        step=model.step, kv=KVManager(block_size=4, num_full_blocks=overrides.pop("num_blocks", 512)),
+        tokenizer=tokenizer, max_model_len=128, vocab_size=512, eos_token_ids=frozenset({EOS_ID}),
+        scheduler_config=scheduler, model_name=MODEL_NAME)
+    values.update(overrides)
+    return EngineParts(**values)
+
+
+@attrs.define
+class Served:
+    """An engine with its app, and the Quart test client."""
+
+    engine: Engine
+    app: Any
+    client: Any
+    model: FakeModel
+    failures: list[int]
+
+    @property
+    def state(self):
+        return app_state(self.app)
+
+    def kv_is_idle(self) -> bool:
+        """No request holds KV blocks (every path released exactly once)."""
+        kv = self.engine.parts.kv
+        return not self.engine.scheduler.requests and kv.num_sequences == 0 and kv.full_pool.num_referenced == 0
+
+
+@asynccontextmanager
+async def serving(model: FakeModel | None = None, tokenizer: Tokenizer | None = None, *,
+                  settings: Settings | None = None, coalesce: bool = True, **overrides: Any) -> AsyncIterator[Served]:
+    """Start an engine on a fake model, serve it with ``create_app`` and yield the test client."""
+    model = model or FakeModel()
+    failures: list[int] = []
+    async with trio.open_nursery() as nursery:
+        engine = await nursery.start(supervise_engine, Engine(make_parts(model, tokenizer, **overrides)),
+                                     failures.append)
+        app = create_app(engine, settings or Settings(), coalesce=coalesce)
+        async with app.test_app() as test_app:
+            yield Served(engine, app, test_app.test_client(), model, failures)
+        model.release.set()
+        await engine.drain(0)
+
+
+# -- SSE helpers --------------------------------------------------------------------------------------------
+
+
+def parse_sse(body: bytes) -> list[Any]:
+    """The ``data:`` payloads of an SSE body: decoded JSON objects, and the string ``"[DONE]"``."""
+    events = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        lines = [line for line in block.split("\n") if line.startswith("data: ")]
+        assert len(lines) == 1, block
+        data = lines[0][len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+@attrs.define
+class StreamResult:
+    status: int
+    headers: Any
+    chunks: list[bytes]
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    @property
+    def events(self) -> list[Any]:
+        return parse_sse(self.body)
+
+
+async def post_stream(client: Any, path: str, payload: Any, headers: dict[str, str] | None = None) -> StreamResult:
+    """POST ``payload`` and read the whole (streamed) response, chunk by chunk as the app sent it."""
+    connection = client.request(path, method="POST", headers={"Content-Type": "application/json", **(headers or {})})
+    chunks: list[bytes] = []
+    async with connection:
+        await connection.send(json.dumps(payload).encode())
+        await connection.send_complete()
+        while True:
+            try:
+                chunks.append(await connection.receive())
+            except trio.EndOfChannel:
+                break
+    return StreamResult(connection.status_code, connection.headers, chunks)
+
+
+async def assert_error(response: Any, status: int, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """``response`` is a JSON OpenAI-shaped error with this status, code and (when given) param."""
+    assert response.status_code == status, await response.get_data()
+    assert response.headers["Content-Type"].startswith("application/json")
+    payload = await response.get_json()
+    assert set(payload) == {"error"} or "status" in payload
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str)
+    assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+    if status in (429, 503, 504):
+        assert int(response.headers["Retry-After"]) >= 1
+    return error

@@ -1,0 +1,231 @@
+"""``inference-server serve`` as a real process on a loopback socket, with a tiny random Gemma 4 checkpoint:
+the official OpenAI SDK and raw SSE over httpx, then SIGTERM with streams in flight (the drain test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+from http_testkit import write_tokenizer_folder
+from safetensors.torch import save_file
+
+from inference_server.models.loader import build_model, init_dummy_weights
+from inference_server.models.presets import preset_config
+from inference_server.models.spec import parse_model_spec
+
+START_TIMEOUT = 90.0
+SHUTDOWN_TIMEOUT = 2.0
+
+
+def write_checkpoint(folder: Path) -> Path:
+    """A Hugging Face-style folder: the tiny Gemma 4 31B preset (vocab 512) with random weights, and the
+    512-id word-level tokenizer with a chat template."""
+    config = preset_config("gemma-4-31b-tiny")
+    model = build_model(parse_model_spec(config), torch.float32, "cpu")
+    init_dummy_weights(model, seed=0)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return write_tokenizer_folder(folder)
+
+
+class ServerProcess:
+    def __init__(self, process: subprocess.Popen, url: str, log_path: Path) -> None:
+        self.process = process
+        self.url = url
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("serve")
+    checkpoint = write_checkpoint(root / "tiny-gemma")
+    env = {**os.environ, "MODEL": str(checkpoint), "DEVICE": "cpu", "HOST": "127.0.0.1", "PORT": "0",
+           "SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT), "SERVED_MODEL_NAME": "tiny", "LOG_LEVEL": "info"}
+    log_path = root / "server.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=root, env=env,
+                                   stdout=subprocess.PIPE, stderr=log_file)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.decode()) for line in process.stdout], daemon=True).start()
+    url = None
+    deadline = time.monotonic() + START_TIMEOUT
+    while url is None and time.monotonic() < deadline and process.poll() is None:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if "listening on " in line:
+            url = line.split("listening on ", 1)[1].strip()
+    if url is None:
+        process.kill()
+        pytest.fail(f"the server did not start:\n{log_path.read_text()}")
+    served = ServerProcess(process, url, log_path)
+    yield served
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_openai_sdk_over_a_socket(server: ServerProcess) -> None:
+    client = openai.OpenAI(api_key="unused", base_url=server.url + "/v1", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                            max_completion_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+        usage = chunk.usage or usage
+    assert finish == "length" and usage.completion_tokens == 12 and len(text.split()) == 12
+    completions = client.completions.create(model="tiny", prompt="the capital of france is", max_tokens=8,
+                                            stream=True, extra_body={"ignore_eos": True})
+    pieces = [c.choices[0] for c in completions]
+    assert len("".join(p.text for p in pieces).split()) == 8 and pieces[-1].finish_reason == "length"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="gpt-4", prompt="x")
+    assert missing.value.code == "model_not_found"
+
+
+def test_raw_sse_over_httpx(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        body = {"prompt": "hello world", "max_tokens": 6, "ignore_eos": True, "stream": True}
+        with http.stream("POST", "/generate", json=body, headers={"X-Trace-Id": "socket-1"}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["x-trace-id"] == "socket-1"
+            data = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        assert data[-1] == "[DONE]"
+        events = [json.loads(d) for d in data[:-1]]
+        assert sum(len(e["token_ids"]) for e in events) == 6
+        assert events[-1]["finish_reason"] == "length" and events[-1]["usage"]["completion_tokens"] == 6
+        bad = http.post("/generate", content=b'{"prompt": "x", "temperature": NaN}',
+                        headers={"Content-Type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+        assert http.get("/missing").json()["error"]["code"] == "not_found"
+        assert http.get("/ready").json()["status"] == "ready"
+
+
+def _read_stream(url: str, body: dict[str, Any], into: dict[str, Any], key: str, started: threading.Event) -> None:
+    """Stream ``body`` to /v1/chat/completions; record every data payload under ``into[key]``."""
+    payloads: list[Any] = []
+    into[key] = payloads
+    with httpx.Client(timeout=60) as http, http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                payloads.append(data if data == "[DONE]" else json.loads(data))
+                if len(payloads) >= 3:
+                    started.set()
+
+
+def test_sigterm_drains_in_flight_streams_and_exits_zero(server: ServerProcess) -> None:
+    """Runs last in this module: it stops the server."""
+    results: dict[str, Any] = {}
+    threads = []
+    started = [threading.Event(), threading.Event()]
+    for index, (key, max_tokens) in enumerate([("short", 120), ("long", 1000)]):
+        body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, "stream": True,
+                "ignore_eos": True}
+        thread = threading.Thread(target=_read_stream, args=(server.url, body, results, key, started[index]))
+        thread.start()
+        threads.append(thread)
+    assert all(event.wait(30) for event in started), server.log()
+    signalled = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with httpx.Client(base_url=server.url, timeout=10) as http:  # during the drain: fast 503s
+        ready = http.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        refused = http.post("/v1/completions", json={"prompt": "x"})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert http.get("/health").status_code == 200
+    for thread in threads:
+        thread.join(30)
+    assert server.process.wait(timeout=SHUTDOWN_TIMEOUT + 15) == 0, server.log()
+    assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT + 10
+    short, long = results["short"], results["long"]
+    assert short[-1] == "[DONE]" and short[-2]["choices"][0]["finish_reason"] == "length", short[-3:]
+    assert long[-1] == "[DONE]", long[-3:]
+    terminal = long[-2]
+    # The long stream is cut at SHUTDOWN_TIMEOUT with an error event (unless this machine is fast enough to
+    # finish 1000 tokens first); either way it ends with a terminal event and [DONE].
+    assert terminal.get("error", {}).get("code") == "shutdown" or terminal["choices"][0]["finish_reason"] == "length"
+    assert "draining" in server.log()
+
+
+def test_engine_failure_ends_streams_and_exits_nonzero(tmp_path: Path) -> None:
+    """A step that raises: the in-flight stream gets an error event and [DONE], the process exits 1."""
+    code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from http_testkit import FakeModel, make_parts\n"
+            "from inference_server.config import Settings\n"
+            "from inference_server.server import run_server\n"
+            "parts = make_parts(FakeModel(delay=0.01, fail_at_step=20), None)\n"
+            "sys.exit(run_server(parts, Settings(host='127.0.0.1', port=0, log_level='warning')))\n")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        url = line.split("listening on ", 1)[1].strip()
+        body = {"prompt_token_ids": [2, 9], "max_tokens": 100, "stream": True}
+        with httpx.Client(timeout=30) as http, http.stream("POST", url + "/generate", json=body) as response:
+            data = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        assert data[-1] == "[DONE]"
+        final = json.loads(data[-2])
+        assert final["finish_reason"] == "error" and final["error"]["code"] == "engine_failure"
+        assert process.wait(timeout=30) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert b"the engine failed" in process.stderr.read()
+
+
+def test_address_in_use_exits_nonzero(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                "from http_testkit import FakeModel, make_parts\n"
+                "from inference_server.config import Settings\n"
+                "from inference_server.server import run_server\n"
+                f"sys.exit(run_server(make_parts(FakeModel(), None), Settings(host='127.0.0.1', port={port})))\n")
+        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, timeout=60)
+    assert result.returncode == 1
+    assert b"Address already in use" in result.stderr
+
+
+def test_hard_exit_watchdog() -> None:
+    """The watchdog ends a process that shutdown could not (a client that stopped reading), with the exit
+    status shutdown decided."""
+    code = ("import time\nfrom inference_server.server import Shutdown, _start_watchdog\n"
+            "s = Shutdown()\ns.exit_code = 3\n_start_watchdog(0.2, s)\ntime.sleep(30)\n")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert result.returncode == 3
+    assert time.monotonic() - started < 20
+    assert b"exiting now" in result.stderr or result.stderr == b""
