@@ -42,6 +42,9 @@ class Settings:
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
     host: str = _field("127.0.0.1", "Address the HTTP server listens on.")
     port: int = _field(8000, "Port the HTTP server listens on.", minimum=0)
+    chat_template: str = _field("", "A Jinja chat template file that replaces the model's own (or supplies one "
+                                    "when it has none); empty: the model's template (the embedded base model "
+                                    "uses Gemma's turn format).")
     served_model_name: str = _field("", "Model name reported by /v1/models; empty: derived from MODEL.")
     max_model_len: int = _field(0, "Longest context (prompt + output) in tokens; 0: the model's own limit, "
                                    "capped at 8192 on CPU.", minimum=0)

@@ -267,3 +267,27 @@ def test_embedded_tokenizer(tmp_path: Path) -> None:
     assert cached.decode(cached.encode("naïve 😀 中文 text")) == "<bos>naïve 😀 中文 text"
     with pytest.raises(ChatTemplateError):
         cached.apply_chat_template(MESSAGES)
+
+
+def test_gemma_turn_template_for_models_without_one(tmp_path: Path) -> None:
+    """The engine's fallback template renders Gemma's turn format (system folded into the first user turn)."""
+    from inference_server.models.chat_templates import GEMMA_TURNS
+
+    tokenizer = Tokenizer.from_pretrained_dir(write_folder(tmp_path / "plain", chat_template=None),
+                                              chat_template=GEMMA_TURNS)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    bos = tokenizer.id_to_token(tokenizer.bos_token_id)
+    assert text == (f"{bos}<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
+                    "Hello!<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_chat_template_setting_must_name_a_file(tmp_path: Path) -> None:
+    from inference_server.config import SettingsError
+    from inference_server.models.chat_templates import read_chat_template
+
+    with pytest.raises(SettingsError, match="CHAT_TEMPLATE='.*missing.jinja' is invalid: no such file"):
+        read_chat_template(str(tmp_path / "missing.jinja"))
+    (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}")
+    assert read_chat_template(str(tmp_path / "t.jinja")) == "{{ messages[0]['content'] }}"

@@ -16,7 +16,14 @@ import torch
 from torch import nn
 
 from inference_server.config import Settings, SettingsError
-from inference_server.models.loader import build_model, init_dummy_weights, load_weights, read_config
+from inference_server.models.chat_templates import GEMMA_TURNS, read_chat_template
+from inference_server.models.loader import (
+    build_model,
+    init_dummy_weights,
+    iter_safetensors,
+    load_weights,
+    read_config,
+)
 from inference_server.models.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 from inference_server.models.tokenizer import Tokenizer
@@ -40,16 +47,17 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
     started = time.perf_counter()
     source = settings.model
     cache_dir = settings.resolved_cache_dir()
+    template = read_chat_template(settings.chat_template) if settings.chat_template else None
     if not source:
         from inference_server.models.embedded import embedded_gguf_path
 
-        path = embedded_gguf_path(cache_dir)
+        path = embedded_gguf_path()
         model, spec = _load_gguf(path, device, dtype)
-        tokenizer = Tokenizer.from_gguf(path, cache_dir=cache_dir)
+        tokenizer = Tokenizer.from_gguf(path, cache_dir=cache_dir, chat_template=template or GEMMA_TURNS)
         name = _served_name(settings, "gemma-3-270m")
     elif source.endswith(".gguf"):
         model, spec = _load_gguf(Path(source), device, dtype)
-        tokenizer = Tokenizer.from_gguf(source, cache_dir=cache_dir)
+        tokenizer = Tokenizer.from_gguf(source, cache_dir=cache_dir, chat_template=template)
         name = _served_name(settings, Path(source).stem)
     elif Path(source).is_dir():
         folder = Path(source)
@@ -58,11 +66,9 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
         if settings.dummy_weights:
             init_dummy_weights(model, settings.seed)
         else:
-            from inference_server.models.loader import iter_safetensors
-
             load_weights(model, spec, iter_safetensors(folder), str(folder))
-        tokenizer = Tokenizer.from_pretrained_dir(folder) if (folder / "tokenizer.json").is_file() or \
-            (folder / "tokenizer.model").is_file() else None
+        has_tokenizer = (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file()
+        tokenizer = Tokenizer.from_pretrained_dir(folder, chat_template=template) if has_tokenizer else None
         name = _served_name(settings, folder.name)
     elif source in preset_names():
         if not settings.dummy_weights:
