@@ -287,7 +287,7 @@ def test_chat_template_setting_must_name_a_file(tmp_path: Path) -> None:
     from inference_server.config import SettingsError
     from inference_server.models.chat_templates import read_chat_template
 
-    with pytest.raises(SettingsError, match="CHAT_TEMPLATE='.*missing.jinja' is invalid: no such file"):
+    with pytest.raises(SettingsError, match=r"CHAT_TEMPLATE='.*missing\.jinja' is invalid: no such file"):
         read_chat_template(str(tmp_path / "missing.jinja"))
     (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}")
     assert read_chat_template(str(tmp_path / "t.jinja")) == "{{ messages[0]['content'] }}"
