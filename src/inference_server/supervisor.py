@@ -193,6 +193,8 @@ class Engine:
         else:
             self.state = EngineState.STOPPED
             message = self._shutdown_message or "the engine stopped"
+        if self.scheduler_actor is not None:
+            self.scheduler_actor.flush_deliveries()  # tokens already computed go out before the terminal event
         for update in self.scheduler.fail_all(message):
             self.streams.deliver(update)
         self.streams.fail_all(message)

@@ -2,9 +2,11 @@
 
 One iteration: take new requests and aborts from the inbox (without waiting when there is work), end
 requests whose admission deadline passed, send one demand to the KV allocator and await its grant, send the
-plan to the executor and await the result, then deliver tokens to the per-request streams with
-``send_nowait`` (coalescing when a consumer lags) so no client can stall the loop. The scheduler/executor
-cycle holds at most one step in flight (both channels have capacity 0: a rendezvous per step).
+plan to the executor and await the result. Tokens go to the per-request streams with ``send_nowait``
+(coalescing when a consumer lags) so no client can stall the loop, and step N's tokens are delivered only
+*after* the plan of step N+1 has gone to the executor: the HTTP writers they wake then run while the device
+computes, instead of the device waiting for them. The scheduler/executor cycle holds at most one step in
+flight (both channels have capacity 0: a rendezvous per step).
 
 Shutdown is by closing: when the inbox closes, the loop finishes the work it has, then returns and closes
 its outgoing channels, which ends the KV allocator and the executor.
@@ -59,6 +61,7 @@ class SchedulerActor:
         self.max_queued_tokens = max_queued_tokens
         self.inbox_closed = False
         self.last_step_end: float | None = None
+        self._undelivered: list[RequestUpdate] = []  # the last step's updates, sent once the next step runs
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -69,10 +72,11 @@ class SchedulerActor:
                 self._deliver_all(self.core.expire(trio.current_time()))
                 for request_id in self.streams.flush_pending() + self.streams.abandoned():
                     self._abort_gone(request_id)
-                if self.core.has_work or self.core.has_pending_releases:
-                    if await self._step():
-                        continue
-                elif self.inbox_closed:
+                busy = self.core.has_work or self.core.has_pending_releases
+                if busy and await self._step():
+                    continue
+                self.flush_deliveries()
+                if self.inbox_closed and not busy:
                     return
                 await self._wait_for_message()
 
@@ -147,12 +151,23 @@ class SchedulerActor:
                 request = self.core.requests[sequence.request_id]
                 self.emit(RequestStarted(now, request.request_id, request.num_cached_prompt_tokens))
         await self.plans.send(plan)
+        self.flush_deliveries()  # the previous step's tokens reach clients while this step runs
         result = await self.results.receive()
         self.last_step_end = trio.current_time()
         updates = self.core.on_step_result(result)
-        self._deliver_all(updates)
+        now = trio.current_time()
+        for update in updates:
+            self._report_update(update, now)
+        self._undelivered.extend(updates)
         self._report_step(plan, result, len(grant.preempted), grant.free_fraction)
         return bool(plan.sequences)
+
+    def flush_deliveries(self) -> None:
+        """Send the updates held back from the last step (see the module docstring)."""
+        updates, self._undelivered = self._undelivered, []
+        for update in updates:
+            if not self.streams.deliver(update) and not update.finished:
+                self._abort_gone(update.request_id)
 
     # -- delivery ------------------------------------------------------------------------------------
     def _deliver_all(self, updates: list[RequestUpdate]) -> None:
@@ -187,8 +202,4 @@ class SchedulerActor:
             num_waiting=len(self.core.waiting), num_running=len(self.core.running),
             kv_usage=1.0 - free_fraction, num_preempted=preempted))
 
-    def fail_in_flight(self, message: str) -> None:
-        """Terminal error for every request this actor knows (engine going down)."""
-        for update in self.core.fail_all(message):
-            self.streams.deliver(update)
 
