@@ -123,8 +123,11 @@ class Scheduler:
         decodes = [Demand(r.request_id, new=False, num_tokens=1) for r in self.running if r.num_uncomputed == 1]
         prefills = [Demand(r.request_id, new=False, num_tokens=r.num_uncomputed, whole=whole)
                     for r in self.running if r.num_uncomputed > 1]
+        # Only as many candidates as there are free sequence slots (building their token tuples costs
+        # time proportional to their length, so a long waiting queue is not copied every step).
+        free_slots = max(0, self.config.max_batch_size - len(decodes) - len(prefills))
         admissions = [Demand(r.request_id, new=True, num_tokens=r.num_tokens, tokens=r.all_token_ids,
-                             extra_key=r.extra_key, whole=whole) for r in self._admissible()]
+                             extra_key=r.extra_key, whole=whole) for r in self._admissible()[:free_slots]]
         victims = sorted(self.running, key=self.policy.victim_key, reverse=True)
         self.last_finished.clear()
         demand = StepDemand(
