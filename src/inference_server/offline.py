@@ -53,8 +53,9 @@ async def collect(stream: trio.MemoryReceiveChannel[StreamItem]) -> Completion:
     return Completion("".join(text), tuple(tokens), "error", prompt_tokens, "the stream ended early")
 
 
-async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """Start an engine on ``parts``, run ``requests`` concurrently, stop the engine."""
+async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
+    """Start an engine on ``parts``, run ``requests`` concurrently, stop the engine; returns the stopped
+    engine (for inspection) and one completion per request, in order."""
     results: list[Completion | None] = [None] * len(requests)
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
@@ -67,7 +68,13 @@ async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest
 
                 clients.start_soon(consume)
         engine.close()
-    return [r for r in results if r is not None]
+    return engine, [r for r in results if r is not None]
+
+
+async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    """The completions of ``requests`` on a fresh engine over ``parts``."""
+    _, completions = await run_engine(parts, requests)
+    return completions
 
 
 class LLM:

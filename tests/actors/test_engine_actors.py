@@ -13,7 +13,7 @@ from inference_server.core.request import RequestUpdate
 from inference_server.core.sampling import SamplingParams
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.messages import Admitted, GenerationRequest, Rejected
-from inference_server.offline import Completion, collect
+from inference_server.offline import Completion, collect, run_engine
 from inference_server.supervisor import Engine, EngineParts, EngineState
 
 from .conftest import FakeStep, fake_parts, tiny_model_parts
@@ -37,24 +37,8 @@ def assert_kv_clean(engine: Engine) -> None:
     assert kv.full_pool.num_referenced == 0
 
 
-async def run_all(parts: EngineParts, requests: list[GenerationRequest]) -> tuple[Engine, list[Completion]]:
-    results: list[Completion | None] = [None] * len(requests)
-    async with trio.open_nursery() as nursery:
-        engine: Engine = await nursery.start(Engine(parts).run)
-        async with trio.open_nursery() as clients:
-            for i, request in enumerate(requests):
-                _, stream = engine.submit(request)
-
-                async def consume(i: int = i, stream=stream) -> None:
-                    results[i] = await collect(stream)
-
-                clients.start_soon(consume)
-        engine.close()
-    return engine, results
-
-
 async def test_requests_complete_and_kv_is_freed(fake_step: FakeStep) -> None:
-    engine, results = await run_all(fake_parts(fake_step), [ids_request(10 * i) for i in range(1, 6)])
+    engine, results = await run_engine(fake_parts(fake_step), [ids_request(10 * i) for i in range(1, 6)])
     assert all(r.finish_reason == "length" and len(r.token_ids) == 6 for r in results)
     assert engine.state is EngineState.STOPPED
     assert_kv_clean(engine)
@@ -63,7 +47,7 @@ async def test_requests_complete_and_kv_is_freed(fake_step: FakeStep) -> None:
 async def test_a_freed_slot_is_refilled_in_the_next_step(fake_step: FakeStep) -> None:
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64))
     short = ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=2))
-    engine, _ = await run_all(parts, [short, ids_request(20), ids_request(30)])
+    engine, _ = await run_engine(parts, [short, ids_request(20), ids_request(30)])
     plans = [p for p in fake_step.plans if p.sequences]
     finished_step = next(i for i, p in enumerate(plans) if 1 in p.finished_request_ids)
     assert {s.request_id for s in plans[finished_step].sequences} == {2, 3}  # 3 took 1's slot at once
@@ -123,8 +107,8 @@ async def test_priority_orders_admission(fake_step: FakeStep) -> None:
 async def test_preemption_under_a_tiny_pool_keeps_greedy_outputs() -> None:
     requests = [ids_request(5 + 30 * i, length=6 + i, params=SamplingParams(temperature=0.0, max_tokens=10))
                 for i in range(5)]
-    roomy_engine, roomy = await run_all(tiny_model_parts(num_blocks=128), requests)
-    tight_engine, tight = await run_all(tiny_model_parts(num_blocks=10), requests)
+    roomy_engine, roomy = await run_engine(tiny_model_parts(num_blocks=128), requests)
+    tight_engine, tight = await run_engine(tiny_model_parts(num_blocks=10), requests)
     assert tight_engine.scheduler.num_preemptions > 0
     assert [r.token_ids for r in tight] == [r.token_ids for r in roomy]
     assert all(r.finish_reason == "length" for r in tight)
@@ -136,7 +120,7 @@ async def test_admission_deadline_ends_unstarted_requests_with_timeout(fake_step
     parts = fake_parts(fake_step, admission_timeout=1.0,
                        scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
     fake_step.step_seconds = 0.5  # the first request holds the only slot for 3 s
-    engine, results = await run_all(parts, [ids_request(10), ids_request(20)])
+    engine, results = await run_engine(parts, [ids_request(10), ids_request(20)])
     assert results[0].finish_reason == "length"
     assert results[1].finish_reason == "timeout" and results[1].token_ids == ()
     assert_kv_clean(engine)
@@ -283,7 +267,7 @@ async def test_active_kv_token_cap_holds_requests_back(fake_step: FakeStep) -> N
     """With MAX_ACTIVE_KV_TOKENS room for about one request, requests run one at a time."""
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=8, max_num_batched_tokens=64,
                                                                    max_active_kv_tokens=12))
-    engine, results = await run_all(parts, [ids_request(10 * i) for i in range(1, 4)])
+    engine, results = await run_engine(parts, [ids_request(10 * i) for i in range(1, 4)])
     assert all(r.finish_reason == "length" for r in results)
     assert max(len(p.sequences) for p in fake_step.plans) == 1
     assert_kv_clean(engine)
