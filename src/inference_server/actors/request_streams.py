@@ -13,6 +13,7 @@ All methods are synchronous and called from tasks of the one trio thread, so the
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 import attrs
 import trio
@@ -88,9 +89,14 @@ class RequestStreams:
     def has_pending(self) -> bool:
         return bool(self._pending)
 
-    def abandoned(self) -> list[int]:
-        """Requests whose consumer closed its end of the stream (client gone)."""
-        return [rid for rid, stream in self._streams.items() if stream.statistics().open_receive_channels == 0]
+    def abandoned(self, request_ids: Iterable[int]) -> list[int]:
+        """Those of ``request_ids`` whose consumer closed its end of the stream (client gone)."""
+        gone = []
+        for request_id in request_ids:
+            stream = self._streams.get(request_id)
+            if stream is not None and stream.statistics().open_receive_channels == 0:
+                gone.append(request_id)
+        return gone
 
     def _try_send(self, update: RequestUpdate) -> bool:
         stream = self._streams.get(update.request_id)

@@ -70,7 +70,11 @@ class SchedulerActor:
             while True:
                 self._take_messages()
                 self._deliver_all(self.core.expire(trio.current_time()))
-                for request_id in self.streams.flush_pending() + self.streams.abandoned():
+                # Decoding requests learn that their client left when a delivery fails; requests that get no
+                # deliveries yet (waiting, or prefilling a long prompt) have their streams checked here.
+                silent = [r.request_id for r in self.core.waiting]
+                silent += [r.request_id for r in self.core.running if not r.output_ids]
+                for request_id in self.streams.flush_pending() + self.streams.abandoned(silent):
                     self._abort_gone(request_id)
                 busy = self.core.has_work or self.core.has_pending_releases
                 if busy and await self._step():
