@@ -93,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # an actor crashed: every request already got its terminal error
+        if group.subgroup(KeyboardInterrupt) is not None:
+            return 130
+        logging.getLogger("inference_server").error("engine failure", exc_info=group)
+        print(f"error: the engine failed: {group.exceptions[0]!r}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
