@@ -33,7 +33,7 @@ def test_text_prompt_on_a_model_without_tokenizer_reports_the_request_error(
 def test_engine_failure_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from inference_server import offline
 
-    def crash(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def crash(self, *args, **kwargs):
         raise ExceptionGroup("engine", [RuntimeError("injected actor crash")])
 
     monkeypatch.setattr(offline.LLM, "generate", crash)
