@@ -61,7 +61,7 @@ class Settings:
     kv_cache_memory_fraction: float = _field(0.9, "Fraction of free device memory (after weights) given to "
                                                   "the KV cache.", minimum=0.0)
     kv_cache_tokens: int = _field(0, "KV pool size in tokens; 0: sized from KV_CACHE_MEMORY_FRACTION "
-                                     "(CPU: 65536).", minimum=0)
+                                     "(CPU: 16384).", minimum=0)
     kv_expected_sequence_tokens: int = _field(2048, "Sequence length the KV pools are split for on models "
                                                      "with sliding windows (full vs sliding blocks).", minimum=1)
     prefill_mode: str = _field("chunked", "How prompts are prefilled: one whole prompt a step (monolithic), "

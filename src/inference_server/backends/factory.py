@@ -16,7 +16,7 @@ from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
 from inference_server.models.source import LoadedModel
 
-CPU_DEFAULT_KV_TOKENS = 65_536
+CPU_DEFAULT_KV_TOKENS = 16_384  # 0.6 GB of fp32 KV for the embedded model: two full 8k contexts
 CPU_MAX_MODEL_LEN = 8192
 
 
