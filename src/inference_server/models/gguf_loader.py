@@ -30,6 +30,7 @@ that alone takes ~9 s on a slow 2-core box. Open the file once and reuse the ``G
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -39,6 +40,8 @@ import attrs
 import gguf
 import numpy as np
 import torch
+
+from inference_server.models import gguf_index
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -352,7 +355,7 @@ def _hf_to_gguf_name(name_map: gguf.TensorNameMap, hf_name: str) -> str:
 
 def _logical_shape(tensor: gguf.ReaderTensor) -> tuple[int, ...]:
     """The tensor's shape in torch order (GGUF lists dimensions fastest-first)."""
-    return tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return tuple(int(d) for d in reversed(list(tensor.shape)))
 
 
 def _build_plan(
@@ -451,14 +454,22 @@ class GGUFCheckpoint:
     Holds the ``gguf.GGUFReader`` (a read-only memory map) until garbage collected.
     """
 
-    def __init__(self, path: Path, reader: gguf.GGUFReader) -> None:
+    def __init__(self, path: Path, architecture: str, config: dict[str, Any], tensors: Mapping[str, Any]) -> None:
+        """``tensors``: GGUF name -> ``gguf.ReaderTensor`` or ``gguf_index.IndexedTensor`` (same fields)."""
         self.path = path
-        self._reader = reader
-        self._tensors = {tensor.name: tensor for tensor in reader.tensors}
-        self.architecture, self._spec = _architecture(path, reader)
-        meta = _Metadata(path, self.architecture, reader.fields)
-        self.config: dict[str, Any] = self._spec.build_config(meta, frozenset(self._tensors))
+        self.architecture = architecture
+        self._spec = _ARCHITECTURES[architecture]
+        self._tensors = dict(tensors)
+        self.config: dict[str, Any] = config
         self._placements, self._targets = _build_plan(self._spec, self.config, self._tensors, path)
+
+    @classmethod
+    def from_reader(cls, path: Path, reader: gguf.GGUFReader) -> GGUFCheckpoint:
+        """Parse the metadata of an opened ``GGUFReader`` into the HF config."""
+        tensors = {tensor.name: tensor for tensor in reader.tensors}
+        architecture, spec = _architecture(path, reader)
+        meta = _Metadata(path, architecture, reader.fields)
+        return cls(path, architecture, spec.build_config(meta, frozenset(tensors)), tensors)
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -538,14 +549,26 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
         raise GGUFLoadError(path, f"not a valid GGUF file ({type(error).__name__}: {error})") from error
 
 
-def open_gguf(path: str | Path) -> GGUFCheckpoint:
+def open_gguf(path: str | Path, cache_dir: str | Path | None = None) -> GGUFCheckpoint:
     """Parse ``path`` (metadata and tensor table; no tensor data is read) and check it is loadable.
 
-    Raises ``GGUFLoadError`` for a missing/corrupt file, an unsupported architecture, missing metadata,
-    or a tensor set that does not match the architecture.
+    With ``cache_dir``, the parsed header is kept in an index there (``gguf_index``) and later opens of the
+    unchanged file read the index instead of parsing the whole header again. Raises ``GGUFLoadError`` for a
+    missing/corrupt file, an unsupported architecture, missing metadata, or a tensor set that does not match
+    the architecture.
     """
     resolved = Path(path)
-    return GGUFCheckpoint(resolved, _open_reader(resolved))
+    index = None
+    if cache_dir is not None and resolved.is_file():
+        index = gguf_index.index_path(resolved, Path(cache_dir))
+        cached = gguf_index.read_index(index, resolved)
+        if cached is not None and cached[0] in _ARCHITECTURES:
+            return GGUFCheckpoint(resolved, *cached)
+    checkpoint = GGUFCheckpoint.from_reader(resolved, _open_reader(resolved))
+    if index is not None:
+        with contextlib.suppress(OSError, TypeError, ValueError):  # no index only costs the speed-up
+            gguf_index.write_index(index, checkpoint.architecture, checkpoint.config, checkpoint._tensors)
+    return checkpoint
 
 
 def read_gguf_config(path: str | Path) -> dict[str, Any]:

@@ -52,11 +52,11 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
         from inference_server.models.embedded import embedded_gguf_path
 
         path = embedded_gguf_path()
-        model, spec = _load_gguf(path, device, dtype)
+        model, spec = _load_gguf(path, device, dtype, cache_dir)
         tokenizer = Tokenizer.from_gguf(path, cache_dir=cache_dir, chat_template=template or GEMMA_TURNS)
         name = _served_name(settings, "gemma-3-270m")
     elif source.endswith(".gguf"):
-        model, spec = _load_gguf(Path(source), device, dtype)
+        model, spec = _load_gguf(Path(source), device, dtype, cache_dir)
         tokenizer = Tokenizer.from_gguf(source, cache_dir=cache_dir, chat_template=template)
         name = _served_name(settings, Path(source).stem)
     elif Path(source).is_dir():
@@ -87,10 +87,11 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
                        load_seconds=time.perf_counter() - started)
 
 
-def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, ModelSpec]:
+def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype,
+               cache_dir: Path) -> tuple[nn.Module, ModelSpec]:
     from inference_server.models.gguf_loader import open_gguf
 
-    checkpoint = open_gguf(path)
+    checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)
     model = build_model(spec, dtype, device)
     load_weights(model, spec, checkpoint.iter_tensors(torch.float32), str(path))
