@@ -2,9 +2,9 @@
 
 What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> StepResult`` contract):
 
-* Ops: installs the Triton fused MoE and the Triton RMSNorm through ``models.ops.use_ops`` (process-wide; it
-  re-installs them at every step so a reference runner in the same process, run under
-  ``ops.reference_ops()``, cannot leave the wrong ones behind). Attention goes through
+* Ops: installs the Triton fused MoE, the Triton RMSNorm and the Triton q/k RoPE through
+  ``models.ops.use_ops`` (process-wide; it re-installs them at every step so a reference runner in the same
+  process, run under ``ops.reference_ops()``, cannot leave the wrong ones behind). Attention goes through
   ``PagedAttentionContext`` with the Triton store, prefill and decode kernels. The decode kernel gets a fixed
   ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
   and graphed steps of the same batch run identical kernels.
@@ -44,6 +44,7 @@ from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
+from inference_server.kernels.rope import rope_qk_
 from inference_server.messages import StepPlan, StepResult
 from inference_server.models import layers, ops
 from inference_server.models.source import LoadedModel
@@ -87,6 +88,7 @@ class CudaRunnerOptions:
     capture: bool = True
     compile: bool = False
     triton_norm: bool = True
+    triton_rope: bool = True
 
 
 class CudaModelRunner(ModelRunner):
@@ -103,6 +105,8 @@ class CudaModelRunner(ModelRunner):
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
         self._moe = torch.compiler.disable(triton_fused_moe) if options.compile else triton_fused_moe
         self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm
+        # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
+        self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         self._install_ops()
         inner = getattr(model, "model", None)
         if hasattr(inner, "place_rope_tables"):
@@ -122,7 +126,7 @@ class CudaModelRunner(ModelRunner):
             self.capture_seconds = time.perf_counter() - started
 
     def _install_ops(self) -> None:
-        ops.use_ops(moe=self._moe, norm=self._norm)
+        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

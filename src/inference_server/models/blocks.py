@@ -13,7 +13,7 @@ from torch import nn
 
 from inference_server.models import ops
 from inference_server.models.attention import AttentionContext
-from inference_server.models.layers import RMSNorm, activation, apply_rope
+from inference_server.models.layers import RMSNorm, activation, apply_rope_qk
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -41,14 +41,14 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         tokens = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(tokens, -1, self.head_dim))  # [T, nH, D]
-        q = apply_rope(q, cos, sin)
         k = v = None
         if self.layer.computes_kv:
             k_raw = self.k_proj(x).view(tokens, -1, self.head_dim)  # [T, nKV, D]
             v = self.v_proj(x).view(tokens, -1, self.head_dim) if self.v_proj is not None else k_raw
-            k = apply_rope(self.k_norm(k_raw), cos, sin)
+            k = self.k_norm(k_raw)  # a new tensor: RoPE may rotate it in place, v (= k_raw under K=V) is untouched
             if self.v_norm is not None:
                 v = self.v_norm(v)
+        q, k = apply_rope_qk(q, k, cos, sin)
         out = ctx.attend(self.layer, q, k, v, self.scale, self.logit_softcap)  # [T, nH, D]
         return self.o_proj(out.reshape(tokens, -1))
 

@@ -95,6 +95,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos) + (rotated * sin)
 
 
+RopeFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor],
+                  tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def reference_rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor,
+                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RoPE on q [T, nH, D] and k [T, nKV, D] (or None for KV-shared layers) with ``apply_rope``."""
+    return apply_rope(q, cos, sin), (apply_rope(k, cos, sin) if k is not None else None)
+
+
+_rope_impl: RopeFn = reference_rope_qk  # a backend swaps it through ops.use_ops(rope=...); may work in place
+
+
+def apply_rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RoPE on q and k through the installed implementation (the reference above, or the Triton kernel)."""
+    return _rope_impl(q, k, cos, sin)
+
+
+def set_rope_impl(fn: RopeFn) -> RopeFn:
+    """Install ``fn`` as the q/k RoPE implementation; returns the previous one (process-wide)."""
+    global _rope_impl
+    previous, _rope_impl = _rope_impl, fn
+    return previous
+
+
 def activation(name: str) -> callable:
     """The MLP activation by its HF name."""
     if name in ("gelu_pytorch_tanh", "gelu_tanh"):

@@ -45,13 +45,15 @@ def torch_fused_moe(
 fused_moe: MoEFn = torch_fused_moe
 
 
-def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None) -> None:
+def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
     global fused_moe
     if moe is not None:
         fused_moe = moe
     if norm is not None:
         layers.set_norm_impl(norm)
+    if rope is not None:
+        layers.set_rope_impl(rope)
 
 
 @contextlib.contextmanager
@@ -60,9 +62,11 @@ def reference_ops() -> Iterator[None]:
     global fused_moe
     previous_moe = fused_moe
     previous_norm = layers.set_norm_impl(layers.rms_norm)
+    previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
     fused_moe = torch_fused_moe
     try:
         yield
     finally:
         fused_moe = previous_moe
         layers.set_norm_impl(previous_norm)
+        layers.set_rope_impl(previous_rope)
