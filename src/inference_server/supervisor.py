@@ -68,8 +68,7 @@ class Engine:
         self.state = EngineState.STARTING
         self.streams = RequestStreams()
         self.telemetry = Telemetry()
-        self.scheduler = Scheduler(parts.scheduler_config, make_policy(parts.scheduling_policy),
-                                   has_sliding_group=parts.kv.sliding_pool is not None)
+        self.scheduler = Scheduler(parts.scheduler_config, make_policy(parts.scheduling_policy))
         self.failure: BaseException | None = None
         self._ids = itertools.count(1)
         self._admission_send: trio.MemorySendChannel[Submission] | None = None

@@ -32,14 +32,9 @@ class Executor:
         self.step = step
         self.plans = plans
         self.results = results
-        self.steps_completed = 0
-        self.last_step_end: float | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async with self.plans, self.results:
             async for plan in self.plans:
-                result = await self.step(plan)
-                self.steps_completed += 1
-                self.last_step_end = trio.current_time()
-                await self.results.send(result)
+                await self.results.send(await self.step(plan))

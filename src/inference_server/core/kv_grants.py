@@ -58,7 +58,6 @@ class Grant:
 class StepGrant:
     grants: tuple[Grant, ...]
     preempted: tuple[int, ...]
-    refused_new: tuple[int, ...] = ()  # new requests that did not fit (they stay waiting)
     free_fraction: float = 1.0  # share of full-group blocks available after the grant
 
 
@@ -77,7 +76,6 @@ def allocate_step(kv: KVManager, demand: StepDemand) -> StepGrant:
             state.extend(item)
     pool = kv.full_pool
     return StepGrant(grants=tuple(state.grants.values()), preempted=tuple(state.preempted),
-                     refused_new=tuple(state.refused),
                      free_fraction=pool.num_available / max(1, pool.num_blocks))
 
 
@@ -88,7 +86,6 @@ class _Allocation:
         self.budget = demand.token_budget
         self.grants: dict[int, Grant] = {}
         self.preempted: list[int] = []
-        self.refused: list[int] = []
         self.num_new = 0
         self.victims = list(demand.victims)
 
@@ -117,7 +114,7 @@ class _Allocation:
         if item.request_id in self.preempted:
             return
         num_tokens = item.num_tokens if item.whole or item.num_tokens == 1 else min(item.num_tokens, self.budget)
-        if num_tokens <= 0 or (num_tokens > self.budget and item.num_tokens > 1 and not item.whole):
+        if num_tokens <= 0:  # a prefill in progress with no budget left this step
             return
         start = self.kv.num_tokens(item.request_id)
         if self._preempt_for(item.request_id, num_tokens):
@@ -133,7 +130,6 @@ class _Allocation:
         fits_budget = num_tokens <= self.budget or (item.whole and not self.grants)
         if num_tokens <= 0 or not fits_budget or not kv.can_append(item.request_id, num_tokens):
             kv.release_sequence(item.request_id)
-            self.refused.append(item.request_id)
             return False
         self._grant(item.request_id, cached, num_tokens)
         self.num_new += 1

@@ -116,11 +116,6 @@ class KVManager:
     def num_sequences(self) -> int:
         return len(self._sequences)
 
-    @property
-    def total_tokens(self) -> int:
-        """Positions with a KV slot summed over every running sequence (the active KV tokens)."""
-        return sum(seq.num_tokens for seq in self._sequences.values())
-
     def num_tokens(self, seq_id: SequenceId) -> int:
         """Positions of the sequence that have a KV slot (written, or being written by an issued step)."""
         return self._get(seq_id).num_tokens

@@ -48,10 +48,9 @@ class SchedulerConfig:
 class Scheduler:
     """Owns waiting and running requests; trio-free and deterministic (tests drive it step by step)."""
 
-    def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy, *, has_sliding_group: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy) -> None:
         self.config = config
         self.policy = policy
-        self.has_sliding_group = has_sliding_group
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
@@ -59,7 +58,6 @@ class Scheduler:
         self._forget: list[int] = []
         self._step_id = 0
         self.num_preemptions = 0
-        self.kv_free_fraction = 1.0
         self.last_finished: dict[int, Request] = {}  # requests ended since the last demand (for reporting)
 
     # -- queries -------------------------------------------------------------------------------------
@@ -161,7 +159,6 @@ class Scheduler:
 
     def apply_grant(self, grant: StepGrant) -> StepPlan | None:
         """Turn the allocator's grant into the next ``StepPlan`` (None when nothing was granted)."""
-        self.kv_free_fraction = grant.free_fraction
         for request_id in grant.preempted:
             self._preempted(self.requests[request_id])
         sequences = []

@@ -36,14 +36,6 @@ class ForwardBatch:
         ranges = [torch.arange(c, c + q) for c, q in zip(self.cached_lens, self.query_lens, strict=True)]
         return torch.cat(ranges).to(device) if ranges else torch.empty(0, dtype=torch.long, device=device)
 
-    def last_token_indices(self) -> list[int]:
-        """Index into the packed tokens of each sequence's last new token."""
-        ends, total = [], 0
-        for q in self.query_lens:
-            total += q
-            ends.append(total - 1)
-        return ends
-
 
 class AttentionContext(Protocol):
     """What a model's attention layers call during one forward step."""
