@@ -261,27 +261,35 @@ class _ArchSpec:
     transform: TensorTransform = _no_transform
 
 
+# Per-layer weights both architectures share: the attention block with its q/k norms, and the norms around it.
+_ATTENTION_BLOCK = (
+    "input_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+    "post_attention_layernorm",
+)
+
+
+def _layer_weights(*names: str) -> tuple[str, ...]:
+    """HF parameter templates ``model.layers.{bid}.<name>.weight`` (``{bid}`` filled per layer later)."""
+    return tuple(f"model.layers.{{bid}}.{name}.weight" for name in names)
+
+
 _GEMMA3 = _ArchSpec(
     gguf_arch=gguf.MODEL_ARCH.GEMMA3,
     build_config=_gemma3_config,
     global_parameters=("model.embed_tokens.weight", "model.norm.weight"),
-    layer_parameters=tuple(
-        f"model.layers.{{bid}}.{name}.weight"
-        for name in (
-            "input_layernorm",
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "self_attn.q_norm",
-            "self_attn.k_norm",
-            "post_attention_layernorm",
-            "pre_feedforward_layernorm",
-            "post_feedforward_layernorm",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        )
+    layer_parameters=_layer_weights(
+        *_ATTENTION_BLOCK,
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
     ),
     transform=_subtract_one_from_norms,
 )
@@ -291,20 +299,7 @@ _QWEN3MOE = _ArchSpec(
     build_config=_qwen3moe_config,
     global_parameters=("model.embed_tokens.weight", "model.norm.weight"),
     layer_parameters=(
-        *(
-            f"model.layers.{{bid}}.{name}.weight"
-            for name in (
-                "input_layernorm",
-                "self_attn.q_proj",
-                "self_attn.k_proj",
-                "self_attn.v_proj",
-                "self_attn.o_proj",
-                "self_attn.q_norm",
-                "self_attn.k_norm",
-                "post_attention_layernorm",
-                "mlp.gate",
-            )
-        ),
+        *_layer_weights(*_ATTENTION_BLOCK, "mlp.gate"),
         "model.layers.{bid}.mlp.experts.down_proj",
     ),
     fused_layer_parameters=(
