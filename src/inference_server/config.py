@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from inference_server.core.faults import parse_faults
 
 
 class SettingsError(ValueError):
     """A setting with an invalid value; the message names the setting and what it accepts."""
 
 
-def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: float | None = None) -> Any:
-    return attrs.field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
+def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: float | None = None,
+           check: Callable[[str], object] | None = None) -> Any:
+    """``check``: for a text setting with its own grammar, a parser whose ``ValueError`` names what is wrong."""
+    return attrs.field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
+                                                  "check": check})
 
 
 @attrs.frozen
@@ -83,6 +88,9 @@ class Settings:
                                 "$XDG_CACHE_HOME/inference_server or ~/.cache/inference_server.")
     telemetry_dir: str = _field("", "Folder for the per-run SQLite file and JSONL timeline; empty: off.")
     log_level: str = _field("info", "Logging level.", ("debug", "info", "warning", "error"))
+    faults: str = _field("", "Fault injection for reliability runs (docs/reliability.md): comma-separated "
+                             "step_error=P, step_delay=P:SECONDS, alloc_refuse=P, tokenizer_error=P, seed=N, "
+                             "e.g. step_error=0.01,seed=7. Empty: off (costs nothing).", check=parse_faults)
 
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir:
@@ -122,6 +130,11 @@ def _convert(field: attrs.Attribute, raw: str) -> Any:
         raise SettingsError(f"{name}={raw!r} is invalid: accepted values are {', '.join(meta['choices'])}")
     if meta["minimum"] is not None and value < meta["minimum"]:
         raise SettingsError(f"{name}={raw!r} is invalid: must be >= {meta['minimum']}")
+    if meta["check"] is not None:
+        try:
+            meta["check"](value)
+        except ValueError as error:
+            raise SettingsError(f"{name}={raw!r} is invalid: {error}") from None
     return value
 
 

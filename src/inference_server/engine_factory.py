@@ -11,7 +11,9 @@ from inference_server.actors.executor import threaded
 from inference_server.backends.factory import build_kv, build_runner, max_model_len
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
+from inference_server.core.faults import parse_faults
 from inference_server.core.scheduler import SchedulerConfig
+from inference_server.fault_injection import with_faults
 from inference_server.models.source import LoadedModel, load_model
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
 from inference_server.supervisor import EngineParts
@@ -64,6 +66,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         admission_timeout=settings.admission_timeout,
         model_name=loaded.name,
     )
+    parts = with_faults(parts, parse_faults(settings.faults))  # the same parts when FAULTS is empty
     log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",
              kv.full_pool.num_blocks, kv.sliding_pool.num_blocks if kv.sliding_pool else 0, kv.block_size,
              model_len, backend)

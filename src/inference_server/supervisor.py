@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -25,7 +26,7 @@ from inference_server.actors.kv_allocator import KVAllocator
 from inference_server.actors.request_streams import RequestStreams, StreamItem
 from inference_server.actors.scheduler import SchedulerActor
 from inference_server.actors.telemetry import Telemetry
-from inference_server.core.kv_grants import StepDemand, StepGrant
+from inference_server.core.kv_grants import StepDemand, StepGrant, allocate_step
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import make_policy
 from inference_server.core.request import Request
@@ -58,6 +59,19 @@ class EngineParts:
     max_queued_tokens: int = 1_000_000
     admission_timeout: float = 60.0
     model_name: str = "model"
+    allocate: Callable[[KVManager, StepDemand], StepGrant] = allocate_step  # FAULTS may wrap it
+
+
+@attrs.frozen
+class LiveCounts:
+    """What the engine holds right now; an idle engine holds no requests, no stream entries and no KV blocks
+    in use (cached prefix blocks stay, evictable). ``GET /debug/engine`` reports it."""
+
+    requests: int  # in the scheduler (waiting or running)
+    stream_entries: int  # open request streams
+    kv_sequences: int  # sequences holding KV (releases are applied with the next step)
+    kv_blocks_in_use: int  # referenced blocks, both pools
+    kv_blocks_cached: int  # blocks held by the prefix cache, both pools
 
 
 class Engine:
@@ -94,6 +108,14 @@ class Engine:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.streams.reject(request_id, Rejected("unavailable", "the engine is shutting down"))
         return request_id, stream
+
+    def live_counts(self) -> LiveCounts:
+        """Counts of what the engine holds (a read-only snapshot; see ``LiveCounts``)."""
+        kv = self.parts.kv
+        pools = [kv.full_pool] + ([kv.sliding_pool] if kv.sliding_pool is not None else [])
+        return LiveCounts(requests=len(self.scheduler.requests), stream_entries=len(self.streams),
+                          kv_sequences=kv.num_sequences, kv_blocks_in_use=sum(p.num_referenced for p in pools),
+                          kv_blocks_cached=sum(p.num_cached for p in pools))
 
     @property
     def is_ready(self) -> bool:
@@ -146,7 +168,7 @@ class Engine:
         result_send, result_receive = trio.open_memory_channel[StepResult](0)
 
         self.executor = Executor(parts.step, plan_receive, result_send)
-        kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send)
+        kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send, parts.allocate)
         self.scheduler_actor = SchedulerActor(
             self.scheduler, to_scheduler_receive, demand_send, grant_receive, plan_send, result_receive,
             self.streams, emit, max_queued_tokens=parts.max_queued_tokens)

@@ -45,7 +45,11 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
         except Exception as error:  # a template error is the request's problem, reported as such
             raise RequestError("invalid_request", f"cannot apply the chat template: {error}", "messages") from None
         return tuple(ids)
-    return tuple(tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
+    try:
+        ids = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+    except Exception as error:  # whatever one prompt makes the tokenizer raise is that request's error alone
+        raise RequestError("invalid_request", f"cannot tokenize the prompt: {error}", "prompt") from None
+    return tuple(ids)
 
 
 def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, max_model_len: int,

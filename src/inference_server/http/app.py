@@ -31,6 +31,7 @@ from werkzeug.exceptions import HTTPException
 
 from inference_server.config import Settings
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
+from inference_server.http.debug import DebugRoutes
 from inference_server.http.errors import ApiError, from_http_status, internal_error
 from inference_server.http.native import NativeRoutes
 from inference_server.http.openai import OpenAIRoutes
@@ -67,6 +68,7 @@ def _routes(state: AppState) -> list[Route]:
               "logprobs)"),
         Route("GET", "/health", service.health, "liveness: 200 while the process runs"),
         Route("GET", "/ready", service.ready, "readiness: 503 while starting, draining, failed or stalled"),
+        Route("GET", "/debug/engine", DebugRoutes(state).engine, "what the engine holds now (leak checks)"),
         Route("GET", "/", service.index, "this index"),
     ]
     service.route_lines = [r.line() for r in routes]

@@ -1,0 +1,36 @@
+"""The executor's fault wrapper (``FAULTS`` ``step_error`` / ``step_delay``, see ``core/faults.py``).
+
+Installed around the step function only when one of those faults is on, so a normal run has no extra
+branch per step. A slow step sleeps before the real step (the event loop keeps serving meanwhile, as it does
+while a real step runs in the worker thread); a failing step raises ``InjectedFault`` instead of running,
+which the executor does not catch: the engine fails as on a real device error (``docs/reliability.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from inference_server.actors.executor import StepFunction
+from inference_server.core.faults import FaultDecisions, InjectedFault
+from inference_server.messages import StepPlan, StepResult
+
+log = logging.getLogger(__name__)
+
+
+def faulty_step(step: StepFunction, decisions: FaultDecisions) -> StepFunction:
+    """``step`` with the step faults of ``decisions.spec`` injected (each drawn once per step)."""
+    spec = decisions.spec
+    delays, errors = spec.probability("step_delay") > 0, spec.probability("step_error") > 0
+
+    async def step_with_faults(plan: StepPlan) -> StepResult:
+        if delays and decisions.fires("step_delay"):
+            await trio.sleep(spec.step_delay_seconds)
+        if errors and decisions.fires("step_error"):
+            # Logged with its time so a load run can measure how long the process takes to exit.
+            log.error("injected fault: step_error at step %d (%d sequences)", plan.step_id, len(plan.sequences))
+            raise InjectedFault(f"injected step_error at step {plan.step_id}")
+        return await step(plan)
+
+    return step_with_faults
