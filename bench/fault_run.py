@@ -1,0 +1,375 @@
+"""Load with faults on: what survives, what is lost, what leaks (docs/reliability.md records the figures).
+
+Starts ``python -m inference_server serve`` itself (127.0.0.1, a free port, CPU, ``FAULTS=--faults``; the
+embedded Gemma 3 270M unless ``--model``), then drives a bounded load at it: ``--concurrency`` clients,
+each sending one request after another to ``/generate`` or ``/v1/completions``, streamed or not, until
+``--requests`` were sent or ``--seconds`` passed. Some clients misbehave (``--stall``, ``--drop``):
+
+* a *stalled* client reads the first event of its stream, stops reading for ``--stall-seconds``, then reads
+  the rest (it must still get its terminal answer);
+* a *dropping* client either leaves right after sending (within 50 ms, usually while the request is queued
+  or prefilling) or after the first event of its stream.
+
+Every request ends in exactly one bucket: ``completed`` (200 and a successful finish), ``rejected`` (a 4xx,
+429 or 503 before any token: the server refused it), ``errored`` (a 5xx, or a stream that ended with an
+error event), ``dropped`` (the client left on purpose), ``unreachable`` (the server process was already
+gone: no connection) or ``lost``: sent, not dropped, and no terminal answer (a connection cut without an
+answer, a stream without its error event or ``[DONE]``, or ``--request-timeout``). Lost must be 0.
+
+After the load, while the server still runs, it waits for the engine to go idle and reads ``GET
+/debug/engine``: requests, stream entries, KV sequences and KV blocks in use must all be 0 (cached prefix
+blocks may stay). Then SIGTERM, and the exit status. When the server exits by itself (``step_error``: a
+device fault), it reports the exit status and the seconds from the injected fault (the server's log line)
+to the process exit.
+
+    uv run python bench/fault_run.py --faults "alloc_refuse=0.2,seed=1" --seconds 60
+    uv run python bench/fault_run.py --faults "step_error=0.02,seed=3" --seconds 90
+    uv run python bench/fault_run.py --model gemma-4-31b-tiny --dummy-weights --prompt-ids --faults ...
+
+The process exits 1 when a request was lost or something leaked. This is a load run, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+TEXT_PROMPTS = ["The capital of France is", "Once upon a time, there was", "def fibonacci(n):",
+                "The three primary colours are", "Water boils at", "My favourite book is"]
+SUCCESSFUL_FINISHES = {"stop", "length"}
+IDLE_FIELDS = ("requests", "stream_entries", "kv_sequences", "kv_blocks_in_use")
+BEHAVIOURS = ("normal", "stall", "drop_after_send", "drop_mid_stream")
+
+
+# -- the server process ------------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """``inference_server serve`` in a child process; its log lines are kept with their arrival times."""
+
+    def __init__(self, env: dict[str, str], start_timeout: float) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="fault-run-")  # no stray .env is read from here
+        self.process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=self.workdir,
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.log: list[tuple[float, str]] = []
+        self.exit_time: float | None = None
+        stdout: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process.stdout, stdout), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.process.stderr, None), daemon=True).start()
+        threading.Thread(target=self._wait, daemon=True).start()
+        self.url = self._await_url(stdout, start_timeout)
+
+    def _read(self, pipe: Any, lines: queue.Queue[str] | None) -> None:
+        for raw in pipe:
+            line = raw.decode(errors="replace").rstrip()
+            self.log.append((time.monotonic(), line))
+            if lines is not None:
+                lines.put(line)
+
+    def _wait(self) -> None:
+        self.process.wait()
+        self.exit_time = time.monotonic()
+
+    def _await_url(self, lines: queue.Queue[str], timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if "listening on " in line:
+                return line.split("listening on ", 1)[1].strip()
+        self.stop()
+        tail = "\n".join(line for _, line in self.log[-30:])
+        raise SystemExit(f"the server did not start within {timeout:.0f} s:\n{tail}")
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def first(self, text: str) -> float | None:
+        """When the first log line containing ``text`` arrived (monotonic seconds)."""
+        return next((t for t, line in list(self.log) if text in line), None)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, "DEVICE": "cpu", "HOST": "127.0.0.1", "PORT": "0", "FAULTS": args.faults,
+           "LOG_LEVEL": "info", "SHUTDOWN_TIMEOUT": "10", "MODEL": args.model,
+           "DUMMY_WEIGHTS": "true" if args.dummy_weights else "false"}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        env[key] = value
+    return env
+
+
+# -- the load ----------------------------------------------------------------------------------------------
+
+
+@attrs.define
+class Tally:
+    sent: int = 0
+    completed: int = 0
+    rejected: collections.Counter[str] = attrs.Factory(collections.Counter)
+    errored: collections.Counter[str] = attrs.Factory(collections.Counter)
+    dropped: collections.Counter[str] = attrs.Factory(collections.Counter)
+    unreachable: int = 0
+    lost: collections.Counter[str] = attrs.Factory(collections.Counter)
+    behaviours: collections.Counter[str] = attrs.Factory(collections.Counter)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sent": self.sent, "completed": self.completed, "rejected": sum(self.rejected.values()),
+                "errored": sum(self.errored.values()), "dropped": sum(self.dropped.values()),
+                "unreachable": self.unreachable, "lost": sum(self.lost.values()),
+                "rejected_reasons": dict(self.rejected), "errored_reasons": dict(self.errored),
+                "dropped_how": dict(self.dropped), "lost_how": dict(self.lost),
+                "behaviours": dict(self.behaviours), "seconds": round(self.seconds, 1)}
+
+
+@attrs.frozen
+class Plan:
+    route: str
+    stream: bool
+    behaviour: str
+    payload: dict[str, Any]
+    drop_after: float = 0.0
+
+
+class ServerGone(Exception):
+    """No connection could be made: the server process is gone."""
+
+
+def make_plan(rng: random.Random, index: int, args: argparse.Namespace) -> Plan:
+    route = rng.choice(["/generate", "/v1/completions"])
+    roll = rng.random()
+    behaviour = ("stall" if roll < args.stall else "drop_after_send" if roll < args.stall + args.drop / 2
+                 else "drop_mid_stream" if roll < args.stall + args.drop else "normal")
+    stream = behaviour in ("stall", "drop_mid_stream") or rng.random() < 0.5
+    payload: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": 0.0, "stream": stream}
+    if args.prompt_ids:
+        ids = [10 + (index * 7 + k * 13) % 200 for k in range(4 + index % 5)]
+        payload["prompt_token_ids" if route == "/generate" else "prompt"] = ids
+    else:
+        payload["prompt"] = TEXT_PROMPTS[index % len(TEXT_PROMPTS)]
+    return Plan(route, stream, behaviour, payload, drop_after=rng.uniform(0.0, 0.05))
+
+
+def _reason(status: int, body: Any) -> str:
+    code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+    return f"{status} {code or 'no_code'}"
+
+
+async def _plain(client: httpx.AsyncClient, url: str, plan: Plan) -> tuple[str, str]:
+    response = await client.post(url + plan.route, json=plan.payload)
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code != 200:
+        return ("errored" if response.status_code >= 500 and response.status_code != 503 else "rejected",
+                _reason(response.status_code, body))
+    finish = body.get("finish_reason") if plan.route == "/generate" else body["choices"][0].get("finish_reason")
+    return ("completed", "ok") if finish in SUCCESSFUL_FINISHES else ("errored", f"200 finish_reason={finish}")
+
+
+async def _streamed(client: httpx.AsyncClient, url: str, plan: Plan, stall_seconds: float) -> tuple[str, str]:
+    async with client.stream("POST", url + plan.route, json=plan.payload) as response:
+        if response.status_code != 200:
+            body = json.loads(await response.aread() or b"null")
+            return ("errored" if response.status_code >= 500 and response.status_code != 503 else "rejected",
+                    _reason(response.status_code, body))
+        events = 0
+        error: str | None = None
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                return ("errored", error) if error else ("completed", "ok")
+            event = json.loads(data)
+            if "error" in event:
+                error = f"stream {event['error'].get('code')}"
+            events += 1
+            if events == 1 and plan.behaviour == "drop_mid_stream":
+                return "dropped", "mid_stream"
+            if events == 1 and plan.behaviour == "stall":
+                await trio.sleep(stall_seconds)  # stop reading; the server must neither block nor lose it
+        return "lost", "stream ended without [DONE]"
+
+
+async def one_request(client: httpx.AsyncClient, url: str, plan: Plan, args: argparse.Namespace) -> tuple[str, str]:
+    """(bucket, reason) of one request; see the module docstring."""
+    try:
+        with trio.move_on_after(args.request_timeout) as timeout:
+            if plan.behaviour == "drop_after_send":
+                with trio.move_on_after(plan.drop_after) as drop:
+                    outcome = await (_streamed(client, url, plan, 0.0) if plan.stream else _plain(client, url, plan))
+                if drop.cancelled_caught:
+                    return "dropped", "after_send"
+                return outcome
+            if plan.stream:
+                return await _streamed(client, url, plan, args.stall_seconds)
+            return await _plain(client, url, plan)
+        assert timeout.cancelled_caught
+        return "lost", f"no answer within {args.request_timeout:g} s"
+    except httpx.ConnectError as error:
+        raise ServerGone from error
+    except (httpx.TransportError, json.JSONDecodeError) as error:
+        return "lost", type(error).__name__
+
+
+async def run_load(url: str, args: argparse.Namespace, server_alive: Any = lambda: True) -> Tally:
+    """The bounded load of the module docstring against ``url``; stops sending once the server is gone."""
+    rng = random.Random(args.seed)
+    tally = Tally()
+    counter = itertools.count()
+    gone = trio.Event()
+    deadline = trio.current_time() + args.seconds
+    limits = httpx.Limits(max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency)
+    timeout = httpx.Timeout(connect=5.0, read=None, write=10.0, pool=None)
+    started = trio.current_time()
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while not gone.is_set() and trio.current_time() < deadline:
+            index = next(counter)
+            if index >= args.requests:
+                return
+            plan = make_plan(rng, index, args)
+            try:
+                bucket, reason = await one_request(client, url, plan, args)
+            except ServerGone:
+                tally.unreachable += 1
+                gone.set()
+                return
+            tally.sent += 1
+            tally.behaviours[plan.behaviour] += 1
+            if bucket == "completed":
+                tally.completed += 1
+            else:
+                getattr(tally, bucket)[reason] += 1
+            if not server_alive():
+                gone.set()
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
+        for _ in range(args.concurrency):
+            nursery.start_soon(client_loop, client)
+    tally.seconds = trio.current_time() - started
+    return tally
+
+
+async def engine_counts(url: str, settle_seconds: float) -> dict[str, Any] | None:
+    """``GET /debug/engine`` once the engine is idle (or after ``settle_seconds``); None if unreachable."""
+    counts = None
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        with trio.move_on_after(settle_seconds):
+            while True:
+                try:
+                    counts = (await client.get(url + "/debug/engine")).json()
+                except httpx.TransportError:
+                    return counts
+                if all(counts[field] == 0 for field in IDLE_FIELDS):
+                    return counts
+                await trio.sleep(0.25)
+    return counts
+
+
+# -- the report --------------------------------------------------------------------------------------------
+
+
+def report(args: argparse.Namespace, tally: Tally, counts: dict[str, Any] | None, exit_code: int,
+           exit_note: str) -> dict[str, Any]:
+    result = {"faults": args.faults, "model": args.model or "embedded gemma-3-270m", **tally.as_dict(),
+              "after_run": counts, "exit_code": exit_code, "exit": exit_note}
+    d = tally.as_dict()
+    print(f"fault run: FAULTS={args.faults or '(none)'}  model={result['model']}  "
+          f"concurrency={args.concurrency}  max_tokens={args.max_tokens}  {d['seconds']} s")
+    print(f"  sent         {d['sent']}   (client behaviours: {d['behaviours']})")
+    print(f"  completed    {d['completed']}")
+    print(f"  rejected     {d['rejected']}   {d['rejected_reasons']}")
+    print(f"  errored      {d['errored']}   {d['errored_reasons']}")
+    print(f"  dropped      {d['dropped']}   {d['dropped_how']}   (the client left on purpose)")
+    if d["unreachable"]:
+        print(f"  unreachable  {d['unreachable']}   (the server process was gone)")
+    print(f"  lost         {d['lost']}   {d['lost_how']}")
+    if counts is not None:
+        leaks = {k: counts[k] for k in IDLE_FIELDS}
+        print(f"  after the run: {leaks}, kv_blocks_cached={counts['kv_blocks_cached']} (engine {counts['state']})")
+    else:
+        print("  after the run: the server was gone (no leak figures)")
+    print(f"  server exit: {exit_note}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", default="", help="the server's FAULTS setting (see core/faults.py)")
+    parser.add_argument("--model", default="", help="MODEL for the server (default: the embedded model)")
+    parser.add_argument("--dummy-weights", action="store_true", help="DUMMY_WEIGHTS=true (with a preset model)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another server setting")
+    parser.add_argument("--prompt-ids", action="store_true", help="send token-id prompts (models without a "
+                                                                  "tokenizer)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="stop sending after this long")
+    parser.add_argument("--requests", type=int, default=200, help="stop sending after this many")
+    parser.add_argument("--concurrency", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--stall", type=float, default=0.1, help="fraction of clients that stall")
+    parser.add_argument("--stall-seconds", type=float, default=3.0)
+    parser.add_argument("--drop", type=float, default=0.1, help="fraction of clients that drop")
+    parser.add_argument("--request-timeout", type=float, default=120.0)
+    parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the load's choices")
+    parser.add_argument("--json", default="", help="also write the result here")
+    args = parser.parse_args(argv)
+
+    server = ServerProcess(server_env(args), args.start_timeout)
+    try:
+        tally = trio.run(run_load, server.url, args, lambda: server.running)
+        counts = trio.run(engine_counts, server.url, 30.0) if server.running else None
+        if server.running:
+            exit_code = server.stop()
+            exit_note = f"exit status {exit_code} after SIGTERM"
+        else:
+            server.process.wait()
+            exit_code = server.process.returncode
+            fault_time = server.first("injected fault: step_error")
+            exit_time = server.exit_time or time.monotonic()
+            since = f", {exit_time - fault_time:.1f} s after the injected step_error" if fault_time else ""
+            exit_note = f"exited by itself with status {exit_code}{since}"
+    finally:
+        server.stop()
+    result = report(args, tally, counts, exit_code, exit_note)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=1)
+    leaked = counts is not None and any(counts[k] for k in IDLE_FIELDS)
+    return 1 if result["lost"] or leaked else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
