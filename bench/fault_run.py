@@ -65,6 +65,7 @@ class ServerProcess:
 
     def __init__(self, env: dict[str, str], start_timeout: float) -> None:
         self.workdir = tempfile.mkdtemp(prefix="fault-run-")  # no stray .env is read from here
+        started = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=self.workdir,
                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.log: list[tuple[float, str]] = []
@@ -74,6 +75,7 @@ class ServerProcess:
         threading.Thread(target=self._read, args=(self.process.stderr, None), daemon=True).start()
         threading.Thread(target=self._wait, daemon=True).start()
         self.url = self._await_url(stdout, start_timeout)
+        self.start_seconds = time.monotonic() - started
 
     def _read(self, pipe: Any, lines: queue.Queue[str] | None) -> None:
         for raw in pipe:
@@ -343,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop", type=float, default=0.1, help="fraction of clients that drop")
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--settle-seconds", type=float, default=10.0,
+                        help="after the load, how long the engine may take to go idle before leaks are read")
     parser.add_argument("--seed", type=int, default=0, help="seed of the load's choices")
     parser.add_argument("--json", default="", help="also write the result here")
     args = parser.parse_args(argv)
@@ -350,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerProcess(server_env(args), args.start_timeout)
     try:
         tally = trio.run(run_load, server.url, args, lambda: server.running)
-        counts = trio.run(engine_counts, server.url, 30.0) if server.running else None
+        counts = trio.run(engine_counts, server.url, args.settle_seconds) if server.running else None
         if server.running:
             exit_code = server.stop()
             exit_note = f"exit status {exit_code} after SIGTERM"
@@ -363,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             exit_note = f"exited by itself with status {exit_code}{since}"
     finally:
         server.stop()
+    print(f"(server started in {server.start_seconds:.1f} s)")
     result = report(args, tally, counts, exit_code, exit_note)
     if args.json:
         with open(args.json, "w") as out:
