@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -143,7 +144,15 @@ class Tally:
     unreachable: int = 0
     lost: collections.Counter[str] = attrs.Factory(collections.Counter)
     behaviours: collections.Counter[str] = attrs.Factory(collections.Counter)
+    latencies: list[float] = attrs.Factory(list)  # seconds, completed requests of well-behaved clients
+    server_failing: bool = False  # a response said so, or no connection could be made
     seconds: float = 0.0
+
+    def latency(self, quantile: float) -> float | None:
+        if not self.latencies:
+            return None
+        ordered = sorted(self.latencies)
+        return round(ordered[min(len(ordered) - 1, int(quantile * len(ordered)))], 2)
 
     def as_dict(self) -> dict[str, Any]:
         return {"sent": self.sent, "completed": self.completed, "rejected": sum(self.rejected.values()),
@@ -151,7 +160,8 @@ class Tally:
                 "unreachable": self.unreachable, "lost": sum(self.lost.values()),
                 "rejected_reasons": dict(self.rejected), "errored_reasons": dict(self.errored),
                 "dropped_how": dict(self.dropped), "lost_how": dict(self.lost),
-                "behaviours": dict(self.behaviours), "seconds": round(self.seconds, 1)}
+                "behaviours": dict(self.behaviours), "seconds": round(self.seconds, 1),
+                "latency_p50": self.latency(0.5), "latency_p90": self.latency(0.9)}
 
 
 @attrs.frozen
@@ -161,10 +171,15 @@ class Plan:
     behaviour: str
     payload: dict[str, Any]
     drop_after: float = 0.0
+    progress: list[str] = attrs.Factory(list)  # "answered" once response headers arrived
 
 
 class ServerGone(Exception):
     """No connection could be made: the server process is gone."""
+
+
+FAILING = ("engine_failure", "draining", "failed")
+"""Error codes that say the server is going down: a client stops sending new requests once it sees one."""
 
 
 def make_plan(rng: random.Random, index: int, args: argparse.Namespace) -> Plan:
@@ -202,6 +217,7 @@ async def _plain(client: httpx.AsyncClient, url: str, plan: Plan) -> tuple[str, 
 
 async def _streamed(client: httpx.AsyncClient, url: str, plan: Plan, stall_seconds: float) -> tuple[str, str]:
     async with client.stream("POST", url + plan.route, json=plan.payload) as response:
+        plan.progress.append("answered")
         if response.status_code != 200:
             body = json.loads(await response.aread() or b"null")
             return ("errored" if response.status_code >= 500 and response.status_code != 503 else "rejected",
@@ -243,7 +259,8 @@ async def one_request(client: httpx.AsyncClient, url: str, plan: Plan, args: arg
     except httpx.ConnectError as error:
         raise ServerGone from error
     except (httpx.TransportError, json.JSONDecodeError) as error:
-        return "lost", type(error).__name__
+        when = "mid-answer" if plan.progress else "before any response"
+        return "lost", f"{type(error).__name__} {when}"
 
 
 async def run_load(url: str, args: argparse.Namespace, server_alive: Any = lambda: True) -> Tally:
@@ -263,16 +280,23 @@ async def run_load(url: str, args: argparse.Namespace, server_alive: Any = lambd
             if index >= args.requests:
                 return
             plan = make_plan(rng, index, args)
+            sent_at = trio.current_time()
             try:
                 bucket, reason = await one_request(client, url, plan, args)
             except ServerGone:
                 tally.unreachable += 1
+                tally.server_failing = True
                 gone.set()
                 return
             tally.sent += 1
             tally.behaviours[plan.behaviour] += 1
+            if any(code in reason for code in FAILING):
+                tally.server_failing = True
+                gone.set()
             if bucket == "completed":
                 tally.completed += 1
+                if plan.behaviour == "normal":
+                    tally.latencies.append(trio.current_time() - sent_at)
             else:
                 getattr(tally, bucket)[reason] += 1
             if not server_alive():
@@ -312,7 +336,8 @@ def report(args: argparse.Namespace, tally: Tally, counts: dict[str, Any] | None
     print(f"fault run: FAULTS={args.faults or '(none)'}  model={result['model']}  "
           f"concurrency={args.concurrency}  max_tokens={args.max_tokens}  {d['seconds']} s")
     print(f"  sent         {d['sent']}   (client behaviours: {d['behaviours']})")
-    print(f"  completed    {d['completed']}")
+    print(f"  completed    {d['completed']}   (latency of well-behaved clients: p50 {d['latency_p50']} s, "
+          f"p90 {d['latency_p90']} s)")
     print(f"  rejected     {d['rejected']}   {d['rejected_reasons']}")
     print(f"  errored      {d['errored']}   {d['errored_reasons']}")
     print(f"  dropped      {d['dropped']}   {d['dropped_how']}   (the client left on purpose)")
@@ -345,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop", type=float, default=0.1, help="fraction of clients that drop")
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--exit-timeout", type=float, default=30.0,
+                        help="how long a failing server may take to exit by itself")
     parser.add_argument("--settle-seconds", type=float, default=10.0,
                         help="after the load, how long the engine may take to go idle before leaks are read")
     parser.add_argument("--seed", type=int, default=0, help="seed of the load's choices")
@@ -354,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerProcess(server_env(args), args.start_timeout)
     try:
         tally = trio.run(run_load, server.url, args, lambda: server.running)
+        if tally.server_failing:  # it is on its way out: let it exit by itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.process.wait(args.exit_timeout)
         counts = trio.run(engine_counts, server.url, args.settle_seconds) if server.running else None
         if server.running:
             exit_code = server.stop()
