@@ -41,3 +41,9 @@ def test_engine_failure_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
                  "--kv-cache-tokens", "1024"])
     assert code == 1
     assert "the engine failed: RuntimeError('injected actor crash')" in capsys.readouterr().err
+
+
+def test_an_invalid_faults_flag_stops_serve_before_anything_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--faults", "step_error=0.1,alloc_refuse"]) == 2
+    assert "FAULTS='step_error=0.1,alloc_refuse' is invalid: item 'alloc_refuse' is not name=value" \
+        in capsys.readouterr().err
