@@ -53,8 +53,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from inference_server.core.sampling import SamplingParams
     from inference_server.offline import LLM
+    from inference_server.records.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed)

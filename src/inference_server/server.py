@@ -98,7 +98,7 @@ async def _serve(parts: EngineParts, settings: Settings, coalesce: bool) -> int:
             binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
             for bind in binds:
                 print(f"inference-server listening on {bind}", flush=True)
-                log.info("serving %s on %s", engine.parts.model_name, bind)
+                log.info("serving %s on %s", engine.info.model_name, bind)
     return shutdown.exit_code
 
 

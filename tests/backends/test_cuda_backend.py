@@ -39,12 +39,12 @@ from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOp
 from inference_server.backends.cuda_graphs import DecodeGraphs, decode_buckets
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
-from inference_server.core.sampling import SamplingParams
-from inference_server.messages import ScheduledSequence, StepPlan
 from inference_server.models import ops
 from inference_server.models.loader import build_model, init_dummy_weights
 from inference_server.models.presets import preset_config
 from inference_server.models.spec import ModelSpec, parse_model_spec
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)

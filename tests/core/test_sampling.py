@@ -10,15 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.core.sampling import (
-    MAX_LOGPROBS,
-    PenaltyHistory,
-    SamplingBatch,
-    SamplingParams,
-    _apply_penalties,
-    make_generator,
-    sample,
-)
+from inference_server.core.sampling import PenaltyHistory, SamplingBatch, _apply_penalties, make_generator, sample
+from inference_server.records.sampling_params import MAX_LOGPROBS, SamplingParams
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")

@@ -24,8 +24,8 @@ from inference_server.config import Settings
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.http import app_state, create_app
-from inference_server.messages import SampledToken, StepPlan, StepResult
 from inference_server.models.tokenizer import Tokenizer
+from inference_server.records.steps import SampledToken, StepPlan, StepResult
 from inference_server.server import supervise_engine
 from inference_server.supervisor import Engine, EngineParts
 

@@ -45,10 +45,10 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
-from inference_server.messages import StepPlan, StepResult
 from inference_server.models import layers, ops
 from inference_server.models.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
+from inference_server.records.steps import StepPlan, StepResult
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
 

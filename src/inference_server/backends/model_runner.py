@@ -16,8 +16,8 @@ from torch import nn
 
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.core.sampling import PenaltyHistory, SamplingBatch, make_generator, sample
-from inference_server.messages import SampledToken, ScheduledSequence, StepPlan, StepResult
 from inference_server.models.spec import ModelSpec
+from inference_server.records.steps import SampledToken, ScheduledSequence, StepPlan, StepResult
 
 
 @attrs.define

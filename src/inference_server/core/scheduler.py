@@ -27,8 +27,9 @@ import attrs
 from inference_server.core.kv_grants import Demand, StepDemand, StepGrant
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import SchedulingPolicy, session_of
-from inference_server.core.request import Request, RequestStatus, RequestUpdate, TokenOutput
-from inference_server.messages import FinishReason, ScheduledSequence, StepPlan, StepResult
+from inference_server.core.request import Request, RequestStatus
+from inference_server.records.requests import FinishReason, RequestUpdate, TokenOutput
+from inference_server.records.steps import ScheduledSequence, StepPlan, StepResult
 
 PREFILL_MODES = ("monolithic", "chunked", "batched")
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 
 if TYPE_CHECKING:
-    from inference_server.core.sampling import SamplingParams
+    from inference_server.records.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 
