@@ -360,7 +360,7 @@ def test_graph_replay_equals_eager(name: str, num_seqs: int) -> None:
 @gpu
 def test_engine_factory_builds_cuda_runner() -> None:
     """BACKEND=custom-cuda through the factory: graphs for every bucket up to MAX_BATCH_SIZE, steps run."""
-    from inference_server.backends.factory import build_kv, build_runner, max_model_len
+    from inference_server.backends.factory import build_kv, build_runner, engine_limits
     from inference_server.config import Settings
     from inference_server.models.source import load_model
 
@@ -368,8 +368,9 @@ def test_engine_factory_builds_cuda_runner() -> None:
                         kv_cache_tokens=4096, max_batch_size=8)
     device = torch.device("cuda")
     loaded = load_model(settings, device, torch.bfloat16)
-    _kv, storage = build_kv(settings, loaded, device, torch.bfloat16, max_model_len(settings, loaded, device))
-    runner = build_runner(settings, loaded, storage, device, "custom-cuda")
+    kv, storage = build_kv(settings, loaded, device, torch.bfloat16)
+    runner = build_runner(settings, loaded, storage, device, "custom-cuda", engine_limits(settings, loaded.spec,
+                                                                                          device, kv))
     assert isinstance(runner, CudaModelRunner) and runner.graphs is not None
     assert runner.graphs.captured == (1, 2, 4, 8)
     tables = ((0, 1),)

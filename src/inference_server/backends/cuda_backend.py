@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 from inference_server.backends.cuda_graphs import DecodeGraphs
-from inference_server.backends.factory import max_model_len
 from inference_server.backends.model_runner import ModelRunner
-from inference_server.backends.paged_kv import FULL_GROUP, PagedAttentionContext, PagedKVStorage, StepTensors
+from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.decode_attention import paged_decode_attention
@@ -156,14 +155,12 @@ class CudaModelRunner(ModelRunner):
                           seconds=time.perf_counter() - started)
 
 
-def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage,
-                      device: torch.device) -> CudaModelRunner:
+def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,
+                      max_model_len: int) -> CudaModelRunner:
     """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``),
-    ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's model length,
-    capped by the full-attention pool (a longer sequence could never be admitted)."""
-    pool_tokens = storage.num_blocks.get(FULL_GROUP, max(storage.num_blocks.values())) * storage.block_size
-    model_len = min(max_model_len(settings, loaded, device), pool_tokens)
-    options = CudaRunnerOptions(max_model_len=model_len, max_batch_size=settings.max_batch_size,
+    ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's
+    ``max_model_len`` (``factory.engine_limits``: already capped by the full-attention pool)."""
+    options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
                                 compile=settings.custom_backend_compile)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)

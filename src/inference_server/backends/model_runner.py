@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
-from inference_server.core.sampling import PenaltyHistory, SamplingBatch, make_generator, sample
+from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, make_generator, sample
 from inference_server.messages import SampledToken, ScheduledSequence, StepPlan, StepResult
 from inference_server.models.spec import ModelSpec
 

@@ -1,0 +1,241 @@
+"""The batched token sampler: one step's logits to one token per row (``SamplingParams`` in ``core.sampling``).
+
+The sampler turns one step's logits ``[B, V]`` into one token per row, on the logits' device, in fp32.
+Per row, in this order (vLLM v1's order):
+
+1. repetition / presence / frequency penalties (only if some row uses them);
+2. greedy rows (``temperature < GREEDY_EPSILON``) take the argmax here and skip the rest;
+3. temperature, then min-p, then top-k and top-p (one descending sort shared by both);
+4. a draw from the remaining distribution by the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)``,
+   which is exact sampling from ``probs``. Rows with a ``torch.Generator`` draw their ``q`` from it alone,
+   so a seeded request gets the same tokens whatever else shares its batch; other rows share one draw
+   from the device's default generator.
+
+Returned logprobs are those of the *raw* model distribution (``log_softmax(logits)`` before penalties,
+temperature and truncation), as vLLM returns by default.
+
+Host syncs: nothing here reads device memory back. Per-row parameters go to the device in one copy per
+batch (`SamplingBatch.from_params`); which stages run is decided from Python-side flags, never from tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from inference_server.core.sampling import SamplingParams
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A generator for one seeded request; the caller keeps it for the request's whole life."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@attrs.frozen(eq=False)
+class SamplingBatch:
+    """One step's per-row sampling parameters as device tensors, built once per batch by `from_params`.
+
+    The ``bool``/``int`` fields are host-side summaries so that stages no row needs are skipped without
+    reading device memory.
+    """
+
+    temperature: torch.Tensor  # [B] f32; 1.0 on greedy rows (they never divide)
+    greedy: torch.Tensor  # [B] bool
+    top_k: torch.Tensor  # [B] int64; <= 0 = off
+    top_p: torch.Tensor  # [B] f32; 1.0 = off
+    min_p: torch.Tensor  # [B] f32; 0.0 = off
+    repetition_penalty: torch.Tensor  # [B] f32
+    presence_penalty: torch.Tensor  # [B] f32
+    frequency_penalty: torch.Tensor  # [B] f32
+    generators: tuple[torch.Generator | None, ...]  # B entries; a row's own noise source, or None
+    all_greedy: bool
+    any_greedy: bool
+    use_min_p: bool
+    use_top_k_top_p: bool
+    use_penalties: bool
+    num_top_logprobs: int  # columns of `SamplerOutput.top_logprobs` (max over rows); 0 = none
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        device: torch.device | str,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> SamplingBatch:
+        """Pack B requests' params (one host-to-device copy). A row with a seed must have a generator."""
+        gens = tuple(generators) if generators is not None else (None,) * len(params)
+        if len(gens) != len(params):
+            raise ValueError(f"{len(gens)} generators for {len(params)} rows")
+        for row, (p, g) in enumerate(zip(params, gens, strict=True)):
+            if p.seed is not None and g is None:
+                raise ValueError(f"row {row} has seed {p.seed} but no generator (see make_generator)")
+        columns = [
+            [1.0 if p.is_greedy else p.temperature for p in params],
+            [float(p.is_greedy) for p in params],
+            [float(p.top_k) for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            [p.repetition_penalty for p in params],
+            [p.presence_penalty for p in params],
+            [p.frequency_penalty for p in params],
+        ]
+        packed = torch.tensor(columns, dtype=torch.float32).to(device, non_blocking=True)  # [8, B]
+        temperature, greedy, top_k, top_p, min_p, rep, pres, freq = packed.unbind(0)
+        return cls(
+            temperature=temperature,
+            greedy=greedy.bool(),
+            top_k=top_k.long(),
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=rep,
+            presence_penalty=pres,
+            frequency_penalty=freq,
+            generators=gens,
+            all_greedy=all(p.is_greedy for p in params),
+            any_greedy=any(p.is_greedy for p in params),
+            use_min_p=any(p.min_p > 0 for p in params),
+            use_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
+            use_penalties=any(p.uses_penalties for p in params),
+            num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
+        )
+
+
+@attrs.frozen(eq=False)
+class PenaltyHistory:
+    """Token ids the penalties look at, right-padded with -1 (rows without penalties may be empty)."""
+
+    prompt_ids: torch.Tensor  # [B, Lp] int64
+    output_ids: torch.Tensor  # [B, Lo] int64
+
+    @classmethod
+    def from_lists(
+        cls,
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        device: torch.device | str,
+    ) -> PenaltyHistory:
+        """Pad per-row id lists into two device tensors."""
+        return cls(_pad(prompt_ids, device), _pad(output_ids, device))
+
+
+def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    padded = [[*r, *([-1] * (width - len(r)))] for r in rows]
+    return torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width).to(device, non_blocking=True)
+
+
+@attrs.frozen(eq=False)
+class TopLogprobs:
+    """The n most likely tokens of each row's raw distribution, best first.
+
+    n is the batch's largest ``params.logprobs``; a row uses its first ``params.logprobs`` columns.
+    """
+
+    token_ids: torch.Tensor  # [B, n] int64
+    logprobs: torch.Tensor  # [B, n] f32
+
+
+@attrs.frozen(eq=False)
+class SamplerOutput:
+    """One step's sampled tokens; all tensors stay on the logits' device."""
+
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] f32, log-prob of token_ids under the raw (unprocessed) distribution
+    top_logprobs: TopLogprobs | None  # None when no row asked for logprobs >= 1
+
+
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    history: PenaltyHistory | None = None,
+) -> SamplerOutput:
+    """Sample one token per row of ``logits`` ``[B, V]`` (any float dtype; read, never modified).
+
+    ``history`` is required when ``batch.use_penalties``. Greedy rows give exactly the argmax of the
+    (penalised) logits.
+    """
+    work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
+    lse = torch.logsumexp(work, dim=-1)  # [B]
+    top = _top_logprobs(work, lse, batch.num_top_logprobs)
+    if batch.use_penalties:
+        if history is None:
+            raise ValueError("a row uses penalties but no PenaltyHistory was given")
+        _apply_penalties(work, history, batch)
+    token_ids = _choose_tokens(work, batch)  # [B]
+    logprobs = logits.gather(1, token_ids[:, None]).squeeze(1).float() - lse  # [B]
+    return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
+
+
+def _top_logprobs(logits: torch.Tensor, lse: torch.Tensor, n: int) -> TopLogprobs | None:
+    if n == 0:
+        return None
+    values, ids = logits.topk(min(n, logits.shape[-1]), dim=-1)  # [B, n], sorted descending
+    return TopLogprobs(token_ids=ids, logprobs=values - lse[:, None])
+
+
+def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    greedy_ids = work.argmax(dim=-1) if batch.any_greedy else None  # [B]
+    if greedy_ids is not None and batch.all_greedy:
+        return greedy_ids
+    work.div_(batch.temperature[:, None])
+    if batch.use_min_p:
+        _apply_min_p(work, batch.min_p)
+    if batch.use_top_k_top_p:
+        _apply_top_k_top_p(work, batch.top_k, batch.top_p)
+    sampled = _exponential_race(work.softmax(dim=-1), batch.generators)  # [B]
+    return sampled if greedy_ids is None else torch.where(batch.greedy, greedy_ids, sampled)
+
+
+def _bin_counts(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[B, L]`` ids (-1 = padding) -> ``[B, V]`` f32 occurrence counts."""
+    index = torch.where(ids < 0, vocab_size, ids)  # [B, L]; padding lands in a spare column
+    counts = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.float32, device=ids.device)
+    counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))  # [B, V + 1]
+    return counts[:, :vocab_size]
+
+
+def _apply_penalties(work: torch.Tensor, history: PenaltyHistory, batch: SamplingBatch) -> None:
+    rows, vocab_size = work.shape
+    if history.prompt_ids.shape[0] != rows or history.output_ids.shape[0] != rows:
+        raise ValueError(f"PenaltyHistory has {history.prompt_ids.shape[0]} rows, logits have {rows}")
+    output_counts = _bin_counts(history.output_ids, vocab_size)  # [B, V]
+    seen = (output_counts > 0) | (_bin_counts(history.prompt_ids, vocab_size) > 0)  # [B, V]
+    rep = torch.where(seen, batch.repetition_penalty[:, None], 1.0)  # [B, V]
+    work.copy_(torch.where(work > 0, work / rep, work * rep))
+    work.sub_(batch.frequency_penalty[:, None] * output_counts)
+    work.sub_(batch.presence_penalty[:, None] * (output_counts > 0))
+
+
+def _apply_min_p(work: torch.Tensor, min_p: torch.Tensor) -> None:
+    probs = work.softmax(dim=-1)  # [B, V]
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [B, 1]
+    work.masked_fill_(probs < threshold, -math.inf)
+
+
+def _apply_top_k_top_p(work: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Mask (to -inf) everything outside each row's top-k, then outside its top-p of what is left."""
+    vocab_size = work.shape[-1]
+    sorted_logits, order = work.sort(dim=-1, descending=True)  # [B, V] each
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab_size), vocab_size)  # [B]
+    ranks = torch.arange(vocab_size, device=work.device)  # [V]
+    sorted_logits.masked_fill_(ranks[None, :] >= k[:, None], -math.inf)
+    probs = sorted_logits.softmax(dim=-1)  # [B, V]
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V] mass of strictly better-ranked tokens
+    outside_p = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # the best token always stays
+    sorted_logits.masked_fill_(outside_p, -math.inf)
+    work.scatter_(1, order, sorted_logits)
+
+
+def _exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One exact sample per row of ``probs`` ``[B, V]`` (consumed): ``argmax(probs / q)``, ``q ~ Exp(1)``."""
+    q = torch.empty_like(probs)  # [B, V]
+    seeded = [row for row, g in enumerate(generators) if g is not None]
+    if len(seeded) < len(generators):
+        q.exponential_()
+    for row in seeded:
+        q[row].exponential_(generator=generators[row])
+    q.clamp_(min=torch.finfo(q.dtype).tiny)  # a zero draw would turn 0/0 into a NaN "winner"
+    return probs.div_(q).argmax(dim=-1)

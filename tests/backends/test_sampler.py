@@ -1,0 +1,280 @@
+"""Batched sampler: greedy exactness, truncation, penalties, seeding, logprobs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, _apply_penalties, make_generator, sample
+from inference_server.core.sampling import SamplingParams
+
+torch.set_num_threads(1)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def run(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None] | None = None,
+    history: PenaltyHistory | None = None,
+) -> torch.Tensor:
+    """Token ids [B] sampled for ``logits`` [B, V] with one params per row."""
+    return sample(logits, SamplingBatch.from_params(params, CPU, generators), history).token_ids
+
+
+def draw_many(logits_row: torch.Tensor, params: SamplingParams, n: int = 20_000) -> torch.Tensor:
+    """[V] frequencies of n samples from one row, drawn as a batch of n identical rows."""
+    tokens = run(logits_row.expand(n, -1).contiguous(), [params] * n)  # [n]
+    return torch.bincount(tokens, minlength=logits_row.numel()).double() / n
+
+
+# -- greedy and truncation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_is_exact_argmax(dtype: torch.dtype) -> None:
+    logits = torch.randn(6, 1000).to(dtype)  # [B, V]
+    tokens = run(logits, [SamplingParams(temperature=0.0)] * 6)
+    assert tokens.dtype == torch.int64
+    assert torch.equal(tokens, logits.float().argmax(dim=-1))
+
+
+def test_mixed_batch_greedy_rows_stay_argmax() -> None:
+    logits = torch.randn(8, 500)  # [B, V]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.5, top_p=0.9) for i in range(8)]
+    tokens = run(logits, params)
+    assert torch.equal(tokens[1::2], logits[1::2].argmax(dim=-1))
+
+
+def test_top_k_1_equals_greedy() -> None:
+    logits = torch.randn(16, 300)
+    assert torch.equal(run(logits, [SamplingParams(top_k=1, temperature=1.7)] * 16), logits.argmax(-1))
+
+
+def test_tiny_top_p_equals_greedy() -> None:
+    logits = torch.randn(16, 300)
+    assert torch.equal(run(logits, [SamplingParams(top_p=1e-6)] * 16), logits.argmax(-1))
+
+
+def test_min_p_keeps_tokens_above_threshold_in_proportion() -> None:
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()  # probs [V]
+    freq = draw_many(logits, SamplingParams(min_p=0.35))  # threshold 0.175: keeps tokens 0 and 1
+    assert freq[2:].sum() == 0
+    assert freq[0].item() == pytest.approx(0.5 / 0.8, abs=0.02)
+
+
+def test_top_p_keeps_the_nucleus() -> None:
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    freq = draw_many(logits, SamplingParams(top_p=0.7))  # 0.5 < 0.7, then 0.8 >= 0.7: keeps {0, 1}
+    assert freq[2:].sum() == 0
+    assert freq[0].item() == pytest.approx(0.5 / 0.8, abs=0.02)
+
+
+def test_top_k_renormalises_over_the_k_best() -> None:
+    logits = torch.tensor([0.1, 0.4, 0.2, 0.3]).log()
+    freq = draw_many(logits, SamplingParams(top_k=2))
+    assert freq[0] == 0 and freq[2] == 0
+    assert freq[1].item() == pytest.approx(0.4 / 0.7, abs=0.02)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_temperature_matches_analytic_softmax(temperature: float) -> None:
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    expected = (logits / temperature).softmax(-1).double()
+    freq = draw_many(logits, SamplingParams(temperature=temperature), n=40_000)
+    # std of each frequency <= 0.0025 at n=40k; 0.015 is 6 sigma.
+    assert (freq - expected).abs().max().item() < 0.015
+
+
+def test_temperature_sharpens_and_flattens() -> None:
+    logits = torch.tensor([1.0, 0.0, -1.0])
+    cold = draw_many(logits, SamplingParams(temperature=0.3))
+    hot = draw_many(logits, SamplingParams(temperature=3.0))
+    assert cold[0] > 0.95 and hot[0] < 0.5
+
+
+# -- penalties ------------------------------------------------------------------------------------------
+
+
+def reference_penalties(
+    logits: list[float],
+    prompt: list[int],
+    output: list[int],
+    p: SamplingParams,
+) -> list[float]:
+    """Straight per-token reference of HF repetition penalty + OpenAI presence/frequency penalties."""
+    counts = Counter(output)
+    result = []
+    for token, x in enumerate(logits):
+        if token in counts or token in prompt:
+            x = x / p.repetition_penalty if x > 0 else x * p.repetition_penalty
+        x -= p.frequency_penalty * counts[token] + p.presence_penalty * (counts[token] > 0)
+        result.append(x)
+    return result
+
+
+def test_penalties_match_reference() -> None:
+    vocab = 40
+    logits = torch.randn(4, vocab) * 3  # [B, V]
+    prompts = [[1, 2, 3, 3], [], [5, 6], [7]]
+    outputs = [[3, 4, 4, 4], [9, 9, 1], [], [7, 8]]
+    params = [
+        SamplingParams(temperature=0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25),
+        SamplingParams(temperature=0, repetition_penalty=0.7, frequency_penalty=-1.5),
+        SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=2.0),
+        SamplingParams(temperature=0),
+    ]
+    history = PenaltyHistory.from_lists(prompts, outputs, CPU)
+    assert history.prompt_ids.shape == (4, 4) and history.output_ids.shape == (4, 4)
+    batch = SamplingBatch.from_params(params, CPU)
+    work = logits.clone()
+    _apply_penalties(work, history, batch)
+    for row in range(4):
+        expected = reference_penalties(logits[row].tolist(), prompts[row], outputs[row], params[row])
+        torch.testing.assert_close(work[row], torch.tensor(expected))
+    tokens = sample(logits, batch, history).token_ids  # greedy rows: argmax of the penalised logits
+    assert torch.equal(tokens, work.argmax(-1))
+
+
+def test_penalty_pushes_greedy_off_a_repeated_token() -> None:
+    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    params = [SamplingParams(temperature=0, frequency_penalty=0.2)]
+    history = PenaltyHistory.from_lists([[]], [[0]], CPU)
+    assert sample(logits, SamplingBatch.from_params(params, CPU), history).token_ids.item() == 1
+
+
+def test_penalties_without_history_crash_loudly() -> None:
+    batch = SamplingBatch.from_params([SamplingParams(presence_penalty=1.0)], CPU)
+    with pytest.raises(ValueError, match="PenaltyHistory"):
+        sample(torch.randn(1, 5), batch)
+
+
+# -- seeding --------------------------------------------------------------------------------------------
+
+
+def seeded_sequence(seed: int, row: int, batch_size: int, steps: list[torch.Tensor]) -> list[int]:
+    """Tokens a seeded request gets at position ``row`` of a batch of unseeded random-logit neighbours."""
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=seed)
+    generator = make_generator(seed, CPU)
+    tokens = []
+    for step_logits in steps:  # [V] per step
+        logits = torch.randn(batch_size, step_logits.numel())  # neighbours differ per call
+        logits[row] = step_logits
+        rows = [SamplingParams(temperature=0.8, top_k=5)] * batch_size
+        rows[row] = params
+        gens: list[torch.Generator | None] = [None] * batch_size
+        gens[row] = generator
+        tokens.append(run(logits, rows, generators=gens)[row].item())
+    return tokens
+
+
+def test_seeded_row_is_reproducible_and_independent_of_batch() -> None:
+    steps = [torch.randn(200) for _ in range(12)]
+    alone = seeded_sequence(1234, 0, 1, steps)
+    assert seeded_sequence(1234, 3, 7, steps) == alone
+    torch.manual_seed(99)  # a different global RNG state must not matter either
+    assert seeded_sequence(1234, 5, 6, steps) == alone
+    assert seeded_sequence(4321, 0, 1, steps) != alone
+
+
+def test_two_seeded_rows_in_one_batch_do_not_interfere() -> None:
+    logits = torch.randn(1, 1000).expand(2, -1).contiguous()  # [2, V] identical rows
+    params = [SamplingParams(seed=7), SamplingParams(seed=7)]
+    gens = [make_generator(7, CPU), make_generator(7, CPU)]
+    tokens = [run(logits, params, generators=gens).tolist() for _ in range(5)]
+    assert all(a == b for a, b in tokens)
+
+
+def test_seed_without_generator_is_a_bug() -> None:
+    with pytest.raises(ValueError, match="generator"):
+        SamplingBatch.from_params([SamplingParams(seed=1)], CPU)
+
+
+# -- logprobs -------------------------------------------------------------------------------------------
+
+
+def test_logprobs_are_of_the_raw_distribution() -> None:
+    logits = torch.randn(5, 100).to(torch.bfloat16)
+    params = [SamplingParams(temperature=0.3, top_k=3, presence_penalty=1.0)] * 5
+    history = PenaltyHistory.from_lists([[1, 2]] * 5, [[3]] * 5, CPU)
+    out = sample(logits, SamplingBatch.from_params(params, CPU), history)
+    raw = logits.float().log_softmax(-1)  # [B, V]
+    assert out.logprobs.dtype == torch.float32
+    torch.testing.assert_close(out.logprobs, raw.gather(1, out.token_ids[:, None]).squeeze(1))
+    assert out.top_logprobs is None
+
+
+def test_top_logprobs_sorted_and_correct() -> None:
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(logprobs=4), SamplingParams(logprobs=None), SamplingParams(logprobs=0)]
+    out = sample(logits, SamplingBatch.from_params(params, CPU))
+    top = out.top_logprobs
+    assert top is not None and top.token_ids.shape == (3, 4) and top.logprobs.shape == (3, 4)
+    raw = logits.log_softmax(-1)
+    assert (top.logprobs[:, :-1] >= top.logprobs[:, 1:]).all()
+    torch.testing.assert_close(top.logprobs, raw.gather(1, top.token_ids))
+    torch.testing.assert_close(top.logprobs, raw.topk(4, dim=-1).values)
+
+
+def test_logits_are_not_modified() -> None:
+    logits = torch.randn(4, 64)
+    before = logits.clone()
+    params = [SamplingParams(temperature=0.5, top_k=3, min_p=0.1, repetition_penalty=1.2)] * 4
+    run(logits, params, history=PenaltyHistory.from_lists([[1]] * 4, [[2]] * 4, CPU))
+    assert torch.equal(logits, before)
+
+
+# -- properties -----------------------------------------------------------------------------------------
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[torch.Tensor, list[SamplingParams]]:
+    """Random logits [B, V] (distinct values) and random truncation params per row, all seeded."""
+    size, vocab = draw(st.integers(1, 4)), draw(st.integers(2, 64))
+    noise = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    logits = torch.randn(size, vocab, generator=noise) * draw(st.floats(0.1, 8.0))
+    params = [
+        SamplingParams(
+            temperature=draw(st.floats(0.05, 2.0)),
+            top_k=draw(st.integers(-1, vocab + 3)),
+            top_p=draw(st.floats(0.01, 1.0)),
+            min_p=draw(st.sampled_from([0.0, 0.05, 0.5, 1.0])),
+            seed=draw(st.integers(0, 2**31)),
+        )
+        for _ in range(size)
+    ]
+    return logits, params
+
+
+def truncation_reference(logits: torch.Tensor, p: SamplingParams, token: int) -> None:
+    """Assert ``token`` survives temperature -> min-p -> top-k -> top-p, computed the slow way."""
+    scaled = logits / p.temperature  # [V]
+    probs = scaled.softmax(-1)
+    better = scaled > scaled[token]  # [V] tokens ranked above the sampled one
+    assert probs[token] >= p.min_p * probs.max() - 1e-6
+    if p.top_k > 0:
+        assert int(better.sum()) < p.top_k
+    ranks = (-scaled).argsort().argsort()  # [V] 0 = best
+    alive = (probs >= p.min_p * probs.max()) & ((ranks < p.top_k) if p.top_k > 0 else True)
+    renormalised = probs * alive / (probs * alive).sum()
+    if p.top_p < 1.0:
+        assert renormalised[better].sum().item() < p.top_p + 1e-5
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches())
+def test_sampled_token_is_inside_every_truncation(batch: tuple[torch.Tensor, list[SamplingParams]]) -> None:
+    logits, params = batch
+    gens: list[torch.Generator | None] = [make_generator(p.seed or 0, CPU) for p in params]
+    tokens = run(logits, params, generators=gens)
+    for row, p in enumerate(params):
+        truncation_reference(logits[row], p, int(tokens[row]))
