@@ -118,9 +118,9 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     from inference_server.config import Settings
     from inference_server.core.sampling import SamplingParams
     from inference_server.messages import ScheduledSequence, StepPlan
-    from inference_server.models.loader import build_model, init_dummy_weights
-    from inference_server.models.presets import preset_config
-    from inference_server.models.source import LoadedModel
+    from inference_server.models.loading.loader import build_model, init_dummy_weights
+    from inference_server.models.loading.presets import preset_config
+    from inference_server.models.loading.source import LoadedModel
     from inference_server.models.spec import parse_model_spec
 
     spec = parse_model_spec(preset_config(preset))

@@ -12,7 +12,7 @@ from inference_server.backends.factory import build_kv, build_runner, engine_lim
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
 from inference_server.core.scheduler import SchedulerConfig
-from inference_server.models.source import LoadedModel, load_model
+from inference_server.models.loading.source import LoadedModel, load_model
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
 from inference_server.supervisor import EngineParts
 

@@ -41,9 +41,9 @@ from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.core.sampling import SamplingParams
 from inference_server.messages import ScheduledSequence, StepPlan
-from inference_server.models import ops
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config
+from inference_server.models.architectures import ops
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import ModelSpec, parse_model_spec
 
 BLOCK = 16
@@ -362,7 +362,7 @@ def test_engine_factory_builds_cuda_runner() -> None:
     """BACKEND=custom-cuda through the factory: graphs for every bucket up to MAX_BATCH_SIZE, steps run."""
     from inference_server.backends.factory import build_kv, build_runner, engine_limits
     from inference_server.config import Settings
-    from inference_server.models.source import load_model
+    from inference_server.models.loading.source import load_model
 
     settings = Settings(model="qwen3-30b-a3b-tiny", dummy_weights=True, backend="custom-cuda",
                         kv_cache_tokens=4096, max_batch_size=8)

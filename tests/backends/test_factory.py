@@ -8,7 +8,7 @@ import torch
 from inference_server.backends.factory import CPU_MAX_MODEL_LEN, engine_limits
 from inference_server.config import Settings
 from inference_server.core.kv_manager import KVManager
-from inference_server.models.presets import preset_config
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read; nothing is allocated

@@ -3,7 +3,7 @@
 What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> StepResult`` contract):
 
 * Ops: installs the Triton fused MoE, the Triton RMSNorm and the Triton q/k RoPE through
-  ``models.ops.use_ops`` (process-wide; it re-installs them at every step so a reference runner in the same
+  ``architectures.ops.use_ops`` (process-wide; it re-installs them at every step so a reference runner in the same
   process, run under ``ops.reference_ops()``, cannot leave the wrong ones behind). Attention goes through
   ``PagedAttentionContext`` with the Triton store, prefill and decode kernels. The decode kernel gets a fixed
   ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
@@ -45,8 +45,8 @@ from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
 from inference_server.messages import StepPlan, StepResult
-from inference_server.models import layers, ops
-from inference_server.models.source import LoadedModel
+from inference_server.models.architectures import layers, ops
+from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference

@@ -14,7 +14,7 @@ from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedK
 from inference_server.config import Settings
 from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
-from inference_server.models.source import LoadedModel
+from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import ModelSpec
 
 CPU_DEFAULT_KV_TOKENS = 16_384  # 0.6 GB of fp32 KV for the embedded model: two full 8k contexts

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models.attention import AttentionContext
-from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
-from inference_server.models.causal_lm import CausalLM
-from inference_server.models.layers import (
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.architectures.layers import (
     RMSNorm,
     activation,
     apply_rms_norm,

@@ -17,14 +17,14 @@ from torch import nn
 
 from inference_server.config import Settings, SettingsError
 from inference_server.models.chat_templates import GEMMA_TURNS, read_chat_template
-from inference_server.models.loader import (
+from inference_server.models.loading.loader import (
     build_model,
     init_dummy_weights,
     iter_safetensors,
     load_weights,
     read_config,
 )
-from inference_server.models.presets import preset_config, preset_names
+from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 from inference_server.models.tokenizer import Tokenizer
 
@@ -49,7 +49,7 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
     cache_dir = settings.resolved_cache_dir()
     template = read_chat_template(settings.chat_template) if settings.chat_template else None
     if not source:
-        from inference_server.models.embedded import embedded_gguf_path
+        from inference_server.models.loading.embedded import embedded_gguf_path
 
         path = embedded_gguf_path()
         model, spec = _load_gguf(path, device, dtype, cache_dir)
@@ -89,7 +89,7 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype,
                cache_dir: Path) -> tuple[nn.Module, ModelSpec]:
-    from inference_server.models.gguf_loader import open_gguf
+    from inference_server.models.loading.gguf_loader import open_gguf
 
     checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)

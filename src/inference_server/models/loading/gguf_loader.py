@@ -41,7 +41,7 @@ import gguf
 import numpy as np
 import torch
 
-from inference_server.models import gguf_index
+from inference_server.models.loading import gguf_index
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",

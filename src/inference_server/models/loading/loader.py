@@ -31,8 +31,8 @@ QWEN_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_pro
 
 def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
     """An uninitialised model on ``device`` (parameters allocated, contents undefined)."""
-    from inference_server.models.gemma4 import Gemma4ForCausalLM
-    from inference_server.models.qwen3_moe import Qwen3MoeForCausalLM
+    from inference_server.models.architectures.gemma4 import Gemma4ForCausalLM
+    from inference_server.models.architectures.qwen3_moe import Qwen3MoeForCausalLM
 
     cls = Qwen3MoeForCausalLM if spec.architecture == "qwen3_moe" else Gemma4ForCausalLM
     with torch.device("meta"):

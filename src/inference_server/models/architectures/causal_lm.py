@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models.attention import AttentionContext
-from inference_server.models.layers import softcap
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.layers import softcap
 from inference_server.models.spec import ModelSpec
 
 
