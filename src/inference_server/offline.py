@@ -47,7 +47,7 @@ async def collect(stream: trio.MemoryReceiveChannel[StreamItem]) -> Completion:
                 text.append(token.text)
                 tokens.append(token.token_id)
                 logprobs.append(token.logprob)
-            if item.finished:
+            if item.finish_reason is not None:  # item.finished
                 return Completion("".join(text), tuple(tokens), item.finish_reason, prompt_tokens, item.error,
                                   tuple(logprobs))
     return Completion("".join(text), tuple(tokens), "error", prompt_tokens, "the stream ended early")

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 import attrs
 import torch
-from torch import nn
 
 from inference_server.backends.cuda_graphs import DecodeGraphs
 from inference_server.backends.model_runner import ModelRunner
@@ -44,8 +44,10 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
-from inference_server.messages import StepPlan, StepResult
+from inference_server.messages import SampledToken, StepPlan, StepResult
 from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
 
@@ -93,7 +95,7 @@ class CudaRunnerOptions:
 class CudaModelRunner(ModelRunner):
     """``ModelRunner`` with Triton kernels and bucketed decode graphs (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
+    def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  options: CudaRunnerOptions) -> None:
         decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
@@ -107,10 +109,9 @@ class CudaModelRunner(ModelRunner):
         # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         self._install_ops()
-        inner = getattr(model, "model", None)
-        if hasattr(inner, "place_rope_tables"):
-            inner.place_rope_tables(device)
-        self._model_fn: nn.Module = torch.compile(model) if options.compile else model
+        model.model.place_rope_tables(device)
+        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = (
+            torch.compile(model) if options.compile else model)
         self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
         self.eager_steps = 0
         self.capture_seconds = 0.0
@@ -138,7 +139,7 @@ class CudaModelRunner(ModelRunner):
         self._install_ops()
         self.forget(plan.finished_request_ids)
         states = [self._state_for(seq) for seq in plan.sequences]
-        tokens = ()
+        tokens: tuple[SampledToken, ...] = ()
         if plan.sequences:
             if self.graphs is not None and self.graphs.fits(plan.sequences):
                 hidden = self.graphs.run(self.graphs.stage(plan.sequences))  # [bucket, H], padded rows unread

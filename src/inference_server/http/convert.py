@@ -9,6 +9,7 @@ wire name the client used (chat's ``top_logprobs``, ``max_completion_tokens``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 from inference_server.core.sampling import SamplingParams
 from inference_server.http.errors import invalid_request
@@ -19,8 +20,10 @@ MAX_HEADER_ID_LENGTH = 128
 TRACE_ID_HEADER = "X-Trace-Id"
 SESSION_ID_HEADER = "X-Session-Id"
 
+T = TypeVar("T")
 
-def _or(value: object, default: object) -> object:
+
+def _or(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
@@ -48,7 +51,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
-    )  # type: ignore[arg-type]
+    )
     try:
         params.validate()
     except ValueError as error:
