@@ -116,9 +116,9 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     from inference_server.backends.cuda_backend import CudaModelRunner, build_cuda_runner
     from inference_server.backends.paged_kv import PagedKVStorage, group_of
     from inference_server.config import Settings
-    from inference_server.models.loader import build_model, init_dummy_weights
-    from inference_server.models.presets import preset_config
-    from inference_server.models.source import LoadedModel
+    from inference_server.models.loading.loader import build_model, init_dummy_weights
+    from inference_server.models.loading.presets import preset_config
+    from inference_server.models.loading.source import LoadedModel
     from inference_server.models.spec import parse_model_spec
     from inference_server.records.sampling_params import SamplingParams
     from inference_server.records.steps import ScheduledSequence, StepPlan

@@ -72,7 +72,7 @@ def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
     from inference_server.config import Settings
     from inference_server.core.kv_manager import KVManager
     from inference_server.core.scheduler import SchedulerConfig
-    from inference_server.models.embedded import embedded_gguf_path
+    from inference_server.models.loading.embedded import embedded_gguf_path
     from inference_server.models.tokenizer import Tokenizer
     from inference_server.records.steps import SampledToken, StepPlan, StepResult
     from inference_server.supervisor import EngineParts

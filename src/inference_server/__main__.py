@@ -65,7 +65,7 @@ def run_generate(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     llm = LLM(settings)
     if not settings.model:
-        from inference_server.models.embedded import embedded_licence_path
+        from inference_server.models.loading.embedded import embedded_licence_path
 
         print(f"[default model: Gemma 3 270M, Gemma Terms of Use: {embedded_licence_path()}]", file=sys.stderr)
     for prompt, completion in zip(args.prompts, llm.generate(args.prompts, params, chat=args.chat), strict=True):

@@ -22,8 +22,8 @@ import torch
 from http_testkit import write_tokenizer_folder
 from safetensors.torch import save_file
 
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 
 START_TIMEOUT = 90.0

@@ -246,7 +246,7 @@ class SchedulerActor:
         if update.tokens and request.first_token_time is None:
             request.first_token_time = now
             self.emit(FirstToken(now, request.request_id, now - request.arrival_time))
-        if update.finished:
+        if update.finish_reason is not None:
             if request.started:  # its KV goes back to the cache: the turnover that admits new requests
                 self.kv_turnover.record(now, update.prompt_tokens + update.completion_tokens)
             self.emit(RequestFinished(

@@ -59,7 +59,7 @@ class Request:
     @property
     def max_length(self) -> int:
         """The most tokens this request can hold in the KV cache (prompt plus ``max_tokens``)."""
-        return len(self.prompt_ids) + self.params.max_tokens
+        return len(self.prompt_ids) + self.params.resolved_max_tokens()
 
     @property
     def num_uncomputed(self) -> int:

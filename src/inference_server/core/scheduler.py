@@ -150,7 +150,7 @@ class Scheduler:
         if cap == 0:
             return ordered
         reserved = sum(r.max_length for r in self.running)
-        admissible = []
+        admissible: list[Request] = []
         for request in ordered:
             if reserved + request.max_length > cap and (self.running or admissible):
                 break
@@ -228,7 +228,7 @@ class Scheduler:
             stop = request.stop_checker.update(sampled.token_id, text) if request.stop_checker else None
             emitted = stop.text if stop is not None else text
             token = TokenOutput(sampled.token_id, emitted, sampled.logprob, sampled.top_logprobs)
-            if stop is not None and stop.finished:
+            if stop is not None and stop.finish_reason is not None:  # stop.finished
                 updates.append(self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason,
                                             tokens=(token,)))
             else:

@@ -21,6 +21,10 @@ from inference_server.records.sampling_params import SamplingParams
 
 
 class PromptTokenizer(Protocol):
+    """What admission needs of a tokenizer: ``models.tokenizer.Tokenizer`` satisfies it."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],

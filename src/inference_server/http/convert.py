@@ -8,6 +8,8 @@ client used (chat's ``top_logprobs``, ``max_completion_tokens``).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from inference_server.http.errors import invalid_request
 from inference_server.http.schemas import SamplingFields, StopInput
 from inference_server.records.sampling_params import SamplingParams
@@ -19,8 +21,10 @@ MAX_HEADER_ID_LENGTH = 128
 TRACE_ID_HEADER = "X-Trace-Id"
 SESSION_ID_HEADER = "X-Session-Id"
 
+T = TypeVar("T")
 
-def _or(value: object, default: object) -> object:
+
+def _or(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
@@ -49,7 +53,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
-    )  # type: ignore[arg-type]
+    )
     return params
 
 

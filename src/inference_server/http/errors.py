@@ -101,7 +101,7 @@ def from_request_error(error: RequestError, renames: Mapping[str, str] | None = 
     chat route's ``max_tokens`` -> ``max_completion_tokens``, ``prompt`` -> ``messages``)."""
     status, error_type = _REQUEST_ERROR_STATUS[error.code]
     param, message = error.param, error.message
-    if renames and param in renames:
+    if renames and param is not None and param in renames:
         wire = renames[param]
         message = message.replace(param, wire, 1) if message.startswith(param) else message
         param = wire

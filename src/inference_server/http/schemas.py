@@ -29,6 +29,7 @@ from cattrs.errors import (
     ClassValidationError,
     ForbiddenExtraKeysError,
     IterableValidationError,
+    IterableValidationNote,
 )
 from cattrs.gen import make_dict_structure_fn
 
@@ -254,8 +255,8 @@ def _make_converter() -> cattrs.Converter:
         lambda t: getattr(t, "__origin__", None) is list and len(getattr(t, "__args__", ())) == 1, list_factory)
 
     def record_factory(record_type: type) -> Callable[[Any, Any], Any]:
-        structure_fields = make_dict_structure_fn(record_type, converter, _cattrs_forbid_extra_keys=True,
-                                                  _cattrs_detailed_validation=True)
+        structure_fields: Callable[..., Any] = make_dict_structure_fn(
+            record_type, converter, _cattrs_forbid_extra_keys=True, _cattrs_detailed_validation=True)
 
         def structure_record(value: Any, _: Any) -> Any:
             if not isinstance(value, Mapping):
@@ -303,7 +304,7 @@ def _first_leaf(error: BaseException, path: str) -> tuple[str, BaseException]:
     if isinstance(error, (ClassValidationError, IterableValidationError)):
         with_notes, without = error.group_exceptions()
         for inner, note in with_notes:
-            step = f"[{note.index!r}]" if isinstance(error, IterableValidationError) else f".{note.name}"
+            step = f"[{note.index!r}]" if isinstance(note, IterableValidationNote) else f".{note.name}"
             return _first_leaf(inner, path + step)
         for inner in without:
             return _first_leaf(inner, path)

@@ -64,6 +64,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     """Keep the matched stop string (or stop token's text) at the end of the output."""
 
+    def resolved_max_tokens(self) -> int:
+        """``max_tokens`` once admission has resolved ``None`` (the rest of the context) to a number."""
+        if self.max_tokens is None:
+            raise ValueError("max_tokens is unresolved: admission sets it before the request is queued")
+        return self.max_tokens
+
     @property
     def is_greedy(self) -> bool:
         """Whether this request takes the argmax instead of sampling."""

@@ -1,4 +1,4 @@
-"""The batched token sampler (parameters: ``records/sampling_params.py``).
+"""The batched token sampler: one step's logits to one token per row (``SamplingParams`` in ``records``).
 
 The sampler turns one step's logits ``[B, V]`` into one token per row, on the logits' device, in fp32.
 Per row, in this order (vLLM v1's order):
