@@ -26,6 +26,16 @@ BAD_REQUESTS: list[tuple[str, Any, str, str | None]] = [
     ("/generate", b"[]", "invalid_json", None),
     (COMPLETIONS, b'"just a string"', "invalid_json", None),
     (CHAT, b"\xff\xfe\x00", "invalid_json", None),
+    # strings that are not valid Unicode (unpaired surrogate escapes), anywhere: a 400 before the tokenizer
+    ("/generate", {"prompt": "\ud800 x"}, "invalid_unicode", "prompt"),
+    (COMPLETIONS, {"prompt": "\ud800 x"}, "invalid_unicode", "prompt"),
+    (COMPLETIONS, {"prompt": ["fine", "a\udfff"]}, "invalid_unicode", "prompt[1]"),
+    (CHAT, {"messages": [{"role": "user", "content": "\ud800"}]}, "invalid_unicode", "messages[0].content"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, "invalid_unicode",
+     "messages[0].content[0].text"),
+    (CHAT, {"messages": HELLO, "stop": ["ok", "\udbff"]}, "invalid_unicode", "stop[1]"),
+    ("/generate", {"prompt": "x", "\ud800": 1}, "invalid_unicode", "\\ud800"),
+    (COMPLETIONS, {"prompt": "x", "user": "\ud83d"}, "invalid_unicode", "user"),
     # NaN / Infinity / overflowing numbers
     ("/generate", b'{"prompt": "x", "temperature": NaN}', "invalid_json", None),
     (COMPLETIONS, b'{"prompt": "x", "top_p": Infinity}', "invalid_json", None),
