@@ -12,12 +12,11 @@ from inference_server.actors.fault_step import faulty_step
 from inference_server.core.fault_wrappers import refusing_allocator
 from inference_server.core.faults import FaultDecisions, FaultSpec, InjectedFault, parse_faults
 from inference_server.core.kv_grants import allocate_step
-from inference_server.core.request import RequestUpdate
-from inference_server.core.sampling import SamplingParams
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.fault_injection import with_faults
-from inference_server.messages import Admitted, GenerationRequest
 from inference_server.offline import Completion, run_engine
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineState
 
 from .conftest import FakeStep, fake_parts
@@ -35,7 +34,7 @@ def requests(n: int, length: int = 5) -> list[GenerationRequest]:
 
 
 def assert_idle(engine: Engine) -> None:
-    counts = engine.live_counts()
+    counts = engine.counts()
     assert (counts.requests, counts.stream_entries, counts.kv_sequences, counts.kv_blocks_in_use) == (0, 0, 0, 0)
     engine.parts.kv.check_integrity()
 
@@ -66,20 +65,20 @@ async def test_a_step_error_fails_the_engine_and_ends_every_stream_with_one_erro
     step = FakeStep()
     decisions = FaultDecisions(FaultSpec(step_error=0.2, seed=6))  # the 8th step fails
     engine = Engine(fake_parts(faulty_step(step, decisions)))
-    streams = []
+    handles = []
     with trio.fail_after(60), pytest.raises(BaseExceptionGroup) as caught:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
-            streams = [engine.submit(r)[1] for r in requests(6)]
+            handles = [engine.submit(r) for r in requests(6)]
             await trio.sleep(1000)  # the step error ends the engine long before
     assert caught.value.subgroup(InjectedFault) is not None
     assert engine.state is EngineState.FAILED and decisions.counts["step_error"] == 1
     assert len(step.plans) == 7  # the steps before the fault ran
-    for stream in streams:
-        items = [item async for item in stream]
-        assert isinstance(items[0], Admitted)
-        terminal = [i for i in items if isinstance(i, RequestUpdate) and i.finished]
-        assert len(terminal) == 1 and terminal[0] is items[-1]
+    for handle in handles:
+        await handle.admission()
+        updates = [update async for update in handle]
+        terminal = [u for u in updates if u.finished]
+        assert len(terminal) == 1 and terminal[0] is updates[-1]
         assert terminal[0].finish_reason == "error" and "injected step_error" in terminal[0].error
     assert len(engine.streams) == 0
 

@@ -156,7 +156,7 @@ class CharTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         return [ord(c) for m in messages for c in m["content"]]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(map(chr, ids))
 
 

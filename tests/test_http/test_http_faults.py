@@ -32,7 +32,7 @@ async def test_a_tokenizer_fault_fails_only_that_request(serve, tokenizer) -> No
 
             nursery.start_soon(stream)
             with trio.fail_after(30):
-                while served.engine.live_counts().requests == 0:
+                while served.engine.counts().requests == 0:
                     await trio.sleep(0.01)
             statuses = []
             for _ in range(12):
@@ -51,7 +51,7 @@ async def test_a_tokenizer_fault_fails_only_that_request(serve, tokenizer) -> No
         assert result.events[-2]["finish_reason"] == "length"
         assert served.engine.state is EngineState.READY and not served.failures
         with trio.fail_after(30):
-            while served.engine.live_counts().kv_sequences:  # releases go out with the next step
+            while served.engine.counts().kv_sequences:  # releases go out with the next step
                 await trio.sleep(0.01)
         debug = await served.client.get("/debug/engine")
         counts = await debug.get_json()

@@ -14,7 +14,7 @@ import trio
 
 from inference_server.actors.executor import StepFunction
 from inference_server.core.faults import FaultDecisions, InjectedFault
-from inference_server.messages import StepPlan, StepResult
+from inference_server.records.steps import StepPlan, StepResult
 
 log = logging.getLogger(__name__)
 

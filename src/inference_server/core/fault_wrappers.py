@@ -84,7 +84,10 @@ class FaultyTokenizer:
         self._maybe_fail()
         return self._inner.encode(text, add_special_tokens=add_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         self._maybe_fail()
         return self._inner.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
