@@ -54,8 +54,9 @@ class Settings:
     max_model_len: int = _field(0, "Longest context (prompt + output) in tokens; 0: the model's own limit, "
                                    "capped at 8192 on CPU.", minimum=0)
     max_batch_size: int = _field(256, "Most sequences in one step.", minimum=1)
-    max_num_batched_tokens: int = _field(2048, "Token budget of one step (prefill chunks plus decodes).",
-                                         minimum=1)
+    max_num_batched_tokens: int = _field(0, "Token budget of one step (prefill chunks plus decodes); 0: 2048 "
+                                            "on CUDA, 256 elsewhere (a CPU step stays about a second long, "
+                                            "so aborts and deadlines are honoured promptly).", minimum=0)
     max_active_kv_tokens: int = _field(0, "Cap on KV tokens held by running requests; 0: the KV pool size.",
                                        minimum=0)
     max_queued_tokens: int = _field(1_000_000, "Cap on prompt tokens waiting for admission; more is rejected "

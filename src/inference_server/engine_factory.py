@@ -54,7 +54,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         eos_token_ids=eos,
         scheduler_config=SchedulerConfig(
             max_batch_size=settings.max_batch_size,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_batched_tokens=limits.step_token_budget,
             prefill_mode=settings.prefill_mode,
             max_active_kv_tokens=settings.max_active_kv_tokens,
         ),

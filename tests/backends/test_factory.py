@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_server.backends.factory import CPU_MAX_MODEL_LEN, engine_limits
+from inference_server.backends.factory import (
+    CPU_MAX_MODEL_LEN,
+    CPU_STEP_TOKEN_BUDGET,
+    CUDA_STEP_TOKEN_BUDGET,
+    engine_limits,
+)
 from inference_server.config import Settings
 from inference_server.core.kv_manager import KVManager
 from inference_server.models.loading.presets import preset_config
@@ -37,3 +42,18 @@ def test_max_model_len_is_the_smallest_of_settings_model_and_pool(
     assert limits.max_model_len == expected
     assert limits.kv_capacity_tokens == pool_tokens
     assert limits.vocab_size == QWEN.vocab_size
+
+
+@pytest.mark.parametrize(
+    ("device", "configured", "expected"),
+    [
+        (CPU, 0, CPU_STEP_TOKEN_BUDGET),  # a short step on a CPU: aborts and deadlines wait at most one step
+        (CUDA, 0, CUDA_STEP_TOKEN_BUDGET),
+        (CPU, 4096, 4096),  # MAX_NUM_BATCHED_TOKENS wins wherever it is set
+        (CUDA, 512, 512),
+    ],
+)
+def test_the_step_token_budget_is_sized_to_the_device(device: torch.device, configured: int, expected: int) -> None:
+    limits = engine_limits(Settings(max_num_batched_tokens=configured), QWEN, device, pool(65_536))
+    assert limits.step_token_budget == expected
+    assert CPU_STEP_TOKEN_BUDGET < CUDA_STEP_TOKEN_BUDGET

@@ -277,3 +277,26 @@ class KVManagerMachine(RuleBasedStateMachine):
 
 TestKVManagerMachine = KVManagerMachine.TestCase
 TestKVManagerMachine.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
+
+
+# -- what one request alone needs (admission refuses what could never fit) --------------------------------
+
+
+@pytest.mark.parametrize(("prompt", "max_step"), [(5, 64), (40, 64), (40, 8), (100, 16), (30, None)])
+def test_a_request_admission_accepts_runs_alone_in_the_sliding_pool(prompt: int, max_step: int | None) -> None:
+    """Whenever ``KVLimits`` says a request fits, it runs to completion alone: every step of its prefill
+    (chunks of ``max_step``) and decode finds its sliding blocks."""
+    from inference_server.core.validation import KVLimits
+
+    window, block, out = 8, 4, 6
+    limits = KVLimits(block_size=block, full_blocks=64, sliding_window=window, max_step_tokens=max_step)
+    needed = limits.sliding_blocks_needed(prompt + out)
+    kv = KVManager(block_size=block, num_full_blocks=64, num_sliding_blocks=needed, sliding_window=window)
+    kv.start_sequence("r", tuple(range(prompt)))
+    done = 0
+    while done < prompt + out - 1:  # prefill chunks, then one token per decode step
+        chunk = min(prompt - done, max_step or prompt) if done < prompt else 1
+        assert kv.can_append("r", chunk), (done, chunk)
+        kv.append_slots("r", chunk)
+        done += chunk
+    kv.check_integrity()

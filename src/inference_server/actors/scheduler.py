@@ -201,6 +201,7 @@ class SchedulerActor:
     async def _step(self) -> bool:
         """Run one step; False when nothing could be granted (the caller then waits for a message)."""
         waiting_before = {r.request_id for r in self.core.waiting}
+        step_start = trio.current_time()
         await self.demands.send(self.core.demand())
         grant = await self.grants.receive()
         self.kv_free_tokens = round(grant.free_fraction * self.kv_capacity_tokens)
@@ -216,6 +217,7 @@ class SchedulerActor:
         self.flush_deliveries()  # the previous step's tokens reach clients while this step runs
         result = await self.results.receive()
         self.last_step_end = trio.current_time()
+        self.kv_turnover.step(self.last_step_end, self.last_step_end - step_start)
         updates = self.core.on_step_result(result)
         now = trio.current_time()
         for update in updates:

@@ -19,6 +19,10 @@ from inference_server.models.spec import ModelSpec
 
 CPU_DEFAULT_KV_TOKENS = 16_384  # 0.6 GB of fp32 KV for the embedded model: two full 8k contexts
 CPU_MAX_MODEL_LEN = 8192
+CUDA_STEP_TOKEN_BUDGET = 2048
+CPU_STEP_TOKEN_BUDGET = 256
+"""Default step token budget off CUDA: a step must stay short (about a second on a small CPU, see
+docs/reliability.md), because aborts, deadlines and new requests are honoured between steps."""
 
 
 @attrs.frozen
@@ -31,6 +35,8 @@ class EngineLimits:
     vocab_size: int
     kv_capacity_tokens: int
     """Tokens the full-attention KV pool holds: no single sequence can be longer."""
+    step_token_budget: int
+    """Tokens one step may compute (``MAX_NUM_BATCHED_TOKENS``, or the device's default when it is 0)."""
 
 
 def _requested_model_len(settings: Settings, spec: ModelSpec, device: torch.device) -> int:
@@ -49,8 +55,10 @@ def engine_limits(settings: Settings, spec: ModelSpec, device: torch.device, kv:
     than the whole pool could never run.
     """
     capacity = kv.full_pool.num_blocks * kv.block_size
+    budget = settings.max_num_batched_tokens or (
+        CUDA_STEP_TOKEN_BUDGET if device.type == "cuda" else CPU_STEP_TOKEN_BUDGET)
     return EngineLimits(max_model_len=min(_requested_model_len(settings, spec, device), capacity),
-                        vocab_size=spec.vocab_size, kv_capacity_tokens=capacity)
+                        vocab_size=spec.vocab_size, kv_capacity_tokens=capacity, step_token_budget=budget)
 
 
 def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device) -> int:
