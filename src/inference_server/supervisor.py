@@ -32,6 +32,7 @@ from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler, SchedulerConfig
 from inference_server.core.validation import PromptTokenizer
 from inference_server.messages import Abort, GenerationRequest, Rejected, StepPlan, StepResult
+from inference_server.telemetry.events import RequestRejected
 
 
 class EngineState(enum.Enum):
@@ -91,6 +92,8 @@ class Engine:
             self._admission_send.send_nowait(Submission(request_id, request, trio.current_time()))
         except trio.WouldBlock:
             self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later"))
+            self.telemetry.emit(RequestRejected(trio.current_time(), "overloaded", "admission queue full",
+                                                request.trace_id))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.streams.reject(request_id, Rejected("unavailable", "the engine is shutting down"))
         return request_id, stream

@@ -1,0 +1,58 @@
+"""Profiler ranges per step phase (``torch.profiler.record_function``), named ``step <id> <phase>``.
+
+A profiler trace of a run (``torch.profiler.profile``, or Nsight with ``emit_nvtx``) then lines up with the
+JSONL timeline, whose events carry the same step ids. Entering a ``record_function`` costs a few
+microseconds even when no profiler runs, so ranges are off unless ``enable(True)`` was called (the server
+turns them on when ``TIMELINE_DIR`` is set); off, ``phase`` returns one shared null context.
+
+Phases: ``schedule`` (demand, grant, plan: scheduler actor), ``execute`` (the step function: staging,
+forward and sampling, in the executor's worker thread), ``deliver`` (the step's tokens to the request
+streams; delivered while the next step runs, so it is keyed by the step whose tokens it delivers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+_NULL = contextlib.nullcontext()
+_enabled = False
+
+
+def enable(on: bool) -> None:
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def phase(name: str, step_id: int) -> contextlib.AbstractContextManager[Any]:
+    """A profiler range ``step <step_id> <name>`` when ranges are on, else a null context."""
+    if not _enabled:
+        return _NULL
+    from torch.profiler import record_function
+
+    return record_function(f"step {step_id} {name}")
+
+
+def ranged_execute(execute: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap a synchronous step function (``ModelRunner.execute``) in an ``execute`` range per step."""
+
+    def run(plan: Any) -> Any:
+        with phase("execute", plan.step_id):
+            return execute(plan)
+
+    return run
+
+
+def ranged_step(step: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    """The same for an async step function (the executor's ``StepFunction``)."""
+
+    async def run(plan: Any) -> Any:
+        with phase("execute", plan.step_id):
+            return await step(plan)
+
+    return run
