@@ -12,10 +12,12 @@ drop counters are read from their owners at scrape time (a custom collector).
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from inference_server.telemetry.events import FirstToken, RequestRejected
@@ -69,7 +71,10 @@ class PrometheusMetrics(RecordConsumer):
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", m,
                                    registry=r)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Latency between consecutive tokens.", ITL_BUCKETS)
+        # Observed in bulk (one call per distinct latency of a step, with its token count).
+        self.itl = WeightedHistogram("vllm:inter_token_latency_seconds", "Latency between consecutive tokens.",
+                                     ITL_BUCKETS, model_name)
+        r.register(self.itl)
         self.tpot = hist("vllm:request_time_per_output_token_seconds", "Mean inter-token latency per request.",
                          ITL_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Arrival to end.", REQUEST_BUCKETS)
@@ -104,7 +109,7 @@ class PrometheusMetrics(RecordConsumer):
         """Children with the model label bound once (and present at 0 before anything happens)."""
         self.model = model
         for name in ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "preemptions",
-                     "prefix_queries", "prefix_hits", "ttft", "itl", "tpot", "e2e", "queue", "inference", "prefill",
+                     "prefix_queries", "prefix_hits", "ttft", "tpot", "e2e", "queue", "inference", "prefill",
                      "decode", "iteration_tokens", "request_prompt", "request_generation", "request_preemptions",
                      "preempted_waiting", "steps"):
             setattr(self, f"_{name}", getattr(self, name).labels(model))
@@ -161,8 +166,8 @@ class PrometheusMetrics(RecordConsumer):
         self._iteration_tokens.observe(record.num_prefill_tokens + record.num_decode_tokens)
         if record.preempted:
             self._preemptions.inc(len(record.preempted))
-        for itl in record.inter_token_latencies:
-            self._itl.observe(itl)
+        for itl, count in record.inter_token_latencies:
+            self.itl.observe(itl, count)
         self._phases["schedule"].observe(record.schedule_seconds)
         self._phases["execute"].observe(record.execute_seconds)
         self._phases["deliver"].observe(record.deliver_seconds)
@@ -203,4 +208,32 @@ class _DropCollector(Collector):
         yield family
 
     def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
+class WeightedHistogram(Collector):
+    """A Prometheus histogram that takes ``observe(value, count)``: many equal observations in one call."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], model: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = [*buckets, math.inf]
+        self.model = model
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += count  # the first bucket with value <= le
+        self.sum += value * count
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["model_name"])
+        cumulative, buckets = 0, []
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        family.add_metric([self.model], buckets, sum_value=self.sum)
+        yield family
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
         return iter(())

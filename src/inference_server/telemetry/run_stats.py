@@ -41,9 +41,9 @@ class StatsCollector(RecordConsumer):
         self.last_time = start_time
 
     # -- records -------------------------------------------------------------------------------------
-    def _observe(self, name: str, time: float, value: float) -> None:
-        self.by_time[name].add(int(time // SLOT_SECONDS), value)
-        self.by_requests[name].add(self.num_finished // SLOT_REQUESTS, value)
+    def _observe(self, name: str, time: float, value: float, count: int = 1) -> None:
+        self.by_time[name].add(int(time // SLOT_SECONDS), value, count)
+        self.by_requests[name].add(self.num_finished // SLOT_REQUESTS, value, count)
         self.last_time = max(self.last_time, time)
 
     def started(self, request: LiveRequest, cached_prompt_tokens: int, first_time: bool) -> None:
@@ -63,8 +63,8 @@ class StatsCollector(RecordConsumer):
 
     def step(self, record: StepRecord) -> None:
         epoch = int(record.time // SLOT_SECONDS)
-        for itl in record.inter_token_latencies:
-            self._observe("itl", record.time, itl)
+        for itl, count in record.inter_token_latencies:
+            self._observe("itl", record.time, itl, count)
         self.prompt_tokens.add(epoch, record.num_prefill_tokens)
         self.output_tokens.add(epoch, record.num_sampled)
         self.preemptions += len(record.preempted)

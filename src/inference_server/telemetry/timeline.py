@@ -29,7 +29,7 @@ def step_line(record: StepRecord, start_time: float) -> dict:
         "admitted": list(record.admitted),
         "preempted": list(record.preempted),
         "finished": list(record.finished),
-        "batch": [[b.request_id, b.num_tokens, b.phase[0]] for b in record.batch()],
+        "batch": _batch(record),
         "tokens": {"prefill": record.num_prefill_tokens, "decode": record.num_decode_tokens,
                    "sampled": record.num_sampled},
         "kv_usage": kv,
@@ -38,6 +38,15 @@ def step_line(record: StepRecord, start_time: float) -> dict:
         "seconds": {"schedule": record.schedule_seconds, "execute": record.execute_seconds,
                     "deliver": record.deliver_seconds},
     }
+
+
+def _batch(record: StepRecord) -> list[list]:
+    """``[request_id, tokens, "p"|"d"]`` per sequence (the same rule as ``StepRecord.batch``, without the
+    intermediate records: this runs once per step in the writer thread)."""
+    if record.plan is None:
+        return []
+    return [[s.request_id, len(s.token_ids), "d" if len(s.token_ids) == 1 and s.cached_len >= s.prompt_len else "p"]
+            for s in record.plan.sequences]
 
 
 class TimelineSink(RecordConsumer):

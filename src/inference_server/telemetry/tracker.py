@@ -146,7 +146,7 @@ class RequestTracker:
                 self.num_running -= 1
                 self.num_waiting += 1
                 self.num_preempted_waiting += 1
-        itls: list[float] = []
+        itls: dict[float, int] = {}  # latency -> tokens: decodes of consecutive steps share one latency
         admitted: list[int] = []
         sessions: dict[str, int] = {}
         sampled = 0
@@ -162,7 +162,8 @@ class RequestTracker:
             sessions[session] = sessions.get(session, 0) + len(seq.token_ids)
             if seq.sample:
                 if request.last_sampled is not None:
-                    itls.append(now - request.last_sampled)
+                    latency = now - request.last_sampled
+                    itls[latency] = itls.get(latency, 0) + 1
                 request.last_sampled = now
         # Counts reported by the scheduler are the truth (events may have been dropped): resynchronise.
         self.num_waiting, self.num_running = event.num_waiting, event.num_running
@@ -176,7 +177,7 @@ class RequestTracker:
             num_decode_tokens=event.num_decode_tokens, num_sampled=sampled,
             num_waiting=event.num_waiting, num_running=event.num_running, kv_usage_full=event.kv_usage,
             kv_usage_sliding=event.kv_usage_sliding, admitted=tuple(admitted), preempted=event.preempted,
-            finished=ended, plan=event.plan, inter_token_latencies=tuple(itls),
+            finished=ended, plan=event.plan, inter_token_latencies=tuple(itls.items()),
             session_tokens=tuple(sessions.items()))
         for consumer in self.consumers:
             consumer.step(record)
