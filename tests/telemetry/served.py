@@ -17,11 +17,13 @@ SCRIPT = Path(__file__).with_name("fake_server.py")
 
 
 @contextmanager
-def fake_server(env: dict[str, str], log_path: Path, step_seconds: float = 0.005) -> Iterator[tuple[subprocess.Popen,
-                                                                                                   str]]:
+def fake_server(env: dict[str, str], log_path: Path, step_seconds: float = 0.005,
+                command: list[str] | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``fake_server.py`` (or ``command``) with ``env``; yields the process and its URL, kills it at exit."""
+    command = command or [sys.executable, str(SCRIPT), str(step_seconds)]
     full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": "0", "SHUTDOWN_TIMEOUT": "5", "LOG_LEVEL": "info", **env}
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen([sys.executable, str(SCRIPT), str(step_seconds)], env=full_env,
+        process = subprocess.Popen(command, env=full_env,
                                    stdout=subprocess.PIPE, stderr=log_file)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line.decode()) for line in process.stdout], daemon=True).start()

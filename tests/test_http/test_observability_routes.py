@@ -8,29 +8,13 @@ import json
 
 import pytest
 import trio
-from http_testkit import MODEL_NAME, FakeModel, post_stream
+from http_testkit import MODEL_NAME, MOVING_FAMILIES, FakeModel, post_stream
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference_server.telemetry.events import RequestStarted
 
 PROMPT = [2, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]  # 12 token ids: three full 4-token blocks
 
-# family -> sample suffix whose value must grow during the run ("" for counters' _total or gauges)
-MOVING = {
-    "vllm:num_requests_running": "", "vllm:num_requests_waiting": "", "vllm:kv_cache_usage_perc": "",
-    "vllm:prompt_tokens": "_total", "vllm:generation_tokens": "_total", "vllm:request_success": "_total",
-    "vllm:num_preemptions": "_total", "vllm:prefix_cache_queries": "_total", "vllm:prefix_cache_hits": "_total",
-    "vllm:time_to_first_token_seconds": "_count", "vllm:inter_token_latency_seconds": "_count",
-    "vllm:request_time_per_output_token_seconds": "_count", "vllm:e2e_request_latency_seconds": "_count",
-    "vllm:request_queue_time_seconds": "_count", "vllm:request_inference_time_seconds": "_count",
-    "vllm:request_prefill_time_seconds": "_count", "vllm:request_decode_time_seconds": "_count",
-    "vllm:iteration_tokens_total": "_count", "vllm:request_prompt_tokens": "_count",
-    "vllm:request_generation_tokens": "_count", "vllm:request_num_preemptions": "_count",
-    "inference_server:kv_cache_usage_perc": "", "inference_server:num_requests_preempted": "",
-    "inference_server:rejections": "_total", "inference_server:session_tokens": "_total",
-    "inference_server:session_requests": "_total", "inference_server:step_phase_seconds": "_count",
-    "inference_server:steps": "_total",
-}
 
 
 async def scrape(client) -> dict[str, dict[str, float]]:
@@ -61,7 +45,7 @@ async def test_every_metric_family_is_present_and_moves_during_a_run(serve, auto
     async with serve(FakeModel(delay=0.01), num_blocks=24) as served:
         client = served.client
         before = await scrape(client)
-        assert set(MOVING) <= set(before), set(MOVING) - set(before)
+        assert set(MOVING_FAMILIES) <= set(before), set(MOVING_FAMILIES) - set(before)
         seen_gauges: dict[str, float] = {}
 
         async def one(session: str, max_tokens: int) -> None:
@@ -86,7 +70,7 @@ async def test_every_metric_family_is_present_and_moves_during_a_run(serve, auto
         assert rejected.status_code == 400
         after = await scrape(client)
 
-    for family, suffix in MOVING.items():
+    for family, suffix in MOVING_FAMILIES.items():
         if suffix == "":
             assert seen_gauges.get(family, 0.0) > 0, family
         else:
