@@ -16,7 +16,7 @@ import bisect
 import math
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -46,6 +46,7 @@ class PrometheusMetrics(RecordConsumer):
 
     def __init__(self, model_name: str, tracker: RequestTracker,
                  drop_counts: Callable[[], dict[str, int]] = dict) -> None:
+        disable_created_metrics()  # no ``*_created`` series (process-wide; vLLM's exposition has none either)
         self.registry = CollectorRegistry(auto_describe=True)
         self.tracker = tracker
         self.sessions: set[str] = set()
