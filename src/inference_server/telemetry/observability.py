@@ -55,7 +55,7 @@ class Observability:
         return observability
 
     def open_sqlite(self, path: Path, meta: dict[str, Any], **options: Any) -> SQLiteRunSink:
-        self.sqlite = SQLiteRunSink(path, start_time=self.start_time, meta=meta, extra_drops=self._upstream_drops,
+        self.sqlite = SQLiteRunSink(path, start_time=self.start_time, meta=meta, extra_drops=self._other_drops,
                                     **options)
         self.tracker.consumers.append(self.sqlite)
         log.info("per-run telemetry: %s", path)
@@ -67,6 +67,10 @@ class Observability:
         profiler_ranges.enable(True)
         log.info("step timeline: %s", path)
         return self.timeline
+
+    def _other_drops(self) -> dict[str, int]:
+        """Every drop count but the SQLite writer's own (which the SQLite sink adds to its meta row)."""
+        return {k: v for k, v in self.drop_counts().items() if k != "sqlite_writer"}
 
     def _upstream_drops(self) -> dict[str, int]:
         return {"inbox": self.telemetry.dropped_events, "subscribers": self.telemetry.subscriber_drops}
