@@ -189,3 +189,33 @@ async def test_profiler_ranges_name_each_phase_by_step_id(autojump_clock) -> Non
     for step_id in steps:
         assert {f"step {step_id} schedule", f"step {step_id} execute"} <= names, step_id
     assert any(name.endswith(" deliver") for name in names)
+
+
+def test_model_runner_opens_stage_forward_and_sample_ranges() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from inference_server.backends.model_runner import ModelRunner
+    from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedKVStorage
+    from inference_server.core.sampling import SamplingParams
+    from inference_server.messages import ScheduledSequence, StepPlan
+    from inference_server.models.loader import build_model, init_dummy_weights
+    from inference_server.models.presets import preset_config
+    from inference_server.models.spec import parse_model_spec
+    from inference_server.telemetry import profiler_ranges
+
+    spec = parse_model_spec(preset_config("gemma-4-31b-tiny"))
+    model = build_model(spec, torch.float32, "cpu")
+    init_dummy_weights(model, seed=1)
+    storage = PagedKVStorage(spec.cache_layers, {FULL_GROUP: 8, SLIDING_GROUP: 8}, 4, torch.float32, "cpu")
+    runner = ModelRunner(model, spec, storage, torch.device("cpu"))
+    plan = StepPlan(7, (ScheduledSequence(1, (2, 3, 4), 0, ((0,), (0,)), True, SamplingParams(), True, 3),))
+    profiler_ranges.enable(True)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            result = profiler_ranges.ranged_execute(runner.execute)(plan)
+    finally:
+        profiler_ranges.enable(False)
+    assert len(result.tokens) == 1
+    names = {event.name for event in prof.events()}
+    assert {f"step 7 {phase}" for phase in ("execute", "stage", "forward", "sample")} <= names
