@@ -116,12 +116,12 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     from inference_server.backends.cuda_backend import CudaModelRunner, build_cuda_runner
     from inference_server.backends.paged_kv import PagedKVStorage, group_of
     from inference_server.config import Settings
-    from inference_server.core.sampling import SamplingParams
-    from inference_server.messages import ScheduledSequence, StepPlan
-    from inference_server.models.loader import build_model, init_dummy_weights
-    from inference_server.models.presets import preset_config
-    from inference_server.models.source import LoadedModel
+    from inference_server.models.loading.loader import build_model, init_dummy_weights
+    from inference_server.models.loading.presets import preset_config
+    from inference_server.models.loading.source import LoadedModel
     from inference_server.models.spec import parse_model_spec
+    from inference_server.records.sampling_params import SamplingParams
+    from inference_server.records.steps import ScheduledSequence, StepPlan
 
     spec = parse_model_spec(preset_config(preset))
     free_gpu()
@@ -200,8 +200,8 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 
 def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: bool, device: torch.device) -> None:
     from inference_server.config import Settings
-    from inference_server.core.sampling import SamplingParams
     from inference_server.offline import LLM
+    from inference_server.records.sampling_params import SamplingParams
 
     free_gpu()
     backend = "custom-cuda" if device.type == "cuda" else "reference"  # off-GPU: a dry run of the script

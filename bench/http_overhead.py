@@ -73,9 +73,9 @@ def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
     from inference_server.config import Settings
     from inference_server.core.kv_manager import KVManager
     from inference_server.core.scheduler import SchedulerConfig
-    from inference_server.messages import SampledToken, StepPlan, StepResult
-    from inference_server.models.embedded import embedded_gguf_path
+    from inference_server.models.loading.embedded import embedded_gguf_path
     from inference_server.models.tokenizer import Tokenizer
+    from inference_server.records.steps import SampledToken, StepPlan, StepResult
     from inference_server.supervisor import EngineParts
 
     cache_dir = Settings().resolved_cache_dir()
@@ -134,9 +134,9 @@ def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: 
 def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float) -> Row:
     """The actor path alone (no HTTP): ``concurrency`` clients in this process, each submitting its next
     request as soon as the last one finished (``offline.collect`` reads each stream), on one running engine."""
-    from inference_server.core.sampling import SamplingParams
-    from inference_server.messages import GenerationRequest
     from inference_server.offline import collect
+    from inference_server.records.requests import GenerationRequest
+    from inference_server.records.sampling_params import SamplingParams
     from inference_server.supervisor import Engine
 
     parts = fake_parts(max(concurrency, 1), 0.0)
@@ -146,7 +146,7 @@ def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float
 
     async def client(engine: Engine) -> None:
         while True:
-            completion = await collect(engine.submit(request)[1])
+            completion = await collect(engine.submit(request))
             if counters.measuring:
                 counters.tokens += len(completion.token_ids)
                 counters.streams += 1

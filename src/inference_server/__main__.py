@@ -57,8 +57,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from inference_server.core.sampling import SamplingParams
     from inference_server.offline import LLM
+    from inference_server.records.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed)
@@ -69,7 +69,7 @@ def run_generate(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     llm = LLM(settings)
     if not settings.model:
-        from inference_server.models.embedded import embedded_licence_path
+        from inference_server.models.loading.embedded import embedded_licence_path
 
         print(f"[default model: Gemma 3 270M, Gemma Terms of Use: {embedded_licence_path()}]", file=sys.stderr)
     for prompt, completion in zip(args.prompts, llm.generate(args.prompts, params, chat=args.chat), strict=True):

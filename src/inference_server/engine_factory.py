@@ -8,11 +8,11 @@ import attrs
 import torch
 
 from inference_server.actors.executor import threaded
-from inference_server.backends.factory import build_kv, build_runner, max_model_len
+from inference_server.backends.factory import build_kv, build_runner, engine_limits
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
 from inference_server.core.scheduler import SchedulerConfig
-from inference_server.models.source import LoadedModel, load_model
+from inference_server.models.loading.source import LoadedModel, load_model
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
 from inference_server.supervisor import EngineParts
 from inference_server.telemetry import profiler_ranges
@@ -38,11 +38,9 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     loaded = load_model(settings, device, dtype)
     log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
              loaded.load_seconds)
-    model_len = max_model_len(settings, loaded, device)
-    kv, storage = build_kv(settings, loaded, device, dtype, model_len)
-    capacity = kv.full_pool.num_blocks * kv.block_size
-    model_len = min(model_len, capacity)  # a request longer than the whole KV pool could never run
-    runner = build_runner(settings, loaded, storage, device, backend)
+    kv, storage = build_kv(settings, loaded, device, dtype)
+    limits = engine_limits(settings, loaded.spec, device, kv)
+    runner = build_runner(settings, loaded, storage, device, backend, limits)
     tokenizer = loaded.tokenizer
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
@@ -50,8 +48,8 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         step=threaded(profiler_ranges.ranged_execute(runner.execute)),
         kv=kv,
         tokenizer=tokenizer,
-        max_model_len=model_len,
-        vocab_size=loaded.spec.vocab_size,
+        max_model_len=limits.max_model_len,
+        vocab_size=limits.vocab_size,
         eos_token_ids=eos,
         scheduler_config=SchedulerConfig(
             max_batch_size=settings.max_batch_size,
@@ -67,5 +65,5 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     )
     log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",
              kv.full_pool.num_blocks, kv.sliding_pool.num_blocks if kv.sliding_pool else 0, kv.block_size,
-             model_len, backend)
+             limits.max_model_len, backend)
     return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)

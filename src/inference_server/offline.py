@@ -11,12 +11,12 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from inference_server.actors.request_streams import StreamItem
+from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
-from inference_server.core.request import RequestUpdate
-from inference_server.core.sampling import SamplingParams
 from inference_server.engine_factory import BuiltEngine, build_engine_parts
-from inference_server.messages import Admitted, GenerationRequest, Rejected
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts
 
 
@@ -32,25 +32,17 @@ class Completion:
     logprobs: tuple[float, ...] = ()
 
 
-async def collect(stream: trio.MemoryReceiveChannel[StreamItem]) -> Completion:
-    """Read a request stream to its end."""
-    text, tokens, logprobs, prompt_tokens = [], [], [], 0
-    async with stream:
-        async for item in stream:
-            if isinstance(item, Rejected):
-                return Completion("", (), "error", 0, error=f"{item.code}: {item.message}")
-            if isinstance(item, Admitted):
-                prompt_tokens = item.prompt_tokens
-                continue
-            assert isinstance(item, RequestUpdate)
-            for token in item.tokens:
-                text.append(token.text)
-                tokens.append(token.token_id)
-                logprobs.append(token.logprob)
-            if item.finished:
-                return Completion("".join(text), tuple(tokens), item.finish_reason, prompt_tokens, item.error,
-                                  tuple(logprobs))
-    return Completion("".join(text), tuple(tokens), "error", prompt_tokens, "the stream ended early")
+async def collect(handle: RequestHandle) -> Completion:
+    """Read a request to its end through its handle (closing it)."""
+    async with handle:
+        try:
+            prompt_tokens = await handle.admission()
+            result = await handle.result()
+        except RequestError as error:
+            return Completion("", (), "error", 0, error=f"{error.code}: {error.message}")
+    return Completion("".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
+                      result.finish_reason or "error", prompt_tokens, result.error,
+                      tuple(t.logprob for t in result.tokens))
 
 
 async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
@@ -61,10 +53,10 @@ async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) 
         engine: Engine = await nursery.start(Engine(parts).run)
         async with trio.open_nursery() as clients:
             for index, request in enumerate(requests):
-                _, stream = engine.submit(request)
+                handle = engine.submit(request)
 
-                async def consume(i: int = index, s: trio.MemoryReceiveChannel = stream) -> None:
-                    results[i] = await collect(s)
+                async def consume(i: int = index, h: RequestHandle = handle) -> None:
+                    results[i] = await collect(h)
 
                 clients.start_soon(consume)
         engine.close()
@@ -90,7 +82,7 @@ class LLM:
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
                  *, chat: bool = False) -> list[Completion]:
         """Complete each prompt (text, token ids, or a user message when ``chat``)."""
-        from inference_server.messages import ChatMessage
+        from inference_server.records.requests import ChatMessage
 
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         requests = []

@@ -7,7 +7,10 @@ printed (``inference-server listening on http://HOST:PORT``) and logged.
 Shutdown on SIGTERM or SIGINT (exit status 0):
 
 1. readiness turns 503 and new generation requests get 503 ``draining`` with ``Retry-After`` (the listener
-   keeps accepting, so clients get a fast answer rather than a refused or hanging connection);
+   keeps accepting, so clients get a fast answer rather than a refused or hanging connection); from now on
+   every response says ``Connection: close`` (``http/connection.py``), on connections kept alive from
+   before the signal too, so clients that reuse connections (and load balancers' pools) open a fresh one
+   for their next request instead of finding it closed when HTTP stops; ``/health`` answers 200 until then;
 2. in-flight requests get ``SHUTDOWN_TIMEOUT`` seconds to finish (``Engine.drain``); what is left then ends
    with a terminal error event (streams: an error event and ``[DONE]``; others: 503 ``shutdown``);
 3. responses get ``HTTP_FLUSH_SECONDS`` to write their last events, then Hypercorn stops
@@ -112,7 +115,7 @@ async def _serve_engine(engine: Engine, observability: Observability, settings: 
     binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
     for bind in binds:
         print(f"inference-server listening on {bind}", flush=True)
-        log.info("serving %s on %s", engine.parts.model_name, bind)
+        log.info("serving %s on %s", engine.info.model_name, bind)
 
 
 async def supervise_engine(engine: Engine, on_failure: Callable[[int], None], *,

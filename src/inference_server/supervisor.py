@@ -9,12 +9,18 @@ cancelled and ended with a terminal event.
 Failure policy: if any actor raises, the nursery cancels the rest; every in-flight request then receives a
 terminal error event, the state turns ``FAILED`` (readiness 503), and the error propagates out of ``run`` as
 an ``ExceptionGroup`` for the entry point to handle.
+
+The client boundary: ``submit`` returns a ``RequestHandle`` (``actors/request_handle.py``); callers read
+``info`` and ``failed`` and never reach into the actors. ``check_integrity`` asserts that an idle engine holds
+no requests, no stream entries and no KV blocks beyond the prefix cache (tests call it after every run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
+import math
 
 import attrs
 import trio
@@ -22,16 +28,19 @@ import trio
 from inference_server.actors.admission import Admission, Submission
 from inference_server.actors.executor import Executor, StepFunction
 from inference_server.actors.kv_allocator import KVAllocator
-from inference_server.actors.request_streams import RequestStreams, StreamItem
+from inference_server.actors.request_handle import RequestHandle
+from inference_server.actors.request_streams import RequestStreams
 from inference_server.actors.scheduler import SchedulerActor
 from inference_server.actors.telemetry import Telemetry
+from inference_server.core.block_pool import BlockPool
 from inference_server.core.kv_grants import StepDemand, StepGrant
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import make_policy
 from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler, SchedulerConfig
-from inference_server.core.validation import PromptTokenizer
-from inference_server.messages import Abort, GenerationRequest, Rejected, StepPlan, StepResult
+from inference_server.core.validation import KVLimits, PromptTokenizer
+from inference_server.records.requests import Abort, GenerationRequest, Rejected
+from inference_server.records.steps import StepPlan, StepResult
 from inference_server.telemetry.events import RequestRejected
 
 
@@ -41,6 +50,28 @@ class EngineState(enum.Enum):
     DRAINING = "draining"
     FAILED = "failed"
     STOPPED = "stopped"
+
+
+@attrs.frozen
+class EngineInfo:
+    """What callers may know about the served model (read-only)."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    tokenizer: PromptTokenizer | None
+    eos_token_ids: frozenset[int]
+
+
+@attrs.frozen
+class EngineCounts:
+    """What the engine holds right now (all zero when idle, except the prefix cache's blocks)."""
+
+    requests: int  # waiting or running in the scheduler
+    stream_entries: int  # callers with a live stream
+    kv_sequences: int  # sequences holding KV blocks
+    kv_blocks_in_use: int  # blocks referenced by sequences (both groups)
+    kv_blocks_cached: int  # blocks kept only by the prefix cache (reusable, evictable)
 
 
 @attrs.frozen
@@ -61,6 +92,20 @@ class EngineParts:
     model_name: str = "model"
 
 
+def kv_limits(parts: EngineParts) -> KVLimits:
+    """What one request alone can hold in ``parts.kv`` (admission refuses what could never fit)."""
+    kv, config = parts.kv, parts.scheduler_config
+    chunked = config.prefill_mode == "chunked"
+    return KVLimits(block_size=kv.block_size, full_blocks=kv.full_pool.num_blocks,
+                    sliding_blocks=kv.sliding_pool.num_blocks if kv.sliding_pool is not None else 0,
+                    sliding_window=kv.sliding_window,
+                    max_step_tokens=config.max_num_batched_tokens if chunked else None)
+
+
+def _referenced_cached(pool: BlockPool) -> int:
+    return sum(1 for b in range(pool.num_blocks) if pool.is_cached(b) and pool.refcount(b) > 0)
+
+
 class Engine:
     """The running engine: ``submit`` requests, read their streams, ``close``/``drain`` to stop."""
 
@@ -73,6 +118,7 @@ class Engine:
         self.failure: BaseException | None = None
         self._ids = itertools.count(1)
         self._admission_send: trio.MemorySendChannel[Submission] | None = None
+        self._abort_send: trio.MemorySendChannel[Abort] | None = None
         self._pipeline_scope: trio.CancelScope | None = None
         self._stopped = trio.Event()
         self._shutdown_message: str | None = None
@@ -80,27 +126,67 @@ class Engine:
         self.executor: Executor | None = None
 
     # -- client API ----------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> tuple[int, trio.MemoryReceiveChannel[StreamItem]]:
-        """Queue a request; its stream yields ``Admitted`` then updates ending in one terminal update, or a
-        single ``Rejected`` (overloaded, unavailable, invalid). Never blocks."""
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request and return its handle (see ``RequestHandle``); a refusal (overloaded,
+        unavailable, invalid) is raised by the handle's ``admission()``. Never blocks."""
         request_id = next(self._ids)
-        stream = self.streams.open(request_id)
+        handle = RequestHandle(request_id, self.streams.open(request_id), self._client_left)
         if self.state is not EngineState.READY or self._admission_send is None:
             self.streams.reject(request_id, Rejected("unavailable", f"the engine is {self.state.value}"))
-            return request_id, stream
+            return handle
         try:
             self._admission_send.send_nowait(Submission(request_id, request, trio.current_time()))
         except trio.WouldBlock:
-            self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later"))
+            self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later",
+                                                     retry_after=1.0))
             self.telemetry.emit(RequestRejected(trio.current_time(), "overloaded", "admission queue full",
                                                 request.trace_id))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.streams.reject(request_id, Rejected("unavailable", "the engine is shutting down"))
-        return request_id, stream
+        return handle
+
+    def _client_left(self, request_id: int) -> None:
+        """A handle was closed before its terminal update: drop the stream entry and abort at once."""
+        if self.streams.client_left(request_id) and self._abort_send is not None:
+            # Unbounded on purpose: at most one abort per request ever exists, and closing must never block.
+            with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                self._abort_send.send_nowait(Abort(request_id))
+
+    @property
+    def info(self) -> EngineInfo:
+        parts = self.parts
+        return EngineInfo(parts.model_name, parts.max_model_len, parts.vocab_size, parts.tokenizer,
+                          parts.eos_token_ids)
 
     @property
     def is_ready(self) -> bool:
         return self.state is EngineState.READY
+
+    @property
+    def failed(self) -> bool:
+        """Whether an actor crashed (every in-flight request was then ended with an error)."""
+        return self.state is EngineState.FAILED
+
+    def counts(self) -> EngineCounts:
+        """What the engine holds now (cheap; for tests, the debug route and leak checks)."""
+        kv = self.parts.kv
+        pools = [kv.full_pool] + ([kv.sliding_pool] if kv.sliding_pool is not None else [])
+        return EngineCounts(
+            requests=len(self.scheduler.requests), stream_entries=len(self.streams),
+            kv_sequences=kv.num_sequences, kv_blocks_in_use=sum(p.num_referenced for p in pools),
+            kv_blocks_cached=sum(p.num_cached - _referenced_cached(p) for p in pools))
+
+    def check_integrity(self) -> None:
+        """Assert the engine is consistent and, when idle, holds nothing but prefix-cache blocks: no
+        requests, no stream entries, no KV sequences, no referenced blocks. Raises ``AssertionError``."""
+        self.parts.kv.check_integrity()
+        self.streams.check_integrity()
+        self.scheduler.check_integrity()
+        if self.scheduler.has_work or self.scheduler.has_pending_releases:
+            return
+        counts = self.counts()
+        assert counts.requests == 0 and counts.stream_entries == 0, counts
+        assert counts.kv_sequences == 0 and counts.kv_blocks_in_use == 0, counts
 
     def seconds_since_progress(self) -> float | None:
         """How long work has been pending without a completed step (None when idle): measured from the last
@@ -139,8 +225,12 @@ class Engine:
         admission_send, admission_receive = trio.open_memory_channel[Submission](parts.max_queue_size)
         # Admission -> scheduler: one step's worth of new requests; beyond that admission waits, and the
         # admission inbox fills up instead (which is where overload is reported).
-        to_scheduler_send, to_scheduler_receive = trio.open_memory_channel[Request | Abort](
+        to_scheduler_send, to_scheduler_receive = trio.open_memory_channel[Request](
             parts.scheduler_config.max_batch_size)
+        # Callers -> scheduler aborts: unbounded, because closing a handle must never block or fail, and
+        # there is at most one abort per request (``RequestStreams.client_left`` is true once).
+        abort_send, abort_receive = trio.open_memory_channel[Abort](math.inf)
+        self._abort_send = abort_send
         # Scheduler <-> KV allocator and scheduler <-> executor are rendezvous channels: exactly one demand,
         # one grant, one plan and one result per step, so at most one step is in flight.
         demand_send, demand_receive = trio.open_memory_channel[StepDemand](0)
@@ -150,13 +240,15 @@ class Engine:
 
         self.executor = Executor(parts.step, plan_receive, result_send)
         kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send)
+        kv = parts.kv
         self.scheduler_actor = SchedulerActor(
-            self.scheduler, to_scheduler_receive, demand_send, grant_receive, plan_send, result_receive,
-            self.streams, emit, max_queued_tokens=parts.max_queued_tokens)
+            self.scheduler, to_scheduler_receive, abort_receive, demand_send, grant_receive, plan_send,
+            result_receive, self.streams, emit, max_queued_tokens=parts.max_queued_tokens,
+            kv_capacity_tokens=kv.full_pool.num_blocks * kv.block_size, admission_timeout=parts.admission_timeout)
         admission = Admission(
             admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,
-            admission_timeout=parts.admission_timeout, emit=emit)
+            admission_timeout=parts.admission_timeout, kv_limits=kv_limits(parts), emit=emit)
         async with trio.open_nursery() as pipeline:
             self._pipeline_scope = pipeline.cancel_scope
             await pipeline.start(self.executor.run)

@@ -12,10 +12,10 @@ from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedKVStorage
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
-from inference_server.messages import SampledToken, StepPlan, StepResult
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
+from inference_server.records.steps import SampledToken, StepPlan, StepResult
 from inference_server.supervisor import EngineParts
 
 BLOCK = 4

@@ -8,12 +8,13 @@ import pytest
 import trio
 import trio.testing
 
+from inference_server.actors.request_handle import RequestHandle
 from inference_server.core.kv_manager import KVManager
-from inference_server.core.request import RequestUpdate
-from inference_server.core.sampling import SamplingParams
 from inference_server.core.scheduler import SchedulerConfig
-from inference_server.messages import Admitted, GenerationRequest, Rejected
 from inference_server.offline import Completion, collect, run_engine
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts, EngineState
 
 from .conftest import FakeStep, fake_parts, tiny_model_parts
@@ -30,11 +31,19 @@ def ids_request(first: int, length: int = 5, params: SamplingParams = GREEDY, **
     return GenerationRequest(params=params, prompt_ids=tuple(range(first, first + length)), **kw)
 
 
+async def refusal(handle: RequestHandle) -> RequestError:
+    """The typed error a refused request's handle raises."""
+    with pytest.raises(RequestError) as caught:
+        await handle.admission()
+    return caught.value
+
+
 def assert_kv_clean(engine: Engine) -> None:
+    engine.check_integrity()
     kv = engine.parts.kv
-    kv.check_integrity()
     assert kv.num_sequences == 0
     assert kv.full_pool.num_referenced == 0
+    assert len(engine.streams) == 0
 
 
 async def test_requests_complete_and_kv_is_freed(fake_step: FakeStep) -> None:
@@ -64,12 +73,12 @@ async def test_fair_share_bounds_a_light_sessions_latency(autojump_clock: trio.t
                            scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64))
         async with trio.open_nursery() as nursery:
             engine: Engine = await nursery.start(Engine(parts).run)
-            heavy = [engine.submit(ids_request(10 + i, session_id="heavy"))[1] for i in range(20)]
+            heavy = [engine.submit(ids_request(10 + i, session_id="heavy")) for i in range(20)]
             for stream in heavy:
                 nursery.start_soon(collect, stream)
             await trio.sleep(0.05)
             started = trio.current_time()
-            _, light = engine.submit(ids_request(300, session_id="light"))
+            light = engine.submit(ids_request(300, session_id="light"))
             result = await collect(light)
             latency = trio.current_time() - started
             engine.close()
@@ -87,7 +96,10 @@ async def test_priority_orders_admission(fake_step: FakeStep) -> None:
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
         fake_step.gate = trio.Event()  # hold the executor while all requests queue
-        streams = [engine.submit(ids_request(10 * i, priority=p))[1] for i, p in [(1, 5), (2, 0), (3, 9), (4, 1)]]
+        streams = [engine.submit(ids_request(10, priority=5))]
+        while not fake_step.plans:  # request 1 is in the held step
+            await trio.sleep(0.01)
+        streams += [engine.submit(ids_request(10 * i, priority=p)) for i, p in [(2, 0), (3, 9), (4, 1)]]
         await trio.sleep(0.1)
         fake_step.gate.set()
         for s in streams:
@@ -136,10 +148,11 @@ async def test_full_inbox_rejects_at_once_as_overloaded(fake_step: FakeStep) -> 
         engine: Engine = await nursery.start(Engine(parts).run)
         accepted = []
         for i in range(4):
-            accepted.append(engine.submit(ids_request(10 * (i + 1)))[1])
+            accepted.append(engine.submit(ids_request(10 * (i + 1))))
             await trio.sleep(0.01)
-        rejected = await engine.submit(ids_request(99))[1].receive()
-        assert isinstance(rejected, Rejected) and rejected.code == "overloaded"
+        with pytest.raises(RequestError) as rejected:
+            await engine.submit(ids_request(99)).admission()
+        assert rejected.value.code == "overloaded" and rejected.value.retry_after is not None
         fake_step.gate.set()
         for stream in accepted:
             assert (await collect(stream)).finish_reason == "length"
@@ -150,13 +163,13 @@ async def test_full_inbox_rejects_at_once_as_overloaded(fake_step: FakeStep) -> 
 async def test_invalid_requests_are_rejected_before_queueing(fake_step: FakeStep) -> None:
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
-        too_long = engine.submit(GenerationRequest(params=GREEDY, prompt_ids=(7,) * 510))[1]
-        bad_param = engine.submit(ids_request(10, params=SamplingParams(temperature=-1.0)))[1]
-        no_tokenizer = engine.submit(GenerationRequest(params=GREEDY, prompt="hello"))[1]
-        assert (await too_long.receive()).code == "context_length_exceeded"
-        item = await bad_param.receive()
-        assert item.code == "invalid_request" and item.param == "temperature"
-        assert "token ids" in (await no_tokenizer.receive()).message
+        too_long = engine.submit(GenerationRequest(params=GREEDY, prompt_ids=(7,) * 510))
+        bad_param = engine.submit(ids_request(10, params=SamplingParams(temperature=-1.0)))
+        no_tokenizer = engine.submit(GenerationRequest(params=GREEDY, prompt="hello"))
+        assert (await refusal(too_long)).code == "context_length_exceeded"
+        error = await refusal(bad_param)
+        assert error.code == "invalid_request" and error.param == "temperature"
+        assert "token ids" in (await refusal(no_tokenizer)).message
         engine.close()
     assert not fake_step.plans
 
@@ -164,11 +177,11 @@ async def test_invalid_requests_are_rejected_before_queueing(fake_step: FakeStep
 async def test_closing_the_stream_aborts_within_one_step_and_frees_kv(fake_step: FakeStep) -> None:
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
-        _, stream = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=400)))
-        assert isinstance(await stream.receive(), Admitted)
-        await stream.receive()  # a first token
+        handle = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=400)))
+        await handle.admission()
+        await handle.__anext__()  # a first token
         steps_before = len(fake_step.plans)
-        await stream.aclose()
+        handle.close()
         while engine.parts.kv.num_sequences:
             await trio.sleep(0.001)
         assert len(fake_step.plans) - steps_before <= 2  # the step in flight, then the abort
@@ -181,54 +194,53 @@ async def test_an_actor_crash_ends_every_request_with_an_error_and_nothing_hangs
     engine = Engine(fake_parts(step))
     results: dict[int, Completion] = {}
 
-    async def consume(i: int, stream) -> None:
-        results[i] = await collect(stream)
+    async def consume(i: int, handle: RequestHandle) -> None:
+        results[i] = await collect(handle)
 
     with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as caught:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
             for i in range(1, 4):
-                stream = engine.submit(ids_request(10 * i, params=SamplingParams(max_tokens=50)))[1]
-                nursery.start_soon(consume, i, stream.clone())
-                await stream.aclose()  # the clone keeps the stream open; only the consumer reads it
+                handle = engine.submit(ids_request(10 * i, params=SamplingParams(max_tokens=50)))
+                nursery.start_soon(consume, i, handle)
     assert caught.value.subgroup(RuntimeError) is not None
     assert engine.state is EngineState.FAILED and not engine.is_ready
     # The consumers were cancelled with the nursery; the streams still hold the terminal events.
-    late = engine.submit(ids_request(10))[1]
-    assert (await late.receive()).code == "unavailable"
+    assert (await refusal(engine.submit(ids_request(10)))).code == "unavailable"
 
 
 async def test_an_actor_crash_delivers_a_terminal_error_to_each_stream() -> None:
     step = FakeStep(fail_at=3)
     engine = Engine(fake_parts(step))
-    streams = []
+    handles = []
     with trio.fail_after(10), pytest.raises(BaseExceptionGroup):
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
-            streams = [engine.submit(ids_request(10 * i, params=SamplingParams(max_tokens=50)))[1]
+            handles = [engine.submit(ids_request(10 * i, params=SamplingParams(max_tokens=50)))
                        for i in range(1, 4)]
-    for stream in streams:  # nobody read during the run: everything is buffered, ending in one error
-        items = [item async for item in stream]
-        assert isinstance(items[0], Admitted)
-        terminal = [i for i in items if isinstance(i, RequestUpdate) and i.finished]
-        assert len(terminal) == 1 and terminal[0] is items[-1]
+    for handle in handles:  # nobody read during the run: everything is buffered, ending in one error
+        await handle.admission()
+        updates = [update async for update in handle]
+        terminal = [u for u in updates if u.finished]
+        assert len(terminal) == 1 and terminal[0] is updates[-1]
         assert terminal[0].finish_reason == "error" and "injected executor failure" in terminal[0].error
+    assert len(engine.streams) == 0
 
 
 async def test_drain_gives_in_flight_requests_a_terminal_event(fake_step: FakeStep) -> None:
     fake_step.step_seconds = 1.0
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
-        _, stream = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=100)))
+        handle = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=100)))
         results: list[Completion] = []
 
         async def consume() -> None:
-            results.append(await collect(stream))
+            results.append(await collect(handle))
 
         nursery.start_soon(consume)
         await trio.sleep(2.5)
         await engine.drain(timeout=3.0)
-        assert (await engine.submit(ids_request(20))[1].receive()).code == "unavailable"
+        assert (await refusal(engine.submit(ids_request(20)))).code == "unavailable"
     assert results[0].finish_reason == "error" and "shut down" in results[0].error
     assert 3 <= len(results[0].token_ids) < 100
     assert engine.state is EngineState.STOPPED
@@ -246,7 +258,7 @@ async def test_a_shared_prefix_is_computed_once_with_identical_outputs() -> None
         async with trio.open_nursery() as nursery:
             engine: Engine = await nursery.start(Engine(parts).run)
             for request in (first, second):
-                outputs.append(await collect(engine.submit(request)[1]))
+                outputs.append(await collect(engine.submit(request)))
             engine.close()
         return engine, outputs
 
@@ -281,14 +293,14 @@ async def test_queued_token_cap_rejects_as_overloaded(autojump_clock: trio.testi
                        scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
-        streams = []
+        handles = []
         for i in range(4):
-            streams.append(engine.submit(ids_request(10 * (i + 1)))[1])
+            handles.append(engine.submit(ids_request(10 * (i + 1))))
             await trio.sleep(0.01)
-        items = [await s.receive() for s in streams]
-        assert [type(i).__name__ for i in items] == ["Admitted", "Admitted", "Admitted", "Rejected"]
-        assert items[3].code == "overloaded"
-        for s in streams[:3]:
-            assert (await collect(s)).finish_reason == "length"
+        for handle in handles[:3]:
+            assert await handle.admission() == 5
+        assert (await refusal(handles[3])).code == "overloaded"
+        for handle in handles[:3]:
+            assert (await collect(handle)).finish_reason == "length"
         engine.close()
     assert_kv_clean(engine)

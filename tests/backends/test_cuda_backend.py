@@ -39,12 +39,12 @@ from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOp
 from inference_server.backends.cuda_graphs import DecodeGraphs, decode_buckets
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
-from inference_server.core.sampling import SamplingParams
-from inference_server.messages import ScheduledSequence, StepPlan
-from inference_server.models import ops
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config
+from inference_server.models.architectures import ops
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import ModelSpec, parse_model_spec
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
@@ -360,16 +360,17 @@ def test_graph_replay_equals_eager(name: str, num_seqs: int) -> None:
 @gpu
 def test_engine_factory_builds_cuda_runner() -> None:
     """BACKEND=custom-cuda through the factory: graphs for every bucket up to MAX_BATCH_SIZE, steps run."""
-    from inference_server.backends.factory import build_kv, build_runner, max_model_len
+    from inference_server.backends.factory import build_kv, build_runner, engine_limits
     from inference_server.config import Settings
-    from inference_server.models.source import load_model
+    from inference_server.models.loading.source import load_model
 
     settings = Settings(model="qwen3-30b-a3b-tiny", dummy_weights=True, backend="custom-cuda",
                         kv_cache_tokens=4096, max_batch_size=8)
     device = torch.device("cuda")
     loaded = load_model(settings, device, torch.bfloat16)
-    _kv, storage = build_kv(settings, loaded, device, torch.bfloat16, max_model_len(settings, loaded, device))
-    runner = build_runner(settings, loaded, storage, device, "custom-cuda")
+    kv, storage = build_kv(settings, loaded, device, torch.bfloat16)
+    runner = build_runner(settings, loaded, storage, device, "custom-cuda", engine_limits(settings, loaded.spec,
+                                                                                          device, kv))
     assert isinstance(runner, CudaModelRunner) and runner.graphs is not None
     assert runner.graphs.captured == (1, 2, 4, 8)
     tables = ((0, 1),)

@@ -9,12 +9,12 @@ import torch
 
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
-from inference_server.core.sampling import SamplingParams
-from inference_server.messages import ScheduledSequence, StepPlan
-from inference_server.models.attention import ContiguousKVCache, ForwardBatch
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config
+from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)

@@ -186,7 +186,7 @@ _EMBEDDED: list[Tokenizer] = []
 
 def _embedded_tokenizer() -> Tokenizer:
     if not _EMBEDDED:
-        from inference_server.models.embedded import embedded_gguf_path
+        from inference_server.models.loading.embedded import embedded_gguf_path
 
         _EMBEDDED.append(Tokenizer.from_gguf(embedded_gguf_path()))
     return _EMBEDDED[0]

@@ -9,10 +9,10 @@ from inference_server.core.kv_grants import allocate_step
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import make_policy
 from inference_server.core.request import Request
-from inference_server.core.sampling import SamplingParams
 from inference_server.core.scheduler import Scheduler, SchedulerConfig
 from inference_server.core.stop_checker import StopChecker
-from inference_server.messages import SampledToken, StepPlan, StepResult
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import SampledToken, StepPlan, StepResult
 
 BLOCK = 4
 

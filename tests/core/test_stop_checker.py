@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.core.sampling import SamplingParams
 from inference_server.core.stop_checker import StopChecker, StopUpdate
+from inference_server.records.sampling_params import SamplingParams
 
 EOS = 1
 

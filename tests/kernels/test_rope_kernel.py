@@ -1,4 +1,4 @@
-"""The Triton q/k RoPE kernel against ``models.layers.apply_rope``: bitwise in the CPU interpreter (fp32); on the
+"""The Triton q/k RoPE kernel against ``architectures.layers.apply_rope``: bitwise in the CPU interpreter (fp32); on the
 GPU within one rounding of the larger term, because the compiler contracts multiply-adds (see the kernel)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference_server.kernels.rope import rope_qk_
-from inference_server.models.layers import apply_rope, rope_cos_sin, rope_inv_freq
+from inference_server.models.architectures.layers import apply_rope, rope_cos_sin, rope_inv_freq
 from inference_server.models.spec import RopeSpec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_server.models.attention import ContiguousKVCache, ForwardBatch
-from inference_server.models.embedded import embedded_gguf_path
-from inference_server.models.gguf_loader import open_gguf
-from inference_server.models.loader import build_model, load_weights
+from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+from inference_server.models.loading.embedded import embedded_gguf_path
+from inference_server.models.loading.gguf_loader import open_gguf
+from inference_server.models.loading.loader import build_model, load_weights
 from inference_server.models.spec import parse_model_spec
 
 PROMPT_IDS = [2, 818, 5279, 529, 7001, 563]  # "The capital of France is" with BOS

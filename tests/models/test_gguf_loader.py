@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from inference_server.models import gguf_loader
-from inference_server.models.gguf_loader import GGUFLoadError, load_gguf, open_gguf
+from inference_server.models.loading import gguf_loader
+from inference_server.models.loading.gguf_loader import GGUFLoadError, load_gguf, open_gguf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -359,7 +359,7 @@ def test_missing_tensor_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.heavy
 def test_embedded_gemma3_matches_transformers() -> None:
-    from inference_server.models.embedded import embedded_gguf_path
+    from inference_server.models.loading.embedded import embedded_gguf_path
 
     path = embedded_gguf_path()
     started = time.perf_counter()

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inference_server.models.loader import CheckpointError, build_model, init_dummy_weights, load_hf_folder
-from inference_server.models.presets import preset_config
+from inference_server.models.loading.loader import CheckpointError, build_model, init_dummy_weights, load_hf_folder
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 
 

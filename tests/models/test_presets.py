@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config, preset_names
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import parse_model_spec
 
 # name: (exact text parameters, KV-cache layers, KV bytes per token in bf16 below the window)
@@ -41,7 +41,7 @@ def test_e2b_param_count_matches_models_md() -> None:
 
 @pytest.mark.parametrize("name", [n for n in preset_names() if n.endswith("-tiny")])
 def test_tiny_presets_run_a_forward(name: str) -> None:
-    from inference_server.models.attention import ContiguousKVCache, ForwardBatch
+    from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 
     spec = parse_model_spec(preset_config(name))
     model = build_model(spec, torch.float32, "cpu")

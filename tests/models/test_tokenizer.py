@@ -250,7 +250,7 @@ def test_gguf_errors_name_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.heavy
 def test_embedded_tokenizer(tmp_path: Path) -> None:
-    from inference_server.models.embedded import embedded_gguf_path
+    from inference_server.models.loading.embedded import embedded_gguf_path
 
     path = embedded_gguf_path()
     started = time.perf_counter()

@@ -166,8 +166,8 @@ async def test_profiler_ranges_name_each_phase_by_step_id(autojump_clock) -> Non
     _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
     from http_testkit import FakeModel, make_parts
 
-    from inference_server.core.sampling import SamplingParams
-    from inference_server.messages import GenerationRequest
+    from inference_server.records.requests import GenerationRequest
+    from inference_server.records.sampling_params import SamplingParams
 
     model = FakeModel(delay=0.01)
     parts = attrs.evolve(make_parts(model, None), step=profiler_ranges.ranged_step(model.step))
@@ -180,7 +180,7 @@ async def test_profiler_ranges_name_each_phase_by_step_id(autojump_clock) -> Non
                 engine.telemetry.sinks.append(lambda e: steps.append(e.step_id) if hasattr(e, "step_id") else None)
                 request = GenerationRequest(params=SamplingParams(max_tokens=4, ignore_eos=True),
                                             prompt_ids=(2, 30, 31))
-                await collect(engine.submit(request)[1])
+                await collect(engine.submit(request))
                 engine.close()
     finally:
         profiler_ranges.enable(False)
@@ -197,11 +197,11 @@ def test_model_runner_opens_stage_forward_and_sample_ranges() -> None:
 
     from inference_server.backends.model_runner import ModelRunner
     from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedKVStorage
-    from inference_server.core.sampling import SamplingParams
-    from inference_server.messages import ScheduledSequence, StepPlan
-    from inference_server.models.loader import build_model, init_dummy_weights
-    from inference_server.models.presets import preset_config
+    from inference_server.models.loading.loader import build_model, init_dummy_weights
+    from inference_server.models.loading.presets import preset_config
     from inference_server.models.spec import parse_model_spec
+    from inference_server.records.sampling_params import SamplingParams
+    from inference_server.records.steps import ScheduledSequence, StepPlan
     from inference_server.telemetry import profiler_ranges
 
     spec = parse_model_spec(preset_config("gemma-4-31b-tiny"))

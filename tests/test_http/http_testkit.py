@@ -1,6 +1,6 @@
 """Test kit for the HTTP tests (imported by them; ``conftest.py`` puts this folder on ``sys.path``): a tiny
-word-level tokenizer, a fake in-loop step function, an engine + app served through the Quart test client,
-and SSE helpers.
+word-level tokenizer, a fake in-loop step function, an engine + app served through the Quart test client or
+through a real Hypercorn on a loopback socket, the engine leak check, and SSE helpers.
 
 The fake "model" answers each sampled sequence with a word chosen by its length, so outputs are
 deterministic and readable ("w3 w4 w5 ..."); it can sleep per step, block, fail at a given step, or emit
@@ -10,12 +10,16 @@ EOS. With pytest-trio's ``autojump_clock`` the sleeps cost no real time.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import queue
+import socket
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
+import h11
 import trio
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
@@ -24,9 +28,9 @@ from inference_server.config import Settings
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.http import app_state, create_app
-from inference_server.messages import SampledToken, StepPlan, StepResult
 from inference_server.models.tokenizer import Tokenizer
-from inference_server.server import supervise_engine
+from inference_server.records.steps import SampledToken, StepPlan, StepResult
+from inference_server.server import _hypercorn_config, supervise_engine
 from inference_server.supervisor import Engine, EngineParts
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
@@ -165,6 +169,211 @@ async def serving(model: FakeModel | None = None, tokenizer: Tokenizer | None = 
             yield Served(engine, app, test_app.test_client(), model, failures)
         model.release.set()
         await engine.drain(0)
+
+
+# -- a real server on a loopback socket ---------------------------------------------------------------------
+
+SOCKET_SERVER_START_TIMEOUT = 60.0
+
+
+@attrs.define
+class SocketServer:
+    """An engine and its app under a real Hypercorn on ``127.0.0.1`` (an ephemeral port), run by a trio
+    loop in a background thread; tests talk to it over real sockets from their own thread."""
+
+    host: str
+    port: int
+    engine: Engine
+    app: Any
+    model: FakeModel
+    failures: list[int]
+    token: trio.lowlevel.TrioToken
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def state(self):
+        return app_state(self.app)
+
+    def call(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run ``async_fn(*args)`` in the server's trio loop and return its result (from the test thread)."""
+        return trio.from_thread.run(async_fn, *args, trio_token=self.token)
+
+    def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the server's trio loop (e.g. to flip the app's state) and return its result."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+
+
+@contextmanager
+def serving_on_socket(model: FakeModel | None = None, tokenizer: Tokenizer | None = None, *,
+                      settings: Settings | None = None, app_config: dict[str, Any] | None = None,
+                      **overrides: Any) -> Iterator[SocketServer]:
+    """Serve a fake-model engine with ``create_app`` under Hypercorn on 127.0.0.1 (see ``SocketServer``);
+    ``app_config`` overrides the Quart config (e.g. ``BODY_TIMEOUT``). On exit Hypercorn stops, the engine
+    drains and the thread ends; an error inside the server thread is raised here."""
+    model = model or FakeModel()
+    settings = settings or Settings()
+    started: queue.Queue[SocketServer | BaseException] = queue.Queue()
+    stop = trio.Event()
+
+    async def main() -> None:
+        failures: list[int] = []
+        async with trio.open_nursery() as nursery:
+            engine = await nursery.start(supervise_engine, Engine(make_parts(model, tokenizer, **overrides)),
+                                         failures.append)
+            app = create_app(engine, settings)
+            app.config.update(app_config or {})
+            config = _hypercorn_config(settings)
+            config.bind = ["127.0.0.1:0"]
+            binds = await nursery.start(_hypercorn, app, config, stop)
+            port = int(binds[0].rsplit(":", 1)[1])
+            started.put(SocketServer("127.0.0.1", port, engine, app, model, failures,
+                                     trio.lowlevel.current_trio_token()))
+            await stop.wait()
+            model.release.set()
+            await engine.drain(0)
+
+    def run() -> None:
+        try:
+            trio.run(main)
+        except BaseException as error:  # handed to the test thread
+            started.put(error)
+
+    thread = threading.Thread(target=run, name="socket-server", daemon=True)
+    thread.start()
+    first = started.get(timeout=SOCKET_SERVER_START_TIMEOUT)
+    if isinstance(first, BaseException):
+        raise first
+    try:
+        yield first
+    finally:
+        trio.from_thread.run_sync(stop.set, trio_token=first.token)
+        thread.join(SOCKET_SERVER_START_TIMEOUT)
+        assert not thread.is_alive(), "the socket server did not stop"
+        if not started.empty():
+            raise started.get()
+
+
+async def _hypercorn(app: Any, config: Any, stop: trio.Event, *,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    from hypercorn.trio import serve
+
+    await serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)  # type: ignore[arg-type]
+
+
+class RawConnection:
+    """One client TCP connection spoken to byte by byte (for what httpx will not send: bodies cut short,
+    lying lengths, headers without a body); responses are parsed with h11."""
+
+    def __init__(self, server: SocketServer, timeout: float = 30.0) -> None:
+        self.socket = socket.create_connection((server.host, server.port), timeout=timeout)
+        self.buffer = b""
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def send(self, data: bytes) -> None:
+        self.socket.sendall(data)
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None, *,
+                content_length: int | None = None) -> None:
+        """Send a request head and ``body`` (``content_length`` overrides the declared length)."""
+        head = {"Host": "test", **(headers or {})}
+        if body is not None or content_length is not None:
+            head["Content-Length"] = str(len(body or b"") if content_length is None else content_length)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
+        self.send(f"{method} {path} HTTP/1.1\r\n{lines}\r\n".encode() + (body or b""))
+
+    def response(self) -> RawResponse | None:
+        """The next response, or None when the server closed the connection before sending one."""
+        parser = h11.Connection(h11.CLIENT)
+        parser.send(h11.Request(method="GET", target="/", headers=[("Host", "test")]))  # expect one response
+        parser.send(h11.EndOfMessage())
+        if self.buffer:  # (receive_data(b"") would mean end of stream)
+            parser.receive_data(self.buffer)
+        self.buffer = b""
+        status, headers, body = None, {}, b""
+        while True:
+            event = parser.next_event()
+            if event is h11.NEED_DATA:
+                data = self.socket.recv(65536)
+                if not data and status is None:
+                    return None
+                parser.receive_data(data)
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                headers = {name.decode().lower(): value.decode() for name, value in event.headers}
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                self.buffer = parser.trailing_data[0]
+                return RawResponse(status, headers, body)
+
+    def closed_by_server(self) -> bool:
+        """Whether the server closed the connection (EOF, or a reset) with nothing more to read."""
+        try:
+            return not self.buffer and self.socket.recv(65536) == b""
+        except ConnectionResetError:
+            return True
+
+
+@attrs.frozen
+class RawResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def closes(self) -> bool:
+        """The response says the server closes the connection after it."""
+        return "close" in self.headers.get("connection", "").lower()
+
+    def error(self) -> dict[str, Any]:
+        """The OpenAI-shaped error object of a JSON error response (asserted)."""
+        assert self.headers["content-type"].startswith("application/json"), self
+        payload = json.loads(self.body)
+        assert set(payload) == {"error"} or "status" in payload, payload
+        error = payload["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"], error
+        assert isinstance(error["type"], str) and (error["code"] is None or isinstance(error["code"], str)), error
+        assert error["param"] is None or isinstance(error["param"], str), error
+        return error
+
+
+# -- the leak check ------------------------------------------------------------------------------------------
+
+
+def engine_leaks(engine: Engine) -> list[str]:
+    """What an idle engine still holds (``Engine.counts``): requests, stream entries, KV sequences, and KV
+    blocks referenced by anything but the prefix cache (whose blocks stay cached with refcount 0)."""
+    counts = engine.counts()
+    held = {"requests": counts.requests, "stream entries": counts.stream_entries,
+            "KV sequences": counts.kv_sequences, "referenced KV blocks": counts.kv_blocks_in_use}
+    return [f"{n} {what}" for what, n in held.items() if n]
+
+
+ENGINE_CLEAN_TIMEOUT = 30.0
+
+
+async def assert_engine_clean(engine: Engine, timeout: float = ENGINE_CLEAN_TIMEOUT) -> None:
+    """Wait (at most ``timeout`` s, polling between trio checkpoints) until ``engine`` is idle, then assert
+    it holds nothing: no requests in the scheduler, no stream entries, no KV blocks except the prefix cache's
+    (and the KV manager's own integrity check passes). Meant for real-socket tests, where the engine may
+    still be finishing a request whose client has just left."""
+    with trio.move_on_after(timeout):
+        while engine_leaks(engine):
+            await trio.sleep(0.01)
+    assert not engine_leaks(engine), f"after {timeout} s the engine still holds: {'; '.join(engine_leaks(engine))}"
+    engine.check_integrity()
 
 
 # -- SSE helpers --------------------------------------------------------------------------------------------

@@ -54,6 +54,41 @@ def test_any_bytes_parse_or_are_a_400(raw: bytes) -> None:
         assert error.status == 400
 
 
+lone_surrogates = st.characters(categories=["Cs"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=json_objects, path=st.lists(st.integers(0, 5), max_size=4), surrogate=lone_surrogates,
+       in_key=st.booleans())
+def test_a_lone_surrogate_anywhere_is_a_400_naming_it(body: dict[str, Any], path: list[int], surrogate: str,
+                                                      in_key: bool) -> None:
+    """Put an unpaired surrogate into a string value or a key somewhere in the body: parsing (of the JSON
+    text, with the surrogate as a ``\\uXXXX`` escape) is a 400 ``invalid_unicode``, whatever the record."""
+    body = {"prompt": "x", **body}
+    node: Any = body
+    for step in path:  # walk down to some container
+        children = list(node.values()) if isinstance(node, dict) else node
+        containers = [c for c in children if isinstance(c, (dict, list))]
+        if not containers:
+            break
+        node = containers[step % len(containers)]
+    if isinstance(node, dict) and in_key:
+        node["k" + surrogate] = 1
+    elif isinstance(node, dict):
+        node["k"] = "text " + surrogate
+    else:
+        node.append(surrogate + " text")
+    raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as an escape, as a client sends it
+    with pytest.raises(ApiError) as raised:
+        load_json(raw)
+    assert raised.value.status == 400 and raised.value.code == "invalid_unicode"
+    assert json.loads(raised.value.json_bytes())["error"]["code"] == "invalid_unicode"
+
+
+def test_paired_surrogate_escapes_are_one_character() -> None:
+    assert load_json(b'{"prompt": "\\ud83d\\ude00"}') == {"prompt": "\U0001F600"}
+
+
 def test_no_coercion() -> None:
     for body, param in [({"prompt": "x", "stream": 1}, "stream"), ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
                         ({"prompt": "x", "temperature": "0.5"}, "temperature"), ({"prompt": 5}, "prompt"),

@@ -3,6 +3,7 @@ the official OpenAI SDK and raw SSE over httpx, then SIGTERM with streams in fli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -22,12 +23,17 @@ import torch
 from http_testkit import write_tokenizer_folder
 from safetensors.torch import save_file
 
-from inference_server.models.loader import build_model, init_dummy_weights
-from inference_server.models.presets import preset_config
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 
 START_TIMEOUT = 90.0
-SHUTDOWN_TIMEOUT = 2.0
+SHUTDOWN_TIMEOUT = 120.0
+"""Long enough that the drain test's long stream, not the timeout, holds the drain open (a second signal
+ends it)."""
+DRAIN_VISIBLE_TIMEOUT = 30.0
+STREAM_START_TIMEOUT = 60.0
+STREAM_END_TIMEOUT = 60.0
 
 
 def write_checkpoint(folder: Path) -> Path:
@@ -129,7 +135,7 @@ def _read_stream(url: str, body: dict[str, Any], into: dict[str, Any], key: str,
     """Stream ``body`` to /v1/chat/completions; record every data payload under ``into[key]``."""
     payloads: list[Any] = []
     into[key] = payloads
-    with httpx.Client(timeout=60) as http, http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+    with httpx.Client(timeout=120) as http, http.stream("POST", url + "/v1/chat/completions", json=body) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 data = line[len("data: "):]
@@ -138,38 +144,61 @@ def _read_stream(url: str, body: dict[str, Any], into: dict[str, Any], key: str,
                     started.set()
 
 
+def _wait_until_draining(http: httpx.Client, server: ServerProcess) -> httpx.Response:
+    """Probe ``/ready`` until it answers 503 (the signal handler has run); bounded, never a fixed sleep."""
+    deadline = time.monotonic() + DRAIN_VISIBLE_TIMEOUT
+    while time.monotonic() < deadline:
+        ready = http.get("/ready")
+        if ready.status_code == 503:
+            return ready
+        time.sleep(0.05)  # a probe interval, not a timing assumption: the loop ends on the condition
+    pytest.fail(f"/ready did not turn 503 within {DRAIN_VISIBLE_TIMEOUT} s of SIGTERM:\n{server.log()}")
+
+
 def test_sigterm_drains_in_flight_streams_and_exits_zero(server: ServerProcess) -> None:
-    """Runs last in this module: it stops the server."""
+    """Runs last in this module: it stops the server.
+
+    SIGTERM with two streams in flight: the short one finishes during the drain; the long one (longer than the
+    test) holds the drain open until a second signal ends it with an error event. Meanwhile a client that
+    reuses its connection (kept alive from before the signal) gets every answer: each drain response says
+    ``Connection: close`` and httpx opens a fresh connection for the next request; ``/health`` answers 200
+    throughout, ``/ready`` and new work 503 ``draining``. Every wait is on a condition, with a generous bound.
+    """
+    kept = httpx.Client(base_url=server.url, timeout=30)  # used before and during the drain, closed below
+    assert kept.get("/health").status_code == 200  # a kept-alive connection from before the signal
+    max_model_len = kept.get("/v1/models").json()["data"][0]["max_model_len"]
     results: dict[str, Any] = {}
     threads = []
     started = [threading.Event(), threading.Event()]
-    for index, (key, max_tokens) in enumerate([("short", 120), ("long", 1000)]):
+    for index, (key, max_tokens) in enumerate([("short", 120), ("long", min(8000, max_model_len - 64))]):
         body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, "stream": True,
                 "ignore_eos": True}
         thread = threading.Thread(target=_read_stream, args=(server.url, body, results, key, started[index]))
         thread.start()
         threads.append(thread)
-    assert all(event.wait(30) for event in started), server.log()
-    signalled = time.monotonic()
+    assert all(event.wait(STREAM_START_TIMEOUT) for event in started), server.log()
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    with httpx.Client(base_url=server.url, timeout=10) as http:  # during the drain: fast 503s
-        ready = http.get("/ready")
-        assert ready.status_code == 503 and ready.json()["status"] == "draining"
-        refused = http.post("/v1/completions", json={"prompt": "x"})
+    with contextlib.closing(kept):
+        ready = _wait_until_draining(kept, server)
+        assert ready.json()["status"] == "draining" and ready.headers["connection"] == "close"
+        health = kept.get("/health")
+        assert health.status_code == 200 and health.headers["connection"] == "close"
+        refused = kept.post("/v1/completions", json={"prompt": "x"})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-        assert int(refused.headers["retry-after"]) >= 1
-        assert http.get("/health").status_code == 200
-    for thread in threads:
-        thread.join(30)
-    assert server.process.wait(timeout=SHUTDOWN_TIMEOUT + 15) == 0, server.log()
-    assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT + 10
+        assert int(refused.headers["retry-after"]) >= 1 and refused.headers["connection"] == "close"
+        threads[0].join(STREAM_END_TIMEOUT)  # the short stream finishes during the drain
+        assert not threads[0].is_alive(), server.log()
+        assert kept.get("/health").status_code == 200  # still answering: the long stream holds the drain open
+    server.process.send_signal(signal.SIGTERM)  # a second signal ends what is left now
+    threads[1].join(STREAM_END_TIMEOUT)
+    assert not threads[1].is_alive(), server.log()
+    assert server.process.wait(timeout=STREAM_END_TIMEOUT) == 0, server.log()
     short, long = results["short"], results["long"]
     assert short[-1] == "[DONE]" and short[-2]["choices"][0]["finish_reason"] == "length", short[-3:]
     assert long[-1] == "[DONE]", long[-3:]
+    # The long stream is cut by the second signal with an error event (unless this machine could generate
+    # thousands of tokens during the probes); either way it ends with a terminal event and [DONE].
     terminal = long[-2]
-    # The long stream is cut at SHUTDOWN_TIMEOUT with an error event (unless this machine is fast enough to
-    # finish 1000 tokens first); either way it ends with a terminal event and [DONE].
     assert terminal.get("error", {}).get("code") == "shutdown" or terminal["choices"][0]["finish_reason"] == "length"
     assert "draining" in server.log()
 

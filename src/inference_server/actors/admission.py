@@ -2,12 +2,19 @@
 
 Its inbox is bounded (``MAX_QUEUE_SIZE``): ``Engine.submit`` puts requests in with ``send_nowait`` and a
 full inbox rejects at once as overloaded. Requests that can never run (bad sampling values, prompt longer
-than the context, ...) are refused here, before anything is queued. Sending on to the scheduler awaits,
-so a scheduler that falls behind fills this inbox, which is where overload is reported.
+than the context, more KV than the cache holds, ...) are refused here, before anything is queued. Sending
+on to the scheduler awaits, so a scheduler that falls behind fills this inbox, which is where overload is
+reported.
+
+Nothing a request carries can crash this actor: validation errors are ``RequestError`` values, and any
+other exception raised while preparing one request (tokenizer, template, detokenizer, stop checker) is
+logged and becomes that request's ``internal`` rejection. A request whose caller already left is dropped
+without being tokenised.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import attrs
@@ -17,9 +24,12 @@ from inference_server.actors.request_streams import RequestStreams
 from inference_server.core.detokenizer import IncrementalDetokenizer
 from inference_server.core.request import Request
 from inference_server.core.stop_checker import StopChecker
-from inference_server.core.validation import PromptTokenizer, RequestError, prepare
-from inference_server.messages import Abort, GenerationRequest, Rejected
-from inference_server.telemetry.events import RequestRejected
+from inference_server.core.validation import KVLimits, PromptTokenizer, prepare
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest, Rejected
+from inference_server.telemetry.events import RequestRejected, TelemetryEvent
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -31,9 +41,10 @@ class Submission:
 
 class Admission:
     def __init__(self, inbox: trio.MemoryReceiveChannel[Submission],
-                 to_scheduler: trio.MemorySendChannel[Request | Abort], streams: RequestStreams,
+                 to_scheduler: trio.MemorySendChannel[Request], streams: RequestStreams,
                  tokenizer: PromptTokenizer | None, *, max_model_len: int, vocab_size: int,
-                 eos_token_ids: frozenset[int], admission_timeout: float, emit: Callable) -> None:
+                 eos_token_ids: frozenset[int], admission_timeout: float, kv_limits: KVLimits | None,
+                 emit: Callable[[TelemetryEvent], None]) -> None:
         self.inbox = inbox
         self.to_scheduler = to_scheduler
         self.streams = streams
@@ -42,6 +53,7 @@ class Admission:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.admission_timeout = admission_timeout
+        self.kv_limits = kv_limits
         self.emit = emit
         self._arrivals = 0
 
@@ -54,16 +66,26 @@ class Admission:
                     await self.to_scheduler.send(request)
 
     def admit(self, submission: Submission) -> Request | None:
-        """The core ``Request`` for a submission, or None after delivering its rejection."""
-        incoming = submission.request
+        """The core ``Request`` for a submission, or None (rejection delivered, or the caller gone)."""
+        if not self.streams.is_live(submission.request_id):
+            return None  # the caller left while the request waited in the inbox
         try:
-            prompt_ids = prepare(incoming, self.tokenizer, max_model_len=self.max_model_len,
-                                 vocab_size=self.vocab_size)
+            return self._prepare(submission)
         except RequestError as error:
-            self.streams.reject(submission.request_id, Rejected(error.code, error.message, error.param))
-            self.emit(RequestRejected(trio.current_time(), error.code, error.message, incoming.trace_id))
-            return None
-        params = incoming.params
+            self._reject(submission, error)
+        except Exception as error:  # a bug triggered by this request's input: fail it, not the engine
+            log.exception("admission failed for request %d", submission.request_id)
+            self._reject(submission, RequestError("internal", f"the request could not be prepared: {error!r}"))
+        return None
+
+    def _reject(self, submission: Submission, error: RequestError) -> None:
+        self.streams.reject(submission.request_id, Rejected(error.code, error.message, error.param))
+        self.emit(RequestRejected(trio.current_time(), error.code, error.message, submission.request.trace_id))
+
+    def _prepare(self, submission: Submission) -> Request:
+        incoming = submission.request
+        prompt_ids, params = prepare(incoming, self.tokenizer, max_model_len=self.max_model_len,
+                                     vocab_size=self.vocab_size, kv=self.kv_limits)
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
         self._arrivals += 1
         return Request(

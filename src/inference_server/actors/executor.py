@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from inference_server.messages import StepPlan, StepResult
+from inference_server.records.steps import StepPlan, StepResult
 
 StepFunction = Callable[[StepPlan], Awaitable[StepResult]]
 

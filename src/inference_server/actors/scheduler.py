@@ -1,12 +1,21 @@
 """Scheduler actor: the step loop around the trio-free ``core.scheduler.Scheduler``.
 
-One iteration: take new requests and aborts from the inbox (without waiting when there is work), end
-requests whose admission deadline passed, send one demand to the KV allocator and await its grant, send the
-plan to the executor and await the result. Tokens go to the per-request streams with ``send_nowait``
-(coalescing when a consumer lags) so no client can stall the loop, and step N's tokens are delivered only
-*after* the plan of step N+1 has gone to the executor: the HTTP writers they wake then run while the device
-computes, instead of the device waiting for them. The scheduler/executor cycle holds at most one step in
-flight (both channels have capacity 0: a rendezvous per step).
+One iteration: take new requests and aborts (without waiting when there is work), end requests whose
+admission deadline passed, send one demand to the KV allocator and await its grant, send the plan to the
+executor and await the result. Tokens go to the per-request streams with ``send_nowait`` (coalescing when a
+consumer lags) so no client can stall the loop, and step N's tokens are delivered only *after* the plan of
+step N+1 has gone to the executor: the HTTP writers they wake then run while the device computes, instead
+of the device waiting for them. The scheduler/executor cycle holds at most one step in flight (both
+channels have capacity 0: a rendezvous per step).
+
+Aborts arrive on their own channel (``Engine`` sends one when a caller closes its handle) and are taken
+before every plan, so an aborted request is computed in no step that starts after its caller left. An idle
+loop wakes on the first of: a new request, an abort, the next admission deadline. Deadlines are checked
+between steps, so one fires within one step time of its value.
+
+KV backpressure: a new request whose prompt the KV cache cannot take before its admission deadline, at the
+rate the cache has been turning over (``core/kv_backlog.py``), is refused at once as ``overloaded`` with a
+retry hint rather than queued to time out.
 
 Shutdown is by closing: when the inbox closes, the loop finishes the work it has, then returns and closes
 its outgoing channels, which ends the KV allocator and the executor.
@@ -20,10 +29,12 @@ from collections.abc import Callable
 import trio
 
 from inference_server.actors.request_streams import RequestStreams
+from inference_server.core.kv_backlog import KVTurnover, estimated_wait
 from inference_server.core.kv_grants import StepDemand, StepGrant
-from inference_server.core.request import Request, RequestUpdate
+from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler
-from inference_server.messages import Abort, Rejected, StepPlan, StepResult
+from inference_server.records.requests import Abort, Rejected, RequestUpdate
+from inference_server.records.steps import StepPlan, StepResult
 from inference_server.telemetry import profiler_ranges
 from inference_server.telemetry.events import (
     FirstToken,
@@ -35,14 +46,17 @@ from inference_server.telemetry.events import (
     TelemetryEvent,
 )
 
-ABANDON_POLL_SECONDS = 0.05  # while requests wait (no steps run), how often to look for departed clients
+RETRY_SECONDS = 0.05
+"""When no step runs, how often to retry a coalesced update held back by a slow reader's full stream, or
+work that the KV allocator could not place."""
 
 
 class SchedulerActor:
     def __init__(
         self,
         core: Scheduler,
-        inbox: trio.MemoryReceiveChannel[Request | Abort],
+        inbox: trio.MemoryReceiveChannel[Request],
+        aborts: trio.MemoryReceiveChannel[Abort],
         demands: trio.MemorySendChannel[StepDemand],
         grants: trio.MemoryReceiveChannel[StepGrant],
         plans: trio.MemorySendChannel[StepPlan],
@@ -51,9 +65,12 @@ class SchedulerActor:
         emit: Callable[[TelemetryEvent], None],
         *,
         max_queued_tokens: int,
+        kv_capacity_tokens: int = 0,
+        admission_timeout: float = 0.0,
     ) -> None:
         self.core = core
         self.inbox = inbox
+        self.aborts = aborts
         self.demands = demands
         self.grants = grants
         self.plans = plans
@@ -61,88 +78,126 @@ class SchedulerActor:
         self.streams = streams
         self.emit = emit
         self.max_queued_tokens = max_queued_tokens
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.admission_timeout = admission_timeout
         self.inbox_closed = False
         self.last_step_end: float | None = None
+        self.kv_free_tokens = kv_capacity_tokens  # as of the last grant
+        self.kv_turnover = KVTurnover()
         self._undelivered: list[RequestUpdate] = []  # the last step's updates, sent once the next step runs
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        async with self.inbox, self.demands, self.grants, self.plans, self.results:
+        async with self.inbox, self.aborts, self.demands, self.grants, self.plans, self.results:
             while True:
                 self._take_messages()
                 self._deliver_all(self.core.expire(trio.current_time()))
-                # Decoding requests learn that their client left when a delivery fails; requests that get no
-                # deliveries yet (waiting, or prefilling a long prompt) have their streams checked here.
-                silent = [r.request_id for r in self.core.waiting]
-                silent += [r.request_id for r in self.core.running if not r.output_ids]
-                for request_id in self.streams.flush_pending() + self.streams.abandoned(silent):
-                    self._abort_gone(request_id)
-                busy = self.core.has_work or self.core.has_pending_releases
-                if busy and await self._step():
+                for request_id in self.streams.flush_pending():
+                    self._abort(request_id)
+                if self._busy and await self._step():
                     continue
                 self.flush_deliveries()
-                if self.inbox_closed and not busy:
+                if self.inbox_closed and not self._busy:
                     return
                 await self._wait_for_message()
 
+    @property
+    def _busy(self) -> bool:
+        return self.core.has_work or self.core.has_pending_releases
+
     def _take_messages(self) -> None:
+        """Every abort and new request already sent (aborts first: they only free room)."""
+        while True:
+            try:
+                self._abort(self.aborts.receive_nowait().request_id)
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
         while not self.inbox_closed:
             try:
-                message = self.inbox.receive_nowait()
+                request = self.inbox.receive_nowait()
             except trio.WouldBlock:
                 return
             except trio.EndOfChannel:
                 self.inbox_closed = True
                 return
-            self._handle(message)
+            self._handle(request)
 
     async def _wait_for_message(self) -> None:
-        """Sleep until a message arrives, the next admission deadline passes, or (while requests wait)
-        the next poll for consumers that went away."""
-        if self.inbox_closed:
-            await trio.sleep(ABANDON_POLL_SECONDS)
-            return
-        wake = self._next_deadline()
-        if self.core.requests:
-            wake = min(wake, trio.current_time() + ABANDON_POLL_SECONDS)
-        with trio.move_on_at(wake):
-            try:
-                message = await self.inbox.receive()
-            except trio.EndOfChannel:
-                self.inbox_closed = True
-                return
-            self._handle(message)
+        """Sleep until a request or an abort arrives, or the next admission deadline passes (a pending
+        coalesced update is retried on the next step or message)."""
+        with trio.move_on_at(self._next_deadline()):
+            async with trio.open_nursery() as nursery:
+                if not self.inbox_closed:
+                    nursery.start_soon(self._receive_request, nursery.cancel_scope)
+                nursery.start_soon(self._receive_abort, nursery.cancel_scope)
+
+    async def _receive_request(self, done: trio.CancelScope) -> None:
+        try:
+            request = await self.inbox.receive()
+        except trio.EndOfChannel:
+            self.inbox_closed = True
+        else:
+            self._handle(request)
+        done.cancel()
+
+    async def _receive_abort(self, done: trio.CancelScope) -> None:
+        try:
+            abort = await self.aborts.receive()
+        except trio.EndOfChannel:
+            await trio.sleep_forever()  # no more aborts can come; wait for the other wake-ups
+        else:
+            self._abort(abort.request_id)
+        done.cancel()
 
     def _next_deadline(self) -> float:
         deadlines = [r.deadline for r in self.core.waiting if r.deadline is not None and not r.started]
-        return min(deadlines, default=math.inf)
+        wake = min(deadlines, default=math.inf)
+        if self.streams.has_pending() or self.core.has_work:
+            # A held-back update for a slow reader, or work the last grant could not place (only possible
+            # when the allocator refused: nothing running frees KV by itself): retry shortly.
+            wake = min(wake, trio.current_time() + RETRY_SECONDS)
+        return wake
 
-    def _abort_gone(self, request_id: int) -> None:
-        """The consumer is gone: end the request and free its KV (nothing left to deliver to)."""
+    def _abort(self, request_id: int) -> None:
+        """The caller is gone (or asked to stop): end the request and free its KV with the next demand."""
         update = self.core.abort(request_id)
         if update is not None:
             self._report_update(update, trio.current_time())
-            self.streams.deliver(update)  # closes the stream's send side
+            self.streams.deliver(update)  # removes the entry if the caller is still there
 
-    def _handle(self, message: Request | Abort) -> None:
-        if isinstance(message, Abort):
-            update = self.core.abort(message.request_id, message.reason)
-            if update is not None:
-                self._deliver_all([update])
-            return
-        request = message
-        queued = sum(len(r.prompt_ids) for r in self.core.waiting)
-        if queued + len(request.prompt_ids) > self.max_queued_tokens:
-            self.streams.reject(request.request_id, Rejected(
-                "overloaded", f"the server has {queued} prompt tokens queued; retry later"))
-            self.emit(RequestRejected(trio.current_time(), "overloaded", "queued prompt tokens", request.trace_id))
+    def _handle(self, request: Request) -> None:
+        if not self.streams.is_live(request.request_id):
+            return  # the caller left before its request was queued
+        rejection = self._overload(request)
+        if rejection is not None:
+            self.streams.reject(request.request_id, rejection)
+            self.emit(RequestRejected(trio.current_time(), rejection.code, rejection.message, request.trace_id))
             return
         if not self.streams.admitted(request.request_id, len(request.prompt_ids)):
-            return  # the client left before its request was queued
+            return
         self.core.add(request)
         self.emit(RequestQueued(trio.current_time(), request.request_id, len(request.prompt_ids),
                                 request.session_id, request.trace_id, request.priority))
+
+    def _overload(self, request: Request) -> Rejected | None:
+        """``overloaded`` when the queue holds too many prompt tokens, or the KV cache cannot take this
+        prompt before its admission deadline (see ``core/kv_backlog.py``)."""
+        queued = sum(len(r.prompt_ids) for r in self.core.waiting)
+        if queued + len(request.prompt_ids) > self.max_queued_tokens:
+            return Rejected("overloaded", f"the server has {queued} prompt tokens queued; retry later",
+                            retry_after=1.0)
+        if not self.admission_timeout or not self.kv_capacity_tokens:
+            return None
+        now = trio.current_time()
+        wait = estimated_wait(free_tokens=self.kv_free_tokens, queued_tokens=queued,
+                              new_tokens=len(request.prompt_ids), rate=self.kv_turnover.rate(now))
+        if wait <= self.admission_timeout:
+            return None
+        retry = max(1.0, math.ceil(wait - self.admission_timeout)) if math.isfinite(wait) else None
+        return Rejected("overloaded", f"the KV cache is full and {queued} prompt tokens are queued ahead: this "
+                        f"request would wait about {wait:.0f} s, longer than the {self.admission_timeout:g} s "
+                        "admission timeout; retry later", retry_after=retry)
 
     async def _step(self) -> bool:
         """Run one step; False when nothing could be granted (the caller then waits for a message)."""
@@ -151,6 +206,7 @@ class SchedulerActor:
         with profiler_ranges.phase("schedule", self.core.next_step_id):
             await self.demands.send(self.core.demand())
             grant = await self.grants.receive()
+            self.kv_free_tokens = round(grant.free_fraction * self.kv_capacity_tokens)
             plan = self.core.apply_grant(grant)
         if plan is None:
             return False
@@ -180,7 +236,7 @@ class SchedulerActor:
         updates, self._undelivered = self._undelivered, []
         for update in updates:
             if not self.streams.deliver(update) and not update.finished:
-                self._abort_gone(update.request_id)
+                self._abort(update.request_id)
 
     # -- delivery ------------------------------------------------------------------------------------
     def _deliver_all(self, updates: list[RequestUpdate]) -> None:
@@ -188,7 +244,7 @@ class SchedulerActor:
         for update in updates:
             self._report_update(update, now)
             if not self.streams.deliver(update) and not update.finished:
-                self._abort_gone(update.request_id)
+                self._abort(update.request_id)
 
     def _report_update(self, update: RequestUpdate, now: float) -> None:
         request = self.core.requests.get(update.request_id) or self._finished_request(update)
@@ -197,7 +253,9 @@ class SchedulerActor:
         if update.tokens and request.first_token_time is None:
             request.first_token_time = now
             self.emit(FirstToken(now, request.request_id, now - request.arrival_time))
-        if update.finished:
+        if update.finish_reason is not None:
+            if request.started:  # its KV goes back to the cache: the turnover that admits new requests
+                self.kv_turnover.record(now, update.prompt_tokens + update.completion_tokens)
             self.emit(RequestFinished(
                 now, update.request_id, update.finish_reason, update.prompt_tokens, update.completion_tokens,
                 update.cached_prompt_tokens, now - request.arrival_time,

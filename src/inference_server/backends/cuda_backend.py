@@ -3,7 +3,7 @@
 What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> StepResult`` contract):
 
 * Ops: installs the Triton fused MoE, the Triton RMSNorm and the Triton q/k RoPE through
-  ``models.ops.use_ops`` (process-wide; it re-installs them at every step so a reference runner in the same
+  ``architectures.ops.use_ops`` (process-wide; it re-installs them at every step so a reference runner in the same
   process, run under ``ops.reference_ops()``, cannot leave the wrong ones behind). Attention goes through
   ``PagedAttentionContext`` with the Triton store, prefill and decode kernels. The decode kernel gets a fixed
   ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 import attrs
 import torch
-from torch import nn
 
 from inference_server.backends.cuda_graphs import DecodeGraphs
-from inference_server.backends.factory import max_model_len
 from inference_server.backends.model_runner import ModelRunner
-from inference_server.backends.paged_kv import FULL_GROUP, PagedAttentionContext, PagedKVStorage, StepTensors
+from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.decode_attention import paged_decode_attention
@@ -45,10 +44,12 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
-from inference_server.messages import StepPlan, StepResult
-from inference_server.models import layers, ops
-from inference_server.models.source import LoadedModel
+from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
+from inference_server.records.steps import SampledToken, StepPlan, StepResult
 from inference_server.telemetry import profiler_ranges
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
@@ -95,7 +96,7 @@ class CudaRunnerOptions:
 class CudaModelRunner(ModelRunner):
     """``ModelRunner`` with Triton kernels and bucketed decode graphs (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
+    def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  options: CudaRunnerOptions) -> None:
         decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
@@ -109,10 +110,9 @@ class CudaModelRunner(ModelRunner):
         # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         self._install_ops()
-        inner = getattr(model, "model", None)
-        if hasattr(inner, "place_rope_tables"):
-            inner.place_rope_tables(device)
-        self._model_fn: nn.Module = torch.compile(model) if options.compile else model
+        model.model.place_rope_tables(device)
+        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = (
+            torch.compile(model) if options.compile else model)
         self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
         self.eager_steps = 0
         self.capture_seconds = 0.0
@@ -140,7 +140,7 @@ class CudaModelRunner(ModelRunner):
         self._install_ops()
         self.forget(plan.finished_request_ids)
         states = [self._state_for(seq) for seq in plan.sequences]
-        tokens = ()
+        tokens: tuple[SampledToken, ...] = ()
         if plan.sequences:
             step_id = plan.step_id
             if self.graphs is not None and self.graphs.fits(plan.sequences):
@@ -164,14 +164,12 @@ class CudaModelRunner(ModelRunner):
                           seconds=time.perf_counter() - started)
 
 
-def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage,
-                      device: torch.device) -> CudaModelRunner:
+def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,
+                      max_model_len: int) -> CudaModelRunner:
     """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``),
-    ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's model length,
-    capped by the full-attention pool (a longer sequence could never be admitted)."""
-    pool_tokens = storage.num_blocks.get(FULL_GROUP, max(storage.num_blocks.values())) * storage.block_size
-    model_len = min(max_model_len(settings, loaded, device), pool_tokens)
-    options = CudaRunnerOptions(max_model_len=model_len, max_batch_size=settings.max_batch_size,
+    ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's
+    ``max_model_len`` (``factory.engine_limits``: already capped by the full-attention pool)."""
+    options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
                                 compile=settings.custom_backend_compile)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from inference_server.backends.paged_kv import StepTensors
-from inference_server.messages import ScheduledSequence
+from inference_server.records.steps import ScheduledSequence
 
 DecodeForward = Callable[[torch.Tensor, StepTensors], torch.Tensor]  # (ids [B], step) -> hidden [B, H]
 

@@ -14,7 +14,8 @@ from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedK
 from inference_server.config import Settings
 from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
-from inference_server.models.source import LoadedModel
+from inference_server.models.loading.source import LoadedModel
+from inference_server.models.spec import ModelSpec
 
 CPU_DEFAULT_KV_TOKENS = 16_384  # 0.6 GB of fp32 KV for the embedded model: two full 8k contexts
 CPU_MAX_MODEL_LEN = 8192
@@ -22,18 +23,34 @@ CPU_MAX_MODEL_LEN = 8192
 
 @attrs.frozen
 class EngineLimits:
-    """Runtime facts derived once: what admission validates against."""
+    """Runtime facts derived once (by `engine_limits`): what admission validates against and what the step
+    runner sizes its static tables for. Nothing else derives its own model length."""
 
     max_model_len: int
+    """Longest sequence (prompt + output) the engine accepts."""
     vocab_size: int
     kv_capacity_tokens: int
+    """Tokens the full-attention KV pool holds: no single sequence can be longer."""
 
 
-def max_model_len(settings: Settings, loaded: LoadedModel, device: torch.device) -> int:
-    limit = loaded.spec.max_position_embeddings
+def _requested_model_len(settings: Settings, spec: ModelSpec, device: torch.device) -> int:
+    """What ``MAX_MODEL_LEN`` and the model's config allow (the CPU default caps an unset length), before the
+    KV pool is known. Only the pool's sizing reads it directly; everything else reads `engine_limits`."""
+    limit = spec.max_position_embeddings
     if settings.max_model_len:
         return min(settings.max_model_len, limit)
     return min(limit, CPU_MAX_MODEL_LEN) if device.type != "cuda" else limit
+
+
+def engine_limits(settings: Settings, spec: ModelSpec, device: torch.device, kv: KVManager) -> EngineLimits:
+    """The engine's limits, from the settings, the model's config and the KV pool that was built.
+
+    ``max_model_len`` is the requested length cut to the full-attention pool's capacity: a request longer
+    than the whole pool could never run.
+    """
+    capacity = kv.full_pool.num_blocks * kv.block_size
+    return EngineLimits(max_model_len=min(_requested_model_len(settings, spec, device), capacity),
+                        vocab_size=spec.vocab_size, kv_capacity_tokens=capacity)
 
 
 def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device) -> int:
@@ -46,9 +63,10 @@ def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device) ->
     return CPU_DEFAULT_KV_TOKENS * geometry.bytes_per_token
 
 
-def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device, dtype: torch.dtype,
-             model_len: int) -> tuple[KVManager, PagedKVStorage]:
+def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
+             dtype: torch.dtype) -> tuple[KVManager, PagedKVStorage]:
     """The KV manager (allocator state) and the matching device storage."""
+    model_len = _requested_model_len(settings, loaded.spec, device)
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
     geometry = KVGeometry.from_cache_layers(loaded.spec.cache_layers, dtype_bytes=dtype_bytes,
                                             block_size=settings.kv_block_size)
@@ -66,10 +84,10 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device, dtyp
 
 
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
-                 backend: str) -> ModelRunner:
+                 backend: str, limits: EngineLimits) -> ModelRunner:
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``)."""
     if backend == "custom-cuda":
         from inference_server.backends.cuda_backend import build_cuda_runner
 
-        return build_cuda_runner(settings, loaded, storage, device)
+        return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len)
     return ModelRunner(loaded.model, loaded.spec, storage, device)

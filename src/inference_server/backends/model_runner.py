@@ -12,12 +12,12 @@ import time
 
 import attrs
 import torch
-from torch import nn
 
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
-from inference_server.core.sampling import PenaltyHistory, SamplingBatch, make_generator, sample
-from inference_server.messages import SampledToken, ScheduledSequence, StepPlan, StepResult
+from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, make_generator, sample
+from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
+from inference_server.records.steps import SampledToken, ScheduledSequence, StepPlan, StepResult
 from inference_server.telemetry import profiler_ranges
 
 
@@ -42,7 +42,7 @@ class _RequestState:
 class ModelRunner:
     """Runs ``StepPlan``s on one model. Not thread-safe: one caller at a time (the executor's thread)."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
+    def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  *, attention_kwargs: dict | None = None) -> None:
         self.model = model
         self.spec = spec
@@ -72,7 +72,8 @@ class ModelRunner:
 
     # -- tensors -------------------------------------------------------------------------------------
     def _step_tensors(self, plan: StepPlan) -> StepTensors:
-        positions, slots = [], {g: [] for g in range(self.num_groups)}
+        positions: list[int] = []
+        slots: dict[int, list[int]] = {g: [] for g in range(self.num_groups)}
         cu, context_lens = [0], []
         width = {g: 1 for g in range(self.num_groups)}
         for seq in plan.sequences:

@@ -25,18 +25,22 @@ def session_of(request: Request) -> str:
     return request.session_id if request.session_id is not None else ANONYMOUS_SESSION
 
 
+SortKey = tuple[float, ...]
+"""A request's place in an ordering: compared element by element, smallest first."""
+
+
 class SchedulingPolicy:
     """FCFS: priority, then arrival order."""
 
     name = "fcfs"
 
-    def admission_key(self, request: Request) -> tuple:
+    def admission_key(self, request: Request) -> SortKey:
         return (request.priority, request.arrival_index)
 
     def order(self, waiting: Iterable[Request]) -> list[Request]:
         return sorted(waiting, key=self.admission_key)
 
-    def victim_key(self, request: Request) -> tuple:
+    def victim_key(self, request: Request) -> SortKey:
         """The running request with the largest key is preempted first (lowest priority, newest)."""
         return (request.priority, request.arrival_index)
 
@@ -55,10 +59,10 @@ class FairSharePolicy(SchedulingPolicy):
     def __init__(self) -> None:
         self.counters: defaultdict[str, float] = defaultdict(float)
 
-    def admission_key(self, request: Request) -> tuple:
+    def admission_key(self, request: Request) -> SortKey:
         return (request.priority, self.counters[session_of(request)], request.arrival_index)
 
-    def victim_key(self, request: Request) -> tuple:
+    def victim_key(self, request: Request) -> SortKey:
         return (request.priority, self.counters[session_of(request)], request.arrival_index)
 
     def on_arrival(self, request: Request, active_sessions: set[str]) -> None:

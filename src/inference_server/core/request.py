@@ -1,4 +1,4 @@
-"""A request's state inside the scheduler, and the updates the scheduler emits for it."""
+"""A request's state inside the scheduler (the updates it emits are ``records.requests.RequestUpdate``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 import attrs
 
 from inference_server.core.detokenizer import IncrementalDetokenizer
-from inference_server.core.sampling import SamplingParams
 from inference_server.core.stop_checker import StopChecker
-from inference_server.messages import FinishReason
+from inference_server.records.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -60,36 +59,8 @@ class Request:
     @property
     def max_length(self) -> int:
         """The most tokens this request can hold in the KV cache (prompt plus ``max_tokens``)."""
-        return len(self.prompt_ids) + self.params.max_tokens
+        return len(self.prompt_ids) + self.params.resolved_max_tokens()
 
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
-
-
-@attrs.frozen
-class TokenOutput:
-    """One generated token as it reaches a request's stream."""
-
-    token_id: int
-    text: str  # newly complete text (may be empty while a character or a stop string is pending)
-    logprob: float
-    top_logprobs: tuple[tuple[int, float], ...] = ()
-
-
-@attrs.frozen
-class RequestUpdate:
-    """What one step changed for one request: new tokens and, at the end, exactly one finish."""
-
-    request_id: int
-    tokens: tuple[TokenOutput, ...] = ()
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None

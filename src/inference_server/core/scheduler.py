@@ -27,8 +27,9 @@ import attrs
 from inference_server.core.kv_grants import Demand, StepDemand, StepGrant
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import SchedulingPolicy, session_of
-from inference_server.core.request import Request, RequestStatus, RequestUpdate, TokenOutput
-from inference_server.messages import FinishReason, ScheduledSequence, StepPlan, StepResult
+from inference_server.core.request import Request, RequestStatus
+from inference_server.records.requests import FinishReason, RequestUpdate, TokenOutput
+from inference_server.records.steps import ScheduledSequence, StepPlan, StepResult
 
 PREFILL_MODES = ("monolithic", "chunked", "batched")
 
@@ -154,7 +155,7 @@ class Scheduler:
         if cap == 0:
             return ordered
         reserved = sum(r.max_length for r in self.running)
-        admissible = []
+        admissible: list[Request] = []
         for request in ordered:
             if reserved + request.max_length > cap and (self.running or admissible):
                 break
@@ -232,7 +233,7 @@ class Scheduler:
             stop = request.stop_checker.update(sampled.token_id, text) if request.stop_checker else None
             emitted = stop.text if stop is not None else text
             token = TokenOutput(sampled.token_id, emitted, sampled.logprob, sampled.top_logprobs)
-            if stop is not None and stop.finished:
+            if stop is not None and stop.finish_reason is not None:  # stop.finished
                 updates.append(self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason,
                                             tokens=(token,)))
             else:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 
 if TYPE_CHECKING:
-    from inference_server.core.sampling import SamplingParams
+    from inference_server.records.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 
@@ -74,7 +74,7 @@ class StopChecker:
     def from_params(cls, params: SamplingParams, eos_token_ids: Collection[int]) -> StopChecker:
         """A checker for one request (``eos_token_ids``: the model's EOS ids, from its generation config)."""
         return cls(
-            max_tokens=params.max_tokens,
+            max_tokens=params.resolved_max_tokens(),
             eos_token_ids=eos_token_ids,
             stop=params.stop,
             stop_token_ids=params.stop_token_ids,

@@ -1,34 +1,65 @@
 """Admission checks: everything that can never run is refused before anything is queued.
 
 ``prepare`` validates a ``GenerationRequest`` against the engine's limits, applies the chat template,
-tokenises, and returns the prompt token ids, or raises ``RequestError`` carrying an OpenAI-style code and
-the offending parameter.
+tokenises, resolves ``max_tokens=None`` to the rest of the context, and returns the prompt token ids with
+the final sampling parameters, or raises ``RequestError`` carrying a code and the offending field.
+
+Whatever a single request's input makes the tokenizer or the chat template raise becomes that request's
+``RequestError``: no input can crash the admission actor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from inference_server.messages import ErrorCode, GenerationRequest
+import attrs
 
-
-class RequestError(ValueError):
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code: ErrorCode = code
-        self.message = message
-        self.param = param
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
 
 
 class PromptTokenizer(Protocol):
+    """What admission needs of a tokenizer: ``models.tokenizer.Tokenizer`` satisfies it."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]: ...
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]],
+                            add_generation_prompt: bool = True) -> list[int]: ...
+
+
+@attrs.frozen
+class KVLimits:
+    """What the KV cache can hold for one request alone (from the pools' sizes, fixed at start-up).
+
+    ``max_step_tokens`` is the most tokens one step may compute for a sequence when its prompt is cut into
+    chunks (``None`` when prompts are prefilled whole, as in the ``monolithic`` and ``batched`` modes).
+    """
+
+    block_size: int
+    full_blocks: int
+    sliding_blocks: int = 0
+    sliding_window: int | None = None
+    max_step_tokens: int | None = None
+
+    def sliding_blocks_needed(self, total_tokens: int) -> int:
+        """Sliding blocks the request needs at its most demanding step: a chunk of ``n`` new tokens reads
+        ``window - 1`` earlier positions, so it holds ``ceil((window - 1 + n) / block) + 1`` blocks (never more
+        than the sequence's own blocks). A whole-prompt mode may recompute the whole sequence after a
+        preemption, so there ``n`` is the request's full length."""
+        if self.sliding_window is None:
+            return 0
+        step = total_tokens if self.max_step_tokens is None else min(total_tokens, self.max_step_tokens)
+        spanned = -(-(self.sliding_window - 1 + step) // self.block_size) + 1
+        return min(spanned, -(-total_tokens // self.block_size))
 
 
 def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> tuple[int, ...]:
-    """The prompt's token ids (text, ids or chat messages)."""
+    """The prompt's token ids (text, ids or chat messages); raises ``RequestError`` for anything the
+    tokenizer or template cannot handle."""
     given = [x for x in (request.prompt, request.prompt_ids, request.messages) if x is not None]
     if len(given) != 1:
         raise RequestError("invalid_request", "exactly one of prompt, prompt token ids or messages is required",
@@ -45,25 +76,30 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
         except Exception as error:  # a template error is the request's problem, reported as such
             raise RequestError("invalid_request", f"cannot apply the chat template: {error}", "messages") from None
         return tuple(ids)
-    return tuple(tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
+    assert request.prompt is not None
+    try:
+        return tuple(tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
+    except Exception as error:  # e.g. text the tokenizer cannot encode (lone surrogates): this request's fault
+        raise RequestError("invalid_request", f"cannot tokenize the prompt: {error}", "prompt") from None
 
 
 def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, max_model_len: int,
-            vocab_size: int) -> tuple[int, ...]:
-    """Validated prompt token ids for ``request`` (raises ``RequestError``)."""
-    try:
-        request.params.validate()
-    except ValueError as error:
-        field = str(error).split(" ", 1)[0]
-        raise RequestError("invalid_request", str(error), field) from None
+            vocab_size: int, kv: KVLimits | None = None) -> tuple[tuple[int, ...], SamplingParams]:
+    """Validated prompt token ids and final sampling parameters for ``request`` (raises ``RequestError``)."""
+    request.params.validate()
     prompt_ids = tokenize(request, tokenizer)
     if not prompt_ids:
         raise RequestError("invalid_request", "the prompt is empty", "prompt")
-    bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
+    bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
     if bad is not None:
         raise RequestError("invalid_request", f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
                            "prompt")
-    max_tokens = request.params.max_tokens
+    prompt_field = "messages" if request.messages is not None else "prompt"
+    params = request.params
+    if params.max_tokens is None:
+        params = attrs.evolve(params, max_tokens=max(1, max_model_len - len(prompt_ids)))
+    max_tokens = params.max_tokens
+    assert max_tokens is not None
     if max_tokens > max_model_len - 1:
         raise RequestError("invalid_request", f"max_tokens={max_tokens} is too large: this model's context is "
                            f"{max_model_len} tokens", "max_tokens")
@@ -72,7 +108,22 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
             "context_length_exceeded",
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
-            f"completion). Please reduce the prompt or max_tokens.",
-            "messages" if request.messages is not None else "prompt",
-        )
-    return prompt_ids
+            f"completion). Please reduce the prompt or max_tokens.", prompt_field)
+    if kv is not None:
+        check_fits_kv(len(prompt_ids) + max_tokens, kv, prompt_field)
+    return prompt_ids, params
+
+
+def check_fits_kv(total_tokens: int, kv: KVLimits, param: str) -> None:
+    """Refuse a request that could not run even alone in an empty cache (it would wait forever)."""
+    full_needed = -(-total_tokens // kv.block_size)
+    if full_needed > kv.full_blocks:
+        raise RequestError(
+            "kv_capacity_exceeded", f"the request needs {total_tokens} tokens of KV cache but the cache holds "
+            f"{kv.full_blocks * kv.block_size}; reduce the prompt or max_tokens", param)
+    sliding_needed = kv.sliding_blocks_needed(total_tokens)
+    if sliding_needed > kv.sliding_blocks:
+        raise RequestError(
+            "kv_capacity_exceeded", f"the request needs {sliding_needed} sliding-window KV blocks at its largest "
+            f"step but the sliding pool holds {kv.sliding_blocks} (window {kv.sliding_window}, block "
+            f"{kv.block_size} tokens); reduce the prompt or max_tokens, or raise KV_CACHE_TOKENS", param)

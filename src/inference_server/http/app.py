@@ -10,7 +10,11 @@ Framework settings that matter:
   the engine's (``ADMISSION_TIMEOUT``), reported in-band.
 * ``BODY_TIMEOUT``: a request body must arrive within ``BODY_TIMEOUT_SECONDS`` (else 408); it bounds only
   the upload, never the response.
-* ``MAX_CONTENT_LENGTH = settings.max_body_bytes``: a larger body is a 413.
+* ``MAX_BODY_BYTES = settings.max_body_bytes``: a larger body is a 413, sent once the body has been read and
+  discarded (``http/body.py``). Quart's ``MAX_CONTENT_LENGTH`` stays unset: Quart would refuse the body
+  without reading it, and the client would see a broken pipe rather than the 413.
+* ``ConnectionPolicy`` (``http/connection.py``) wraps the ASGI app: ``Connection: close`` whenever the
+  connection will not or should not be reused (a body left unread, or the server draining).
 
 Every error is JSON in the OpenAI shape, including 404 (unknown route), 405 (wrong method, with ``Allow``),
 408, 413 and 500; nothing is ever HTML. Every response carries ``X-Trace-Id``: the client's (validated:
@@ -30,12 +34,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from inference_server.config import Settings
+from inference_server.http.connection import ConnectionPolicy
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
 from inference_server.http.errors import ApiError, from_http_status, internal_error
 from inference_server.http.native import NativeRoutes
 from inference_server.http.observability import ObservabilityRoutes
 from inference_server.http.openai import OpenAIRoutes
-from inference_server.http.responses import error_response
+from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
 from inference_server.supervisor import Engine
@@ -91,12 +96,14 @@ def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True,
     attaches them before the engine starts, with the file sinks the settings ask for); when None, stats and
     metrics sinks are attached here."""
     app = QuartTrio("inference_server", static_folder=None)
-    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=BODY_TIMEOUT_SECONDS,
-                      MAX_CONTENT_LENGTH=settings.max_body_bytes, BACKGROUND_TASK_SHUTDOWN_TIMEOUT=2)
+    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=BODY_TIMEOUT_SECONDS, MAX_CONTENT_LENGTH=None,
+                      BACKGROUND_TASK_SHUTDOWN_TIMEOUT=2)
+    app.config[MAX_BODY_BYTES_KEY] = settings.max_body_bytes
     if observability is None:
-        observability = Observability.attach(engine.telemetry, engine.parts.model_name)
+        observability = Observability.attach(engine.telemetry, engine.info.model_name)
     state = AppState(engine, settings, observability, coalesce=coalesce)
     app.extensions[STATE_KEY] = state
+    app.asgi_app = ConnectionPolicy(app.asgi_app, lambda: state.draining)  # type: ignore[method-assign]
     for route in _routes(state):
         app.add_url_rule(route.path, endpoint=route.path, view_func=route.handler, methods=[route.method])
     _register_trace_ids(app)

@@ -1,26 +1,30 @@
 """Wire records to engine records: sampling parameters, and the identifiers read from headers.
 
 Defaults are ``SamplingParams``' own (the OpenAI API's), applied where a field is absent or ``null``.
-Values are checked here with ``SamplingParams.validate`` (the same check admission runs), so a bad value
-is a 400 naming the field before anything is submitted; ``renames`` maps an engine field name back to the
-wire name the client used (chat's ``top_logprobs``, ``max_completion_tokens``).
+Values are not checked here: the engine's admission validates them once, and a bad value comes back as a
+``RequestError`` naming the engine's field, which ``errors.from_request_error`` maps to the wire name the
+client used (chat's ``top_logprobs``, ``max_completion_tokens``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import TypeVar
 
-from inference_server.core.sampling import SamplingParams
 from inference_server.http.errors import invalid_request
 from inference_server.http.schemas import SamplingFields, StopInput
+from inference_server.records.sampling_params import SamplingParams
 
 DEFAULTS = SamplingParams()
+DEFAULT_MAX_TOKENS = 16
+"""Output cap of a completion that sets none (the OpenAI API's default for ``/v1/completions``)."""
 MAX_HEADER_ID_LENGTH = 128
 TRACE_ID_HEADER = "X-Trace-Id"
 SESSION_ID_HEADER = "X-Session-Id"
 
+T = TypeVar("T")
 
-def _or(value: object, default: object) -> object:
+
+def _or(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
@@ -30,9 +34,10 @@ def stop_strings(stop: StopInput) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
-                    renames: Mapping[str, str] | None = None) -> SamplingParams:
-    """Validated ``SamplingParams`` from the shared wire fields plus the route's ``max_tokens``/``logprobs``."""
+def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """``SamplingParams`` from the shared wire fields plus the route's ``max_tokens`` (``None``: the rest of
+    the context) and ``logprobs``. Values are validated once, by the engine's admission; its errors name the
+    engine's fields, which the route maps to its own with ``admit(..., renames=...)``."""
     params = SamplingParams(
         temperature=_or(fields.temperature, DEFAULTS.temperature),
         top_p=_or(fields.top_p, DEFAULTS.top_p),
@@ -42,20 +47,13 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         presence_penalty=_or(fields.presence_penalty, DEFAULTS.presence_penalty),
         frequency_penalty=_or(fields.frequency_penalty, DEFAULTS.frequency_penalty),
         seed=fields.seed,
-        max_tokens=_or(max_tokens, DEFAULTS.max_tokens),
+        max_tokens=max_tokens,
         stop=stop_strings(fields.stop),
         stop_token_ids=tuple(fields.stop_token_ids or ()),
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
-    )  # type: ignore[arg-type]
-    try:
-        params.validate()
-    except ValueError as error:
-        field = str(error).split(" ", 1)[0]
-        wire = (renames or {}).get(field, field)
-        message = str(error) if wire == field else str(error).replace(field, wire, 1)
-        raise invalid_request(message, wire) from None
+    )
     return params
 
 

@@ -5,19 +5,22 @@
 so no route ever answers HTML. 429, 503 and 504 carry ``Retry-After``. ``type`` and ``code`` are strings
 (the SDK coerces either way); ``param`` names the offending field when one is known.
 
-The mapping of engine outcomes (a ``Rejected`` item, a terminal update with ``finish_reason`` ``error`` /
-``timeout`` / ``abort``) to errors lives here too, so the native and OpenAI routes report them alike.
+The mapping of engine outcomes (a ``RequestError`` from a handle's admission, a terminal update with
+``finish_reason`` ``error`` / ``timeout`` / ``abort``) to errors lives here too, so the native and OpenAI routes
+report them alike.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from inference_server.core.request import RequestUpdate
-from inference_server.messages import Rejected
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import RequestUpdate
 
 RETRY_AFTER_OVERLOADED_SECONDS = 1
 """``Retry-After`` on 429 (queue full): the queue moves quickly."""
@@ -35,6 +38,7 @@ class ApiError(Exception):
     type: str = "invalid_request_error"
     code: str | None = None
     param: str | None = None
+    retry_after_seconds: int | None = None  # overrides the status's default ``Retry-After``
 
     def __str__(self) -> str:
         return f"{self.status} {self.type}/{self.code}: {self.message}"
@@ -42,6 +46,8 @@ class ApiError(Exception):
     @property
     def retry_after(self) -> int | None:
         """Seconds for the ``Retry-After`` header, or None when the error is not worth retrying as is."""
+        if self.retry_after_seconds is not None:
+            return self.retry_after_seconds
         if self.status == 429:
             return RETRY_AFTER_OVERLOADED_SECONDS
         if self.status in (503, 504):
@@ -79,19 +85,28 @@ def internal_error(message: str = "internal server error") -> ApiError:
     return ApiError(500, message, "server_error", "internal_error")
 
 
-_REJECTION_STATUS = {
+_REQUEST_ERROR_STATUS = {
     "invalid_request": (400, "invalid_request_error"),
     "context_length_exceeded": (400, "invalid_request_error"),
+    "kv_capacity_exceeded": (400, "invalid_request_error"),
     "overloaded": (429, "rate_limit_error"),
     "unavailable": (503, "unavailable_error"),
     "internal": (500, "server_error"),
 }
 
 
-def from_rejection(rejection: Rejected) -> ApiError:
-    """The HTTP error for an engine ``Rejected`` (400 / 429 / 503 / 500)."""
-    status, error_type = _REJECTION_STATUS[rejection.code]
-    return ApiError(status, rejection.message, error_type, rejection.code, rejection.param)
+def from_request_error(error: RequestError, renames: Mapping[str, str] | None = None) -> ApiError:
+    """The HTTP error for an engine ``RequestError`` (400 / 429 / 503 / 500): the one place engine errors
+    become OpenAI errors. ``renames`` maps engine field names to the route's wire names (for example the
+    chat route's ``max_tokens`` -> ``max_completion_tokens``, ``prompt`` -> ``messages``)."""
+    status, error_type = _REQUEST_ERROR_STATUS[error.code]
+    param, message = error.param, error.message
+    if renames and param is not None and param in renames:
+        wire = renames[param]
+        message = message.replace(param, wire, 1) if message.startswith(param) else message
+        param = wire
+    retry_after = None if error.retry_after is None else max(1, math.ceil(error.retry_after))
+    return ApiError(status, message, error_type, error.code, param, retry_after)
 
 
 def from_unsuccessful_finish(update: RequestUpdate, *, engine_failed: bool) -> ApiError:

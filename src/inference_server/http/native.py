@@ -18,8 +18,13 @@ from typing import Any
 
 from quart import Response, g, request
 
-from inference_server.core.request import RequestUpdate
-from inference_server.http.convert import SESSION_ID_HEADER, TRACE_ID_HEADER, header_id, sampling_params
+from inference_server.http.convert import (
+    DEFAULT_MAX_TOKENS,
+    SESSION_ID_HEADER,
+    TRACE_ID_HEADER,
+    header_id,
+    sampling_params,
+)
 from inference_server.http.errors import ApiError, from_unsuccessful_finish, invalid_request
 from inference_server.http.generation import admit
 from inference_server.http.responses import json_response, read_body, sse_response
@@ -27,8 +32,7 @@ from inference_server.http.schemas import GenerateRequest
 from inference_server.http.sse import SUCCESSFUL_FINISHES, event
 from inference_server.http.state import AppState
 from inference_server.http.usage import usage
-from inference_server.messages import GenerationRequest
-from inference_server.supervisor import EngineState
+from inference_server.records.requests import GenerationRequest, RequestUpdate
 
 
 class NativeRoutes:
@@ -44,7 +48,7 @@ class NativeRoutes:
             raise invalid_request("send exactly one of 'prompt' (text) or 'prompt_token_ids'", "prompt")
         if request.headers.get(TRACE_ID_HEADER) is None and body.trace_id is not None:
             g.trace_id = header_id(body.trace_id, "trace_id")
-        params = sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs)
         engine_request = GenerationRequest(
             params=params, prompt=body.prompt,
             prompt_ids=tuple(body.prompt_token_ids) if body.prompt_token_ids is not None else None,
@@ -61,8 +65,12 @@ class NativeRoutes:
         finally:
             generation.close()
         if result.finish_reason not in SUCCESSFUL_FINISHES:
-            raise from_unsuccessful_finish(result, engine_failed=state.engine.state is EngineState.FAILED)
+            raise from_unsuccessful_finish(result, engine_failed=state.engine.failed)
         return json_response(encoder.payload(result, final=True))
+
+
+def _or_default(max_tokens: int | None) -> int:
+    return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
 
 
 class NativeEncoder:
@@ -98,8 +106,7 @@ class NativeEncoder:
 
     def failure(self, index: int, update: RequestUpdate) -> bytes:
         payload = self.payload(update, final=True)
-        payload.update(from_unsuccessful_finish(
-            update, engine_failed=self.state.engine.state is EngineState.FAILED).body())
+        payload.update(from_unsuccessful_finish(update, engine_failed=self.state.engine.failed).body())
         return event(payload)
 
     def closing(self) -> bytes:

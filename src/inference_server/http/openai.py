@@ -23,11 +23,8 @@ from typing import TypeVar
 import attrs
 from quart import Response, g, request
 
-from inference_server.core.request import RequestUpdate
-from inference_server.core.sampling import SamplingParams
-from inference_server.core.validation import RequestError, tokenize
-from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
-from inference_server.http.errors import ApiError, from_unsuccessful_finish, invalid_request, model_not_found
+from inference_server.http.convert import DEFAULT_MAX_TOKENS, SESSION_ID_HEADER, header_id, sampling_params
+from inference_server.http.errors import from_unsuccessful_finish, invalid_request, model_not_found
 from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
     ChatEncoder,
@@ -40,8 +37,8 @@ from inference_server.http.responses import json_response, read_body, sse_respon
 from inference_server.http.schemas import ChatCompletionRequest, ChatMessageInput, CompletionRequest, StreamOptions
 from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.http.state import AppState
-from inference_server.messages import ChatMessage, GenerationRequest
-from inference_server.supervisor import EngineState
+from inference_server.records.requests import ChatMessage, GenerationRequest, RequestUpdate
+from inference_server.records.sampling_params import SamplingParams
 
 Record = TypeVar("Record", CompletionRequest, ChatCompletionRequest)
 
@@ -61,7 +58,7 @@ class OpenAIRoutes:
     def _model_card(self) -> dict:
         state = self.state
         return {"id": state.model_name, "object": "model", "created": state.started_at, "owned_by": "inference_server",
-                "max_model_len": state.engine.parts.max_model_len}
+                "max_model_len": state.engine.info.max_model_len}
 
     async def models(self) -> Response:
         """``GET /v1/models``: the one served model."""
@@ -95,7 +92,7 @@ class OpenAIRoutes:
             raise invalid_request("best_of > 1 is not supported; use n", "best_of", "unsupported_parameter")
         prompts = _prompts(body.prompt)
         n = _choice_count(body.n, len(prompts))
-        params = sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs)
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
@@ -109,17 +106,12 @@ class OpenAIRoutes:
     async def chat_completions(self) -> Response:
         """``POST /v1/chat/completions``."""
         body = await self._read(ChatCompletionRequest)
-        requests, n = self._chat_requests(body)
-        try:
-            generation = await admit(self.state.engine, requests, self.state.tracker)
-        except ApiError as error:
-            if error.param == "prompt":
-                error.param = "messages"
-            raise
+        requests, n, renames = self._chat_requests(body)
+        generation = await admit(self.state.engine, requests, self.state.tracker, renames=renames)
         return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
                                    body.stream_options, ChatEncoder, chat_response, "chatcmpl")
 
-    def _chat_requests(self, body: ChatCompletionRequest) -> tuple[list[GenerationRequest], int]:
+    def _chat_requests(self, body: ChatCompletionRequest) -> tuple[list[GenerationRequest], int, dict[str, str]]:
         messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
         if not messages:
             raise invalid_request("messages must not be empty", "messages")
@@ -128,19 +120,14 @@ class OpenAIRoutes:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens, max_field = _chat_max_tokens(body)
         n = _choice_count(body.n, 1)
-        prompt_ids = None
-        if max_tokens is None:  # the rest of the context: needs the prompt's length
-            prompt_ids = self._chat_prompt_ids(messages)
-            max_tokens = max(1, self.state.engine.parts.max_model_len - len(prompt_ids))
-        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
-                                 renames={"logprobs": "top_logprobs", "max_tokens": max_field})
+        # max_tokens None: the rest of the context, resolved by admission once the prompt is tokenised.
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
         session = self._session(body.user)
         requests = [
-            GenerationRequest(params=_choice_params(params, j), messages=messages if prompt_ids is None else None,
-                              prompt_ids=prompt_ids, session_id=session, priority=body.priority or 0,
-                              trace_id=g.trace_id)
+            GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,
+                              priority=body.priority or 0, trace_id=g.trace_id)
             for j in range(n)]
-        return requests, n
+        return requests, n, {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
 
     # -- shared --------------------------------------------------------------------------------------
     async def _read(self, record_type: type[Record]) -> Record:
@@ -165,15 +152,6 @@ class OpenAIRoutes:
                                             with_logprobs=with_logprobs))
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _chat_prompt_ids(self, messages: tuple[ChatMessage, ...]) -> tuple[int, ...]:
-        """The chat prompt's token ids (rendered here only when the default output length needs them)."""
-        probe = GenerationRequest(params=SamplingParams(), messages=messages)
-        try:
-            return tokenize(probe, self.state.engine.parts.tokenizer)
-        except RequestError as error:
-            raise invalid_request(error.message, "messages" if error.param == "prompt" else error.param,
-                                  error.code) from None
-
     def _session(self, user: str | None) -> str | None:
         return header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or user
 
@@ -184,8 +162,12 @@ class OpenAIRoutes:
             generation.close()
         for result in results:
             if result.finish_reason not in SUCCESSFUL_FINISHES:
-                raise from_unsuccessful_finish(result, engine_failed=self.state.engine.state is EngineState.FAILED)
+                raise from_unsuccessful_finish(result, engine_failed=self.state.engine.failed)
         return results
+
+
+def _or_default(max_tokens: int | None) -> int:
+    return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
 
 
 def _prompts(prompt: str | list) -> list[str | tuple[int, ...]]:

@@ -26,12 +26,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from inference_server.core.request import RequestUpdate, TokenOutput
 from inference_server.http.errors import ApiError, from_unsuccessful_finish
 from inference_server.http.sse import dumps, event, raw_event
 from inference_server.http.state import AppState
 from inference_server.http.usage import usage
-from inference_server.supervisor import EngineState
+from inference_server.records.requests import RequestUpdate, TokenOutput
 
 
 def new_id(prefix: str) -> str:
@@ -125,7 +124,7 @@ class _ChunkEncoder:
         return raw_event(self._head + ("" if choice is None else dumps(choice)) + tail + "}")
 
     def failure(self, index: int, update: RequestUpdate) -> bytes:
-        failed = self.state.engine.state is EngineState.FAILED
+        failed = self.state.engine.failed
         return event(from_unsuccessful_finish(update, engine_failed=failed).body())
 
     def closing(self) -> bytes:

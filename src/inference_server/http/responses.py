@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import trio
 from quart import Response, current_app, request
 
+from inference_server.http.body import receive_body
 from inference_server.http.errors import ApiError
 from inference_server.http.generation import Generation
 from inference_server.http.schemas import parse_body
@@ -16,6 +17,8 @@ from inference_server.http.sse import SSE_CONTENT_TYPE, SSE_HEADERS, EventEncode
 
 Record = TypeVar("Record")
 JSON_CONTENT_TYPE = "application/json"
+MAX_BODY_BYTES_KEY = "MAX_BODY_BYTES"
+"""The app config key of the body size limit (Quart's own ``MAX_CONTENT_LENGTH`` stays unset: see ``body.py``)."""
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -29,12 +32,13 @@ def error_response(error: ApiError) -> Response:
 
 async def read_body(record_type: type[Record]) -> Record:
     """The request body as ``record_type``: JSON (any ``*/json`` or ``+json`` type, or none given), parsed
-    strictly; 415 for another media type, 413 beyond ``MAX_BODY_BYTES``, 400 for anything malformed."""
+    strictly; 415 for another media type, 413 beyond ``MAX_BODY_BYTES``, 408 after ``BODY_TIMEOUT``, 400 for
+    anything malformed (including strings that are not valid Unicode)."""
     mimetype = request.mimetype
     if mimetype and mimetype != "application/json" and not mimetype.endswith("+json"):
         raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), not {mimetype}",
                        "invalid_request_error", "unsupported_media_type")
-    raw = await request.get_data(cache=False, as_text=False)
+    raw = await receive_body(current_app.config[MAX_BODY_BYTES_KEY])
     return parse_body(raw, record_type)
 
 

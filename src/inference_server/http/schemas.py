@@ -5,6 +5,9 @@ Strictness, where plain ``json`` + cattrs would be lenient (every failure is an 
 
 * JSON: ``NaN``/``Infinity`` and numbers that overflow a float (``1e400``) are rejected; so are invalid
   UTF-8, integers of more than 4300 digits and nesting deep enough to exhaust recursion.
+* Unicode: a string anywhere in the body (a value or a key, at any depth) holding an unpaired surrogate
+  escape such as ``"\ud800"`` is a 400 ``invalid_unicode`` naming it, before anything else sees the body:
+  such a string cannot be encoded (the tokenizer, the logs and the response writer would all raise).
 * Types: no coercion. ``"stream": "yes"``, ``"max_tokens": 3.7`` and ``"prompt": 5`` are errors; a float
   field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list);
   integers must fit in 64 bits.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -29,6 +33,7 @@ from cattrs.errors import (
     ClassValidationError,
     ForbiddenExtraKeysError,
     IterableValidationError,
+    IterableValidationNote,
 )
 from cattrs.gen import make_dict_structure_fn
 
@@ -254,8 +259,8 @@ def _make_converter() -> cattrs.Converter:
         lambda t: getattr(t, "__origin__", None) is list and len(getattr(t, "__args__", ())) == 1, list_factory)
 
     def record_factory(record_type: type) -> Callable[[Any, Any], Any]:
-        structure_fields = make_dict_structure_fn(record_type, converter, _cattrs_forbid_extra_keys=True,
-                                                  _cattrs_detailed_validation=True)
+        structure_fields: Callable[..., Any] = make_dict_structure_fn(
+            record_type, converter, _cattrs_forbid_extra_keys=True, _cattrs_detailed_validation=True)
 
         def structure_record(value: Any, _: Any) -> Any:
             if not isinstance(value, Mapping):
@@ -287,15 +292,53 @@ def _finite_float(text: str) -> float:
 
 
 def load_json(raw: bytes) -> Any:
-    """Strict ``json.loads`` (see the module docstring); raises ``ApiError`` 400 ``invalid_json``."""
+    """Strict ``json.loads`` (see the module docstring); raises ``ApiError`` 400 ``invalid_json``, or
+    ``invalid_unicode`` for a string with an unpaired surrogate."""
     if not raw.strip():
         raise invalid_request("the request body is empty: send a JSON object", code="invalid_json")
     try:
-        return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise invalid_request("the request body is nested too deeply", code="invalid_json") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity, huge integers
         raise invalid_request(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    check_unicode(value)
+    return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A UTF-16 surrogate code point. ``json`` joins a valid ``\\uD83D\\uDE00`` pair into one code point, so
+any surrogate left in a decoded string is an unpaired one."""
+
+
+def _escaped(text: str) -> str:
+    """``text`` with non-ASCII characters as JSON escapes (a lone surrogate cannot be written as UTF-8)."""
+    return json.dumps(text)[1:-1]
+
+
+def check_unicode(value: Any) -> None:
+    """Raise ``ApiError`` 400 ``invalid_unicode`` naming the first string (value or key, in document order)
+    of decoded JSON that holds an unpaired surrogate. Iterative: any nesting ``json`` accepted is fine."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise invalid_request(f"{path or 'the body'} is not valid Unicode: the string "
+                                      f"\"{_escaped(item)[:40]}\" holds an unpaired surrogate", path or None,
+                                      code="invalid_unicode")
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                key_path = f"{path}.{key}" if path else key
+                if _SURROGATE.search(key):
+                    key_path = f"{path}.{_escaped(key)}" if path else _escaped(key)
+                    raise invalid_request(f"the key \"{_escaped(key)[:40]}\" is not valid Unicode: it holds an "
+                                          "unpaired surrogate", key_path, code="invalid_unicode")
+                children.append((key_path, child))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            stack.extend(reversed([(f"{path}[{index}]", child) for index, child in enumerate(item)]))
 
 
 def _first_leaf(error: BaseException, path: str) -> tuple[str, BaseException]:
@@ -303,7 +346,7 @@ def _first_leaf(error: BaseException, path: str) -> tuple[str, BaseException]:
     if isinstance(error, (ClassValidationError, IterableValidationError)):
         with_notes, without = error.group_exceptions()
         for inner, note in with_notes:
-            step = f"[{note.index!r}]" if isinstance(error, IterableValidationError) else f".{note.name}"
+            step = f"[{note.index!r}]" if isinstance(note, IterableValidationNote) else f".{note.name}"
             return _first_leaf(inner, path + step)
         for inner in without:
             return _first_leaf(inner, path)

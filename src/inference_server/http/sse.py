@@ -24,8 +24,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from inference_server.core.request import RequestUpdate
 from inference_server.http.errors import ApiError, internal_error
+from inference_server.records.requests import RequestUpdate
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ class AppState:
     """Merge buffered tokens into one SSE event (off only to measure what coalescing buys)."""
 
     def __attrs_post_init__(self) -> None:
-        self.token_text = TokenText(self.engine.parts.tokenizer)
+        self.token_text = TokenText(self.engine.info.tokenizer)
 
     @property
     def model_name(self) -> str:
         """The one name ``/v1/models`` lists and the OpenAI routes accept."""
-        return self.engine.parts.model_name
+        return self.engine.info.model_name
 
     def begin_drain(self) -> None:
         """New generation requests get 503 from now on and readiness turns 503."""

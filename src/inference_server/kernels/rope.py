@@ -1,6 +1,6 @@
 """Triton rotary embedding for q and k in one launch, in place.
 
-The PyTorch reference (``models.layers.apply_rope``: ``x * cos + rotate_half(x) * sin``) costs five kernels per
+The PyTorch reference (``architectures.layers.apply_rope``: ``x * cos + rotate_half(x) * sin``) costs five kernels per
 tensor (neg, cat, mul, mul, add), ten per attention layer; at batch 1 those launches are a large share of a
 decode step. This kernel does both tensors in one launch. It asks for the reference's rounding points (each
 product, then the sum, in the input dtype), but on the GPU the compiler contracts multiply-adds, so results

@@ -1,1 +1,3 @@
-"""Model architectures, configs, weight loading and tokenizers."""
+"""Models: ``spec`` (a Hugging Face config resolved into per-layer descriptors, shared by both halves below),
+``architectures/`` (the torch modules), ``loading/`` (checkpoints, GGUF, presets: building a model and filling
+its weights), ``tokenizer`` and ``chat_templates`` (the text side)."""

@@ -43,7 +43,7 @@ from datetime import datetime
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import jinja2
 import jinja2.ext
@@ -197,6 +197,14 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._backend.id_to_token(token_id)
+
+    @overload
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
+                            tokenize: Literal[True] = True, **template_kwargs: Any) -> list[int]: ...
+
+    @overload
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
+                            tokenize: Literal[False], **template_kwargs: Any) -> str: ...
 
     def apply_chat_template(
         self,

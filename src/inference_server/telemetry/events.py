@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from inference_server.messages import StepPlan
+    from inference_server.records.steps import StepPlan
 
 
 @attrs.frozen

@@ -109,11 +109,27 @@ class PrometheusMetrics(RecordConsumer):
     def _bind(self, model: str) -> None:
         """Children with the model label bound once (and present at 0 before anything happens)."""
         self.model = model
-        for name in ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "preemptions",
-                     "prefix_queries", "prefix_hits", "ttft", "tpot", "e2e", "queue", "inference", "prefill",
-                     "decode", "iteration_tokens", "request_prompt", "request_generation", "request_preemptions",
-                     "preempted_waiting", "steps"):
-            setattr(self, f"_{name}", getattr(self, name).labels(model))
+        self._running = self.running.labels(model)
+        self._waiting = self.waiting.labels(model)
+        self._kv_usage = self.kv_usage.labels(model)
+        self._prompt_tokens = self.prompt_tokens.labels(model)
+        self._generation_tokens = self.generation_tokens.labels(model)
+        self._preemptions = self.preemptions.labels(model)
+        self._prefix_queries = self.prefix_queries.labels(model)
+        self._prefix_hits = self.prefix_hits.labels(model)
+        self._ttft = self.ttft.labels(model)
+        self._tpot = self.tpot.labels(model)
+        self._e2e = self.e2e.labels(model)
+        self._queue = self.queue.labels(model)
+        self._inference = self.inference.labels(model)
+        self._prefill = self.prefill.labels(model)
+        self._decode = self.decode.labels(model)
+        self._iteration_tokens = self.iteration_tokens.labels(model)
+        self._request_prompt = self.request_prompt.labels(model)
+        self._request_generation = self.request_generation.labels(model)
+        self._request_preemptions = self.request_preemptions.labels(model)
+        self._preempted_waiting = self.preempted_waiting.labels(model)
+        self._steps = self.steps.labels(model)
         self._phases = {p: self.step_phase.labels(model, p) for p in ("schedule", "execute", "deliver")}
         self._kv_full = self.kv_group_usage.labels(model, "full")
         for reason in ("stop", "length", "abort", "timeout", "error"):

@@ -13,25 +13,25 @@ from pathlib import Path
 
 import attrs
 import torch
-from torch import nn
 
 from inference_server.config import Settings, SettingsError
+from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.chat_templates import GEMMA_TURNS, read_chat_template
-from inference_server.models.loader import (
+from inference_server.models.loading.loader import (
     build_model,
     init_dummy_weights,
     iter_safetensors,
     load_weights,
     read_config,
 )
-from inference_server.models.presets import preset_config, preset_names
+from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 from inference_server.models.tokenizer import Tokenizer
 
 
 @attrs.frozen
 class LoadedModel:
-    model: nn.Module
+    model: CausalLM
     spec: ModelSpec
     tokenizer: Tokenizer | None
     name: str  # the name /v1/models reports
@@ -48,8 +48,9 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
     source = settings.model
     cache_dir = settings.resolved_cache_dir()
     template = read_chat_template(settings.chat_template) if settings.chat_template else None
+    tokenizer: Tokenizer | None  # presets and folders without tokenizer files have none
     if not source:
-        from inference_server.models.embedded import embedded_gguf_path
+        from inference_server.models.loading.embedded import embedded_gguf_path
 
         path = embedded_gguf_path()
         model, spec = _load_gguf(path, device, dtype, cache_dir)
@@ -88,8 +89,8 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype,
-               cache_dir: Path) -> tuple[nn.Module, ModelSpec]:
-    from inference_server.models.gguf_loader import open_gguf
+               cache_dir: Path) -> tuple[CausalLM, ModelSpec]:
+    from inference_server.models.loading.gguf_loader import open_gguf
 
     checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)

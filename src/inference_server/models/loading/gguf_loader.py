@@ -41,7 +41,7 @@ import gguf
 import numpy as np
 import torch
 
-from inference_server.models import gguf_index
+from inference_server.models.loading import gguf_index
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -489,7 +489,8 @@ class GGUFCheckpoint:
         for gguf_name, reader_tensor in self._tensors.items():
             placement = self._placements[gguf_name]
             parts = self._targets[placement.hf_name].part_count
-            target, filled = pending.pop(placement.hf_name, None) or (self._allocate(placement.hf_name, dtype), 0)
+            started = pending.pop(placement.hf_name, None)
+            target, filled = started or (self._allocate(placement.hf_name, dtype), 0)
             self._dequantize(reader_tensor, _destination(target, placement, reader_tensor, parts))
             if filled + 1 < parts:
                 pending[placement.hf_name] = (target, filled + 1)

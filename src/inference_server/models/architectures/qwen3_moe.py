@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models.attention import AttentionContext
-from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
-from inference_server.models.causal_lm import CausalLM
-from inference_server.models.layers import RMSNorm, rope_cos_sin, rope_inv_freq
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.architectures.causal_lm import CausalLM, Decoder
+from inference_server.models.architectures.layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -64,7 +64,7 @@ class Qwen3MoeDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Qwen3MoeModel(nn.Module):
+class Qwen3MoeModel(Decoder):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec

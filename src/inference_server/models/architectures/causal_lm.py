@@ -5,16 +5,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models.attention import AttentionContext
-from inference_server.models.layers import softcap
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.layers import softcap
 from inference_server.models.spec import ModelSpec
+
+
+class Decoder(nn.Module):
+    """The ``model.*`` part of a causal LM: ``forward(ids [T], ctx)`` gives final hidden states [T, H]."""
+
+    embed_tokens: nn.Embedding
+
+    def place_rope_tables(self, device: torch.device | str) -> None:
+        """Move the rotary tables to ``device`` once (the runner calls it before any step)."""
+        raise NotImplementedError
 
 
 class CausalLM(nn.Module):
     """``forward`` gives final hidden states [T, H]; ``compute_logits`` turns the rows that need logits into
     [N, V] (tied to ``model.embed_tokens`` when the config says so, softcapped when it has a final cap)."""
 
-    decoder_class: type[nn.Module]
+    decoder_class: type[Decoder]
+    lm_head: nn.Linear  # only when the embeddings are not tied
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()

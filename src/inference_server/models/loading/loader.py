@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec, parse_model_spec
 
 
@@ -29,10 +30,10 @@ IGNORED_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_t
 QWEN_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
     """An uninitialised model on ``device`` (parameters allocated, contents undefined)."""
-    from inference_server.models.gemma4 import Gemma4ForCausalLM
-    from inference_server.models.qwen3_moe import Qwen3MoeForCausalLM
+    from inference_server.models.architectures.gemma4 import Gemma4ForCausalLM
+    from inference_server.models.architectures.qwen3_moe import Qwen3MoeForCausalLM
 
     cls = Qwen3MoeForCausalLM if spec.architecture == "qwen3_moe" else Gemma4ForCausalLM
     with torch.device("meta"):
@@ -42,7 +43,7 @@ def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str)
 
 
 def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    named = dict(model.named_parameters())
+    named: dict[str, torch.Tensor] = dict(model.named_parameters())
     named.update(model.named_buffers())
     return named
 
@@ -117,7 +118,7 @@ def _canonical_name(name: str) -> str | None:
 def _is_unused_shared_kv(spec: ModelSpec, name: str) -> bool:
     """Released E2B/E4B files carry k/v weights for KV-shared layers; transformers ignores them."""
     match = re.match(r"^model\.layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.", name)
-    return bool(match) and not spec.layers[int(match.group(1))].computes_kv
+    return match is not None and not spec.layers[int(match.group(1))].computes_kv
 
 
 def load_weights(model: nn.Module, spec: ModelSpec, tensors: Iterator[tuple[str, torch.Tensor]],
@@ -174,7 +175,7 @@ def _copy_expert(targets: dict[str, torch.Tensor], filled: set[str], match: re.M
         filled.add(fused_name)
 
 
-def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[nn.Module, ModelSpec]:
+def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[CausalLM, ModelSpec]:
     """Model and spec from a Hugging Face checkpoint folder (config.json + safetensors, sharded or not)."""
     folder = Path(folder)
     if not folder.is_dir():

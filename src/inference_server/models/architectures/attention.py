@@ -142,10 +142,12 @@ class _ContiguousContext:
             lo, hi = self._starts[b], self._starts[b + 1]
             keys, values = self.cache._keys[seq_id], self.cache._values[seq_id]
             if k is not None and v is not None:
-                slot = layer.kv_slot
-                keys[slot] = k[lo:hi] if keys[slot] is None else torch.cat((keys[slot], k[lo:hi]))
-                values[slot] = v[lo:hi] if values[slot] is None else torch.cat((values[slot], v[lo:hi]))
+                slot, old_k, old_v = layer.kv_slot, keys[layer.kv_slot], values[layer.kv_slot]
+                keys[slot] = k[lo:hi] if old_k is None else torch.cat((old_k, k[lo:hi]))
+                values[slot] = v[lo:hi] if old_v is None else torch.cat((old_v, v[lo:hi]))
             seq_k, seq_v = keys[layer.kv_slot], values[layer.kv_slot]
+            if seq_k is None or seq_v is None:
+                raise RuntimeError(f"KV slot {layer.kv_slot} is read before any layer wrote it")
             kv_positions = torch.arange(seq_k.shape[0], device=q.device)
             outputs.append(dense_attention(q[lo:hi], seq_k, seq_v, self.positions[lo:hi], kv_positions,
                                            layer.window, scale, logit_softcap))

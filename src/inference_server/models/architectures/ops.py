@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from inference_server.models import layers
-from inference_server.models.layers import NormFn
-from inference_server.models.layers import activation as activation_fn
+from inference_server.models.architectures import layers
+from inference_server.models.architectures.layers import NormFn
+from inference_server.models.architectures.layers import activation as activation_fn
 
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
 

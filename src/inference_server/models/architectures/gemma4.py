@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models.attention import AttentionContext
-from inference_server.models.blocks import FusedExperts, GatedMLP, SelfAttention
-from inference_server.models.causal_lm import CausalLM
-from inference_server.models.layers import (
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
+from inference_server.models.architectures.causal_lm import CausalLM, Decoder
+from inference_server.models.architectures.layers import (
     RMSNorm,
     activation,
     apply_rms_norm,
@@ -46,6 +46,8 @@ class Gemma4Router(nn.Module):
 
 class Gemma4DecoderLayer(nn.Module):
     """Sandwich-normed attention and FFN; optional MoE beside the dense MLP, PLE gate and layer scalar."""
+
+    layer_scalar: torch.Tensor  # a buffer, registered on Gemma 4 layers only (``has_layer_scalar``)
 
     def __init__(self, spec: ModelSpec, layer: LayerSpec) -> None:
         super().__init__()
@@ -96,6 +98,8 @@ class Gemma4DecoderLayer(nn.Module):
         h = residual + self.post_feedforward_layernorm(m)
 
         if self.ple_size:
+            if per_layer_input is None:
+                raise ValueError("a layer with per-layer inputs (PLE) was called without them")
             gate = self.act(self.per_layer_input_gate(h)) * per_layer_input  # [T, P]
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
         if self.has_layer_scalar:
@@ -103,7 +107,7 @@ class Gemma4DecoderLayer(nn.Module):
         return h
 
 
-class Gemma4Model(nn.Module):
+class Gemma4Model(Decoder):
     """Embeddings (with per-layer embeddings when configured), decoder layers and final norm."""
 
     def __init__(self, spec: ModelSpec) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models import ops
-from inference_server.models.attention import AttentionContext
-from inference_server.models.layers import RMSNorm, activation, apply_rope_qk
+from inference_server.models.architectures import ops
+from inference_server.models.architectures.attention import AttentionContext
+from inference_server.models.architectures.layers import RMSNorm, activation, apply_rope_qk
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 

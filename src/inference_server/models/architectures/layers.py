@@ -121,7 +121,7 @@ def set_rope_impl(fn: RopeFn) -> RopeFn:
     return previous
 
 
-def activation(name: str) -> callable:
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The MLP activation by its HF name."""
     if name in ("gelu_pytorch_tanh", "gelu_tanh"):
         return lambda x: F.gelu(x, approximate="tanh")

@@ -1,0 +1,99 @@
+"""Request records: a request as submitted to the engine, and what its caller receives back.
+
+A caller (HTTP handler, offline API) submits a ``GenerationRequest`` and reads, through its
+``RequestHandle``, first its admission (``Admitted``, or a ``Rejected`` carrying a typed error), then
+``RequestUpdate`` s ending in exactly one terminal update (``finish_reason`` set).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from inference_server.records.errors import ErrorCode
+from inference_server.records.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort", "timeout", "error"]
+
+
+@attrs.frozen
+class ChatMessage:
+    role: str
+    content: str
+
+
+@attrs.frozen
+class GenerationRequest:
+    """A request as submitted to the engine (HTTP or offline API), before validation and tokenisation.
+
+    Exactly one of ``prompt`` (text), ``prompt_ids`` (token ids) or ``messages`` (chat) is set.
+    """
+
+    params: SamplingParams
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    add_special_tokens: bool = True
+    session_id: str | None = None
+    priority: int = 0
+    trace_id: str | None = None
+    cache_salt: str | None = None
+
+
+@attrs.frozen
+class TokenOutput:
+    """One generated token as it reaches a request's stream."""
+
+    token_id: int
+    text: str  # newly complete text (may be empty while a character or a stop string is pending)
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.frozen
+class RequestUpdate:
+    """What one step changed for one request: new tokens and, at the end, exactly one finish."""
+
+    request_id: int
+    tokens: tuple[TokenOutput, ...] = ()
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@attrs.frozen
+class Admitted:
+    """First item of an accepted request's stream: it is queued and will end with one terminal update."""
+
+    request_id: int
+    prompt_tokens: int
+
+
+@attrs.frozen
+class Rejected:
+    """The only item of a refused request's stream; nothing was queued (or what was queued is gone)."""
+
+    code: ErrorCode
+    message: str
+    param: str | None = None
+    retry_after: float | None = None  # seconds, for ``overloaded`` when the engine can tell
+
+
+@attrs.frozen
+class Abort:
+    """Ask the scheduler to end a request now (its caller closed the handle)."""
+
+    request_id: int
+    reason: FinishReason = "abort"
+
+
+StreamItem = Admitted | Rejected | RequestUpdate
+"""What a request's stream carries: ``Admitted`` then updates, or one ``Rejected``."""

@@ -1,0 +1,106 @@
+"""Per-request sampling parameters: how a request samples and when it stops (validated, engine-wide)."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from inference_server.records.errors import RequestError
+
+GREEDY_EPSILON = 1e-5
+"""Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
+
+MAX_LOGPROBS = 20
+"""Largest accepted ``SamplingParams.logprobs`` (the OpenAI API's limit)."""
+
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return (isinstance(value, float) or _is_int(value)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _require(ok: bool, field: str, accepted: str, value: object) -> None:
+    if not ok:
+        raise RequestError("invalid_request", f"{field} must be {accepted}, got {value!r}", field)
+
+
+@attrs.frozen
+class SamplingParams:
+    """How one request samples and when it stops. Defaults match vLLM / the OpenAI API."""
+
+    temperature: float = 1.0
+    """Softmax temperature, >= 0. Values below `GREEDY_EPSILON` (0 in particular) mean greedy (argmax)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 or -1 = off."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of best tokens with total probability >= top_p; 1.0 = off."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below ``min_p`` times the best token's; 0 = off."""
+    repetition_penalty: float = 1.0
+    """Over prompt + output tokens (HF/vLLM): positive logits divided, negative multiplied; 1.0 = off."""
+    presence_penalty: float = 0.0
+    """OpenAI semantics over output tokens: subtracted once from the logit of every token already output."""
+    frequency_penalty: float = 0.0
+    """OpenAI semantics over output tokens: subtracted from a token's logit once per time it was output."""
+    seed: int | None = None
+    """Per-request seed: the same seed, prompt and params give the same tokens. None = unseeded."""
+    max_tokens: int | None = 16
+    """Most output tokens to generate (finish reason ``"length"`` when reached). ``None``: the rest of the
+    context (admission resolves it to ``max_model_len`` minus the prompt before the request is queued)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: output ends before the first one that appears (or after it, see below)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the output (in addition to EOS, and even with ``ignore_eos``)."""
+    ignore_eos: bool = False
+    """Keep generating after the model's EOS tokens (benchmarks)."""
+    logprobs: int | None = None
+    """Top logprobs to return per token: None = none, 0 = only the sampled token's, n = it plus the top n."""
+    include_stop_str_in_output: bool = False
+    """Keep the matched stop string (or stop token's text) at the end of the output."""
+
+    def resolved_max_tokens(self) -> int:
+        """``max_tokens`` once admission has resolved ``None`` (the rest of the context) to a number."""
+        if self.max_tokens is None:
+            raise ValueError("max_tokens is unresolved: admission sets it before the request is queued")
+        return self.max_tokens
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether this request takes the argmax instead of sampling."""
+        return self.temperature < GREEDY_EPSILON
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether the sampler needs this request's token history."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    def validate(self) -> None:
+        """Raise ``RequestError`` naming the first field out of its accepted range (vLLM's ranges)."""
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        _require(_is_real(t) and t >= 0, "temperature", "a finite number >= 0", t)
+        _require(_is_int(k) and k >= -1, "top_k", "-1 or 0 (off) or an integer >= 1", k)
+        _require(_is_real(p) and 0 < p <= 1, "top_p", "a number in (0, 1]", p)
+        _require(_is_real(m) and 0 <= m <= 1, "min_p", "a number in [0, 1]", m)
+        rep, pres, freq = self.repetition_penalty, self.presence_penalty, self.frequency_penalty
+        _require(_is_real(rep) and rep > 0, "repetition_penalty", "a finite number > 0", rep)
+        _require(_is_real(pres) and -2 <= pres <= 2, "presence_penalty", "a number in [-2, 2]", pres)
+        _require(_is_real(freq) and -2 <= freq <= 2, "frequency_penalty", "a number in [-2, 2]", freq)
+        seed, (lo, hi) = self.seed, _SEED_RANGE
+        ok_seed = seed is None or (_is_int(seed) and lo <= seed <= hi)
+        _require(ok_seed, "seed", f"None or an integer in [{lo}, {hi}]", seed)
+        max_tokens, logprobs = self.max_tokens, self.logprobs
+        ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= 1)
+        _require(ok_max, "max_tokens", "an integer >= 1", max_tokens)
+        ok_logprobs = logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS)
+        _require(ok_logprobs, "logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
+        ok_stop = isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)
+        _require(ok_stop, "stop", "a tuple of non-empty strings", self.stop)
+        ids = self.stop_token_ids
+        ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
+        _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)

@@ -1,0 +1,39 @@
+"""``engine_limits``: the one place ``max_model_len`` is derived (settings, model config, KV pool)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference_server.backends.factory import CPU_MAX_MODEL_LEN, engine_limits
+from inference_server.config import Settings
+from inference_server.core.kv_manager import KVManager
+from inference_server.models.loading.presets import preset_config
+from inference_server.models.spec import parse_model_spec
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # only the device type is read; nothing is allocated
+QWEN = parse_model_spec(preset_config("qwen3-30b-a3b"))  # max_position_embeddings 40960
+
+
+def pool(tokens: int, block_size: int = 16) -> KVManager:
+    return KVManager(block_size=block_size, num_full_blocks=tokens // block_size)
+
+
+@pytest.mark.parametrize(
+    ("device", "configured", "pool_tokens", "expected"),
+    [
+        (CPU, 0, 1_000_000, CPU_MAX_MODEL_LEN),  # CPU default cap on an unset length
+        (CUDA, 0, 1_000_000, 40960),  # the model's own limit on CUDA
+        (CPU, 20_000, 1_000_000, 20_000),  # MAX_MODEL_LEN overrides the CPU cap
+        (CUDA, 100_000, 1_000_000, 40960),  # ... but never the model's limit
+        (CUDA, 0, 4096, 4096),  # a pool smaller than the context cuts it
+        (CPU, 2048, 4096, 2048),
+    ],
+)
+def test_max_model_len_is_the_smallest_of_settings_model_and_pool(
+    device: torch.device, configured: int, pool_tokens: int, expected: int
+) -> None:
+    limits = engine_limits(Settings(max_model_len=configured), QWEN, device, pool(pool_tokens))
+    assert limits.max_model_len == expected
+    assert limits.kv_capacity_tokens == pool_tokens
+    assert limits.vocab_size == QWEN.vocab_size

@@ -1,0 +1,61 @@
+"""SamplingParams validation: each field's accepted range, named in the error."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from inference_server.records.sampling_params import MAX_LOGPROBS, SamplingParams
+
+# -- validation -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "accepted"),
+    [
+        ("temperature", -0.1, ">= 0"),
+        ("temperature", math.nan, ">= 0"),
+        ("temperature", math.inf, "finite"),
+        ("top_k", -2, "-1 or 0"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("top_p", 1.5, "(0, 1]"),
+        ("top_p", math.nan, "(0, 1]"),
+        ("min_p", -0.01, "[0, 1]"),
+        ("min_p", 1.01, "[0, 1]"),
+        ("repetition_penalty", 0.0, "> 0"),
+        ("repetition_penalty", math.inf, "> 0"),
+        ("presence_penalty", 2.5, "[-2, 2]"),
+        ("presence_penalty", -math.inf, "[-2, 2]"),
+        ("frequency_penalty", -2.01, "[-2, 2]"),
+        ("seed", 2**64, "None or an integer"),
+        ("seed", 1.5, "None or an integer"),
+        ("max_tokens", 0, ">= 1"),
+        ("logprobs", -1, f"[0, {MAX_LOGPROBS}]"),
+        ("logprobs", MAX_LOGPROBS + 1, f"[0, {MAX_LOGPROBS}]"),
+        ("stop", ("ok", ""), "non-empty strings"),
+        ("stop_token_ids", (1, -5), "integers >= 0"),
+    ],
+)
+def test_validation_names_field_and_range(field: str, value: object, accepted: str) -> None:
+    params = SamplingParams(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as info:
+        params.validate()
+    message = str(info.value)
+    assert message.startswith(f"{field} must be ") and accepted in message and repr(value) in message
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(temperature=0, top_k=-1, top_p=1.0, min_p=0.0, max_tokens=1),
+        SamplingParams(temperature=5.0, top_k=1, top_p=1e-9, min_p=1.0, repetition_penalty=1e-3),
+        SamplingParams(presence_penalty=-2, frequency_penalty=2, seed=-(2**63), logprobs=MAX_LOGPROBS),
+        SamplingParams(seed=2**64 - 1, logprobs=0, stop=("\n",), stop_token_ids=(0, 1)),
+    ],
+)
+def test_validation_accepts_boundaries(params: SamplingParams) -> None:
+    params.validate()
+    torch.Generator().manual_seed(params.seed or 0)  # every accepted seed is a valid torch seed
