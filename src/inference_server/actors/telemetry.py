@@ -2,8 +2,10 @@
 
 Producers call ``Telemetry.emit`` (``send_nowait``): when the inbox is full the event is dropped and counted,
 never awaited. Each subscriber gets its own bounded channel and, like the inbox, loses events rather than
-slowing the actor: a slow subscriber loses events, not the engine. Sinks (metrics, SQLite, timeline) are
-plain callables run in the actor's task.
+slowing the actor: a slow subscriber loses events, not the engine, and its ``Subscription.dropped`` says how
+many (``GET /telemetry/tail`` reports it to the reader). Sinks are plain callables run in the actor's task:
+the server attaches one, ``telemetry.tracker.RequestTracker``, which feeds the stats, Prometheus, SQLite and
+timeline consumers (``telemetry/observability.py``; docs/observability.md).
 """
 
 from __future__ import annotations

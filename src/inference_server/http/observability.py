@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import trio
 from quart import Response, request
 
 from inference_server.actors.telemetry import Subscription
@@ -65,8 +66,8 @@ async def _tail_body(subscription: Subscription, tail_filter: TailFilter) -> Asy
             while len(events) < MAX_LINES_PER_CHUNK:
                 try:
                     events.append(subscription.receive_nowait())
-                except Exception:  # WouldBlock, or the feed ended: write what we have
-                    break
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break  # nothing more buffered (or the feed ended): write what we have
             lines = []
             if subscription.dropped > reported:
                 lines.append(_line({"event": "lost", "events": subscription.dropped - reported,

@@ -50,8 +50,8 @@ class TailFilter:
             return {"event": "queued", "t": event.time, "request_id": event.request_id,
                     "trace_id": event.trace_id, "session_id": event.session_id, "priority": event.priority,
                     "prompt_tokens": event.prompt_tokens}
-        if isinstance(event, RequestRejected):
-            if not self._matches(None if self.session_id is None else "", event.trace_id):
+        if isinstance(event, RequestRejected):  # a rejection carries no session: a session filter hides it
+            if self.session_id is not None or not self._matches(None, event.trace_id):
                 return None
             return {"event": "rejected", "t": event.time, "trace_id": event.trace_id, "code": event.code,
                     "message": event.message}
