@@ -20,10 +20,17 @@ from typing import Any
 
 _NULL = contextlib.nullcontext()
 _enabled = False
+_torch: Any = None  # imported by ``enable(True)``, at start-up: importing torch takes seconds
 
 
 def enable(on: bool) -> None:
-    global _enabled
+    """Turn ranges on or off (process-wide, like the profiler itself). Call it before serving: turning
+    them on imports torch, which must not happen on the event loop while requests wait."""
+    global _enabled, _torch
+    if on and _torch is None:
+        import torch
+
+        _torch = torch
     _enabled = on
 
 
@@ -34,13 +41,9 @@ def enabled() -> bool:
 def phase(name: str, step_id: int) -> contextlib.AbstractContextManager[Any]:
     """A profiler range ``step <step_id> <name>`` when ranges are on and a profiler is recording (the torch
     profiler, or Nsight through ``emit_nvtx``), else a null context."""
-    if not _enabled:
+    if not _enabled or not _torch.autograd._profiler_enabled():  # 0.1 µs; a record_function costs ~15 µs
         return _NULL
-    import torch
-
-    if not torch.autograd._profiler_enabled():  # 0.1 µs; a record_function costs ~15 µs on CPU
-        return _NULL
-    return torch.profiler.record_function(f"step {step_id} {name}")
+    return _torch.profiler.record_function(f"step {step_id} {name}")
 
 
 def ranged_execute(execute: Callable[[Any], Any]) -> Callable[[Any], Any]:
