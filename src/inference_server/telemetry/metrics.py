@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -132,6 +133,8 @@ class PrometheusMetrics(RecordConsumer):
         self._steps = self.steps.labels(model)
         self._phases = {p: self.step_phase.labels(model, p) for p in ("schedule", "execute", "deliver")}
         self._kv_full = self.kv_group_usage.labels(model, "full")
+        self._kv_sliding: Any = None  # bound at the first step of a model with a sliding-window group
+        self._session_tokens: dict[str, Any] = {}  # session label -> bound child (a labels() call costs µs)
         for reason in ("stop", "length", "abort", "timeout", "error"):
             self.success.labels(model, reason)
 
@@ -191,9 +194,15 @@ class PrometheusMetrics(RecordConsumer):
         self._kv_usage.set(record.kv_usage_full)
         self._kv_full.set(record.kv_usage_full)
         if record.kv_usage_sliding is not None:
-            self.kv_group_usage.labels(self.model, "sliding").set(record.kv_usage_sliding)
+            if self._kv_sliding is None:
+                self._kv_sliding = self.kv_group_usage.labels(self.model, "sliding")
+            self._kv_sliding.set(record.kv_usage_sliding)
         for session, tokens in record.session_tokens:
-            self.session_tokens.labels(self.model, self._session(session)).inc(tokens)
+            label = self._session(session)
+            child = self._session_tokens.get(label)
+            if child is None:
+                child = self._session_tokens[label] = self.session_tokens.labels(self.model, label)
+            child.inc(tokens)
         self._sync_counts()
 
     def rejected(self, event: RequestRejected) -> None:
