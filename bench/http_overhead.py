@@ -16,6 +16,7 @@ per event and per token (from /proc). Runs with coalescing on (the default) and 
     uv run python bench/http_overhead.py --slow-client-ms 500 --max-tokens 512   # clients that fall behind
     uv run python bench/http_overhead.py --pure-sse       # the floor: a bare Quart-Trio SSE app, no engine
     uv run python bench/http_overhead.py --engine-only    # the actor path alone, no HTTP
+    uv run python bench/http_overhead.py --sinks all      # with every telemetry sink (none: without any)
 
 This is a benchmark, not a test; docs/benchmarks.md records its figures.
 """
@@ -94,15 +95,39 @@ def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
         max_queue_size=4 * max_streams, model_name="fake")
 
 
-def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool) -> int:
-    """Run the real server (``run_server``, which prints its URL) on ``fake_parts``."""
+def _detach_telemetry_sinks() -> None:
+    """``--sinks none``: the telemetry actor still drains every event, but feeds no sink (the baseline)."""
+    from inference_server.telemetry.observability import Observability
+
+    attach = Observability.attach.__func__  # type: ignore[attr-defined]
+
+    def detached(cls: type[Observability], telemetry: object, *args: object, **kwargs: object) -> Observability:
+        observability = attach(cls, telemetry, *args, **kwargs)
+        telemetry.sinks.clear()  # type: ignore[attr-defined]
+        return observability
+
+    Observability.attach = classmethod(detached)  # type: ignore[method-assign,assignment]
+
+
+def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default") -> int:
+    """Run the real server (``run_server``, which prints its URL) on ``fake_parts``. ``sinks``: ``none`` (no
+    telemetry sink), ``default`` (stats and Prometheus, as ``serve`` always has) or ``all`` (plus the SQLite
+    run file, the JSONL timeline and profiler ranges, in a temporary folder)."""
+    import tempfile
+
     from inference_server.config import Settings
     from inference_server.server import run_server
 
     if small_send_buffers:
         _small_send_buffers()
+    if sinks == "none":
+        _detach_telemetry_sinks()
+    files = {}
+    if sinks == "all":
+        folder = tempfile.mkdtemp(prefix="http-overhead-telemetry-")
+        files = {"telemetry_dir": folder, "timeline_dir": folder}
     settings = Settings(host="127.0.0.1", port=0, log_level="warning", max_batch_size=max_streams,
-                        max_queue_size=4 * max_streams)
+                        max_queue_size=4 * max_streams, **files)
     return run_server(fake_parts(max_streams, step_ms), settings, coalesce=coalesce)
 
 
@@ -345,10 +370,10 @@ async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: 
                (cpu1 - cpu0) / wall, (c1 - c0) / wall, p50, counters.errors)
 
 
-def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool
-                 ) -> tuple[subprocess.Popen, str, int]:
+def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool,
+                 sinks: str = "default") -> tuple[subprocess.Popen, str, int]:
     command = [sys.executable, __file__, "--serve", "--coalesce", "on" if coalesce else "off",
-               "--max-streams", str(max_streams), "--step-ms", str(step_ms)]
+               "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks]
     command += (["--slow-client-ms", "1"] if slow_clients else []) + (["--pure-sse"] if pure_sse else [])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -393,13 +418,16 @@ def main() -> int:
                         help="measure the actor path alone instead, in this process (no HTTP, no sockets)")
     parser.add_argument("--pure-sse", action="store_true",
                         help="measure the stack's floor instead: a bare Quart-Trio SSE app, no engine")
+    parser.add_argument("--sinks", choices=["none", "default", "all"], default="default",
+                        help="telemetry sinks on the server: none; default (stats and Prometheus, as serve has); "
+                             "all (plus the SQLite run file, the JSONL timeline and profiler ranges)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-streams", type=int, default=256, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         if args.pure_sse:
             return serve_pure_sse()
-        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0)
+        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0, args.sinks)
     rows = []
     if args.engine_only:
         rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup) for c in args.concurrency]
@@ -408,7 +436,7 @@ def main() -> int:
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.coalesce]
     for coalesce in modes if not args.pure_sse else [False]:
         process, host, port = start_server(coalesce, max(args.concurrency), args.step_ms, args.slow_client_ms > 0,
-                                           args.pure_sse)
+                                           args.pure_sse, args.sinks)
         try:
             for concurrency in args.concurrency:
                 row = trio.run(measure, host, port, process.pid, concurrency, args.max_tokens, args.seconds,

@@ -1,4 +1,4 @@
-"""Command line: ``inference-server serve`` and ``inference-server generate PROMPT...``.
+"""Command line: ``inference-server serve``, ``generate PROMPT...``, ``tail`` and ``report RUN.sqlite``.
 
 The only place argv is read. Every setting of ``config.Settings`` is also a flag (``MAX_BATCH_SIZE`` is
 ``--max-batch-size``); flags override the environment and ``.env``.
@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setting_flags(generate)
     serve = commands.add_parser("serve", help="run the HTTP server")
     _add_setting_flags(serve)
+    from inference_server.cli import report, tail
+
+    tail.add_parser(commands)
+    report.add_parser(commands)
     return parser
 
 
@@ -78,6 +82,10 @@ def run_generate(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("tail", "report"):  # clients of a server or of a run file: no engine settings
+        from inference_server.cli import report, tail
+
+        return tail.run(args) if args.command == "tail" else report.run(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as error:

@@ -87,7 +87,10 @@ class Settings:
     seed: int = _field(0, "Seed for dummy weights and for requests without their own seed.", minimum=0)
     cache_dir: str = _field("", "Where converted tokenizers and other caches live; empty: "
                                 "$XDG_CACHE_HOME/inference_server or ~/.cache/inference_server.")
-    telemetry_dir: str = _field("", "Folder for the per-run SQLite file and JSONL timeline; empty: off.")
+    telemetry_dir: str = _field("", "Folder for the per-run SQLite file (requests keyed by X-Trace-Id, steps, "
+                                    "meta); empty: off.")
+    timeline_dir: str = _field("", "Folder for the per-run JSONL step timeline (one line per scheduler "
+                                   "decision) and profiler ranges per step phase; empty: off.")
     log_level: str = _field("info", "Logging level.", ("debug", "info", "warning", "error"))
     faults: str = _field("", "Fault injection for reliability runs (docs/reliability.md): comma-separated "
                              "step_error=P, step_delay=P:SECONDS, alloc_refuse=P, tokenizer_error=P, seed=N, "

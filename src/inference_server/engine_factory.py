@@ -17,6 +17,7 @@ from inference_server.fault_injection import with_faults
 from inference_server.models.loading.source import LoadedModel, load_model
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
 from inference_server.supervisor import EngineParts
+from inference_server.telemetry import profiler_ranges
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
     parts = EngineParts(
-        step=threaded(runner.execute),
+        step=threaded(profiler_ranges.ranged_execute(runner.execute)),
         kv=kv,
         tokenizer=tokenizer,
         max_model_len=limits.max_model_len,

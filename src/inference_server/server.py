@@ -41,6 +41,7 @@ from inference_server.config import Settings
 from inference_server.http import app_state, create_app
 from inference_server.http.state import AppState
 from inference_server.supervisor import Engine, EngineParts
+from inference_server.telemetry.observability import Observability
 
 log = logging.getLogger(__name__)
 
@@ -92,17 +93,29 @@ class Shutdown:
 
 async def _serve(parts: EngineParts, settings: Settings, coalesce: bool) -> int:
     shutdown = Shutdown()
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            engine: Engine = await nursery.start(supervise_engine, Engine(parts), shutdown.request)
-            app = create_app(engine, settings, coalesce=coalesce)
-            nursery.start_soon(_watch_signals, signals, shutdown)
-            nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown)
-            binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
-            for bind in binds:
-                print(f"inference-server listening on {bind}", flush=True)
-                log.info("serving %s on %s", engine.info.model_name, bind)
+    engine = Engine(parts)
+    # Telemetry sinks go on before the engine starts; the file sinks are closed (flushed, writer threads
+    # joined) after it stopped, whichever way it stopped.
+    observability = Observability.attach(engine.telemetry, parts.model_name, settings)
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await _serve_engine(engine, observability, settings, coalesce, shutdown, signals, nursery)
+    finally:
+        observability.close()
     return shutdown.exit_code
+
+
+async def _serve_engine(engine: Engine, observability: Observability, settings: Settings, coalesce: bool,
+                        shutdown: Shutdown, signals: AsyncIterator[int], nursery: trio.Nursery) -> None:
+    await nursery.start(supervise_engine, engine, shutdown.request)
+    app = create_app(engine, settings, coalesce=coalesce, observability=observability)
+    nursery.start_soon(_watch_signals, signals, shutdown)
+    nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown)
+    binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
+    for bind in binds:
+        print(f"inference-server listening on {bind}", flush=True)
+        log.info("serving %s on %s", engine.info.model_name, bind)
 
 
 async def supervise_engine(engine: Engine, on_failure: Callable[[int], None], *,

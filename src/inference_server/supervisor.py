@@ -42,6 +42,7 @@ from inference_server.core.scheduler import Scheduler, SchedulerConfig
 from inference_server.core.validation import KVLimits, PromptTokenizer
 from inference_server.records.requests import Abort, GenerationRequest, Rejected
 from inference_server.records.steps import StepPlan, StepResult
+from inference_server.telemetry.events import RequestRejected
 
 
 class EngineState(enum.Enum):
@@ -140,6 +141,8 @@ class Engine:
         except trio.WouldBlock:
             self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later",
                                                      retry_after=1.0))
+            self.telemetry.emit(RequestRejected(trio.current_time(), "overloaded", "admission queue full",
+                                                request.trace_id))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.streams.reject(request_id, Rejected("unavailable", "the engine is shutting down"))
         return handle

@@ -45,6 +45,24 @@ CHAT_TEMPLATE = (
 EOS_ID = 1
 MODEL_NAME = "tiny-test"
 
+# Every Prometheus family /metrics exposes -> the sample suffix whose value must grow during a run ("": a gauge,
+# which must be seen above 0 during the run). Shared by the fake-engine and embedded-model tests.
+MOVING_FAMILIES = {
+    "vllm:num_requests_running": "", "vllm:num_requests_waiting": "", "vllm:kv_cache_usage_perc": "",
+    "vllm:prompt_tokens": "_total", "vllm:generation_tokens": "_total", "vllm:request_success": "_total",
+    "vllm:num_preemptions": "_total", "vllm:prefix_cache_queries": "_total", "vllm:prefix_cache_hits": "_total",
+    "vllm:time_to_first_token_seconds": "_count", "vllm:inter_token_latency_seconds": "_count",
+    "vllm:request_time_per_output_token_seconds": "_count", "vllm:e2e_request_latency_seconds": "_count",
+    "vllm:request_queue_time_seconds": "_count", "vllm:request_inference_time_seconds": "_count",
+    "vllm:request_prefill_time_seconds": "_count", "vllm:request_decode_time_seconds": "_count",
+    "vllm:iteration_tokens_total": "_count", "vllm:request_prompt_tokens": "_count",
+    "vllm:request_generation_tokens": "_count", "vllm:request_num_preemptions": "_count",
+    "inference_server:kv_cache_usage_perc": "", "inference_server:num_requests_preempted": "",
+    "inference_server:rejections": "_total", "inference_server:session_tokens": "_total",
+    "inference_server:session_requests": "_total", "inference_server:step_phase_seconds": "_count",
+    "inference_server:steps": "_total",
+}
+
 
 def write_tokenizer_folder(folder: Path, vocab_size: int = 512) -> Path:
     """A word-level tokenizer of exactly ``vocab_size`` ids (specials, a few words, then ``w0``, ``w1``, ...),

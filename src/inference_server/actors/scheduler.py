@@ -35,6 +35,7 @@ from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler
 from inference_server.records.requests import Abort, Rejected, RequestUpdate
 from inference_server.records.steps import StepPlan, StepResult
+from inference_server.telemetry import profiler_ranges
 from inference_server.telemetry.events import (
     FirstToken,
     RequestFinished,
@@ -201,29 +202,34 @@ class SchedulerActor:
     async def _step(self) -> bool:
         """Run one step; False when nothing could be granted (the caller then waits for a message)."""
         waiting_before = {r.request_id for r in self.core.waiting}
-        step_start = trio.current_time()
-        await self.demands.send(self.core.demand())
-        grant = await self.grants.receive()
-        self.kv_free_tokens = round(grant.free_fraction * self.kv_capacity_tokens)
-        plan = self.core.apply_grant(grant)
+        scheduling_began = trio.current_time()
+        with profiler_ranges.phase("schedule", self.core.next_step_id):
+            await self.demands.send(self.core.demand())
+            grant = await self.grants.receive()
+            self.kv_free_tokens = round(grant.free_fraction * self.kv_capacity_tokens)
+            plan = self.core.apply_grant(grant)
         if plan is None:
             return False
         now = trio.current_time()
+        schedule_seconds = now - scheduling_began
         for sequence in plan.sequences:
             if sequence.request_id in waiting_before and sequence.reset:
                 request = self.core.requests[sequence.request_id]
                 self.emit(RequestStarted(now, request.request_id, request.num_cached_prompt_tokens))
         await self.plans.send(plan)
-        self.flush_deliveries()  # the previous step's tokens reach clients while this step runs
+        delivering_began = trio.current_time()
+        with profiler_ranges.phase("deliver", plan.step_id - 1):
+            self.flush_deliveries()  # the previous step's tokens reach clients while this step runs
+        deliver_seconds = trio.current_time() - delivering_began
         result = await self.results.receive()
         self.last_step_end = trio.current_time()
-        self.kv_turnover.step(self.last_step_end, self.last_step_end - step_start)
+        self.kv_turnover.step(self.last_step_end, self.last_step_end - scheduling_began)
         updates = self.core.on_step_result(result)
         now = trio.current_time()
         for update in updates:
             self._report_update(update, now)
         self._undelivered.extend(updates)
-        self._report_step(plan, result, len(grant.preempted), grant.free_fraction)
+        self._report_step(plan, result, grant, schedule_seconds, deliver_seconds)
         return bool(plan.sequences)
 
     def flush_deliveries(self) -> None:
@@ -260,12 +266,16 @@ class SchedulerActor:
     def _finished_request(self, update: RequestUpdate) -> Request | None:
         return self.core.last_finished.get(update.request_id)
 
-    def _report_step(self, plan: StepPlan, result: StepResult, preempted: int, free_fraction: float) -> None:
+    def _report_step(self, plan: StepPlan, result: StepResult, grant: StepGrant, schedule_seconds: float,
+                     deliver_seconds: float) -> None:
         decode = sum(1 for s in plan.sequences if len(s.token_ids) == 1 and s.cached_len >= s.prompt_len)
+        sliding_free = grant.sliding_free_fraction
         self.emit(StepCompleted(
             time=trio.current_time(), step_id=plan.step_id, num_sequences=len(plan.sequences),
             num_prefill_tokens=plan.num_tokens - decode, num_decode_tokens=decode, seconds=result.seconds,
             num_waiting=len(self.core.waiting), num_running=len(self.core.running),
-            kv_usage=1.0 - free_fraction, num_preempted=preempted))
+            kv_usage=1.0 - grant.free_fraction, num_preempted=len(grant.preempted), plan=plan,
+            preempted=grant.preempted, kv_usage_sliding=None if sliding_free is None else 1.0 - sliding_free,
+            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds))
 
 

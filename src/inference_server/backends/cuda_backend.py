@@ -50,6 +50,7 @@ from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
 from inference_server.records.steps import SampledToken, StepPlan, StepResult
+from inference_server.telemetry import profiler_ranges
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
 
@@ -141,16 +142,23 @@ class CudaModelRunner(ModelRunner):
         states = [self._state_for(seq) for seq in plan.sequences]
         tokens: tuple[SampledToken, ...] = ()
         if plan.sequences:
+            step_id = plan.step_id
             if self.graphs is not None and self.graphs.fits(plan.sequences):
-                hidden = self.graphs.run(self.graphs.stage(plan.sequences))  # [bucket, H], padded rows unread
+                with profiler_ranges.phase("stage", step_id):
+                    staged = self.graphs.stage(plan.sequences)
+                with profiler_ranges.phase("forward", step_id):
+                    hidden = self.graphs.run(staged)  # [bucket, H], padded rows unread
                 self.graph_steps += 1
             else:
-                step = self._step_tensors(plan)
-                ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
-                ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
-                hidden = self._model_fn(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
+                with profiler_ranges.phase("stage", step_id):
+                    step = self._step_tensors(plan)
+                    ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
+                    ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
+                with profiler_ranges.phase("forward", step_id):
+                    hidden = self._model_fn(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
                 self.eager_steps += 1
-            tokens = self._sample(plan, states, hidden)
+            with profiler_ranges.phase("sample", step_id):
+                tokens = self._sample(plan, states, hidden)
             self.tokens_computed += plan.num_tokens
         return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
                           seconds=time.perf_counter() - started)

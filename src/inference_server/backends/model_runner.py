@@ -18,6 +18,7 @@ from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, mak
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
 from inference_server.records.steps import SampledToken, ScheduledSequence, StepPlan, StepResult
+from inference_server.telemetry import profiler_ranges
 
 
 @attrs.define
@@ -111,11 +112,14 @@ class ModelRunner:
         states = [self._state_for(seq) for seq in plan.sequences]
         tokens: tuple[SampledToken, ...] = ()
         if plan.sequences:
-            step = self._step_tensors(plan)
-            ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
-            ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
-            hidden = self.model(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
-            tokens = self._sample(plan, states, hidden)
+            with profiler_ranges.phase("stage", plan.step_id):
+                step = self._step_tensors(plan)
+                ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
+                ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
+            with profiler_ranges.phase("forward", plan.step_id):
+                hidden = self.model(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
+            with profiler_ranges.phase("sample", plan.step_id):
+                tokens = self._sample(plan, states, hidden)
             self.tokens_computed += plan.num_tokens
         return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
                           seconds=time.perf_counter() - started)

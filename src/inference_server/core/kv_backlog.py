@@ -2,8 +2,8 @@
 
 A request can only start when the KV cache has room for its prompt. ``KVTurnover`` measures how fast the
 cache turns over — KV tokens given back by finished requests over the last ``window`` seconds, per second
-spent stepping in that window — and ``estimated_wait`` turns the backlog (prompt tokens queued ahead, plus the new prompt,
-beyond what is free now) into seconds at that rate. When that exceeds the admission deadline, the
+spent stepping in that window — and ``estimated_wait`` turns the backlog (prompt tokens queued ahead, plus
+the new prompt, beyond what is free now) into seconds at that rate. When that exceeds the admission deadline, the
 scheduler answers 429 at once instead of letting the request time out (504) after holding a queue slot.
 
 It is an estimate, and errs towards admitting: it ignores the KV the running requests still grow into,

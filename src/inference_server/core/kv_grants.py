@@ -59,6 +59,7 @@ class StepGrant:
     grants: tuple[Grant, ...]
     preempted: tuple[int, ...]
     free_fraction: float = 1.0  # share of full-group blocks available after the grant
+    sliding_free_fraction: float | None = None  # the same for the sliding-window group (None: no such group)
 
 
 def allocate_step(kv: KVManager, demand: StepDemand) -> StepGrant:
@@ -74,9 +75,10 @@ def allocate_step(kv: KVManager, demand: StepDemand) -> StepGrant:
                 break  # head-of-line: later new requests wait too, so admission order holds
         else:
             state.extend(item)
-    pool = kv.full_pool
+    pool, sliding = kv.full_pool, kv.sliding_pool
+    sliding_free = None if sliding is None else sliding.num_available / max(1, sliding.num_blocks)
     return StepGrant(grants=tuple(state.grants.values()), preempted=tuple(state.preempted),
-                     free_fraction=pool.num_available / max(1, pool.num_blocks))
+                     free_fraction=pool.num_available / max(1, pool.num_blocks), sliding_free_fraction=sliding_free)
 
 
 class _Allocation:

@@ -71,6 +71,11 @@ class Scheduler:
         """Ended requests whose KV release or runner state has not been sent with a step yet."""
         return bool(self._releases or self._forget)
 
+    @property
+    def next_step_id(self) -> int:
+        """The id the next plan will carry (profiler ranges name the step before it is planned)."""
+        return self._step_id
+
     def active_sessions(self) -> set[str]:
         return {session_of(r) for r in self.requests.values()}
 

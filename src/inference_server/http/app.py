@@ -39,11 +39,13 @@ from inference_server.http.convert import TRACE_ID_HEADER, header_id
 from inference_server.http.debug import DebugRoutes
 from inference_server.http.errors import ApiError, from_http_status, internal_error
 from inference_server.http.native import NativeRoutes
+from inference_server.http.observability import ObservabilityRoutes
 from inference_server.http.openai import OpenAIRoutes
 from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
 from inference_server.supervisor import Engine
+from inference_server.telemetry.observability import Observability
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class Route:
 
 def _routes(state: AppState) -> list[Route]:
     native, openai, service = NativeRoutes(state), OpenAIRoutes(state), ServiceRoutes(state)
+    observability = ObservabilityRoutes(state)
     routes = [
         Route("POST", "/generate", native.generate, "native generation: text or token ids, SSE with stream=true"),
         Route("GET", "/v1/models", openai.models, "OpenAI: the served model"),
@@ -71,6 +74,9 @@ def _routes(state: AppState) -> list[Route]:
         Route("POST", "/v1/completions", openai.completions, "OpenAI: text completions (stream, n, logprobs)"),
         Route("POST", "/v1/chat/completions", openai.chat_completions, "OpenAI: chat completions (stream, n, "
               "logprobs)"),
+        Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)"),
+        Route("GET", "/scheduler/stats", observability.stats, "latency percentiles, throughput, queue, KV usage"),
+        Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)"),
         Route("GET", "/health", service.health, "liveness: 200 while the process runs"),
         Route("GET", "/ready", service.ready, "readiness: 503 while starting, draining, failed or stalled"),
         Route("GET", "/debug/engine", DebugRoutes(state).engine, "what the engine holds now (leak checks)"),
@@ -85,14 +91,19 @@ def app_state(app: QuartTrio) -> AppState:
     return app.extensions[STATE_KEY]
 
 
-def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True) -> QuartTrio:
+def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True,
+               observability: Observability | None = None) -> QuartTrio:
     """The HTTP app serving ``engine`` (already running). ``coalesce=False`` sends one SSE event per token
-    (only for measuring what coalescing buys)."""
+    (only for measuring what coalescing buys). ``observability``: the engine's telemetry sinks (the server
+    attaches them before the engine starts, with the file sinks the settings ask for); when None, stats and
+    metrics sinks are attached here."""
     app = QuartTrio("inference_server", static_folder=None)
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=BODY_TIMEOUT_SECONDS, MAX_CONTENT_LENGTH=None,
                       BACKGROUND_TASK_SHUTDOWN_TIMEOUT=2)
     app.config[MAX_BODY_BYTES_KEY] = settings.max_body_bytes
-    state = AppState(engine, settings, coalesce=coalesce)
+    if observability is None:
+        observability = Observability.attach(engine.telemetry, engine.info.model_name)
+    state = AppState(engine, settings, observability, coalesce=coalesce)
     app.extensions[STATE_KEY] = state
     # Quart types asgi_app with its exact ASGI TypedDicts; the middleware speaks the generic mapping form.
     app.asgi_app = ConnectionPolicy(app.asgi_app, lambda: state.draining)  # type: ignore[method-assign,assignment,arg-type]

@@ -11,6 +11,7 @@ from inference_server.http.errors import unavailable
 from inference_server.http.generation import ResponseTracker
 from inference_server.http.token_text import TokenText
 from inference_server.supervisor import Engine
+from inference_server.telemetry.observability import Observability
 
 
 @attrs.define(eq=False)
@@ -19,6 +20,7 @@ class AppState:
 
     engine: Engine
     settings: Settings
+    observability: Observability
     tracker: ResponseTracker = attrs.Factory(ResponseTracker)
     token_text: TokenText = attrs.field(init=False)
     started_at: int = attrs.Factory(lambda: int(time.time()))

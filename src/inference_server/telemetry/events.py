@@ -6,7 +6,12 @@ drop, so reporting can never block the step loop. Times are trio clock readings 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
+
+if TYPE_CHECKING:
+    from inference_server.records.steps import StepPlan
 
 
 @attrs.frozen
@@ -68,6 +73,12 @@ class StepCompleted:
     num_running: int
     kv_usage: float  # fraction of full-group KV blocks in use
     num_preempted: int
+    # What the step did, by reference (free for the scheduler; sinks read the composition off the plan).
+    plan: StepPlan | None = None
+    preempted: tuple[int, ...] = ()  # request ids preempted by this step's grant
+    kv_usage_sliding: float | None = None  # fraction of sliding-window KV blocks in use (None: no such group)
+    schedule_seconds: float = 0.0  # demand, grant and plan (the scheduler's side of the step)
+    deliver_seconds: float = 0.0  # delivering the previous step's tokens to the request streams
 
 
 TelemetryEvent = (RequestQueued | RequestRejected | RequestStarted | FirstToken | RequestFinished
