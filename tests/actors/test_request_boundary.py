@@ -110,10 +110,11 @@ async def test_any_exception_while_preparing_a_request_is_that_requests_error(fa
 # -- finding 2: a request that could never fit is refused at once, and blocks nobody ---------------------
 
 
-async def test_a_request_too_big_for_the_sliding_pool_is_refused_and_the_queue_moves(fake_step: FakeStep) -> None:
+async def test_a_request_too_big_for_the_sliding_pool_is_refused_and_the_queue_moves(
+        autojump_clock: trio.testing.MockClock) -> None:
     """Window 8, block 4, 4 sliding blocks: a 40-token prompt needs 12 sliding blocks in its prefill step."""
     kv = KVManager(block_size=4, num_full_blocks=256, num_sliding_blocks=4, sliding_window=8)
-    parts = fake_parts(fake_step, kv=kv, admission_timeout=5.0)
+    parts = fake_parts(FakeStep(step_seconds=0.01), kv=kv, admission_timeout=5.0)
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
         too_big = engine.submit(ids_request(10, length=40))
@@ -135,13 +136,13 @@ async def test_callers_who_leave_at_any_stage_leave_no_stream_entry(fake_step: F
     """Callers leave while their request is in the admission inbox, queued in the scheduler, and running;
     afterwards the engine holds nothing for any of them."""
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
-    fake_step.gate = trio.Event()
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
-        running = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=50)))
+        running = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=500)))
+        queued = engine.submit(ids_request(20))  # waits: one sequence at a time
         await running.admission()
-        queued = engine.submit(ids_request(20))
         await queued.admission()
+        fake_step.gate = trio.Event()  # hold the executor: nothing moves on until the callers left
         in_inbox = [engine.submit(ids_request(30 + 10 * i)) for i in range(5)]
         for handle in in_inbox:  # closed before admission even looked at them
             handle.close()
