@@ -55,7 +55,7 @@ class RequestFinished:
     completion_tokens: int
     cached_prompt_tokens: int
     e2e_latency: float
-    queue_time: float
+    ttft: float  # seconds from arrival to the first generated token (the whole latency when there was none)
     session_id: str | None
     trace_id: str | None
     error: str | None = None
