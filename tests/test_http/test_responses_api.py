@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from http_testkit import MODEL_NAME, FakeModel, SocketServer, serving_on_socket
+from http_testkit import MODEL_NAME, FakeModel, SocketServer, assert_engine_clean, serving_on_socket
 from openai.types.responses import (
     Response,
     ResponseCompletedEvent,
@@ -33,6 +33,7 @@ HELLO_PROMPT_TOKENS = 7
 def server(tokenizer: Tokenizer):
     with serving_on_socket(tokenizer=tokenizer) as served:
         yield served
+        served.call(assert_engine_clean, served.engine)  # every request ended and freed its KV blocks
 
 
 def sdk(server: SocketServer) -> openai.OpenAI:
@@ -169,6 +170,17 @@ def test_accepted_flags_and_bad_input(server: SocketServer) -> None:
             error = reply.json()["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["message"]
             assert (error["code"], error["param"]) == (code, param), error
+
+
+def test_a_client_that_leaves_mid_stream_aborts_its_request(tokenizer: Tokenizer) -> None:
+    with serving_on_socket(FakeModel(delay=0.2), tokenizer=tokenizer) as server:
+        events = sdk(server).responses.create(input="hello", max_output_tokens=120, stream=True)
+        for event in events:
+            if event.type == "response.output_text.delta":
+                break
+        events.close()
+        server.call(assert_engine_clean, server.engine)
+        assert server.model.tokens_emitted < 120  # (120 tokens would take 24 s)
 
 
 def test_a_failure_mid_stream_is_an_error_and_a_failed_response(tokenizer: Tokenizer) -> None:
