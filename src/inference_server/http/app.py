@@ -42,6 +42,7 @@ from inference_server.http.native import NativeRoutes
 from inference_server.http.observability import ObservabilityRoutes
 from inference_server.http.openai import OpenAIRoutes
 from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response
+from inference_server.http.responses_api import ResponsesRoutes
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
 from inference_server.supervisor import Engine
@@ -74,6 +75,7 @@ def _routes(state: AppState) -> list[Route]:
         Route("POST", "/v1/completions", openai.completions, "OpenAI: text completions (stream, n, logprobs)"),
         Route("POST", "/v1/chat/completions", openai.chat_completions, "OpenAI: chat completions (stream, n, "
               "logprobs)"),
+        Route("POST", "/v1/responses", ResponsesRoutes(state).create, "OpenAI Responses API (stateless; stream)"),
         Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)"),
         Route("GET", "/scheduler/stats", observability.stats, "latency percentiles, throughput, queue, KV usage"),
         Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)"),

@@ -13,7 +13,7 @@ from inference_server.http.body import receive_body
 from inference_server.http.errors import ApiError
 from inference_server.http.generation import Generation
 from inference_server.http.schemas import parse_body
-from inference_server.http.sse import SSE_CONTENT_TYPE, SSE_HEADERS, EventEncoder, dumps, sse_body
+from inference_server.http.sse import DONE, SSE_CONTENT_TYPE, SSE_HEADERS, EventEncoder, dumps, sse_body
 
 Record = TypeVar("Record")
 JSON_CONTENT_TYPE = "application/json"
@@ -42,14 +42,17 @@ async def read_body(record_type: type[Record]) -> Record:
     return parse_body(raw, record_type)
 
 
-def sse_response(generation: Generation, encoder: EventEncoder, *, coalesce: bool) -> Response:
-    """A 200 ``text/event-stream`` response streaming ``generation`` through ``encoder``; never times out.
+def sse_response(generation: Generation, encoder: EventEncoder, *, coalesce: bool,
+                 terminator: bytes = DONE) -> Response:
+    """A 200 ``text/event-stream`` response streaming ``generation`` through ``encoder`` and ending with
+    ``terminator``; never times out.
 
     ``generation`` is closed when the body ends or is closed, or, should Quart never start the body (client
     gone first), when the body is garbage-collected.
     """
     nursery: trio.Nursery = current_app.nursery  # type: ignore[attr-defined]
-    body: AsyncIterator[bytes] = sse_body(generation.source(nursery), encoder, coalesce=coalesce)
+    body: AsyncIterator[bytes] = sse_body(generation.source(nursery), encoder, coalesce=coalesce,
+                                               terminator=terminator)
     weakref.finalize(body, generation.close).atexit = False  # only while the event loop runs
     response = Response(body, status=200, content_type=SSE_CONTENT_TYPE, headers=SSE_HEADERS)
     response.timeout = None  # type: ignore[assignment]

@@ -102,9 +102,11 @@ def split_tokens(update: RequestUpdate) -> list[RequestUpdate]:
     return [*parts, last]
 
 
-async def sse_body(source: UpdateSource, encoder: EventEncoder, *, coalesce: bool = True) -> AsyncIterator[bytes]:
+async def sse_body(source: UpdateSource, encoder: EventEncoder, *, coalesce: bool = True,
+                   terminator: bytes = DONE) -> AsyncIterator[bytes]:
     """The response body of a streaming route; see the module docstring. ``coalesce=False`` writes one event
-    (and one chunk) per token, for measuring what coalescing buys."""
+    (and one chunk) per token, for measuring what coalescing buys. ``terminator`` ends every stream
+    (``data: [DONE]``; empty for the Responses API, which sends none)."""
     try:
         opening = encoder.opening()
         if opening:
@@ -115,7 +117,7 @@ async def sse_body(source: UpdateSource, encoder: EventEncoder, *, coalesce: boo
             chunks: list[bytes] = []
             for index, update in batch:
                 if update.finished and update.finish_reason not in SUCCESSFUL_FINISHES:
-                    yield b"".join(chunks) + encoder.failure(index, update) + DONE
+                    yield b"".join(chunks) + encoder.failure(index, update) + terminator
                     return
                 for part in (split_tokens(update) if not coalesce else (update,)):
                     chunks.append(encoder.update(index, part))
@@ -126,10 +128,11 @@ async def sse_body(source: UpdateSource, encoder: EventEncoder, *, coalesce: boo
             else:
                 for chunk in chunks:
                     yield chunk
-        yield encoder.closing() + DONE
+        yield encoder.closing() + terminator
     except Exception as error:  # a bug or a stream that ended without its terminal update
         log.exception("streaming response failed")
         yield encoder.error(error if isinstance(error, ApiError) else internal_error(f"stream failed: {error!r}"))
-        yield DONE
+        if terminator:
+            yield terminator
     finally:
         source.close()
