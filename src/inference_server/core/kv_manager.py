@@ -134,8 +134,9 @@ class KVManager:
     def start_sequence(self, seq_id: SequenceId, prompt: Sequence[int], extra_key: ExtraKey = None, *,
                        use_prefix_cache: bool = True) -> int:
         """Register a sequence, sharing the longest usable cached prefix of ``prompt[:-1]`` (none when
-        ``use_prefix_cache`` is false); returns the number of cached tokens. Allocates nothing else: follow with ``can_append``/``append_slots`` for
-        ``len(prompt) - cached`` tokens (or release the sequence if that does not fit)."""
+        ``use_prefix_cache`` is false); returns the number of cached tokens. Allocates nothing else: follow
+        with ``can_append``/``append_slots`` for ``len(prompt) - cached`` tokens (or release the sequence if
+        that does not fit)."""
         if seq_id in self._sequences:
             raise SequenceStateError(f"sequence {seq_id!r} already started")
         if not prompt:

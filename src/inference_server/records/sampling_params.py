@@ -53,8 +53,8 @@ class SamplingParams:
     max_tokens: int | None = 16
     """Most output tokens to generate (finish reason ``"length"`` when reached). ``None``: the rest of the
     context (admission resolves it to ``max_model_len`` minus the prompt before the request is queued).
-    ``0``: only the prompt is computed (scoring, with ``prompt_logprobs``); the request ends ``"length"``
-    with no output token."""
+    ``0`` (only with ``prompt_logprobs``): only the prompt is computed (scoring); the request ends
+    ``"length"`` with no output token."""
     stop: tuple[str, ...] = ()
     """Stop strings: output ends before the first one that appears (or after it, see below)."""
     stop_token_ids: tuple[int, ...] = ()
@@ -101,8 +101,9 @@ class SamplingParams:
         ok_seed = seed is None or (_is_int(seed) and lo <= seed <= hi)
         _require(ok_seed, "seed", f"None or an integer in [{lo}, {hi}]", seed)
         max_tokens, logprobs = self.max_tokens, self.logprobs
-        ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= 0)
-        _require(ok_max, "max_tokens", "an integer >= 0", max_tokens)
+        scoring = self.prompt_logprobs is not None
+        ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= (0 if scoring else 1))
+        _require(ok_max, "max_tokens", "an integer >= 1 (0 only with prompt_logprobs or echo)", max_tokens)
         ok_logprobs = logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS)
         _require(ok_logprobs, "logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
         prompt_logprobs = self.prompt_logprobs
