@@ -217,13 +217,13 @@ def completion_response(state: AppState, response_id: str, results: Sequence[Req
                         prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool,
                         echo_prompts: Sequence[str] | None = None,
                         with_prompt_logprobs: bool = False) -> dict[str, Any]:
-    """The whole completions body; ``echo_prompts`` (one per prompt) puts each prompt before its choices'
+    """The whole completions body; ``echo_prompts`` (one per choice) puts each prompt before its choices'
     text and its tokens before their logprobs; ``with_prompt_logprobs`` adds vLLM's ``prompt_logprobs``."""
     choices = _Choices(prompt_tokens, n)
     out = []
     for index, result in enumerate(results):
         choices.record(index, result)
-        echoed = echo_prompts[index // n] if echo_prompts is not None else ""
+        echoed = echo_prompts[index] if echo_prompts is not None else ""
         logprobs = None
         if with_logprobs:
             logprobs = completion_logprobs(result.tokens, state, len(echoed))
