@@ -146,6 +146,8 @@ def test_lm_eval_scores_equal_our_forward(tmp_path: Path) -> None:
     lm = lm_eval.api.registry.get_model("local-completions")(**{**model_args, "base_url": "http://unused"})
     direct = DirectModel()
     samples, results = out["samples"], out["results"]
+    assert {name: len(samples[name]) for name in tasks} == {"tiny_mc": 5, "tiny_ppl": 3, "tiny_gen": 3}
+    print({name: results[name] for name in tasks})  # the scores, for the record (pytest -s)
 
     # multiple choice: every choice's loglikelihood and greediness, and the accuracy they give
     correct = []
