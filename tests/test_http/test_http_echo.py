@@ -46,7 +46,8 @@ async def test_echo_token_id_prompts_as_lm_eval_sends_them(serve, max_tokens: in
             if max_tokens:
                 assert logprobs["tokens"][-1] == word(fake_token(len(prompt)))
                 assert logprobs["token_logprobs"][-1] == -0.25
-            assert logprobs["text_offset"] == sorted(logprobs["text_offset"])
+            strings = logprobs["tokens"]
+            assert logprobs["text_offset"] == [sum(map(len, strings[:i])) for i in range(len(strings))]
         assert payload["usage"]["prompt_tokens"] == 8
         assert payload["usage"]["completion_tokens"] == 2 * max_tokens
         assert served.kv_is_idle()
@@ -63,7 +64,8 @@ async def test_echo_text_prompt_puts_the_prompt_before_the_output(serve, tokeniz
         assert logprobs["tokens"] == [served.state.token_text(t) for t in prompt_ids] + ["w6", "w7"]
         assert logprobs["token_logprobs"] == [None] + [fake_prompt_logprob(p) for p in range(1, 6)] + [-0.25, -0.25]
         assert logprobs["top_logprobs"][1] == {"the": fake_prompt_logprob(1)}  # logprobs 0: only the token
-        assert logprobs["text_offset"][-2:] == [len("the capital of france is"), len("the capital of france is w6")]
+        prompt_end = sum(len(served.state.token_text(t)) for t in prompt_ids)  # token strings from 0, as vLLM
+        assert logprobs["text_offset"][-3:] == [prompt_end - len("is"), prompt_end, prompt_end + len(" w6")]
 
 
 async def test_echo_without_logprobs_and_token_id_prompt_text(serve) -> None:

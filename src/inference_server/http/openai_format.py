@@ -56,15 +56,15 @@ def completion_logprobs(tokens: Sequence[TokenOutput], state: AppState, offset: 
             "top_logprobs": top, "text_offset": offsets}
 
 
-def _echoed_logprobs(prompt: Sequence[PromptTokenLogprob], state: AppState,
-                     completion: dict[str, Any]) -> dict[str, Any]:
+def _echoed_logprobs(prompt: Sequence[PromptTokenLogprob], tokens: Sequence[TokenOutput],
+                     state: AppState) -> dict[str, Any]:
     """The completions ``logprobs`` object with the prompt's tokens first (OpenAI's ``echo``): the first
     prompt token's logprob and top dict are ``null``; each other top dict holds the top-n and the prompt
-    token; prompt offsets count each token's display text from 0."""
+    token. ``text_offset`` counts every token's string from 0, prompt then output (vLLM's rule)."""
     text = state.token_text
-    tokens, token_logprobs, top, offsets, offset = [], [], [], [], 0
+    tokens_out, token_logprobs, top, offsets, offset = [], [], [], [], 0
     for entry in prompt:
-        tokens.append(text(entry.token_id))
+        tokens_out.append(text(entry.token_id))
         token_logprobs.append(entry.logprob)
         ranked: dict[str, float] | None = None
         if entry.logprob is not None:
@@ -72,8 +72,9 @@ def _echoed_logprobs(prompt: Sequence[PromptTokenLogprob], state: AppState,
             ranked.setdefault(text(entry.token_id), entry.logprob)
         top.append(ranked)
         offsets.append(offset)
-        offset += len(tokens[-1])
-    return {"tokens": tokens + completion["tokens"], "token_logprobs": token_logprobs + completion["token_logprobs"],
+        offset += len(tokens_out[-1])
+    completion = completion_logprobs(tokens, state, offset)
+    return {"tokens": tokens_out + completion["tokens"], "token_logprobs": token_logprobs + completion["token_logprobs"],
             "top_logprobs": top + completion["top_logprobs"], "text_offset": offsets + completion["text_offset"]}
 
 
@@ -225,10 +226,10 @@ def completion_response(state: AppState, response_id: str, results: Sequence[Req
         choices.record(index, result)
         echoed = echo_prompts[index] if echo_prompts is not None else ""
         logprobs = None
-        if with_logprobs:
-            logprobs = completion_logprobs(result.tokens, state, len(echoed))
-            if echo_prompts is not None:
-                logprobs = _echoed_logprobs(result.prompt_logprobs or (), state, logprobs)
+        if with_logprobs and echo_prompts is not None:
+            logprobs = _echoed_logprobs(result.prompt_logprobs or (), result.tokens, state)
+        elif with_logprobs:
+            logprobs = completion_logprobs(result.tokens, state, 0)
         choice = {"index": index, "text": echoed + "".join(t.text for t in result.tokens), "logprobs": logprobs,
                   "finish_reason": result.finish_reason}
         if with_prompt_logprobs:
