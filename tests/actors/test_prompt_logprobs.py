@@ -7,6 +7,7 @@ import pytest
 import torch
 import trio
 
+from inference_server.backends import model_runner
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.offline import Completion, collect, run_engine
@@ -54,6 +55,16 @@ async def test_prompt_logprobs_equal_full_forward_across_chunks(budget: int) -> 
     assert_matches_forward(scored, expected, PROMPT, 2)
     assert plain.prompt_logprobs is None
     assert len(scored.token_ids) == 3
+
+
+async def test_prompt_logprobs_in_row_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's log-softmax in blocks of rows (bounded memory) gives the same values."""
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROB_ROWS", 4)
+    parts = tiny_model_parts(num_blocks=64)
+    expected = direct_log_softmax(parts, PROMPT)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2)
+    _, (scored,) = await run_engine(parts, [GenerationRequest(params=params, prompt_ids=PROMPT)])
+    assert_matches_forward(scored, expected, PROMPT, 2)
 
 
 async def test_prefix_cache_hit_does_not_lose_prompt_logprobs() -> None:

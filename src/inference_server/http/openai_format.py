@@ -74,7 +74,8 @@ def _echoed_logprobs(prompt: Sequence[PromptTokenLogprob], tokens: Sequence[Toke
         offsets.append(offset)
         offset += len(tokens_out[-1])
     completion = completion_logprobs(tokens, state, offset)
-    return {"tokens": tokens_out + completion["tokens"], "token_logprobs": token_logprobs + completion["token_logprobs"],
+    return {"tokens": tokens_out + completion["tokens"],
+            "token_logprobs": token_logprobs + completion["token_logprobs"],
             "top_logprobs": top + completion["top_logprobs"], "text_offset": offsets + completion["text_offset"]}
 
 
