@@ -15,7 +15,7 @@ from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
 from inference_server.engine_factory import BuiltEngine, build_engine_parts
 from inference_server.records.errors import RequestError
-from inference_server.records.requests import GenerationRequest
+from inference_server.records.requests import GenerationRequest, PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts
 
@@ -30,6 +30,7 @@ class Completion:
     prompt_tokens: int
     error: str | None = None
     logprobs: tuple[float, ...] = ()
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # with ``SamplingParams.prompt_logprobs``
 
 
 async def collect(handle: RequestHandle) -> Completion:
@@ -42,7 +43,7 @@ async def collect(handle: RequestHandle) -> Completion:
             return Completion("", (), "error", 0, error=f"{error.code}: {error.message}")
     return Completion("".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
                       result.finish_reason or "error", prompt_tokens, result.error,
-                      tuple(t.logprob for t in result.tokens))
+                      tuple(t.logprob for t in result.tokens), result.prompt_logprobs)
 
 
 async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:

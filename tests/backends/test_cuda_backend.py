@@ -257,6 +257,56 @@ def test_static_decode_path_matches_reference_cpu(name: str) -> None:
     assert runner.graph_steps == 5 and runner.eager_steps == 2  # prefill and the mixed join step ran eagerly
 
 
+def prompt_logprobs_against_reference(device: str, capture: bool) -> None:
+    """Prompt logprobs (fp32) of the CUDA runner equal the reference runner's, for a whole prompt and a
+    prompt prefilled in two chunks in the same steps."""
+    spec, model = build("gemma-4-31b-tiny", torch.float32, device)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, spec.vocab_size) for _ in range(n)] for n in (30, 21)]
+    tables = tuple((tuple(range(i * 4, i * 4 + 4)),) * num_groups(spec) for i in range(2))
+    params = attrs.evolve(GREEDY, prompt_logprobs=3)
+
+    def seq(i: int, start: int, end: int) -> ScheduledSequence:
+        prompt = prompts[i]
+        return ScheduledSequence(request_id=i, token_ids=tuple(prompt[start:end]), cached_len=start,
+                                 block_tables=tables[i], sample=end == len(prompt), sampling=params,
+                                 reset=start == 0, prompt_len=len(prompt),
+                                 prompt_logprob_targets=tuple(prompt[start + 1:end + 1]), prompt_logprobs_top=3)
+
+    plans = [StepPlan(0, (seq(0, 0, 30), seq(1, 0, 9))), StepPlan(1, (seq(1, 9, 21),))]
+    results = []
+    for runner_type in (ModelRunner, CudaModelRunner):
+        storage = storage_for(spec, 2, 4, torch.float32, device)
+        if runner_type is ModelRunner:
+            runner: ModelRunner = ModelRunner(model, spec, storage, torch.device(device))
+            with ops.reference_ops():
+                results.append([runner.execute(plan).prompt_logprobs for plan in plans])
+        else:
+            options = CudaRunnerOptions(max_model_len=4 * BLOCK, max_batch_size=4, capture=capture)
+            runner = CudaModelRunner(model, spec, storage, torch.device(device), options)
+            results.append([runner.execute(plan).prompt_logprobs for plan in plans])
+    reference, ours = results
+    assert [[(c.request_id, c.first_position, len(c.token_logprobs)) for c in step] for step in ours] == \
+        [[(0, 1, 29), (1, 1, 9)], [(1, 10, 11)]]
+    for ref_step, our_step in zip(reference, ours, strict=True):
+        for ref, our in zip(ref_step, our_step, strict=True):
+            assert our.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-3)
+            ranked = [[i for i, _ in top] for top in our.top_logprobs]
+            assert ranked == [[i for i, _ in top] for top in ref.top_logprobs]
+
+
+@gpu
+def test_prompt_logprobs_equal_reference() -> None:
+    prompt_logprobs_against_reference("cuda", capture=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels in the CPU interpreter; "
+                    "with CUDA present the gpu test covers this path")
+def test_prompt_logprobs_equal_reference_cpu() -> None:
+    torch.set_num_threads(1)
+    prompt_logprobs_against_reference("cpu", capture=False)
+
+
 # ------------------------------------------------------------------------------------------- GPU tests
 
 

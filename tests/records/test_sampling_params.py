@@ -34,6 +34,8 @@ from inference_server.records.sampling_params import MAX_LOGPROBS, SamplingParam
         ("max_tokens", 0, ">= 1"),
         ("logprobs", -1, f"[0, {MAX_LOGPROBS}]"),
         ("logprobs", MAX_LOGPROBS + 1, f"[0, {MAX_LOGPROBS}]"),
+        ("prompt_logprobs", -1, f"[0, {MAX_LOGPROBS}]"),
+        ("prompt_logprobs", True, f"[0, {MAX_LOGPROBS}]"),
         ("stop", ("ok", ""), "non-empty strings"),
         ("stop_token_ids", (1, -5), "integers >= 0"),
     ],
@@ -59,3 +61,9 @@ def test_validation_names_field_and_range(field: str, value: object, accepted: s
 def test_validation_accepts_boundaries(params: SamplingParams) -> None:
     params.validate()
     torch.Generator().manual_seed(params.seed or 0)  # every accepted seed is a valid torch seed
+
+
+def test_max_tokens_zero_needs_prompt_logprobs() -> None:
+    SamplingParams(max_tokens=0, prompt_logprobs=0).validate()
+    with pytest.raises(ValueError, match=r"max_tokens must be an integer >= 1 \(0 only with prompt_logprobs"):
+        SamplingParams(max_tokens=-1, prompt_logprobs=0).validate()

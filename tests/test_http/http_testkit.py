@@ -29,7 +29,7 @@ from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.http import app_state, create_app
 from inference_server.models.tokenizer import Tokenizer
-from inference_server.records.steps import SampledToken, StepPlan, StepResult
+from inference_server.records.steps import PromptLogprobsChunk, SampledToken, StepPlan, StepResult
 from inference_server.server import _hypercorn_config, supervise_engine
 from inference_server.supervisor import Engine, EngineParts
 
@@ -91,6 +91,28 @@ def fake_token(length: int) -> int:
     return FIRST_WORD_ID + length % NUM_WORDS
 
 
+def fake_prompt_logprob(position: int) -> float:
+    """The fake model's logprob of the prompt token at ``position`` (>= 1)."""
+    return -position / 8
+
+
+def fake_prompt_top(position: int, k: int) -> tuple[tuple[int, float], ...]:
+    """The fake model's top-k at prompt position ``position``: the tokens it would have sampled there."""
+    return tuple((fake_token(position + j), -0.5 * (j + 1)) for j in range(k))
+
+
+def fake_prompt_logprobs(plan: StepPlan) -> tuple[PromptLogprobsChunk, ...]:
+    """Deterministic prompt logprobs for every chunk that asks for them (positions as the real runner's)."""
+    chunks = []
+    for seq in plan.sequences:
+        if seq.prompt_logprob_targets:
+            positions = range(seq.cached_len + 1, seq.cached_len + 1 + len(seq.prompt_logprob_targets))
+            chunks.append(PromptLogprobsChunk(
+                seq.request_id, seq.cached_len + 1, tuple(fake_prompt_logprob(p) for p in positions),
+                tuple(fake_prompt_top(p, seq.prompt_logprobs_top) for p in positions)))
+    return tuple(chunks)
+
+
 @attrs.define
 class FakeModel:
     """An in-loop step function. ``delay``: seconds per step; ``block``: steps wait for ``release``;
@@ -121,7 +143,7 @@ class FakeModel:
             top = tuple((fake_token(length + k), -0.5 * (k + 1)) for k in range(seq.sampling.logprobs or 0))
             tokens.append(SampledToken(seq.request_id, token, -0.25, top))
         self.tokens_emitted += len(tokens)
-        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0)
+        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0, fake_prompt_logprobs(plan))
 
 
 def make_parts(model: FakeModel, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:

@@ -32,8 +32,9 @@ STREAM_CAPACITY = 32  # updates a consumer may lag before further tokens are coa
 
 
 def merge(first: RequestUpdate, second: RequestUpdate) -> RequestUpdate:
-    """One update carrying both updates' tokens (and the second's finish, if any)."""
-    return attrs.evolve(second, tokens=first.tokens + second.tokens)
+    """One update carrying both updates' tokens and prompt logprobs (and the second's finish, if any)."""
+    prompt_logprobs = second.prompt_logprobs if second.prompt_logprobs is not None else first.prompt_logprobs
+    return attrs.evolve(second, tokens=first.tokens + second.tokens, prompt_logprobs=prompt_logprobs)
 
 
 class RequestStreams:

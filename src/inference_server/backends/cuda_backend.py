@@ -49,7 +49,7 @@ from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
-from inference_server.records.steps import SampledToken, StepPlan, StepResult
+from inference_server.records.steps import PromptLogprobsChunk, SampledToken, StepPlan, StepResult
 from inference_server.telemetry import profiler_ranges
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
@@ -141,6 +141,7 @@ class CudaModelRunner(ModelRunner):
         self.forget(plan.finished_request_ids)
         states = [self._state_for(seq) for seq in plan.sequences]
         tokens: tuple[SampledToken, ...] = ()
+        prompt_logprobs: tuple[PromptLogprobsChunk, ...] = ()
         if plan.sequences:
             step_id = plan.step_id
             if self.graphs is not None and self.graphs.fits(plan.sequences):
@@ -159,9 +160,10 @@ class CudaModelRunner(ModelRunner):
                 self.eager_steps += 1
             with profiler_ranges.phase("sample", step_id):
                 tokens = self._sample(plan, states, hidden)
+                prompt_logprobs = self._prompt_logprobs(plan, hidden)  # rows in plan order either way
             self.tokens_computed += plan.num_tokens
         return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
-                          seconds=time.perf_counter() - started)
+                          seconds=time.perf_counter() - started, prompt_logprobs=prompt_logprobs)
 
 
 def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,

@@ -59,8 +59,9 @@ class FullPoolView:
     def append_slots(self, seq_id: SequenceId, num_new_tokens: int) -> None:
         self._kv.append_slots(seq_id, num_new_tokens)
 
-    def start_sequence(self, seq_id: SequenceId, prompt: Sequence[int], extra_key: Any = None) -> int:
-        return self._kv.start_sequence(seq_id, prompt, extra_key)
+    def start_sequence(self, seq_id: SequenceId, prompt: Sequence[int], extra_key: Any = None, *,
+                       use_prefix_cache: bool = True) -> int:
+        return self._kv.start_sequence(seq_id, prompt, extra_key, use_prefix_cache=use_prefix_cache)
 
     def release_sequence(self, seq_id: SequenceId, computed_tokens: Sequence[int] | None = None) -> None:
         self._kv.release_sequence(seq_id, computed_tokens)

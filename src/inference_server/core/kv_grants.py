@@ -34,6 +34,7 @@ class Demand:
     tokens: tuple[int, ...] = ()
     extra_key: Any = None
     whole: bool = False
+    use_prefix_cache: bool = True  # False: compute from position 0 (the request needs every prompt logit)
 
 
 @attrs.frozen
@@ -126,7 +127,8 @@ class _Allocation:
         if self.demand.max_new is not None and self.num_new >= self.demand.max_new:
             return False
         kv = self.kv
-        cached = kv.start_sequence(item.request_id, item.tokens, item.extra_key)
+        cached = kv.start_sequence(item.request_id, item.tokens, item.extra_key,
+                                   use_prefix_cache=item.use_prefix_cache)
         remaining = len(item.tokens) - cached
         num_tokens = remaining if item.whole else min(remaining, self.budget)
         fits_budget = num_tokens <= self.budget or (item.whole and not self.grants)

@@ -131,16 +131,18 @@ class KVManager:
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
-    def start_sequence(self, seq_id: SequenceId, prompt: Sequence[int], extra_key: ExtraKey = None) -> int:
-        """Register a sequence, sharing the longest usable cached prefix of ``prompt[:-1]``; returns the
-        number of cached tokens. Allocates nothing else: follow with ``can_append``/``append_slots`` for
-        ``len(prompt) - cached`` tokens (or release the sequence if that does not fit)."""
+    def start_sequence(self, seq_id: SequenceId, prompt: Sequence[int], extra_key: ExtraKey = None, *,
+                       use_prefix_cache: bool = True) -> int:
+        """Register a sequence, sharing the longest usable cached prefix of ``prompt[:-1]`` (none when
+        ``use_prefix_cache`` is false); returns the number of cached tokens. Allocates nothing else: follow
+        with ``can_append``/``append_slots`` for ``len(prompt) - cached`` tokens (or release the sequence if
+        that does not fit)."""
         if seq_id in self._sequences:
             raise SequenceStateError(f"sequence {seq_id!r} already started")
         if not prompt:
             raise ValueError("empty prompt")
         blocks, num_cached = PrefixBlocks(()), 0
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and use_prefix_cache:
             blocks, num_cached = self.prefix_cache.match_prefix(prompt[:-1], extra_key)
         num_released = 0
         if self.sliding_window is not None:

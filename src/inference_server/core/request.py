@@ -9,6 +9,7 @@ import attrs
 
 from inference_server.core.detokenizer import IncrementalDetokenizer
 from inference_server.core.stop_checker import StopChecker
+from inference_server.records.requests import PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
 
 
@@ -47,6 +48,8 @@ class Request:
     num_preemptions: int = 0
     started: bool = False
     needs_reset: bool = True  # the next chunk is the first after a (re)start
+    prompt_logprobs: list[PromptTokenLogprob] = attrs.Factory(list)  # by position, assembled across chunks
+    prompt_logprobs_sent: bool = False
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
@@ -60,6 +63,12 @@ class Request:
     def max_length(self) -> int:
         """The most tokens this request can hold in the KV cache (prompt plus ``max_tokens``)."""
         return len(self.prompt_ids) + self.params.resolved_max_tokens()
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether prompt logprobs are asked for and not yet all computed (such a request skips the prefix
+        cache: a cached position has no logits)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids)
 
     @property
     def num_uncomputed(self) -> int:

@@ -28,8 +28,8 @@ from inference_server.core.kv_grants import Demand, StepDemand, StepGrant
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import SchedulingPolicy, session_of
 from inference_server.core.request import Request, RequestStatus
-from inference_server.records.requests import FinishReason, RequestUpdate, TokenOutput
-from inference_server.records.steps import ScheduledSequence, StepPlan, StepResult
+from inference_server.records.requests import FinishReason, PromptTokenLogprob, RequestUpdate, TokenOutput
+from inference_server.records.steps import PromptLogprobsChunk, ScheduledSequence, StepPlan, StepResult
 
 PREFILL_MODES = ("monolithic", "chunked", "batched")
 
@@ -131,7 +131,8 @@ class Scheduler:
         # time proportional to their length, so a long waiting queue is not copied every step).
         free_slots = max(0, self.config.max_batch_size - len(decodes) - len(prefills))
         admissions = [Demand(r.request_id, new=True, num_tokens=r.num_tokens, tokens=r.all_token_ids,
-                             extra_key=r.extra_key, whole=whole) for r in self._admissible()[:free_slots]]
+                             extra_key=r.extra_key, whole=whole, use_prefix_cache=not r.needs_prompt_logprobs)
+                      for r in self._admissible()[:free_slots]]
         victims = sorted(self.running, key=self.policy.victim_key, reverse=True)
         self.last_finished.clear()
         demand = StepDemand(
@@ -204,6 +205,9 @@ class Scheduler:
     def _scheduled(self, request: Request, num_tokens: int,
                    block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
         start = request.num_computed
+        targets: tuple[int, ...] = ()
+        if request.needs_prompt_logprobs:  # positions start .. score the prompt tokens after them
+            targets = request.prompt_ids[start + 1:min(start + num_tokens + 1, len(request.prompt_ids))]
         sequence = ScheduledSequence(
             request_id=request.request_id,
             token_ids=request.all_token_ids[start:start + num_tokens],
@@ -213,6 +217,8 @@ class Scheduler:
             sampling=request.params,
             reset=request.needs_reset,
             prompt_len=len(request.prompt_ids),
+            prompt_logprob_targets=targets,
+            prompt_logprobs_top=request.params.prompt_logprobs or 0,
         )
         prompt_part = max(0, min(start + num_tokens, len(request.prompt_ids)) - start)
         self.policy.charge(request, prompt_part, num_tokens - prompt_part)
@@ -223,22 +229,52 @@ class Scheduler:
     # -- results -------------------------------------------------------------------------------------
     def on_step_result(self, result: StepResult) -> list[RequestUpdate]:
         """Append sampled tokens; returns one update per request that got a token or finished."""
+        for chunk in result.prompt_logprobs:
+            self._add_prompt_logprobs(chunk)
         updates = []
         for sampled in result.tokens:
             request = self.requests.get(sampled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted or preempted while the step ran
+            prompt_logprobs = self._take_prompt_logprobs(request)
+            if request.params.resolved_max_tokens() == 0:  # scoring only: the prompt was the work
+                updates.append(attrs.evolve(self._finish(request, "length"), prompt_logprobs=prompt_logprobs))
+                continue
             request.output_ids.append(sampled.token_id)
             text = request.detokenizer.add_token(sampled.token_id) if request.detokenizer else ""
             stop = request.stop_checker.update(sampled.token_id, text) if request.stop_checker else None
             emitted = stop.text if stop is not None else text
             token = TokenOutput(sampled.token_id, emitted, sampled.logprob, sampled.top_logprobs)
             if stop is not None and stop.finish_reason is not None:  # stop.finished
-                updates.append(self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason,
-                                            tokens=(token,)))
+                update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, tokens=(token,))
             else:
-                updates.append(RequestUpdate(request_id=request.request_id, tokens=(token,)))
+                update = RequestUpdate(request_id=request.request_id, tokens=(token,))
+            updates.append(attrs.evolve(update, prompt_logprobs=prompt_logprobs) if prompt_logprobs else update)
         return updates
+
+    def _add_prompt_logprobs(self, chunk: PromptLogprobsChunk) -> None:
+        """File one step's prompt logprobs by position; positions already held (a request recomputed after
+        preemption scores its prompt again) are skipped, so the list stays in prompt order."""
+        request = self.requests.get(chunk.request_id)
+        if request is None or request.status is not RequestStatus.RUNNING:
+            return
+        held = request.prompt_logprobs
+        if not held:
+            held.append(PromptTokenLogprob(request.prompt_ids[0], None))
+        tops = chunk.top_logprobs or ((),) * len(chunk.token_logprobs)
+        for i, (logprob, top) in enumerate(zip(chunk.token_logprobs, tops, strict=True)):
+            position = chunk.first_position + i
+            if position == len(held):
+                held.append(PromptTokenLogprob(request.prompt_ids[position], logprob, top))
+
+    def _take_prompt_logprobs(self, request: Request) -> tuple[PromptTokenLogprob, ...] | None:
+        """The whole prompt's logprobs, once (with the request's first token), when they were asked for."""
+        if request.params.prompt_logprobs is None or request.prompt_logprobs_sent:
+            return None
+        if not request.prompt_logprobs:  # a one-token prompt: nothing to score
+            request.prompt_logprobs.append(PromptTokenLogprob(request.prompt_ids[0], None))
+        request.prompt_logprobs_sent = True
+        return tuple(request.prompt_logprobs)
 
     def check_integrity(self, kv: KVManager | None = None) -> None:
         """Internal consistency, and (given the allocator's manager after it applied every release)

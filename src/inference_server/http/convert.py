@@ -34,10 +34,11 @@ def stop_strings(stop: StopInput) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """``SamplingParams`` from the shared wire fields plus the route's ``max_tokens`` (``None``: the rest of
-    the context) and ``logprobs``. Values are validated once, by the engine's admission; its errors name the
-    engine's fields, which the route maps to its own with ``admit(..., renames=...)``."""
+    the context), ``logprobs`` and ``prompt_logprobs``. Values are validated once, by the engine's
+    admission; its errors name the engine's fields, which the route maps to its own with ``admit(..., renames=...)``."""
     params = SamplingParams(
         temperature=_or(fields.temperature, DEFAULTS.temperature),
         top_p=_or(fields.top_p, DEFAULTS.top_p),
@@ -52,6 +53,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         stop_token_ids=tuple(fields.stop_token_ids or ()),
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
     )
     return params

@@ -3,7 +3,8 @@
 Request: ``prompt`` (text) or ``prompt_token_ids``, every ``SamplingParams`` field, ``logprobs`` (top-n per
 token, 0 = only the sampled token's), ``session_id`` (else the ``X-Session-Id`` header), ``priority``
 (smaller runs first), ``trace_id`` (used when no ``X-Trace-Id`` header is sent), ``add_special_tokens``,
-``cache_salt``, ``stream``.
+``cache_salt``, ``stream``, ``prompt_logprobs`` (vLLM's: the first event, or the whole response, carries
+``prompt_logprobs``: ``null`` for the first prompt token, then ``{"token_id", "logprob", "top_logprobs"}``).
 
 Streamed, each event is ``{"token_ids": [...], "text": "..."}`` (plus ``logprobs`` and ``top_logprobs``
 when asked for), covering every token generated since the previous event; the last event adds ``id``,
@@ -48,7 +49,8 @@ class NativeRoutes:
             raise invalid_request("send exactly one of 'prompt' (text) or 'prompt_token_ids'", "prompt")
         if request.headers.get(TRACE_ID_HEADER) is None and body.trace_id is not None:
             g.trace_id = header_id(body.trace_id, "trace_id")
-        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs)
+        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
+                                 prompt_logprobs=body.prompt_logprobs)
         engine_request = GenerationRequest(
             params=params, prompt=body.prompt,
             prompt_ids=tuple(body.prompt_token_ids) if body.prompt_token_ids is not None else None,
@@ -90,6 +92,11 @@ class NativeEncoder:
         if self.with_logprobs:
             payload["logprobs"] = [t.logprob for t in tokens]
             payload["top_logprobs"] = [[list(pair) for pair in t.top_logprobs] for t in tokens]
+        if update.prompt_logprobs is not None:  # once: on the first event (or the whole response)
+            payload["prompt_logprobs"] = [
+                None if p.logprob is None else
+                {"token_id": p.token_id, "logprob": p.logprob, "top_logprobs": [list(pair) for pair in p.top_logprobs]}
+                for p in update.prompt_logprobs]
         if final:
             payload = {"id": self.response_id, **payload, "finish_reason": update.finish_reason,
                        "stop_reason": update.stop_reason,
@@ -100,7 +107,7 @@ class NativeEncoder:
         return b""
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
-        if not update.tokens and not update.finished:
+        if not update.tokens and not update.finished and update.prompt_logprobs is None:
             return b""
         return event(self.payload(update, final=update.finished))
 

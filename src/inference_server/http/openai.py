@@ -11,7 +11,12 @@ Conventions (see docs/api.md for every field):
   use the rest of the context (``max_model_len`` minus the prompt). Message content is a string or a list of
   ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
   ``assistant``, ``tool``.
-* Not supported, with a 400 that says so: ``echo``, ``suffix``, ``best_of`` > 1, tools and functions,
+* ``echo`` (completions, not streamed): each choice's text starts with its prompt and, with ``logprobs``,
+  its ``logprobs`` start with the prompt's tokens (the first one's logprob and top dict ``null``), the
+  prompt logprobs being computed in the request's prefill. ``max_tokens: 0`` with ``echo`` (or
+  ``prompt_logprobs``) only scores the prompt. ``prompt_logprobs`` (vLLM) adds each choice's
+  ``prompt_logprobs`` list.
+* Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, tools and functions,
   ``response_format``, ``logit_bias``, ``min_tokens``, non-text content.
 """
 
@@ -79,12 +84,28 @@ class OpenAIRoutes:
         body = await self._read(CompletionRequest)
         requests, n = self._completion_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker)
+        if body.echo or body.prompt_logprobs is not None:
+            prompts = [self._prompt_text(r) for r in requests] if body.echo else None
+            results = await self._collect(generation)
+            return json_response(completion_response(
+                self.state, new_id("cmpl"), results, generation.prompt_tokens, n,
+                with_logprobs=body.logprobs is not None, echo_prompts=prompts,
+                with_prompt_logprobs=body.prompt_logprobs is not None))
         return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
                                    body.stream_options, CompletionEncoder, completion_response, "cmpl")
 
+    def _prompt_text(self, engine_request: GenerationRequest) -> str:
+        """What ``echo`` puts before a choice's text: the prompt as sent, or the decoded token ids."""
+        if engine_request.prompt is not None:
+            return engine_request.prompt
+        ids = engine_request.prompt_ids or ()
+        tokenizer = self.state.engine.info.tokenizer
+        return tokenizer.decode(ids) if tokenizer is not None else "".join(self.state.token_text(i) for i in ids)
+
     def _completion_requests(self, body: CompletionRequest) -> tuple[list[GenerationRequest], int]:
-        if body.echo:
-            raise invalid_request("echo is not supported (prompt logprobs are not computed)", "echo",
+        if (body.echo or body.prompt_logprobs is not None) and body.stream:
+            field = "echo" if body.echo else "prompt_logprobs"
+            raise invalid_request(f"{field} is not supported with stream: true; send stream: false", field,
                                   "unsupported_parameter")
         if body.suffix:
             raise invalid_request("suffix is not supported", "suffix", "unsupported_parameter")
@@ -92,7 +113,8 @@ class OpenAIRoutes:
             raise invalid_request("best_of > 1 is not supported; use n", "best_of", "unsupported_parameter")
         prompts = _prompts(body.prompt)
         n = _choice_count(body.n, len(prompts))
-        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs)
+        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
+                                 prompt_logprobs=_engine_prompt_logprobs(body))
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
@@ -168,6 +190,20 @@ class OpenAIRoutes:
 
 def _or_default(max_tokens: int | None) -> int:
     return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+
+def _engine_prompt_logprobs(body: CompletionRequest) -> int | None:
+    """The engine's ``prompt_logprobs`` for a completion: ``echo`` with ``logprobs`` (or with ``max_tokens:
+    0``, scoring only) needs the prompt's logprobs with the same top-n; ``prompt_logprobs`` asks directly;
+    both: the larger top-n serves both. Invalid values are passed on for the engine to name."""
+    wanted = [body.prompt_logprobs] if body.prompt_logprobs is not None else []
+    if body.echo and (body.logprobs is not None or body.max_tokens == 0):
+        wanted.append(body.logprobs or 0)
+    if not wanted:
+        return None
+    if not all(isinstance(w, int) and not isinstance(w, bool) for w in wanted):
+        return wanted[0]
+    return max(wanted)
 
 
 def _prompts(prompt: str | list) -> list[str | tuple[int, ...]]:

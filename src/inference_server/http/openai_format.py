@@ -30,7 +30,7 @@ from inference_server.http.errors import ApiError, from_unsuccessful_finish
 from inference_server.http.sse import dumps, event, raw_event
 from inference_server.http.state import AppState
 from inference_server.http.usage import usage
-from inference_server.records.requests import RequestUpdate, TokenOutput
+from inference_server.records.requests import PromptTokenLogprob, RequestUpdate, TokenOutput
 
 
 def new_id(prefix: str) -> str:
@@ -54,6 +54,43 @@ def completion_logprobs(tokens: Sequence[TokenOutput], state: AppState, offset: 
         top.append(ranked)
     return {"tokens": [text(t.token_id) for t in tokens], "token_logprobs": [t.logprob for t in tokens],
             "top_logprobs": top, "text_offset": offsets}
+
+
+def _echoed_logprobs(prompt: Sequence[PromptTokenLogprob], tokens: Sequence[TokenOutput],
+                     state: AppState) -> dict[str, Any]:
+    """The completions ``logprobs`` object with the prompt's tokens first (OpenAI's ``echo``): the first
+    prompt token's logprob and top dict are ``null``; each other top dict holds the top-n and the prompt
+    token. ``text_offset`` counts every token's string from 0, prompt then output (vLLM's rule)."""
+    text = state.token_text
+    tokens_out, token_logprobs, top, offsets, offset = [], [], [], [], 0
+    for entry in prompt:
+        tokens_out.append(text(entry.token_id))
+        token_logprobs.append(entry.logprob)
+        ranked: dict[str, float] | None = None
+        if entry.logprob is not None:
+            ranked = {text(token_id): logprob for token_id, logprob in entry.top_logprobs}
+            ranked.setdefault(text(entry.token_id), entry.logprob)
+        top.append(ranked)
+        offsets.append(offset)
+        offset += len(tokens_out[-1])
+    completion = completion_logprobs(tokens, state, offset)
+    return {"tokens": tokens_out + completion["tokens"],
+            "token_logprobs": token_logprobs + completion["token_logprobs"],
+            "top_logprobs": top + completion["top_logprobs"], "text_offset": offsets + completion["text_offset"]}
+
+
+def vllm_prompt_logprobs(prompt: Sequence[PromptTokenLogprob], state: AppState) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: ``null`` for the first token, then ``{token id: {"logprob",
+    "decoded_token"}}`` with the prompt token and the top-n."""
+    out: list[dict[str, Any] | None] = []
+    for entry in prompt:
+        if entry.logprob is None:
+            out.append(None)
+            continue
+        pairs = dict(entry.top_logprobs)
+        pairs.setdefault(entry.token_id, entry.logprob)
+        out.append({str(i): {"logprob": lp, "decoded_token": state.token_text(i)} for i, lp in pairs.items()})
+    return out
 
 
 def _chat_token(token_id: int, logprob: float, state: AppState) -> dict[str, Any]:
@@ -179,14 +216,26 @@ class ChatEncoder(_ChunkEncoder):
 
 
 def completion_response(state: AppState, response_id: str, results: Sequence[RequestUpdate],
-                        prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool) -> dict[str, Any]:
+                        prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool,
+                        echo_prompts: Sequence[str] | None = None,
+                        with_prompt_logprobs: bool = False) -> dict[str, Any]:
+    """The whole completions body; ``echo_prompts`` (one per choice) puts each prompt before its choices'
+    text and its tokens before their logprobs; ``with_prompt_logprobs`` adds vLLM's ``prompt_logprobs``."""
     choices = _Choices(prompt_tokens, n)
     out = []
     for index, result in enumerate(results):
         choices.record(index, result)
-        logprobs = completion_logprobs(result.tokens, state, 0) if with_logprobs else None
-        out.append({"index": index, "text": "".join(t.text for t in result.tokens), "logprobs": logprobs,
-                    "finish_reason": result.finish_reason})
+        echoed = echo_prompts[index] if echo_prompts is not None else ""
+        logprobs = None
+        if with_logprobs and echo_prompts is not None:
+            logprobs = _echoed_logprobs(result.prompt_logprobs or (), result.tokens, state)
+        elif with_logprobs:
+            logprobs = completion_logprobs(result.tokens, state, 0)
+        choice = {"index": index, "text": echoed + "".join(t.text for t in result.tokens), "logprobs": logprobs,
+                  "finish_reason": result.finish_reason}
+        if with_prompt_logprobs:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(result.prompt_logprobs or (), state)
+        out.append(choice)
     return {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
             "choices": out, "usage": choices.total_usage()}
 

@@ -79,6 +79,7 @@ class GenerateRequest(SamplingFields):
     prompt_token_ids: list[int] | None = None
     max_tokens: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     stream: bool | None = None
     session_id: str | None = None
     trace_id: str | None = None
@@ -98,6 +99,7 @@ class CompletionRequest(SamplingFields):
     stream_options: StreamOptions | None = None
     logprobs: int | None = None
     echo: bool | None = None
+    prompt_logprobs: int | None = None
     user: str | None = None
     best_of: int | None = None
     suffix: str | None = None

@@ -52,6 +52,15 @@ class TokenOutput:
 
 
 @attrs.frozen
+class PromptTokenLogprob:
+    """One prompt token with its logprob given the tokens before it (None for the first prompt token)."""
+
+    token_id: int
+    logprob: float | None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.frozen
 class RequestUpdate:
     """What one step changed for one request: new tokens and, at the end, exactly one finish."""
 
@@ -63,6 +72,9 @@ class RequestUpdate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None
+    """Every prompt token's logprob, once, on the update that carries the first token (or the finish):
+    set only for requests with ``SamplingParams.prompt_logprobs``."""
 
     @property
     def finished(self) -> bool:

@@ -52,7 +52,9 @@ class SamplingParams:
     """Per-request seed: the same seed, prompt and params give the same tokens. None = unseeded."""
     max_tokens: int | None = 16
     """Most output tokens to generate (finish reason ``"length"`` when reached). ``None``: the rest of the
-    context (admission resolves it to ``max_model_len`` minus the prompt before the request is queued)."""
+    context (admission resolves it to ``max_model_len`` minus the prompt before the request is queued).
+    ``0`` (only with ``prompt_logprobs``): only the prompt is computed (scoring); the request ends
+    ``"length"`` with no output token."""
     stop: tuple[str, ...] = ()
     """Stop strings: output ends before the first one that appears (or after it, see below)."""
     stop_token_ids: tuple[int, ...] = ()
@@ -61,6 +63,10 @@ class SamplingParams:
     """Keep generating after the model's EOS tokens (benchmarks)."""
     logprobs: int | None = None
     """Top logprobs to return per token: None = none, 0 = only the sampled token's, n = it plus the top n."""
+    prompt_logprobs: int | None = None
+    """Logprobs of the prompt's tokens (vLLM's semantics): None = off, 0 = each prompt token's own logprob
+    (the first token has none), k = it plus the top k at that position. A request with it set does not use
+    the prefix cache until its prompt logprobs are computed."""
     include_stop_str_in_output: bool = False
     """Keep the matched stop string (or stop token's text) at the end of the output."""
 
@@ -95,10 +101,14 @@ class SamplingParams:
         ok_seed = seed is None or (_is_int(seed) and lo <= seed <= hi)
         _require(ok_seed, "seed", f"None or an integer in [{lo}, {hi}]", seed)
         max_tokens, logprobs = self.max_tokens, self.logprobs
-        ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= 1)
-        _require(ok_max, "max_tokens", "an integer >= 1", max_tokens)
+        scoring = self.prompt_logprobs is not None
+        ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= (0 if scoring else 1))
+        _require(ok_max, "max_tokens", "an integer >= 1 (0 only with prompt_logprobs or echo)", max_tokens)
         ok_logprobs = logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS)
         _require(ok_logprobs, "logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
+        prompt_logprobs = self.prompt_logprobs
+        ok_prompt = prompt_logprobs is None or (_is_int(prompt_logprobs) and 0 <= prompt_logprobs <= MAX_LOGPROBS)
+        _require(ok_prompt, "prompt_logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", prompt_logprobs)
         ok_stop = isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)
         _require(ok_stop, "stop", "a tuple of non-empty strings", self.stop)
         ids = self.stop_token_ids

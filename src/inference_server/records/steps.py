@@ -25,6 +25,11 @@ class ScheduledSequence:
     sampling: SamplingParams
     reset: bool = False
     prompt_len: int = 0  # tokens of the request's prompt (penalties treat prompt and output apart)
+    prompt_logprob_targets: tuple[int, ...] = ()
+    """Prompt tokens whose logprobs this chunk scores: the chunk's row i (position ``cached_len + i``)
+    predicts ``prompt_logprob_targets[i]`` (the token at ``cached_len + i + 1``). Empty: keep no row's logits."""
+    prompt_logprobs_top: int = 0
+    """How many of the best tokens to return beside each target's own logprob."""
 
 
 @attrs.frozen
@@ -49,8 +54,20 @@ class SampledToken:
 
 
 @attrs.frozen
+class PromptLogprobsChunk:
+    """Logprobs of consecutive prompt tokens of one request, from one step: ``token_logprobs[i]`` is the
+    logprob of the prompt token at position ``first_position + i`` given the tokens before it."""
+
+    request_id: int
+    first_position: int
+    token_logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]  # per token: the best (token id, logprob) pairs
+
+
+@attrs.frozen
 class StepResult:
     step_id: int
     tokens: tuple[SampledToken, ...]
     num_computed_tokens: int
     seconds: float
+    prompt_logprobs: tuple[PromptLogprobsChunk, ...] = ()
