@@ -64,6 +64,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         max_queued_tokens=settings.max_queued_tokens,
         admission_timeout=settings.admission_timeout,
         model_name=loaded.name,
+        default_max_tokens=settings.default_max_tokens or None,
     )
     parts = with_faults(parts, parse_faults(settings.faults))  # the same parts when FAULTS is empty
     log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",

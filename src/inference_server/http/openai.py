@@ -7,8 +7,9 @@ Conventions (see docs/api.md for every field):
   uses ``seed + j`` so the choices differ and stay reproducible. A list of prompts gives ``len(prompts) * n``
   choices, choice ``i * n + j`` being prompt ``i``'s ``j``-th.
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
-* Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply may
-  use the rest of the context (``max_model_len`` minus the prompt). Message content is a string or a list of
+* Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
+  capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
+  are stops (``http/chat_stops.py``). Message content is a string or a list of
   ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
   ``assistant``, ``tool``.
 * Not supported, with a 400 that says so: ``echo``, ``suffix``, ``best_of`` > 1, tools and functions,
@@ -58,7 +59,8 @@ class OpenAIRoutes:
     def _model_card(self) -> dict:
         state = self.state
         return {"id": state.model_name, "object": "model", "created": state.started_at, "owned_by": "inference_server",
-                "max_model_len": state.engine.info.max_model_len}
+                "max_model_len": state.engine.info.max_model_len,
+                "default_max_tokens": state.engine.info.default_max_tokens}
 
     async def models(self) -> Response:
         """``GET /v1/models``: the one served model."""
@@ -120,8 +122,9 @@ class OpenAIRoutes:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens, max_field = _chat_max_tokens(body)
         n = _choice_count(body.n, 1)
-        # max_tokens None: the rest of the context, resolved by admission once the prompt is tokenised.
-        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
+        # max_tokens None: min(DEFAULT_MAX_TOKENS, the rest of the context), resolved by admission once the
+        # prompt is tokenised.
+        params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs))
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,

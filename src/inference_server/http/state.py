@@ -7,6 +7,7 @@ import time
 import attrs
 
 from inference_server.config import Settings
+from inference_server.http.chat_stops import ChatStops
 from inference_server.http.errors import unavailable
 from inference_server.http.generation import ResponseTracker
 from inference_server.http.token_text import TokenText
@@ -23,13 +24,17 @@ class AppState:
     observability: Observability
     tracker: ResponseTracker = attrs.Factory(ResponseTracker)
     token_text: TokenText = attrs.field(init=False)
+    chat_stops: ChatStops = attrs.field(init=False)
+    """The served chat template's turn markers, added to every chat request's stops."""
     started_at: int = attrs.Factory(lambda: int(time.time()))
     draining: bool = False
     coalesce: bool = True
     """Merge buffered tokens into one SSE event (off only to measure what coalescing buys)."""
 
     def __attrs_post_init__(self) -> None:
-        self.token_text = TokenText(self.engine.info.tokenizer)
+        info = self.engine.info
+        self.token_text = TokenText(info.tokenizer)
+        self.chat_stops = ChatStops.of(info.tokenizer, info.eos_token_ids)
 
     @property
     def model_name(self) -> str:

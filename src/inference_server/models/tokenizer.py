@@ -170,6 +170,11 @@ class Tokenizer:
         return self._token_id(self._special_tokens.get("bos_token"))
 
     @property
+    def eos_token(self) -> str | None:
+        """The configured end-of-sequence token's text (``<eos>`` for Gemma)."""
+        return self._special_tokens.get("eos_token")
+
+    @property
     def pad_token_id(self) -> int | None:
         return self._token_id(self._special_tokens.get("pad_token"))
 
