@@ -64,6 +64,10 @@ class EngineInfo:
     eos_token_ids: frozenset[int]
     default_max_tokens: int | None = None
     """Output cap of a request that sets no ``max_tokens`` (``None``: the rest of the context)."""
+    model_root: str = ""
+    """Where the model came from (a checkpoint folder, a .gguf file or a preset name)."""
+    tokenizer_folder: str = ""
+    """The served tokenizer exported as a Hugging Face folder (empty: none)."""
 
 
 @attrs.frozen
@@ -96,6 +100,8 @@ class EngineParts:
     default_max_tokens: int | None = None
     """``DEFAULT_MAX_TOKENS``: admission caps a request without ``max_tokens`` at this many tokens (never more
     than the rest of the context); ``None``: the rest of the context."""
+    model_root: str = ""
+    tokenizer_folder: str = ""
     allocate: Callable[[KVManager, StepDemand], StepGrant] = allocate_step  # FAULTS may wrap it
 
 
@@ -163,7 +169,7 @@ class Engine:
     def info(self) -> EngineInfo:
         parts = self.parts
         return EngineInfo(parts.model_name, parts.max_model_len, parts.vocab_size, parts.tokenizer,
-                          parts.eos_token_ids, parts.default_max_tokens)
+                          parts.eos_token_ids, parts.default_max_tokens, parts.model_root, parts.tokenizer_folder)
 
     @property
     def is_ready(self) -> bool:

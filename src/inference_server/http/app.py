@@ -44,6 +44,7 @@ from inference_server.http.openai import OpenAIRoutes
 from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
+from inference_server.http.utility import UtilityRoutes
 from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
@@ -66,7 +67,7 @@ class Route:
 
 def _routes(state: AppState) -> list[Route]:
     native, openai, service = NativeRoutes(state), OpenAIRoutes(state), ServiceRoutes(state)
-    observability = ObservabilityRoutes(state)
+    observability, utility = ObservabilityRoutes(state), UtilityRoutes(state)
     routes = [
         Route("POST", "/generate", native.generate, "native generation: text or token ids, SSE with stream=true"),
         Route("GET", "/v1/models", openai.models, "OpenAI: the served model"),
@@ -74,6 +75,10 @@ def _routes(state: AppState) -> list[Route]:
         Route("POST", "/v1/completions", openai.completions, "OpenAI: text completions (stream, n, logprobs)"),
         Route("POST", "/v1/chat/completions", openai.chat_completions, "OpenAI: chat completions (stream, n, "
               "logprobs)"),
+        Route("POST", "/tokenize", utility.tokenize, "vLLM: a prompt or chat messages to token ids (count, strings)"),
+        Route("POST", "/detokenize", utility.detokenize, "vLLM: token ids to text"),
+        Route("GET", "/tokenizer_info", utility.tokenizer_info, "the tokenizer: special tokens, template, HF folder"),
+        Route("GET", "/version", utility.version, "the server's version"),
         Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)"),
         Route("GET", "/scheduler/stats", observability.stats, "latency percentiles, throughput, queue, KV usage"),
         Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)"),

@@ -41,6 +41,11 @@ class AppState:
         """The one name ``/v1/models`` lists and the OpenAI routes accept."""
         return self.engine.info.model_name
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name the routes accept: the reported one first, then ``SERVED_MODEL_NAME``'s aliases."""
+        return tuple(dict.fromkeys([self.model_name, *self.settings.served_model_names()]))
+
     def begin_drain(self) -> None:
         """New generation requests get 503 from now on and readiness turns 503."""
         self.draining = True

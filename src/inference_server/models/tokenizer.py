@@ -170,6 +170,11 @@ class Tokenizer:
         return self._token_id(self._special_tokens.get("bos_token"))
 
     @property
+    def special_tokens(self) -> dict[str, str | None]:
+        """The configured ``bos_token``, ``eos_token``, ``unk_token`` and ``pad_token`` texts."""
+        return dict(self._special_tokens)
+
+    @property
     def eos_token(self) -> str | None:
         """The configured end-of-sequence token's text (``<eos>`` for Gemma)."""
         return self._special_tokens.get("eos_token")
