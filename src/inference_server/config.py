@@ -98,6 +98,8 @@ class Settings:
                                     "meta); empty: off.")
     timeline_dir: str = _field("", "Folder for the per-run JSONL step timeline (one line per scheduler "
                                    "decision) and profiler ranges per step phase; empty: off.")
+    access_log: bool = _field(True, "One log line per HTTP request (method, path, status, trace id, tokens in / "
+                                    "out, TTFT, total time) on the inference_server.access logger.")
     log_level: str = _field("info", "Logging level.", ("debug", "info", "warning", "error"))
     faults: str = _field("", "Fault injection for reliability runs (docs/reliability.md): comma-separated "
                              "step_error=P, step_delay=P:SECONDS, alloc_refuse=P, tokenizer_error=P, seed=N, "

@@ -13,6 +13,8 @@ Framework settings that matter:
 * ``MAX_BODY_BYTES = settings.max_body_bytes``: a larger body is a 413, sent once the body has been read and
   discarded (``http/body.py``). Quart's ``MAX_CONTENT_LENGTH`` stays unset: Quart would refuse the body
   without reading it, and the client would see a broken pipe rather than the 413.
+* ``AccessLog`` (``http/access_log.py``, unless ``ACCESS_LOG=false``) writes one line per request once its
+  response is sent: method, path, status, trace id, tokens in / out, TTFT and total time.
 * ``ConnectionPolicy`` (``http/connection.py``) wraps the ASGI app: ``Connection: close`` whenever the
   connection will not or should not be reused (a body left unread, or the server draining).
 
@@ -34,6 +36,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from inference_server.config import Settings
+from inference_server.http.access_log import AccessLog
 from inference_server.http.connection import ConnectionPolicy
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
 from inference_server.http.debug import DebugRoutes
@@ -112,6 +115,8 @@ def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True,
     app.extensions[STATE_KEY] = state
     # Quart types asgi_app with its exact ASGI TypedDicts; the middleware speaks the generic mapping form.
     app.asgi_app = ConnectionPolicy(app.asgi_app, lambda: state.draining)  # type: ignore[method-assign,assignment,arg-type]
+    if settings.access_log:
+        app.asgi_app = AccessLog(app.asgi_app, TRACE_ID_HEADER)  # type: ignore[method-assign,assignment,arg-type]
     for route in _routes(state):
         app.add_url_rule(route.path, endpoint=route.path, view_func=route.handler, methods=[route.method])
     _register_trace_ids(app)
