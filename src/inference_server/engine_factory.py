@@ -19,6 +19,7 @@ from inference_server.models.loading.source import LoadedModel, load_model
 from inference_server.models.tokenizer import TokenizerError
 from inference_server.models.tokenizer_export import served_tokenizer_folder
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
+from inference_server.startup import phase, summary
 from inference_server.supervisor import EngineParts
 from inference_server.telemetry import profiler_ranges
 
@@ -43,9 +44,11 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     loaded = load_model(settings, device, dtype)
     log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
              loaded.load_seconds)
-    kv, storage = build_kv(settings, loaded, device, dtype)
+    with phase("allocating the KV cache"):
+        kv, storage = build_kv(settings, loaded, device, dtype)
     limits = engine_limits(settings, loaded.spec, device, kv)
-    runner = build_runner(settings, loaded, storage, device, backend, limits)
+    with phase(f"building the {backend} step runner"):
+        runner = build_runner(settings, loaded, storage, device, backend, limits)
     tokenizer = loaded.tokenizer
     tokenizer_folder = _export_tokenizer(settings, loaded, limits.max_model_len)
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
@@ -76,6 +79,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",
              kv.full_pool.num_blocks, kv.sliding_pool.num_blocks if kv.sliding_pool else 0, kv.block_size,
              limits.max_model_len, backend)
+    log.info("start-up phases: %s", summary())
     return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)
 
 

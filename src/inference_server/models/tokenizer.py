@@ -51,6 +51,8 @@ import jinja2.ext
 import jinja2.sandbox
 import tokenizers
 
+from inference_server.startup import phase
+
 __all__ = ["ChatTemplateError", "Tokenizer", "TokenizerError", "default_cache_dir"]
 
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -366,7 +368,8 @@ def _convert_gguf_tokenizer(gguf_path: Path, folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
     try:
-        _save_converted(gguf_path, staging)
+        with phase("converting the GGUF tokenizer (first start only: cached for later starts)"):
+            _save_converted(gguf_path, staging)
         staging.rename(folder)
     except OSError as error:
         if not (folder / "tokenizer.json").is_file():  # else another process finished first: fine

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_server.models.tokenizer import Tokenizer, TokenizerError
+from inference_server.startup import phase
 
 
 def tokenizer_config(tokenizer: Tokenizer, model_max_length: int | None = None) -> dict[str, Any]:
@@ -57,7 +58,8 @@ def served_tokenizer_folder(tokenizer: Tokenizer, cache_dir: Path, model_name: s
         return folder
     staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
     try:
-        export_tokenizer(tokenizer, staging, model_max_length=model_max_length)
+        with phase("exporting the tokenizer for clients (once per tokenizer)"):
+            export_tokenizer(tokenizer, staging, model_max_length=model_max_length)
         staging.rename(folder)
     except OSError as error:
         if not (folder / "tokenizer_config.json").is_file():  # else another process finished first: fine

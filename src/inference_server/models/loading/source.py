@@ -27,6 +27,7 @@ from inference_server.models.loading.loader import (
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 from inference_server.models.tokenizer import Tokenizer
+from inference_server.startup import phase
 
 
 @attrs.frozen
@@ -94,7 +95,8 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
         if settings.dummy_weights:
             init_dummy_weights(model, settings.seed)
         else:
-            load_weights(model, spec, iter_safetensors(folder), str(folder))
+            with phase("loading weights", unit="tensors") as progress:
+                load_weights(model, spec, progress.wrap(iter_safetensors(folder)), str(folder))
         name = _served_name(settings, folder.name)
     elif source in preset_names():
         if not settings.dummy_weights:
@@ -106,7 +108,8 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
         name = _served_name(settings, source)
     else:
         raise _invalid_model(source)
-    tokenizer = load_tokenizer(settings)
+    with phase("loading the tokenizer"):
+        tokenizer = load_tokenizer(settings)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return LoadedModel(model=model, spec=spec, tokenizer=tokenizer, name=name,
@@ -120,5 +123,7 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype,
     checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)
     model = build_model(spec, dtype, device)
-    load_weights(model, spec, checkpoint.iter_tensors(torch.float32), str(path))
+    names = checkpoint.parameter_names
+    with phase("loading weights (dequantising GGUF blocks)", total=len(names), unit="tensors") as progress:
+        load_weights(model, spec, progress.wrap(checkpoint.iter_tensors(torch.float32)), str(path))
     return model, spec
