@@ -96,6 +96,8 @@ class Tokenizer:
         self._eos_token_ids = eos_token_ids
         self._chat_template = chat_template
         self.name = name
+        self.source_file: Path | None = None
+        """The ``tokenizer.json`` the backend was read from, when it was read from one."""
 
     # ---------------------------------------------------------------------------------- constructors
 
@@ -114,13 +116,15 @@ class Tokenizer:
         config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
         special_tokens = {key: _token_text(config.get(key)) for key in _SPECIAL_TOKEN_KEYS}
         generation_eos = _as_id_list(_read_json(folder / "generation_config.json").get("eos_token_id"))
-        return cls(
+        tokenizer = cls(
             backend,
             special_tokens=special_tokens,
             eos_token_ids=_eos_token_ids(backend, special_tokens.get("eos_token"), generation_eos),
             chat_template=chat_template or _folder_chat_template(folder, config),
             name=str(folder),
         )
+        tokenizer.source_file = folder / "tokenizer.json"
+        return tokenizer
 
     @classmethod
     def from_gguf(
