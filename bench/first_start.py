@@ -54,8 +54,9 @@ def time_to_ready(cache_home: Path, extra_env: dict[str, str]) -> tuple[float, l
     finally:
         process.terminate()
         process.wait(30)
-    lines = [line for line in log_path.read_text().splitlines() if "inference_server.startup" in line
-             or "start-up phases" in line]
+    launched = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.perf_counter() - started)))
+    lines = [f"launched at {launched}"] + [line for line in log_path.read_text().splitlines()
+                                           if "inference_server.startup" in line or "start-up phases" in line]
     return elapsed, lines
 
 
