@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inference_server.config import Settings
-from inference_server.http.chat_stops import ChatStops
+from inference_server.models.chat_templates import ChatStops
 from inference_server.models.loading.source import load_tokenizer
 from inference_server.models.tokenizer_export import served_tokenizer_folder
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from http_testkit import MODEL_NAME, SPECIAL_TOKENS, fake_token
 
 from inference_server.config import load_settings
-from inference_server.http.chat_stops import ChatStops
-from inference_server.models.chat_templates import GEMMA_TURNS, turn_markers
+from inference_server.models.chat_templates import GEMMA_TURNS, ChatStops, turn_markers
 from inference_server.records.sampling_params import SamplingParams
 
 START, END = SPECIAL_TOKENS.index("<start_of_turn>"), SPECIAL_TOKENS.index("<end_of_turn>")

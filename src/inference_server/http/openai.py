@@ -10,7 +10,7 @@ Conventions (see docs/api.md for every field):
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
 * Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
   capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
-  are stops (``http/chat_stops.py``). Message content is a string or a list of
+  are stops (``models/chat_templates.ChatStops``). Message content is a string or a list of
   ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
   ``assistant``, ``tool``.
 * Not supported, with a 400 that says so: ``echo``, ``suffix``, ``best_of`` > 1, tools and functions,

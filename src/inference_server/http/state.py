@@ -7,10 +7,10 @@ import time
 import attrs
 
 from inference_server.config import Settings
-from inference_server.http.chat_stops import ChatStops
 from inference_server.http.errors import unavailable
 from inference_server.http.generation import ResponseTracker
 from inference_server.http.token_text import TokenText
+from inference_server.models.chat_templates import ChatStops
 from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
