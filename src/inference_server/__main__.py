@@ -1,4 +1,5 @@
-"""Command line: ``inference-server serve``, ``generate PROMPT...``, ``tail`` and ``report RUN.sqlite``.
+"""Command line: ``inference-server serve``, ``generate PROMPT...``, ``export-tokenizer DIR``, ``tail`` and
+``report RUN.sqlite``.
 
 The only place argv is read. Every setting of ``config.Settings`` is also a flag (``MAX_BATCH_SIZE`` is
 ``--max-batch-size``); flags override the environment and ``.env``.
@@ -43,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setting_flags(generate)
     serve = commands.add_parser("serve", help="run the HTTP server")
     _add_setting_flags(serve)
+    export = commands.add_parser("export-tokenizer", help="write the served tokenizer (tokenizer.json + "
+                                 "tokenizer_config.json, chat template included) to DIR for transformers, aiperf "
+                                 "and lm-eval")
+    export.add_argument("directory", help="folder to write (created if needed)")
+    _add_setting_flags(export)
     from inference_server.cli import report, tail
 
     tail.add_parser(commands)
@@ -80,6 +86,25 @@ def run_generate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def run_export_tokenizer(args: argparse.Namespace, settings: Settings) -> int:
+    from inference_server.models.loading.source import load_tokenizer
+    from inference_server.models.tokenizer import TokenizerError
+    from inference_server.models.tokenizer_export import export_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(settings)
+        if tokenizer is None:
+            print(f"error: MODEL={settings.model!r} has no tokenizer to export", file=sys.stderr)
+            return 2
+        folder = export_tokenizer(tokenizer, args.directory)
+    except TokenizerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {folder / 'tokenizer.json'} and {folder / 'tokenizer_config.json'}; load them with "
+          f"transformers.AutoTokenizer.from_pretrained({str(folder)!r})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("tail", "report"):  # clients of a server or of a run file: no engine settings
@@ -95,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args, settings)
+        if args.command == "export-tokenizer":
+            return run_export_tokenizer(args, settings)
         from inference_server.server import serve
 
         return serve(settings)

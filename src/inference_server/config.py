@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,15 @@ class Settings:
     chat_template: str = _field("", "A Jinja chat template file that replaces the model's own (or supplies one "
                                     "when it has none); empty: the model's template (the embedded base model "
                                     "uses Gemma's turn format).")
-    served_model_name: str = _field("", "Model name reported by /v1/models; empty: derived from MODEL.")
+    served_model_name: str = _field("", "Model name(s) the OpenAI routes accept, separated by commas or spaces "
+                                        "(aliases, as vLLM's --served-model-name); the first is the one "
+                                        "responses and metrics report. Empty: derived from MODEL.")
     max_model_len: int = _field(0, "Longest context (prompt + output) in tokens; 0: the model's own limit, "
                                    "capped at 8192 on CPU.", minimum=0)
+    default_max_tokens: int = _field(1024, "Output cap (tokens) of a chat request that sets no max_tokens: the "
+                                           "reply stops at min(this, the rest of the context) with finish_reason "
+                                           "length. /v1/completions and /generate keep OpenAI's 16. 0: the rest "
+                                           "of the context.", minimum=0)
     max_batch_size: int = _field(256, "Most sequences in one step.", minimum=1)
     max_num_batched_tokens: int = _field(0, "Token budget of one step (prefill chunks plus decodes); 0: 2048 "
                                             "on CUDA, 256 elsewhere (a CPU step stays about a second long, "
@@ -91,10 +98,16 @@ class Settings:
                                     "meta); empty: off.")
     timeline_dir: str = _field("", "Folder for the per-run JSONL step timeline (one line per scheduler "
                                    "decision) and profiler ranges per step phase; empty: off.")
+    access_log: bool = _field(True, "One log line per HTTP request (method, path, status, trace id, tokens in / "
+                                    "out, TTFT, total time) on the inference_server.access logger.")
     log_level: str = _field("info", "Logging level.", ("debug", "info", "warning", "error"))
     faults: str = _field("", "Fault injection for reliability runs (docs/reliability.md): comma-separated "
                              "step_error=P, step_delay=P:SECONDS, alloc_refuse=P, tokenizer_error=P, seed=N, "
                              "e.g. step_error=0.01,seed=7. Empty: off (costs nothing).", check=parse_faults)
+
+    def served_model_names(self) -> tuple[str, ...]:
+        """``SERVED_MODEL_NAME`` split into its names (first: the reported one); empty when unset."""
+        return tuple(dict.fromkeys(name for name in re.split(r"[,\s]+", self.served_model_name) if name))
 
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import attrs
 import torch
@@ -15,7 +16,10 @@ from inference_server.core.faults import parse_faults
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.fault_injection import with_faults
 from inference_server.models.loading.source import LoadedModel, load_model
+from inference_server.models.tokenizer import TokenizerError
+from inference_server.models.tokenizer_export import served_tokenizer_folder
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
+from inference_server.startup import phase, summary
 from inference_server.supervisor import EngineParts
 from inference_server.telemetry import profiler_ranges
 
@@ -40,10 +44,13 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     loaded = load_model(settings, device, dtype)
     log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
              loaded.load_seconds)
-    kv, storage = build_kv(settings, loaded, device, dtype)
+    with phase("allocating the KV cache"):
+        kv, storage = build_kv(settings, loaded, device, dtype)
     limits = engine_limits(settings, loaded.spec, device, kv)
-    runner = build_runner(settings, loaded, storage, device, backend, limits)
+    with phase(f"building the {backend} step runner"):
+        runner = build_runner(settings, loaded, storage, device, backend, limits)
     tokenizer = loaded.tokenizer
+    tokenizer_folder = _export_tokenizer(settings, loaded, limits.max_model_len)
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
     parts = EngineParts(
@@ -64,9 +71,28 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         max_queued_tokens=settings.max_queued_tokens,
         admission_timeout=settings.admission_timeout,
         model_name=loaded.name,
+        default_max_tokens=settings.default_max_tokens or None,
+        model_root=loaded.root,
+        tokenizer_folder=str(tokenizer_folder or ""),
     )
     parts = with_faults(parts, parse_faults(settings.faults))  # the same parts when FAULTS is empty
     log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",
              kv.full_pool.num_blocks, kv.sliding_pool.num_blocks if kv.sliding_pool else 0, kv.block_size,
              limits.max_model_len, backend)
+    log.info("start-up phases: %s", summary())
     return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)
+
+
+def _export_tokenizer(settings: Settings, loaded: LoadedModel, max_model_len: int) -> Path | None:
+    """The served tokenizer as a Hugging Face folder for clients (written once, then reused); None without
+    a tokenizer, or when the cache cannot be written (a warning: serving does not need it)."""
+    if loaded.tokenizer is None:
+        return None
+    try:
+        folder = served_tokenizer_folder(loaded.tokenizer, settings.resolved_cache_dir(), loaded.name, max_model_len)
+    except TokenizerError as error:
+        log.warning("the tokenizer was not exported for clients: %s", error)
+        return None
+    log.info("tokenizer for clients (transformers.AutoTokenizer.from_pretrained, aiperf --tokenizer, lm-eval "
+             "tokenizer=): %s", folder)
+    return folder

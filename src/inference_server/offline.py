@@ -14,6 +14,7 @@ import trio
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
 from inference_server.engine_factory import BuiltEngine, build_engine_parts
+from inference_server.models.chat_templates import ChatStops
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
@@ -75,6 +76,8 @@ class LLM:
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.built: BuiltEngine = build_engine_parts(settings or Settings())
+        self.chat_stops = ChatStops.of(self.built.loaded.tokenizer, self.built.parts.eos_token_ids)
+        """The chat template's turn markers, added to chat requests' stops as the HTTP chat route does."""
 
     @property
     def tokenizer(self):
@@ -89,7 +92,8 @@ class LLM:
         requests = []
         for prompt, p in zip(prompts, per_prompt, strict=True):
             if chat:
-                requests.append(GenerationRequest(params=p, messages=(ChatMessage("user", str(prompt)),)))
+                requests.append(GenerationRequest(params=self.chat_stops.apply(p),
+                                                  messages=(ChatMessage("user", str(prompt)),)))
             elif isinstance(prompt, str):
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:

@@ -113,6 +113,9 @@ async def _serve_engine(engine: Engine, observability: Observability, settings: 
     nursery.start_soon(_watch_signals, signals, shutdown)
     nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown)
     binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
+    if engine.info.tokenizer_folder:
+        print(f"inference-server tokenizer (for aiperf, lm-eval, transformers): {engine.info.tokenizer_folder}",
+              flush=True)
     for bind in binds:
         print(f"inference-server listening on {bind}", flush=True)
         log.info("serving %s on %s", engine.info.model_name, bind)

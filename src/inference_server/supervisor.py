@@ -62,6 +62,12 @@ class EngineInfo:
     vocab_size: int
     tokenizer: PromptTokenizer | None
     eos_token_ids: frozenset[int]
+    default_max_tokens: int | None = None
+    """Output cap of a request that sets no ``max_tokens`` (``None``: the rest of the context)."""
+    model_root: str = ""
+    """Where the model came from (a checkpoint folder, a .gguf file or a preset name)."""
+    tokenizer_folder: str = ""
+    """The served tokenizer exported as a Hugging Face folder (empty: none)."""
 
 
 @attrs.frozen
@@ -91,6 +97,11 @@ class EngineParts:
     max_queued_tokens: int = 1_000_000
     admission_timeout: float = 60.0
     model_name: str = "model"
+    default_max_tokens: int | None = None
+    """``DEFAULT_MAX_TOKENS``: admission caps a request without ``max_tokens`` at this many tokens (never more
+    than the rest of the context); ``None``: the rest of the context."""
+    model_root: str = ""
+    tokenizer_folder: str = ""
     allocate: Callable[[KVManager, StepDemand], StepGrant] = allocate_step  # FAULTS may wrap it
 
 
@@ -158,7 +169,7 @@ class Engine:
     def info(self) -> EngineInfo:
         parts = self.parts
         return EngineInfo(parts.model_name, parts.max_model_len, parts.vocab_size, parts.tokenizer,
-                          parts.eos_token_ids)
+                          parts.eos_token_ids, parts.default_max_tokens, parts.model_root, parts.tokenizer_folder)
 
     @property
     def is_ready(self) -> bool:
@@ -250,7 +261,8 @@ class Engine:
         admission = Admission(
             admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,
-            admission_timeout=parts.admission_timeout, kv_limits=kv_limits(parts), emit=emit)
+            admission_timeout=parts.admission_timeout, kv_limits=kv_limits(parts), emit=emit,
+            default_max_tokens=parts.default_max_tokens)
         async with trio.open_nursery() as pipeline:
             self._pipeline_scope = pipeline.cancel_scope
             await pipeline.start(self.executor.run)

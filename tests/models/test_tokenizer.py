@@ -235,6 +235,16 @@ def test_gguf_tokenizer_matches_transformers_and_is_cached(tmp_path: Path, monke
         Tokenizer.from_gguf(path, cache_dir=cache)
 
 
+def test_gguf_conversion_skips_the_config_parse(tmp_path: Path) -> None:
+    """The conversion names the tokenizer type (so transformers does not parse the whole header into a config);
+    the test above checks the result equals transformers' own conversion, which does."""
+    path = write_tokenizer_gguf(tmp_path / "tiny.gguf")
+    assert tokenizer_module._gguf_tokenizer_type(path) == "gemma3_text"
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\x00" * 10)
+    assert tokenizer_module._gguf_tokenizer_type(junk) is None
+
+
 def test_gguf_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match=r"absent\.gguf"):
         Tokenizer.from_gguf(tmp_path / "absent.gguf", cache_dir=tmp_path)

@@ -116,12 +116,14 @@ def fake_prompt_logprobs(plan: StepPlan) -> tuple[PromptLogprobsChunk, ...]:
 @attrs.define
 class FakeModel:
     """An in-loop step function. ``delay``: seconds per step; ``block``: steps wait for ``release``;
-    ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS."""
+    ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS; ``token_at_length``:
+    sequences of a listed length get that token instead of their word."""
 
     delay: float = 0.0
     block: bool = False
     fail_at_step: int | None = None
     eos_at_length: int | None = None
+    token_at_length: dict[int, int] = attrs.Factory(dict)
     steps: int = 0
     tokens_emitted: int = 0
     release: trio.Event = attrs.Factory(trio.Event)
@@ -139,7 +141,7 @@ class FakeModel:
             if not seq.sample:
                 continue
             length = seq.cached_len + len(seq.token_ids)
-            token = EOS_ID if length == self.eos_at_length else fake_token(length)
+            token = EOS_ID if length == self.eos_at_length else self.token_at_length.get(length, fake_token(length))
             top = tuple((fake_token(length + k), -0.5 * (k + 1)) for k in range(seq.sampling.logprobs or 0))
             tokens.append(SampledToken(seq.request_id, token, -0.25, top))
         self.tokens_emitted += len(tokens)

@@ -21,7 +21,7 @@ EXAMPLES = examples(API_DOC.read_text())
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     tokenizer = Tokenizer.from_pretrained_dir(write_tokenizer_folder(tmp_path_factory.mktemp("doc-tokenizer")))
-    with serving_on_socket(tokenizer=tokenizer, model_name=DOC_MODEL_NAME) as served:
+    with serving_on_socket(tokenizer=tokenizer, model_name=DOC_MODEL_NAME, default_max_tokens=1024) as served:
         yield served
 
 

@@ -44,7 +44,7 @@ class Admission:
                  to_scheduler: trio.MemorySendChannel[Request], streams: RequestStreams,
                  tokenizer: PromptTokenizer | None, *, max_model_len: int, vocab_size: int,
                  eos_token_ids: frozenset[int], admission_timeout: float, kv_limits: KVLimits | None,
-                 emit: Callable[[TelemetryEvent], None]) -> None:
+                 emit: Callable[[TelemetryEvent], None], default_max_tokens: int | None = None) -> None:
         self.inbox = inbox
         self.to_scheduler = to_scheduler
         self.streams = streams
@@ -54,6 +54,7 @@ class Admission:
         self.eos_token_ids = eos_token_ids
         self.admission_timeout = admission_timeout
         self.kv_limits = kv_limits
+        self.default_max_tokens = default_max_tokens
         self.emit = emit
         self._arrivals = 0
 
@@ -85,7 +86,8 @@ class Admission:
     def _prepare(self, submission: Submission) -> Request:
         incoming = submission.request
         prompt_ids, params = prepare(incoming, self.tokenizer, max_model_len=self.max_model_len,
-                                     vocab_size=self.vocab_size, kv=self.kv_limits)
+                                     vocab_size=self.vocab_size, kv=self.kv_limits,
+                                     default_max_tokens=self.default_max_tokens)
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
         self._arrivals += 1
         return Request(

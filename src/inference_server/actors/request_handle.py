@@ -40,6 +40,9 @@ class RequestHandle:
         self._prompt_tokens: int | None = None
         self._finished = False
         self._closed = False
+        self.observer: Callable[[RequestUpdate], None] | None = None
+        """Called with each update as it is read (the HTTP access log counts tokens and the first token's
+        time with it); must not raise or block."""
 
     @property
     def finished(self) -> bool:
@@ -84,6 +87,8 @@ class RequestHandle:
                 break
             update = merge(update, self._checked(item))
         self._finished = update.finished
+        if self.observer is not None:
+            self.observer(update)
         return update
 
     def _checked(self, item: StreamItem) -> RequestUpdate:

@@ -30,6 +30,7 @@ import torch
 
 from inference_server.backends.paged_kv import StepTensors
 from inference_server.records.steps import ScheduledSequence
+from inference_server.startup import Progress, phase
 
 DecodeForward = Callable[[torch.Tensor, StepTensors], torch.Tensor]  # (ids [B], step) -> hidden [B, H]
 
@@ -99,8 +100,13 @@ class DecodeGraphs:
         if not self.capture_enabled:
             return
         self._reset_padding(self.max_batch)
+        buckets = sorted(self.buckets, reverse=True)
+        with phase("capturing CUDA graphs", total=len(buckets), unit="batch sizes") as progress:
+            self._capture(buckets, progress)
+
+    def _capture(self, buckets: list[int], progress: Progress) -> None:
         pool = None
-        for bucket in sorted(self.buckets, reverse=True):
+        for bucket in progress.wrap(buckets):
             ids, step = self.step_view(bucket)
             self.forward(ids, step)  # compiles the Triton kernels for these shapes and settles the allocator
             torch.cuda.synchronize(self.device)

@@ -1,7 +1,8 @@
 """Admission checks: everything that can never run is refused before anything is queued.
 
 ``prepare`` validates a ``GenerationRequest`` against the engine's limits, applies the chat template,
-tokenises, resolves ``max_tokens=None`` to the rest of the context, and returns the prompt token ids with
+tokenises, resolves ``max_tokens=None`` to ``min(default_max_tokens, the rest of the context)`` (the rest of
+the context when there is no default), and returns the prompt token ids with
 the final sampling parameters, or raises ``RequestError`` carrying a code and the offending field.
 
 Whatever a single request's input makes the tokenizer or the chat template raise becomes that request's
@@ -84,8 +85,12 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
 
 
 def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, max_model_len: int,
-            vocab_size: int, kv: KVLimits | None = None) -> tuple[tuple[int, ...], SamplingParams]:
-    """Validated prompt token ids and final sampling parameters for ``request`` (raises ``RequestError``)."""
+            vocab_size: int, kv: KVLimits | None = None,
+            default_max_tokens: int | None = None) -> tuple[tuple[int, ...], SamplingParams]:
+    """Validated prompt token ids and final sampling parameters for ``request`` (raises ``RequestError``).
+
+    ``default_max_tokens``: the output cap of a request that sets none (``DEFAULT_MAX_TOKENS``), never more
+    than the rest of the context; ``None``: the rest of the context."""
     request.params.validate()
     prompt_ids = tokenize(request, tokenizer)
     if not prompt_ids:
@@ -97,7 +102,8 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     prompt_field = "messages" if request.messages is not None else "prompt"
     params = request.params
     if params.max_tokens is None:
-        params = attrs.evolve(params, max_tokens=max(1, max_model_len - len(prompt_ids)))
+        rest = max(1, max_model_len - len(prompt_ids))
+        params = attrs.evolve(params, max_tokens=rest if default_max_tokens is None else min(default_max_tokens, rest))
     max_tokens = params.max_tokens
     assert max_tokens is not None
     if max_tokens > max_model_len - 1:

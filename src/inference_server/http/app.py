@@ -13,6 +13,8 @@ Framework settings that matter:
 * ``MAX_BODY_BYTES = settings.max_body_bytes``: a larger body is a 413, sent once the body has been read and
   discarded (``http/body.py``). Quart's ``MAX_CONTENT_LENGTH`` stays unset: Quart would refuse the body
   without reading it, and the client would see a broken pipe rather than the 413.
+* ``AccessLog`` (``http/access_log.py``, unless ``ACCESS_LOG=false``) writes one line per request once its
+  response is sent: method, path, status, trace id, tokens in / out, TTFT and total time.
 * ``ConnectionPolicy`` (``http/connection.py``) wraps the ASGI app: ``Connection: close`` whenever the
   connection will not or should not be reused (a body left unread, or the server draining).
 
@@ -34,6 +36,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from inference_server.config import Settings
+from inference_server.http.access_log import AccessLog
 from inference_server.http.connection import ConnectionPolicy
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
 from inference_server.http.debug import DebugRoutes
@@ -45,6 +48,7 @@ from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response
 from inference_server.http.responses_api import ResponsesRoutes
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
+from inference_server.http.utility import UtilityRoutes
 from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
@@ -67,7 +71,7 @@ class Route:
 
 def _routes(state: AppState) -> list[Route]:
     native, openai, service = NativeRoutes(state), OpenAIRoutes(state), ServiceRoutes(state)
-    observability = ObservabilityRoutes(state)
+    observability, utility = ObservabilityRoutes(state), UtilityRoutes(state)
     routes = [
         Route("POST", "/generate", native.generate, "native generation: text or token ids, SSE with stream=true"),
         Route("GET", "/v1/models", openai.models, "OpenAI: the served model"),
@@ -76,6 +80,10 @@ def _routes(state: AppState) -> list[Route]:
         Route("POST", "/v1/chat/completions", openai.chat_completions, "OpenAI: chat completions (stream, n, "
               "logprobs)"),
         Route("POST", "/v1/responses", ResponsesRoutes(state).create, "OpenAI Responses API (stateless; stream)"),
+        Route("POST", "/tokenize", utility.tokenize, "vLLM: a prompt or chat messages to token ids (count, strings)"),
+        Route("POST", "/detokenize", utility.detokenize, "vLLM: token ids to text"),
+        Route("GET", "/tokenizer_info", utility.tokenizer_info, "the tokenizer: special tokens, template, HF folder"),
+        Route("GET", "/version", utility.version, "the server's version"),
         Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)"),
         Route("GET", "/scheduler/stats", observability.stats, "latency percentiles, throughput, queue, KV usage"),
         Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)"),
@@ -109,6 +117,8 @@ def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True,
     app.extensions[STATE_KEY] = state
     # Quart types asgi_app with its exact ASGI TypedDicts; the middleware speaks the generic mapping form.
     app.asgi_app = ConnectionPolicy(app.asgi_app, lambda: state.draining)  # type: ignore[method-assign,assignment,arg-type]
+    if settings.access_log:
+        app.asgi_app = AccessLog(app.asgi_app, TRACE_ID_HEADER)  # type: ignore[method-assign,assignment,arg-type]
     for route in _routes(state):
         app.add_url_rule(route.path, endpoint=route.path, view_func=route.handler, methods=[route.method])
     _register_trace_ids(app)

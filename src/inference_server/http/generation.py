@@ -21,9 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import trio
+from quart import has_request_context, request
 
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.actors.request_streams import merge
+from inference_server.http.access_log import record_for
 from inference_server.http.errors import from_request_error
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, RequestUpdate
@@ -179,11 +181,17 @@ async def admit(engine: Engine, requests: Sequence[GenerationRequest], tracker: 
     """Submit ``requests`` and wait until each is admitted; raises the first refusal as ``ApiError``
     (engine field names mapped to the route's through ``renames``)."""
     handles = [engine.submit(request) for request in requests]
+    access = record_for(request.scope) if has_request_context() else None
+    if access is not None:
+        for handle in handles:
+            handle.observer = access.observe
     tracker.opened()
     generation = Generation(handles, [], tracker.closed)
     try:
         for handle in handles:
             generation.prompt_tokens.append(await handle.admission())
+            if access is not None:
+                access.admitted(generation.prompt_tokens[-1])
     except RequestError as error:
         generation.close()
         raise from_request_error(error, renames) from None

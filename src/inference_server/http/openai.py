@@ -2,13 +2,15 @@
 
 Conventions (see docs/api.md for every field):
 
-* ``model`` must be the served name (``/v1/models``) or absent; anything else is 404 ``model_not_found``.
+* ``model`` must be a served name (``/v1/models``: ``SERVED_MODEL_NAME``'s aliases) or absent; anything else is
+  404 ``model_not_found``. Responses report the first name.
 * ``n`` choices (1..``MAX_N``) are ``n`` engine requests submitted together; with a ``seed``, choice ``j``
   uses ``seed + j`` so the choices differ and stay reproducible. A list of prompts gives ``len(prompts) * n``
   choices, choice ``i * n + j`` being prompt ``i``'s ``j``-th.
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
-* Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply may
-  use the rest of the context (``max_model_len`` minus the prompt). Message content is a string or a list of
+* Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
+  capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
+  are stops (``models/chat_templates.ChatStops``). Message content is a string or a list of
   ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
   ``assistant``, ``tool``.
 * ``echo`` (completions, not streamed): each choice's text starts with its prompt and, with ``logprobs``,
@@ -60,22 +62,24 @@ class OpenAIRoutes:
         self.state = state
 
     # -- models --------------------------------------------------------------------------------------
-    def _model_card(self) -> dict:
-        state = self.state
-        return {"id": state.model_name, "object": "model", "created": state.started_at, "owned_by": "inference_server",
-                "max_model_len": state.engine.info.max_model_len}
+    def _model_card(self, name: str) -> dict:
+        """vLLM's card: ``root`` is where the model came from, ``parent`` null (a base model, not an adapter)."""
+        state, info = self.state, self.state.engine.info
+        return {"id": name, "object": "model", "created": state.started_at, "owned_by": "inference_server",
+                "root": info.model_root or state.model_name, "parent": None, "max_model_len": info.max_model_len,
+                "default_max_tokens": info.default_max_tokens}
 
     async def models(self) -> Response:
-        """``GET /v1/models``: the one served model."""
-        return json_response({"object": "list", "data": [self._model_card()]})
+        """``GET /v1/models``: the served model, once per accepted name (the reported name first)."""
+        return json_response({"object": "list", "data": [self._model_card(name) for name in self.state.model_names]})
 
     async def model(self, model: str) -> Response:
         """``GET /v1/models/<model>``."""
         self._check_model(model)
-        return json_response(self._model_card())
+        return json_response(self._model_card(model))
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.state.model_name:
+        if model is not None and model not in self.state.model_names:
             raise model_not_found(model)
 
     # -- completions ---------------------------------------------------------------------------------
@@ -142,8 +146,9 @@ class OpenAIRoutes:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens, max_field = _chat_max_tokens(body)
         n = _choice_count(body.n, 1)
-        # max_tokens None: the rest of the context, resolved by admission once the prompt is tokenised.
-        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
+        # max_tokens None: min(DEFAULT_MAX_TOKENS, the rest of the context), resolved by admission once the
+        # prompt is tokenised.
+        params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs))
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,

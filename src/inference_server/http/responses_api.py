@@ -88,8 +88,10 @@ class ResponsesRoutes:
             messages.insert(0, ChatMessage("system", body.instructions))
         if not messages:
             raise invalid_request("input must not be empty", "input")
-        params = sampling_params(SamplingFields(temperature=body.temperature, top_p=body.top_p),
-                                 max_tokens=body.max_output_tokens, logprobs=None)
+        # A reply ends at the chat template's turn markers, as on the chat route.
+        params = self.state.chat_stops.apply(sampling_params(
+            SamplingFields(temperature=body.temperature, top_p=body.top_p), max_tokens=body.max_output_tokens,
+            logprobs=None))
         session = header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.user
         return GenerationRequest(params=params, messages=tuple(messages), session_id=session, trace_id=g.trace_id)
 

@@ -393,3 +393,28 @@ def structure(body: Any, record_type: type[Record]) -> Record:
 def parse_body(raw: bytes, record_type: type[Record]) -> Record:
     """``load_json`` then ``structure``."""
     return structure(load_json(raw), record_type)
+
+
+# -- vLLM's utility routes (/tokenize, /detokenize) -------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TokenizeRequest:
+    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered with the served chat template.
+    ``add_special_tokens`` defaults as vLLM's: true for a prompt, false for messages (the template writes
+    them)."""
+
+    prompt: str | None = None
+    messages: list[ChatMessageInput] | None = None
+    model: str | None = None
+    add_generation_prompt: bool | None = None
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DetokenizeRequest:
+    """``POST /detokenize``: token ids back to text."""
+
+    tokens: list[int]
+    model: str | None = None

