@@ -11,8 +11,12 @@ Conventions (see docs/api.md for every field):
   use the rest of the context (``max_model_len`` minus the prompt). Message content is a string or a list of
   ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
   ``assistant``, ``tool``.
+* ``stream_options`` needs ``stream: true`` (400 otherwise); ``continuous_usage_stats`` only counts together
+  with ``include_usage`` (vLLM). ``response_format`` may only be ``{"type": "text"}``, the default.
+* vLLM's ``return_token_ids`` adds ``prompt_token_ids`` (per completion choice; top level in chat) and each
+  choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
 * Not supported, with a 400 that says so: ``echo``, ``suffix``, ``best_of`` > 1, tools and functions,
-  ``response_format``, ``logit_bias``, ``min_tokens``, non-text content.
+  structured output, non-text content.
 """
 
 from __future__ import annotations
@@ -29,18 +33,25 @@ from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
     ChatEncoder,
     CompletionEncoder,
+    OutputOptions,
     chat_response,
     completion_response,
     new_id,
 )
 from inference_server.http.responses import json_response, read_body, sse_response
-from inference_server.http.schemas import ChatCompletionRequest, ChatMessageInput, CompletionRequest, StreamOptions
+from inference_server.http.schemas import (
+    ChatCompletionRequest,
+    ChatMessageInput,
+    CompletionRequest,
+    StreamOptions,
+)
 from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.http.state import AppState
 from inference_server.records.requests import ChatMessage, GenerationRequest, RequestUpdate
 from inference_server.records.sampling_params import SamplingParams
 
 Record = TypeVar("Record", CompletionRequest, ChatCompletionRequest)
+OpenAIRecord = CompletionRequest | ChatCompletionRequest
 
 MAX_N = 16
 """Most choices per prompt."""
@@ -79,8 +90,8 @@ class OpenAIRoutes:
         body = await self._read(CompletionRequest)
         requests, n = self._completion_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker)
-        return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
-                                   body.stream_options, CompletionEncoder, completion_response, "cmpl")
+        return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
+                                   CompletionEncoder, completion_response, "cmpl")
 
     def _completion_requests(self, body: CompletionRequest) -> tuple[list[GenerationRequest], int]:
         if body.echo:
@@ -92,13 +103,15 @@ class OpenAIRoutes:
             raise invalid_request("best_of > 1 is not supported; use n", "best_of", "unsupported_parameter")
         prompts = _prompts(body.prompt)
         n = _choice_count(body.n, len(prompts))
-        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs)
+        params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
+                                 vocab_size=self.state.engine.info.vocab_size)
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
                               prompt_ids=p if not isinstance(p, str) else None,
                               add_special_tokens=body.add_special_tokens is not False, session_id=session,
-                              priority=body.priority or 0, trace_id=g.trace_id)
+                              priority=body.priority or 0, trace_id=g.trace_id,
+                              truncate_prompt_tokens=body.truncate_prompt_tokens)
             for p in prompts for j in range(n)]
         return requests, n
 
@@ -108,8 +121,8 @@ class OpenAIRoutes:
         body = await self._read(ChatCompletionRequest)
         requests, n, renames = self._chat_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker, renames=renames)
-        return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
-                                   body.stream_options, ChatEncoder, chat_response, "chatcmpl")
+        return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
+                                   ChatEncoder, chat_response, "chatcmpl")
 
     def _chat_requests(self, body: ChatCompletionRequest) -> tuple[list[GenerationRequest], int, dict[str, str]]:
         messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
@@ -121,11 +134,13 @@ class OpenAIRoutes:
         max_tokens, max_field = _chat_max_tokens(body)
         n = _choice_count(body.n, 1)
         # max_tokens None: the rest of the context, resolved by admission once the prompt is tokenised.
-        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                 vocab_size=self.state.engine.info.vocab_size)
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,
-                              priority=body.priority or 0, trace_id=g.trace_id)
+                              priority=body.priority or 0, trace_id=g.trace_id,
+                              truncate_prompt_tokens=body.truncate_prompt_tokens)
             for j in range(n)]
         return requests, n, {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
 
@@ -135,21 +150,25 @@ class OpenAIRoutes:
         self.state.check_accepting()
         body = await read_body(record_type)
         self._check_model(body.model)
+        _check_output_fields(body)
         return body
 
-    async def _respond(self, generation: Generation, n: int, with_logprobs: bool, stream: bool | None,
-                       stream_options: StreamOptions | None, encoder_type: type[CompletionEncoder | ChatEncoder],
-                       build_response: Callable[..., dict], id_prefix: str) -> Response:
+    async def _respond(self, generation: Generation, n: int, with_logprobs: bool, body: OpenAIRecord,
+                       encoder_type: type[CompletionEncoder | ChatEncoder], build_response: Callable[..., dict],
+                       id_prefix: str) -> Response:
         """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body."""
         state, response_id = self.state, new_id(id_prefix)
-        if stream:
-            include_usage, continuous = _stream_usage(stream_options)
+        options = OutputOptions(token_ids=bool(body.return_token_ids),
+                                tokens_as_ids=bool(body.return_tokens_as_token_ids),
+                                prompt_token_ids=tuple(generation.prompt_token_ids))
+        if body.stream:
+            include_usage, continuous = _stream_usage(body.stream_options)
             encoder = encoder_type(state, response_id, generation.prompt_tokens, n, with_logprobs=with_logprobs,
-                                   include_usage=include_usage, continuous_usage=continuous)
+                                   include_usage=include_usage, continuous_usage=continuous, options=options)
             return sse_response(generation, encoder, coalesce=state.coalesce)
         results = await self._collect(generation)
         return json_response(build_response(state, response_id, results, generation.prompt_tokens, n,
-                                            with_logprobs=with_logprobs))
+                                            with_logprobs=with_logprobs, options=options))
 
     # -- helpers -------------------------------------------------------------------------------------
     def _session(self, user: str | None) -> str | None:
@@ -197,9 +216,21 @@ def _choice_params(params: SamplingParams, j: int) -> SamplingParams:
 
 
 def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
+    """(include_usage, continuous usage): per-chunk usage only together with ``include_usage`` (vLLM)."""
     if options is None:
         return False, False
-    return bool(options.include_usage), bool(options.continuous_usage_stats)
+    include = bool(options.include_usage)
+    return include, include and bool(options.continuous_usage_stats)
+
+
+def _check_output_fields(body: OpenAIRecord) -> None:
+    """``stream_options`` only with ``stream`` (vLLM's rule), ``response_format`` only ``text``."""
+    if body.stream_options is not None and not body.stream:
+        raise invalid_request("stream_options can only be set when stream is true", "stream_options")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise invalid_request(f"response_format type {body.response_format.type!r} is not supported (structured "
+                              "output); only {\"type\": \"text\"}, the default, is accepted",
+                              "response_format.type", "unsupported_parameter")
 
 
 def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:
