@@ -35,7 +35,7 @@ class ServiceRoutes:
     async def index(self) -> Response:
         """``GET /``: the service, its model and one line per route (pretty-printed for curl)."""
         payload = {"service": "inference_server", "model": self.state.model_name, "routes": self.route_lines,
-                   "docs": "docs/api.md"}
+                   "docs": "docs/api.md", "openapi": "/openapi.json"}
         return Response(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", content_type=JSON_CONTENT_TYPE)
 
     async def health(self) -> Response:
