@@ -4,6 +4,7 @@ covering every route; and (heavy) schemathesis fuzzing every operation of a live
 from __future__ import annotations
 
 import typing
+from collections import Counter
 
 import attrs
 import pytest
@@ -90,22 +91,24 @@ LIVE_TAIL = "/telemetry/tail"
 def test_schemathesis_finds_no_server_error(tokenizer) -> None:
     """Every operation of the live schema, fuzzed against a real Hypercorn: no response is a 5xx."""
     import schemathesis
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, given, settings
     from schemathesis.checks import not_a_server_error
 
     with serving_on_socket(tokenizer=tokenizer) as server:
         schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json").exclude(path=LIVE_TAIL)
         failures: list[str] = []
+        statuses: Counter[int] = Counter()
         operations = 0
         for result in schema.get_all_operations():
             operation = result.ok()
             operations += 1
 
-            @settings(max_examples=40, deadline=None, database=None,
+            @settings(max_examples=150, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
-            @schemathesis.given(case=operation.as_strategy())
+            @given(case=operation.as_strategy())
             def check(case) -> None:
                 response = case.call(base_url=server.url, timeout=30)
+                statuses[response.status_code] += 1
                 if response.status_code >= 500:
                     failures.append(f"{case.method} {case.path} {case.body!r} -> {response.status_code} "
                                     f"{response.text[:200]}")
@@ -116,5 +119,7 @@ def test_schemathesis_finds_no_server_error(tokenizer) -> None:
             except Exception as error:  # keep going: report every operation's failures together
                 failures.append(f"{operation.method.upper()} {operation.path}: {error}"[:500])
         assert operations >= 10
+        print("schemathesis statuses:", dict(statuses))
         assert failures == []
+        assert statuses[200] > 0 and statuses[400] > 0 and sum(statuses.values()) >= 10 * operations
         assert not server.failures
