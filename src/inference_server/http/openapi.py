@@ -39,12 +39,23 @@ _PATH_PARAM = re.compile(r"<(?:[a-z]+:)?([A-Za-z_]\w*)>")
 class RouteLike(Protocol):
     """What the generator reads of ``app.Route``."""
 
-    method: str
-    path: str
-    summary: str
-    body: type | None
-    query: tuple[str, ...]
-    content_type: str
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def body(self) -> type | None: ...
+
+    @property
+    def query(self) -> tuple[str, ...]: ...
+
+    @property
+    def content_type(self) -> str: ...
 
 
 def openapi_path(path: str) -> str:
