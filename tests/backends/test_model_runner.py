@@ -101,3 +101,23 @@ def test_greedy_token_is_argmax_and_tokens_are_counted() -> None:
         sampling=GREEDY, reset=True, prompt_len=len(prompt)),)))
     assert [t.token_id for t in result.tokens] == [int(expected.argmax())]
     assert runner.tokens_computed == len(prompt)
+
+
+def test_runner_applies_logit_edits_and_counts_outputs_for_min_tokens() -> None:
+    """The runner hands the sampler each row's output count: an EOS favoured by logit_bias is held back
+    on the first output token (min_tokens=1) and allowed on the second (a decode step)."""
+    _, _, runner = make("gemma-4-31b-tiny")
+    prompt = list(range(10, 22))
+    eos = 5
+    params = SamplingParams(temperature=0.0, max_tokens=4, min_tokens=1, logit_bias=((eos, 100.0),),
+                            eos_token_ids=(eos,))
+    tables = tuple(tuple(range(8)) for _ in range(runner.num_groups))
+    first = runner.execute(StepPlan(step_id=0, sequences=(ScheduledSequence(
+        request_id=1, token_ids=tuple(prompt), cached_len=0, block_tables=tables, sample=True,
+        sampling=params, reset=True, prompt_len=len(prompt)),)))
+    (token,) = first.tokens
+    assert token.token_id != eos
+    second = runner.execute(StepPlan(step_id=1, sequences=(ScheduledSequence(
+        request_id=1, token_ids=(token.token_id,), cached_len=len(prompt), block_tables=tables, sample=True,
+        sampling=params, prompt_len=len(prompt)),)))
+    assert [t.token_id for t in second.tokens] == [eos]

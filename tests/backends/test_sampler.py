@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -278,3 +279,83 @@ def test_sampled_token_is_inside_every_truncation(batch: tuple[torch.Tensor, lis
     tokens = run(logits, params, generators=gens)
     for row, p in enumerate(params):
         truncation_reference(logits[row], p, int(tokens[row]))
+
+
+# -- logit edits: logit_bias, allowed_token_ids, min_tokens -----------------------------------------------
+
+
+def reference_edit(logits: torch.Tensor, params: SamplingParams, output_len: int) -> torch.Tensor:
+    """The edits one row gets, written plainly (PyTorch reference semantics)."""
+    edited = logits.clone().float()
+    for token_id, bias in params.logit_bias:
+        edited[token_id] += bias
+    if params.allowed_token_ids is not None:
+        keep = torch.zeros_like(edited, dtype=torch.bool)
+        keep[list(params.allowed_token_ids)] = True
+        edited[~keep] = -torch.inf
+    if output_len < params.min_tokens:
+        edited[list(params.min_tokens_stop_ids())] = -torch.inf
+    return edited
+
+
+edit_params = st.builds(
+    SamplingParams,
+    temperature=st.just(0.0),
+    logit_bias=st.lists(st.tuples(st.integers(0, 15), st.floats(-100, 100)), max_size=4,
+                        unique_by=lambda pair: pair[0]).map(tuple),
+    allowed_token_ids=st.none() | st.lists(st.integers(0, 15), min_size=1, max_size=5, unique=True).map(tuple),
+    min_tokens=st.integers(0, 3),
+    stop_token_ids=st.lists(st.integers(0, 15), max_size=2).map(tuple),
+    eos_token_ids=st.just((1,)),
+    ignore_eos=st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(edit_params, st.integers(0, 4)), min_size=1, max_size=4), data=st.data())
+def test_logit_edits_match_the_reference_per_row(rows: list[tuple[SamplingParams, int]], data: st.DataObject) -> None:
+    """Greedy rows pick the argmax of exactly the reference's edited logits, whatever else shares the batch
+    (rows without edits included), and the returned logprobs stay those of the raw logits."""
+    plain = [(SamplingParams(temperature=0.0), 0)] * data.draw(st.integers(0, 2))
+    rows = rows + plain
+    logits = torch.randn(len(rows), 16)
+    expected = torch.stack([reference_edit(logits[i], p, n) for i, (p, n) in enumerate(rows)])
+    if torch.isinf(expected).all(dim=-1).any():
+        return  # every token masked: nothing defined to compare
+    batch = SamplingBatch.from_params([p for p, _ in rows], CPU, output_lens=[n for _, n in rows])
+    out = sample(logits, batch)
+    assert out.token_ids.tolist() == expected.argmax(dim=-1).tolist()
+    raw = logits.log_softmax(dim=-1).gather(1, out.token_ids[:, None]).squeeze(1)
+    torch.testing.assert_close(out.logprobs, raw)
+
+
+def test_no_edits_no_edit_stage() -> None:
+    """Rows that edit nothing pay nothing: no edit tensors are built."""
+    assert SamplingBatch.from_params([SamplingParams(), SamplingParams(top_k=3)], CPU).logit_edits is None
+
+
+def test_allowed_token_ids_hold_when_sampling() -> None:
+    allowed = (3, 7, 11)
+    params = SamplingParams(temperature=1.5, allowed_token_ids=allowed)
+    frequencies = draw_many(torch.randn(16), params, n=4000)
+    assert set(torch.nonzero(frequencies).flatten().tolist()) <= set(allowed)
+
+
+def test_min_tokens_masks_stop_ids_only_while_short() -> None:
+    logits = torch.zeros(1, 8)
+    logits[0, 1] = 9.0  # EOS
+    logits[0, 5] = 5.0  # a stop token id
+    params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(5,), eos_token_ids=(1,))
+    short = sample(logits, SamplingBatch.from_params([params], CPU, output_lens=[1]))
+    assert short.token_ids.tolist() == [0]
+    done = sample(logits, SamplingBatch.from_params([params], CPU, output_lens=[2]))
+    assert done.token_ids.tolist() == [1]
+    with pytest.raises(ValueError, match="output_lens"):
+        SamplingBatch.from_params([params], CPU)
+
+
+def test_logit_bias_shifts_the_sampled_distribution() -> None:
+    """+ln(3) on one of two equal tokens makes it 3 times as likely (bias is added before softmax)."""
+    params = SamplingParams(temperature=1.0, logit_bias=((1, math.log(3.0)),))
+    frequencies = draw_many(torch.zeros(2), params, n=20_000)
+    assert abs(frequencies[1].item() - 0.75) < 0.02

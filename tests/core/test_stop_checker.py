@@ -175,3 +175,18 @@ def test_output_does_not_depend_on_token_boundaries(
     assert emitted(updates) + checker.flush() == expected_text
     assert checker.stop_reason == expected_reason
     assert checker.finished == (expected_reason is not None)
+
+
+def test_min_tokens_defers_eos_stop_ids_and_stop_strings() -> None:
+    checker = StopChecker(max_tokens=10, eos_token_ids={1}, stop=["ab"], stop_token_ids={7}, min_tokens=3)
+    assert checker.update(1, "x") == StopUpdate("x")  # EOS before min_tokens: just a token
+    assert checker.update(5, "ab") == StopUpdate("ab")  # a stop string completed early is released as text
+    update = checker.update(7, "c")  # the 3rd token may stop
+    assert (update.text, update.finish_reason, update.stop_reason) == ("", "stop", 7)
+
+
+def test_min_tokens_then_stop_string() -> None:
+    checker = StopChecker(max_tokens=10, stop=["z"], min_tokens=2)
+    assert checker.update(4, "z").text == "z"
+    update = checker.update(4, "yz")
+    assert (update.text, update.finish_reason, update.stop_reason) == ("y", "stop", "z")

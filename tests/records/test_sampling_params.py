@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 import torch
 
@@ -38,6 +39,13 @@ from inference_server.records.sampling_params import MAX_LOGPROBS, SamplingParam
         ("prompt_logprobs", True, f"[0, {MAX_LOGPROBS}]"),
         ("stop", ("ok", ""), "non-empty strings"),
         ("stop_token_ids", (1, -5), "integers >= 0"),
+        ("logit_bias", ((3, 100.5),), "[-100, 100]"),
+        ("logit_bias", ((3, math.nan),), "[-100, 100]"),
+        ("logit_bias", (("3", 1.0),), "(token id, bias) pairs"),
+        ("allowed_token_ids", (), "non-empty"),
+        ("allowed_token_ids", (1, 2.5), "token ids"),
+        ("min_tokens", -1, ">= 0"),
+        ("min_tokens", 17, "<= max_tokens"),
     ],
 )
 def test_validation_names_field_and_range(field: str, value: object, accepted: str) -> None:
@@ -56,6 +64,7 @@ def test_validation_names_field_and_range(field: str, value: object, accepted: s
         SamplingParams(temperature=5.0, top_k=1, top_p=1e-9, min_p=1.0, repetition_penalty=1e-3),
         SamplingParams(presence_penalty=-2, frequency_penalty=2, seed=-(2**63), logprobs=MAX_LOGPROBS),
         SamplingParams(seed=2**64 - 1, logprobs=0, stop=("\n",), stop_token_ids=(0, 1)),
+        SamplingParams(logit_bias=((0, -100.0), (5, 100)), allowed_token_ids=(0,), min_tokens=16, max_tokens=16),
     ],
 )
 def test_validation_accepts_boundaries(params: SamplingParams) -> None:
@@ -67,3 +76,27 @@ def test_max_tokens_zero_needs_prompt_logprobs() -> None:
     SamplingParams(max_tokens=0, prompt_logprobs=0).validate()
     with pytest.raises(ValueError, match=r"max_tokens must be an integer >= 1 \(0 only with prompt_logprobs"):
         SamplingParams(max_tokens=-1, prompt_logprobs=0).validate()
+
+
+@pytest.mark.parametrize(("field", "params"), [
+    ("stop_token_ids", SamplingParams(stop_token_ids=(3, 100))),
+    ("logit_bias", SamplingParams(logit_bias=((100, 1.0),))),
+    ("logit_bias", SamplingParams(logit_bias=((-1, 1.0),))),
+    ("allowed_token_ids", SamplingParams(allowed_token_ids=(1, 100))),
+])
+def test_token_ids_are_checked_against_the_vocabulary(field: str, params: SamplingParams) -> None:
+    params.validate()
+    with pytest.raises(ValueError) as info:
+        params.validate_vocabulary(100)
+    assert info.value.param == field  # type: ignore[attr-defined]
+    assert "vocabulary size 100" in str(info.value)
+
+
+def test_ids_inside_the_vocabulary_pass() -> None:
+    SamplingParams(stop_token_ids=(0, 99), logit_bias=((99, 1.0),), allowed_token_ids=(0, 99)).validate_vocabulary(100)
+
+
+def test_min_tokens_stop_ids_follow_ignore_eos() -> None:
+    params = SamplingParams(min_tokens=2, stop_token_ids=(9, 4), eos_token_ids=(1,))
+    assert params.min_tokens_stop_ids() == (1, 4, 9)
+    assert attrs.evolve(params, ignore_eos=True).min_tokens_stop_ids() == (4, 9)

@@ -117,13 +117,16 @@ def fake_prompt_logprobs(plan: StepPlan) -> tuple[PromptLogprobsChunk, ...]:
 class FakeModel:
     """An in-loop step function. ``delay``: seconds per step; ``block``: steps wait for ``release``;
     ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS; ``token_at_length``:
-    sequences of a listed length get that token instead of their word."""
+    sequences of a listed length get that token instead of their word. ``use_sampler``: tokens come from the
+    real sampler (``backends.sampler``, CPU) over logits that favour the same tokens (the fake token 5.0, EOS
+    10.0 where due, the rest 0), so logit-editing fields change the output."""
 
     delay: float = 0.0
     block: bool = False
     fail_at_step: int | None = None
     eos_at_length: int | None = None
     token_at_length: dict[int, int] = attrs.Factory(dict)
+    use_sampler: bool = False
     steps: int = 0
     tokens_emitted: int = 0
     release: trio.Event = attrs.Factory(trio.Event)
@@ -136,6 +139,8 @@ class FakeModel:
         self.steps += 1
         if self.fail_at_step is not None and self.steps >= self.fail_at_step:
             raise RuntimeError("injected step failure")
+        if self.use_sampler:
+            return self._sampled(plan)
         tokens = []
         for seq in plan.sequences:
             if not seq.sample:
@@ -146,6 +151,29 @@ class FakeModel:
             tokens.append(SampledToken(seq.request_id, token, -0.25, top))
         self.tokens_emitted += len(tokens)
         return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0, fake_prompt_logprobs(plan))
+
+    def _sampled(self, plan: StepPlan) -> StepResult:
+        import torch
+
+        from inference_server.backends.model_runner import output_lens
+        from inference_server.backends.sampler import SamplingBatch, sample
+
+        seqs = [seq for seq in plan.sequences if seq.sample]
+        lengths = [seq.cached_len + len(seq.token_ids) for seq in seqs]
+        logits = torch.zeros(len(seqs), FAKE_VOCAB_SIZE)
+        for row, length in enumerate(lengths):
+            logits[row, fake_token(length)] = 5.0
+            if length == self.eos_at_length:
+                logits[row, EOS_ID] = 10.0
+        batch = SamplingBatch.from_params([seq.sampling for seq in seqs], "cpu", output_lens=output_lens(seqs))
+        out = sample(logits, batch)
+        tokens = tuple(SampledToken(seq.request_id, int(token), float(logprob))
+                       for seq, token, logprob in zip(seqs, out.token_ids, out.logprobs, strict=True))
+        self.tokens_emitted += len(tokens)
+        return StepResult(plan.step_id, tokens, plan.num_tokens, 0.0, fake_prompt_logprobs(plan))
+
+
+FAKE_VOCAB_SIZE = 512
 
 
 def make_parts(model: FakeModel, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:

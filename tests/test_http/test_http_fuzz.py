@@ -66,6 +66,11 @@ sampling_fields = st.fixed_dictionaries({}, optional={
     "ignore_eos": st.booleans(), "repetition_penalty": st.floats(0.5, 2), "priority": st.integers(-5, 5),
     "stop_token_ids": st.lists(st.integers(0, 511), max_size=3), "include_stop_str_in_output": st.booleans(),
 })
+def _stream_options_need_stream(body: dict[str, Any]) -> dict[str, Any]:
+    """A valid body sends ``stream_options`` only with ``stream: true`` (vLLM's rule)."""
+    return {**body, "stream": True} if "stream_options" in body else body
+
+
 generate_bodies = st.fixed_dictionaries(
     {"max_tokens": st.integers(1, 12)},
     optional={"stream": st.booleans(), "logprobs": st.integers(0, 3),
@@ -76,7 +81,8 @@ completion_bodies = st.fixed_dictionaries(
      "max_tokens": st.integers(1, 12)},
     optional={"model": st.just(MODEL_NAME), "n": st.integers(1, 3), "stream": st.booleans(),
               "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-              "logprobs": st.integers(0, 3), "user": words, "echo": st.just(False)})
+              "logprobs": st.integers(0, 3), "user": words, "echo": st.just(False)}).map(
+    lambda body: _stream_options_need_stream(body))
 messages = st.lists(st.fixed_dictionaries({
     "role": st.sampled_from(["system", "user", "assistant", "developer", "tool"]),
     "content": words | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": words}), min_size=1,
@@ -85,7 +91,7 @@ chat_bodies = st.fixed_dictionaries(
     {"messages": messages, "max_completion_tokens": st.integers(1, 12)},
     optional={"model": st.just(MODEL_NAME), "n": st.integers(1, 3), "stream": st.booleans(),
               "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-              "logprobs": st.booleans(), "user": words})
+              "logprobs": st.booleans(), "user": words}).map(lambda body: _stream_options_need_stream(body))
 VALID = {"/generate": generate_bodies, "/v1/completions": completion_bodies, "/v1/chat/completions": chat_bodies}
 SHARED_PATHS = ["max_tokens", "stream", "logprobs", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                 "stop.0", "stop_token_ids", "ignore_eos", "priority", "repetition_penalty"]
@@ -99,7 +105,8 @@ FIELD_PATHS = {
                              "stream_options", "stream_options.include_usage", "top_logprobs", "model", "user"],
 }
 """Where random values go: each route's own fields (nested ones included)."""
-OTHER_PATHS = ["tools", "response_format", "min_tokens", "logit_bias", "prompt", "messages", "functions"]
+OTHER_PATHS = ["tools", "response_format", "min_tokens", "logit_bias", "allowed_token_ids", "prompt", "messages",
+               "functions"]
 """Fields of another route, or known to be unsupported."""
 
 

@@ -88,6 +88,8 @@ class Admission:
         prompt_ids, params = prepare(incoming, self.tokenizer, max_model_len=self.max_model_len,
                                      vocab_size=self.vocab_size, kv=self.kv_limits,
                                      default_max_tokens=self.default_max_tokens)
+        if params.min_tokens > 0:  # the sampler holds the model's EOS back until then
+            params = attrs.evolve(params, eos_token_ids=tuple(sorted(self.eos_token_ids)))
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
         self._arrivals += 1
         return Request(

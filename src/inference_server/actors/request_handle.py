@@ -38,6 +38,8 @@ class RequestHandle:
         self._stream = stream
         self._on_close = on_close
         self._prompt_tokens: int | None = None
+        self.prompt_token_ids: tuple[int, ...] = ()
+        """The prompt's token ids, once ``admission()`` has returned."""
         self._finished = False
         self._closed = False
         self.observer: Callable[[RequestUpdate], None] | None = None
@@ -64,6 +66,7 @@ class RequestHandle:
         if not isinstance(item, Admitted):
             raise RequestError("internal", f"unexpected first stream item {type(item).__name__}")
         self._prompt_tokens = item.prompt_tokens
+        self.prompt_token_ids = item.prompt_token_ids
         return item.prompt_tokens
 
     def __aiter__(self) -> RequestHandle:

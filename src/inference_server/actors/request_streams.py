@@ -65,13 +65,13 @@ class RequestStreams:
                 stream.send_nowait(rejection)  # the first item of a fresh stream
             self._remove(request_id)
 
-    def admitted(self, request_id: int, prompt_tokens: int) -> bool:
+    def admitted(self, request_id: int, prompt_ids: tuple[int, ...]) -> bool:
         """Tell the caller its request is queued; False (and the entry removed) when the caller is gone."""
         stream = self._streams.get(request_id)
         if stream is None:
             return False
         try:
-            stream.send_nowait(Admitted(request_id, prompt_tokens))
+            stream.send_nowait(Admitted(request_id, len(prompt_ids), prompt_ids))
             return True
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self._remove(request_id)  # a fresh stream cannot be full: its reader is gone

@@ -174,7 +174,7 @@ class SchedulerActor:
             self.streams.reject(request.request_id, rejection)
             self.emit(RequestRejected(trio.current_time(), rejection.code, rejection.message, request.trace_id))
             return
-        if not self.streams.admitted(request.request_id, len(request.prompt_ids)):
+        if not self.streams.admitted(request.request_id, request.prompt_ids):
             return
         self.core.add(request)
         self.emit(RequestQueued(trio.current_time(), request.request_id, len(request.prompt_ids),

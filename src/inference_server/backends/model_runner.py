@@ -9,6 +9,7 @@ of the CUDA backend plug in behind the same ``execute``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -171,7 +172,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(ends, device=hidden.device)])  # [N, V]
         seqs = [plan.sequences[i] for i in rows]
         batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device,
-                                          [states[i].generator for i in rows])
+                                          [states[i].generator for i in rows], output_lens(seqs))
         history = None
         if batch.use_penalties:
             history = PenaltyHistory.from_lists([states[i].prompt_ids for i in rows],
@@ -188,3 +189,8 @@ class ModelRunner:
             pairs = tuple(zip(top[0][j][:n_top], top[1][j][:n_top], strict=True)) if top and n_top else ()
             result.append(SampledToken(seq.request_id, token_ids[j], logprobs[j], pairs))
         return tuple(result)
+
+
+def output_lens(seqs: Sequence[ScheduledSequence]) -> list[int]:
+    """Tokens each sampled sequence has output before this step's token (what ``min_tokens`` counts)."""
+    return [max(0, s.cached_len + len(s.token_ids) - s.prompt_len) for s in seqs]

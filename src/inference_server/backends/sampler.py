@@ -3,6 +3,8 @@
 The sampler turns one step's logits ``[B, V]`` into one token per row, on the logits' device, in fp32.
 Per row, in this order (vLLM v1's order):
 
+0. logit edits (only if some row uses them): ``logit_bias`` added, ids outside ``allowed_token_ids``
+   masked, and, while a row has output fewer than ``min_tokens`` tokens, its EOS and stop ids masked;
 1. repetition / presence / frequency penalties (only if some row uses them);
 2. greedy rows (``temperature < GREEDY_EPSILON``) take the argmax here and skip the rest;
 3. temperature, then min-p, then top-k and top-p (one descending sort shared by both);
@@ -57,6 +59,7 @@ class SamplingBatch:
     use_top_k_top_p: bool
     use_penalties: bool
     num_top_logprobs: int  # columns of `SamplerOutput.top_logprobs` (max over rows); 0 = none
+    logit_edits: LogitEdits | None = None  # None when no row biases, restricts or holds back stop ids
 
     @classmethod
     def from_params(
@@ -64,8 +67,11 @@ class SamplingBatch:
         params: Sequence[SamplingParams],
         device: torch.device | str,
         generators: Sequence[torch.Generator | None] | None = None,
+        output_lens: Sequence[int] | None = None,
     ) -> SamplingBatch:
-        """Pack B requests' params (one host-to-device copy). A row with a seed must have a generator."""
+        """Pack B requests' params (one host-to-device copy, two more when a row edits its logits). A row
+        with a seed must have a generator; ``output_lens`` (tokens each row has output so far) is needed when
+        a row sets ``min_tokens``."""
         gens = tuple(generators) if generators is not None else (None,) * len(params)
         if len(gens) != len(params):
             raise ValueError(f"{len(gens)} generators for {len(params)} rows")
@@ -100,7 +106,69 @@ class SamplingBatch:
             use_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
             use_penalties=any(p.uses_penalties for p in params),
             num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
+            logit_edits=LogitEdits.from_params(params, output_lens, device),
         )
+
+
+@attrs.frozen(eq=False)
+class LogitEdits:
+    """Sparse per-row logit edits: additive ``(row, id, value)`` entries (``logit_bias``, and ``-inf`` for
+    stop ids held back by ``min_tokens``) and ``(row, id)`` entries of the rows restricted to
+    ``allowed_token_ids``. Built on the host from Python-side lengths: applying them never syncs."""
+
+    add_rows: torch.Tensor  # [N] int64
+    add_ids: torch.Tensor  # [N] int64
+    add_values: torch.Tensor  # [N] f32
+    allowed_rows: torch.Tensor  # [M] int64
+    allowed_ids: torch.Tensor  # [M] int64
+    restricted: torch.Tensor  # [B] bool: the row samples only from its allowed ids
+    any_restricted: bool
+
+    @classmethod
+    def from_params(cls, params: Sequence[SamplingParams], output_lens: Sequence[int] | None,
+                    device: torch.device | str) -> LogitEdits | None:
+        if not any(p.uses_logit_mask for p in params):
+            return None
+        add_rows: list[int] = []
+        add_ids: list[int] = []
+        add_values: list[float] = []
+        allowed_rows: list[int] = []
+        allowed_ids: list[int] = []
+        for row, p in enumerate(params):
+            for token_id, bias in p.logit_bias:
+                add_rows.append(row)
+                add_ids.append(token_id)
+                add_values.append(bias)
+            if p.min_tokens > 0:
+                if output_lens is None:
+                    raise ValueError(f"row {row} sets min_tokens but no output_lens were given")
+                if output_lens[row] < p.min_tokens:
+                    held = p.min_tokens_stop_ids()
+                    add_rows += [row] * len(held)
+                    add_ids += held
+                    add_values += [-math.inf] * len(held)
+            if p.allowed_token_ids is not None:
+                allowed_rows += [row] * len(p.allowed_token_ids)
+                allowed_ids += p.allowed_token_ids
+        restricted = [p.allowed_token_ids is not None for p in params]
+        ints = torch.tensor([*add_rows, *add_ids, *allowed_rows, *allowed_ids, *restricted], dtype=torch.int64)
+        ints = ints.to(device, non_blocking=True)
+        n, m = len(add_rows), len(allowed_rows)
+        return cls(
+            add_rows=ints[:n], add_ids=ints[n:2 * n],
+            add_values=torch.tensor(add_values, dtype=torch.float32).to(device, non_blocking=True),
+            allowed_rows=ints[2 * n:2 * n + m], allowed_ids=ints[2 * n + m:2 * n + 2 * m],
+            restricted=ints[2 * n + 2 * m:].bool(), any_restricted=any(restricted))
+
+    def apply(self, work: torch.Tensor) -> None:
+        """Edit ``work`` ``[B, V]`` in place."""
+        if self.add_rows.numel():
+            work.index_put_((self.add_rows, self.add_ids), self.add_values, accumulate=True)
+        if self.any_restricted:
+            keep = torch.zeros_like(work, dtype=torch.bool)  # [B, V]
+            keep[self.allowed_rows, self.allowed_ids] = True
+            keep |= ~self.restricted[:, None]
+            work.masked_fill_(~keep, -math.inf)
 
 
 @attrs.frozen(eq=False)
@@ -160,6 +228,8 @@ def sample(
     work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
     lse = torch.logsumexp(work, dim=-1)  # [B]
     top = _top_logprobs(work, lse, batch.num_top_logprobs)
+    if batch.logit_edits is not None:
+        batch.logit_edits.apply(work)
     if batch.use_penalties:
         if history is None:
             raise ValueError("a row uses penalties but no PenaltyHistory was given")

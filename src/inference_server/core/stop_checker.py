@@ -7,7 +7,9 @@ checker answers with the text that is safe to show now and, once, why the reques
   (``stop_reason`` = the id) or a stop string (``stop_reason`` = the string);
 * ``"length"``: ``max_tokens`` tokens were generated.
 
-A stop condition beats ``"length"`` on the same token. Stop strings are matched in the concatenated
+A stop condition beats ``"length"`` on the same token. With ``min_tokens``, neither EOS, stop token ids
+nor stop strings end the output before that many tokens (vLLM's rule: a stop string that completes
+earlier is released as text and never matched). Stop strings are matched in the concatenated
 output text, across token boundaries; the first match to *complete* wins (ties: the longest), so the
 result never depends on how the text was split into tokens. Output ends before the matched string, or
 after it with ``include_stop_str_in_output``; a stop token's own text is dropped unless that flag is set
@@ -57,8 +59,10 @@ class StopChecker:
         stop_token_ids: Collection[int] = (),
         ignore_eos: bool = False,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self._max_tokens = max_tokens
+        self._min_tokens = min_tokens
         self._eos = frozenset(() if ignore_eos else eos_token_ids)
         self._stop_ids = frozenset(stop_token_ids)
         self._stop = tuple(stop)
@@ -80,6 +84,7 @@ class StopChecker:
             stop_token_ids=params.stop_token_ids,
             ignore_eos=params.ignore_eos,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            min_tokens=params.min_tokens,
         )
 
     @property
@@ -92,10 +97,11 @@ class StopChecker:
         if self.finished:
             raise RuntimeError("StopChecker.update called after the request finished")
         self.num_tokens += 1
-        if token_id in self._eos or token_id in self._stop_ids:
+        may_stop = self.num_tokens >= self._min_tokens
+        if may_stop and (token_id in self._eos or token_id in self._stop_ids):
             reason = token_id if token_id in self._stop_ids else None
             return self._finish("stop", reason, self.flush() + (text if self._include_stop else ""))
-        released, match = self._scan(text)
+        released, match = self._scan(text, match=may_stop)
         if match is not None:
             return self._finish("stop", match, released)
         if self.num_tokens >= self._max_tokens:
@@ -111,13 +117,14 @@ class StopChecker:
         self.finish_reason, self.stop_reason = reason, stop_reason
         return StopUpdate(text, reason, stop_reason)
 
-    def _scan(self, text: str) -> tuple[str, str | None]:
-        """Release what is safe of ``tail + text``; return (released text, matched stop string or None)."""
+    def _scan(self, text: str, *, match: bool = True) -> tuple[str, str | None]:
+        """Release what is safe of ``tail + text``; return (released text, matched stop string or None).
+        ``match=False`` (before ``min_tokens``): stop strings completing now are not matched."""
         buf = self._tail + text
         unreleased = len(self._tail) - self._held  # index in buf of the first unreleased char
-        match = self._first_match(buf, new_from=len(self._tail))
-        if match is not None:
-            start, stop_str = match
+        found = self._first_match(buf, new_from=len(self._tail)) if match else None
+        if found is not None:
+            start, stop_str = found
             end = start + len(stop_str) if self._include_stop else start
             self._held = 0
             return buf[unreleased:end], stop_str

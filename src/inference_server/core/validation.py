@@ -84,6 +84,18 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
         raise RequestError("invalid_request", f"cannot tokenize the prompt: {error}", "prompt") from None
 
 
+def truncate(prompt_ids: tuple[int, ...], keep: int | None, max_model_len: int) -> tuple[int, ...]:
+    """The last ``keep`` prompt tokens (vLLM's ``truncate_prompt_tokens``; -1 = the model's context length,
+    None = all of them)."""
+    if keep is None:
+        return prompt_ids
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep == 0 or keep < -1:
+        raise RequestError("invalid_request", f"truncate_prompt_tokens must be -1 or an integer >= 1, got {keep!r}",
+                           "truncate_prompt_tokens")
+    keep = max_model_len if keep == -1 else keep
+    return prompt_ids[-keep:] if len(prompt_ids) > keep else prompt_ids
+
+
 def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, max_model_len: int,
             vocab_size: int, kv: KVLimits | None = None,
             default_max_tokens: int | None = None) -> tuple[tuple[int, ...], SamplingParams]:
@@ -92,7 +104,8 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     ``default_max_tokens``: the output cap of a request that sets none (``DEFAULT_MAX_TOKENS``), never more
     than the rest of the context; ``None``: the rest of the context."""
     request.params.validate()
-    prompt_ids = tokenize(request, tokenizer)
+    request.params.validate_vocabulary(vocab_size)
+    prompt_ids = truncate(tokenize(request, tokenizer), request.truncate_prompt_tokens, max_model_len)
     if not prompt_ids:
         raise RequestError("invalid_request", "the prompt is empty", "prompt")
     bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from importlib.metadata import version
 
 import attrs
 from quart import Response, g, request
@@ -44,8 +45,10 @@ from inference_server.http.errors import ApiError, from_http_status, internal_er
 from inference_server.http.native import NativeRoutes
 from inference_server.http.observability import ObservabilityRoutes
 from inference_server.http.openai import OpenAIRoutes
-from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response
+from inference_server.http.openapi import openapi_document
+from inference_server.http.responses import MAX_BODY_BYTES_KEY, error_response, json_response
 from inference_server.http.responses_api import ResponsesRoutes
+from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
 from inference_server.http.utility import UtilityRoutes
@@ -64,6 +67,12 @@ class Route:
     path: str
     handler: Callable[..., Awaitable[Response]]
     summary: str
+    body: type | None = None
+    """The attrs record the JSON body is parsed into (``http/schemas.py``); it also makes the OpenAPI schema."""
+    query: tuple[str, ...] = ()
+    """Query parameters the route reads (documented in the OpenAPI schema)."""
+    content_type: str = "application/json"
+    """What a 200 carries (JSON unless said; bodies with ``stream`` may also answer ``text/event-stream``)."""
 
     def line(self) -> str:
         return f"{self.method:<4} {self.path:<28} {self.summary}"
@@ -73,25 +82,35 @@ def _routes(state: AppState) -> list[Route]:
     native, openai, service = NativeRoutes(state), OpenAIRoutes(state), ServiceRoutes(state)
     observability, utility = ObservabilityRoutes(state), UtilityRoutes(state)
     routes = [
-        Route("POST", "/generate", native.generate, "native generation: text or token ids, SSE with stream=true"),
+        Route("POST", "/generate", native.generate, "native generation: text or token ids, SSE with stream=true",
+              GenerateRequest),
         Route("GET", "/v1/models", openai.models, "OpenAI: the served model"),
         Route("GET", "/v1/models/<path:model>", openai.model, "OpenAI: one model's card"),
-        Route("POST", "/v1/completions", openai.completions, "OpenAI: text completions (stream, n, logprobs)"),
+        Route("POST", "/v1/completions", openai.completions, "OpenAI: text completions (stream, n, logprobs)",
+              CompletionRequest),
         Route("POST", "/v1/chat/completions", openai.chat_completions, "OpenAI: chat completions (stream, n, "
-              "logprobs)"),
+              "logprobs)", ChatCompletionRequest),
         Route("POST", "/v1/responses", ResponsesRoutes(state).create, "OpenAI Responses API (stateless; stream)"),
         Route("POST", "/tokenize", utility.tokenize, "vLLM: a prompt or chat messages to token ids (count, strings)"),
         Route("POST", "/detokenize", utility.detokenize, "vLLM: token ids to text"),
         Route("GET", "/tokenizer_info", utility.tokenizer_info, "the tokenizer: special tokens, template, HF folder"),
         Route("GET", "/version", utility.version, "the server's version"),
-        Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)"),
+        Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)",
+              content_type="text/plain"),
         Route("GET", "/scheduler/stats", observability.stats, "latency percentiles, throughput, queue, KV usage"),
-        Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)"),
+        Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)",
+              query=("session_id", "trace_id", "steps"), content_type="application/x-ndjson"),
         Route("GET", "/health", service.health, "liveness: 200 while the process runs"),
         Route("GET", "/ready", service.ready, "readiness: 503 while starting, draining, failed or stalled"),
         Route("GET", "/debug/engine", DebugRoutes(state).engine, "what the engine holds now (leak checks)"),
         Route("GET", "/", service.index, "this index"),
     ]
+
+    async def openapi_json() -> Response:
+        return json_response(document)
+
+    routes.insert(-1, Route("GET", "/openapi.json", openapi_json, "OpenAPI 3.1 schema of these routes"))
+    document = openapi_document(routes, title="inference_server", version=version("inference_server"))
     service.route_lines = [r.line() for r in routes]
     return routes
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from inference_server.http.errors import invalid_request
-from inference_server.http.schemas import SamplingFields, StopInput
+from inference_server.http.schemas import LogitBiasInput, SamplingFields, StopInput
 from inference_server.records.sampling_params import SamplingParams
 
 DEFAULTS = SamplingParams()
@@ -34,11 +34,29 @@ def stop_strings(stop: StopInput) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
+def logit_bias_pairs(bias: LogitBiasInput, vocab_size: int | None = None) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted (token id, bias) pairs; a key that is not a decimal integer is a 400 naming it
+    (ids outside the vocabulary are refused by admission, which knows its size)."""
+    if not bias:
+        return ()
+    pairs = []
+    for key, value in bias.items():
+        text = key.strip()
+        if not (text.isascii() and text.lstrip("-").isdigit()):
+            size = f" [0, {vocab_size}) (vocabulary size {vocab_size})" if vocab_size is not None else ""
+            raise invalid_request(f"logit_bias key {key!r} is not a token id: keys must be integers{size}",
+                                  "logit_bias")
+        pairs.append((int(text), value))
+    return tuple(sorted(pairs))
+
+
 def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, vocab_size: int | None = None) -> SamplingParams:
     """``SamplingParams`` from the shared wire fields plus the route's ``max_tokens`` (``None``: the rest of
-    the context), ``logprobs`` and ``prompt_logprobs``. Values are validated once, by the engine's
-    admission; its errors name the engine's fields, which the route maps to its own with ``admit(..., renames=...)``."""
+    the context), ``logprobs`` and ``prompt_logprobs`` (``vocab_size`` only words the error for a non-integer
+    ``logit_bias`` key).
+    Values are validated once, by the engine's admission; its errors name the
+    engine's fields, which the route maps to its own with ``admit(..., renames=...)``."""
     params = SamplingParams(
         temperature=_or(fields.temperature, DEFAULTS.temperature),
         top_p=_or(fields.top_p, DEFAULTS.top_p),
@@ -55,6 +73,9 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
+        logit_bias=logit_bias_pairs(fields.logit_bias, vocab_size),
+        allowed_token_ids=tuple(fields.allowed_token_ids) if fields.allowed_token_ids is not None else None,
+        min_tokens=_or(fields.min_tokens, DEFAULTS.min_tokens),
     )
     return params
 

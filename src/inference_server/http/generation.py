@@ -64,6 +64,7 @@ class Generation:
 
     handles: list[RequestHandle]
     prompt_tokens: list[int]
+    prompt_token_ids: list[tuple[int, ...]] = attrs.field(factory=list, kw_only=True)
     _on_close: Callable[[], None] | None = None
     _closed: bool = attrs.field(default=False, init=False)
     _extra_close: list[Callable[[], None]] = attrs.field(factory=list, init=False)
@@ -190,6 +191,7 @@ async def admit(engine: Engine, requests: Sequence[GenerationRequest], tracker: 
     try:
         for handle in handles:
             generation.prompt_tokens.append(await handle.admission())
+            generation.prompt_token_ids.append(handle.prompt_token_ids)
             if access is not None:
                 access.admitted(generation.prompt_tokens[-1])
     except RequestError as error:

@@ -50,8 +50,8 @@ class NativeRoutes:
         if request.headers.get(TRACE_ID_HEADER) is None and body.trace_id is not None:
             g.trace_id = header_id(body.trace_id, "trace_id")
         params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
-                                 prompt_logprobs=body.prompt_logprobs)
-        engine_request = GenerationRequest(
+                                 prompt_logprobs=body.prompt_logprobs, vocab_size=state.engine.info.vocab_size)
+        engine_request = GenerationRequest(truncate_prompt_tokens=body.truncate_prompt_tokens,
             params=params, prompt=body.prompt,
             prompt_ids=tuple(body.prompt_token_ids) if body.prompt_token_ids is not None else None,
             add_special_tokens=body.add_special_tokens is not False,

@@ -18,8 +18,12 @@ Conventions (see docs/api.md for every field):
   prompt logprobs being computed in the request's prefill. ``max_tokens: 0`` with ``echo`` (or
   ``prompt_logprobs``) only scores the prompt. ``prompt_logprobs`` (vLLM) adds each choice's
   ``prompt_logprobs`` list.
+* ``stream_options`` needs ``stream: true`` (400 otherwise); ``continuous_usage_stats`` only counts together
+  with ``include_usage`` (vLLM). ``response_format`` may only be ``{"type": "text"}``, the default.
+* vLLM's ``return_token_ids`` adds ``prompt_token_ids`` (per completion choice; top level in chat) and each
+  choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, tools and functions,
-  ``response_format``, ``logit_bias``, ``min_tokens``, non-text content.
+  structured output, non-text content.
 """
 
 from __future__ import annotations
@@ -36,18 +40,25 @@ from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
     ChatEncoder,
     CompletionEncoder,
+    OutputOptions,
     chat_response,
     completion_response,
     new_id,
 )
 from inference_server.http.responses import json_response, read_body, sse_response
-from inference_server.http.schemas import ChatCompletionRequest, ChatMessageInput, CompletionRequest, StreamOptions
+from inference_server.http.schemas import (
+    ChatCompletionRequest,
+    ChatMessageInput,
+    CompletionRequest,
+    StreamOptions,
+)
 from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.http.state import AppState
 from inference_server.records.requests import ChatMessage, GenerationRequest, RequestUpdate
 from inference_server.records.sampling_params import SamplingParams
 
 Record = TypeVar("Record", CompletionRequest, ChatCompletionRequest)
+OpenAIRecord = CompletionRequest | ChatCompletionRequest
 
 MAX_N = 16
 """Most choices per prompt."""
@@ -94,9 +105,9 @@ class OpenAIRoutes:
             return json_response(completion_response(
                 self.state, new_id("cmpl"), results, generation.prompt_tokens, n,
                 with_logprobs=body.logprobs is not None, echo_prompts=prompts,
-                with_prompt_logprobs=body.prompt_logprobs is not None))
-        return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
-                                   body.stream_options, CompletionEncoder, completion_response, "cmpl")
+                with_prompt_logprobs=body.prompt_logprobs is not None, options=_output_options(body, generation)))
+        return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
+                                   CompletionEncoder, completion_response, "cmpl")
 
     def _prompt_text(self, engine_request: GenerationRequest) -> str:
         """What ``echo`` puts before a choice's text: the prompt as sent, or the decoded token ids."""
@@ -118,13 +129,15 @@ class OpenAIRoutes:
         prompts = _prompts(body.prompt)
         n = _choice_count(body.n, len(prompts))
         params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
-                                 prompt_logprobs=_engine_prompt_logprobs(body))
+                                 prompt_logprobs=_engine_prompt_logprobs(body),
+                                 vocab_size=self.state.engine.info.vocab_size)
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
                               prompt_ids=p if not isinstance(p, str) else None,
                               add_special_tokens=body.add_special_tokens is not False, session_id=session,
-                              priority=body.priority or 0, trace_id=g.trace_id)
+                              priority=body.priority or 0, trace_id=g.trace_id,
+                              truncate_prompt_tokens=body.truncate_prompt_tokens)
             for p in prompts for j in range(n)]
         return requests, n
 
@@ -134,8 +147,8 @@ class OpenAIRoutes:
         body = await self._read(ChatCompletionRequest)
         requests, n, renames = self._chat_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker, renames=renames)
-        return await self._respond(generation, n, requests[0].params.logprobs is not None, body.stream,
-                                   body.stream_options, ChatEncoder, chat_response, "chatcmpl")
+        return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
+                                   ChatEncoder, chat_response, "chatcmpl")
 
     def _chat_requests(self, body: ChatCompletionRequest) -> tuple[list[GenerationRequest], int, dict[str, str]]:
         messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
@@ -148,11 +161,13 @@ class OpenAIRoutes:
         n = _choice_count(body.n, 1)
         # max_tokens None: min(DEFAULT_MAX_TOKENS, the rest of the context), resolved by admission once the
         # prompt is tokenised.
-        params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs))
+        params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                                             vocab_size=self.state.engine.info.vocab_size))
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,
-                              priority=body.priority or 0, trace_id=g.trace_id)
+                              priority=body.priority or 0, trace_id=g.trace_id,
+                              truncate_prompt_tokens=body.truncate_prompt_tokens)
             for j in range(n)]
         return requests, n, {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
 
@@ -162,21 +177,23 @@ class OpenAIRoutes:
         self.state.check_accepting()
         body = await read_body(record_type)
         self._check_model(body.model)
+        _check_output_fields(body)
         return body
 
-    async def _respond(self, generation: Generation, n: int, with_logprobs: bool, stream: bool | None,
-                       stream_options: StreamOptions | None, encoder_type: type[CompletionEncoder | ChatEncoder],
-                       build_response: Callable[..., dict], id_prefix: str) -> Response:
+    async def _respond(self, generation: Generation, n: int, with_logprobs: bool, body: OpenAIRecord,
+                       encoder_type: type[CompletionEncoder | ChatEncoder], build_response: Callable[..., dict],
+                       id_prefix: str) -> Response:
         """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body."""
         state, response_id = self.state, new_id(id_prefix)
-        if stream:
-            include_usage, continuous = _stream_usage(stream_options)
+        options = _output_options(body, generation)
+        if body.stream:
+            include_usage, continuous = _stream_usage(body.stream_options)
             encoder = encoder_type(state, response_id, generation.prompt_tokens, n, with_logprobs=with_logprobs,
-                                   include_usage=include_usage, continuous_usage=continuous)
+                                   include_usage=include_usage, continuous_usage=continuous, options=options)
             return sse_response(generation, encoder, coalesce=state.coalesce)
         results = await self._collect(generation)
         return json_response(build_response(state, response_id, results, generation.prompt_tokens, n,
-                                            with_logprobs=with_logprobs))
+                                            with_logprobs=with_logprobs, options=options))
 
     # -- helpers -------------------------------------------------------------------------------------
     def _session(self, user: str | None) -> str | None:
@@ -191,6 +208,12 @@ class OpenAIRoutes:
             if result.finish_reason not in SUCCESSFUL_FINISHES:
                 raise from_unsuccessful_finish(result, engine_failed=self.state.engine.failed)
         return results
+
+
+def _output_options(body: OpenAIRecord, generation: Generation) -> OutputOptions:
+    """vLLM's output extensions the request asked for."""
+    return OutputOptions(token_ids=bool(body.return_token_ids), tokens_as_ids=bool(body.return_tokens_as_token_ids),
+                         prompt_token_ids=tuple(generation.prompt_token_ids))
 
 
 def _or_default(max_tokens: int | None) -> int:
@@ -238,9 +261,21 @@ def _choice_params(params: SamplingParams, j: int) -> SamplingParams:
 
 
 def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
+    """(include_usage, continuous usage): per-chunk usage only together with ``include_usage`` (vLLM)."""
     if options is None:
         return False, False
-    return bool(options.include_usage), bool(options.continuous_usage_stats)
+    include = bool(options.include_usage)
+    return include, include and bool(options.continuous_usage_stats)
+
+
+def _check_output_fields(body: OpenAIRecord) -> None:
+    """``stream_options`` only with ``stream`` (vLLM's rule), ``response_format`` only ``text``."""
+    if body.stream_options is not None and not body.stream:
+        raise invalid_request("stream_options can only be set when stream is true", "stream_options")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise invalid_request(f"response_format type {body.response_format.type!r} is not supported (structured "
+                              "output); only {\"type\": \"text\"}, the default, is accepted",
+                              "response_format.type", "unsupported_parameter")
 
 
 def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:

@@ -13,6 +13,11 @@ Streams (``text/event-stream``, one ``data:`` JSON object per event, then ``data
 * an error (the engine failed or shut down, the request timed out in the queue) is an event
   ``{"error": {"message", "type", "param", "code"}}``, then ``[DONE]``.
 
+vLLM's token-id extensions (``OutputOptions``): ``return_token_ids`` adds ``token_ids`` to each choice (to
+each chunk's choice when streaming: that chunk's ids) and ``prompt_token_ids`` (on each completion choice, on
+its first chunk when streaming; at the top level of a chat response and of its first chunk);
+``return_tokens_as_token_ids`` writes every logprobs token as ``token_id:N``.
+
 Logprobs: completions give ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
 (each ``top_logprobs`` dict holds the top-n and the sampled token); chat gives ``{"content": [{"token",
 "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``. Logprobs are those of the raw
@@ -23,8 +28,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import attrs
 
 from inference_server.http.errors import ApiError, from_unsuccessful_finish
 from inference_server.http.sse import dumps, event, raw_event
@@ -37,12 +44,33 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+@attrs.frozen
+class OutputOptions:
+    """vLLM's per-request output extensions (see the module docstring)."""
+
+    token_ids: bool = False
+    tokens_as_ids: bool = False
+    prompt_token_ids: tuple[tuple[int, ...], ...] = ()  # per choice
+
+    def token_text(self, state: AppState) -> Callable[[int], str]:
+        """How a logprobs entry names a token."""
+        return _as_id if self.tokens_as_ids else state.token_text
+
+
+NO_OPTIONS = OutputOptions()
+
+
+def _as_id(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
 # -- logprobs ----------------------------------------------------------------------------------------------
 
 
-def completion_logprobs(tokens: Sequence[TokenOutput], state: AppState, offset: int) -> dict[str, Any]:
+def completion_logprobs(tokens: Sequence[TokenOutput], state: AppState, offset: int,
+                        options: OutputOptions = NO_OPTIONS) -> dict[str, Any]:
     """The completions ``logprobs`` object for ``tokens``, whose text starts at ``offset`` in the output."""
-    text = state.token_text
+    text = options.token_text(state)
     offsets = []
     for token in tokens:
         offsets.append(offset)
@@ -93,15 +121,17 @@ def vllm_prompt_logprobs(prompt: Sequence[PromptTokenLogprob], state: AppState) 
     return out
 
 
-def _chat_token(token_id: int, logprob: float, state: AppState) -> dict[str, Any]:
-    text = state.token_text(token_id)
+def _chat_token(token_id: int, logprob: float, name: Callable[[int], str]) -> dict[str, Any]:
+    text = name(token_id)
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
 
 
-def chat_logprobs(tokens: Sequence[TokenOutput], state: AppState) -> list[dict[str, Any]]:
+def chat_logprobs(tokens: Sequence[TokenOutput], state: AppState,
+                  options: OutputOptions = NO_OPTIONS) -> list[dict[str, Any]]:
     """The chat ``logprobs.content`` entries for ``tokens``."""
-    return [{**_chat_token(t.token_id, t.logprob, state),
-             "top_logprobs": [_chat_token(i, lp, state) for i, lp in t.top_logprobs]} for t in tokens]
+    name = options.token_text(state)
+    return [{**_chat_token(t.token_id, t.logprob, name),
+             "top_logprobs": [_chat_token(i, lp, name) for i, lp in t.top_logprobs]} for t in tokens]
 
 
 # -- shared bookkeeping ------------------------------------------------------------------------------------
@@ -142,8 +172,11 @@ class _ChunkEncoder:
     object_name = ""
 
     def __init__(self, state: AppState, response_id: str, prompt_tokens: Sequence[int], n: int, *,
-                 with_logprobs: bool, include_usage: bool, continuous_usage: bool) -> None:
+                 with_logprobs: bool, include_usage: bool, continuous_usage: bool,
+                 options: OutputOptions = NO_OPTIONS) -> None:
         self.state = state
+        self.options = options
+        self._prompt_ids_sent = [False] * len(prompt_tokens)
         self.choices = _Choices(prompt_tokens, n)
         self.with_logprobs = with_logprobs
         self.include_usage = include_usage
@@ -185,9 +218,15 @@ class CompletionEncoder(_ChunkEncoder):
         offset = self.choices.record(index, update)
         if not update.tokens and not update.finished:
             return b""
-        logprobs = completion_logprobs(update.tokens, self.state, offset) if self.with_logprobs else None
+        logprobs = completion_logprobs(update.tokens, self.state, offset, self.options) if self.with_logprobs \
+            else None
         choice = {"index": index, "text": "".join(t.text for t in update.tokens), "logprobs": logprobs,
                   "finish_reason": update.finish_reason}
+        if self.options.token_ids:
+            choice["token_ids"] = [t.token_id for t in update.tokens]
+            if not self._prompt_ids_sent[index]:
+                self._prompt_ids_sent[index] = True
+                choice["prompt_token_ids"] = list(self.options.prompt_token_ids[index])
         return self._chunk(choice, index)
 
 
@@ -197,18 +236,27 @@ class ChatEncoder(_ChunkEncoder):
     object_name = "chat.completion.chunk"
 
     def opening(self) -> bytes:
-        return b"".join(
-            self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                         "finish_reason": None}, index) for index in range(len(self.choices.prompt_tokens)))
+        chunks = []
+        for index in range(len(self.choices.prompt_tokens)):
+            chunk = self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}, index)
+            if self.options.token_ids and index == 0 and self.options.prompt_token_ids:
+                ids = dumps(list(self.options.prompt_token_ids[0]))
+                chunk = chunk.replace(b',"choices":[', b',"prompt_token_ids":' + ids.encode() + b',"choices":[', 1)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
         self.choices.record(index, update)
         text = "".join(t.text for t in update.tokens)
         if not text and not update.finished and not (self.with_logprobs and update.tokens):
             return b""
-        logprobs = {"content": chat_logprobs(update.tokens, self.state)} if self.with_logprobs else None
+        logprobs = {"content": chat_logprobs(update.tokens, self.state, self.options)} if self.with_logprobs \
+            else None
         choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                   "finish_reason": update.finish_reason}
+        if self.options.token_ids:
+            choice["token_ids"] = [t.token_id for t in update.tokens]
         return self._chunk(choice, index)
 
 
@@ -217,10 +265,11 @@ class ChatEncoder(_ChunkEncoder):
 
 def completion_response(state: AppState, response_id: str, results: Sequence[RequestUpdate],
                         prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool,
-                        echo_prompts: Sequence[str] | None = None,
-                        with_prompt_logprobs: bool = False) -> dict[str, Any]:
+                        echo_prompts: Sequence[str] | None = None, with_prompt_logprobs: bool = False,
+                        options: OutputOptions = NO_OPTIONS) -> dict[str, Any]:
     """The whole completions body; ``echo_prompts`` (one per choice) puts each prompt before its choices'
-    text and its tokens before their logprobs; ``with_prompt_logprobs`` adds vLLM's ``prompt_logprobs``."""
+    text and its tokens before their logprobs; ``with_prompt_logprobs`` adds vLLM's ``prompt_logprobs``;
+    ``options`` are vLLM's output extensions (``return_token_ids``, ...)."""
     choices = _Choices(prompt_tokens, n)
     out = []
     for index, result in enumerate(results):
@@ -230,25 +279,35 @@ def completion_response(state: AppState, response_id: str, results: Sequence[Req
         if with_logprobs and echo_prompts is not None:
             logprobs = _echoed_logprobs(result.prompt_logprobs or (), result.tokens, state)
         elif with_logprobs:
-            logprobs = completion_logprobs(result.tokens, state, 0)
+            logprobs = completion_logprobs(result.tokens, state, 0, options)
         choice = {"index": index, "text": echoed + "".join(t.text for t in result.tokens), "logprobs": logprobs,
                   "finish_reason": result.finish_reason}
         if with_prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(result.prompt_logprobs or (), state)
+        if options.token_ids:
+            choice["prompt_token_ids"] = list(options.prompt_token_ids[index])
+            choice["token_ids"] = [t.token_id for t in result.tokens]
         out.append(choice)
     return {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
             "choices": out, "usage": choices.total_usage()}
 
 
 def chat_response(state: AppState, response_id: str, results: Sequence[RequestUpdate],
-                  prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool) -> dict[str, Any]:
+                  prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool,
+                  options: OutputOptions = NO_OPTIONS) -> dict[str, Any]:
     choices = _Choices(prompt_tokens, n)
     out = []
     for index, result in enumerate(results):
         choices.record(index, result)
-        logprobs = {"content": chat_logprobs(result.tokens, state)} if with_logprobs else None
-        out.append({"index": index,
-                    "message": {"role": "assistant", "content": "".join(t.text for t in result.tokens)},
-                    "logprobs": logprobs, "finish_reason": result.finish_reason})
-    return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
+        logprobs = {"content": chat_logprobs(result.tokens, state, options)} if with_logprobs else None
+        choice = {"index": index,
+                  "message": {"role": "assistant", "content": "".join(t.text for t in result.tokens)},
+                  "logprobs": logprobs, "finish_reason": result.finish_reason}
+        if options.token_ids:
+            choice["token_ids"] = [t.token_id for t in result.tokens]
+        out.append(choice)
+    body = {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
             "choices": out, "usage": choices.total_usage()}
+    if options.token_ids and options.prompt_token_ids:
+        body["prompt_token_ids"] = list(options.prompt_token_ids[0])
+    return body

@@ -12,7 +12,8 @@ Strictness, where plain ``json`` + cattrs would be lenient (every failure is an 
   field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list);
   integers must fit in 64 bits.
 * Unknown fields are errors naming the field. A few fields we know but do not support (tools, structured
-  output, ``min_tokens``, ...) get a message saying so; sent empty or null they are ignored.
+  output other than ``response_format: {"type": "text"}``, ...) get a message saying so; sent empty or null
+  they are ignored.
 
 Optional fields are ``None`` when absent (or sent as ``null``); the routes apply the defaults, so a JSON
 ``null`` means "the default", as in the OpenAI API. Records are frozen, ``kw_only`` so that inheritance
@@ -44,6 +45,8 @@ Record = TypeVar("Record")
 PromptInput = str | list[str] | list[int] | list[list[int]]
 """``/v1/completions`` ``prompt``: a string, a list of strings, token ids, or a list of token-id lists."""
 StopInput = str | list[str] | None
+LogitBiasInput = dict[str, float] | None
+"""OpenAI's ``logit_bias``: token ids (as JSON object keys, so strings) mapped to biases."""
 
 
 @attrs.frozen(kw_only=True)
@@ -69,6 +72,27 @@ class SamplingFields:
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
     priority: int | None = None
+    logit_bias: LogitBiasInput = None
+    allowed_token_ids: list[int] | None = None
+    min_tokens: int | None = None
+    truncate_prompt_tokens: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ResponseFormat:
+    """``response_format``: only ``{"type": "text"}`` (the default) is accepted by the routes."""
+
+    type: str
+    json_schema: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class OpenAIOutputFields(SamplingFields):
+    """Fields of both OpenAI routes: vLLM's token-id extensions and ``response_format``."""
+
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    response_format: ResponseFormat | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -88,7 +112,7 @@ class GenerateRequest(SamplingFields):
 
 
 @attrs.frozen(kw_only=True)
-class CompletionRequest(SamplingFields):
+class CompletionRequest(OpenAIOutputFields):
     """``POST /v1/completions``."""
 
     prompt: PromptInput
@@ -130,7 +154,7 @@ class ChatMessageInput:
 
 
 @attrs.frozen(kw_only=True)
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(OpenAIOutputFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessageInput]
@@ -151,12 +175,9 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
     "parallel_tool_calls": "tool calling is not supported",
-    "response_format": "structured output (response_format) is not supported",
     "guided_json": "guided decoding is not supported",
     "guided_regex": "guided decoding is not supported",
     "guided_choice": "guided decoding is not supported",
-    "logit_bias": "logit_bias is not supported",
-    "min_tokens": "min_tokens is not supported; use ignore_eos with max_tokens to fix the output length",
     "chat_template_kwargs": "chat_template_kwargs is not supported",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
@@ -217,6 +238,19 @@ def _structure_stop(value: Any, _: Any) -> StopInput:
     raise TypeError(f"expected a string or a list of strings, got {_describe(value)}")
 
 
+def _structure_logit_bias(value: Any, _: Any) -> LogitBiasInput:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object mapping token ids to numbers, got {_describe(value)}")
+    for key, bias in value.items():
+        try:
+            _structure_float(bias, float)
+        except TypeError as error:
+            raise TypeError(f"the bias of token {key!r}: {error}") from None
+    return {key: float(bias) for key, bias in value.items()}
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(int, _strict(_is_int, "a 64-bit integer"))
@@ -226,6 +260,7 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(Any, lambda value, _: value)
     converter.register_structure_hook(PromptInput, _structure_prompt)
     converter.register_structure_hook(StopInput, _structure_stop)
+    converter.register_structure_hook(LogitBiasInput, _structure_logit_bias)
 
     def structure_content(value: Any, _: Any) -> ContentInput:
         if value is None or isinstance(value, str):

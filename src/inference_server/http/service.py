@@ -37,7 +37,8 @@ class ServiceRoutes:
         info = self.state.engine.info
         payload = {"service": "inference_server", "model": self.state.model_name,
                    "max_model_len": info.max_model_len, "default_max_tokens": info.default_max_tokens,
-                   "routes": self.route_lines, "docs": "docs/api.md"}
+                   "routes": self.route_lines, "docs": "docs/api.md",
+                   "openapi": "/openapi.json"}
         return Response(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", content_type=JSON_CONTENT_TYPE)
 
     async def health(self) -> Response:

@@ -39,6 +39,8 @@ class GenerationRequest:
     priority: int = 0
     trace_id: str | None = None
     cache_salt: str | None = None
+    truncate_prompt_tokens: int | None = None
+    """Keep only the last N prompt tokens (after tokenising / templating); -1 = the context length."""
 
 
 @attrs.frozen
@@ -87,6 +89,8 @@ class Admitted:
 
     request_id: int
     prompt_tokens: int
+    prompt_token_ids: tuple[int, ...] = ()
+    """The prompt as the model sees it (after templating and truncation), for ``return_token_ids``."""
 
 
 @attrs.frozen

@@ -14,6 +14,9 @@ GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
 """Largest accepted ``SamplingParams.logprobs`` (the OpenAI API's limit)."""
 
+MAX_LOGIT_BIAS = 100.0
+"""``logit_bias`` values lie in [-100, 100] (the OpenAI API's range)."""
+
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
@@ -69,6 +72,16 @@ class SamplingParams:
     the prefix cache until its prompt logprobs are computed."""
     include_stop_str_in_output: bool = False
     """Keep the matched stop string (or stop token's text) at the end of the output."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the raw logits before penalties and sampling (OpenAI's ``logit_bias``:
+    -100 bans a token in practice, 100 all but forces it). Returned logprobs stay those of the raw model."""
+    allowed_token_ids: tuple[int, ...] | None = None
+    """vLLM's ``allowed_token_ids``: only these ids may be sampled (None = any)."""
+    min_tokens: int = 0
+    """vLLM's ``min_tokens``: nothing ends the output before this many tokens: EOS and ``stop_token_ids``
+    are masked out by the sampler and stop strings are not matched until then (``max_tokens`` still caps)."""
+    eos_token_ids: tuple[int, ...] = ()
+    """The model's EOS ids, filled by admission when ``min_tokens`` is set (the sampler masks them)."""
 
     def resolved_max_tokens(self) -> int:
         """``max_tokens`` once admission has resolved ``None`` (the rest of the context) to a number."""
@@ -85,6 +98,28 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         """Whether the sampler needs this request's token history."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def uses_logit_mask(self) -> bool:
+        """Whether the sampler must bias or restrict this request's logits (before any output length check)."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or self.min_tokens > 0
+
+    def min_tokens_stop_ids(self) -> tuple[int, ...]:
+        """Ids that may not be sampled while fewer than ``min_tokens`` tokens are output (vLLM: EOS, unless
+        ``ignore_eos``, and ``stop_token_ids``)."""
+        eos = () if self.ignore_eos else self.eos_token_ids
+        return tuple(sorted({*eos, *self.stop_token_ids}))
+
+    def validate_vocabulary(self, vocab_size: int) -> None:
+        """Raise ``RequestError`` naming the first token id (``stop_token_ids``, ``logit_bias`` key or
+        ``allowed_token_ids``) outside ``[0, vocab_size)``."""
+        groups = (("stop_token_ids", self.stop_token_ids), ("logit_bias", [i for i, _ in self.logit_bias]),
+                  ("allowed_token_ids", self.allowed_token_ids or ()))
+        for field, ids in groups:
+            bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+            if bad is not None:
+                raise RequestError("invalid_request", f"{field}: token id {bad} is outside the vocabulary "
+                                   f"[0, {vocab_size}) (vocabulary size {vocab_size})", field)
 
     def validate(self) -> None:
         """Raise ``RequestError`` naming the first field out of its accepted range (vLLM's ranges)."""
@@ -114,3 +149,16 @@ class SamplingParams:
         ids = self.stop_token_ids
         ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
         _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)
+        bias = self.logit_bias
+        ok_bias = isinstance(bias, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and _is_int(pair[0]) and _is_real(pair[1])
+            and -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS for pair in bias)
+        _require(ok_bias, "logit_bias", f"(token id, bias) pairs with biases in [-{MAX_LOGIT_BIAS:g}, "
+                 f"{MAX_LOGIT_BIAS:g}]", bias)  # ids are checked against the vocabulary by validate_vocabulary
+        allowed = self.allowed_token_ids
+        ok_allowed = allowed is None or (isinstance(allowed, tuple) and len(allowed) > 0
+                                         and all(_is_int(x) for x in allowed))
+        _require(ok_allowed, "allowed_token_ids", "None or a non-empty tuple of token ids", allowed)
+        min_tokens = self.min_tokens
+        ok_min = _is_int(min_tokens) and min_tokens >= 0 and (max_tokens is None or min_tokens <= max_tokens)
+        _require(ok_min, "min_tokens", "an integer >= 0 and <= max_tokens", min_tokens)
