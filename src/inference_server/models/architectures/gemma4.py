@@ -19,6 +19,7 @@ from inference_server.models.architectures.layers import (
     apply_rms_norm,
     rope_cos_sin,
     rope_inv_freq,
+    uninitialised_embedding,
 )
 from inference_server.models.spec import LayerSpec, ModelSpec
 
@@ -113,12 +114,12 @@ class Gemma4Model(Decoder):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = uninitialised_embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(Gemma4DecoderLayer(spec, layer) for layer in spec.layers)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_style)
         if spec.ple_hidden_size:
             total = spec.num_layers * spec.ple_hidden_size
-            self.embed_tokens_per_layer = nn.Embedding(spec.ple_vocab_size, total)
+            self.embed_tokens_per_layer = uninitialised_embedding(spec.ple_vocab_size, total)
             self.per_layer_model_projection = nn.Linear(spec.hidden_size, total, bias=False)
             self.per_layer_projection_norm = RMSNorm(spec.ple_hidden_size, spec.rms_norm_eps, spec.norm_style)
         with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device

@@ -137,3 +137,10 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     if cap is None:
         return x
     return torch.tanh(x / cap) * cap
+
+
+def uninitialised_embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """An ``nn.Embedding`` whose weight is left uninitialised (the loader fills every weight). The default
+    ``normal_`` init is not free even on the meta device: there it imports torch's reference decompositions,
+    about 5 s of every start-up on a small CPU."""
+    return nn.Embedding(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))

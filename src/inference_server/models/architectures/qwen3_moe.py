@@ -14,7 +14,7 @@ from torch import nn
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
-from inference_server.models.architectures.layers import RMSNorm, rope_cos_sin, rope_inv_freq
+from inference_server.models.architectures.layers import RMSNorm, rope_cos_sin, rope_inv_freq, uninitialised_embedding
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -68,7 +68,7 @@ class Qwen3MoeModel(Decoder):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = uninitialised_embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(spec, layer) for layer in spec.layers)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, "qwen")
         with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device
