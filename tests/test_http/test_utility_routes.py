@@ -100,6 +100,9 @@ async def test_served_model_name_aliases_and_the_model_card(serve) -> None:
         alias = await served.client.post("/v1/completions", json={"model": "tiny-alias", "prompt": "hello",
                                                                   "max_tokens": 1})
         assert alias.status_code == 200 and (await alias.get_json())["model"] == MODEL_NAME
+        responses = await served.client.post("/v1/responses", json={"model": "tiny", "input": "hello",
+                                                                    "max_output_tokens": 1})
+        assert responses.status_code == 200 and (await responses.get_json())["model"] == MODEL_NAME
         assert (await (await served.client.get("/v1/models/tiny")).get_json())["id"] == "tiny"
         unknown = await served.client.post("/v1/completions", json={"model": "tin", "prompt": "hello"})
         assert unknown.status_code == 404

@@ -35,7 +35,7 @@ import attrs
 from quart import Response, g, request
 
 from inference_server.http.convert import DEFAULT_MAX_TOKENS, SESSION_ID_HEADER, header_id, sampling_params
-from inference_server.http.errors import from_unsuccessful_finish, invalid_request, model_not_found
+from inference_server.http.errors import from_unsuccessful_finish, invalid_request
 from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
     ChatEncoder,
@@ -86,12 +86,8 @@ class OpenAIRoutes:
 
     async def model(self, model: str) -> Response:
         """``GET /v1/models/<model>``."""
-        self._check_model(model)
+        self.state.check_model(model)
         return json_response(self._model_card(model))
-
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.state.model_names:
-            raise model_not_found(model)
 
     # -- completions ---------------------------------------------------------------------------------
     async def completions(self) -> Response:
@@ -176,7 +172,7 @@ class OpenAIRoutes:
         """The parsed body, once shutdown has not begun and its ``model`` is ours."""
         self.state.check_accepting()
         body = await read_body(record_type)
-        self._check_model(body.model)
+        self.state.check_model(body.model)
         _check_output_fields(body)
         return body
 

@@ -23,7 +23,7 @@ from typing import Any
 from quart import Response, g, request
 
 from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
-from inference_server.http.errors import from_unsuccessful_finish, invalid_request, model_not_found
+from inference_server.http.errors import from_unsuccessful_finish, invalid_request
 from inference_server.http.generation import admit
 from inference_server.http.openai_format import new_id
 from inference_server.http.responses import json_response, read_body, sse_response
@@ -62,8 +62,7 @@ class ResponsesRoutes:
         state = self.state
         state.check_accepting()
         body = await read_body(ResponsesRequest)
-        if body.model is not None and body.model != state.model_name:
-            raise model_not_found(body.model)
+        state.check_model(body.model)
         generation_request = self._generation_request(body)
         generation = await admit(state.engine, [generation_request], state.tracker, renames=RENAMES)
         params = generation_request.params

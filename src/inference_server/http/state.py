@@ -7,7 +7,7 @@ import time
 import attrs
 
 from inference_server.config import Settings
-from inference_server.http.errors import unavailable
+from inference_server.http.errors import model_not_found, unavailable
 from inference_server.http.generation import ResponseTracker
 from inference_server.http.token_text import TokenText
 from inference_server.models.chat_templates import ChatStops
@@ -45,6 +45,11 @@ class AppState:
     def model_names(self) -> tuple[str, ...]:
         """Every name the routes accept: the reported one first, then ``SERVED_MODEL_NAME``'s aliases."""
         return tuple(dict.fromkeys([self.model_name, *self.settings.served_model_names()]))
+
+    def check_model(self, model: str | None) -> None:
+        """404 ``model_not_found`` unless ``model`` is absent or one of ``model_names``."""
+        if model is not None and model not in self.model_names:
+            raise model_not_found(model)
 
     def begin_drain(self) -> None:
         """New generation requests get 503 from now on and readiness turns 503."""
