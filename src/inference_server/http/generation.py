@@ -26,7 +26,8 @@ from quart import has_request_context, request
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.actors.request_streams import merge
 from inference_server.http.access_log import record_for
-from inference_server.http.errors import from_request_error
+from inference_server.http.errors import from_request_error, from_unsuccessful_finish
+from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, RequestUpdate
 from inference_server.supervisor import Engine
@@ -95,6 +96,18 @@ class Generation:
                 for index in range(len(self.handles)):
                     nursery.start_soon(read, index)
         return [r for r in results if r is not None]
+
+    async def successful_results(self, engine: Engine) -> list[RequestUpdate]:
+        """``collect``, then ``close``; raises the error of the first choice that did not end with ``stop`` or
+        ``length`` (what every non-streaming route answers)."""
+        try:
+            results = await self.collect()
+        finally:
+            self.close()
+        for result in results:
+            if result.finish_reason not in SUCCESSFUL_FINISHES:
+                raise from_unsuccessful_finish(result, engine_failed=engine.failed)
+        return results
 
     def source(self, nursery: trio.Nursery) -> SingleSource | MergedSource:
         """The streaming body's reader; several choices are merged by pump tasks run in ``nursery``."""

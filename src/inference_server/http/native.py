@@ -30,7 +30,7 @@ from inference_server.http.errors import ApiError, from_unsuccessful_finish, inv
 from inference_server.http.generation import admit
 from inference_server.http.responses import json_response, read_body, sse_response
 from inference_server.http.schemas import GenerateRequest
-from inference_server.http.sse import SUCCESSFUL_FINISHES, event
+from inference_server.http.sse import event
 from inference_server.http.state import AppState
 from inference_server.http.usage import usage
 from inference_server.records.requests import GenerationRequest, RequestUpdate
@@ -62,12 +62,7 @@ class NativeRoutes:
                                 state)
         if body.stream:
             return sse_response(generation, encoder, coalesce=state.coalesce)
-        try:
-            (result,) = await generation.collect()
-        finally:
-            generation.close()
-        if result.finish_reason not in SUCCESSFUL_FINISHES:
-            raise from_unsuccessful_finish(result, engine_failed=state.engine.failed)
+        (result,) = await generation.successful_results(state.engine)
         return json_response(encoder.payload(result, final=True))
 
 

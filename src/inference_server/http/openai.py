@@ -35,7 +35,7 @@ import attrs
 from quart import Response, g, request
 
 from inference_server.http.convert import DEFAULT_MAX_TOKENS, SESSION_ID_HEADER, header_id, sampling_params
-from inference_server.http.errors import from_unsuccessful_finish, invalid_request
+from inference_server.http.errors import invalid_request
 from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
     ChatEncoder,
@@ -52,9 +52,8 @@ from inference_server.http.schemas import (
     CompletionRequest,
     StreamOptions,
 )
-from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.http.state import AppState
-from inference_server.records.requests import ChatMessage, GenerationRequest, RequestUpdate
+from inference_server.records.requests import ChatMessage, GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 
 Record = TypeVar("Record", CompletionRequest, ChatCompletionRequest)
@@ -97,7 +96,7 @@ class OpenAIRoutes:
         generation = await admit(self.state.engine, requests, self.state.tracker)
         if body.echo or body.prompt_logprobs is not None:
             prompts = [self._prompt_text(r) for r in requests] if body.echo else None
-            results = await self._collect(generation)
+            results = await generation.successful_results(self.state.engine)
             return json_response(completion_response(
                 self.state, new_id("cmpl"), results, generation.prompt_tokens, n,
                 with_logprobs=body.logprobs is not None, echo_prompts=prompts,
@@ -187,7 +186,7 @@ class OpenAIRoutes:
             encoder = encoder_type(state, response_id, generation.prompt_tokens, n, with_logprobs=with_logprobs,
                                    include_usage=include_usage, continuous_usage=continuous, options=options)
             return sse_response(generation, encoder, coalesce=state.coalesce)
-        results = await self._collect(generation)
+        results = await generation.successful_results(self.state.engine)
         return json_response(build_response(state, response_id, results, generation.prompt_tokens, n,
                                             with_logprobs=with_logprobs, options=options))
 
@@ -195,15 +194,6 @@ class OpenAIRoutes:
     def _session(self, user: str | None) -> str | None:
         return header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or user
 
-    async def _collect(self, generation: Generation) -> list[RequestUpdate]:
-        try:
-            results = await generation.collect()
-        finally:
-            generation.close()
-        for result in results:
-            if result.finish_reason not in SUCCESSFUL_FINISHES:
-                raise from_unsuccessful_finish(result, engine_failed=self.state.engine.failed)
-        return results
 
 
 def _output_options(body: OpenAIRecord, generation: Generation) -> OutputOptions:

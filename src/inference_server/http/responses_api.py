@@ -23,14 +23,13 @@ from typing import Any
 from quart import Response, g, request
 
 from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
-from inference_server.http.errors import from_unsuccessful_finish, invalid_request
+from inference_server.http.errors import invalid_request
 from inference_server.http.generation import admit
 from inference_server.http.openai_format import new_id
 from inference_server.http.responses import json_response, read_body, sse_response
 from inference_server.http.responses_format import ResponseEcho, ResponseHead, ResponsesEncoder, whole_response
 from inference_server.http.responses_schema import ResponseInput, ResponsesRequest
 from inference_server.http.schemas import SamplingFields
-from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.http.state import AppState
 from inference_server.records.requests import ChatMessage, GenerationRequest
 
@@ -72,12 +71,7 @@ class ResponsesRoutes:
         if body.stream:
             encoder = ResponsesEncoder(state, head, generation.prompt_tokens)
             return sse_response(generation, encoder, coalesce=state.coalesce, terminator=b"")
-        try:
-            (result,) = await generation.collect()
-        finally:
-            generation.close()
-        if result.finish_reason not in SUCCESSFUL_FINISHES:
-            raise from_unsuccessful_finish(result, engine_failed=state.engine.failed)
+        (result,) = await generation.successful_results(state.engine)
         return json_response(whole_response(head, result, generation.prompt_tokens[0]))
 
     def _generation_request(self, body: ResponsesRequest) -> GenerationRequest:
