@@ -39,7 +39,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
@@ -367,19 +367,29 @@ def _gguf_cache_folder(gguf_path: Path, cache_dir: Path) -> Path:
     return cache_dir / "tokenizers" / f"{gguf_path.stem}-{digest}"
 
 
-def _convert_gguf_tokenizer(gguf_path: Path, folder: Path) -> None:
-    """Convert with transformers and save to ``folder`` atomically (staged, then renamed into place)."""
+def write_folder_atomically(folder: Path, write: Callable[[Path], None], *, done_file: str, what: str) -> None:
+    """Run ``write`` into a private staging folder, then rename it to ``folder`` (a reader never sees a half
+    written folder). If another process got there first (``folder / done_file`` exists), its copy stands."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
     try:
-        with phase("converting the GGUF tokenizer (first start only: cached for later starts)"):
-            _save_converted(gguf_path, staging)
+        write(staging)
         staging.rename(folder)
     except OSError as error:
-        if not (folder / "tokenizer.json").is_file():  # else another process finished first: fine
-            raise TokenizerError(f"cannot cache the tokenizer of {gguf_path} in {folder}: {error}") from error
+        if not (folder / done_file).is_file():
+            raise TokenizerError(f"cannot write {what} to {folder}: {error}") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _convert_gguf_tokenizer(gguf_path: Path, folder: Path) -> None:
+    """Convert with transformers and save to ``folder`` atomically (staged, then renamed into place)."""
+
+    def convert(staging: Path) -> None:
+        with phase("converting the GGUF tokenizer (first start only: cached for later starts)"):
+            _save_converted(gguf_path, staging)
+
+    write_folder_atomically(folder, convert, done_file="tokenizer.json", what=f"the tokenizer of {gguf_path}")
 
 
 _GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe",

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
-from inference_server.models.tokenizer import Tokenizer, TokenizerError
+from inference_server.models.tokenizer import Tokenizer, TokenizerError, write_folder_atomically
 from inference_server.startup import phase
 
 
@@ -66,14 +64,10 @@ def served_tokenizer_folder(tokenizer: Tokenizer, cache_dir: Path, model_name: s
     folder = cache_dir / "served-tokenizers" / f"{safe_name}-{digest.hexdigest()[:16]}"
     if (folder / "tokenizer_config.json").is_file():
         return folder
-    staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
-    try:
+
+    def export(staging: Path) -> None:
         with phase("exporting the tokenizer for clients (once per tokenizer)"):
             export_tokenizer(tokenizer, staging, model_max_length=model_max_length)
-        staging.rename(folder)
-    except OSError as error:
-        if not (folder / "tokenizer_config.json").is_file():  # else another process finished first: fine
-            raise TokenizerError(f"cannot export the tokenizer to {folder}: {error}") from error
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    write_folder_atomically(folder, export, done_file="tokenizer_config.json", what="the served tokenizer")
     return folder
