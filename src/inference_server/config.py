@@ -46,6 +46,9 @@ class Settings:
                           ("auto", "custom-cuda", "reference"))
     custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend.")
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
+    overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "
+                                 "work (planning, staging, streaming) runs while the device computes; off: "
+                                 "one step at a time.")
     host: str = _field("127.0.0.1", "Address the HTTP server listens on.")
     port: int = _field(8000, "Port the HTTP server listens on.", minimum=0)
     chat_template: str = _field("", "A Jinja chat template file that replaces the model's own (or supplies one "

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from inference_server.actors.executor import threaded
+from inference_server.actors.executor import RunnerPipeline
 from inference_server.backends.factory import build_kv, build_runner, engine_limits
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
@@ -21,7 +21,6 @@ from inference_server.models.tokenizer_export import served_tokenizer_folder
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
 from inference_server.startup import phase, summary
 from inference_server.supervisor import EngineParts
-from inference_server.telemetry import profiler_ranges
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,8 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
     parts = EngineParts(
-        step=threaded(profiler_ranges.ranged_execute(runner.execute)),
+        step=RunnerPipeline(runner),
+        overlap=settings.overlap,
         kv=kv,
         tokenizer=tokenizer,
         max_model_len=limits.max_model_len,

@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from inference_server.actors.admission import Admission, Submission
-from inference_server.actors.executor import Executor, StepFunction
+from inference_server.actors.executor import Drain, Executor, StepFunction, StepPipeline, as_pipeline
 from inference_server.actors.kv_allocator import KVAllocator
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.actors.request_streams import RequestStreams
@@ -85,7 +85,8 @@ class EngineCounts:
 class EngineParts:
     """Everything the actors own, built (model loaded, KV sized) before the nursery opens."""
 
-    step: StepFunction
+    step: StepFunction | StepPipeline
+    """The model: a ``RunnerPipeline`` over a model runner, or an in-loop step function (tests, fakes)."""
     kv: KVManager
     tokenizer: PromptTokenizer | None
     max_model_len: int
@@ -103,6 +104,8 @@ class EngineParts:
     model_root: str = ""
     tokenizer_folder: str = ""
     allocate: Callable[[KVManager, StepDemand], StepGrant] = allocate_step  # FAULTS may wrap it
+    overlap: bool = True
+    """``OVERLAP``: launch step N+1 before collecting step N (``actors/executor.py``)."""
 
 
 def kv_limits(parts: EngineParts) -> KVLimits:
@@ -245,19 +248,22 @@ class Engine:
         abort_send, abort_receive = trio.open_memory_channel[Abort](math.inf)
         self._abort_send = abort_send
         # Scheduler <-> KV allocator and scheduler <-> executor are rendezvous channels: exactly one demand,
-        # one grant, one plan and one result per step, so at most one step is in flight.
+        # one grant, one plan and one result per step; with overlap the executor holds one launched step more
+        # (actors/executor.py), so at most two steps are between plan and result.
         demand_send, demand_receive = trio.open_memory_channel[StepDemand](0)
         grant_send, grant_receive = trio.open_memory_channel[StepGrant](0)
-        plan_send, plan_receive = trio.open_memory_channel[StepPlan](0)
+        plan_send, plan_receive = trio.open_memory_channel[StepPlan | Drain](0)
         result_send, result_receive = trio.open_memory_channel[StepResult](0)
 
-        self.executor = Executor(parts.step, plan_receive, result_send)
+        depth = 1 if parts.overlap else 0
+        self.executor = Executor(as_pipeline(parts.step), plan_receive, result_send, depth=depth)
         kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send, parts.allocate)
         kv = parts.kv
         self.scheduler_actor = SchedulerActor(
             self.scheduler, to_scheduler_receive, abort_receive, demand_send, grant_receive, plan_send,
             result_receive, self.streams, emit, max_queued_tokens=parts.max_queued_tokens,
-            kv_capacity_tokens=kv.full_pool.num_blocks * kv.block_size, admission_timeout=parts.admission_timeout)
+            kv_capacity_tokens=kv.full_pool.num_blocks * kv.block_size, admission_timeout=parts.admission_timeout,
+            depth=depth)
         admission = Admission(
             admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,

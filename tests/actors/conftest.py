@@ -8,6 +8,7 @@ import pytest
 import torch
 import trio
 
+from inference_server.actors.executor import RunnerPipeline
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedKVStorage
 from inference_server.core.kv_manager import KVManager
@@ -73,11 +74,9 @@ def tiny_model_parts(num_blocks: int, *, preset: str = "gemma-4-31b-tiny", **ove
     groups = {FULL_GROUP: num_blocks} | ({SLIDING_GROUP: num_blocks} if window else {})
     storage = PagedKVStorage(spec.cache_layers, groups, BLOCK, torch.float32, "cpu")
     runner = ModelRunner(model, spec, storage, torch.device("cpu"))
-
-    async def step(plan: StepPlan) -> StepResult:
-        return runner.execute(plan)  # in the loop: keeps mock-clock tests free of threads
-
-    step.runner = runner  # tests count the tokens it computed
+    # The runner's own launch/collect (pending tokens resolved on the device), in the loop: keeps mock-clock
+    # tests free of threads. ``step.runner`` lets tests count the tokens it computed.
+    step = RunnerPipeline(runner, threaded=False)
 
     values = dict(step=step, kv=kv, tokenizer=None, max_model_len=256, vocab_size=spec.vocab_size,
                   eos_token_ids=frozenset(),

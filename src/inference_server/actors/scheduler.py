@@ -2,11 +2,17 @@
 
 One iteration: take new requests and aborts (without waiting when there is work), end requests whose
 admission deadline passed, send one demand to the KV allocator and await its grant, send the plan to the
-executor and await the result. Tokens go to the per-request streams with ``send_nowait`` (coalescing when a
-consumer lags) so no client can stall the loop, and step N's tokens are delivered only *after* the plan of
-step N+1 has gone to the executor: the HTTP writers they wake then run while the device computes, instead
-of the device waiting for them. The scheduler/executor cycle holds at most one step in flight (both
-channels have capacity 0: a rendezvous per step).
+executor, then receive a result and turn its tokens into per-request updates. Tokens go to the per-request
+streams with ``send_nowait`` (coalescing when a consumer lags) so no client can stall the loop.
+
+Overlap (``depth`` 1, ``OVERLAP``, the default): the executor launches step N+1 before it collects step N,
+so the result received after sending plan N+1 is step N's; its tokens are delivered at once (step N+1 is
+already on the device) and plan N+2 is made while step N+1 runs. A request whose token is still in flight
+is planned with ``PENDING_TOKEN`` in its place (``core/request.py``); one that stops on that token wastes
+one token of work, discarded on arrival. When nothing more can be planned, a ``Drain`` collects the step
+in flight. Without overlap (``depth`` 0) each plan's own result comes back, and step N's tokens are
+delivered only *after* plan N+1 has gone to the executor, so the HTTP writers they wake run while the device
+computes. Either way the loop holds at most ``depth + 1`` steps between plan and result.
 
 Aborts arrive on their own channel (``Engine`` sends one when a caller closes its handle) and are taken
 before every plan, so an aborted request is computed in no step that starts after its caller left. An idle
@@ -23,11 +29,14 @@ its outgoing channels, which ends the KV allocator and the executor.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 
+import attrs
 import trio
 
+from inference_server.actors.executor import Drain
 from inference_server.actors.request_streams import RequestStreams
 from inference_server.core.kv_backlog import KVTurnover, estimated_wait
 from inference_server.core.kv_grants import StepDemand, StepGrant
@@ -51,6 +60,16 @@ RETRY_SECONDS = 0.05
 work that the KV allocator could not place."""
 
 
+@attrs.frozen
+class _InFlight:
+    """A plan sent to the executor whose result has not come back, with what its step report needs."""
+
+    plan: StepPlan
+    grant: StepGrant
+    schedule_seconds: float
+    began: float
+
+
 class SchedulerActor:
     def __init__(
         self,
@@ -59,7 +78,7 @@ class SchedulerActor:
         aborts: trio.MemoryReceiveChannel[Abort],
         demands: trio.MemorySendChannel[StepDemand],
         grants: trio.MemoryReceiveChannel[StepGrant],
-        plans: trio.MemorySendChannel[StepPlan],
+        plans: trio.MemorySendChannel[StepPlan | Drain],
         results: trio.MemoryReceiveChannel[StepResult],
         streams: RequestStreams,
         emit: Callable[[TelemetryEvent], None],
@@ -67,6 +86,7 @@ class SchedulerActor:
         max_queued_tokens: int,
         kv_capacity_tokens: int = 0,
         admission_timeout: float = 0.0,
+        depth: int = 0,
     ) -> None:
         self.core = core
         self.inbox = inbox
@@ -84,7 +104,10 @@ class SchedulerActor:
         self.last_step_end: float | None = None
         self.kv_free_tokens = kv_capacity_tokens  # as of the last grant
         self.kv_turnover = KVTurnover()
-        self._undelivered: list[RequestUpdate] = []  # the last step's updates, sent once the next step runs
+        self.depth = depth
+        self._undelivered: list[RequestUpdate] = []  # received updates not yet sent to their streams
+        self._in_flight: collections.deque[_InFlight] = collections.deque()  # plans sent, results not received
+        self._last_deliver_seconds = 0.0
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -96,6 +119,11 @@ class SchedulerActor:
                 for request_id in self.streams.flush_pending():
                     self._abort(request_id)
                 if self._busy and await self._step():
+                    continue
+                if self._in_flight:  # nothing more to plan: collect the steps still running
+                    await self.plans.send(Drain())
+                    while self._in_flight:
+                        await self._receive_result()
                     continue
                 self.flush_deliveries()
                 if self.inbox_closed and not self._busy:
@@ -200,7 +228,8 @@ class SchedulerActor:
                         "admission timeout; retry later", retry_after=retry)
 
     async def _step(self) -> bool:
-        """Run one step; False when nothing could be granted (the caller then waits for a message)."""
+        """Plan and send one step, and receive the result due (see the module docstring); False when nothing
+        was planned (the caller then drains or waits for a message)."""
         waiting_before = {r.request_id for r in self.core.waiting}
         scheduling_began = trio.current_time()
         with profiler_ranges.phase("schedule", self.core.next_step_id):
@@ -211,33 +240,48 @@ class SchedulerActor:
         if plan is None:
             return False
         now = trio.current_time()
-        schedule_seconds = now - scheduling_began
         for sequence in plan.sequences:
             if sequence.request_id in waiting_before and sequence.reset:
                 request = self.core.requests[sequence.request_id]
                 self.emit(RequestStarted(now, request.request_id, request.num_cached_prompt_tokens))
         await self.plans.send(plan)
-        delivering_began = trio.current_time()
-        with profiler_ranges.phase("deliver", plan.step_id - 1):
+        self._in_flight.append(_InFlight(plan, grant, now - scheduling_began, scheduling_began))
+        if self.depth == 0:
             self.flush_deliveries()  # the previous step's tokens reach clients while this step runs
-        deliver_seconds = trio.current_time() - delivering_began
+        if len(self._in_flight) > self.depth:
+            await self._receive_result()
+        return bool(plan.sequences)
+
+    async def _receive_result(self) -> None:
+        """Receive the oldest step's result, turn it into updates and report the step. With overlap the
+        updates go out at once (the next step is already on the device)."""
         result = await self.results.receive()
+        step = self._in_flight.popleft()
+        if result.step_id != step.plan.step_id:
+            raise RuntimeError(f"the executor answered step {result.step_id}, expected {step.plan.step_id}")
+        stepping_began = max(step.began, self.last_step_end or step.began)
         self.last_step_end = trio.current_time()
-        self.kv_turnover.step(self.last_step_end, self.last_step_end - scheduling_began)
+        self.kv_turnover.step(self.last_step_end, self.last_step_end - stepping_began)
         updates = self.core.on_step_result(result)
         now = trio.current_time()
         for update in updates:
             self._report_update(update, now)
         self._undelivered.extend(updates)
-        self._report_step(plan, result, grant, schedule_seconds, deliver_seconds)
-        return bool(plan.sequences)
+        self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds)
+        if self.depth > 0:
+            self.flush_deliveries()
 
     def flush_deliveries(self) -> None:
-        """Send the updates held back from the last step (see the module docstring)."""
-        updates, self._undelivered = self._undelivered, []
-        for update in updates:
-            if not self.streams.deliver(update) and not update.finished:
-                self._abort(update.request_id)
+        """Send the updates received and not yet delivered (see the module docstring)."""
+        if not self._undelivered:
+            return
+        began = trio.current_time()
+        with profiler_ranges.phase("deliver", self.core.next_step_id - 1):
+            updates, self._undelivered = self._undelivered, []
+            for update in updates:
+                if not self.streams.deliver(update) and not update.finished:
+                    self._abort(update.request_id)
+        self._last_deliver_seconds = trio.current_time() - began
 
     # -- delivery ------------------------------------------------------------------------------------
     def _deliver_all(self, updates: list[RequestUpdate]) -> None:

@@ -13,16 +13,16 @@ What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> S
   holds them (``cuda_graphs.DecodeGraphs``); steps with prefill chunks run eagerly. The graph ends at the
   final hidden states: logits and sampling run outside it, on the sampled rows only.
 * No host syncs inside the forward (every kernel wrapper sizes its grid from shapes; the reference paths
-  with ``.tolist()`` are not used). The one sync per step is reading the sampled tokens back.
+  with ``.tolist()`` are not used). The sampled tokens come back through pinned memory behind an event,
+  so ``launch`` returns while the step runs (``model_runner``'s overlap contract).
 * ``compile=True`` wraps the model in ``torch.compile`` (default mode): Inductor fuses the elementwise ops
   (norms, RoPE, routing, residuals) between the Triton kernels, which stay opaque to the compiler (a graph
   break at each attention call and each MoE call; traced through Inductor, the decode kernel's float scale
   became an fp64 constant that its loop rejects, seen on the H200 with torch 2.11 / Triton 3.6). The decode
   graphs then capture the compiled code after a warm-up per bucket.
 
-Next steps this layout leaves room for: int8 weight-only linears (a different ``nn.Linear`` swap, same
-runner) and overlapping step N+1's host work with step N (``DecodeGraphs.stage`` would write into a second
-set of static buffers while the first is being replayed; today stage -> replay -> sample is sequential).
+Overlap needs no second set of static buffers: ``DecodeGraphs.stage`` for step N+1 enqueues its copies on
+the same stream as step N's replay, so they land after step N has read the buffers.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from inference_server.backends.cuda_graphs import DecodeGraphs
-from inference_server.backends.model_runner import ModelRunner
+from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
@@ -49,7 +49,7 @@ from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
-from inference_server.records.steps import PromptLogprobsChunk, SampledToken, StepPlan, StepResult
+from inference_server.records.steps import StepPlan
 from inference_server.telemetry import profiler_ranges
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
@@ -133,37 +133,29 @@ class CudaModelRunner(ModelRunner):
         self._install_ops()
         return self._model_fn(ids, self._context_cls(self.storage, step, **self.attention_kwargs))
 
-    @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Run one step (graph replay for decode-only steps that fit a bucket, eager otherwise)."""
-        started = time.perf_counter()
+    def launch(self, plan: StepPlan) -> LaunchedStep:
         self._install_ops()
-        self.forget(plan.finished_request_ids)
-        states = [self._state_for(seq) for seq in plan.sequences]
-        tokens: tuple[SampledToken, ...] = ()
-        prompt_logprobs: tuple[PromptLogprobsChunk, ...] = ()
-        if plan.sequences:
-            step_id = plan.step_id
-            if self.graphs is not None and self.graphs.fits(plan.sequences):
-                with profiler_ranges.phase("stage", step_id):
-                    staged = self.graphs.stage(plan.sequences)
-                with profiler_ranges.phase("forward", step_id):
-                    hidden = self.graphs.run(staged)  # [bucket, H], padded rows unread
-                self.graph_steps += 1
-            else:
-                with profiler_ranges.phase("stage", step_id):
-                    step = self._step_tensors(plan)
-                    ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
-                    ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
-                with profiler_ranges.phase("forward", step_id):
-                    hidden = self._model_fn(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
-                self.eager_steps += 1
-            with profiler_ranges.phase("sample", step_id):
-                tokens = self._sample(plan, states, hidden)
-                prompt_logprobs = self._prompt_logprobs(plan, hidden)  # rows in plan order either way
-            self.tokens_computed += plan.num_tokens
-        return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
-                          seconds=time.perf_counter() - started, prompt_logprobs=prompt_logprobs)
+        return super().launch(plan)
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor:
+        """Graph replay for decode-only steps that fit a bucket, eager otherwise."""
+        step_id = plan.step_id
+        if self.graphs is not None and self.graphs.fits(plan.sequences):
+            with profiler_ranges.phase("stage", step_id):
+                bucket = self.graphs.stage(plan.sequences)
+                self._resolve_pending(self.graphs.step_view(bucket)[0], plan)
+            with profiler_ranges.phase("forward", step_id):
+                hidden = self.graphs.run(bucket)  # [bucket, H], padded rows unread
+            self.graph_steps += 1
+            return hidden
+        with profiler_ranges.phase("stage", step_id):
+            step = self._step_tensors(plan)
+            ids = self._input_ids(plan)
+            ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
+        with profiler_ranges.phase("forward", step_id):
+            hidden = self._model_fn(ids, ctx)  # [T, H]
+        self.eager_steps += 1
+        return hidden
 
 
 def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,

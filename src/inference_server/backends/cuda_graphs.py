@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from inference_server.backends.paged_kv import StepTensors
+from inference_server.backends.transfer import staged
 from inference_server.records.steps import ScheduledSequence
 from inference_server.startup import Progress, phase
 
@@ -127,7 +128,9 @@ class DecodeGraphs:
     def stage(self, sequences: Sequence[ScheduledSequence]) -> int:
         """Copy one decode step's inputs into the static buffers; returns the bucket to run.
 
-        Host work is a few Python lists and 2 + num_groups host-to-device copies.
+        Host work is a few Python lists and 2 + num_groups host-to-device copies from pinned memory, queued
+        behind whatever step is still running (the token ids of a ``PENDING_TOKEN`` row are then written by
+        the runner, on the device).
         """
         batch = len(sequences)
         bucket = self.bucket_for(batch)
@@ -142,13 +145,13 @@ class DecodeGraphs:
                 index = p // bs
                 slots.append(table[index] * bs + p % bs if index < len(table) else -1)
             rows64.append(slots + [-1] * pad)
-        self._i64[:, :bucket].copy_(torch.tensor(rows64, dtype=torch.int64), non_blocking=True)
+        self._i64[:, :bucket].copy_(staged(rows64, torch.int64, self.device), non_blocking=True)
         ctx = [s.cached_len + 1 for s in sequences] + [0] * pad
-        self.context_lens[:bucket].copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
+        self.context_lens[:bucket].copy_(staged(ctx, torch.int32, self.device), non_blocking=True)
         for g in range(self.num_groups):
             width = max(1, max(len(s.block_tables[g]) for s in sequences))
             rows = [list(s.block_tables[g]) + [0] * (width - len(s.block_tables[g])) for s in sequences]
-            self.block_tables[g][:batch, :width].copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+            self.block_tables[g][:batch, :width].copy_(staged(rows, torch.int32, self.device), non_blocking=True)
         return bucket
 
     def run(self, bucket: int) -> torch.Tensor:

@@ -1,9 +1,17 @@
 """The step runner: one forward over a mixed batch of prefill chunks and decodes, then batched sampling.
 
 It owns the model, the paged KV storage and the per-request sampling state (seeded generators and the token
-history penalties read). It is synchronous and trio-free: the executor actor calls ``execute`` in its
-worker thread. Attention and KV-store implementations are injected, so the Triton kernels and CUDA graphs
-of the CUDA backend plug in behind the same ``execute``.
+history penalties read). It is synchronous and trio-free: the executor actor calls it in its worker thread.
+Attention and KV-store implementations are injected, so the Triton kernels and CUDA graphs of the CUDA
+backend plug in behind the same contract.
+
+A step is ``launch`` then ``collect`` (``execute`` does both). ``launch`` queues the whole step on the device
+(inputs, forward, sampling, and the copy of the sampled tokens to pinned host memory) and returns without
+waiting for it; ``collect`` waits for that copy (an event wait, GIL released) and builds the ``StepResult``.
+Between the two the host is free, so the executor launches step N+1 before it collects step N (overlap):
+a plan's ``PENDING_TOKEN`` is then replaced on the device by the token the previous launched step sampled for
+that request (``_resolve_pending``). The only host syncs inside ``launch`` are prompt logprobs, and penalties
+on a row whose previous token is still in flight (its history is read on the host: ``_fill_awaiting``).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import torch
 
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, make_generator, sample
+from inference_server.backends.transfer import HostCopy, tensor_to_device
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
 from inference_server.records.steps import (
@@ -40,6 +49,7 @@ class _RequestState:
     prompt_len: int
     token_ids: list[int]
     generator: torch.Generator | None
+    awaiting: bool = False  # the last token fed was PENDING_TOKEN: appended when its step is collected
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -51,7 +61,8 @@ class _RequestState:
 
 
 class ModelRunner:
-    """Runs ``StepPlan``s on one model. Not thread-safe: one caller at a time (the executor's thread)."""
+    """Runs ``StepPlan``s on one model. Not thread-safe: one caller at a time (the executor's thread). Steps
+    are collected in launch order, at most one launched ahead."""
 
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  *, attention_kwargs: dict | None = None) -> None:
@@ -64,6 +75,11 @@ class ModelRunner:
         self.attention_kwargs = attention_kwargs or {}
         self._requests: dict[int, _RequestState] = {}
         self.tokens_computed = 0  # all tokens run through the model (tests count prefix-cache savings)
+        # The last launched step's samples (device) and each sampling request's row in them: the source of
+        # the next step's PENDING_TOKENs.
+        self._previous_tokens = torch.empty(0, dtype=torch.int64, device=device)
+        self._previous_rows: dict[int, int] = {}
+        self._last_launched: LaunchedStep | None = None
 
     # -- state ---------------------------------------------------------------------------------------
     def _state_for(self, seq: ScheduledSequence) -> _RequestState:
@@ -74,7 +90,11 @@ class ModelRunner:
                 generator = make_generator(seq.sampling.seed, self.device)
             state = _RequestState(prompt_len=seq.prompt_len, token_ids=[], generator=generator)
             self._requests[seq.request_id] = state
-        state.token_ids.extend(seq.token_ids)
+        if seq.pending:
+            state.token_ids.extend(seq.token_ids[:-1])
+            state.awaiting = True
+        else:
+            state.token_ids.extend(seq.token_ids)
         return state
 
     def forget(self, request_ids: tuple[int, ...]) -> None:
@@ -114,28 +134,71 @@ class ModelRunner:
             is_decode_only=all(len(seq.token_ids) == 1 for seq in plan.sequences),
         )
 
+    def _input_ids(self, plan: StepPlan) -> torch.Tensor:
+        """The step's token ids [T] on the device, pending tokens substituted."""
+        ids = tensor_to_device([t for s in plan.sequences for t in s.token_ids], torch.int64, self.device)
+        self._resolve_pending(ids, plan)
+        return ids
+
+    def _resolve_pending(self, ids: torch.Tensor, plan: StepPlan) -> None:
+        """Replace each sequence's ``PENDING_TOKEN`` (always its last token) in ``ids`` [T] with the token the
+        previous launched step sampled for the request, on the device (no host sync)."""
+        rows, sources, end = [], [], 0
+        for seq in plan.sequences:
+            end += len(seq.token_ids)
+            if seq.pending:
+                rows.append(end - 1)
+                sources.append(self._previous_rows[seq.request_id])
+        if rows:
+            index = tensor_to_device([rows, sources], torch.int64, self.device)  # [2, n]
+            ids.index_copy_(0, index[0], self._previous_tokens.index_select(0, index[1]))
+
     # -- the step ------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step; returns a sampled token for every sequence with ``sample`` set."""
+        return self.collect(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Queue one step on the device (see the module docstring); ``collect`` returns its result."""
         started = time.perf_counter()
         self.forget(plan.finished_request_ids)
         states = [self._state_for(seq) for seq in plan.sequences]
-        tokens: tuple[SampledToken, ...] = ()
+        samples: LaunchedSamples | None = None
         prompt_logprobs: tuple[PromptLogprobsChunk, ...] = ()
         if plan.sequences:
-            with profiler_ranges.phase("stage", plan.step_id):
-                step = self._step_tensors(plan)
-                ids = torch.tensor([t for s in plan.sequences for t in s.token_ids], dtype=torch.int64)
-                ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
-            with profiler_ranges.phase("forward", plan.step_id):
-                hidden = self.model(ids.to(self.device, non_blocking=True), ctx)  # [T, H]
+            hidden = self._forward(plan)  # [T or bucket, H]
             with profiler_ranges.phase("sample", plan.step_id):
-                tokens = self._sample(plan, states, hidden)
-                prompt_logprobs = self._prompt_logprobs(plan, hidden)
+                samples = self._sample(plan, states, hidden)
+                prompt_logprobs = self._prompt_logprobs(plan, hidden)  # rows in plan order either way
             self.tokens_computed += plan.num_tokens
+        launched = LaunchedStep(plan, started, samples, prompt_logprobs)
+        self._last_launched = launched
+        return launched
+
+    def collect(self, launched: LaunchedStep) -> StepResult:
+        """Wait for a launched step's tokens and return its result."""
+        plan = launched.plan
+        tokens: tuple[SampledToken, ...] = ()
+        if launched.samples is not None:
+            tokens = launched.samples.tokens()
+            for token in tokens:
+                state = self._requests.get(token.request_id)
+                if state is not None and state.awaiting:
+                    state.token_ids.append(token.token_id)
+                    state.awaiting = False
         return StepResult(step_id=plan.step_id, tokens=tokens, num_computed_tokens=plan.num_tokens,
-                          seconds=time.perf_counter() - started, prompt_logprobs=prompt_logprobs)
+                          seconds=time.perf_counter() - launched.started, prompt_logprobs=launched.prompt_logprobs)
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor:
+        """Stage the step's inputs and run the model; hidden states [T, H] (the CUDA runner may return more
+        rows: the sampled rows are always found at the same offsets)."""
+        with profiler_ranges.phase("stage", plan.step_id):
+            step = self._step_tensors(plan)
+            ids = self._input_ids(plan)
+            ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
+        with profiler_ranges.phase("forward", plan.step_id):
+            return self.model(ids, ctx)  # [T, H]
 
     def _prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor) -> tuple[PromptLogprobsChunk, ...]:
         """Log-softmax (fp32, raw logits: no temperature or penalties, as vLLM) at the prompt positions the
@@ -160,35 +223,78 @@ class ModelRunner:
             offset += len(seq.token_ids)
         return tuple(chunks)
 
-    def _sample(self, plan: StepPlan, states: list[_RequestState], hidden: torch.Tensor) -> tuple[SampledToken, ...]:
+    def _sample(self, plan: StepPlan, states: list[_RequestState], hidden: torch.Tensor) -> LaunchedSamples | None:
         rows, ends, total = [], [], 0
         for i, seq in enumerate(plan.sequences):
             total += len(seq.token_ids)
             if seq.sample:
                 rows.append(i)
                 ends.append(total - 1)
+        self._previous_rows = {}
         if not rows:
-            return ()
-        logits = self.model.compute_logits(hidden[torch.tensor(ends, device=hidden.device)])  # [N, V]
+            return None
+        if ends[-1] == len(ends) - 1:  # every row samples its only token (a decode step): no gather
+            last_hidden = hidden[: len(ends)]
+        else:
+            last_hidden = hidden[tensor_to_device(ends, torch.int64, hidden.device)]
+        logits = self.model.compute_logits(last_hidden)  # [N, V]
         seqs = [plan.sequences[i] for i in rows]
         batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device,
                                           [states[i].generator for i in rows], output_lens(seqs))
         history = None
         if batch.use_penalties:
+            if any(states[i].awaiting for i in rows):
+                self._fill_awaiting()
             history = PenaltyHistory.from_lists([states[i].prompt_ids for i in rows],
                                                 [states[i].output_ids for i in rows], self.device)
         out = sample(logits, batch, history)
-        token_ids = out.token_ids.tolist()
-        logprobs = out.logprobs.tolist()
-        top = None
+        self._previous_tokens = out.token_ids
+        self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
+        tensors = [out.token_ids, out.logprobs]
         if out.top_logprobs is not None:
-            top = (out.top_logprobs.token_ids.tolist(), out.top_logprobs.logprobs.tolist())
+            tensors += [out.top_logprobs.token_ids, out.top_logprobs.logprobs]
+        return LaunchedSamples(tuple(seqs), HostCopy(tensors))
+
+    def _fill_awaiting(self) -> None:
+        """Append the previous launched step's tokens to the histories still awaiting them (waits for it)."""
+        previous = self._last_launched
+        if previous is None or previous.samples is None:
+            return
+        for token in previous.samples.tokens():
+            state = self._requests.get(token.request_id)
+            if state is not None and state.awaiting:
+                state.token_ids.append(token.token_id)
+                state.awaiting = False
+
+
+@attrs.frozen(eq=False)
+class LaunchedSamples:
+    """One launched step's sampled rows: their sequences, and the tokens on their way to the host."""
+
+    sequences: tuple[ScheduledSequence, ...]
+    copy: HostCopy  # token ids [N], logprobs [N], then top ids and logprobs [N, k] when asked for
+
+    def tokens(self) -> tuple[SampledToken, ...]:
+        """The sampled tokens (waits for the copy)."""
+        host = self.copy.ready()
+        token_ids, logprobs = host[0].tolist(), host[1].tolist()
+        top = (host[2].tolist(), host[3].tolist()) if len(host) > 2 else None
         result = []
-        for j, seq in enumerate(seqs):
+        for j, seq in enumerate(self.sequences):
             n_top = seq.sampling.logprobs or 0
             pairs = tuple(zip(top[0][j][:n_top], top[1][j][:n_top], strict=True)) if top and n_top else ()
             result.append(SampledToken(seq.request_id, token_ids[j], logprobs[j], pairs))
         return tuple(result)
+
+
+@attrs.frozen(eq=False)
+class LaunchedStep:
+    """A step queued on the device: what ``ModelRunner.collect`` needs to finish it."""
+
+    plan: StepPlan
+    started: float  # perf_counter at launch (the result's ``seconds`` run from here to collection)
+    samples: LaunchedSamples | None
+    prompt_logprobs: tuple[PromptLogprobsChunk, ...]
 
 
 def output_lens(seqs: Sequence[ScheduledSequence]) -> list[int]:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from inference_server.backends.transfer import to_device
 from inference_server.records.sampling_params import SamplingParams
 
 
@@ -88,7 +89,7 @@ class SamplingBatch:
             [p.presence_penalty for p in params],
             [p.frequency_penalty for p in params],
         ]
-        packed = torch.tensor(columns, dtype=torch.float32).to(device, non_blocking=True)  # [8, B]
+        packed = to_device(torch.tensor(columns, dtype=torch.float32), device)  # [8, B]
         temperature, greedy, top_k, top_p, min_p, rep, pres, freq = packed.unbind(0)
         return cls(
             temperature=temperature,

@@ -11,6 +11,7 @@ from inference_server.core.detokenizer import IncrementalDetokenizer
 from inference_server.core.stop_checker import StopChecker
 from inference_server.records.requests import PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import PENDING_TOKEN
 
 
 class RequestStatus(enum.Enum):
@@ -26,6 +27,12 @@ class Request:
     ``num_computed`` counts tokens of ``all_token_ids`` whose KV has a slot (written by an issued step);
     a preempted request goes back to 0 and is recomputed. ``arrival_index`` is the admission order, kept
     across preemption so a preempted request keeps its place.
+
+    Overlap (``docs/architecture.md``): ``num_in_flight`` counts tokens sampled by issued steps whose value
+    the host has not received yet (0 or 1 when a step is planned, 2 between planning a step that feeds the
+    pending token and receiving it). They count in ``num_tokens`` (so a decode can be planned for them), but
+    not in ``all_token_ids``: a plan names such a token ``PENDING_TOKEN`` and the runner takes its value from
+    the previous step's samples on the device. A preempted request forgets its in-flight tokens.
     """
 
     request_id: int
@@ -50,6 +57,7 @@ class Request:
     needs_reset: bool = True  # the next chunk is the first after a (re)start
     prompt_logprobs: list[PromptTokenLogprob] = attrs.Factory(list)  # by position, assembled across chunks
     prompt_logprobs_sent: bool = False
+    num_in_flight: int = 0
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
@@ -57,7 +65,18 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Known tokens plus those sampled by issued steps and not yet received."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_in_flight
+
+    def planned_token_ids(self, start: int, count: int) -> tuple[int, ...]:
+        """Tokens ``start .. start + count - 1`` as a plan names them (``PENDING_TOKEN`` for in-flight ones)."""
+        known = self.all_token_ids[start:start + count]
+        return known + (PENDING_TOKEN,) * (count - len(known))
+
+    @property
+    def num_outputs_planned(self) -> int:
+        """Output tokens received or in flight (what ``max_tokens`` is checked against when planning)."""
+        return len(self.output_ids) + self.num_in_flight
 
     @property
     def max_length(self) -> int:

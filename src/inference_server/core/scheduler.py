@@ -124,7 +124,8 @@ class Scheduler:
     def demand(self) -> StepDemand:
         """What the next step wants from the KV allocator (and the sequences to release first)."""
         whole = self.config.prefill_mode != "chunked"
-        decodes = [Demand(r.request_id, new=False, num_tokens=1) for r in self.running if r.num_uncomputed == 1]
+        decodes = [Demand(r.request_id, new=False, num_tokens=1) for r in self.running
+                   if r.num_uncomputed == 1 and not self._finishes_in_flight(r)]
         prefills = [Demand(r.request_id, new=False, num_tokens=r.num_uncomputed, whole=whole)
                     for r in self.running if r.num_uncomputed > 1]
         # Only as many candidates as there are free sequence slots (building their token tuples costs
@@ -143,6 +144,13 @@ class Scheduler:
         )
         self._releases.clear()
         return demand
+
+    @staticmethod
+    def _finishes_in_flight(request: Request) -> bool:
+        """Whether the token in flight is the request's last by ``max_tokens`` (overlap): then no step is
+        planned for it, so a request that ends by length costs no wasted token. (One that ends on a stop
+        token or string does: the step planned before its last token arrived computes one more.)"""
+        return request.num_in_flight > 0 and request.num_outputs_planned >= request.params.resolved_max_tokens()
 
     def _admissible(self) -> list[Request]:
         """Waiting requests in policy order, cut where the active-KV-token cap would be exceeded.
@@ -187,6 +195,7 @@ class Scheduler:
         self._forget.append(request.request_id)  # the runner drops its per-request state
         request.status = RequestStatus.WAITING
         request.num_computed = 0
+        request.num_in_flight = 0  # its step's sample is dropped on arrival (the request is not running)
         request.needs_reset = True
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -208,12 +217,13 @@ class Scheduler:
         targets: tuple[int, ...] = ()
         if request.needs_prompt_logprobs:  # positions start .. score the prompt tokens after them
             targets = request.prompt_ids[start + 1:min(start + num_tokens + 1, len(request.prompt_ids))]
+        sample = start + num_tokens == request.num_tokens
         sequence = ScheduledSequence(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start:start + num_tokens],
+            token_ids=request.planned_token_ids(start, num_tokens),
             cached_len=start,
             block_tables=block_tables,
-            sample=start + num_tokens == request.num_tokens,
+            sample=sample,
             sampling=request.params,
             reset=request.needs_reset,
             prompt_len=len(request.prompt_ids),
@@ -223,6 +233,7 @@ class Scheduler:
         prompt_part = max(0, min(start + num_tokens, len(request.prompt_ids)) - start)
         self.policy.charge(request, prompt_part, num_tokens - prompt_part)
         request.num_computed += num_tokens
+        request.num_in_flight += sample
         request.needs_reset = False
         return sequence
 
@@ -236,6 +247,7 @@ class Scheduler:
             request = self.requests.get(sampled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted or preempted while the step ran
+            request.num_in_flight -= 1
             prompt_logprobs = self._take_prompt_logprobs(request)
             if request.params.resolved_max_tokens() == 0:  # scoring only: the prompt was the work
                 updates.append(attrs.evolve(self._finish(request, "length"), prompt_logprobs=prompt_logprobs))

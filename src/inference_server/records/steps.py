@@ -6,6 +6,11 @@ import attrs
 
 from inference_server.records.sampling_params import SamplingParams
 
+PENDING_TOKEN = -1
+"""A plan's stand-in for a token the previous step sampled and the host has not received yet (overlap): it is
+only ever the last of a sequence's ``token_ids``, and the runner substitutes the previous step's sample for
+that request (on the device, without a host sync)."""
+
 
 @attrs.frozen
 class ScheduledSequence:
@@ -14,7 +19,8 @@ class ScheduledSequence:
     ``block_tables[g]`` lists the sequence's blocks of KV block group g, covering every position up to
     ``cached_len + len(token_ids)`` that the group's layers can still read. ``sample`` is true when the chunk
     ends at the sequence's newest token, so the step samples its next token. ``reset`` marks the first chunk
-    of a (re)started sequence: the runner forgets any state it had for the request.
+    of a (re)started sequence: the runner forgets any state it had for the request. The last of ``token_ids``
+    may be ``PENDING_TOKEN`` (see ``pending``).
     """
 
     request_id: int
@@ -30,6 +36,11 @@ class ScheduledSequence:
     predicts ``prompt_logprob_targets[i]`` (the token at ``cached_len + i + 1``). Empty: keep no row's logits."""
     prompt_logprobs_top: int = 0
     """How many of the best tokens to return beside each target's own logprob."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether the last token is the one the previous step sampled for this request (``PENDING_TOKEN``)."""
+        return bool(self.token_ids) and self.token_ids[-1] == PENDING_TOKEN
 
 
 @attrs.frozen

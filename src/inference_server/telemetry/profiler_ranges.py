@@ -6,10 +6,10 @@ when no profiler records, so ranges are off unless ``enable(True)`` was called (
 ``TIMELINE_DIR`` is set), and even then are entered only while a profiler records; otherwise ``phase``
 returns one shared null context.
 
-Phases: ``schedule`` (demand, grant, plan: scheduler actor), ``execute`` (the whole step function, in the
+Phases: ``schedule`` (demand, grant, plan: scheduler actor), ``execute`` (launching the step, in the
 executor's worker thread) and inside it ``stage`` (inputs and block tables to the device), ``forward`` and
-``sample`` (the model runners), and ``deliver`` (the step's tokens to the request streams; delivered while
-the next step runs, so it is keyed by the step whose tokens it delivers).
+``sample`` (the model runners), ``collect`` (waiting for the step's tokens and reading them), and
+``deliver`` (the tokens to the request streams; keyed by the step whose tokens it delivers).
 """
 
 from __future__ import annotations
