@@ -95,3 +95,14 @@ async def test_overlap_with_stops_and_callers_leaving_gives_the_same_tokens() ->
     assert any(isinstance(c, Completion) and c.finish_reason == "stop" for c in on)
     assert_kv_clean(on_engine)
     assert_kv_clean(off_engine)
+
+
+async def test_a_seeded_request_gets_the_same_tokens_however_it_was_scheduled() -> None:
+    """Each token's noise is drawn from (seed, output position): preemption (which recomputes a request) and
+    the discarded draw of a token computed past a stop do not shift a seeded request's stream."""
+    seeded = [GenerationRequest(params=SamplingParams(temperature=1.0, seed=11 + i, max_tokens=14),
+                                prompt_ids=tuple(range(5 + 13 * i, 12 + 13 * i))) for i in range(5)]
+    _, roomy = await run(tiny_model_parts(128, overlap=False), seeded, {})
+    tight_engine, tight = await run(tiny_model_parts(9, overlap=True), seeded, {})
+    assert tight_engine.scheduler.num_preemptions > 0
+    assert [c.token_ids for c in tight] == [c.token_ids for c in roomy]  # type: ignore[union-attr]

@@ -159,3 +159,14 @@ def test_a_preempted_request_forgets_its_token_in_flight() -> None:
     sequential.add(stop_request(1, prompt_len=8, max_tokens=20))
     sequential.add(stop_request(2, prompt_len=8, max_tokens=20))
     assert results == run_to_completion(sequential, FakeRunner())
+
+
+@pytest.mark.parametrize("in_flight", [0, 1, 2])
+def test_planned_token_ids_slice_prompt_outputs_and_pending(in_flight: int) -> None:
+    request = stop_request(1, prompt_len=5, max_tokens=20)
+    request.output_ids.extend([100, 101, 102])
+    request.num_in_flight = in_flight
+    padded = request.all_token_ids + (PENDING_TOKEN,) * in_flight
+    for start in range(len(padded)):
+        for count in range(len(padded) - start + 1):
+            assert request.planned_token_ids(start, count) == padded[start:start + count]

@@ -23,7 +23,13 @@ import attrs
 import torch
 
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
-from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, make_generator, sample
+from inference_server.backends.sampler import (
+    PenaltyHistory,
+    SamplingBatch,
+    make_generator,
+    sample,
+    seed_for_position,
+)
 from inference_server.backends.transfer import HostCopy, tensor_to_device
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
@@ -85,7 +91,7 @@ class ModelRunner:
     def _state_for(self, seq: ScheduledSequence) -> _RequestState:
         state = self._requests.get(seq.request_id)
         if state is None or seq.reset:
-            generator = state.generator if state is not None else None  # a recomputed request keeps its stream
+            generator = state.generator if state is not None else None  # re-seeded per token (seed_for_position)
             if generator is None and seq.sampling.seed is not None:
                 generator = make_generator(seq.sampling.seed, self.device)
             state = _RequestState(prompt_len=seq.prompt_len, token_ids=[], generator=generator)
@@ -239,8 +245,12 @@ class ModelRunner:
             last_hidden = hidden[tensor_to_device(ends, torch.int64, hidden.device)]
         logits = self.model.compute_logits(last_hidden)  # [N, V]
         seqs = [plan.sequences[i] for i in rows]
-        batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device,
-                                          [states[i].generator for i in rows], output_lens(seqs))
+        lens = output_lens(seqs)
+        generators = [states[i].generator for i in rows]
+        for generator, seq, index in zip(generators, seqs, lens, strict=True):
+            if generator is not None and seq.sampling.seed is not None:
+                generator.manual_seed(seed_for_position(seq.sampling.seed, index))
+        batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device, generators, lens)
         history = None
         if batch.use_penalties:
             if any(states[i].awaiting for i in rows):

@@ -10,8 +10,9 @@ Per row, in this order (vLLM v1's order):
 3. temperature, then min-p, then top-k and top-p (one descending sort shared by both);
 4. a draw from the remaining distribution by the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)``,
    which is exact sampling from ``probs``. Rows with a ``torch.Generator`` draw their ``q`` from it alone,
-   so a seeded request gets the same tokens whatever else shares its batch; other rows share one draw
-   from the device's default generator.
+   and the runner re-seeds it from (seed, output position) before each draw (``seed_for_position``), so a
+   seeded request gets the same tokens whatever else shares its batch and however it was scheduled; other
+   rows share one draw from the device's default generator.
 
 Returned logprobs are those of the *raw* model distribution (``log_softmax(logits)`` before penalties,
 temperature and truncation), as vLLM returns by default.
@@ -33,8 +34,23 @@ from inference_server.records.sampling_params import SamplingParams
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    """A generator for one seeded request; the caller keeps it for the request's whole life."""
+    """A generator for one seeded request; the caller keeps it for the request's whole life and re-seeds it
+    with ``seed_for_position`` before each draw."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def seed_for_position(seed: int, output_index: int) -> int:
+    """The generator seed of a seeded request's ``output_index``-th token: a splitmix64 mix of both, so each
+    token's noise is a function of (seed, position) alone. A request's tokens then do not depend on how it was
+    scheduled: not on its batch, nor on a preemption that recomputes it, nor on a draw made for a token that
+    overlap computed and discarded."""
+    z = (seed * 0x9E3779B97F4A7C15 + output_index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 @attrs.frozen(eq=False)
