@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.actors.test_engine_actors import assert_kv_clean
+from tests.actors.test_overlap import requests, run
 
 from inference_server.config import Settings
 from inference_server.engine_factory import build_engine_parts
 from inference_server.offline import Completion
 from inference_server.supervisor import EngineParts
-from tests.actors.test_engine_actors import assert_kv_clean
-from tests.actors.test_overlap import requests, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
