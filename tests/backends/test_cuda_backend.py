@@ -221,8 +221,11 @@ def cuda_vs_reference(name: str, dtype: torch.dtype, device: str, steps: int, ca
 
 def test_decode_buckets() -> None:
     assert decode_buckets(1) == (1,)
-    assert decode_buckets(256) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    assert decode_buckets(100) == (1, 2, 4, 8, 16, 32, 64, 100)
+    assert decode_buckets(2) == (1, 2)
+    assert decode_buckets(8) == (1, 2, 4, 8)
+    assert decode_buckets(256) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192,
+                                   208, 224, 240, 256)
+    assert decode_buckets(100) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100)
 
 
 def test_stage_pads_rows() -> None:

@@ -1,8 +1,9 @@
 """Bucketed CUDA graphs of decode steps over static input buffers.
 
 A decode step (every sequence feeds exactly one token) has the same kernel sequence for every batch of the
-same size, so it is captured once per *bucket* (batch sizes 1, 2, 4, ..., up to the largest batch) and
-replayed: one graph launch instead of thousands of kernel launches and their Python overhead.
+same size, so it is captured once per *bucket* (``decode_buckets``: 1, 2, 4, 8, 16, 24, ... up to the
+largest batch) and replayed: one graph launch instead of thousands of kernel launches and their Python
+overhead.
 
 Invariants:
 
@@ -37,11 +38,15 @@ DecodeForward = Callable[[torch.Tensor, StepTensors], torch.Tensor]  # (ids [B],
 
 
 def decode_buckets(max_batch: int) -> tuple[int, ...]:
-    """Batch sizes to capture: powers of two below ``max_batch``, then ``max_batch`` itself (ascending)."""
-    buckets, size = [], 1
+    """Batch sizes to capture (ascending): 1, 2, 4, 8, then every 8 up to 64, then every 16, then
+    ``max_batch`` itself. A batch runs in the smallest bucket that holds it, so the padding rows a step
+    computes for nothing stay under 8 up to 64 sequences and under 16 beyond (100 sequences run as 112, not
+    128); each bucket costs one capture at start-up, and all share one memory pool."""
+    buckets = [size for size in (1, 2, 4) if size < max_batch]
+    size = 8
     while size < max_batch:
         buckets.append(size)
-        size *= 2
+        size += 8 if size < 64 else 16
     buckets.append(max_batch)
     return tuple(buckets)
 
