@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -198,7 +199,8 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 # -------------------------------------------------------------------------------------------- offline
 
 
-def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: bool, device: torch.device) -> None:
+def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: bool, device: torch.device,
+                  overlaps: tuple[bool, ...] = (True,)) -> None:
     from inference_server.config import Settings
     from inference_server.offline import LLM
     from inference_server.records.sampling_params import SamplingParams
@@ -227,22 +229,26 @@ def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: b
     if smoke:  # the tiny presets' vocabulary is smaller than nano-vllm's ids
         prompts = [[t % llm.built.loaded.spec.vocab_size for t in p] for p in prompts]
     params = [SamplingParams(temperature=0.6, max_tokens=o, ignore_eos=True) for o in outputs]
-    graph0, eager0 = getattr(runner, "graph_steps", 0), getattr(runner, "eager_steps", 0)
-    started = time.perf_counter()
-    completions = llm.generate(prompts, params)
-    seconds = time.perf_counter() - started
-    generated = sum(len(c.token_ids) for c in completions)
-    short = sum(1 for c, o in zip(completions, outputs, strict=True) if len(c.token_ids) != o)
-    errors = [c.error for c in completions if c.error][:3]
-    prompt_lens = [len(p) for p in prompts]
-    limit_s, _ = roofline.offline_floor(roofline.MODELS[name], prompt_lens, outputs)
-    emit(out, kind="offline", model=name, requests=num_requests, prompt_tokens=sum(prompt_lens),
-         output_tokens=generated, expected_tokens=sum(outputs), short_requests=short, errors=errors,
-         seconds=round(seconds, 2), tok_s=round(generated / seconds, 1),
-         limit_tok_s=round(sum(outputs) / limit_s, 1),
-         fraction=round(generated / seconds / (sum(outputs) / limit_s), 3),
-         graph_steps=getattr(runner, "graph_steps", 0) - graph0,
-         eager_steps=getattr(runner, "eager_steps", 0) - eager0)
+    built = llm.built
+    for overlap in overlaps:  # OVERLAP on and off on the same loaded model (the engine is rebuilt per generate)
+        llm.built = attrs.evolve(built, parts=attrs.evolve(built.parts, overlap=overlap))
+        graph0, eager0 = getattr(runner, "graph_steps", 0), getattr(runner, "eager_steps", 0)
+        started = time.perf_counter()
+        completions = llm.generate(prompts, params)
+        seconds = time.perf_counter() - started
+        generated = sum(len(c.token_ids) for c in completions)
+        short = sum(1 for c, o in zip(completions, outputs, strict=True) if len(c.token_ids) != o)
+        errors = [c.error for c in completions if c.error][:3]
+        prompt_lens = [len(p) for p in prompts]
+        limit_s, _ = roofline.offline_floor(roofline.MODELS[name], prompt_lens, outputs)
+        emit(out, kind="offline", model=name, overlap=overlap, requests=num_requests, prompt_tokens=sum(prompt_lens),
+             output_tokens=generated, expected_tokens=sum(outputs), short_requests=short, errors=errors,
+             seconds=round(seconds, 2), tok_s=round(generated / seconds, 1),
+             limit_tok_s=round(sum(outputs) / limit_s, 1),
+             fraction=round(generated / seconds / (sum(outputs) / limit_s), 3),
+             graph_steps=getattr(runner, "graph_steps", 0) - graph0,
+             eager_steps=getattr(runner, "eager_steps", 0) - eager0)
+    llm.built = built
     del llm, runner, kv
     free_gpu()
 
@@ -295,7 +301,8 @@ def table(out: Path, hf_logs: list[Path]) -> str:
         elif rec["kind"] == "offline":
             hf = hf_offline.get(model)
             ratio = f"{rec['tok_s'] / hf:,.1f}x (different workload)" if hf else "n/a"
-            rows.append(f"| {model} | offline {rec['requests']} req, {rec['output_tokens']:,} out tok in "
+            overlap = {True: ", overlap on", False: ", overlap off"}.get(rec.get("overlap"), "")
+            rows.append(f"| {model} | offline{overlap} {rec['requests']} req, {rec['output_tokens']:,} out tok in "
                         f"{rec['seconds']:.1f} s | {rec['tok_s']:,.0f} | | {rec['limit_tok_s']:,.0f} | "
                         f"{rec['fraction']:.2f} | {hf if hf else 'n/a'} | {ratio} |")
     builds = [f"- {r['model']}: {r['kind']} {r['seconds']} s, GPU memory {r['gpu_gib']} GiB"
@@ -320,6 +327,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-offline", action="store_true")
+    ap.add_argument("--overlap", default="on", help="offline runs: on, off, or a list such as on,off,on,off")
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: dry run of the script (tiny preset, interpreter)")
@@ -337,7 +345,8 @@ def main() -> None:
     if not a.skip_decode:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device)
     if not a.skip_offline:
-        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device)
+        overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
+        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps)
 
 
 if __name__ == "__main__":
