@@ -199,7 +199,7 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help='MODEL for the server: a preset (dummy weights) or "" '
                         "for the embedded model, or a checkpoint path")
@@ -221,7 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=Path("serving_out"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     started = time.monotonic()
     deadline = started + args.budget_s
     concurrencies = [int(c) for c in args.concurrency.split(",")]
