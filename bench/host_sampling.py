@@ -134,12 +134,12 @@ class ThreadCpu:
         if wall <= 0:
             return {"wall_s": wall, "total_cores": None, "threads": []}
         total = sum(ticks - before.processes.get(key, 0) for key, ticks in after.processes.items())
-        threads = []
+        threads: list[dict[str, Any]] = []
         for (pid, tid, started), (name, ticks) in after.threads.items():
             used = (ticks - before.threads.get((pid, tid, started), (name, 0))[1]) / CLOCK_TICKS / wall
             label = ("" if pid == self.pid else f"child {pid}:") + name + (" [main]" if tid == pid else "")
             threads.append({"tid": tid, "name": label, "cores": round(used, 4)})
-        threads.sort(key=lambda t: -t["cores"])
+        threads.sort(key=lambda t: -float(t["cores"]))
         return {"wall_s": round(wall, 3), "total_cores": round(total / CLOCK_TICKS / wall, 4), "threads": threads}
 
 

@@ -34,8 +34,12 @@ def wait_for_url(process: subprocess.Popen[bytes], timeout: float) -> str | None
     assert process.stdout is not None
     stdout = process.stdout
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line.decode(errors="replace")) for line in stdout],
-                     daemon=True).start()
+
+    def drain() -> None:
+        for line in stdout:
+            lines.put(line.decode(errors="replace"))
+
+    threading.Thread(target=drain, daemon=True).start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
