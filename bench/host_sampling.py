@@ -73,7 +73,8 @@ class GpuSampler:
         return {"samples": len(self.busy), "interval_s": self.interval,
                 "busy_median": statistics.median(self.busy) if self.busy else None,
                 "busy_mean": statistics.fmean(self.busy) if self.busy else None,
-                "power_mean_w": statistics.fmean(self.watts) if self.watts else None}
+                "power_mean_w": statistics.fmean(self.watts) if self.watts else None,
+                "busy_samples": [round(b, 2) for b in self.busy]}
 
 
 def _stat_ticks(stat_text: str) -> tuple[int, int, int]:

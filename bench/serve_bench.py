@@ -8,7 +8,7 @@ sent as streaming ``POST /v1/completions`` (prompt as a list of token ids, ``max
 ``temperature 0``, ``stream_options.include_usage``, vLLM's ``return_token_ids``) or the native ``/generate``.
 Arrivals: all at once (``--request-rate inf``, the default) or Poisson at ``--request-rate`` per second; at most
 ``--concurrency`` in flight (0: no cap). ``--warmup N`` requests run first, at the same concurrency, on other
-prompts, and are not counted.
+prompts (``--warmup-output-len`` tokens out each), and are not counted.
 
     uv run python bench/serve_bench.py --url http://127.0.0.1:8000 --input-len 512 --output-len 512 \\
         --num-prompts 200 --concurrency 100 --warmup 8 --json result.json
@@ -30,7 +30,8 @@ linearly like numpy's default):
   tokens per event. The two agree when the server sends one token per event; they differ when it coalesces.
 * Output tokens: the usage chunk's ``completion_tokens`` (else the counted tokens); total token throughput adds
   the prompt tokens. Duration: from the first request's start to the last request's end (warm-up excluded).
-* GPU: NVML busy fraction (median and mean of 0.1 s samples) and mean power, n/a without ``pynvml``.
+* GPU: NVML busy fraction (median and mean of 0.1 s samples, and the samples themselves in the JSON: idle
+  stretches show there) and mean power, n/a without ``pynvml``.
 * Server CPU: cores used per thread of the server process (and its children), from /proc; the server's pid is
   ``--server-pid`` or the process listening on the URL's port (local servers only).
 * Client CPU: this process's CPU time over the duration; above ~0.8 the client may be what limits the run.
@@ -340,6 +341,7 @@ class BenchConfig:
     concurrency: int = 0
     request_rate: float = math.inf
     warmup: int = 0
+    warmup_output_len: int = 0  # 0: --output-len (short warm-ups still run every prefill and the batch's decode)
     seed: int = 0
     vocab_size: int = 0  # 0: GET /tokenizer_info's model_vocab_size
     server_pid: int = 0  # 0: the process listening on the URL's port; -1: do not sample the server's CPU
@@ -371,8 +373,8 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
     requests = random_requests(config.num_prompts, config.input_len, config.output_len, config.range_ratio,
                                vocab_size, config.seed)
     if config.warmup:
-        warmup = random_requests(config.warmup, config.input_len, config.output_len, config.range_ratio,
-                                 vocab_size, config.seed + 1_000_003)
+        warmup = random_requests(config.warmup, config.input_len, config.warmup_output_len or config.output_len,
+                                 config.range_ratio, vocab_size, config.seed + 1_000_003)
         warm = await run_requests(host, port, config.endpoint, config.model, warmup, config.concurrency,
                                   math.inf, config.seed, config.request_timeout)
         if not any(r.success for r in warm):
@@ -414,6 +416,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
     parser.add_argument("--request-rate", type=float, default=math.inf,
                         help="Poisson arrivals per second (inf: all at once, the default)")
     parser.add_argument("--warmup", type=int, default=0, help="warm-up requests first, not counted")
+    parser.add_argument("--warmup-output-len", type=int, default=0,
+                        help="output tokens of each warm-up request (default: --output-len)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=0,
                         help="token ids are drawn from [0, this) (default: /tokenizer_info's model_vocab_size)")
@@ -426,7 +430,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
     return BenchConfig(url=(args.url or f"http://{args.host}:{args.port}").rstrip("/"), endpoint=args.endpoint,
                        model=args.model, input_len=args.input_len, output_len=args.output_len,
                        range_ratio=args.range_ratio, num_prompts=args.num_prompts, concurrency=args.concurrency,
-                       request_rate=args.request_rate, warmup=args.warmup, seed=args.seed,
+                       request_rate=args.request_rate, warmup=args.warmup,
+                       warmup_output_len=args.warmup_output_len, seed=args.seed,
                        vocab_size=args.vocab_size, server_pid=args.server_pid, gpu_index=args.gpu_index,
                        request_timeout=args.request_timeout), args.json
 

@@ -10,9 +10,10 @@ MODEL), run ``serve_bench`` at each concurrency ``--repeats`` times, and print o
 
 Schedule (printed first): for each server variant (the default environment, then each ``--variant KEY=VALUE``,
 one server start each), for each concurrency ``C`` with ``N`` prompts: ``--warmup`` requests (default: ``C``)
-once, then ``--repeats`` measured runs of ``N`` prompts, each on its own seed (no prefix-cache hits between
-runs). ``--budget-s`` bounds the whole call: when the next run would start after it, the remaining runs are
-skipped (and say so in the table) so that a device call ends with a table rather than a kill.
+once (``--warmup-output-len`` tokens out), then ``--repeats`` measured runs of ``N`` prompts, each on its own
+seed (no prefix-cache hits between runs). ``--budget-s`` bounds the whole call: when the next run would start
+after it, the remaining runs are skipped (and say so in the table) so that a device call ends with a table rather
+than a kill.
 
 Per row: output tok/s median over the repeats and their spread (min-max), and the medians over the repeats of
 each run's TTFT median / p99, ITL median / p99 (per-token ITL, ``serve_bench``'s definition), GPU busy fraction
@@ -75,7 +76,8 @@ def schedule_text(model: str, variants: Sequence[Variant], points: Sequence[Poin
         lines.append(f"  server start: {variant.name}")
         for p in points:
             w = p.concurrency if warmup is None else warmup
-            lines.append(f"    concurrency {p.concurrency}: {w} warm-up, then {repeats} x {p.num_prompts} requests")
+            lines.append(f"    concurrency {p.concurrency}: {w} short warm-up requests, then "
+                         f"{repeats} x {p.num_prompts} requests")
     total = sum(repeats * p.num_prompts for p in points) * len(variants)
     lines.append(f"  {total} measured requests, {total * output_len} output tokens in all")
     return "\n".join(lines)
@@ -185,7 +187,8 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
             config = serve_bench.BenchConfig(
                 url=url, endpoint=args.endpoint, input_len=args.input_len, output_len=args.output_len,
                 range_ratio=args.range_ratio, num_prompts=point.num_prompts, concurrency=point.concurrency,
-                warmup=warmup, seed=1000 * point.concurrency + repeat, vocab_size=vocab_size,
+                warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
+                vocab_size=vocab_size,
                 server_pid=server_pid, request_timeout=args.request_timeout)
             report = trio.run(serve_bench.run_benchmark, config)
             path = out / f"{variant.name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
@@ -207,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-prompts", "--num-prompts-per-concurrency", default="8,64,200")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=None, help="warm-up requests per concurrency (default: C)")
+    parser.add_argument("--warmup-output-len", type=int, default=16, help="output tokens of each warm-up request")
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=512)
     parser.add_argument("--range-ratio", type=float, default=0.0)

@@ -155,7 +155,7 @@ def test_serve_bench_cli_against_the_embedded_model(embedded_server: tuple[int, 
     pid, url = embedded_server
     out = tmp_path / "report.json"
     code = serve_bench.main(["--url", url, "--input-len", "8", "--output-len", "4", "--num-prompts", "4",
-                             "--concurrency", "2", "--warmup", "1", "--json", str(out)])
+                             "--concurrency", "2", "--warmup", "1", "--warmup-output-len", "2", "--json", str(out)])
     report = json.loads(out.read_text())
     assert code == 0
     check_coherent(report, 4, 4)
