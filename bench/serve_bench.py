@@ -284,7 +284,7 @@ def summarize(results: Sequence[RequestResult]) -> dict[str, Any]:
     }
 
 
-def _ms(value: float | None) -> str:
+def fmt_ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
@@ -308,7 +308,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append("{s:{c}^50}".format(s=title, c="-"))
         name = key.upper()
         for stat, label in (("mean_ms", "Mean"), ("median_ms", "Median"), ("p99_ms", "P99")):
-            lines.append(f"{f'{label} {name} (ms):':<40}{_ms(report[key][stat]):<10}")
+            lines.append(f"{f'{label} {name} (ms):':<40}{fmt_ms(report[key][stat]):<10}")
     lines.append("{s:{c}^50}".format(s="Host", c="-"))
     tokens_per_event = report["tokens_per_event"]
     lines.append(f"{'Tokens per event:':<40}{'n/a' if tokens_per_event is None else f'{tokens_per_event:.2f}'}")

@@ -194,10 +194,10 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
             path = out / f"{variant.name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
             path.write_text(json.dumps(report, indent=1, default=str))
             reports.append(report)
+            ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))
             print(f"  {variant.name} c={point.concurrency} run {repeat + 1}/{args.repeats}: "
-                  f"{report['output_throughput']:.0f} tok/s, TTFT median {report['ttft']['median_ms']:.0f} ms, "
-                  f"ITL median {serve_bench._ms(report['itl']['median_ms'])} ms, {report['failed']} failed, "
-                  f"client CPU {report['client_cpu_cores']:.2f}", flush=True)
+                  f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms, "
+                  f"{report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
         rows.append(summarize_point(args.model, variant.name, point, reports, skipped, engine.get(point.concurrency)))
     return rows
 
