@@ -190,7 +190,13 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
                 warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
                 vocab_size=vocab_size,
                 server_pid=server_pid, request_timeout=args.request_timeout)
-            report = trio.run(serve_bench.run_benchmark, config)
+            try:
+                report = trio.run(serve_bench.run_benchmark, config)
+            except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
+                skipped = args.repeats - repeat
+                print(f"  {variant.name} c={point.concurrency} run {repeat + 1}: {error!r}; {skipped} run(s) "
+                      "skipped", flush=True)
+                break
             path = out / f"{variant.name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
             path.write_text(json.dumps(report, indent=1, default=str))
             reports.append(report)
