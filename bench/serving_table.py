@@ -91,6 +91,11 @@ def engine_only(model: str, batches: Sequence[int], out: Path, timeout: float) -
     if not torch.cuda.is_available():
         print("engine-only: skipped, no CUDA device", flush=True)
         return {}
+    import roofline
+
+    if model not in roofline.MODELS:
+        print(f"engine-only: skipped, engine_bench knows only {', '.join(sorted(roofline.MODELS))}", flush=True)
+        return {}
     command = [sys.executable, str(HERE / "engine_bench.py"), "run", "--model", model, "--skip-offline",
                "--batches", ",".join(map(str, batches)), "--out", str(out)]
     out.mkdir(parents=True, exist_ok=True)
