@@ -7,8 +7,13 @@ imports ``inference_server.kernels``; conftest.py is imported first.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# bench/ holds helpers the tests share with the benchmark drivers (server_process.py, serve_bench.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
 def _cuda_available() -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from safetensors.torch import save_file
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
+from server_process import wait_for_url
 
 START_TIMEOUT = 90.0
 SHUTDOWN_TIMEOUT = 120.0
@@ -69,17 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with log_path.open("wb") as log_file:
         process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=root, env=env,
                                    stdout=subprocess.PIPE, stderr=log_file)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line.decode()) for line in process.stdout], daemon=True).start()
-    url = None
-    deadline = time.monotonic() + START_TIMEOUT
-    while url is None and time.monotonic() < deadline and process.poll() is None:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].strip()
+    url = wait_for_url(process, START_TIMEOUT)
     if url is None:
         process.kill()
         pytest.fail(f"the server did not start:\n{log_path.read_text()}")

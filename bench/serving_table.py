@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""The serving table of one model in one device call: start the server (a preset with dummy weights, or any
+MODEL), run ``serve_bench`` at each concurrency ``--repeats`` times, and print one markdown table of the medians.
+
+    python3 bench/serving_table.py --model gemma-4-26b-a4b --concurrency 1,16,100 --num-prompts 8,64,200 \\
+        --repeats 3 --input-len 512 --output-len 512 --env MAX_MODEL_LEN=4096 --variant OVERLAP=0 \\
+        --engine-only --budget-s 540 --out $OUT/serving
+    uv run python bench/serving_table.py --model "" --concurrency 1,2 --num-prompts 2,4 --input-len 8 \\
+        --output-len 4 --repeats 2 --out /tmp/serving            # CPU, the embedded model: checks the script
+
+Schedule (printed first): for each server variant (the default environment, then each ``--variant KEY=VALUE``,
+one server start each), for each concurrency ``C`` with ``N`` prompts: ``--warmup`` requests (default: ``C``)
+once (``--warmup-output-len`` tokens out), then ``--repeats`` measured runs of ``N`` prompts, each on its own
+seed (no prefix-cache hits between runs). ``--budget-s`` bounds the whole call: when the next run would start
+after it, the remaining runs are skipped (and say so in the table) so that a device call ends with a table rather
+than a kill.
+
+Per row: output tok/s median over the repeats and their spread (min-max), and the medians over the repeats of
+each run's TTFT median / p99, ITL median / p99 (per-token ITL, ``serve_bench``'s definition), GPU busy fraction
+(median of NVML samples) and mean power, the server's CPU in cores and its busiest threads (from the run with
+the median throughput). ``--engine-only`` first runs ``engine_bench.py run --skip-offline`` in a child process
+(before the server starts, so they never share the GPU) at the same batch sizes and adds its decode step and
+rate, and HTTP / engine. Every report is kept as JSON under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve_bench
+from host_sampling import top_threads
+from server_process import launched
+
+HERE = Path(__file__).resolve().parent
+
+
+@attrs.frozen
+class Point:
+    concurrency: int
+    num_prompts: int
+
+
+@attrs.frozen
+class Variant:
+    name: str
+    env: dict[str, str]
+
+
+def parse_pairs(items: Sequence[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def schedule_text(model: str, variants: Sequence[Variant], points: Sequence[Point], repeats: int, warmup: int | None,
+                  input_len: int, output_len: int) -> str:
+    lines = [f"schedule for {model or 'the embedded model'}: {input_len} tokens in, {output_len} out"]
+    for variant in variants:
+        lines.append(f"  server start: {variant.name}")
+        for p in points:
+            w = p.concurrency if warmup is None else warmup
+            lines.append(f"    concurrency {p.concurrency}: {w} short warm-up requests, then "
+                         f"{repeats} x {p.num_prompts} requests")
+    total = sum(repeats * p.num_prompts for p in points) * len(variants)
+    lines.append(f"  {total} measured requests, {total * output_len} output tokens in all")
+    return "\n".join(lines)
+
+
+def engine_only(model: str, batches: Sequence[int], out: Path, timeout: float) -> dict[int, dict[str, Any]]:
+    """``engine_bench.py run --skip-offline`` at ``batches`` in a child process; its decode records by batch
+    (none without CUDA: engine_bench times the custom-cuda runner)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("engine-only: skipped, no CUDA device", flush=True)
+        return {}
+    import roofline
+
+    if model not in roofline.MODELS:
+        print(f"engine-only: skipped, engine_bench knows only {', '.join(sorted(roofline.MODELS))}", flush=True)
+        return {}
+    command = [sys.executable, str(HERE / "engine_bench.py"), "run", "--model", model, "--skip-offline",
+               "--batches", ",".join(map(str, batches)), "--out", str(out)]
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "engine_bench.log").open("wb") as log:
+        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    if finished.returncode != 0:
+        print(f"engine_bench failed ({finished.returncode}); see {out / 'engine_bench.log'}", flush=True)
+    records = [json.loads(line) for line in (out / "engine_bench.jsonl").read_text().splitlines()] \
+        if (out / "engine_bench.jsonl").exists() else []
+    return {r["batch"]: r for r in records if r.get("kind") == "decode" and "step_ms" in r}
+
+
+def preset_vocab_size(model: str) -> int:
+    """The vocabulary of a preset (dummy presets have no tokenizer, so /tokenizer_info cannot say); 0 else."""
+    try:
+        from inference_server.models.loading.presets import preset_config
+
+        return int(preset_config(model)["vocab_size"])
+    except Exception:
+        return 0
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize_point(model: str, variant: str, point: Point, reports: Sequence[dict[str, Any]], skipped: int,
+                    engine: dict[str, Any] | None) -> dict[str, Any]:
+    """One table row: medians over the repeats' reports (``None`` where there are none)."""
+    rates = [r["output_throughput"] for r in reports]
+    median_run = sorted(reports, key=lambda r: r["output_throughput"])[len(reports) // 2] if reports else None
+    row: dict[str, Any] = {
+        "model": model or "embedded", "variant": variant, "concurrency": point.concurrency,
+        "num_prompts": point.num_prompts, "runs": len(reports), "skipped_runs": skipped,
+        "failed": sum(r["failed"] for r in reports),
+        "output_tok_s": _median(rates), "output_tok_s_min": min(rates, default=None),
+        "output_tok_s_max": max(rates, default=None),
+        "ttft_median_ms": _median([r["ttft"]["median_ms"] for r in reports]),
+        "ttft_p99_ms": _median([r["ttft"]["p99_ms"] for r in reports]),
+        "itl_median_ms": _median([r["itl"]["median_ms"] for r in reports]),
+        "itl_p99_ms": _median([r["itl"]["p99_ms"] for r in reports]),
+        "tpot_median_ms": _median([r["tpot"]["median_ms"] for r in reports]),
+        "gpu_busy": _median([(r["gpu"] or {}).get("busy_median") for r in reports]),
+        "gpu_power_w": _median([(r["gpu"] or {}).get("power_mean_w") for r in reports]),
+        "server_cores": _median([(r["server_cpu"] or {}).get("total_cores") for r in reports]),
+        "server_threads": top_threads(median_run["server_cpu"]) if median_run else "n/a",
+        "client_cores": max((r["client_cpu_cores"] for r in reports), default=None),
+        "engine_step_ms": engine["step_ms"] if engine else None,
+        "engine_tok_s": engine["tok_s"] if engine else None,
+    }
+    if row["output_tok_s"] is not None and row["engine_tok_s"]:
+        row["http_over_engine"] = row["output_tok_s"] / row["engine_tok_s"]
+    return row
+
+
+def _f(value: float | None, spec: str = ".0f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = ("| model | variant | conc. | runs x prompts | output tok/s (min-max) | TTFT median / p99 ms "
+            "| ITL median / p99 ms | GPU busy | GPU W | server cores | busiest threads (cores) "
+            "| engine-only step ms (tok/s) | HTTP / engine |")
+    lines = [head, "|" + "---|" * head.count(" |")]
+    for r in rows:
+        runs = f"{r['runs']} x {r['num_prompts']}" + (f" ({r['skipped_runs']} skipped)" if r["skipped_runs"] else "")
+        runs += f", {r['failed']} failed" if r["failed"] else ""
+        engine = "n/a" if r["engine_step_ms"] is None else f"{r['engine_step_ms']:.2f} ({r['engine_tok_s']:.0f})"
+        ratio = _f(r.get("http_over_engine"), ".2f")
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {r['concurrency']} | {runs} "
+            f"| {_f(r['output_tok_s'])} ({_f(r['output_tok_s_min'])}-{_f(r['output_tok_s_max'])}) "
+            f"| {_f(r['ttft_median_ms'])} / {_f(r['ttft_p99_ms'])} "
+            f"| {_f(r['itl_median_ms'], '.1f')} / {_f(r['itl_p99_ms'], '.1f')} "
+            f"| {_f(r['gpu_busy'], '.0%')} | {_f(r['gpu_power_w'])} | {_f(r['server_cores'], '.2f')} "
+            f"| {r['server_threads']} | {engine} | {ratio} |")
+    return "\n".join(lines)
+
+
+def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Point], args: argparse.Namespace,
+               vocab_size: int, deadline: float, out: Path,
+               engine: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every concurrency of one running server: warm-up, then the repeats; one summarized row each."""
+    rows = []
+    for point in points:
+        reports, skipped = [], 0
+        for repeat in range(args.repeats):
+            if time.monotonic() >= deadline:
+                skipped = args.repeats - repeat
+                print(f"  budget spent: {skipped} run(s) of concurrency {point.concurrency} skipped", flush=True)
+                break
+            warmup = (point.concurrency if args.warmup is None else args.warmup) if repeat == 0 else 0
+            config = serve_bench.BenchConfig(
+                url=url, endpoint=args.endpoint, input_len=args.input_len, output_len=args.output_len,
+                range_ratio=args.range_ratio, num_prompts=point.num_prompts, concurrency=point.concurrency,
+                warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
+                vocab_size=vocab_size,
+                server_pid=server_pid, request_timeout=args.request_timeout)
+            try:
+                report = trio.run(serve_bench.run_benchmark, config)
+            except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
+                skipped = args.repeats - repeat
+                print(f"  {variant.name} c={point.concurrency} run {repeat + 1}: {error!r}; {skipped} run(s) "
+                      "skipped", flush=True)
+                break
+            path = out / f"{variant.name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
+            path.write_text(json.dumps(report, indent=1, default=str))
+            reports.append(report)
+            ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))
+            print(f"  {variant.name} c={point.concurrency} run {repeat + 1}/{args.repeats}: "
+                  f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms, "
+                  f"{report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
+        rows.append(summarize_point(args.model, variant.name, point, reports, skipped, engine.get(point.concurrency)))
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help='MODEL for the server: a preset (dummy weights) or "" '
+                        "for the embedded model, or a checkpoint path")
+    parser.add_argument("--concurrency", default="1,16,100")
+    parser.add_argument("--num-prompts", "--num-prompts-per-concurrency", default="8,64,200")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up requests per concurrency (default: C)")
+    parser.add_argument("--warmup-output-len", type=int, default=16, help="output tokens of each warm-up request")
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--range-ratio", type=float, default=0.0)
+    parser.add_argument("--endpoint", choices=serve_bench.ENDPOINTS, default="/v1/completions")
+    parser.add_argument("--vocab-size", type=int, default=0, help="default: the preset's, else /tokenizer_info")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every server start")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="KEY=VALUE[,KEY=VALUE]: one more server start with these set (after the default)")
+    parser.add_argument("--no-dummy-weights", action="store_true", help="do not set DUMMY_WEIGHTS=true")
+    parser.add_argument("--engine-only", action="store_true", help="add engine_bench's decode step per batch")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="skip runs that would start after this")
+    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    parser.add_argument("--request-timeout", type=float, default=300.0)
+    parser.add_argument("--out", type=Path, default=Path("serving_out"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.monotonic()
+    deadline = started + args.budget_s
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    counts = [int(n) for n in args.num_prompts.split(",")]
+    if len(counts) != len(concurrencies):
+        raise SystemExit("--num-prompts needs one count per concurrency")
+    points = [Point(c, n) for c, n in zip(concurrencies, counts, strict=True)]
+    variants = [Variant("default", {})] + [Variant(v, parse_pairs(v.split(","))) for v in args.variant]
+    print(schedule_text(args.model, variants, points, args.repeats, args.warmup, args.input_len, args.output_len),
+          flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    engine = engine_only(args.model, concurrencies, args.out / "engine", args.budget_s) \
+        if args.engine_only and args.model else {}
+    base_env = {"MODEL": args.model, "LOG_LEVEL": "warning", **parse_pairs(args.env)}
+    if args.model and not args.no_dummy_weights and not os.path.exists(args.model):
+        base_env["DUMMY_WEIGHTS"] = "true"
+    vocab_size = args.vocab_size or preset_vocab_size(args.model)
+    rows: list[dict[str, Any]] = []
+    for variant in variants:
+        if time.monotonic() >= deadline:
+            print(f"budget spent: server variant {variant.name} skipped", flush=True)
+            continue
+        log = args.out / f"server_{variant.name.replace('=', '_').replace(',', '_')}.log"
+        t0 = time.monotonic()
+        with launched({**base_env, **variant.env}, log, ready_timeout=args.ready_timeout) as (process, url):
+            print(f"server {variant.name} ready in {time.monotonic() - t0:.1f} s at {url}", flush=True)
+            rows += run_points(url, process.pid, variant, points, args, vocab_size, deadline, args.out, engine)
+    table = markdown_table(rows)
+    (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
+    (args.out / "table.md").write_text(table + "\n")
+    print(f"\n{args.input_len} in / {args.output_len} out, {args.endpoint}, median of {args.repeats} runs; "
+          f"wall {time.monotonic() - started:.0f} s\n{table}", flush=True)
+    return 0 if rows and all(r["runs"] and not r["failed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
