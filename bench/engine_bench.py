@@ -232,6 +232,8 @@ def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: b
     built = llm.built
     for overlap in overlaps:  # OVERLAP on and off on the same loaded model (the engine is rebuilt per generate)
         llm.built = attrs.evolve(built, parts=attrs.evolve(built.parts, overlap=overlap))
+        if kv.prefix_cache is not None:  # each run starts cold: no prefix-cache hits on the previous run's prompts
+            kv.prefix_cache.evict_full(kv.full_pool.num_cached)
         graph0, eager0 = getattr(runner, "graph_steps", 0), getattr(runner, "eager_steps", 0)
         started = time.perf_counter()
         completions = llm.generate(prompts, params)
