@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import random
@@ -90,7 +91,7 @@ class Timings:
     finished: list[float] = attrs.Factory(list)
 
 
-def run_engine(clients: int, prompt_len: int, output_len: int, profile: int, seed: int) -> None:
+def run_engine(clients: int, prompt_len: int, output_len: int, profile: int, seed: int, gc_freeze: bool) -> None:
     from inference_server.records.requests import GenerationRequest
     from inference_server.records.sampling_params import SamplingParams
     from inference_server.supervisor import Engine
@@ -145,23 +146,40 @@ def run_engine(clients: int, prompt_len: int, output_len: int, profile: int, see
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             engine = await nursery.start(Engine(parts).run)
-            started = time.perf_counter()
+            if gc_freeze:  # what a server could do once started: start-up objects leave the collected heap
+                gc.freeze()
+            started, cpu_started = time.perf_counter(), time.process_time()
             async with trio.open_nursery() as group:
                 for index in range(clients):
                     group.start_soon(client, engine, index)
-            window["total"] = time.perf_counter() - started
+            window["total"], window["total_cpu"] = time.perf_counter() - started, time.process_time() - cpu_started
             nursery.cancel_scope.cancel()
 
+    collections: list[tuple[int, float]] = []  # (generation, seconds) of every garbage collection
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            collections.append((info["generation"], time.perf_counter() - gc_started[0]))
+
+    gc.callbacks.append(on_gc)
     trio.run(main)
+    gc.callbacks.remove(on_gc)
     begin, end = window["begin"], window["end"]
     in_window = [t for t in steps if begin <= t <= end]
     wave1 = timings[0]
     print(f"{clients} clients x 2 waves, {prompt_len} prompt / {output_len} output tokens, zero-cost step, "
-          f"budget {STEP_TOKENS} tokens/step; whole run {window['total']:.2f} s, {len(steps)} steps")
+          f"budget {STEP_TOKENS} tokens/step; whole run {window['total']:.2f} s ({window['total_cpu']:.2f} s CPU), "
+          f"{len(steps)} steps")
     print(f"wave 1: finishes spread over {1e3 * (max(wave1.finished) - min(wave1.finished)):.1f} ms")
     print(f"wave boundary (first wave-1 finish -> last wave-2 first token): {1e3 * (end - begin):.1f} ms wall, "
           f"{1e3 * (window['cpu1'] - window['cpu0']):.1f} ms CPU, {len(in_window)} steps "
           f"(ideal: {-(-clients * prompt_len // STEP_TOKENS)} prefill steps)")
+    full = [seconds for generation, seconds in collections if generation == 2]
+    print(f"garbage collections in the whole run: {len(collections)} ({1e3 * sum(s for _, s in collections):.1f} ms), "
+          f"of which full: {len(full)} ({1e3 * sum(full):.1f} ms, longest {1e3 * max(full, default=0.0):.1f} ms)")
     ttft = sorted(f - s for f, s in zip(timings[1].first_token, sorted(timings[1].submitted), strict=False))
     if ttft:
         print(f"wave-2 TTFT (host only): median {1e3 * ttft[len(ttft) // 2]:.1f} ms, max {1e3 * ttft[-1]:.1f} ms")
@@ -184,7 +202,7 @@ def timed(label: str, results: list[tuple[str, float]], function: Callable[[], o
     return value
 
 
-def run_phases(clients: int, prompt_len: int, output_len: int, seed: int) -> None:
+def run_phases(clients: int, prompt_len: int, output_len: int, seed: int, profile: int) -> None:
     from inference_server.actors.admission import Admission, Submission
     from inference_server.actors.request_streams import RequestStreams
     from inference_server.actors.telemetry import Telemetry
@@ -214,12 +232,13 @@ def run_phases(clients: int, prompt_len: int, output_len: int, seed: int) -> Non
     runner = ModelRunner.__new__(ModelRunner)
     runner.block_size, runner.num_groups, runner.device = BLOCK_SIZE, 2, __import__("torch").device("cpu")
 
+    prompts = {first_id: [random_prompt(rng, prompt_len) for _ in range(clients)] for first_id in (1, 1 + clients)}
+
     def wave(first_id: int) -> list:  # type: ignore[type-arg]
         requests = []
-        for i in range(clients):
+        for i, prompt in enumerate(prompts[first_id]):
             streams.open(first_id + i)
-            submission = Submission(first_id + i, GenerationRequest(params=params,
-                                                                    prompt_ids=random_prompt(rng, prompt_len)), 0.0)
+            submission = Submission(first_id + i, GenerationRequest(params=params, prompt_ids=prompt), 0.0)
             requests.append(admission.admit(submission))
         return requests
 
@@ -281,7 +300,12 @@ def run_phases(clients: int, prompt_len: int, output_len: int, seed: int) -> Non
     assert plan is not None
     scheduler.on_step_result(StepResult(plan.step_id, tuple(
         SampledToken(s.request_id, 506, -1.0) for s in plan.sequences if s.sample), plan.num_tokens, 0.0))
+    profiler = cProfile.Profile()
+    profiler.enable()
     plans = [plan, *timed("scheduler+allocator: remaining prefill steps", results, prefill_steps)]  # type: ignore[misc]
+    profiler.disable()
+    if profile:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(profile)
     timed(f"staging: _step_tensors x {len(plans)} steps", results,
           lambda: [ModelRunner._step_tensors(runner, p) for p in plans])
     total = sum(seconds for _, seconds in results)
@@ -413,6 +437,7 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=512)
     parser.add_argument("--profile", type=int, default=0, help="print this many cProfile rows of the boundary")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gc-freeze", action="store_true", help="engine mode: gc.freeze() once the engine runs")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profile-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -422,9 +447,9 @@ def main() -> int:
         run_http(args.clients, args.prompt_len, args.output_len, args.seed, args.profile)
         return 0
     if args.mode == "engine":
-        run_engine(args.clients, args.prompt_len, args.output_len, args.profile, args.seed)
+        run_engine(args.clients, args.prompt_len, args.output_len, args.profile, args.seed, args.gc_freeze)
     else:
-        run_phases(args.clients, args.prompt_len, args.output_len, args.seed)
+        run_phases(args.clients, args.prompt_len, args.output_len, args.seed, args.profile)
     return 0
 
 
