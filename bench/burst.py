@@ -32,7 +32,6 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 import trio
@@ -336,7 +335,8 @@ def serve(clients: int, prompt_len: int, output_len: int, profile_path: str) -> 
     return run_server(fake_parts(clients, prompt_len + output_len + 16), settings)
 
 
-async def stream_completion(stream: trio.SocketStream, host: str, body: bytes) -> tuple[float, float]:
+async def stream_completion(stream: trio.SocketStream, host: str, body: bytes,
+                            on_first: Callable[[], None]) -> tuple[float, float]:
     """POST one streaming ``/v1/completions`` on a keep-alive connection; (first-token time, end time)."""
     request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
@@ -348,13 +348,13 @@ async def stream_completion(stream: trio.SocketStream, host: str, body: bytes) -
             raise ConnectionError("server closed the connection")
         if not first and b'"text"' in data:
             first = time.perf_counter()
+            on_first()
         buffer = data[-8:] if len(data) >= 8 else buffer + data
     return first, time.perf_counter()
 
 
 def run_http(clients: int, prompt_len: int, output_len: int, seed: int, profile: int) -> None:
     import json
-    import os
     import signal
     import subprocess
     import tempfile
@@ -377,26 +377,25 @@ def run_http(clients: int, prompt_len: int, output_len: int, seed: int, profile:
     timings = [Timings(), Timings()]
     window: dict[str, float] = {}
 
-    def cpu() -> float:
-        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    first_tokens = [0]
+
+    def first_token_seen() -> None:
+        first_tokens[0] += 1
+        if first_tokens[0] == 2 * clients and profile:
+            process.send_signal(signal.SIGUSR2)  # the last wave-2 first token: the boundary's profile ends
 
     async def client(index: int) -> None:
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             for wave in range(2):
                 timings[wave].submitted.append(time.perf_counter())
-                first, end = await stream_completion(stream, host, bodies[wave][index])
+                first, end = await stream_completion(stream, host, bodies[wave][index], first_token_seen)
                 timings[wave].first_token.append(first)
                 timings[wave].finished.append(end)
                 if wave == 0 and "begin" not in window:
-                    window["begin"], window["cpu0"] = time.perf_counter(), cpu()
+                    window["begin"] = time.perf_counter()
                     if profile:
                         process.send_signal(signal.SIGUSR1)
-                if wave == 1 and len(timings[1].first_token) == 1:
-                    pass
-            if len(timings[1].finished) == 1:
-                window["end"] = time.perf_counter()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -408,9 +407,7 @@ def run_http(clients: int, prompt_len: int, output_len: int, seed: int, profile:
         trio.run(main)
         total = time.perf_counter() - started
     finally:
-        if profile:
-            process.send_signal(signal.SIGUSR2)
-            time.sleep(2)
+        time.sleep(1 if profile else 0)  # the server writes its profile
         process.terminate()
         process.wait(30)
     begin = window["begin"]
