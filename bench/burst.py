@@ -88,6 +88,7 @@ class Timings:
     submitted: list[float] = attrs.Factory(list)
     first_token: list[float] = attrs.Factory(list)
     finished: list[float] = attrs.Factory(list)
+    ttft: list[float] = attrs.Factory(list)  # per request: first token - submitted
 
 
 def run_engine(clients: int, prompt_len: int, output_len: int, profile: int, seed: int, gc_freeze: bool) -> None:
@@ -128,13 +129,15 @@ def run_engine(clients: int, prompt_len: int, output_len: int, profile: int, see
     async def client(engine: Engine, index: int) -> None:
         for wave in range(2):
             handle = engine.submit(waves[wave][index])
-            timings[wave].submitted.append(time.perf_counter())
+            submitted = time.perf_counter()
+            timings[wave].submitted.append(submitted)
             async with handle:
                 await handle.admission()
                 first = True
                 async for _update in handle:
                     if first:
                         timings[wave].first_token.append(time.perf_counter())
+                        timings[wave].ttft.append(timings[wave].first_token[-1] - submitted)
                         first = False
                         if wave == 1 and len(timings[1].first_token) == clients:
                             boundary_ends()
@@ -179,7 +182,7 @@ def run_engine(clients: int, prompt_len: int, output_len: int, profile: int, see
     full = [seconds for generation, seconds in collections if generation == 2]
     print(f"garbage collections in the whole run: {len(collections)} ({1e3 * sum(s for _, s in collections):.1f} ms), "
           f"of which full: {len(full)} ({1e3 * sum(full):.1f} ms, longest {1e3 * max(full, default=0.0):.1f} ms)")
-    ttft = sorted(f - s for f, s in zip(timings[1].first_token, sorted(timings[1].submitted), strict=False))
+    ttft = sorted(timings[1].ttft)
     if ttft:
         print(f"wave-2 TTFT (host only): median {1e3 * ttft[len(ttft) // 2]:.1f} ms, max {1e3 * ttft[-1]:.1f} ms")
     if profile:
@@ -393,9 +396,11 @@ def run_http(clients: int, prompt_len: int, output_len: int, seed: int, profile:
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             for wave in range(2):
-                timings[wave].submitted.append(time.perf_counter())
+                submitted = time.perf_counter()
+                timings[wave].submitted.append(submitted)
                 first, end = await stream_completion(stream, host, bodies[wave][index], first_token_seen)
                 timings[wave].first_token.append(first)
+                timings[wave].ttft.append(first - submitted)
                 timings[wave].finished.append(end)
                 if wave == 0 and "begin" not in window:
                     window["begin"] = time.perf_counter()
@@ -421,7 +426,7 @@ def run_http(clients: int, prompt_len: int, output_len: int, seed: int, profile:
           f"whole run {total:.2f} s")
     print(f"wave 1: finishes spread over {1e3 * (max(timings[0].finished) - min(timings[0].finished)):.1f} ms")
     print(f"wave boundary (first wave-1 finish -> last wave-2 first token): {1e3 * (last_first - begin):.1f} ms")
-    ttft = sorted(f - s for f, s in zip(timings[1].first_token, timings[1].submitted, strict=True))
+    ttft = sorted(timings[1].ttft)
     print(f"wave-2 TTFT: median {1e3 * ttft[len(ttft) // 2]:.1f} ms, max {1e3 * ttft[-1]:.1f} ms")
     if profile:
         out = io.StringIO()
