@@ -26,6 +26,7 @@ stops the same way and exits with status 1.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -110,6 +111,7 @@ async def _serve_engine(engine: Engine, observability: Observability, settings: 
                         shutdown: Shutdown, signals: AsyncIterator[int], nursery: trio.Nursery) -> None:
     await nursery.start(supervise_engine, engine, shutdown.request)
     app = create_app(engine, settings, coalesce=coalesce, observability=observability)
+    _freeze_startup_heap()
     nursery.start_soon(_watch_signals, signals, shutdown)
     nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown)
     binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
@@ -119,6 +121,15 @@ async def _serve_engine(engine: Engine, observability: Observability, settings: 
     for bind in binds:
         print(f"inference-server listening on {bind}", flush=True)
         log.info("serving %s on %s", engine.info.model_name, bind)
+
+
+def _freeze_startup_heap() -> None:
+    """Move everything start-up built (the model's modules and parameters, tokenizer, app) out of the garbage
+    collector's view: a full collection then scans only what serving allocates, instead of pausing every
+    thread (the executor's too, through the GIL) to traverse the whole model each time a burst of requests
+    allocates enough to trigger one (``bench/burst.py --gc-freeze``; vLLM does the same after start-up)."""
+    gc.collect()
+    gc.freeze()
 
 
 async def supervise_engine(engine: Engine, on_failure: Callable[[int], None], *,

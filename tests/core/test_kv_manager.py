@@ -300,3 +300,16 @@ def test_a_request_admission_accepts_runs_alone_in_the_sliding_pool(prompt: int,
         kv.append_slots("r", chunk)
         done += chunk
     kv.check_integrity()
+
+
+def test_block_tables_are_reused_until_they_change() -> None:
+    """The tables a step reads are built once per change, not once per step (and never stale)."""
+    manager = KVManager(block_size=4, num_full_blocks=8, num_sliding_blocks=8, sliding_window=4)
+    manager.start_sequence("s", [1, 2, 3, 4, 5, 6])
+    manager.append_slots("s", 6)
+    first = manager.block_tables("s")
+    manager.append_slots("s", 1)  # position 6: no new block, nothing released (window 4: blocks 0.. live)
+    assert manager.block_tables("s") is first
+    manager.append_slots("s", 2)  # positions 7, 8: one new block in each group, sliding block 0 released
+    assert manager.block_tables("s") == BlockTables(full=(0, 1, 2), sliding=(UNUSED_BLOCK, 1, 2))
+    manager.check_integrity()

@@ -147,3 +147,13 @@ async def test_seeded_fuzz_never_500_never_html(serve) -> None:
             else:
                 assert response.headers["Content-Type"].startswith("text/event-stream")
         assert served.kv_is_idle()
+
+
+def test_a_surrogate_after_a_long_run_of_token_ids_is_named_by_its_index() -> None:
+    """Lists of numbers are skipped without a Python step per item; a string among them is still found."""
+    ids: list[Any] = list(range(512))
+    assert load_json(json.dumps({"prompt": ids}).encode()) == {"prompt": ids}
+    raw = json.dumps({"prompt": [*ids, 1.5, None, True, ["ok", {"k": "x\ud800"}]]}).encode()
+    with pytest.raises(ApiError) as raised:
+        load_json(raw)
+    assert raised.value.code == "invalid_unicode" and raised.value.param == "prompt[515][1].k"

@@ -71,6 +71,7 @@ class _Sequence:
     sliding_blocks: list[int | None]  # same length as full_blocks when there is a sliding group
     num_released_sliding: int  # sliding_blocks[:num_released_sliding] are None
     num_inserted_blocks: int  # full_blocks[:num_inserted_blocks] are in the prefix cache
+    tables: BlockTables | None = None  # block_tables' answer, kept until the tables change (None: stale)
 
 
 class KVManager:
@@ -125,9 +126,13 @@ class KVManager:
         return self._get(seq_id).num_cached_tokens
 
     def block_tables(self, seq_id: SequenceId) -> BlockTables:
+        """The sequence's tables; built once and reused until a block is added, released or replaced (a
+        decode step adds a block once every ``block_size`` tokens, so most steps copy nothing)."""
         seq = self._get(seq_id)
-        sliding = tuple(UNUSED_BLOCK if b is None else b for b in seq.sliding_blocks)
-        return BlockTables(full=tuple(seq.full_blocks), sliding=sliding)
+        if seq.tables is None:
+            sliding = tuple(UNUSED_BLOCK if b is None else b for b in seq.sliding_blocks)
+            seq.tables = BlockTables(full=tuple(seq.full_blocks), sliding=sliding)
+        return seq.tables
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -164,6 +169,8 @@ class KVManager:
         releases first)."""
         seq = self._get(seq_id)
         num_new_blocks = self._num_new_blocks(seq, num_new_tokens)
+        if num_new_blocks == 0:
+            return True  # nothing to allocate (most decode steps)
         if not self.full_pool.can_allocate(num_new_blocks):
             return False
         if self.sliding_pool is None:
@@ -187,9 +194,11 @@ class KVManager:
         self._cache_written_prompt(seq)
         self._release_out_of_window(seq)
         num_new_blocks = self._num_new_blocks(seq, num_new_tokens)
-        seq.full_blocks.extend(self.full_pool.allocate(num_new_blocks))
-        if self.sliding_pool is not None:
-            seq.sliding_blocks.extend(self.sliding_pool.allocate(num_new_blocks))
+        if num_new_blocks:
+            seq.tables = None
+            seq.full_blocks.extend(self.full_pool.allocate(num_new_blocks))
+            if self.sliding_pool is not None:
+                seq.sliding_blocks.extend(self.sliding_pool.allocate(num_new_blocks))
         seq.num_tokens += num_new_tokens
 
     def release_sequence(self, seq_id: SequenceId, computed_tokens: Sequence[int] | None = None) -> None:
@@ -237,6 +246,7 @@ class KVManager:
             sliding_block = seq.sliding_blocks[index]
             assert sliding_block is not None
             seq.sliding_blocks[index] = None
+            seq.tables = None
             self.sliding_pool.free(sliding_block)
         seq.num_released_sliding = max(seq.num_released_sliding, first_live)
 
@@ -252,8 +262,10 @@ class KVManager:
         num_blocks = len(tokens) // self.block_size
         own = PrefixBlocks(tuple(seq.full_blocks[:num_blocks]), tuple(seq.sliding_blocks[:num_blocks]))
         canonical = self.prefix_cache.insert(tokens, own, seq.extra_key)
-        seq.full_blocks[:num_blocks] = canonical.full_blocks
-        seq.sliding_blocks[:num_blocks] = canonical.sliding_blocks
+        if canonical != own:
+            seq.tables = None
+            seq.full_blocks[:num_blocks] = canonical.full_blocks
+            seq.sliding_blocks[:num_blocks] = canonical.sliding_blocks
         seq.num_inserted_blocks = max(seq.num_inserted_blocks, num_blocks)
 
     def _check_computed_tokens(self, seq: _Sequence, computed_tokens: Sequence[int]) -> None:
@@ -288,6 +300,9 @@ class KVManager:
     def _check_sequence(self, seq_id: SequenceId, seq: _Sequence) -> None:
         num_blocks = len(seq.full_blocks)
         require(num_blocks == -(-seq.num_tokens // self.block_size), f"{seq_id!r}: table length wrong")
+        if seq.tables is not None:
+            sliding = tuple(UNUSED_BLOCK if b is None else b for b in seq.sliding_blocks)
+            require(seq.tables == BlockTables(tuple(seq.full_blocks), sliding), f"{seq_id!r}: stale block tables")
         require(len(set(seq.full_blocks)) == num_blocks, f"{seq_id!r}: duplicate full block")
         require(0 <= seq.num_cached_tokens <= seq.num_tokens, f"{seq_id!r}: cached tokens out of range")
         require(seq.num_inserted_blocks <= num_blocks, f"{seq_id!r}: inserted more blocks than it has")

@@ -63,6 +63,16 @@ class Request:
     def all_token_ids(self) -> tuple[int, ...]:
         return self.prompt_ids + tuple(self.output_ids)
 
+    def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
+        """``all_token_ids[start:stop]`` (0 <= start <= stop) without building the whole sequence: a decode
+        step's one token costs O(1), not a copy of prompt plus output."""
+        prompt_len = len(self.prompt_ids)
+        if start >= prompt_len:
+            return tuple(self.output_ids[start - prompt_len:stop - prompt_len])
+        if stop <= prompt_len:
+            return self.prompt_ids[start:stop]
+        return self.prompt_ids[start:] + tuple(self.output_ids[:stop - prompt_len])
+
     @property
     def num_tokens(self) -> int:
         """Known tokens plus those sampled by issued steps and not yet received."""

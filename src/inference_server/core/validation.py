@@ -96,6 +96,14 @@ def truncate(prompt_ids: tuple[int, ...], keep: int | None, max_model_len: int) 
     return prompt_ids[-keep:] if len(prompt_ids) > keep else prompt_ids
 
 
+def _first_out_of_vocabulary(prompt_ids: tuple[int, ...], vocab_size: int) -> object | None:
+    """The first id that is not an int in ``[0, vocab_size)``, or None. A burst of long prompts is checked
+    in C (types, min, max) rather than one Python test per id; the scan runs only to name a bad id."""
+    if set(map(type, prompt_ids)) <= {int} and min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size:
+        return None
+    return next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+
+
 def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, max_model_len: int,
             vocab_size: int, kv: KVLimits | None = None,
             default_max_tokens: int | None = None) -> tuple[tuple[int, ...], SamplingParams]:
@@ -108,7 +116,7 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     prompt_ids = truncate(tokenize(request, tokenizer), request.truncate_prompt_tokens, max_model_len)
     if not prompt_ids:
         raise RequestError("invalid_request", "the prompt is empty", "prompt")
-    bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    bad = _first_out_of_vocabulary(prompt_ids, vocab_size)
     if bad is not None:
         raise RequestError("invalid_request", f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
                            "prompt")

@@ -212,6 +212,13 @@ def _is_int(value: Any) -> bool:
     return type(value) is int and INT_RANGE[0] <= value < INT_RANGE[1]
 
 
+def _all_ints(values: list[Any]) -> bool:
+    """``all(_is_int(v) for v in values)``, in C (types, min, max): a prompt of token ids is checked without
+    a Python step per id."""
+    return not values or (set(map(type, values)) <= {int} and INT_RANGE[0] <= min(values)
+                          and max(values) < INT_RANGE[1])
+
+
 def _structure_float(value: Any, _: Any) -> float:
     if not (type(value) is float or _is_int(value)) or not math.isfinite(value):
         raise TypeError(f"expected a number, got {_describe(value)}")
@@ -222,9 +229,9 @@ def _structure_prompt(value: Any, _: Any) -> PromptInput:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and value:
-        if all(isinstance(x, str) for x in value) or all(_is_int(x) for x in value):
+        if all(isinstance(x, str) for x in value) or _all_ints(value):
             return value
-        if all(isinstance(x, list) and all(_is_int(t) for t in x) for x in value):
+        if all(isinstance(x, list) and _all_ints(x) for x in value):
             return value
     raise TypeError("expected a string, a non-empty list of strings, a list of token ids or a list of token-id "
                     f"lists, got {_describe(value)}")
@@ -353,6 +360,10 @@ def _escaped(text: str) -> str:
     return json.dumps(text)[1:-1]
 
 
+_SCALAR_TYPES = frozenset({int, float, bool, type(None)})
+"""What ``json`` decodes besides strings, dicts and lists."""
+
+
 def check_unicode(value: Any) -> None:
     """Raise ``ApiError`` 400 ``invalid_unicode`` naming the first string (value or key, in document order)
     of decoded JSON that holds an unpaired surrogate. Iterative: any nesting ``json`` accepted is fine."""
@@ -374,8 +385,10 @@ def check_unicode(value: Any) -> None:
                                           "unpaired surrogate", key_path, code="invalid_unicode")
                 children.append((key_path, child))
             stack.extend(reversed(children))
-        elif isinstance(item, list):
-            stack.extend(reversed([(f"{path}[{index}]", child) for index, child in enumerate(item)]))
+        elif isinstance(item, list) and not _SCALAR_TYPES.issuperset(map(type, item)):
+            # Only strings and containers can hold a surrogate: a long list of token ids is skipped in C.
+            stack.extend(reversed([(f"{path}[{index}]", child) for index, child in enumerate(item)
+                                   if isinstance(child, (str, dict, list))]))
 
 
 def _first_leaf(error: BaseException, path: str) -> tuple[str, BaseException]:
