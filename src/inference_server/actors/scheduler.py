@@ -211,7 +211,7 @@ class SchedulerActor:
     def _overload(self, request: Request) -> Rejected | None:
         """``overloaded`` when the queue holds too many prompt tokens, or the KV cache cannot take this
         prompt before its admission deadline (see ``core/kv_backlog.py``)."""
-        queued = sum(len(r.prompt_ids) for r in self.core.waiting)
+        queued = self.core.waiting_prompt_tokens
         if queued + len(request.prompt_ids) > self.max_queued_tokens:
             return Rejected("overloaded", f"the server has {queued} prompt tokens queued; retry later",
                             retry_after=1.0)

@@ -32,7 +32,7 @@ from inference_server.backends.sampler import (
     sample,
     seed_for_position,
 )
-from inference_server.backends.transfer import HostCopy, tensor_to_device
+from inference_server.backends.transfer import HostCopy, tensor_to_device, to_device
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
 from inference_server.records.steps import (
@@ -117,21 +117,23 @@ class ModelRunner:
         Python operations per sequence, not a Python loop over every token of every group."""
         layout = step_layout(plan.sequences, self.num_groups, self.block_size)
 
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(self.device, non_blocking=True)
+        def device_copy(array: np.ndarray) -> torch.Tensor:
+            return to_device(torch.from_numpy(array), self.device)
 
         return StepTensors(
-            positions=to_device(layout.positions),
-            cu_seqlens_q=to_device(layout.cu_seqlens_q),
-            context_lens=to_device(layout.context_lens),
-            block_tables={g: to_device(t) for g, t in enumerate(layout.block_tables)},
-            slot_mappings={g: to_device(s) for g, s in enumerate(layout.slot_mappings)},
+            positions=device_copy(layout.positions),
+            cu_seqlens_q=device_copy(layout.cu_seqlens_q),
+            context_lens=device_copy(layout.context_lens),
+            block_tables={g: device_copy(t) for g, t in enumerate(layout.block_tables)},
+            slot_mappings={g: device_copy(s) for g, s in enumerate(layout.slot_mappings)},
             is_decode_only=all(len(seq.token_ids) == 1 for seq in plan.sequences),
         )
 
     def _input_ids(self, plan: StepPlan) -> torch.Tensor:
         """The step's token ids [T] on the device, pending tokens substituted."""
-        ids = tensor_to_device([t for s in plan.sequences for t in s.token_ids], torch.int64, self.device)
+        flat = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in plan.sequences), np.int64,
+                           plan.num_tokens)
+        ids = to_device(torch.from_numpy(flat), self.device)
         self._resolve_pending(ids, plan)
         return ids
 

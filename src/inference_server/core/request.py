@@ -80,16 +80,7 @@ class Request:
 
     def planned_token_ids(self, start: int, count: int) -> tuple[int, ...]:
         """Tokens ``start .. start + count - 1`` as a plan names them (``PENDING_TOKEN`` for in-flight ones)."""
-        # Sliced from the prompt and the outputs directly: building ``all_token_ids`` would copy the whole
-        # sequence for every decode of every step.
-        prompt_len = len(self.prompt_ids)
-        end = start + count
-        if start >= prompt_len:
-            known = tuple(self.output_ids[start - prompt_len:end - prompt_len])
-        elif end <= prompt_len:
-            known = self.prompt_ids[start:end]
-        else:
-            known = self.prompt_ids[start:] + tuple(self.output_ids[:end - prompt_len])
+        known = self.token_slice(start, start + count)
         return known + (PENDING_TOKEN,) * (count - len(known))
 
     @property

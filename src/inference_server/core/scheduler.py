@@ -60,6 +60,7 @@ class Scheduler:
         self._step_id = 0
         self.num_preemptions = 0
         self.last_finished: dict[int, Request] = {}  # requests ended since the last demand (for reporting)
+        self.waiting_prompt_tokens = 0  # prompt tokens of the waiting requests (the overload check reads it)
 
     # -- queries -------------------------------------------------------------------------------------
     @property
@@ -86,6 +87,7 @@ class Scheduler:
         self.policy.on_arrival(request, self.active_sessions())
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.waiting_prompt_tokens += len(request.prompt_ids)
 
     def abort(self, request_id: int, reason: FinishReason = "abort", error: str | None = None) -> RequestUpdate | None:
         """End a request now (client gone, deadline, shutdown); None when it already ended."""
@@ -111,6 +113,7 @@ class Scheduler:
             self._forget.append(request.request_id)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
+            self.waiting_prompt_tokens -= len(request.prompt_ids)
         request.status = RequestStatus.FINISHED
         del self.requests[request.request_id]
         self.last_finished[request.request_id] = request
@@ -200,9 +203,11 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.append(request)
+        self.waiting_prompt_tokens += len(request.prompt_ids)
 
     def _started(self, request: Request, cached: int) -> None:
         self.waiting.remove(request)
+        self.waiting_prompt_tokens -= len(request.prompt_ids)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         request.num_computed = cached
@@ -296,6 +301,7 @@ class Scheduler:
         for r in self.waiting:
             assert r.status is RequestStatus.WAITING and self.requests[r.request_id] is r
         assert len(self.running) + len(self.waiting) == len(self.requests)
+        assert self.waiting_prompt_tokens == sum(len(r.prompt_ids) for r in self.waiting)
         if kv is not None:
             kv.check_integrity()
             pending = {rid for rid, _ in self._releases}
