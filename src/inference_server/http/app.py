@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from importlib.metadata import version
 
 import attrs
 from quart import Response, g, request
@@ -110,7 +109,7 @@ def _routes(state: AppState) -> list[Route]:
         return json_response(document)
 
     routes.insert(-1, Route("GET", "/openapi.json", openapi_json, "OpenAPI 3.1 schema of these routes"))
-    document = openapi_document(routes, title="inference_server", version=version("inference_server"))
+    document = openapi_document(routes, title="inference_server", version=utility.package_version())
     service.route_lines = [r.line() for r in routes]
     return routes
 
