@@ -50,7 +50,7 @@ from inference_server.http.responses_api import ResponsesRoutes
 from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
-from inference_server.http.utility import UtilityRoutes
+from inference_server.http.utility import UtilityRoutes, package_version
 from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
@@ -109,7 +109,7 @@ def _routes(state: AppState) -> list[Route]:
         return json_response(document)
 
     routes.insert(-1, Route("GET", "/openapi.json", openapi_json, "OpenAPI 3.1 schema of these routes"))
-    document = openapi_document(routes, title="inference_server", version=utility.package_version())
+    document = openapi_document(routes, title="inference_server", version=package_version())
     service.route_lines = [r.line() for r in routes]
     return routes
 
