@@ -35,7 +35,7 @@ import attrs
 import pytest
 import torch
 
-from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions, eager_warmup_sizes
 from inference_server.backends.cuda_graphs import DecodeGraphs, decode_buckets
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
@@ -450,3 +450,23 @@ def test_compile_option_matches_uncompiled() -> None:
     report("compile qwen3-30b-a3b-tiny fp32", **comparison.stats())
     assert comparison.agree == comparison.total
     assert max(comparison.errors) <= 1e-3
+
+
+def test_eager_warmup_sizes_halve_from_the_budget() -> None:
+    assert eager_warmup_sizes(2048) == (2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
+    assert eager_warmup_sizes(300) == (300, 150, 75, 37, 18, 9, 4, 2, 1)
+    assert eager_warmup_sizes(1) == (1,)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU; the gpu tests build "
+                    "runners with warm-up through the factory")
+def test_eager_warmup_runs_each_size_and_leaves_no_trace() -> None:
+    """The start-up steps run through the real eager path (Triton interpreter) and leave no request state
+    and no counted steps behind."""
+    torch.set_num_threads(1)
+    spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
+    storage = storage_for(spec, 2, 4, torch.float32, "cpu")
+    options = CudaRunnerOptions(max_model_len=16, max_batch_size=2, eager_warmup_tokens=(9, 2, 1), capture=False,
+                                cuda_graphs=False)
+    runner = CudaModelRunner(model, spec, storage, torch.device("cpu"), options)
+    assert runner.eager_steps == 0 and runner.tokens_computed == 0 and not runner._requests

@@ -49,7 +49,9 @@ from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
-from inference_server.records.steps import StepPlan
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
+from inference_server.startup import phase
 from inference_server.telemetry import profiler_ranges
 
 _TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
@@ -86,6 +88,9 @@ class CudaRunnerOptions:
 
     max_model_len: int
     max_batch_size: int = 256
+    eager_warmup_tokens: tuple[int, ...] = ()
+    """Token counts of the eager steps run once at start-up (``eager_warmup_sizes``), so Triton compiles the
+    kernel variants of prefill-carrying steps then rather than mid-serving."""
     cuda_graphs: bool = True
     capture: bool = True
     compile: bool = False
@@ -125,6 +130,30 @@ class CudaModelRunner(ModelRunner):
             started = time.perf_counter()
             self.graphs.capture()
             self.capture_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        self.warm_up_eager(options.eager_warmup_tokens)
+        self.eager_warmup_seconds = time.perf_counter() - started
+
+    def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
+        """Run one eager step of each size in ``token_counts`` (one greedy sequence, prefilled from 0).
+
+        Triton compiles a kernel the first time it meets a new variant (block sizes chosen from the step's
+        token count, e.g. the fused MoE's BLOCK_M); a variant first met while serving stalls the device for
+        seconds (seen on the H200: 1.5-3.6 s steps at a wave of new prompts). Run at start-up only: the
+        steps write their KV through block 0 of each group, which no sequence holds yet."""
+        if not token_counts:
+            return
+        greedy = SamplingParams(temperature=0.0, max_tokens=1)
+        with phase("compiling eager step kernels", total=len(token_counts), unit="step sizes") as progress:
+            for count in progress.wrap(token_counts):
+                tables = tuple((0,) * -(-count // self.block_size) for _ in range(self.num_groups))
+                sequence = ScheduledSequence(request_id=-1, token_ids=(0,) * count, cached_len=0,
+                                             block_tables=tables, sample=True, sampling=greedy, reset=True,
+                                             prompt_len=count)
+                self.collect(self.launch(StepPlan(step_id=-1, sequences=(sequence,))))
+                self.forget((-1,))
+        self.eager_steps = 0
+        self.tokens_computed = 0
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope)
@@ -158,12 +187,25 @@ class CudaModelRunner(ModelRunner):
         return hidden
 
 
+def eager_warmup_sizes(step_token_budget: int) -> tuple[int, ...]:
+    """Step sizes to compile at start-up: the budget, then halving down to 1 (each MoE BLOCK_M class and
+    alignment chunking a prefill-carrying step can meet lies on this ladder), largest first."""
+    sizes, size = [], max(1, step_token_budget)
+    while size >= 1:
+        sizes.append(size)
+        size //= 2
+    return tuple(sizes)
+
+
 def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,
-                      max_model_len: int) -> CudaModelRunner:
+                      max_model_len: int, step_token_budget: int = 0) -> CudaModelRunner:
     """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``),
     ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's
     ``max_model_len`` (``factory.engine_limits``: already capped by the full-attention pool)."""
+    warmup = eager_warmup_sizes(min(step_token_budget, max_model_len)) if step_token_budget and device.type == "cuda" \
+        else ()
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
+                                eager_warmup_tokens=warmup,
                                 cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
                                 compile=settings.custom_backend_compile)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)

@@ -97,5 +97,6 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
     if backend == "custom-cuda":
         from inference_server.backends.cuda_backend import build_cuda_runner
 
-        return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len)
+        return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
+                                 step_token_budget=limits.step_token_budget)
     return ModelRunner(loaded.model, loaded.spec, storage, device)

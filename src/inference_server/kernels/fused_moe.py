@@ -20,6 +20,13 @@ Only blocks of routed experts exist (at most ``floor((N - A)/BLOCK_M) + A`` bloc
 A = min(N, E) possibly-active experts), and padded blocks exit at once, so at T=1 only the K routed
 experts' weights are read from HBM.
 
+Compiled variants: a server sees every step size, so what varies with the step must not multiply Triton's
+compiled variants (each costs seconds the first time it is met, mid-serving). The integer arguments that
+follow the step size (``num_pairs``, ``max_blocks``, ``num_chunks``, ``num_blocks_m``) are not specialised
+(``do_not_specialize``: no "== 1" / "divisible by 16" variants), and ``NC_PAD`` is at least 128, so every
+multi-chunk alignment of up to 128 chunks (16384 pairs: a 2048-token step at K=8) is one variant per BLOCK_M.
+What still varies is BLOCK_M and the GEMM tiles it selects; ``CudaModelRunner`` compiles those at start-up.
+
 Accumulation choice: deterministic. The weighted pairs are written once and summed by a separate
 kernel in a fixed order instead of atomically added into ``[T, H]``: results are bitwise reproducible
 run to run, there is no zero-fill launch, and the extra traffic (``T*K*H`` written and read once) is
@@ -157,7 +164,7 @@ def moe_max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return (num_pairs - active) // block_m + active
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_pairs'])
 def _moe_align_count_kernel(
     ids_ptr,  # [N] expert id of each pair
     chunk_counts_ptr,  # [num_chunks, E_PAD] int32 out: pairs per expert in each chunk
@@ -173,7 +180,7 @@ def _moe_align_count_kernel(
     tl.store(chunk_counts_ptr + c * E_PAD + e_offs, counts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_pairs', 'max_blocks', 'num_chunks'])
 def _moe_align_scatter_kernel(
     ids_ptr,  # [N] expert id of each pair
     chunk_counts_ptr,  # [num_chunks, E_PAD] int32 from the count kernel (unused when SINGLE)
@@ -267,7 +274,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
         )
     _moe_align_scatter_kernel[(num_chunks,)](
         ids, chunk_counts, sorted_ids, block_expert, num_padded, n, max_blocks, num_chunks,
-        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, NC_PAD=_pow2_clamp(num_chunks, 1, 1 << 20),
+        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, NC_PAD=1 if single else _pow2_clamp(num_chunks, 128, 1 << 20),
         SINGLE=single, num_warps=warps,
     )  # fmt: skip
     return MoeAlignment(sorted_ids, block_expert, num_padded, block_m)
@@ -302,7 +309,7 @@ def _mma(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_pairs', 'num_blocks_m'])
 def _moe_gate_up_kernel(
     x_ptr,  # [T, H] activations
     w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I)
@@ -378,7 +385,7 @@ def _moe_gate_up_kernel(
     tl.store(o_ptrs, h.to(dt), mask=row_ok[:, None] & (offs_n < inter_size)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_pairs', 'num_blocks_m'])
 def _moe_down_kernel(
     a_ptr,  # [N, I] act(gate) * up, row = pair id
     w_ptr,  # [E, H, I]

@@ -57,7 +57,7 @@ def _find_seq(cu_seqlens_q_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr):
     return left - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_seqs', 'stride_btb'])
 def _paged_prefill_kernel(
     q_ptr,  # [T, nH, D]
     k_cache_ptr,  # [num_blocks, PAGE, nKV, D]

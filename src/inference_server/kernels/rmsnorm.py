@@ -26,7 +26,7 @@ from inference_server.kernels.reference_norm import NormMode
 __all__ = ["fused_add_rmsnorm", "rms_norm"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['n_rows'])
 def _rmsnorm_kernel(
     x_ptr,  # [T, R, D]
     res_ptr,  # [T, R, D] or dummy
