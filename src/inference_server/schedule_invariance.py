@@ -395,3 +395,32 @@ def cut_model_folder(preset: str, num_layers: int, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+# ------------------------------------------------------------------------------ the configurations we run
+
+CPU_SETTINGS = {"DEVICE": "cpu", "DTYPE": "float32", "BACKEND": "reference", "MAX_NUM_BATCHED_TOKENS": "128",
+                "KV_BLOCK_SIZE": "16"}
+
+
+def cpu_config(**settings: str) -> InvarianceConfig:
+    """The embedded Gemma 3 270M (real weights, sliding window 512) in fp32 on the CPU: a 128-token step budget
+    chunks the two prompts longer than the window, whose cache hits (528 and 560 tokens) exceed it too."""
+    return InvarianceConfig(settings={**CPU_SETTINGS, **settings}, prompt_lengths=(20, 90, 530, 800),
+                            max_tokens=6, filler_max_tokens=24)
+
+
+GPU_PRESET = "gemma-4-26b-a4b"
+GPU_PROMPT_LENGTHS = (5, 40, 300, 600, 1030, 1500, 2100, 129)
+"""Eight prompts, four of them longer than Gemma 4's 1024-token window (the 26B-A4B's)."""
+
+
+def gpu_config(model: str, dtype: str, **settings: str) -> InvarianceConfig:
+    """A Gemma 4 model (dummy weights) on the custom-cuda backend with its kernels and decode graphs; a 256-token
+    step budget chunks every prompt longer than it, and 12 fillers make the loaded run's steps 20 sequences."""
+    base = {"MODEL": model, "DUMMY_WEIGHTS": "true", "DEVICE": "cuda", "BACKEND": "custom-cuda", "DTYPE": dtype,
+            "MAX_NUM_BATCHED_TOKENS": "256", "KV_BLOCK_SIZE": "16", "KV_CACHE_TOKENS": "65536",
+            "MAX_BATCH_SIZE": "64"}
+    return InvarianceConfig(settings={**base, **settings}, prompt_lengths=GPU_PROMPT_LENGTHS, max_tokens=16,
+                            num_fillers=12, filler_prompt_lengths=(40, 300, 9, 700), filler_max_tokens=96,
+                            stagger_tokens=24)
