@@ -25,6 +25,7 @@ import math
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import attrs
@@ -111,7 +112,13 @@ def main() -> None:
             config = attrs.evolve(config, settings={**config.settings, **overrides})
             print(f"== {name}: {dict(config.settings)}", flush=True)
             started = time.perf_counter()
-            report = run_invariance(config)
+            try:
+                report = run_invariance(config)
+            except Exception as error:  # one device call runs every variant: report and go on
+                traceback.print_exc()
+                results.append(f"RESULT {name}: FAILED {error!r}")
+                free_device()
+                continue
             seconds = time.perf_counter() - started
             print(report.table(), flush=True)
             results.append(summary(name, report, seconds))

@@ -284,10 +284,20 @@ class _Runner:
         clock = _TokenClock()
         results: list[RunTokens | None] = [None] * len(prompts)
 
+        fillers_left = len(fillers)
+        if not fillers_left:
+            clock.close()
+
         async def filler(prompt: tuple[int, ...], index: int) -> None:
+            nonlocal fillers_left
             request = GenerationRequest(params=_greedy(config.filler_max_tokens, None), prompt_ids=prompt,
                                         cache_salt=f"{self.nonce}-filler-{index}")
-            RunTokens.of(await _read(self.engine.submit(request), clock))
+            try:
+                RunTokens.of(await _read(self.engine.submit(request), clock))
+            finally:
+                fillers_left -= 1
+                if not fillers_left:  # nothing may stream any more: let the remaining prompts in at once
+                    clock.close()
 
         async def test_prompt(index: int) -> None:
             request = GenerationRequest(params=_greedy(config.max_tokens), prompt_ids=prompts[index],
@@ -301,7 +311,6 @@ class _Runner:
                 for index in range(len(prompts)):
                     await clock.wait_for((index + 1) * config.stagger_tokens)
                     tests.start_soon(test_prompt, index)
-            clock.close()
         return [r for r in results if r is not None]
 
 
