@@ -90,6 +90,35 @@ def restore_reference_ops() -> Iterator[None]:
         yield
 
 
+@pytest.mark.heavy
+def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(restore_reference_ops: None) -> None:
+    """The custom-cuda runner's kernels (paged prefill over a cached prefix and released sliding blocks, decode,
+    KV store, fused MoE, norm, RoPE) and its graph staging (``capture=False``) on the CPU, through the same
+    three runs: a tiny Gemma 4 MoE (window 8, block 4) under the Triton interpreter (~2 minutes)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the Triton interpreter is off where CUDA is present (the gpu test covers the kernels)")
+    import attrs
+
+    from inference_server.actors.executor import threaded
+    from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+    from inference_server.schedule_invariance import InvarianceConfig, build_engine
+
+    config = InvarianceConfig(
+        settings={"MODEL": "gemma-4-26b-a4b-tiny", "DUMMY_WEIGHTS": "true", "DEVICE": "cpu", "DTYPE": "float32",
+                  "MAX_NUM_BATCHED_TOKENS": "16", "KV_BLOCK_SIZE": "4", "KV_CACHE_TOKENS": "2048"},
+        prompt_lengths=(3, 30, 13), max_tokens=4, num_fillers=2, filler_prompt_lengths=(20, 3), filler_max_tokens=12,
+        stagger_tokens=3)
+    built = build_engine(config)
+    runner = CudaModelRunner(built.loaded.model, built.loaded.spec, built.runner.storage, built.device,
+                             CudaRunnerOptions(max_model_len=built.parts.max_model_len, max_batch_size=8,
+                                               capture=False))
+    built = attrs.evolve(built, parts=attrs.evolve(built.parts, step=threaded(runner.execute)), runner=runner)
+    check(run_invariance(config, built), tie_margin=0.0)
+    assert runner.graph_steps > 0 and runner.eager_steps > 0
+
+
 @pytest.mark.gpu
 def test_greedy_tokens_are_schedule_invariant_on_cuda_fp32(tmp_path, restore_reference_ops: None) -> None:
     folder = cut_model_folder(GPU_PRESET, GPU_LAYERS, tmp_path / f"{GPU_PRESET}-{GPU_LAYERS}l")
