@@ -6,8 +6,9 @@ the tokens must be identical. On CUDA (fp32, Gemma-4-26B-A4B at its real widths,
 to 6 layers, dummy weights, the Triton kernels and decode graphs) they must be identical too, except at an
 fp32 near-tie: a divergence is excused only where the solo run's top-2 margin is below ``GPU_FP32_TIE``
 nats (the kernels change summation order with the batch, ~1e-6 relative on the logits); a scheduling
-defect moves logits by far more than that. ``bench/schedule_invariance.py`` runs the same in bf16 and prints
-the divergence rate.
+defect moves logits by far more than that. A ``heavy`` test runs the custom-cuda runner's kernels and graph
+staging on the CPU under the Triton interpreter (tiny Gemma 4 MoE). ``bench/schedule_invariance.py`` runs the
+GPU case in bf16 too and prints the divergence rate.
 """
 
 from __future__ import annotations
