@@ -21,6 +21,7 @@ import pytest
 from inference_server.schedule_invariance import (
     GPU_PRESET,
     Divergence,
+    InvarianceConfig,
     InvarianceReport,
     PromptOutcome,
     RunTokens,
@@ -82,6 +83,19 @@ def test_greedy_tokens_are_schedule_invariant_on_cpu_fp32() -> None:
     check(run_invariance(cpu_config()), tie_margin=0.0)
 
 
+@pytest.mark.xfail(strict=True, reason="the runner's penalty history lacks a prefix-cache hit's tokens: a request "
+                   "that hits the cache starts its runner state at cached_len, so the repetition penalty misses the "
+                   "cached prompt tokens and counts outputs as prompt (fix: ScheduledSequence.history)")
+def test_penalised_greedy_tokens_are_schedule_invariant() -> None:
+    """Penalties read the whole history: a cache hit or a batch must not change what they see (tiny preset)."""
+    config = InvarianceConfig(
+        settings={"MODEL": "gemma-4-26b-a4b-tiny", "DUMMY_WEIGHTS": "true", "DEVICE": "cpu", "DTYPE": "float32",
+                  "MAX_NUM_BATCHED_TOKENS": "32", "KV_BLOCK_SIZE": "4", "KV_CACHE_TOKENS": "4096"},
+        prompt_lengths=(3, 20, 50, 90), max_tokens=12, filler_prompt_lengths=(10, 70, 3), repetition_penalty=1.5)
+    report = run_invariance(config)
+    assert report.defects() == [], report.table()
+
+
 @pytest.fixture
 def restore_reference_ops() -> Iterator[None]:
     """The CUDA runner installs the Triton ops process-wide; put the reference ops back for later tests."""
@@ -104,7 +118,7 @@ def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(rest
 
     from inference_server.actors.executor import threaded
     from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
-    from inference_server.schedule_invariance import InvarianceConfig, build_engine
+    from inference_server.schedule_invariance import build_engine
 
     config = InvarianceConfig(
         settings={"MODEL": "gemma-4-26b-a4b-tiny", "DUMMY_WEIGHTS": "true", "DEVICE": "cpu", "DTYPE": "float32",

@@ -70,6 +70,9 @@ class InvarianceConfig:
     hit_tail_tokens: int = 5
     """Tokens after the shared prefix in a cache-hit warm-up request (so it differs from the prompt)."""
     seed: int = 0
+    repetition_penalty: float = 1.0
+    """Applied to the test prompts (fillers stay plain greedy): penalties read the request's whole history
+    (prompt and output), which a chunked, batched or cache-hit run must hand the sampler just the same."""
     token_range: tuple[int, int] = (1000, 100_000)
     """Prompt token ids are drawn from ``[low, high)`` (cut to the vocabulary): ordinary sub-words of
     Gemma's vocabulary, clear of its special and unused ids."""
@@ -264,8 +267,9 @@ async def _read(handle: RequestHandle, clock: _TokenClock | None = None) -> Requ
     return attrs.evolve(last, tokens=tuple(merged))
 
 
-def _greedy(max_tokens: int, top: int | None = 2) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=top)
+def _greedy(max_tokens: int, top: int | None = 2, repetition_penalty: float = 1.0) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=top,
+                          repetition_penalty=repetition_penalty)
 
 
 class _Runner:
@@ -275,7 +279,8 @@ class _Runner:
         self.nonce = nonce  # in every cache salt: runs on one engine never share its prefix cache
 
     async def one(self, prompt: Sequence[int], salt: str, max_tokens: int | None = None) -> RunTokens:
-        request = GenerationRequest(params=_greedy(max_tokens or self.config.max_tokens), prompt_ids=tuple(prompt),
+        params = _greedy(max_tokens or self.config.max_tokens, repetition_penalty=self.config.repetition_penalty)
+        request = GenerationRequest(params=params, prompt_ids=tuple(prompt),
                                     cache_salt=f"{self.nonce}-{salt}")
         return RunTokens.of(await _read(self.engine.submit(request)))
 
@@ -300,7 +305,8 @@ class _Runner:
                     clock.close()
 
         async def test_prompt(index: int) -> None:
-            request = GenerationRequest(params=_greedy(config.max_tokens), prompt_ids=prompts[index],
+            params = _greedy(config.max_tokens, repetition_penalty=config.repetition_penalty)
+            request = GenerationRequest(params=params, prompt_ids=prompts[index],
                                         cache_salt=f"{self.nonce}-loaded")
             results[index] = RunTokens.of(await _read(self.engine.submit(request), clock))
 
