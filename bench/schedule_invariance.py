@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--variants", help="comma-separated gpu variants (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Settings override for every variant (environment names, e.g. OVERLAP=true)")
+    parser.add_argument("--fillers", type=int, help="filler requests of the loaded run (a test prompt arrives "
+                        "every 2 x this many streamed tokens, about every 2 steps)")
     parser.add_argument("--out", type=Path, help="folder for schedule_invariance.jsonl")
     args = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in args.set)
@@ -110,6 +112,8 @@ def main() -> None:
         chosen = variants(args.mode, args.variants.split(",") if args.variants else None, Path(scratch))
         for name, config in chosen.items():
             config = attrs.evolve(config, settings={**config.settings, **overrides})
+            if args.fillers is not None:
+                config = attrs.evolve(config, num_fillers=args.fillers, stagger_tokens=max(1, 2 * args.fillers))
             print(f"== {name}: {dict(config.settings)}", flush=True)
             started = time.perf_counter()
             try:
