@@ -420,14 +420,17 @@ CPU_SETTINGS = {"DEVICE": "cpu", "DTYPE": "float32", "BACKEND": "reference", "MA
 
 def cpu_config(**settings: str) -> InvarianceConfig:
     """The embedded Gemma 3 270M (real weights, sliding window 512) in fp32 on the CPU: a 128-token step budget
-    chunks the two prompts longer than the window, whose cache hits (528 and 560 tokens) exceed it too."""
-    return InvarianceConfig(settings={**CPU_SETTINGS, **settings}, prompt_lengths=(20, 90, 530, 800),
+    chunks the two prompts longer than the window, whose cache hits (528 and 560 tokens) exceed it too. The
+    17- and 529-token prompts hit all but their last token, so their first step computes one token at a
+    cached position (on the custom-cuda backend: a decode-graph step)."""
+    return InvarianceConfig(settings={**CPU_SETTINGS, **settings}, prompt_lengths=(17, 90, 529, 800),
                             max_tokens=6, filler_max_tokens=24)
 
 
 GPU_PRESET = "gemma-4-26b-a4b"
-GPU_PROMPT_LENGTHS = (5, 40, 300, 600, 1030, 1500, 2100, 129)
-"""Eight prompts, four of them longer than Gemma 4's 1024-token window (the 26B-A4B's)."""
+GPU_PROMPT_LENGTHS = (5, 40, 289, 600, 1025, 1500, 2100, 129)
+"""Eight prompts, four of them longer than Gemma 4's 1024-token window (the 26B-A4B's); after their cache
+hits the 289- and 1025-token prompts compute only their last token (1025: the hit is exactly the window)."""
 
 
 def gpu_config(model: str, dtype: str, **settings: str) -> InvarianceConfig:
