@@ -83,9 +83,6 @@ def test_greedy_tokens_are_schedule_invariant_on_cpu_fp32() -> None:
     check(run_invariance(cpu_config()), tie_margin=0.0)
 
 
-@pytest.mark.xfail(strict=True, reason="the runner's penalty history lacks a prefix-cache hit's tokens: a request "
-                   "that hits the cache starts its runner state at cached_len, so the repetition penalty misses the "
-                   "cached prompt tokens and counts outputs as prompt (fix: ScheduledSequence.history)")
 def test_penalised_greedy_tokens_are_schedule_invariant() -> None:
     """Penalties read the whole history: a cache hit or a batch must not change what they see (tiny preset)."""
     config = InvarianceConfig(

@@ -36,7 +36,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from inference_server.actors.executor import StepFunction
+from inference_server.actors.executor import StepFunction, StepPipeline, as_pipeline
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import load_settings
 from inference_server.engine_factory import BuiltEngine, build_engine_parts
@@ -320,6 +320,19 @@ class _Runner:
         return [r for r in results if r is not None]
 
 
+class _RecordingPipeline(StepPipeline):
+    """A step pipeline that appends every plan it launches to ``plans``."""
+
+    def __init__(self, inner: StepPipeline, plans: list[StepPlan]) -> None:
+        self.inner = inner
+        self.plans = plans
+
+    async def advance(self, plan: StepPlan | None, collect: bool) -> StepResult | None:
+        if plan is not None:
+            self.plans.append(plan)
+        return await self.inner.advance(plan, collect)
+
+
 class _PlanLog:
     """Every plan the engine ran, so a report can show that the loaded run really mixed prefill chunks with
     decodes and cut the prompts into chunks (the scheduler decides; the harness only arranges arrivals)."""
@@ -327,12 +340,8 @@ class _PlanLog:
     def __init__(self) -> None:
         self.plans: list[StepPlan] = []
 
-    def wrap(self, step: StepFunction) -> StepFunction:
-        async def recorded(plan: StepPlan) -> StepResult:
-            self.plans.append(plan)
-            return await step(plan)
-
-        return recorded
+    def wrap(self, step: StepFunction | StepPipeline) -> StepPipeline:
+        return _RecordingPipeline(as_pipeline(step), self.plans)
 
     def prefill_chunks(self, request_id: int) -> int:
         return sum(1 for plan in self.plans for seq in plan.sequences

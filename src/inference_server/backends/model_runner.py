@@ -96,7 +96,7 @@ class ModelRunner:
             generator = state.generator if state is not None else None  # re-seeded per token (seed_for_position)
             if generator is None and seq.sampling.seed is not None:
                 generator = make_generator(seq.sampling.seed, self.device)
-            state = _RequestState(prompt_len=seq.prompt_len, token_ids=[], generator=generator)
+            state = _RequestState(prompt_len=seq.prompt_len, token_ids=list(seq.history), generator=generator)
             self._requests[seq.request_id] = state
         if seq.pending:
             state.token_ids.extend(seq.token_ids[:-1])

@@ -36,6 +36,9 @@ class ScheduledSequence:
     predicts ``prompt_logprob_targets[i]`` (the token at ``cached_len + i + 1``). Empty: keep no row's logits."""
     prompt_logprobs_top: int = 0
     """How many of the best tokens to return beside each target's own logprob."""
+    history: tuple[int, ...] = ()
+    """On a ``reset`` chunk of a request that uses penalties: its tokens before ``cached_len`` (a prefix-cache
+    hit's), so the runner's penalty history holds the whole sequence. Empty otherwise."""
 
     @property
     def pending(self) -> bool:
