@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
+from inference_server.config import Settings
+
 if TYPE_CHECKING:
     from inference_server.supervisor import EngineParts
 
@@ -66,11 +68,11 @@ def _small_send_buffers() -> None:
     Config.create_sockets = create_small_sockets  # type: ignore[method-assign]
 
 
-def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
+def fake_parts(max_streams: int, step_ms: float, stream_interval: int = 1,
+               stream_interval_ms: float = 50.0) -> EngineParts:
     """Engine parts around a step function that costs no CPU: one token per sampled sequence, at once.
     ``step_ms`` > 0 makes each step take that long off the event loop (like a GPU step, which the executor
     runs in a worker thread while the loop keeps serving HTTP)."""
-    from inference_server.config import Settings
     from inference_server.core.kv_manager import KVManager
     from inference_server.core.scheduler import SchedulerConfig
     from inference_server.models.loading.embedded import embedded_gguf_path
@@ -92,7 +94,8 @@ def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
         step=step, kv=KVManager(block_size=16, num_full_blocks=16384), tokenizer=tokenizer, max_model_len=4096,
         vocab_size=262144, eos_token_ids=frozenset(tokenizer.eos_token_ids),
         scheduler_config=SchedulerConfig(max_batch_size=max_streams, max_num_batched_tokens=8192),
-        max_queue_size=4 * max_streams, model_name="fake")
+        max_queue_size=4 * max_streams, model_name="fake", stream_interval=stream_interval,
+        stream_interval_ms=stream_interval_ms)
 
 
 def _detach_telemetry_sinks() -> None:
@@ -109,13 +112,13 @@ def _detach_telemetry_sinks() -> None:
     Observability.attach = classmethod(detached)  # type: ignore[method-assign,assignment]
 
 
-def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default") -> int:
+def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default",
+          stream_interval: int = 1, stream_interval_ms: float = 50.0) -> int:
     """Run the real server (``run_server``, which prints its URL) on ``fake_parts``. ``sinks``: ``none`` (no
     telemetry sink), ``default`` (stats and Prometheus, as ``serve`` always has) or ``all`` (plus the SQLite
     run file, the JSONL timeline and profiler ranges, in a temporary folder)."""
     import tempfile
 
-    from inference_server.config import Settings
     from inference_server.server import run_server
 
     if small_send_buffers:
@@ -128,10 +131,12 @@ def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: 
         files = {"telemetry_dir": folder, "timeline_dir": folder}
     settings = Settings(host="127.0.0.1", port=0, log_level="warning", max_batch_size=max_streams,
                         max_queue_size=4 * max_streams, **files)
-    return run_server(fake_parts(max_streams, step_ms), settings, coalesce=coalesce)
+    parts = fake_parts(max_streams, step_ms, stream_interval, stream_interval_ms)
+    return run_server(parts, settings, coalesce=coalesce)
 
 
-def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float) -> Row:
+def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float, stream_interval: int = 1,
+                stream_interval_ms: float = 50.0) -> Row:
     """The actor path alone (no HTTP): ``concurrency`` clients in this process, each submitting its next
     request as soon as the last one finished (``offline.collect`` reads each stream), on one running engine."""
     from inference_server.offline import collect
@@ -139,7 +144,7 @@ def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float
     from inference_server.records.sampling_params import SamplingParams
     from inference_server.supervisor import Engine
 
-    parts = fake_parts(max(concurrency, 1), 0.0)
+    parts = fake_parts(max(concurrency, 1), 0.0, stream_interval, stream_interval_ms)
     request = GenerationRequest(params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
                                 prompt_ids=tuple(PROMPT_IDS))
     counters = Counters()
@@ -165,7 +170,7 @@ def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float
 
     wall, cpu = trio.run(run)
     return Row("engine", concurrency, counters.tokens / wall, 0.0, counters.streams / wall, cpu / wall, 0.0,
-               float("nan"), 0)
+               float("nan"), 0, interval=stream_interval)
 
 
 def serve_pure_sse() -> int:
@@ -216,6 +221,8 @@ class Counters:
     streams: int = 0
     errors: int = 0
     first_token_latencies: list[float] = attrs.Factory(list)
+    event_gaps: list[float] = attrs.Factory(list)  # between consecutive token events of one stream (ITL seen)
+    per_token_times: list[float] = attrs.Factory(list)  # (last event - first event) / (tokens - 1), per stream
 
 
 def count_tokens(event: bytes) -> int:
@@ -278,7 +285,7 @@ class Connection:
         if not head.startswith(b"http/1.1 200"):
             counters.errors += 1
             raise ConnectionError(head.split(b"\r\n")[0].decode())
-        pending, first = b"", True
+        pending, first, last_event, first_event, tokens_seen = b"", True, 0.0, 0.0, 0
         while True:
             size = int(await self._read_until(b"\r\n"), 16)
             if size == 0:
@@ -291,14 +298,21 @@ class Connection:
                 if event == b"data: [DONE]":
                     continue
                 tokens = count_tokens(event)
+                now = time.perf_counter()
                 if counters.measuring:
                     counters.events += 1
                     counters.tokens += tokens
                     if first:
-                        counters.first_token_latencies.append(time.perf_counter() - started)
-                first = False
+                        counters.first_token_latencies.append(now - started)
+                    else:
+                        counters.event_gaps.append(now - last_event)
+                if first:
+                    first_event = now
+                last_event, first, tokens_seen = now, False, tokens_seen + tokens
         if counters.measuring:
             counters.streams += 1
+            if tokens_seen > 1:
+                counters.per_token_times.append((last_event - first_event) / (tokens_seen - 1))
         if b"connection: close" in head:
             await self.close()
 
@@ -336,6 +350,10 @@ class Row:
     client_cpu: float
     ttft_p50_ms: float
     errors: int
+    itl_p50_ms: float = float("nan")  # gap between consecutive events of a stream, as a client sees it
+    itl_p99_ms: float = float("nan")
+    tpot_ms: float = float("nan")  # median per stream of (last event - first event) / (tokens - 1)
+    interval: int = 1  # the server's STREAM_INTERVAL (tokens per event after the first)
 
     @property
     def tokens_per_event(self) -> float:
@@ -351,7 +369,7 @@ class Row:
 
 
 async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: int, seconds: float,
-                  warmup: float, server: str, read_interval: float = 0.0) -> Row:
+                  warmup: float, server: str, read_interval: float = 0.0, interval: int = 1) -> Row:
     body = json.dumps({"prompt_token_ids": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True,
                        "temperature": 0, "stream": True}).encode()
     counters = Counters()
@@ -364,16 +382,23 @@ async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: 
         counters.measuring, cpu1, t1, c1 = False, server_cpu_seconds(pid), time.perf_counter(), time.process_time()
         nursery.cancel_scope.cancel()
     wall = t1 - t0
-    latencies = sorted(counters.first_token_latencies)
-    p50 = latencies[len(latencies) // 2] * 1e3 if latencies else float("nan")
     return Row(server, concurrency, counters.tokens / wall, counters.events / wall, counters.streams / wall,
-               (cpu1 - cpu0) / wall, (c1 - c0) / wall, p50, counters.errors)
+               (cpu1 - cpu0) / wall, (c1 - c0) / wall, quantile_ms(counters.first_token_latencies, 0.5),
+               counters.errors, quantile_ms(counters.event_gaps, 0.5), quantile_ms(counters.event_gaps, 0.99),
+               quantile_ms(counters.per_token_times, 0.5), interval)
+
+
+def quantile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3 if ordered else float("nan")
 
 
 def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool,
-                 sinks: str = "default") -> tuple[subprocess.Popen, str, int]:
+                 sinks: str = "default", stream_interval: int = 1,
+                 stream_interval_ms: float = 50.0) -> tuple[subprocess.Popen, str, int]:
     command = [sys.executable, __file__, "--serve", "--coalesce", "on" if coalesce else "off",
-               "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks]
+               "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks,
+               "--stream-interval", str(stream_interval), "--stream-interval-ms", str(stream_interval_ms)]
     command += (["--slow-client-ms", "1"] if slow_clients else []) + (["--pure-sse"] if pure_sse else [])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -386,19 +411,22 @@ def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients:
 
 def print_table(rows: list[Row], max_tokens: int, step_ms: float) -> None:
     print(f"\nstreams of {max_tokens} tokens, fake step {step_ms:g} ms; server: on/off = coalescing on/off, bare = "
-          "bare Quart-Trio SSE app; CPU = fraction of one core")
-    header = (f"{'server':>8} {'streams':>7} {'tokens/s':>9} {'events/s':>9} {'tok/event':>9} {'streams/s':>9} "
-              f"{'server CPU':>10} {'client CPU':>10} {'µs/event':>9} {'µs/token':>9} {'TTFT p50':>9}")
+          "bare Quart-Trio SSE app; interval = STREAM_INTERVAL; CPU = fraction of one core; ITL = gap between "
+          "a stream's events; TPOT = (last - first event) / (tokens - 1)")
+    header = (f"{'server':>8} {'interval':>8} {'streams':>7} {'tokens/s':>9} {'events/s':>9} {'tok/event':>9} "
+              f"{'streams/s':>9} {'server CPU':>10} {'client CPU':>10} {'µs/event':>9} {'µs/token':>9} "
+              f"{'TTFT p50':>9} {'ITL p50':>9} {'ITL p99':>9} {'TPOT':>9}")
     print(header)
     print("-" * len(header))
     for r in rows:
         has_events = r.events_per_s > 0
-        cells = [f"{r.server:>8}", f"{r.concurrency:>7}", f"{r.tokens_per_s:>9.0f}",
+        cells = [f"{r.server:>8}", f"{r.interval:>8}", f"{r.concurrency:>7}", f"{r.tokens_per_s:>9.0f}",
                  f"{r.events_per_s:>9.0f}" if has_events else f"{'-':>9}",
                  f"{r.tokens_per_event:>9.2f}" if has_events else f"{'-':>9}", f"{r.streams_per_s:>9.1f}",
                  f"{r.server_cpu:>10.2f}", f"{r.client_cpu:>10.2f}" if has_events else f"{'-':>10}",
                  f"{r.us_per_event:>9.1f}" if has_events else f"{'-':>9}", f"{r.us_per_token:>9.1f}",
-                 f"{r.ttft_p50_ms:>7.1f}ms" if has_events else f"{'-':>9}"]
+                 *(f"{ms:>7.1f}ms" if has_events else f"{'-':>9}"
+                   for ms in (r.ttft_p50_ms, r.itl_p50_ms, r.itl_p99_ms, r.tpot_ms))]
         print(" ".join(cells) + (f"  ({r.errors} errors)" if r.errors else ""))
 
 
@@ -421,27 +449,35 @@ def main() -> int:
     parser.add_argument("--sinks", choices=["none", "default", "all"], default="default",
                         help="telemetry sinks on the server: none; default (stats and Prometheus, as serve has); "
                              "all (plus the SQLite run file, the JSONL timeline and profiler ranges)")
+    parser.add_argument("--stream-interval", type=int, nargs="+", default=[Settings().stream_interval],
+                        help="the server's STREAM_INTERVAL (tokens per event after the first); several: one server "
+                             "each (default: the server's default)")
+    parser.add_argument("--stream-interval-ms", type=float, default=Settings().stream_interval_ms,
+                        help="the server's STREAM_INTERVAL_MS (the longest a token is held back)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-streams", type=int, default=256, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         if args.pure_sse:
             return serve_pure_sse()
-        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0, args.sinks)
+        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0, args.sinks,
+                     args.stream_interval[0], args.stream_interval_ms)
     rows = []
     if args.engine_only:
-        rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup) for c in args.concurrency]
+        rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup, interval, args.stream_interval_ms)
+                for interval in args.stream_interval for c in args.concurrency]
         print_table(rows, args.max_tokens, 0.0)
         return 0
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.coalesce]
-    for coalesce in modes if not args.pure_sse else [False]:
+    servers = [(c, i) for c in modes for i in args.stream_interval] if not args.pure_sse else [(False, 1)]
+    for coalesce, interval in servers:
         process, host, port = start_server(coalesce, max(args.concurrency), args.step_ms, args.slow_client_ms > 0,
-                                           args.pure_sse, args.sinks)
+                                           args.pure_sse, args.sinks, interval, args.stream_interval_ms)
         try:
             for concurrency in args.concurrency:
                 row = trio.run(measure, host, port, process.pid, concurrency, args.max_tokens, args.seconds,
                                args.warmup, "bare" if args.pure_sse else "on" if coalesce else "off",
-                               args.slow_client_ms / 1000)
+                               args.slow_client_ms / 1000, interval)
                 rows.append(row)
                 print_table([row], args.max_tokens, args.step_ms)
         finally:

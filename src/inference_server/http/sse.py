@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from inference_server.http.errors import ApiError, internal_error
@@ -38,6 +38,11 @@ SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 def dumps(payload: Any) -> str:
     """Compact JSON, non-ASCII kept as is."""
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+json_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+"""A JSON string literal for ``text``, exactly as ``dumps(text)`` writes it (non-ASCII kept): for events
+spliced from pre-encoded parts."""
 
 
 def event(payload: Any) -> bytes:
