@@ -69,7 +69,7 @@ def _small_send_buffers() -> None:
 
 
 def fake_parts(max_streams: int, step_ms: float, stream_interval: int = 1,
-               stream_interval_ms: float = 50.0) -> EngineParts:
+               stream_interval_ms: float = 100.0) -> EngineParts:
     """Engine parts around a step function that costs no CPU: one token per sampled sequence, at once.
     ``step_ms`` > 0 makes each step take that long off the event loop (like a GPU step, which the executor
     runs in a worker thread while the loop keeps serving HTTP)."""
@@ -113,7 +113,7 @@ def _detach_telemetry_sinks() -> None:
 
 
 def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default",
-          stream_interval: int = 1, stream_interval_ms: float = 50.0) -> int:
+          stream_interval: int = 1, stream_interval_ms: float = 100.0) -> int:
     """Run the real server (``run_server``, which prints its URL) on ``fake_parts``. ``sinks``: ``none`` (no
     telemetry sink), ``default`` (stats and Prometheus, as ``serve`` always has) or ``all`` (plus the SQLite
     run file, the JSONL timeline and profiler ranges, in a temporary folder)."""
@@ -136,7 +136,7 @@ def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: 
 
 
 def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float, stream_interval: int = 1,
-                stream_interval_ms: float = 50.0) -> Row:
+                stream_interval_ms: float = 100.0) -> Row:
     """The actor path alone (no HTTP): ``concurrency`` clients in this process, each submitting its next
     request as soon as the last one finished (``offline.collect`` reads each stream), on one running engine."""
     from inference_server.offline import collect
@@ -395,7 +395,7 @@ def quantile_ms(values: list[float], q: float) -> float:
 
 def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool,
                  sinks: str = "default", stream_interval: int = 1,
-                 stream_interval_ms: float = 50.0) -> tuple[subprocess.Popen, str, int]:
+                 stream_interval_ms: float = 100.0) -> tuple[subprocess.Popen, str, int]:
     command = [sys.executable, __file__, "--serve", "--coalesce", "on" if coalesce else "off",
                "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks,
                "--stream-interval", str(stream_interval), "--stream-interval-ms", str(stream_interval_ms)]

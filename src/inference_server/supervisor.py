@@ -105,7 +105,7 @@ class EngineParts:
     allocate: Callable[[KVManager, StepDemand], StepGrant] = allocate_step  # FAULTS may wrap it
     stream_interval: int = 1
     """``STREAM_INTERVAL``: tokens per stream update after the first (see ``actors/request_streams.py``)."""
-    stream_interval_ms: float = 50.0
+    stream_interval_ms: float = 100.0
     """``STREAM_INTERVAL_MS``: the longest a token is held back by the stream interval."""
 
 

@@ -9,13 +9,14 @@ backpressure.
 **Stream interval** (``interval_tokens`` > 1, SGLang's ``--stream-interval``): after a request's first token
 (always sent at once), its tokens are *held* here and sent as one update once ``interval_tokens`` of them
 are held, so every consumer (the SSE writer, ``result()``) wakes once per interval instead of once per
-token, and a held token costs no event-loop work at all. The hold is bounded in time by ``max_hold``
-seconds: a held update goes out at the first delivery or ``flush_pending`` pass (the scheduler calls it once
-per loop, and wakes itself within ``RETRY_SECONDS`` while ``has_pending``) at or after ``max_hold`` since
-its first held token, so a stream that stops producing (a stop string being matched, a preempted request)
-still flushes what it has. A finishing update, an error, an abort and ``fail_all`` flush held tokens at
-once, in the same update. Tokens that arrive more than ``max_hold`` apart (slow steps) are never held:
-holding them could only add latency, never save an event.
+token, and a held token costs no event-loop work at all. No token is held longer than ``max_hold``
+seconds: the held tokens go out early when waiting for the next one (expected as far away as the last
+gap between two tokens) would take the oldest past the bound, so tokens that come ``max_hold`` or more
+apart (slow steps) are never held; and a stream that stops producing (a preempted request, a stalled
+step) is flushed by the first ``flush_pending`` pass at or after the bound (the scheduler calls it once per
+loop and wakes itself within ``RETRY_SECONDS`` while ``has_pending``; a step in progress delays it to that
+step's end). A finishing update, an error, an abort and ``fail_all`` send held tokens at once, in the
+same update.
 
 **Lifecycle of an entry** (the invariant ``check_integrity`` relies on): an entry is created by ``open``
 when the request is submitted and removed exactly once, by whichever comes first of
@@ -83,7 +84,7 @@ class _Entry:
 class RequestStreams:
     """The send ends of every live request stream, with their held and coalesced pending updates."""
 
-    def __init__(self, capacity: int = STREAM_CAPACITY, *, interval_tokens: int = 1, max_hold: float = 0.05) -> None:
+    def __init__(self, capacity: int = STREAM_CAPACITY, *, interval_tokens: int = 1, max_hold: float = 0.1) -> None:
         if interval_tokens < 1 or max_hold <= 0:
             raise ValueError("the stream interval needs interval_tokens >= 1 and max_hold > 0")
         self.capacity = capacity
@@ -148,21 +149,22 @@ class RequestStreams:
         return self._try_send(update)
 
     def _hold(self, entry: _Entry, request_id: int, update: RequestUpdate) -> bool:
-        """Add ``update`` to the held ones; False when they must all go out now (see the module docstring),
-        in which case the caller releases them."""
+        """Add ``update`` to the held ones; False when they must all go out now, in which case the caller
+        releases them: ``interval_tokens`` are held, or holding them until the next token (expected as far
+        away as this one came after the last) would take the oldest past ``max_hold``."""
         now = trio.current_time()
         gap, entry.last_arrival = now - entry.last_arrival, now
-        if not entry.held:
-            if gap >= self.max_hold:
-                entry.held.append(update)  # tokens this far apart: holding would only add latency
-                return False
-            entry.held_since = now
-            self._holding[request_id] = entry
+        was_holding = bool(entry.held)
+        since = entry.held_since if was_holding else now
         entry.held.append(update)
         entry.held_tokens += len(update.tokens)
-        if entry.held_tokens < self.interval_tokens and now - entry.held_since < self.max_hold:
+        if entry.held_tokens < self.interval_tokens and now - since + gap < self.max_hold:
+            if not was_holding:
+                entry.held_since = now
+                self._holding[request_id] = entry
             return True
-        del self._holding[request_id]
+        if was_holding:
+            del self._holding[request_id]
         return False
 
     def flush_pending(self) -> list[int]:
