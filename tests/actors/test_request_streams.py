@@ -67,6 +67,15 @@ async def test_first_token_alone_then_groups_then_final_flush(autojump_clock) ->
     assert not streams.is_live(1) and not streams.has_pending()
 
 
+async def test_the_first_token_is_not_held_after_an_update_without_tokens(autojump_clock) -> None:
+    streams = RequestStreams(interval_tokens=4, max_hold=MAX_HOLD)
+    receive = opened(streams)
+    streams.deliver(RequestUpdate(request_id=1))  # e.g. a prefill chunk's update: no token yet
+    await trio.sleep(STEP)
+    streams.deliver(update(0))
+    assert [u.tokens for u in drain(receive)] == [(), (token(0),)]
+
+
 async def test_stalled_stream_flushes_within_the_bound(autojump_clock) -> None:
     streams = RequestStreams(interval_tokens=8, max_hold=MAX_HOLD)
     receive = opened(streams)
