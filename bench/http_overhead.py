@@ -8,8 +8,11 @@ the serving stack's. The load generator runs in a separate process: raw trio soc
 streams, each ``--max-tokens`` long, back to back.
 
 For each concurrency it reports tokens/s and SSE events/s as the client received them, tokens per event
-(coalescing: a stream that falls behind gets several tokens per event), and the server process's CPU time
-per event and per token (from /proc). Runs with coalescing on (the default) and off (one event per token).
+(the server's ``STREAM_INTERVAL``, and coalescing: a stream that falls behind gets several tokens per event),
+the server process's CPU time per event and per token (from /proc), and what a client sees: time to first
+token, the gap between two events of a stream (ITL p50/p99, one gap per event as ``vllm bench serve``
+counts it) and TPOT ((last event - first event) / (tokens - 1), median over streams). Runs with coalescing on
+(the default) and off (one event per token).
 
     uv run python bench/http_overhead.py                      # 1, 64, 256 streams; coalescing on and off
     uv run python bench/http_overhead.py --concurrency 64 --seconds 5 --coalesce on
@@ -17,6 +20,7 @@ per event and per token (from /proc). Runs with coalescing on (the default) and 
     uv run python bench/http_overhead.py --pure-sse       # the floor: a bare Quart-Trio SSE app, no engine
     uv run python bench/http_overhead.py --engine-only    # the actor path alone, no HTTP
     uv run python bench/http_overhead.py --sinks all      # with every telemetry sink (none: without any)
+    uv run python bench/http_overhead.py --coalesce on --stream-interval 1 2 4 8   # one server per interval
 
 This is a benchmark, not a test; docs/benchmarks.md records its figures.
 """

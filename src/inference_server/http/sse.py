@@ -9,7 +9,11 @@ buffered (``receive_nowait``) and writes them as one chunk, merging the updates 
 It never waits for more tokens to arrive, so a client that keeps up gets one event per engine step, and one
 that falls behind (its socket write was slow, so updates piled up meanwhile) gets fewer, larger events:
 the per-event cost (~50 µs on this stack) is paid once for many tokens. The engine side never waits for the
-writer (its per-request buffers coalesce too, see ``actors/request_streams.py``).
+writer (its per-request buffers coalesce too, see ``actors/request_streams.py``), and groups a request's
+tokens after the first before this body ever wakes (``STREAM_INTERVAL``: one update per that many tokens).
+
+Encoders splice the common event (text and ids only) from parts encoded once per request (``json_string``
+for the varying text) instead of building and dumping a dict per event.
 
 Cancellation: the body yields outside any cancel scope or nursery (a trio rule for async generators), and
 ``source.close()`` runs in ``finally`` whether the body ends, fails, is cancelled (client gone while we
