@@ -8,8 +8,11 @@ the serving stack's. The load generator runs in a separate process: raw trio soc
 streams, each ``--max-tokens`` long, back to back.
 
 For each concurrency it reports tokens/s and SSE events/s as the client received them, tokens per event
-(coalescing: a stream that falls behind gets several tokens per event), and the server process's CPU time
-per event and per token (from /proc). Runs with coalescing on (the default) and off (one event per token).
+(the server's ``STREAM_INTERVAL``, and coalescing: a stream that falls behind gets several tokens per event),
+the server process's CPU time per event and per token (from /proc), and what a client sees: time to first
+token, the gap between two events of a stream (ITL p50/p99, one gap per event as ``vllm bench serve``
+counts it) and TPOT ((last event - first event) / (tokens - 1), median over streams). Runs with coalescing on
+(the default) and off (one event per token).
 
     uv run python bench/http_overhead.py                      # 1, 64, 256 streams; coalescing on and off
     uv run python bench/http_overhead.py --concurrency 64 --seconds 5 --coalesce on
@@ -17,6 +20,7 @@ per event and per token (from /proc). Runs with coalescing on (the default) and 
     uv run python bench/http_overhead.py --pure-sse       # the floor: a bare Quart-Trio SSE app, no engine
     uv run python bench/http_overhead.py --engine-only    # the actor path alone, no HTTP
     uv run python bench/http_overhead.py --sinks all      # with every telemetry sink (none: without any)
+    uv run python bench/http_overhead.py --coalesce on --stream-interval 1 2 4 8   # one server per interval
 
 This is a benchmark, not a test; docs/benchmarks.md records its figures.
 """
@@ -36,8 +40,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse_client import SSEConnection
+from inference_server.config import Settings
 
 if TYPE_CHECKING:
     from inference_server.supervisor import EngineParts
@@ -69,11 +72,11 @@ def _small_send_buffers() -> None:
     Config.create_sockets = create_small_sockets  # type: ignore[method-assign]
 
 
-def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
+def fake_parts(max_streams: int, step_ms: float, stream_interval: int = 1,
+               stream_interval_ms: float = 100.0) -> EngineParts:
     """Engine parts around a step function that costs no CPU: one token per sampled sequence, at once.
     ``step_ms`` > 0 makes each step take that long off the event loop (like a GPU step, which the executor
     runs in a worker thread while the loop keeps serving HTTP)."""
-    from inference_server.config import Settings
     from inference_server.core.kv_manager import KVManager
     from inference_server.core.scheduler import SchedulerConfig
     from inference_server.models.loading.embedded import embedded_gguf_path
@@ -95,7 +98,8 @@ def fake_parts(max_streams: int, step_ms: float) -> EngineParts:
         step=step, kv=KVManager(block_size=16, num_full_blocks=16384), tokenizer=tokenizer, max_model_len=4096,
         vocab_size=262144, eos_token_ids=frozenset(tokenizer.eos_token_ids),
         scheduler_config=SchedulerConfig(max_batch_size=max_streams, max_num_batched_tokens=8192),
-        max_queue_size=4 * max_streams, model_name="fake")
+        max_queue_size=4 * max_streams, model_name="fake", stream_interval=stream_interval,
+        stream_interval_ms=stream_interval_ms)
 
 
 def _detach_telemetry_sinks() -> None:
@@ -112,13 +116,13 @@ def _detach_telemetry_sinks() -> None:
     Observability.attach = classmethod(detached)  # type: ignore[method-assign,assignment]
 
 
-def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default") -> int:
+def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default",
+          stream_interval: int = 1, stream_interval_ms: float = 100.0) -> int:
     """Run the real server (``run_server``, which prints its URL) on ``fake_parts``. ``sinks``: ``none`` (no
     telemetry sink), ``default`` (stats and Prometheus, as ``serve`` always has) or ``all`` (plus the SQLite
     run file, the JSONL timeline and profiler ranges, in a temporary folder)."""
     import tempfile
 
-    from inference_server.config import Settings
     from inference_server.server import run_server
 
     if small_send_buffers:
@@ -131,10 +135,12 @@ def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: 
         files = {"telemetry_dir": folder, "timeline_dir": folder}
     settings = Settings(host="127.0.0.1", port=0, log_level="warning", max_batch_size=max_streams,
                         max_queue_size=4 * max_streams, **files)
-    return run_server(fake_parts(max_streams, step_ms), settings, coalesce=coalesce)
+    parts = fake_parts(max_streams, step_ms, stream_interval, stream_interval_ms)
+    return run_server(parts, settings, coalesce=coalesce)
 
 
-def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float) -> Row:
+def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float, stream_interval: int = 1,
+                stream_interval_ms: float = 100.0) -> Row:
     """The actor path alone (no HTTP): ``concurrency`` clients in this process, each submitting its next
     request as soon as the last one finished (``offline.collect`` reads each stream), on one running engine."""
     from inference_server.offline import collect
@@ -142,7 +148,7 @@ def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float
     from inference_server.records.sampling_params import SamplingParams
     from inference_server.supervisor import Engine
 
-    parts = fake_parts(max(concurrency, 1), 0.0)
+    parts = fake_parts(max(concurrency, 1), 0.0, stream_interval, stream_interval_ms)
     request = GenerationRequest(params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
                                 prompt_ids=tuple(PROMPT_IDS))
     counters = Counters()
@@ -168,7 +174,7 @@ def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float
 
     wall, cpu = trio.run(run)
     return Row("engine", concurrency, counters.tokens / wall, 0.0, counters.streams / wall, cpu / wall, 0.0,
-               float("nan"), 0)
+               float("nan"), 0, interval=stream_interval)
 
 
 def serve_pure_sse() -> int:
@@ -219,50 +225,113 @@ class Counters:
     streams: int = 0
     errors: int = 0
     first_token_latencies: list[float] = attrs.Factory(list)
+    event_gaps: list[float] = attrs.Factory(list)  # between consecutive token events of one stream (ITL seen)
+    per_token_times: list[float] = attrs.Factory(list)  # (last event - first event) / (tokens - 1), per stream
 
 
 def count_tokens(event: bytes) -> int:
-    """Tokens in a native event's payload ``{"token_ids":[...],...}`` without decoding the JSON (client CPU is the
+    """Tokens in a native event ``data: {"token_ids":[...],...}`` without decoding the JSON (client CPU is the
     scarcer resource here: both processes share two cores)."""
     start = event.index(b"[", event.index(b'"token_ids"')) + 1
     end = event.index(b"]", start)
     return 0 if end == start else event.count(b",", start, end) + 1
 
 
-async def generate(connection: SSEConnection, body: bytes, counters: Counters) -> None:
-    """One streamed ``/generate`` request on ``connection``; its events are counted into ``counters``."""
-    started = time.perf_counter()
-    first = True
+class Connection:
+    """One keep-alive HTTP/1.1 connection that streams ``/generate`` responses (chunked SSE)."""
 
-    def on_event(payload: bytes) -> None:
-        nonlocal first
-        if payload == b"[DONE]":
-            return
-        tokens = count_tokens(payload)
+    def __init__(self, host: str, port: int, read_interval: float) -> None:
+        self.host, self.port = host, port
+        self.read_interval = read_interval
+        self.stream: trio.SocketStream | None = None
+        self.buffer = b""
+
+    async def _connect(self) -> trio.SocketStream:
+        if not self.read_interval:
+            return await trio.open_tcp_stream(self.host, self.port)
+        # A slow client: a small receive window, read in small pieces at intervals, so the server's socket
+        # writes block and its tokens pile up (coalescing territory).
+        sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, SLOW_CLIENT_RCVBUF)
+        await sock.connect((self.host, self.port))
+        return trio.SocketStream(sock)
+
+    async def _read_more(self) -> None:
+        assert self.stream is not None
+        if self.read_interval:
+            await trio.sleep(self.read_interval)
+        data = await self.stream.receive_some(SLOW_CLIENT_READ if self.read_interval else 65536)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        self.buffer += data
+
+    async def _read_until(self, marker: bytes) -> bytes:
+        while (index := self.buffer.find(marker)) < 0:
+            await self._read_more()
+        head, self.buffer = self.buffer[:index], self.buffer[index + len(marker):]
+        return head
+
+    async def _read_exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            await self._read_more()
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    async def generate(self, body: bytes, counters: Counters) -> None:
+        if self.stream is None:
+            self.stream = await self._connect()
+            self.buffer = b""
+        request = (f"POST /generate HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        started = time.perf_counter()
+        await self.stream.send_all(request)
+        head = (await self._read_until(b"\r\n\r\n")).lower()
+        if not head.startswith(b"http/1.1 200"):
+            counters.errors += 1
+            raise ConnectionError(head.split(b"\r\n")[0].decode())
+        pending, first, last_event, first_event, tokens_seen = b"", True, 0.0, 0.0, 0
+        while True:
+            size = int(await self._read_until(b"\r\n"), 16)
+            if size == 0:
+                await self._read_until(b"\r\n")
+                break
+            pending += await self._read_exactly(size)
+            await self._read_exactly(2)
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if event == b"data: [DONE]":
+                    continue
+                tokens = count_tokens(event)
+                now = time.perf_counter()
+                if counters.measuring:
+                    counters.events += 1
+                    counters.tokens += tokens
+                    if first:
+                        counters.first_token_latencies.append(now - started)
+                    else:
+                        counters.event_gaps.append(now - last_event)
+                if first:
+                    first_event = now
+                last_event, first, tokens_seen = now, False, tokens_seen + tokens
         if counters.measuring:
-            counters.events += 1
-            counters.tokens += tokens
-            if first:
-                counters.first_token_latencies.append(time.perf_counter() - started)
-        first = False
+            counters.streams += 1
+            if tokens_seen > 1:
+                counters.per_token_times.append((last_event - first_event) / (tokens_seen - 1))
+        if b"connection: close" in head:
+            await self.close()
 
-    response = await connection.post("/generate", body, on_event)
-    if response.status != 200:
-        counters.errors += 1
-        raise ConnectionError(f"HTTP {response.status}")
-    if counters.measuring:
-        counters.streams += 1
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
 
 
 async def client_loop(host: str, port: int, body: bytes, counters: Counters, read_interval: float) -> None:
-    # A slow client: a small receive window, read in small pieces at intervals, so the server's socket writes
-    # block and its tokens pile up (coalescing territory).
-    slow = {"read_interval": read_interval, "rcvbuf": SLOW_CLIENT_RCVBUF, "read_size": SLOW_CLIENT_READ}
-    connection = SSEConnection(host, port, **(slow if read_interval else {}))  # type: ignore[arg-type]
+    connection = Connection(host, port, read_interval)
     try:
         while True:
             try:
-                await generate(connection, body, counters)
+                await connection.generate(body, counters)
             except (ConnectionError, trio.BrokenResourceError, ValueError):
                 await connection.close()
     finally:
@@ -285,6 +354,10 @@ class Row:
     client_cpu: float
     ttft_p50_ms: float
     errors: int
+    itl_p50_ms: float = float("nan")  # gap between consecutive events of a stream, as a client sees it
+    itl_p99_ms: float = float("nan")
+    tpot_ms: float = float("nan")  # median per stream of (last event - first event) / (tokens - 1)
+    interval: int = 1  # the server's STREAM_INTERVAL (tokens per event after the first)
 
     @property
     def tokens_per_event(self) -> float:
@@ -300,7 +373,7 @@ class Row:
 
 
 async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: int, seconds: float,
-                  warmup: float, server: str, read_interval: float = 0.0) -> Row:
+                  warmup: float, server: str, read_interval: float = 0.0, interval: int = 1) -> Row:
     body = json.dumps({"prompt_token_ids": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True,
                        "temperature": 0, "stream": True}).encode()
     counters = Counters()
@@ -313,16 +386,23 @@ async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: 
         counters.measuring, cpu1, t1, c1 = False, server_cpu_seconds(pid), time.perf_counter(), time.process_time()
         nursery.cancel_scope.cancel()
     wall = t1 - t0
-    latencies = sorted(counters.first_token_latencies)
-    p50 = latencies[len(latencies) // 2] * 1e3 if latencies else float("nan")
     return Row(server, concurrency, counters.tokens / wall, counters.events / wall, counters.streams / wall,
-               (cpu1 - cpu0) / wall, (c1 - c0) / wall, p50, counters.errors)
+               (cpu1 - cpu0) / wall, (c1 - c0) / wall, quantile_ms(counters.first_token_latencies, 0.5),
+               counters.errors, quantile_ms(counters.event_gaps, 0.5), quantile_ms(counters.event_gaps, 0.99),
+               quantile_ms(counters.per_token_times, 0.5), interval)
+
+
+def quantile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3 if ordered else float("nan")
 
 
 def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool,
-                 sinks: str = "default") -> tuple[subprocess.Popen, str, int]:
+                 sinks: str = "default", stream_interval: int = 1,
+                 stream_interval_ms: float = 100.0) -> tuple[subprocess.Popen, str, int]:
     command = [sys.executable, __file__, "--serve", "--coalesce", "on" if coalesce else "off",
-               "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks]
+               "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks,
+               "--stream-interval", str(stream_interval), "--stream-interval-ms", str(stream_interval_ms)]
     command += (["--slow-client-ms", "1"] if slow_clients else []) + (["--pure-sse"] if pure_sse else [])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -335,19 +415,22 @@ def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients:
 
 def print_table(rows: list[Row], max_tokens: int, step_ms: float) -> None:
     print(f"\nstreams of {max_tokens} tokens, fake step {step_ms:g} ms; server: on/off = coalescing on/off, bare = "
-          "bare Quart-Trio SSE app; CPU = fraction of one core")
-    header = (f"{'server':>8} {'streams':>7} {'tokens/s':>9} {'events/s':>9} {'tok/event':>9} {'streams/s':>9} "
-              f"{'server CPU':>10} {'client CPU':>10} {'µs/event':>9} {'µs/token':>9} {'TTFT p50':>9}")
+          "bare Quart-Trio SSE app; interval = STREAM_INTERVAL; CPU = fraction of one core; ITL = gap between "
+          "a stream's events; TPOT = (last - first event) / (tokens - 1)")
+    header = (f"{'server':>8} {'interval':>8} {'streams':>7} {'tokens/s':>9} {'events/s':>9} {'tok/event':>9} "
+              f"{'streams/s':>9} {'server CPU':>10} {'client CPU':>10} {'µs/event':>9} {'µs/token':>9} "
+              f"{'TTFT p50':>9} {'ITL p50':>9} {'ITL p99':>9} {'TPOT':>9}")
     print(header)
     print("-" * len(header))
     for r in rows:
         has_events = r.events_per_s > 0
-        cells = [f"{r.server:>8}", f"{r.concurrency:>7}", f"{r.tokens_per_s:>9.0f}",
+        cells = [f"{r.server:>8}", f"{r.interval:>8}", f"{r.concurrency:>7}", f"{r.tokens_per_s:>9.0f}",
                  f"{r.events_per_s:>9.0f}" if has_events else f"{'-':>9}",
                  f"{r.tokens_per_event:>9.2f}" if has_events else f"{'-':>9}", f"{r.streams_per_s:>9.1f}",
                  f"{r.server_cpu:>10.2f}", f"{r.client_cpu:>10.2f}" if has_events else f"{'-':>10}",
                  f"{r.us_per_event:>9.1f}" if has_events else f"{'-':>9}", f"{r.us_per_token:>9.1f}",
-                 f"{r.ttft_p50_ms:>7.1f}ms" if has_events else f"{'-':>9}"]
+                 *(f"{ms:>7.1f}ms" if has_events else f"{'-':>9}"
+                   for ms in (r.ttft_p50_ms, r.itl_p50_ms, r.itl_p99_ms, r.tpot_ms))]
         print(" ".join(cells) + (f"  ({r.errors} errors)" if r.errors else ""))
 
 
@@ -370,27 +453,35 @@ def main() -> int:
     parser.add_argument("--sinks", choices=["none", "default", "all"], default="default",
                         help="telemetry sinks on the server: none; default (stats and Prometheus, as serve has); "
                              "all (plus the SQLite run file, the JSONL timeline and profiler ranges)")
+    parser.add_argument("--stream-interval", type=int, nargs="+", default=[Settings().stream_interval],
+                        help="the server's STREAM_INTERVAL (tokens per event after the first); several: one server "
+                             "each (default: the server's default)")
+    parser.add_argument("--stream-interval-ms", type=float, default=Settings().stream_interval_ms,
+                        help="the server's STREAM_INTERVAL_MS (the longest a token is held back)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-streams", type=int, default=256, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         if args.pure_sse:
             return serve_pure_sse()
-        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0, args.sinks)
+        return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0, args.sinks,
+                     args.stream_interval[0], args.stream_interval_ms)
     rows = []
     if args.engine_only:
-        rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup) for c in args.concurrency]
+        rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup, interval, args.stream_interval_ms)
+                for interval in args.stream_interval for c in args.concurrency]
         print_table(rows, args.max_tokens, 0.0)
         return 0
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.coalesce]
-    for coalesce in modes if not args.pure_sse else [False]:
+    servers = [(c, i) for c in modes for i in args.stream_interval] if not args.pure_sse else [(False, 1)]
+    for coalesce, interval in servers:
         process, host, port = start_server(coalesce, max(args.concurrency), args.step_ms, args.slow_client_ms > 0,
-                                           args.pure_sse, args.sinks)
+                                           args.pure_sse, args.sinks, interval, args.stream_interval_ms)
         try:
             for concurrency in args.concurrency:
                 row = trio.run(measure, host, port, process.pid, concurrency, args.max_tokens, args.seconds,
                                args.warmup, "bare" if args.pure_sse else "on" if coalesce else "off",
-                               args.slow_client_ms / 1000)
+                               args.slow_client_ms / 1000, interval)
                 rows.append(row)
                 print_table([row], args.max_tokens, args.step_ms)
         finally:

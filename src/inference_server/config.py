@@ -93,6 +93,13 @@ class Settings:
                                      minimum=0.0)
     stall_timeout: float = _field(30.0, "Readiness turns 503 when work is pending and no step completed "
                                         "for this many seconds.", minimum=0.0)
+    stream_interval: int = _field(4, "Tokens per streamed update after the first (as SGLang's --stream-interval): "
+                                     "a request's first token and its last update go out at once, the tokens "
+                                     "between are sent in groups of this many (1: every token on its own).",
+                                  minimum=1)
+    stream_interval_ms: float = _field(100.0, "The longest the stream interval holds a token back (ms): fewer "
+                                              "tokens go in one update when waiting for more would hold one "
+                                              "longer, and tokens this far apart are sent at once.", minimum=1.0)
     max_body_bytes: int = _field(4 * 1024 * 1024, "Largest accepted HTTP request body.", minimum=1)
     seed: int = _field(0, "Seed for dummy weights and for requests without their own seed.", minimum=0)
     cache_dir: str = _field("", "Where converted tokenizers and other caches live; empty: "

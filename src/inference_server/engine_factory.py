@@ -74,6 +74,8 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         default_max_tokens=settings.default_max_tokens or None,
         model_root=loaded.root,
         tokenizer_folder=str(tokenizer_folder or ""),
+        stream_interval=settings.stream_interval,
+        stream_interval_ms=settings.stream_interval_ms,
     )
     parts = with_faults(parts, parse_faults(settings.faults))  # the same parts when FAULTS is empty
     log.info("KV cache: %d full blocks, %d sliding blocks of %d tokens; max model len %d; backend %s",

@@ -106,6 +106,10 @@ class EngineParts:
     allocate: Callable[[KVManager, StepDemand], StepGrant] = allocate_step  # FAULTS may wrap it
     overlap: bool = True
     """``OVERLAP``: launch step N+1 before collecting step N (``actors/executor.py``)."""
+    stream_interval: int = 1
+    """``STREAM_INTERVAL``: tokens per stream update after the first (see ``actors/request_streams.py``)."""
+    stream_interval_ms: float = 100.0
+    """``STREAM_INTERVAL_MS``: the longest a token is held back by the stream interval."""
 
 
 def kv_limits(parts: EngineParts) -> KVLimits:
@@ -128,7 +132,8 @@ class Engine:
     def __init__(self, parts: EngineParts) -> None:
         self.parts = parts
         self.state = EngineState.STARTING
-        self.streams = RequestStreams()
+        self.streams = RequestStreams(interval_tokens=parts.stream_interval,
+                                      max_hold=parts.stream_interval_ms / 1000)
         self.telemetry = Telemetry()
         self.scheduler = Scheduler(parts.scheduler_config, make_policy(parts.scheduling_policy))
         self.failure: BaseException | None = None

@@ -76,7 +76,8 @@ class RequestHandle:
         """The next update (several coalesced ones merged into one when they are already buffered)."""
         if self._finished:
             raise StopAsyncIteration
-        await self.admission()
+        if self._prompt_tokens is None:
+            await self.admission()
         try:
             item = await self._stream.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):

@@ -30,7 +30,7 @@ from inference_server.http.errors import ApiError, from_unsuccessful_finish, inv
 from inference_server.http.generation import admit
 from inference_server.http.responses import json_response, read_body, sse_response
 from inference_server.http.schemas import GenerateRequest
-from inference_server.http.sse import event
+from inference_server.http.sse import event, json_string, raw_event
 from inference_server.http.state import AppState
 from inference_server.http.usage import usage
 from inference_server.records.requests import GenerationRequest, RequestUpdate
@@ -102,9 +102,15 @@ class NativeEncoder:
         return b""
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
-        if not update.tokens and not update.finished and update.prompt_logprobs is None:
+        if update.finished or update.prompt_logprobs is not None or self.with_logprobs:
+            return event(self.payload(update, final=update.finished))
+        tokens = update.tokens
+        if not tokens:
             return b""
-        return event(self.payload(update, final=update.finished))
+        # The common event, spliced from pre-encoded parts (what ``payload`` + ``dumps`` would write).
+        self.completion_tokens += len(tokens)
+        ids = ",".join([str(t.token_id) for t in tokens])
+        return raw_event('{"token_ids":[' + ids + '],"text":' + json_string("".join([t.text for t in tokens])) + "}")
 
     def failure(self, index: int, update: RequestUpdate) -> bytes:
         payload = self.payload(update, final=True)

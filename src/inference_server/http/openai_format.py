@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from inference_server.http.errors import ApiError, from_unsuccessful_finish
-from inference_server.http.sse import dumps, event, raw_event
+from inference_server.http.sse import dumps, event, json_string, raw_event
 from inference_server.http.state import AppState
 from inference_server.http.usage import usage
 from inference_server.records.requests import PromptTokenLogprob, RequestUpdate, TokenOutput
@@ -184,6 +184,10 @@ class _ChunkEncoder:
         head = dumps({"id": response_id, "object": self.object_name, "created": int(time.time()),
                       "model": state.model_name})
         self._head = head[:-1] + ',"choices":['  # every chunk starts the same way
+        # The common chunk (text only, no logprobs, token ids or finish) is spliced from these pre-encoded
+        # parts around the text: no dict and no ``dumps`` per event.
+        self._plain = not (with_logprobs or continuous_usage or options.token_ids)
+        self._plain_tail = "]" + (',"usage":null' if include_usage else "") + "}"
 
     def _chunk(self, choice: dict[str, Any] | None, index: int) -> bytes:
         tail = "]"
@@ -218,6 +222,10 @@ class CompletionEncoder(_ChunkEncoder):
         offset = self.choices.record(index, update)
         if not update.tokens and not update.finished:
             return b""
+        if self._plain and not update.finished:
+            text = json_string("".join([t.text for t in update.tokens]))
+            return raw_event(f'{self._head}{{"index":{index},"text":{text},"logprobs":null,"finish_reason":null}}'
+                             f'{self._plain_tail}')
         logprobs = completion_logprobs(update.tokens, self.state, offset, self.options) if self.with_logprobs \
             else None
         choice = {"index": index, "text": "".join(t.text for t in update.tokens), "logprobs": logprobs,
@@ -248,9 +256,12 @@ class ChatEncoder(_ChunkEncoder):
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
         self.choices.record(index, update)
-        text = "".join(t.text for t in update.tokens)
+        text = "".join([t.text for t in update.tokens])
         if not text and not update.finished and not (self.with_logprobs and update.tokens):
             return b""
+        if self._plain and not update.finished:
+            return raw_event(f'{self._head}{{"index":{index},"delta":{{"content":{json_string(text)}}}'
+                             f',"logprobs":null,"finish_reason":null}}{self._plain_tail}')
         logprobs = {"content": chat_logprobs(update.tokens, self.state, self.options)} if self.with_logprobs \
             else None
         choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,

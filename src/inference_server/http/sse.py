@@ -9,7 +9,11 @@ buffered (``receive_nowait``) and writes them as one chunk, merging the updates 
 It never waits for more tokens to arrive, so a client that keeps up gets one event per engine step, and one
 that falls behind (its socket write was slow, so updates piled up meanwhile) gets fewer, larger events:
 the per-event cost (~50 µs on this stack) is paid once for many tokens. The engine side never waits for the
-writer (its per-request buffers coalesce too, see ``actors/request_streams.py``).
+writer (its per-request buffers coalesce too, see ``actors/request_streams.py``), and groups a request's
+tokens after the first before this body ever wakes (``STREAM_INTERVAL``: one update per that many tokens).
+
+Encoders splice the common event (text and ids only) from parts encoded once per request (``json_string``
+for the varying text) instead of building and dumping a dict per event.
 
 Cancellation: the body yields outside any cancel scope or nursery (a trio rule for async generators), and
 ``source.close()`` runs in ``finally`` whether the body ends, fails, is cancelled (client gone while we
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from inference_server.http.errors import ApiError, internal_error
@@ -38,6 +42,11 @@ SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 def dumps(payload: Any) -> str:
     """Compact JSON, non-ASCII kept as is."""
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+json_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+"""A JSON string literal for ``text``, exactly as ``dumps(text)`` writes it (non-ASCII kept): for events
+spliced from pre-encoded parts."""
 
 
 def event(payload: Any) -> bytes:
