@@ -267,7 +267,8 @@ class SchedulerActor:
         for update in updates:
             self._report_update(update, now)
         self._undelivered.extend(updates)
-        self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds)
+        self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds,
+                          num_generated=sum(len(u.tokens) for u in updates))
         if self.depth > 0:
             self.flush_deliveries()
 
@@ -311,7 +312,7 @@ class SchedulerActor:
         return self.core.last_finished.get(update.request_id)
 
     def _report_step(self, plan: StepPlan, result: StepResult, grant: StepGrant, schedule_seconds: float,
-                     deliver_seconds: float) -> None:
+                     deliver_seconds: float, *, num_generated: int) -> None:
         decode = sum(1 for s in plan.sequences if len(s.token_ids) == 1 and s.cached_len >= s.prompt_len)
         sliding_free = grant.sliding_free_fraction
         self.emit(StepCompleted(
@@ -320,6 +321,6 @@ class SchedulerActor:
             num_waiting=len(self.core.waiting), num_running=len(self.core.running),
             kv_usage=1.0 - grant.free_fraction, num_preempted=len(grant.preempted), plan=plan,
             preempted=grant.preempted, kv_usage_sliding=None if sliding_free is None else 1.0 - sliding_free,
-            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds))
+            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated))
 
 

@@ -79,6 +79,9 @@ class StepCompleted:
     kv_usage_sliding: float | None = None  # fraction of sliding-window KV blocks in use (None: no such group)
     schedule_seconds: float = 0.0  # demand, grant and plan (the scheduler's side of the step)
     deliver_seconds: float = 0.0  # delivering the previous step's tokens to the request streams
+    num_generated: int | None = None
+    """Output tokens this step added to requests (None: count the plan's sampled sequences). Differs from the
+    plan with overlap: a token sampled for a request that stopped or was preempted meanwhile is discarded."""
 
 
 TelemetryEvent = (RequestQueued | RequestRejected | RequestStarted | FirstToken | RequestFinished

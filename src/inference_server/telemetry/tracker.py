@@ -174,7 +174,8 @@ class RequestTracker:
         record = StepRecord(
             step_id=event.step_id, time=now, execute_seconds=event.seconds, schedule_seconds=event.schedule_seconds,
             deliver_seconds=event.deliver_seconds, num_prefill_tokens=event.num_prefill_tokens,
-            num_decode_tokens=event.num_decode_tokens, num_sampled=sampled,
+            num_decode_tokens=event.num_decode_tokens,
+            num_sampled=sampled if event.num_generated is None else event.num_generated,
             num_waiting=event.num_waiting, num_running=event.num_running, kv_usage_full=event.kv_usage,
             kv_usage_sliding=event.kv_usage_sliding, admitted=tuple(admitted), preempted=event.preempted,
             finished=ended, plan=event.plan, inter_token_latencies=tuple(itls.items()),
