@@ -42,6 +42,9 @@ import trio
 
 from inference_server.config import Settings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sse_client import SSEConnection
+
 if TYPE_CHECKING:
     from inference_server.supervisor import EngineParts
 
@@ -237,101 +240,48 @@ def count_tokens(event: bytes) -> int:
     return 0 if end == start else event.count(b",", start, end) + 1
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection that streams ``/generate`` responses (chunked SSE)."""
+async def generate(connection: SSEConnection, body: bytes, counters: Counters) -> None:
+    """One streamed ``/generate`` request on ``connection``; its events are counted into ``counters``."""
+    started = time.perf_counter()
+    first, last_event, first_event, tokens_seen = True, 0.0, 0.0, 0
 
-    def __init__(self, host: str, port: int, read_interval: float) -> None:
-        self.host, self.port = host, port
-        self.read_interval = read_interval
-        self.stream: trio.SocketStream | None = None
-        self.buffer = b""
-
-    async def _connect(self) -> trio.SocketStream:
-        if not self.read_interval:
-            return await trio.open_tcp_stream(self.host, self.port)
-        # A slow client: a small receive window, read in small pieces at intervals, so the server's socket
-        # writes block and its tokens pile up (coalescing territory).
-        sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, SLOW_CLIENT_RCVBUF)
-        await sock.connect((self.host, self.port))
-        return trio.SocketStream(sock)
-
-    async def _read_more(self) -> None:
-        assert self.stream is not None
-        if self.read_interval:
-            await trio.sleep(self.read_interval)
-        data = await self.stream.receive_some(SLOW_CLIENT_READ if self.read_interval else 65536)
-        if not data:
-            raise ConnectionError("server closed the connection")
-        self.buffer += data
-
-    async def _read_until(self, marker: bytes) -> bytes:
-        while (index := self.buffer.find(marker)) < 0:
-            await self._read_more()
-        head, self.buffer = self.buffer[:index], self.buffer[index + len(marker):]
-        return head
-
-    async def _read_exactly(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            await self._read_more()
-        data, self.buffer = self.buffer[:size], self.buffer[size:]
-        return data
-
-    async def generate(self, body: bytes, counters: Counters) -> None:
-        if self.stream is None:
-            self.stream = await self._connect()
-            self.buffer = b""
-        request = (f"POST /generate HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        started = time.perf_counter()
-        await self.stream.send_all(request)
-        head = (await self._read_until(b"\r\n\r\n")).lower()
-        if not head.startswith(b"http/1.1 200"):
-            counters.errors += 1
-            raise ConnectionError(head.split(b"\r\n")[0].decode())
-        pending, first, last_event, first_event, tokens_seen = b"", True, 0.0, 0.0, 0
-        while True:
-            size = int(await self._read_until(b"\r\n"), 16)
-            if size == 0:
-                await self._read_until(b"\r\n")
-                break
-            pending += await self._read_exactly(size)
-            await self._read_exactly(2)
-            *events, pending = pending.split(b"\n\n")
-            for event in events:
-                if event == b"data: [DONE]":
-                    continue
-                tokens = count_tokens(event)
-                now = time.perf_counter()
-                if counters.measuring:
-                    counters.events += 1
-                    counters.tokens += tokens
-                    if first:
-                        counters.first_token_latencies.append(now - started)
-                    else:
-                        counters.event_gaps.append(now - last_event)
-                if first:
-                    first_event = now
-                last_event, first, tokens_seen = now, False, tokens_seen + tokens
+    def on_event(payload: bytes) -> None:
+        nonlocal first, last_event, first_event, tokens_seen
+        if payload == b"[DONE]":
+            return
+        tokens = count_tokens(payload)
+        now = time.perf_counter()
         if counters.measuring:
-            counters.streams += 1
-            if tokens_seen > 1:
-                counters.per_token_times.append((last_event - first_event) / (tokens_seen - 1))
-        if b"connection: close" in head:
-            await self.close()
+            counters.events += 1
+            counters.tokens += tokens
+            if first:
+                counters.first_token_latencies.append(now - started)
+            else:
+                counters.event_gaps.append(now - last_event)
+        if first:
+            first_event = now
+        last_event, first, tokens_seen = now, False, tokens_seen + tokens
 
-    async def close(self) -> None:
-        if self.stream is not None:
-            await self.stream.aclose()
-            self.stream = None
+    response = await connection.post("/generate", body, on_event)
+    if response.status != 200:
+        counters.errors += 1
+        raise ConnectionError(response.head.split(b"\r\n")[0].decode())
+    if counters.measuring:
+        counters.streams += 1
+        if tokens_seen > 1:
+            counters.per_token_times.append((last_event - first_event) / (tokens_seen - 1))
 
 
 async def client_loop(host: str, port: int, body: bytes, counters: Counters, read_interval: float) -> None:
-    connection = Connection(host, port, read_interval)
+    # A slow client: a small receive window, read in small pieces at intervals, so the server's socket writes
+    # block and its tokens pile up (coalescing territory).
+    connection = SSEConnection(host, port, read_interval=read_interval,
+                               rcvbuf=SLOW_CLIENT_RCVBUF if read_interval else 0,
+                               read_size=SLOW_CLIENT_READ if read_interval else 65536)
     try:
         while True:
             try:
-                await connection.generate(body, counters)
+                await generate(connection, body, counters)
             except (ConnectionError, trio.BrokenResourceError, ValueError):
                 await connection.close()
     finally:
