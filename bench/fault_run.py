@@ -51,6 +51,9 @@ import attrs
 import httpx
 import trio
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_process import url_from_lines
+
 TEXT_PROMPTS = ["The capital of France is", "Once upon a time, there was", "def fibonacci(n):",
                 "The three primary colours are", "Water boils at", "My favourite book is"]
 SUCCESSFUL_FINISHES = {"stop", "length"}
@@ -90,14 +93,9 @@ class ServerProcess:
         self.exit_time = time.monotonic()
 
     def _await_url(self, lines: queue.Queue[str], timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if "listening on " in line:
-                return line.split("listening on ", 1)[1].strip()
+        url = url_from_lines(lines, self.process, timeout)
+        if url is not None:
+            return url
         self.stop()
         tail = "\n".join(line for _, line in self.log[-30:])
         raise SystemExit(f"the server did not start within {timeout:.0f} s:\n{tail}")

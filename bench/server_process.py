@@ -40,6 +40,12 @@ def wait_for_url(process: subprocess.Popen[bytes], timeout: float) -> str | None
             lines.put(line.decode(errors="replace"))
 
     threading.Thread(target=drain, daemon=True).start()
+    return url_from_lines(lines, process, timeout)
+
+
+def url_from_lines(lines: queue.Queue[str], process: subprocess.Popen[bytes], timeout: float) -> str | None:
+    """The URL of the first ``listening on URL`` line put on ``lines`` (by a thread reading the server's
+    stdout), or ``None`` if ``process`` exits or ``timeout`` seconds pass first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
