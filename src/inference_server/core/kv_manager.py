@@ -180,6 +180,27 @@ class KVManager:
         num_released = sum(1 for b in releasable if b is not None and pool.refcount(b) == 1)
         return num_new_blocks <= pool.num_available + num_released
 
+    def append_in_block(self, seq_id: SequenceId) -> BlockTables | None:
+        """The decode fast path: one more slot when that changes no block table, else None (nothing done).
+
+        When the sequence's last block has room, the prompt's written blocks are all in the prefix cache and
+        no sliding block falls out of the window, ``append_slots(seq_id, 1)`` would only count the token;
+        this does exactly that and returns the (unchanged) tables. Otherwise it returns None without
+        touching anything, and the caller takes the general path (``can_append`` / ``append_slots``)."""
+        seq = self._get(seq_id)
+        num_tokens = seq.num_tokens
+        block_size = self.block_size
+        if num_tokens % block_size == 0:
+            return None  # the new token starts a block
+        if self.prefix_cache is not None and \
+                min(num_tokens, len(seq.prompt)) // block_size > seq.num_inserted_blocks:
+            return None  # a written prompt block is still to be cached
+        window = self.sliding_window
+        if window is not None and (num_tokens - window + 1) // block_size > seq.num_released_sliding:
+            return None  # a sliding block falls out of the window
+        seq.num_tokens = num_tokens + 1
+        return seq.tables if seq.tables is not None else self.block_tables(seq_id)
+
     def append_slots(self, seq_id: SequenceId, num_new_tokens: int) -> None:
         """Give positions ``num_tokens .. num_tokens + num_new_tokens - 1`` KV slots in both groups.
 
