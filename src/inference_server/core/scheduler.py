@@ -253,6 +253,12 @@ class Scheduler:
         prompt_len = len(request.prompt_ids)
         if num_tokens == 1 and start >= prompt_len and not request.needs_reset:
             return self._scheduled_decode(request, start, prompt_len, block_tables)
+        return self._scheduled_general(request, num_tokens, block_tables)
+
+    def _scheduled_general(self, request: Request, num_tokens: int,
+                           block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
+        """Schedule ``num_tokens`` of ``request`` from ``num_computed`` on, whatever the chunk."""
+        start = request.num_computed
         targets: tuple[int, ...] = ()
         if request.needs_prompt_logprobs:  # positions start .. score the prompt tokens after them
             targets = request.prompt_ids[start + 1:min(start + num_tokens + 1, len(request.prompt_ids))]
@@ -279,8 +285,9 @@ class Scheduler:
 
     def _scheduled_decode(self, request: Request, start: int, prompt_len: int,
                           block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
-        """``_scheduled`` for one token past the prompt of a request already running (the common step):
-        no prompt logprob targets, no history, no reset, and the token is an output or in flight."""
+        """``_scheduled_general`` for one token past the prompt of a request already running (the common
+        step), without its general machinery: no prompt logprob targets, no history, no reset, and the token
+        is an output or in flight. Must give what ``_scheduled_general`` gives (tests/core/test_fast_paths)."""
         output_ids = request.output_ids
         index = start - prompt_len
         token = output_ids[index] if index < len(output_ids) else PENDING_TOKEN
