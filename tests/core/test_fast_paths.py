@@ -15,7 +15,7 @@ from collections.abc import Callable
 import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.core.test_scheduler import FakeRunner, fake_token
+from tests.core.test_scheduler import FakeRunner
 
 from inference_server.core.kv_grants import StepGrant, allocate_step
 from inference_server.core.kv_manager import BlockTables, KVManager, SequenceId

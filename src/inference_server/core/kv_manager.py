@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 import attrs
 
@@ -130,7 +131,11 @@ class KVManager:
         decode step adds a block once every ``block_size`` tokens, so most steps copy nothing)."""
         seq = self._get(seq_id)
         if seq.tables is None:
-            sliding = tuple(UNUSED_BLOCK if b is None else b for b in seq.sliding_blocks)
+            # Entries before num_released_sliding are None, the rest are held (check_integrity's invariant),
+            # so the sliding table is two slices rather than a test per entry.
+            released = seq.num_released_sliding if seq.sliding_blocks else 0
+            sliding: tuple[int, ...] = (UNUSED_BLOCK,) * released + tuple(
+                cast(list[int], seq.sliding_blocks)[released:])
             seq.tables = BlockTables(full=tuple(seq.full_blocks), sliding=sliding)
         return seq.tables
 

@@ -144,10 +144,10 @@ class Scheduler:
             uncomputed = r.num_uncomputed
             if uncomputed == 1:
                 if not (r.num_in_flight and self._finishes_in_flight(r)):
-                    demand = decode_demands.get(r.request_id)
-                    if demand is None:
-                        demand = decode_demands[r.request_id] = Demand(r.request_id, new=False, num_tokens=1)
-                    decodes.append(demand)
+                    decode = decode_demands.get(r.request_id)
+                    if decode is None:
+                        decode = decode_demands[r.request_id] = Demand(r.request_id, new=False, num_tokens=1)
+                    decodes.append(decode)
             elif uncomputed > 1:
                 prefills.append(Demand(r.request_id, new=False, num_tokens=uncomputed, whole=whole))
         # Only as many candidates as there are free sequence slots (building their token tuples costs
