@@ -3,8 +3,9 @@
 ``--streams`` requests of ``--context`` random prompt ids each, ``max_tokens`` large enough that none ends in
 the window, run on the real engine (scheduler actor, KV allocator over a Gemma-4-like two-group KV cache from
 ``bench/burst.py``, executor with overlap, request streams, telemetry) around a step function that costs no
-CPU, with the stream interval of the server's default (4). After every request has started (prefill done), it measures process CPU seconds per generated token
-over ``--seconds``; ``--profile N`` prints the top N functions of that window by own time (cProfile).
+CPU, with the server's default stream interval (4). After every request has started (prefill done), it
+measures process CPU seconds per generated token over ``--seconds``; ``--profile N`` prints the top N
+functions of that window by own time (cProfile).
 This isolates the per-sequence, per-step cost of planning and delivering decodes (no admission, no finish).
 
     uv run python bench/decode_plan.py --streams 256 --context 1024
