@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import random
@@ -31,8 +32,26 @@ import trio
 from burst import fake_parts, random_prompt  # type: ignore[import-not-found]
 
 
-def run(streams: int, context: int, seconds: float, profile: int, seed: int, stream_interval: int) -> float:
-    """Measured CPU microseconds per generated token (prints the profile when asked)."""
+class GCTimer:
+    """Wall seconds spent in the cyclic garbage collector, by generation (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.counts = [0, 0, 0]
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._began
+            self.counts[info["generation"]] += 1
+
+
+def run(streams: int, context: int, seconds: float, profile: int, seed: int, stream_interval: int,
+        gc_threshold: int = 0) -> float:
+    """Measured CPU microseconds per generated token (prints the profile when asked). ``gc_threshold`` > 0:
+    ``gc.set_threshold(gc_threshold)`` (the young generation's allocation count between collections)."""
     from inference_server.records.requests import GenerationRequest
     from inference_server.records.sampling_params import SamplingParams
     from inference_server.supervisor import Engine
@@ -46,6 +65,7 @@ def run(streams: int, context: int, seconds: float, profile: int, seed: int, str
     started = [0]
     all_started = trio.Event()
     profiler = cProfile.Profile()
+    gc_timer = GCTimer()
 
     async def client(engine: Engine, request: GenerationRequest) -> None:
         async with engine.submit(request) as handle:
@@ -65,6 +85,11 @@ def run(streams: int, context: int, seconds: float, profile: int, seed: int, str
                 nursery.start_soon(client, engine, request)
             await all_started.wait()
             await trio.sleep(0.5)  # every stream in steady decode
+            gc.collect()
+            gc.freeze()  # as the server does after start-up
+            if gc_threshold:
+                gc.set_threshold(gc_threshold)
+            gc.callbacks.append(gc_timer)
             count0, cpu0 = tokens[0], time.process_time()
             if profile:
                 profiler.enable()
@@ -72,12 +97,15 @@ def run(streams: int, context: int, seconds: float, profile: int, seed: int, str
             if profile:
                 profiler.disable()
             cpu, count = time.process_time() - cpu0, tokens[0] - count0
+            gc.callbacks.remove(gc_timer)
             nursery.cancel_scope.cancel()
         return cpu, count
 
     cpu, count = trio.run(main)
     us = cpu / max(count, 1) * 1e6
-    print(f"streams {streams}  context {context}  tokens {count}  cpu {cpu:.2f} s  {us:.1f} us/token")
+    gc_us = sum(gc_timer.seconds) / max(count, 1) * 1e6
+    print(f"streams {streams}  context {context}  tokens {count}  cpu {cpu:.2f} s  {us:.1f} us/token  "
+          f"(gc {gc_us:.1f} us/token; collections by generation {gc_timer.counts})")
     if profile:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(profile)
@@ -142,13 +170,15 @@ def main() -> int:
     parser.add_argument("--profile", type=int, default=0, help="print the top N functions by own time")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stream-interval", type=int, default=4, help="STREAM_INTERVAL (the server's default: 4)")
+    parser.add_argument("--gc-threshold", type=int, default=0,
+                        help="gc.set_threshold(N) for the measured window (0: Python's default, 700)")
     parser.add_argument("--core", type=int, default=0,
                         help="time the planning phases alone on the core objects for this many decode steps")
     args = parser.parse_args()
     if args.core:
         run_core(args.streams, args.context, args.core, args.seed)
         return 0
-    run(args.streams, args.context, args.seconds, args.profile, args.seed, args.stream_interval)
+    run(args.streams, args.context, args.seconds, args.profile, args.seed, args.stream_interval, args.gc_threshold)
     return 0
 
 
