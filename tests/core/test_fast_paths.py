@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.core.test_scheduler import FakeRunner
 
 from inference_server.core.kv_grants import StepGrant, allocate_step
-from inference_server.core.kv_manager import BlockTables, KVManager, SequenceId
+from inference_server.core.kv_manager import UNUSED_BLOCK, BlockTables, KVManager, SequenceId
 from inference_server.core.policies import make_policy
 from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler, SchedulerConfig
@@ -110,14 +110,24 @@ def test_append_in_block_is_append_slots_of_one(ops: list[tuple[str, int, int]],
 
 def test_append_in_block_takes_the_common_decode_and_refuses_block_boundaries() -> None:
     kv = make_kv(KVManager, 64, 8, True)
+    kv.start_sequence(0, (99,) * BLOCK)
+    kv.append_slots(0, BLOCK)  # holds block 0, so no block of sequence 1 has the id UNUSED_BLOCK
     kv.start_sequence(1, tuple(range(6)))
     kv.append_slots(1, 6)  # positions 0..5: the first block is written, not yet in the prefix cache
-    assert kv.append_in_block(1) is None  # the general path caches it first
-    kv.append_slots(1, 1)  # position 6
+    first_block = kv.block_tables(1).full[0]
+    assert not kv.full_pool.is_cached(first_block)
+    assert kv.append_in_block(1) == kv.block_tables(1)  # position 6: caches the first block on the way
+    assert kv.full_pool.is_cached(first_block)
     assert kv.append_in_block(1) == kv.block_tables(1)  # position 7: room in the second block
     assert kv.append_in_block(1) is None  # position 8 starts a third block
     kv.append_slots(1, 1)
     assert kv.num_tokens(1) == 9
+    assert kv.append_in_block(1) is not None and kv.append_in_block(1) is not None  # positions 9, 10
+    before = kv.block_tables(1)
+    # Position 11: the window of 8 (positions 4..11) no longer sees block 0 (0..3); its sliding block goes.
+    after = kv.append_in_block(1)
+    assert after is not None and after.full == before.full
+    assert after.sliding == (UNUSED_BLOCK, *before.sliding[1:]) != before.sliding
     kv.check_integrity()
 
 

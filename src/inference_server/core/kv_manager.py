@@ -186,12 +186,13 @@ class KVManager:
         return num_new_blocks <= pool.num_available + num_released
 
     def append_in_block(self, seq_id: SequenceId) -> BlockTables | None:
-        """The decode fast path: one more slot when that changes no block table, else None (nothing done).
+        """The decode fast path: ``append_slots(seq_id, 1)`` when the new token needs no new block (15 decode
+        steps of 16 with 16-token blocks), returning the tables; None, changing nothing, when it does (the
+        caller then takes the general path: ``can_append``, preemption, ``append_slots``).
 
-        When the sequence's last block has room, the prompt's written blocks are all in the prefix cache and
-        no sliding block falls out of the window, ``append_slots(seq_id, 1)`` would only count the token;
-        this does exactly that and returns the (unchanged) tables. Otherwise it returns None without
-        touching anything, and the caller takes the general path (``can_append`` / ``append_slots``)."""
+        Without a new block, ``append_slots`` of one token cannot fail, and what it does besides counting the
+        token (caching written prompt blocks, releasing a sliding block that left the window) is rare, so it
+        is tested for inline here and done by the same methods."""
         seq = self._get(seq_id)
         num_tokens = seq.num_tokens
         block_size = self.block_size
@@ -199,10 +200,10 @@ class KVManager:
             return None  # the new token starts a block
         if self.prefix_cache is not None and \
                 min(num_tokens, len(seq.prompt)) // block_size > seq.num_inserted_blocks:
-            return None  # a written prompt block is still to be cached
+            self._cache_written_prompt(seq)
         window = self.sliding_window
         if window is not None and (num_tokens - window + 1) // block_size > seq.num_released_sliding:
-            return None  # a sliding block falls out of the window
+            self._release_out_of_window(seq)
         seq.num_tokens = num_tokens + 1
         return seq.tables if seq.tables is not None else self.block_tables(seq_id)
 
