@@ -293,9 +293,11 @@ class Scheduler:
         token = output_ids[index] if index < len(output_ids) else PENDING_TOKEN
         sample = start + 1 == prompt_len + len(output_ids) + request.num_in_flight
         params = request.params
-        sequence = ScheduledSequence(request_id=request.request_id, token_ids=(token,), cached_len=start,
-                                     block_tables=block_tables, sample=sample, sampling=params, reset=False,
-                                     prompt_len=prompt_len, prompt_logprobs_top=params.prompt_logprobs or 0)
+        # Positional (a third cheaper than keywords; the fields' order is ScheduledSequence's): request_id,
+        # token_ids, cached_len, block_tables, sample, sampling, reset, prompt_len, prompt_logprob_targets,
+        # prompt_logprobs_top, history.
+        sequence = ScheduledSequence(request.request_id, (token,), start, block_tables, sample, params, False,
+                                     prompt_len, (), params.prompt_logprobs or 0, ())
         self.policy.charge(request, 0, 1)
         request.num_computed = start + 1
         request.num_in_flight += sample
