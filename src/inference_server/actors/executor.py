@@ -111,14 +111,14 @@ class FunctionPipeline(StepPipeline):
         return self._results.popleft() if collect else None
 
     def _resolved(self, plan: StepPlan) -> StepPlan:
-        if not any(s.pending for s in plan.sequences):
+        """``plan`` with every ``PENDING_TOKEN`` replaced by the previous step's sample (one pass: with overlap
+        almost every sequence of a decode step is pending)."""
+        samples = self._last_samples
+        resolved = tuple(with_last_token(s, samples[s.request_id]) if s.token_ids and s.token_ids[-1] == PENDING_TOKEN
+                         else s for s in plan.sequences)
+        if all(map(operator.is_, resolved, plan.sequences)):
             return plan
-        return attrs.evolve(plan, sequences=tuple(self._resolve(s) for s in plan.sequences))
-
-    def _resolve(self, sequence: ScheduledSequence) -> ScheduledSequence:
-        if not sequence.pending:
-            return sequence
-        return with_last_token(sequence, self._last_samples[sequence.request_id])
+        return attrs.evolve(plan, sequences=resolved)
 
 
 def as_pipeline(step: StepFunction | StepPipeline) -> StepPipeline:
