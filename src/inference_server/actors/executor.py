@@ -22,6 +22,7 @@ Steps run behind a ``StepPipeline``:
 from __future__ import annotations
 
 import abc
+import operator
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -33,6 +34,18 @@ from inference_server.records.steps import PENDING_TOKEN, ScheduledSequence, Ste
 from inference_server.telemetry import profiler_ranges
 
 StepFunction = Callable[[StepPlan], Awaitable[StepResult]]
+
+_SEQUENCE_FIELDS = tuple(field.name for field in attrs.fields(ScheduledSequence))
+_sequence_values = operator.attrgetter(*_SEQUENCE_FIELDS)
+_TOKEN_IDS = _SEQUENCE_FIELDS.index("token_ids")
+
+
+def with_last_token(sequence: ScheduledSequence, token: int) -> ScheduledSequence:
+    """``sequence`` with its last token replaced: ``attrs.evolve``'s result, at a third of its cost (this
+    runs for every pending sequence of every step)."""
+    values = list(_sequence_values(sequence))
+    values[_TOKEN_IDS] = (*sequence.token_ids[:-1], token)
+    return ScheduledSequence(*values)
 
 
 @attrs.frozen
@@ -98,15 +111,14 @@ class FunctionPipeline(StepPipeline):
         return self._results.popleft() if collect else None
 
     def _resolved(self, plan: StepPlan) -> StepPlan:
-        if not any(s.pending for s in plan.sequences):
+        """``plan`` with every ``PENDING_TOKEN`` replaced by the previous step's sample (one pass: with overlap
+        almost every sequence of a decode step is pending)."""
+        samples = self._last_samples
+        resolved = tuple(with_last_token(s, samples[s.request_id]) if s.token_ids and s.token_ids[-1] == PENDING_TOKEN
+                         else s for s in plan.sequences)
+        if all(map(operator.is_, resolved, plan.sequences)):
             return plan
-        return attrs.evolve(plan, sequences=tuple(self._resolve(s) for s in plan.sequences))
-
-    def _resolve(self, sequence: ScheduledSequence) -> ScheduledSequence:
-        if not sequence.pending:
-            return sequence
-        token = self._last_samples[sequence.request_id]
-        return attrs.evolve(sequence, token_ids=(*sequence.token_ids[:-1], token))
+        return attrs.evolve(plan, sequences=resolved)
 
 
 def as_pipeline(step: StepFunction | StepPipeline) -> StepPipeline:

@@ -230,7 +230,6 @@ class SchedulerActor:
     async def _step(self) -> bool:
         """Plan and send one step, and receive the result due (see the module docstring); False when nothing
         was planned (the caller then drains or waits for a message)."""
-        waiting_before = {r.request_id for r in self.core.waiting}
         scheduling_began = trio.current_time()
         with profiler_ranges.phase("schedule", self.core.next_step_id):
             await self.demands.send(self.core.demand())
@@ -240,10 +239,9 @@ class SchedulerActor:
         if plan is None:
             return False
         now = trio.current_time()
-        for sequence in plan.sequences:
-            if sequence.request_id in waiting_before and sequence.reset:
-                request = self.core.requests[sequence.request_id]
-                self.emit(RequestStarted(now, request.request_id, request.num_cached_prompt_tokens))
+        for request_id in self.core.last_started:
+            request = self.core.requests[request_id]
+            self.emit(RequestStarted(now, request_id, request.num_cached_prompt_tokens))
         await self.plans.send(plan)
         self._in_flight.append(_InFlight(plan, grant, now - scheduling_began, scheduling_began))
         if self.depth == 0:

@@ -59,6 +59,9 @@ class FullPoolView:
     def append_slots(self, seq_id: SequenceId, num_new_tokens: int) -> None:
         self._kv.append_slots(seq_id, num_new_tokens)
 
+    def append_in_block(self, seq_id: SequenceId) -> BlockTables | None:
+        return self._kv.append_in_block(seq_id)  # takes no block, so a full pool changes nothing
+
     def start_sequence(self, seq_id: SequenceId, prompt: Sequence[int], extra_key: Any = None, *,
                        use_prefix_cache: bool = True) -> int:
         return self._kv.start_sequence(seq_id, prompt, extra_key, use_prefix_cache=use_prefix_cache)

@@ -11,6 +11,7 @@ prefix-cache hit, which only the allocator knows.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -41,7 +42,9 @@ class Demand:
 class StepDemand:
     releases: tuple[tuple[int, tuple[int, ...] | None], ...]  # (request id, computed tokens to cache or None)
     items: tuple[Demand, ...]  # in service order: decodes, prefills in progress, then new requests
-    victims: tuple[int, ...]  # running request ids, the first to preempt first
+    victims: tuple[int, ...] | Callable[[], Sequence[int]]
+    """Running request ids, the first to preempt first; or a function that returns them, called only when
+    the allocator must preempt (most steps do not, and ordering every running request costs time)."""
     token_budget: int
     max_sequences: int
     max_new: int | None = None  # at most this many new requests this step (monolithic prefill: 1)
@@ -90,7 +93,15 @@ class _Allocation:
         self.grants: dict[int, Grant] = {}
         self.preempted: list[int] = []
         self.num_new = 0
-        self.victims = list(demand.victims)
+        self._victims: list[int] | None = None
+
+    @property
+    def victims(self) -> list[int]:
+        """Preemption candidates left, in order (resolved from the demand on first use)."""
+        if self._victims is None:
+            victims = self.demand.victims
+            self._victims = list(victims() if callable(victims) else victims)
+        return self._victims
 
     def _grant(self, request_id: int, start: int, num_tokens: int) -> None:
         self.kv.append_slots(request_id, num_tokens)
@@ -114,8 +125,16 @@ class _Allocation:
         return True
 
     def extend(self, item: Demand) -> None:
-        if item.request_id in self.preempted:
+        if self.preempted and item.request_id in self.preempted:
             return
+        if item.num_tokens == 1:  # a decode (or a prefill's last token): try the fast path first
+            start = self.kv.num_tokens(item.request_id)
+            tables = self.kv.append_in_block(item.request_id)
+            if tables is not None:  # no block needed, so nothing to preempt: what the general path would do
+                groups = (tables.full, tables.sliding) if self.kv.sliding_pool is not None else (tables.full,)
+                self.grants[item.request_id] = Grant(item.request_id, start, 1, groups)
+                self.budget -= 1
+                return
         num_tokens = item.num_tokens if item.whole or item.num_tokens == 1 else min(item.num_tokens, self.budget)
         if num_tokens <= 0:  # a prefill in progress with no budget left this step
             return

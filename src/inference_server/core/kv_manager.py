@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 import attrs
 
@@ -130,7 +131,11 @@ class KVManager:
         decode step adds a block once every ``block_size`` tokens, so most steps copy nothing)."""
         seq = self._get(seq_id)
         if seq.tables is None:
-            sliding = tuple(UNUSED_BLOCK if b is None else b for b in seq.sliding_blocks)
+            # Entries before num_released_sliding are None, the rest are held (check_integrity's invariant),
+            # so the sliding table is two slices rather than a test per entry.
+            released = seq.num_released_sliding if seq.sliding_blocks else 0
+            sliding: tuple[int, ...] = (UNUSED_BLOCK,) * released + tuple(
+                cast(list[int], seq.sliding_blocks)[released:])
             seq.tables = BlockTables(full=tuple(seq.full_blocks), sliding=sliding)
         return seq.tables
 
@@ -179,6 +184,28 @@ class KVManager:
         releasable = seq.sliding_blocks[seq.num_released_sliding : self._first_live_sliding_block(seq)]
         num_released = sum(1 for b in releasable if b is not None and pool.refcount(b) == 1)
         return num_new_blocks <= pool.num_available + num_released
+
+    def append_in_block(self, seq_id: SequenceId) -> BlockTables | None:
+        """The decode fast path: ``append_slots(seq_id, 1)`` when the new token needs no new block (15 decode
+        steps of 16 with 16-token blocks), returning the tables; None, changing nothing, when it does (the
+        caller then takes the general path: ``can_append``, preemption, ``append_slots``).
+
+        Without a new block, ``append_slots`` of one token cannot fail, and what it does besides counting the
+        token (caching written prompt blocks, releasing a sliding block that left the window) is rare, so it
+        is tested for inline here and done by the same methods."""
+        seq = self._get(seq_id)
+        num_tokens = seq.num_tokens
+        block_size = self.block_size
+        if num_tokens % block_size == 0:
+            return None  # the new token starts a block
+        if self.prefix_cache is not None and \
+                min(num_tokens, len(seq.prompt)) // block_size > seq.num_inserted_blocks:
+            self._cache_written_prompt(seq)
+        window = self.sliding_window
+        if window is not None and (num_tokens - window + 1) // block_size > seq.num_released_sliding:
+            self._release_out_of_window(seq)
+        seq.num_tokens = num_tokens + 1
+        return seq.tables if seq.tables is not None else self.block_tables(seq_id)
 
     def append_slots(self, seq_id: SequenceId, num_new_tokens: int) -> None:
         """Give positions ``num_tokens .. num_tokens + num_new_tokens - 1`` KV slots in both groups.

@@ -22,6 +22,8 @@ sequence on the release list of the next demand exactly once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from inference_server.core.kv_grants import Demand, StepDemand, StepGrant
@@ -29,7 +31,13 @@ from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import SchedulingPolicy, session_of
 from inference_server.core.request import Request, RequestStatus
 from inference_server.records.requests import FinishReason, PromptTokenLogprob, RequestUpdate, TokenOutput
-from inference_server.records.steps import PromptLogprobsChunk, ScheduledSequence, StepPlan, StepResult
+from inference_server.records.steps import (
+    PENDING_TOKEN,
+    PromptLogprobsChunk,
+    ScheduledSequence,
+    StepPlan,
+    StepResult,
+)
 
 PREFILL_MODES = ("monolithic", "chunked", "batched")
 
@@ -61,6 +69,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.last_finished: dict[int, Request] = {}  # requests ended since the last demand (for reporting)
         self.waiting_prompt_tokens = 0  # prompt tokens of the waiting requests (the overload check reads it)
+        self.last_started: list[int] = []  # requests the last plan started (or restarted after preemption)
+        self._decode_demands: dict[int, Demand] = {}  # a running request's decode demand never changes
 
     # -- queries -------------------------------------------------------------------------------------
     @property
@@ -127,26 +137,41 @@ class Scheduler:
     def demand(self) -> StepDemand:
         """What the next step wants from the KV allocator (and the sequences to release first)."""
         whole = self.config.prefill_mode != "chunked"
-        decodes = [Demand(r.request_id, new=False, num_tokens=1) for r in self.running
-                   if r.num_uncomputed == 1 and not self._finishes_in_flight(r)]
-        prefills = [Demand(r.request_id, new=False, num_tokens=r.num_uncomputed, whole=whole)
-                    for r in self.running if r.num_uncomputed > 1]
+        decodes: list[Demand] = []
+        prefills: list[Demand] = []
+        decode_demands = self._decode_demands
+        for r in self.running:  # one pass: this runs for every running request every step
+            uncomputed = r.num_uncomputed
+            if uncomputed == 1:
+                if not (r.num_in_flight and self._finishes_in_flight(r)):
+                    decode = decode_demands.get(r.request_id)
+                    if decode is None:
+                        decode = decode_demands[r.request_id] = Demand(r.request_id, new=False, num_tokens=1)
+                    decodes.append(decode)
+            elif uncomputed > 1:
+                prefills.append(Demand(r.request_id, new=False, num_tokens=uncomputed, whole=whole))
         # Only as many candidates as there are free sequence slots (building their token tuples costs
         # time proportional to their length, so a long waiting queue is not copied every step).
         free_slots = max(0, self.config.max_batch_size - len(decodes) - len(prefills))
         admissions = [Demand(r.request_id, new=True, num_tokens=r.num_tokens, tokens=r.all_token_ids,
                              extra_key=r.extra_key, whole=whole, use_prefix_cache=not r.needs_prompt_logprobs)
                       for r in self._admissible()[:free_slots]]
-        victims = sorted(self.running, key=self.policy.victim_key, reverse=True)
         self.last_finished.clear()
         demand = StepDemand(
             releases=tuple(self._releases), items=tuple(decodes + prefills + admissions),
-            victims=tuple(r.request_id for r in victims), token_budget=self.config.max_num_batched_tokens,
+            victims=self._victims(tuple(self.running)), token_budget=self.config.max_num_batched_tokens,
             max_sequences=self.config.max_batch_size,
             max_new=1 if self.config.prefill_mode == "monolithic" else None,
         )
         self._releases.clear()
         return demand
+
+    def _victims(self, running: tuple[Request, ...]) -> Callable[[], tuple[int, ...]]:
+        """The preemption order of ``running`` (largest victim key first), computed only if the allocator
+        asks: most steps preempt nothing, and sorting every running request each step costs time."""
+        def victims() -> tuple[int, ...]:
+            return tuple(r.request_id for r in sorted(running, key=self.policy.victim_key, reverse=True))
+        return victims
 
     @staticmethod
     def _finishes_in_flight(request: Request) -> bool:
@@ -180,13 +205,19 @@ class Scheduler:
         for request_id in grant.preempted:
             self._preempted(self.requests[request_id])
         sequences = []
+        started = self.last_started
+        started.clear()
+        requests = self.requests
         for g in grant.grants:
-            request = self.requests[g.request_id]
+            request = requests[g.request_id]
             if request.status is RequestStatus.WAITING:
                 self._started(request, g.start)
+                started.append(request.request_id)
             sequences.append(self._scheduled(request, g.num_tokens, g.block_tables))
         forget = tuple(self._forget)
         self._forget.clear()
+        for request_id in forget:  # ended or preempted: its decode demand is made afresh if it runs again
+            self._decode_demands.pop(request_id, None)
         if not sequences and not forget:
             return None
         plan = StepPlan(step_id=self._step_id, sequences=tuple(sequences), finished_request_ids=forget)
@@ -219,6 +250,15 @@ class Scheduler:
     def _scheduled(self, request: Request, num_tokens: int,
                    block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
         start = request.num_computed
+        prompt_len = len(request.prompt_ids)
+        if num_tokens == 1 and start >= prompt_len and not request.needs_reset:
+            return self._scheduled_decode(request, start, prompt_len, block_tables)
+        return self._scheduled_general(request, num_tokens, block_tables)
+
+    def _scheduled_general(self, request: Request, num_tokens: int,
+                           block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
+        """Schedule ``num_tokens`` of ``request`` from ``num_computed`` on, whatever the chunk."""
+        start = request.num_computed
         targets: tuple[int, ...] = ()
         if request.needs_prompt_logprobs:  # positions start .. score the prompt tokens after them
             targets = request.prompt_ids[start + 1:min(start + num_tokens + 1, len(request.prompt_ids))]
@@ -241,6 +281,26 @@ class Scheduler:
         request.num_computed += num_tokens
         request.num_in_flight += sample
         request.needs_reset = False
+        return sequence
+
+    def _scheduled_decode(self, request: Request, start: int, prompt_len: int,
+                          block_tables: tuple[tuple[int, ...], ...]) -> ScheduledSequence:
+        """``_scheduled_general`` for one token past the prompt of a request already running (the common
+        step), without its general machinery: no prompt logprob targets, no history, no reset, and the token
+        is an output or in flight. Must give what ``_scheduled_general`` gives (tests/core/test_fast_paths)."""
+        output_ids = request.output_ids
+        index = start - prompt_len
+        token = output_ids[index] if index < len(output_ids) else PENDING_TOKEN
+        sample = start + 1 == prompt_len + len(output_ids) + request.num_in_flight
+        params = request.params
+        # Positional (a third cheaper than keywords; the fields' order is ScheduledSequence's): request_id,
+        # token_ids, cached_len, block_tables, sample, sampling, reset, prompt_len, prompt_logprob_targets,
+        # prompt_logprobs_top, history.
+        sequence = ScheduledSequence(request.request_id, (token,), start, block_tables, sample, params, False,
+                                     prompt_len, (), params.prompt_logprobs or 0, ())
+        self.policy.charge(request, 0, 1)
+        request.num_computed = start + 1
+        request.num_in_flight += sample
         return sequence
 
     # -- results -------------------------------------------------------------------------------------
