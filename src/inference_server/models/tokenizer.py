@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -60,6 +61,15 @@ _END_OF_TURN_TOKENS = frozenset({"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<
 _GGUF_CACHE_FORMAT = 1
 
 Message = Mapping[str, Any]
+
+
+# Decoders (their JSON form) under which decoding is the concatenation of each token's own text, for ordinary
+# tokens: ``Replace`` and ``Fuse`` act on each token alone, ``ByteFallback`` only on ``<0x..>`` tokens.
+_CONCATENATIVE_DECODERS = (
+    {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                      {"type": "ByteFallback"}, {"type": "Fuse"}]},
+)
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class TokenizerError(Exception):
@@ -208,6 +218,43 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (the backend decoder: SentencePiece ``▁`` -> space, byte fallback, ...)."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_piece(self, token_id: int) -> str | None:
+        """The text ``token_id`` appends to the decode of any run of ids it follows, when that text does not
+        depend on its neighbours; None when it may (then only a decode of the whole run is exact).
+
+        Pieces exist only for decoders that map each token to its text on its own and join the results
+        (``_CONCATENATIVE_DECODERS``: SentencePiece-style ``▁`` -> space with byte fallback, as Gemma's), and
+        only for ordinary vocabulary tokens: byte-fallback tokens (``<0xE2>``: a run of them forms a
+        character), added and special tokens (skipped or not by ``skip_special_tokens``) and unknown ids
+        have none. So ``decode(ids + [t]) == decode(ids) + token_piece(t)`` whenever every id of ``ids``
+        and ``t`` have a piece, whatever ``skip_special_tokens`` is. Computed once per id (a dict lookup
+        afterwards); the incremental detokenizer uses it to skip the backend decode of most tokens.
+        """
+        pieces = self._pieces
+        if token_id in pieces:
+            return pieces[token_id]
+        piece: str | None = None
+        if self._concatenative and token_id not in self._added_token_ids:
+            token = self._backend.id_to_token(token_id)
+            if token is not None and not _BYTE_TOKEN.fullmatch(token):
+                piece = self._backend.decode([token_id], skip_special_tokens=False)
+        pieces[token_id] = piece
+        return piece
+
+    @cached_property
+    def _pieces(self) -> dict[int, str | None]:
+        return {}
+
+    @cached_property
+    def _concatenative(self) -> bool:
+        """Whether the backend decoder joins per-token texts (see ``token_piece``)."""
+        decoder = self._backend.decoder
+        return decoder is not None and json.loads(decoder.__getstate__()) in _CONCATENATIVE_DECODERS
+
+    @cached_property
+    def _added_token_ids(self) -> frozenset[int]:
+        return frozenset(self._backend.get_added_tokens_decoder())
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
