@@ -214,8 +214,10 @@ class CountingPieces(DecodeOnly):
 
 
 def token_streams(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
-    """Random ids mixing ordinary, byte-fallback and special tokens with the ids of multi-byte text."""
-    byte_ids = [i for i in (tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256)) if i is not None]
+    """Random ids mixing ordinary, single-byte (byte fallback or byte-level) and special tokens with the ids of
+    multi-byte text."""
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] + pre_tokenizers.ByteLevel.alphabet()  # one byte each
+    byte_ids = [i for i in map(tokenizer.token_to_id, byte_tokens) if i is not None]
     special_ids = [i for i in (tokenizer.token_to_id(s) for s in [*SPECIALS, "<end_of_turn>"]) if i is not None]
     chunk = st.one_of(
         st.lists(st.integers(0, tokenizer.vocab_size - 1), max_size=6),
@@ -238,10 +240,11 @@ def assert_fast_path_matches_decodes(tokenizer: Tokenizer, prompt_ids: list[int]
     assert fast.flush() == reference.flush()
 
 
+@pytest.mark.parametrize("name", ["gemma-style", "byte-level"])
 @PROPERTY_SETTINGS
 @given(data=st.data(), skip_special_tokens=st.booleans())
-def test_piece_fast_path_equals_the_decode_path(data: st.DataObject, skip_special_tokens: bool) -> None:
-    tokenizer = TOKENIZERS["gemma-style"]
+def test_piece_fast_path_equals_the_decode_path(name: str, data: st.DataObject, skip_special_tokens: bool) -> None:
+    tokenizer = TOKENIZERS[name]
     prompt_ids = data.draw(token_streams(tokenizer), label="prompt")
     ids = data.draw(token_streams(tokenizer), label="ids")
     assert_fast_path_matches_decodes(tokenizer, prompt_ids, ids, skip_special_tokens)
@@ -266,9 +269,14 @@ def test_token_pieces_only_for_concatenating_decoders() -> None:
     assert gemma.token_piece(gemma.token_to_id("<0xE6>")) is None  # byte fallback: part of a character
     assert gemma.token_piece(gemma.token_to_id("<eos>")) is None  # special: skipped or not
     assert gemma.token_piece(10**6) is None  # not in the vocabulary
-    for name in ("llama-style", "byte-level"):  # a leading space stripped; bytes joined before decoding
-        tokenizer = TOKENIZERS[name]
-        assert all(tokenizer.token_piece(i) is None for i in range(tokenizer.vocab_size))
+    byte_level = TOKENIZERS["byte-level"]
+    word = byte_level.encode(" the", add_special_tokens=False)[-1]
+    assert byte_level.token_piece(word) == byte_level.decode([word]) == " the"
+    assert byte_level.token_piece(byte_level.token_to_id("<eos>")) is None
+    split = byte_level.encode("ж", add_special_tokens=False)  # one byte per token: no whole character
+    assert len(split) == 2 and all(byte_level.token_piece(i) is None for i in split)
+    llama = TOKENIZERS["llama-style"]  # one leading space stripped: a token's text depends on its position
+    assert all(llama.token_piece(i) is None for i in range(llama.vocab_size))
 
 
 @pytest.mark.heavy
