@@ -4,14 +4,17 @@ bounded hold (mock clock), and held tokens never lost (finish, failure) nor leak
 from __future__ import annotations
 
 import math
+from functools import reduce
 
+import attrs
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.actors.request_streams import RequestStreams
-from inference_server.records.requests import PromptTokenLogprob, RequestUpdate, TokenOutput
+from inference_server.actors.request_handle import RequestHandle
+from inference_server.actors.request_streams import RequestStreams, merge, merge_all
+from inference_server.records.requests import Admitted, PromptTokenLogprob, RequestUpdate, StreamItem, TokenOutput
 
 MAX_HOLD = 1 / 16  # binary fractions: mock times add up exactly
 STEP = 1 / 64  # mock seconds between two tokens of one request: well under MAX_HOLD
@@ -196,3 +199,35 @@ def test_every_token_arrives_once_in_order_with_fewer_updates(interval: int, cou
     assert [u.finished for u in received] == [False] * (len(received) - 1) + [True]
     if not lagged:
         assert len(received) <= 1 + math.ceil((count - 1) / interval)
+
+
+UPDATES = st.lists(
+    st.builds(
+        RequestUpdate,
+        request_id=st.just(7),
+        tokens=st.lists(st.builds(TokenOutput, st.integers(0, 9), st.text(max_size=2), st.just(-1.0)),
+                        max_size=3).map(tuple),
+        prompt_logprobs=st.none() | st.just((PromptTokenLogprob(2, None),)),
+    ),
+    min_size=1, max_size=6,
+).map(lambda updates: [*updates[:-1], attrs.evolve(updates[-1], finish_reason="stop", completion_tokens=4)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(updates=UPDATES)
+def test_merge_all_equals_merging_pairwise(updates: list[RequestUpdate]) -> None:
+    assert merge_all(updates) == reduce(merge, updates)
+
+
+@given(updates=UPDATES)
+@settings(max_examples=30, deadline=None)
+def test_handle_result_merges_every_update(updates: list[RequestUpdate]) -> None:
+    """``result()`` and the coalescing read of buffered updates merge in one pass, as pairwise merges would."""
+    async def main() -> RequestUpdate:
+        send, receive = trio.open_memory_channel[StreamItem](len(updates) + 1)
+        send.send_nowait(Admitted(7, 1, (2,)))
+        for update in updates:
+            send.send_nowait(update)
+        return await RequestHandle(7, receive, lambda request_id: None).result()
+
+    assert trio.run(main) == reduce(merge, updates)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from inference_server.core.detokenizer import IncrementalDetokenizer
+from inference_server.core.detokenizer import IncrementalDetokenizer, PieceDecoder
 from inference_server.models.tokenizer import Tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,3 +191,99 @@ def _embedded_tokenizer() -> Tokenizer:
 
         _EMBEDDED.append(Tokenizer.from_gguf(embedded_gguf_path()))
     return _EMBEDDED[0]
+
+
+# ----------------------------------------------------------------------------- the token-piece fast path
+
+
+class DecodeOnly:
+    """The tokenizer without ``token_piece``: the detokenizer then decodes every token (the reference)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.decodes = 0
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        self.decodes += 1
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class CountingPieces(DecodeOnly):
+    def token_piece(self, token_id: int) -> str | None:
+        return self.tokenizer.token_piece(token_id)
+
+
+def token_streams(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
+    """Random ids mixing ordinary, single-byte (byte fallback or byte-level) and special tokens with the ids of
+    multi-byte text."""
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] + pre_tokenizers.ByteLevel.alphabet()  # one byte each
+    byte_ids = [i for i in map(tokenizer.token_to_id, byte_tokens) if i is not None]
+    special_ids = [i for i in (tokenizer.token_to_id(s) for s in [*SPECIALS, "<end_of_turn>"]) if i is not None]
+    chunk = st.one_of(
+        st.lists(st.integers(0, tokenizer.vocab_size - 1), max_size=6),
+        st.lists(st.sampled_from(byte_ids), max_size=6),
+        st.lists(st.sampled_from(special_ids), max_size=2),
+        TEXT.map(lambda text: tokenizer.encode(text, add_special_tokens=False)),
+    )
+    return st.lists(chunk, max_size=6).map(lambda chunks: [i for c in chunks for i in c])
+
+
+def assert_fast_path_matches_decodes(tokenizer: Tokenizer, prompt_ids: list[int], ids: list[int],
+                                     skip_special_tokens: bool) -> None:
+    assert isinstance(tokenizer, PieceDecoder)
+    fast = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
+    reference = IncrementalDetokenizer(DecodeOnly(tokenizer), prompt_ids, skip_special_tokens=skip_special_tokens)
+    for token_id in ids:
+        assert fast.add_token(token_id) == reference.add_token(token_id)
+        assert (fast._window, fast._read, fast._emitted_text) == (
+            reference._window, reference._read, reference._emitted_text)
+    assert fast.flush() == reference.flush()
+
+
+@pytest.mark.parametrize("name", ["gemma-style", "byte-level"])
+@PROPERTY_SETTINGS
+@given(data=st.data(), skip_special_tokens=st.booleans())
+def test_piece_fast_path_equals_the_decode_path(name: str, data: st.DataObject, skip_special_tokens: bool) -> None:
+    tokenizer = TOKENIZERS[name]
+    prompt_ids = data.draw(token_streams(tokenizer), label="prompt")
+    ids = data.draw(token_streams(tokenizer), label="ids")
+    assert_fast_path_matches_decodes(tokenizer, prompt_ids, ids, skip_special_tokens)
+
+
+def test_pieces_skip_the_decodes_of_ordinary_tokens() -> None:
+    tokenizer = TOKENIZERS["gemma-style"]
+    ids = tokenizer.encode("the quick brown fox jumps over the lazy dog " * 5, add_special_tokens=False)
+    counting = CountingPieces(tokenizer)
+    detokenizer = IncrementalDetokenizer(counting, ids[:3])
+    decodes_at_start = counting.decodes
+    assert detokenizer.add_tokens(ids) == tokenizer.decode(ids)
+    assert counting.decodes == decodes_at_start  # every token's text came from its piece
+    split = tokenizer.encode("ж", add_special_tokens=False)  # byte-fallback tokens: decoded
+    assert len(split) == 2 and detokenizer.add_tokens(split) == "ж" and counting.decodes > decodes_at_start
+
+
+def test_token_pieces_only_for_concatenating_decoders() -> None:
+    gemma = TOKENIZERS["gemma-style"]
+    word = gemma.encode(" the", add_special_tokens=False)[-1]
+    assert gemma.token_piece(word) == gemma.decode([word]) != ""
+    assert gemma.token_piece(gemma.token_to_id("<0xE6>")) is None  # byte fallback: part of a character
+    assert gemma.token_piece(gemma.token_to_id("<eos>")) is None  # special: skipped or not
+    assert gemma.token_piece(10**6) is None  # not in the vocabulary
+    byte_level = TOKENIZERS["byte-level"]
+    word = byte_level.encode(" the", add_special_tokens=False)[-1]
+    assert byte_level.token_piece(word) == byte_level.decode([word]) == " the"
+    assert byte_level.token_piece(byte_level.token_to_id("<eos>")) is None
+    split = byte_level.encode("ж", add_special_tokens=False)  # one byte per token: no whole character
+    assert len(split) == 2 and all(byte_level.token_piece(i) is None for i in split)
+    llama = TOKENIZERS["llama-style"]  # one leading space stripped: a token's text depends on its position
+    assert all(llama.token_piece(i) is None for i in range(llama.vocab_size))
+
+
+@pytest.mark.heavy
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), skip_special_tokens=st.booleans())
+def test_embedded_gemma_fast_path_equals_the_decode_path(data: st.DataObject, skip_special_tokens: bool) -> None:
+    tokenizer = _embedded_tokenizer()
+    prompt_ids = data.draw(token_streams(tokenizer), label="prompt")
+    ids = data.draw(token_streams(tokenizer), label="ids")
+    assert_fast_path_matches_decodes(tokenizer, prompt_ids, ids, skip_special_tokens)

@@ -190,3 +190,25 @@ def test_min_tokens_then_stop_string() -> None:
     assert checker.update(4, "z").text == "z"
     update = checker.update(4, "yz")
     assert (update.text, update.finish_reason, update.stop_reason) == ("y", "stop", "z")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 5), st.text(max_size=4)), min_size=1, max_size=12),
+    max_tokens=st.integers(1, 14), min_tokens=st.integers(0, 4), include_stop=st.booleans(),
+)
+def test_no_stop_strings_fast_path_equals_scanning(steps: list[tuple[int, str]], max_tokens: int, min_tokens: int,
+                                                   include_stop: bool) -> None:
+    """Without stop strings, text skips the scan; a stop string that never occurs (NUL is never drawn) makes
+    the checker scan every token, and must give the same updates."""
+    def checker(stop: tuple[str, ...]) -> StopChecker:
+        return StopChecker(max_tokens=max_tokens, eos_token_ids={0}, stop_token_ids={1}, stop=stop,
+                           include_stop_str_in_output=include_stop, min_tokens=min_tokens)
+
+    fast, scanning = checker(()), checker(("\x00",))
+    for token_id, text in steps:
+        text = text.replace("\x00", "")
+        assert fast.update(token_id, text) == scanning.update(token_id, text)
+        if fast.finished:
+            break
+    assert fast.flush() == scanning.flush()

@@ -16,11 +16,10 @@ freed. Closing is synchronous and idempotent, so it is safe from ``finally`` blo
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import reduce
 
 import trio
 
-from inference_server.actors.request_streams import merge
+from inference_server.actors.request_streams import merge_all
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import Admitted, Rejected, RequestUpdate, StreamItem
 
@@ -84,12 +83,16 @@ class RequestHandle:
             self._finished = True
             raise RequestError("internal", "the engine stream ended without a terminal update") from None
         update = self._checked(item)
-        while not update.finished:
-            try:
-                item = self._stream.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            update = merge(update, self._checked(item))
+        if not update.finished:
+            buffered = [update]  # merged once at the end: one tuple and one record however many there are
+            while not update.finished:
+                try:
+                    item = self._stream.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+                update = self._checked(item)
+                buffered.append(update)
+            update = merge_all(buffered)
         self._finished = update.finished
         if self.observer is not None:
             self.observer(update)
@@ -105,7 +108,7 @@ class RequestHandle:
         updates = [update async for update in self]
         if not updates:
             raise RequestError("internal", "the request has no updates left to read")
-        return reduce(merge, updates)
+        return merge_all(updates)
 
     def abort(self) -> None:
         """Stop reading: an unfinished request is aborted at once. Idempotent, never blocks."""

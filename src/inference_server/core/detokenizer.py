@@ -16,6 +16,14 @@ first output token's bytes.
 Per-token cost is one backend decode of a window of a few tokens, plus one more decode each time the
 window slides. Ids from before ``prefix`` are dropped, so memory stays constant.
 
+Fast path: a tokenizer that offers ``token_piece`` (``PieceDecoder``: the text an ordinary token appends to
+any decode, for decoders that join per-token texts) lets most tokens skip both decodes. When the window is
+all emitted and every id in it has a piece, ``decode(window + [t])`` is ``emitted_text + piece(t)``, and
+after the slide the window is ``[t]`` with ``piece(t)`` as its text; so a token with a non-empty piece that
+does not end in U+FFFD is emitted as its piece, leaving exactly the state the decodes would have left.
+Anything else (byte tokens, special tokens, an empty piece, a window still holding back text) takes the
+decode path above.
+
 Contract: given ids whose bytes form valid UTF-8 (anything ``encode`` produces, and normal model
 output), the emitted pieces are always whole characters. With no prompt, they concatenate (``flush()``
 included) to ``decode(ids)``. With a prompt, they concatenate to ``decode(prompt + ids)`` minus its
@@ -31,9 +39,9 @@ invalid. vLLM has the same limitation.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["IncrementalDetokenizer", "TokenDecoder"]
+__all__ = ["IncrementalDetokenizer", "PieceDecoder", "TokenDecoder"]
 
 REPLACEMENT_CHARACTER = "\ufffd"
 _MAX_CONTINUATION_BYTES = 3
@@ -43,6 +51,14 @@ class TokenDecoder(Protocol):
     """What the detokenizer needs: ``inference_server.models.tokenizer.Tokenizer`` satisfies it."""
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+@runtime_checkable
+class PieceDecoder(TokenDecoder, Protocol):
+    """A decoder that also knows each ordinary token's own text (``Tokenizer.token_piece`` states the
+    contract: ``decode(ids + [t]) == decode(ids) + token_piece(t)`` when every id has a piece)."""
+
+    def token_piece(self, token_id: int) -> str | None: ...
 
 
 class IncrementalDetokenizer:
@@ -60,12 +76,26 @@ class IncrementalDetokenizer:
         so that the first output token decodes as it does in context (e.g. its leading space)."""
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
+        self._piece = tokenizer.token_piece if isinstance(tokenizer, PieceDecoder) else None
         self._window: list[int] = self._prompt_context(prompt_ids, context_tokens)
         self._read = len(self._window)  # window[:read] is already emitted (or prompt)
         self._emitted_text = self._decode(self._window)
+        self._window_has_pieces = self._has_pieces(self._window)  # every id in the window has a piece
 
     def add_token(self, token_id: int) -> str:
         """Append one id; return the newly completed text (``""`` while a character is incomplete)."""
+        if self._piece is not None:
+            piece = self._piece(token_id)
+            if piece is None:
+                self._window_has_pieces = False
+            elif self._window_has_pieces and self._read == len(self._window) and piece \
+                    and not piece.endswith(REPLACEMENT_CHARACTER):
+                # decode(window + [t]) == emitted_text + piece: emit it and slide to [t] without decoding.
+                self._window.clear()
+                self._window.append(token_id)
+                self._read = 1
+                self._emitted_text = piece
+                return piece
         self._window.append(token_id)
         text = self._decode(self._window)
         if len(text) <= len(self._emitted_text) or text.endswith(REPLACEMENT_CHARACTER):
@@ -89,7 +119,12 @@ class IncrementalDetokenizer:
         del self._window[: self._read]
         self._read = len(self._window)
         self._emitted_text = self._decode(self._window)
+        self._window_has_pieces = self._has_pieces(self._window)
         return new_text
+
+    def _has_pieces(self, ids: Sequence[int]) -> bool:
+        piece = self._piece
+        return piece is not None and all(piece(i) is not None for i in ids)
 
     def _prompt_context(self, prompt_ids: Sequence[int], context_tokens: int) -> list[int]:
         """The last ``context_tokens`` prompt ids, extended back by up to 3 ids (a UTF-8 character has at

@@ -305,29 +305,40 @@ class Scheduler:
 
     # -- results -------------------------------------------------------------------------------------
     def on_step_result(self, result: StepResult) -> list[RequestUpdate]:
-        """Append sampled tokens; returns one update per request that got a token or finished."""
+        """Append sampled tokens; returns one update per request that got a token or finished.
+
+        Runs once per token of every running request, on the event loop: the loop body keeps to what each
+        token needs (prompt logprobs, scoring-only requests and finishes are the rare branches)."""
         for chunk in result.prompt_logprobs:
             self._add_prompt_logprobs(chunk)
-        updates = []
+        updates: list[RequestUpdate] = []
+        append = updates.append
+        requests = self.requests
+        running = RequestStatus.RUNNING
         for sampled in result.tokens:
-            request = self.requests.get(sampled.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(sampled.request_id)
+            if request is None or request.status is not running:
                 continue  # aborted or preempted while the step ran
             request.num_in_flight -= 1
-            prompt_logprobs = self._take_prompt_logprobs(request)
-            if request.params.resolved_max_tokens() == 0:  # scoring only: the prompt was the work
-                updates.append(attrs.evolve(self._finish(request, "length"), prompt_logprobs=prompt_logprobs))
+            params = request.params
+            prompt_logprobs = self._take_prompt_logprobs(request) if params.prompt_logprobs is not None else None
+            if params.resolved_max_tokens() == 0:  # scoring only: the prompt was the work
+                append(attrs.evolve(self._finish(request, "length"), prompt_logprobs=prompt_logprobs))
                 continue
-            request.output_ids.append(sampled.token_id)
-            text = request.detokenizer.add_token(sampled.token_id) if request.detokenizer else ""
-            stop = request.stop_checker.update(sampled.token_id, text) if request.stop_checker else None
-            emitted = stop.text if stop is not None else text
-            token = TokenOutput(sampled.token_id, emitted, sampled.logprob, sampled.top_logprobs)
-            if stop is not None and stop.finish_reason is not None:  # stop.finished
-                update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, tokens=(token,))
+            token_id = sampled.token_id
+            request.output_ids.append(token_id)
+            text = request.detokenizer.add_token(token_id) if request.detokenizer is not None else ""
+            stop = request.stop_checker.update(token_id, text) if request.stop_checker is not None else None
+            if stop is None:
+                token = TokenOutput(token_id, text, sampled.logprob, sampled.top_logprobs)
+                update = RequestUpdate(request.request_id, (token,))
             else:
-                update = RequestUpdate(request_id=request.request_id, tokens=(token,))
-            updates.append(attrs.evolve(update, prompt_logprobs=prompt_logprobs) if prompt_logprobs else update)
+                token = TokenOutput(token_id, stop.text, sampled.logprob, sampled.top_logprobs)
+                if stop.finish_reason is None:
+                    update = RequestUpdate(request.request_id, (token,))
+                else:
+                    update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, tokens=(token,))
+            append(attrs.evolve(update, prompt_logprobs=prompt_logprobs) if prompt_logprobs else update)
         return updates
 
     def _add_prompt_logprobs(self, chunk: PromptLogprobsChunk) -> None:

@@ -101,9 +101,12 @@ class StopChecker:
         if may_stop and (token_id in self._eos or token_id in self._stop_ids):
             reason = token_id if token_id in self._stop_ids else None
             return self._finish("stop", reason, self.flush() + (text if self._include_stop else ""))
-        released, match = self._scan(text, match=may_stop)
-        if match is not None:
-            return self._finish("stop", match, released)
+        if self._stop:
+            released, match = self._scan(text, match=may_stop)
+            if match is not None:
+                return self._finish("stop", match, released)
+        else:  # no stop strings: nothing is ever held back, and ``_scan`` would release ``text`` as it is
+            released = text
         if self.num_tokens >= self._max_tokens:
             return self._finish("length", None, released + self.flush())
         return StopUpdate(released)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -60,6 +61,16 @@ _END_OF_TURN_TOKENS = frozenset({"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<
 _GGUF_CACHE_FORMAT = 1
 
 Message = Mapping[str, Any]
+
+
+# SentencePiece-style decoders (their JSON form) under which decoding joins each ordinary token's own text:
+# ``Replace`` and ``Fuse`` act on each token alone, ``ByteFallback`` only on ``<0x..>`` tokens (``token_piece``).
+_SENTENCEPIECE_DECODERS = (
+    {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                      {"type": "ByteFallback"}, {"type": "Fuse"}]},
+)
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_REPLACEMENT_CHARACTER = "\ufffd"
 
 
 class TokenizerError(Exception):
@@ -208,6 +219,58 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (the backend decoder: SentencePiece ``▁`` -> space, byte fallback, ...)."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_piece(self, token_id: int) -> str | None:
+        """The text ``token_id`` appends to the decode of any run of ids it follows, when that text does not
+        depend on its neighbours; None when it may (then only a decode of the whole run is exact).
+
+        Pieces exist for two kinds of decoders, and only for ordinary vocabulary tokens (added and special
+        tokens, skipped or not by ``skip_special_tokens``, and unknown ids have none):
+
+        * SentencePiece-style ``▁`` -> space with byte fallback (``_SENTENCEPIECE_DECODERS``, Gemma's): each
+          token's text is its own, except byte-fallback tokens (``<0xE2>``: a run of them forms a character),
+          which have no piece;
+        * byte-level BPE (``ByteLevel``, GPT-2/Llama 3/Qwen): the tokens' bytes are joined, then decoded as
+          UTF-8; a token whose bytes are whole characters (its decode has no U+FFFD) has its decode as piece.
+
+        So ``decode(ids + [t]) == decode(ids) + token_piece(t)`` whenever every id of ``ids`` and ``t`` have a
+        piece, whatever ``skip_special_tokens`` is. Computed once per id (a dict lookup afterwards); the
+        incremental detokenizer uses it to skip the backend decodes of most tokens.
+        """
+        pieces = self._pieces
+        if token_id in pieces:
+            return pieces[token_id]
+        piece: str | None = None
+        kind = self._piece_decoder
+        if kind is not None and token_id not in self._added_token_ids:
+            token = self._backend.id_to_token(token_id)
+            if token is not None and not (kind == "sentencepiece" and _BYTE_TOKEN.fullmatch(token)):
+                piece = self._backend.decode([token_id], skip_special_tokens=False)
+                if kind == "byte_level" and _REPLACEMENT_CHARACTER in piece:
+                    piece = None  # part of a character (or invalid bytes): only whole runs decode exactly
+        pieces[token_id] = piece
+        return piece
+
+    @cached_property
+    def _pieces(self) -> dict[int, str | None]:
+        return {}
+
+    @cached_property
+    def _piece_decoder(self) -> Literal["sentencepiece", "byte_level"] | None:
+        """Which kind of decoder joins per-token texts (see ``token_piece``); None for any other."""
+        decoder = self._backend.decoder
+        if decoder is None:
+            return None
+        spec = json.loads(decoder.__getstate__())
+        if spec in _SENTENCEPIECE_DECODERS:
+            return "sentencepiece"
+        if spec.get("type") == "ByteLevel":  # its options shape pre-tokenization only, not decoding
+            return "byte_level"
+        return None
+
+    @cached_property
+    def _added_token_ids(self) -> frozenset[int]:
+        return frozenset(self._backend.get_added_tokens_decoder())
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)

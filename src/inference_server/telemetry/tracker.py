@@ -151,18 +151,22 @@ class RequestTracker:
         sessions: dict[str, int] = {}
         sampled = 0
         now = event.time
+        live = self.live
+        # Once per planned sequence per step, on the event loop: locals and the common case first.
         for seq in event.plan.sequences if event.plan is not None else ():
-            request = self.live.get(seq.request_id)
+            request = live.get(seq.request_id)
             if seq.reset:
                 admitted.append(seq.request_id)
-            sampled += seq.sample
             if request is None:
+                sampled += seq.sample
                 continue
             session = request.session_id or ""
             sessions[session] = sessions.get(session, 0) + len(seq.token_ids)
             if seq.sample:
-                if request.last_sampled is not None:
-                    latency = now - request.last_sampled
+                sampled += 1
+                last = request.last_sampled
+                if last is not None:
+                    latency = now - last
                     itls[latency] = itls.get(latency, 0) + 1
                 request.last_sampled = now
         # Counts reported by the scheduler are the truth (events may have been dropped): resynchronise.
