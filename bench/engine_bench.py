@@ -153,7 +153,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
         t.normal_()  # random K/V: never time on zeros
     settings = Settings(max_batch_size=max_b, max_model_len=blocks_per_seq * bs)
     loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name=preset, load_seconds=load_s)
-    runner = build_cuda_runner(settings, loaded, storage, device)
+    runner = build_cuda_runner(settings, loaded, storage, device, max_model_len=blocks_per_seq * bs)
     emit(out, kind="capture", model=name, buckets=list(runner.graphs.captured),
          seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
          kernels_b1=count_kernels(runner, 1))

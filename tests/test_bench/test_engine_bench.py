@@ -1,0 +1,40 @@
+"""``bench/engine_bench.py`` decode and offline paths as dry runs on the CPU (tiny preset, Triton interpreter):
+the GPU call is the only other place they run, so a broken call into the runner must fail here first."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the dry runs are for machines without CUDA")
+
+
+def engine_bench(out: Path, *args: str) -> list[dict]:
+    command = [sys.executable, str(REPO / "bench" / "engine_bench.py"), "run", "--model", "qwen3-30b-a3b", "--smoke",
+               "--device", "cpu", "--out", str(out), *args]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, check=False)
+    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
+    return [json.loads(line) for line in (out / "engine_bench.jsonl").read_text().splitlines()]
+
+
+def test_decode_dry_run_emits_a_decode_record(tmp_path: Path) -> None:
+    records = engine_bench(tmp_path, "--skip-offline", "--batches", "1", "--steps", "1", "--context", "8")
+    decode = [r for r in records if r["kind"] == "decode"]
+    assert len(decode) == 1 and decode[0]["batch"] == 1 and decode[0]["step_ms"] > 0
+
+
+@pytest.mark.heavy
+def test_offline_dry_run_with_overlap_on_and_off(tmp_path: Path) -> None:
+    records = engine_bench(tmp_path, "--skip-decode", "--requests", "2", "--overlap", "on,off")
+    offline = [r for r in records if r["kind"] == "offline"]
+    assert [r["overlap"] for r in offline] == [True, False]
+    assert all(r["output_tokens"] == r["expected_tokens"] and not r["errors"] for r in offline)
