@@ -113,7 +113,7 @@ def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(rest
         pytest.skip("the Triton interpreter is off where CUDA is present (the gpu test covers the kernels)")
     import attrs
 
-    from inference_server.actors.executor import threaded
+    from inference_server.actors.executor import RunnerPipeline
     from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
     from inference_server.schedule_invariance import build_engine
 
@@ -126,7 +126,7 @@ def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(rest
     runner = CudaModelRunner(built.loaded.model, built.loaded.spec, built.runner.storage, built.device,
                              CudaRunnerOptions(max_model_len=built.parts.max_model_len, max_batch_size=8,
                                                capture=False))
-    built = attrs.evolve(built, parts=attrs.evolve(built.parts, step=threaded(runner.execute)), runner=runner)
+    built = attrs.evolve(built, parts=attrs.evolve(built.parts, step=RunnerPipeline(runner)), runner=runner)
     check(run_invariance(config, built), tie_margin=0.0)
     assert runner.graph_steps > 0 and runner.eager_steps > 0
 
