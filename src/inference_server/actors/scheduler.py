@@ -108,6 +108,7 @@ class SchedulerActor:
         self._undelivered: list[RequestUpdate] = []  # received updates not yet sent to their streams
         self._in_flight: collections.deque[_InFlight] = collections.deque()  # plans sent, results not received
         self._last_deliver_seconds = 0.0
+        self._undelivered_step = 0  # the step whose tokens ``_undelivered`` holds (its profiler range's key)
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -265,6 +266,7 @@ class SchedulerActor:
         for update in updates:
             self._report_update(update, now)
         self._undelivered.extend(updates)
+        self._undelivered_step = result.step_id
         self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds,
                           num_generated=sum(len(u.tokens) for u in updates))
         if self.depth > 0:
@@ -275,11 +277,9 @@ class SchedulerActor:
         if not self._undelivered:
             return
         began = trio.current_time()
-        with profiler_ranges.phase("deliver", self.core.next_step_id - 1):
+        with profiler_ranges.phase("deliver", self._undelivered_step):
             updates, self._undelivered = self._undelivered, []
-            for update in updates:
-                if not self.streams.deliver(update) and not update.finished:
-                    self._abort(update.request_id)
+            self._send(updates)
         self._last_deliver_seconds = trio.current_time() - began
 
     # -- delivery ------------------------------------------------------------------------------------
@@ -287,6 +287,11 @@ class SchedulerActor:
         now = trio.current_time()
         for update in updates:
             self._report_update(update, now)
+        self._send(updates)
+
+    def _send(self, updates: list[RequestUpdate]) -> None:
+        """Updates to their streams; a request whose caller is gone is aborted (unless it just ended)."""
+        for update in updates:
             if not self.streams.deliver(update) and not update.finished:
                 self._abort(update.request_id)
 
