@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from inference_server.records.steps import PENDING_TOKEN, ScheduledSequence, StepPlan, StepResult
+from inference_server.records.steps import ScheduledSequence, StepPlan, StepResult
 from inference_server.telemetry import profiler_ranges
 
 StepFunction = Callable[[StepPlan], Awaitable[StepResult]]
@@ -114,8 +114,7 @@ class FunctionPipeline(StepPipeline):
         """``plan`` with every ``PENDING_TOKEN`` replaced by the previous step's sample (one pass: with overlap
         almost every sequence of a decode step is pending)."""
         samples = self._last_samples
-        resolved = tuple(with_last_token(s, samples[s.request_id]) if s.token_ids and s.token_ids[-1] == PENDING_TOKEN
-                         else s for s in plan.sequences)
+        resolved = tuple(with_last_token(s, samples[s.request_id]) if s.pending else s for s in plan.sequences)
         if all(map(operator.is_, resolved, plan.sequences)):
             return plan
         return attrs.evolve(plan, sequences=resolved)
@@ -157,5 +156,5 @@ class Executor:
             await self.results.send(result)
 
 
-__all__ = ["PENDING_TOKEN", "Drain", "Executor", "FunctionPipeline", "RunnerPipeline", "StepFunction",
+__all__ = ["Drain", "Executor", "FunctionPipeline", "RunnerPipeline", "StepFunction",
            "StepPipeline", "as_pipeline"]

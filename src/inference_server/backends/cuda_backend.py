@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 
 import attrs
 import torch
@@ -45,7 +44,6 @@ from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
 from inference_server.models.architectures import layers, ops
-from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
@@ -116,8 +114,7 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         self._install_ops()
         model.model.place_rope_tables(device)
-        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = (
-            torch.compile(model) if options.compile else model)
+        self._model_fn = torch.compile(model) if options.compile else model
         self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
         self.eager_steps = 0
         self.capture_seconds = 0.0
@@ -177,14 +174,8 @@ class CudaModelRunner(ModelRunner):
                 hidden = self.graphs.run(bucket)  # [bucket, H], padded rows unread
             self.graph_steps += 1
             return hidden
-        with profiler_ranges.phase("stage", step_id):
-            step = self._step_tensors(plan)
-            ids = self._input_ids(plan)
-            ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
-        with profiler_ranges.phase("forward", step_id):
-            hidden = self._model_fn(ids, ctx)  # [T, H]
         self.eager_steps += 1
-        return hidden
+        return super()._forward(plan)  # eager, through this runner's model function and context class
 
 
 def eager_warmup_sizes(step_token_budget: int) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -33,6 +33,7 @@ from inference_server.backends.sampler import (
     seed_for_position,
 )
 from inference_server.backends.transfer import HostCopy, tensor_to_device, to_device
+from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
 from inference_server.records.steps import (
@@ -88,6 +89,9 @@ class ModelRunner:
         self._previous_tokens = torch.empty(0, dtype=torch.int64, device=device)
         self._previous_rows: dict[int, int] = {}
         self._last_launched: LaunchedStep | None = None
+        # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
+        self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
+        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
 
     # -- state ---------------------------------------------------------------------------------------
     def _state_for(self, seq: ScheduledSequence) -> _RequestState:
@@ -193,9 +197,9 @@ class ModelRunner:
         with profiler_ranges.phase("stage", plan.step_id):
             step = self._step_tensors(plan)
             ids = self._input_ids(plan)
-            ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
+            ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
         with profiler_ranges.phase("forward", plan.step_id):
-            return self.model(ids, ctx)  # [T, H]
+            return self._model_fn(ids, ctx)  # [T, H]
 
     def _prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor) -> tuple[PromptLogprobsChunk, ...]:
         """Log-softmax (fp32, raw logits: no temperature or penalties, as vLLM) at the prompt positions the
