@@ -149,7 +149,8 @@ class CudaModelRunner(ModelRunner):
                                              prompt_len=count)
                 self.collect(self.launch(StepPlan(step_id=-1, sequences=(sequence,))))
                 self.forget((-1,))
-        self.eager_steps = 0
+        # The counters describe serving: a 1-token warm-up step fits a decode graph and would count as one.
+        self.eager_steps = self.graph_steps = 0
         self.tokens_computed = 0
 
     def _install_ops(self) -> None:
