@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from inference_server.core.kv_manager import KVManager
+from inference_server.records.hot_record import hot_record
 
 
 @attrs.frozen
@@ -50,7 +51,7 @@ class StepDemand:
     max_new: int | None = None  # at most this many new requests this step (monolithic prefill: 1)
 
 
-@attrs.frozen
+@hot_record
 class Grant:
     request_id: int
     start: int  # first position computed this step (the prefix-cache hit for a new request)

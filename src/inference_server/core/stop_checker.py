@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal
 
-import attrs
+from inference_server.records.hot_record import hot_record
 
 if TYPE_CHECKING:
     from inference_server.records.sampling_params import SamplingParams
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length"]
 
 
-@attrs.frozen
+@hot_record
 class StopUpdate:
     """What one token changed: text to emit now and, on the last token, why the request ended."""
 

@@ -12,6 +12,7 @@ from typing import Literal
 import attrs
 
 from inference_server.records.errors import ErrorCode
+from inference_server.records.hot_record import hot_record
 from inference_server.records.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "timeout", "error"]
@@ -43,7 +44,7 @@ class GenerationRequest:
     """Keep only the last N prompt tokens (after tokenising / templating); -1 = the context length."""
 
 
-@attrs.frozen
+@hot_record
 class TokenOutput:
     """One generated token as it reaches a request's stream."""
 
@@ -62,7 +63,7 @@ class PromptTokenLogprob:
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
-@attrs.frozen
+@hot_record
 class RequestUpdate:
     """What one step changed for one request: new tokens and, at the end, exactly one finish."""
 

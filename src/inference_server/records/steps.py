@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from inference_server.records.hot_record import hot_record
 from inference_server.records.sampling_params import SamplingParams
 
 PENDING_TOKEN = -1
@@ -12,7 +13,7 @@ only ever the last of a sequence's ``token_ids``, and the runner substitutes the
 that request (on the device, without a host sync)."""
 
 
-@attrs.frozen
+@hot_record
 class ScheduledSequence:
     """One sequence's work in a step: compute ``token_ids`` at positions ``cached_len ..``.
 
@@ -59,7 +60,7 @@ class StepPlan:
         return sum(len(s.token_ids) for s in self.sequences)
 
 
-@attrs.frozen
+@hot_record
 class SampledToken:
     request_id: int
     token_id: int
