@@ -43,6 +43,7 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
+from inference_server.kernels.router import triton_route
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
@@ -94,6 +95,7 @@ class CudaRunnerOptions:
     compile: bool = False
     triton_norm: bool = True
     triton_rope: bool = True
+    triton_router: bool = True
 
 
 class CudaModelRunner(ModelRunner):
@@ -112,6 +114,8 @@ class CudaModelRunner(ModelRunner):
         self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm
         # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
+        # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
+        self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
         self._install_ops()
         model.model.place_rope_tables(device)
         self._model_fn = torch.compile(model) if options.compile else model
@@ -154,7 +158,7 @@ class CudaModelRunner(ModelRunner):
         self.tokens_computed = 0
 
     def _install_ops(self) -> None:
-        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope)
+        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
@@ -39,10 +40,7 @@ class Gemma4Router(nn.Module):
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
-        probs = torch.softmax(self.proj(x), dim=-1, dtype=torch.float32)  # [T, E]
-        weights, ids = torch.topk(probs, k=self.top_k, dim=-1)  # [T, K]
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.per_expert_scale[ids], ids
+        return ops.route(self.proj(x), self.top_k, True, self.per_expert_scale, None)  # fp32 [T, K], ids [T, K]
 
 
 class Gemma4DecoderLayer(nn.Module):

@@ -1,9 +1,10 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
-Model files call ``ops.fused_moe`` and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs
-faster implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping
-the switch here means model code reads the same on every device. The choice is process-wide: a test that
-runs a reference runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
+Model files call ``ops.fused_moe``, ``ops.route`` and (through ``layers.RMSNorm``) the installed RMSNorm; a
+backend installs faster implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton
+kernels). Keeping the switch here means model code reads the same on every device. The choice is
+process-wide: a test that runs a reference runner beside a CUDA runner wraps the reference steps in
+``reference_ops()``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,29 @@ from inference_server.models.architectures.layers import NormFn
 from inference_server.models.architectures.layers import activation as activation_fn
 
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
+RouteFn = Callable[[torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
+                   tuple[torch.Tensor, torch.Tensor]]
+
+
+def torch_route(
+    router_logits: torch.Tensor,  # [T, E]
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None = None,  # [E]
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, K], ids [T, K] int64
+    """A MoE layer's routing after its router projection, as transformers computes it: softmax in fp32 over
+    the E experts, ``torch.topk``, ``w / w.sum(-1)`` if ``renormalize`` (Qwen3-MoE's ``norm_topk_prob``,
+    Gemma 4), ``w * per_expert_scale[ids]`` if a scale is given (Gemma 4: fp32 times the scale's dtype,
+    promoted), then the cast to ``out_dtype`` (Qwen3-MoE: the activation dtype; None keeps fp32).
+    The CUDA backend installs ``kernels.router.triton_route``, one launch for all of it."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if per_expert_scale is not None:
+        weights = weights * per_expert_scale[ids]
+    return (weights if out_dtype is None else weights.to(out_dtype)), ids
 
 
 def torch_fused_moe(
@@ -43,13 +67,17 @@ def torch_fused_moe(
 
 
 fused_moe: MoEFn = torch_fused_moe
+route: RouteFn = torch_route
 
 
-def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None) -> None:
+def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
+            router: RouteFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe
+    global fused_moe, route
     if moe is not None:
         fused_moe = moe
+    if router is not None:
+        route = router
     if norm is not None:
         layers.set_norm_impl(norm)
     if rope is not None:
@@ -59,14 +87,14 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe
-    previous_moe = fused_moe
+    global fused_moe, route
+    previous_moe, previous_route = fused_moe, route
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
-    fused_moe = torch_fused_moe
+    fused_moe, route = torch_fused_moe, torch_route
     try:
         yield
     finally:
-        fused_moe = previous_moe
+        fused_moe, route = previous_moe, previous_route
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)

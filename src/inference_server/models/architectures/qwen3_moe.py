@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
@@ -29,11 +30,7 @@ class Qwen3MoeRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = torch.nn.functional.linear(x, self.weight)  # [T, E]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(logits.dtype), ids
+        return ops.route(logits, self.top_k, self.normalize, None, logits.dtype)  # [T, K] x2
 
 
 class Qwen3MoeSparseBlock(nn.Module):
