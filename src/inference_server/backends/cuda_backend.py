@@ -45,6 +45,7 @@ from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
 from inference_server.kernels.router import triton_route
 from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures.blocks import SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
@@ -96,6 +97,8 @@ class CudaRunnerOptions:
     triton_norm: bool = True
     triton_rope: bool = True
     triton_router: bool = True
+    fused_qkv: bool = True
+    """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``): one launch per layer instead of three."""
 
 
 class CudaModelRunner(ModelRunner):
@@ -116,6 +119,10 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
         self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
+        if options.fused_qkv:
+            for module in model.modules():
+                if isinstance(module, SelfAttention):
+                    module.fuse_qkv()
         self._install_ops()
         model.model.place_rope_tables(device)
         self._model_fn = torch.compile(model) if options.compile else model
@@ -158,7 +165,8 @@ class CudaModelRunner(ModelRunner):
         self.tokens_computed = 0
 
     def _install_ops(self) -> None:
-        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route)
+        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
+                    projections_fused=self.options.fused_qkv)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

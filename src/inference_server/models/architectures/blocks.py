@@ -37,14 +37,50 @@ class SelfAttention(nn.Module):
             self.v_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style, with_weight=False) \
                 if spec.value_norm else None
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse_qkv (not a parameter: no second state_dict entry)
+        self.qkv_rows: tuple[int, ...] = ()  # rows of q, k (and v) in qkv_weight
+
+    def fuse_qkv(self) -> None:
+        """Concatenate the q, k (and v) projection weights into one ``[(nH + nKV (+ nKV)) * D, H]`` matrix, so a
+        step runs one GEMM instead of two or three; the projections' weights become views of it (no second
+        copy). Call once the weights are loaded and on their device; idempotent; a layer that reuses another
+        layer's KV has only q and is left alone. The fused GEMM runs only while ``ops.fused_projections`` is
+        on (the CUDA runner turns it on; ``ops.reference_ops()`` off), so a reference runner sharing the model
+        keeps the separate projections' numerics."""
+        if not self.layer.computes_kv or self.qkv_weight is not None:
+            return
+        projections = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
+        fused = torch.cat([p.weight.detach() for p in projections], dim=0)
+        offset = 0
+        for projection in projections:
+            rows = projection.weight.shape[0]
+            projection.weight.data = fused[offset:offset + rows]
+            offset += rows
+        self.qkv_weight = fused
+        self.qkv_rows = tuple(p.weight.shape[0] for p in projections)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Raw q [T, nH, D], k [T, nKV, D] and v (None where the layer has no such projection); views of one
+        GEMM's output when the projections are fused."""
+        tokens, d = x.shape[0], self.head_dim
+        if not self.layer.computes_kv:
+            return self.q_proj(x).view(tokens, -1, d), None, None
+        if self.qkv_weight is not None and ops.fused_projections:
+            qkv = torch.nn.functional.linear(x, self.qkv_weight)  # [T, (nH + nKV (+ nKV)) * D]
+            parts = qkv.split(self.qkv_rows, dim=-1)
+            heads = [part.unflatten(-1, (-1, d)) for part in parts]  # strided views, last dim contiguous
+            return heads[0], heads[1], heads[2] if len(heads) == 3 else None
+        q = self.q_proj(x).view(tokens, -1, d)
+        k = self.k_proj(x).view(tokens, -1, d)
+        return q, k, self.v_proj(x).view(tokens, -1, d) if self.v_proj is not None else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(tokens, -1, self.head_dim))  # [T, nH, D]
+        q_raw, k_raw, v_raw = self._project(x)
+        q = self.q_norm(q_raw)  # [T, nH, D]
         k = v = None
-        if self.layer.computes_kv:
-            k_raw = self.k_proj(x).view(tokens, -1, self.head_dim)  # [T, nKV, D]
-            v = self.v_proj(x).view(tokens, -1, self.head_dim) if self.v_proj is not None else k_raw
+        if k_raw is not None:  # [T, nKV, D]
+            v = v_raw if v_raw is not None else k_raw
             k = self.k_norm(k_raw)  # a new tensor: RoPE may rotate it in place, v (= k_raw under K=V) is untouched
             if self.v_norm is not None:
                 v = self.v_norm(v)

@@ -68,12 +68,16 @@ def torch_fused_moe(
 
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
+fused_projections = False
+"""Whether attention layers with fused q/k/v weights (``SelfAttention.fuse_qkv``) run them as one GEMM."""
 
 
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
-            router: RouteFn | None = None) -> None:
+            router: RouteFn | None = None, projections_fused: bool | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route
+    global fused_moe, route, fused_projections
+    if projections_fused is not None:
+        fused_projections = projections_fused
     if moe is not None:
         fused_moe = moe
     if router is not None:
@@ -87,14 +91,14 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route
-    previous_moe, previous_route = fused_moe, route
+    global fused_moe, route, fused_projections
+    previous_moe, previous_route, previous_fused = fused_moe, route, fused_projections
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
-    fused_moe, route = torch_fused_moe, torch_route
+    fused_moe, route, fused_projections = torch_fused_moe, torch_route, False
     try:
         yield
     finally:
-        fused_moe, route = previous_moe, previous_route
+        fused_moe, route, fused_projections = previous_moe, previous_route, previous_fused
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)

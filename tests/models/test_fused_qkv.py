@@ -1,0 +1,61 @@
+"""``SelfAttention.fuse_qkv``: one GEMM for q, k (and v), the same forward, no second copy of the weights.
+
+Every tiny preset covers a layer kind: separate k and v (Qwen3-MoE, Gemma-4-E2B/E4B), K = V (Gemma-4-26B-A4B and
+31B full layers: only q and k fused) and layers that reuse another layer's KV (E2B/E4B: q alone, not fused).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference_server.models.architectures import ops
+from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+from inference_server.models.architectures.blocks import SelfAttention
+from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config, preset_names
+from inference_server.models.spec import ModelSpec, parse_model_spec
+
+TINY = [n for n in preset_names() if n.endswith("-tiny")]
+
+
+def _logits(model: CausalLM, spec: ModelSpec) -> torch.Tensor:
+    cache = ContiguousKVCache(spec)
+    batch = ForwardBatch(seq_ids=(0,), cached_lens=(0,), query_lens=(12,))
+    with torch.no_grad():
+        return model.compute_logits(model(torch.arange(3, 15), cache.context(batch, "cpu")))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_fused_projections_give_the_separate_projections_logits(name: str) -> None:
+    spec = parse_model_spec(preset_config(name))
+    model = build_model(spec, torch.float32, "cpu")
+    init_dummy_weights(model, seed=1)
+    separate = _logits(model, spec)
+    keys = set(model.state_dict())
+    attention = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    for module in attention:
+        module.fuse_qkv()
+        module.fuse_qkv()  # idempotent
+    fused_layers = [m for m in attention if m.qkv_weight is not None]
+    assert fused_layers, "no layer was fused"
+    for module in attention:
+        if module.qkv_weight is None:
+            assert not module.layer.computes_kv
+            continue
+        assert len(module.qkv_rows) == (3 if module.v_proj is not None else 2)
+        # the projections are views of the fused matrix: one copy of the weights, loaders still see them
+        assert module.q_proj.weight.untyped_storage().data_ptr() == module.qkv_weight.untyped_storage().data_ptr()
+        assert torch.equal(module.qkv_weight[:module.qkv_rows[0]], module.q_proj.weight)
+    assert set(model.state_dict()) == keys
+    previous = ops.fused_projections
+    ops.use_ops(projections_fused=True)
+    try:
+        fused = _logits(model, spec)
+    finally:
+        ops.use_ops(projections_fused=previous)
+    torch.testing.assert_close(fused, separate, atol=1e-4, rtol=1e-4)
+    with ops.reference_ops():
+        assert not ops.fused_projections
+        torch.testing.assert_close(_logits(model, spec), separate, atol=0, rtol=0)
