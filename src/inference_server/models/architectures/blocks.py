@@ -98,8 +98,24 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.act = activation(act)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_gate_up (not a parameter)
+
+    def fuse_gate_up(self) -> None:
+        """Concatenate the gate and up weights into one ``[2I, H]`` matrix (the projections become views of it),
+        so a step runs one GEMM instead of two while ``ops.fused_projections`` is on (see
+        ``SelfAttention.fuse_qkv``). Idempotent; call once the weights are loaded and on their device."""
+        if self.gate_up_weight is not None:
+            return
+        fused = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()], dim=0)
+        rows = self.gate_proj.weight.shape[0]
+        self.gate_proj.weight.data = fused[:rows]
+        self.up_proj.weight.data = fused[rows:]
+        self.gate_up_weight = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is not None and ops.fused_projections:
+            gate, up = torch.nn.functional.linear(x, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] views
+            return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 

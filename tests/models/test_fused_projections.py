@@ -1,7 +1,9 @@
-"""``SelfAttention.fuse_qkv``: one GEMM for q, k (and v), the same forward, no second copy of the weights.
+"""``SelfAttention.fuse_qkv`` and ``GatedMLP.fuse_gate_up``: one GEMM for q, k (and v) and one for a dense
+MLP's gate and up; the same forward, no second copy of the weights.
 
-Every tiny preset covers a layer kind: separate k and v (Qwen3-MoE, Gemma-4-E2B/E4B), K = V (Gemma-4-26B-A4B and
-31B full layers: only q and k fused) and layers that reuse another layer's KV (E2B/E4B: q alone, not fused).
+The tiny presets cover every layer kind: separate k and v (Qwen3-MoE, Gemma-4-E2B/E4B), K = V (Gemma-4-26B-A4B
+and 31B full layers: only q and k fused), layers that reuse another layer's KV (E2B/E4B: q alone, not fused),
+dense MLPs (every Gemma 4, beside the experts in 26B-A4B) and none (Qwen3-MoE's layers are all sparse).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
-from inference_server.models.architectures.blocks import SelfAttention
+from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config, preset_names
@@ -35,9 +37,17 @@ def test_fused_projections_give_the_separate_projections_logits(name: str) -> No
     separate = _logits(model, spec)
     keys = set(model.state_dict())
     attention = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
     for module in attention:
         module.fuse_qkv()
         module.fuse_qkv()  # idempotent
+    for mlp in mlps:
+        mlp.fuse_gate_up()
+        mlp.fuse_gate_up()
+        assert mlp.gate_up_weight is not None
+        assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
+        assert torch.equal(mlp.gate_up_weight[mlp.gate_proj.weight.shape[0]:], mlp.up_proj.weight)
+    assert bool(mlps) == name.startswith("gemma")
     fused_layers = [m for m in attention if m.qkv_weight is not None]
     assert fused_layers, "no layer was fused"
     for module in attention:
