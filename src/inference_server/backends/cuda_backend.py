@@ -47,6 +47,7 @@ from inference_server.kernels.router import triton_route
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.architectures.gemma4 import Gemma4Router
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
 from inference_server.records.sampling_params import SamplingParams
@@ -97,9 +98,10 @@ class CudaRunnerOptions:
     triton_norm: bool = True
     triton_rope: bool = True
     triton_router: bool = True
-    fused_projections: bool = True
-    """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), and a dense MLP's gate and up as one
-    (``GatedMLP.fuse_gate_up``): one launch instead of three, and one instead of two."""
+    fused_weights: bool = True
+    """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
+    (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
+    one launch instead of three, one instead of two, one instead of three (``ops.fused_weights``)."""
 
 
 class CudaModelRunner(ModelRunner):
@@ -120,12 +122,14 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
         self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
-        if options.fused_projections:
+        if options.fused_weights:
             for module in model.modules():
                 if isinstance(module, SelfAttention):
                     module.fuse_qkv()
                 elif isinstance(module, GatedMLP):
                     module.fuse_gate_up()
+                elif isinstance(module, Gemma4Router):
+                    module.fold_scale()
         self._install_ops()
         model.model.place_rope_tables(device)
         self._model_fn = torch.compile(model) if options.compile else model
@@ -169,7 +173,7 @@ class CudaModelRunner(ModelRunner):
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
-                    projections_fused=self.options.fused_projections)
+                    weights_fused=self.options.fused_weights)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

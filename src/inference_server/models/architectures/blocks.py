@@ -44,7 +44,7 @@ class SelfAttention(nn.Module):
         """Concatenate the q, k (and v) projection weights into one ``[(nH + nKV (+ nKV)) * D, H]`` matrix, so a
         step runs one GEMM instead of two or three; the projections' weights become views of it (no second
         copy). Call once the weights are loaded and on their device; idempotent; a layer that reuses another
-        layer's KV has only q and is left alone. The fused GEMM runs only while ``ops.fused_projections`` is
+        layer's KV has only q and is left alone. The fused GEMM runs only while ``ops.fused_weights`` is
         on (the CUDA runner turns it on; ``ops.reference_ops()`` off), so a reference runner sharing the model
         keeps the separate projections' numerics."""
         if not self.layer.computes_kv or self.qkv_weight is not None:
@@ -65,7 +65,7 @@ class SelfAttention(nn.Module):
         tokens, d = x.shape[0], self.head_dim
         if not self.layer.computes_kv:
             return self.q_proj(x).view(tokens, -1, d), None, None
-        if self.qkv_weight is not None and ops.fused_projections:
+        if self.qkv_weight is not None and ops.fused_weights:
             qkv = torch.nn.functional.linear(x, self.qkv_weight)  # [T, (nH + nKV (+ nKV)) * D]
             parts = qkv.split(self.qkv_rows, dim=-1)
             heads = [part.unflatten(-1, (-1, d)) for part in parts]  # strided views, last dim contiguous
@@ -102,7 +102,7 @@ class GatedMLP(nn.Module):
 
     def fuse_gate_up(self) -> None:
         """Concatenate the gate and up weights into one ``[2I, H]`` matrix (the projections become views of it),
-        so a step runs one GEMM instead of two while ``ops.fused_projections`` is on (see
+        so a step runs one GEMM instead of two while ``ops.fused_weights`` is on (see
         ``SelfAttention.fuse_qkv``). Idempotent; call once the weights are loaded and on their device."""
         if self.gate_up_weight is not None:
             return
@@ -113,7 +113,7 @@ class GatedMLP(nn.Module):
         self.gate_up_weight = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is not None and ops.fused_projections:
+        if self.gate_up_weight is not None and ops.fused_weights:
             gate, up = torch.nn.functional.linear(x, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] views
             return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -37,9 +37,20 @@ class Gemma4Router(nn.Module):
         self.proj = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(spec.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.ones(spec.num_experts))
+        self.norm_weight: torch.Tensor | None = None  # set by fold_scale (not a parameter)
+
+    def fold_scale(self) -> None:
+        """Fold ``scale * H^-0.5`` into one fp32 norm weight, so the router's input is one norm launch instead
+        of a norm and two multiplies (used while ``ops.fused_weights`` is on; the gemma4 norm multiplies by
+        the weight in fp32 and rounds once, where the reference rounds after each multiply). Call once the
+        weights are loaded and on their device."""
+        self.norm_weight = self.scale.detach().float() * self.root_size
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
+        if self.norm_weight is not None and ops.fused_weights:
+            x = apply_rms_norm(residual, self.norm_weight, self.eps, "gemma4").to(residual.dtype)  # [T, H]
+        else:
+            x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
         return ops.route(self.proj(x), self.top_k, True, self.per_expert_scale, None)  # fp32 [T, K], ids [T, K]
 
 

@@ -68,16 +68,18 @@ def torch_fused_moe(
 
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
-fused_projections = False
-"""Whether attention layers with fused q/k/v weights (``SelfAttention.fuse_qkv``) run them as one GEMM."""
+fused_weights = False
+"""Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
+(``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
+scale folded into its norm (``Gemma4Router.fold_scale``). Same math, other rounding; off for the reference."""
 
 
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
-            router: RouteFn | None = None, projections_fused: bool | None = None) -> None:
+            router: RouteFn | None = None, weights_fused: bool | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route, fused_projections
-    if projections_fused is not None:
-        fused_projections = projections_fused
+    global fused_moe, route, fused_weights
+    if weights_fused is not None:
+        fused_weights = weights_fused
     if moe is not None:
         fused_moe = moe
     if router is not None:
@@ -91,14 +93,14 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route, fused_projections
-    previous_moe, previous_route, previous_fused = fused_moe, route, fused_projections
+    global fused_moe, route, fused_weights
+    previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
-    fused_moe, route, fused_projections = torch_fused_moe, torch_route, False
+    fused_moe, route, fused_weights = torch_fused_moe, torch_route, False
     try:
         yield
     finally:
-        fused_moe, route, fused_projections = previous_moe, previous_route, previous_fused
+        fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)

@@ -1,5 +1,6 @@
-"""``SelfAttention.fuse_qkv`` and ``GatedMLP.fuse_gate_up``: one GEMM for q, k (and v) and one for a dense
-MLP's gate and up; the same forward, no second copy of the weights.
+"""Weights fused or folded at start-up (``ops.fused_weights``): ``SelfAttention.fuse_qkv`` and
+``GatedMLP.fuse_gate_up`` (one GEMM for q, k (and v) and one for a dense MLP's gate and up, no second copy of
+the weights) and ``Gemma4Router.fold_scale`` (one norm launch); the same forward within fp32 rounding.
 
 The tiny presets cover every layer kind: separate k and v (Qwen3-MoE, Gemma-4-E2B/E4B), K = V (Gemma-4-26B-A4B
 and 31B full layers: only q and k fused), layers that reuse another layer's KV (E2B/E4B: q alone, not fused),
@@ -15,6 +16,7 @@ from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.architectures.gemma4 import Gemma4Router
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
@@ -30,7 +32,7 @@ def _logits(model: CausalLM, spec: ModelSpec) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_fused_projections_give_the_separate_projections_logits(name: str) -> None:
+def test_fused_weights_give_the_unfused_logits(name: str) -> None:
     spec = parse_model_spec(preset_config(name))
     model = build_model(spec, torch.float32, "cpu")
     init_dummy_weights(model, seed=1)
@@ -48,6 +50,10 @@ def test_fused_projections_give_the_separate_projections_logits(name: str) -> No
         assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
         assert torch.equal(mlp.gate_up_weight[mlp.gate_proj.weight.shape[0]:], mlp.up_proj.weight)
     assert bool(mlps) == name.startswith("gemma")
+    routers = [m for m in model.modules() if isinstance(m, Gemma4Router)]
+    for router in routers:
+        router.fold_scale()
+    assert bool(routers) == name.startswith("gemma-4-26b")
     fused_layers = [m for m in attention if m.qkv_weight is not None]
     assert fused_layers, "no layer was fused"
     for module in attention:
@@ -59,13 +65,13 @@ def test_fused_projections_give_the_separate_projections_logits(name: str) -> No
         assert module.q_proj.weight.untyped_storage().data_ptr() == module.qkv_weight.untyped_storage().data_ptr()
         assert torch.equal(module.qkv_weight[:module.qkv_rows[0]], module.q_proj.weight)
     assert set(model.state_dict()) == keys
-    previous = ops.fused_projections
-    ops.use_ops(projections_fused=True)
+    previous = ops.fused_weights
+    ops.use_ops(weights_fused=True)
     try:
         fused = _logits(model, spec)
     finally:
-        ops.use_ops(projections_fused=previous)
+        ops.use_ops(weights_fused=previous)
     torch.testing.assert_close(fused, separate, atol=1e-4, rtol=1e-4)
     with ops.reference_ops():
-        assert not ops.fused_projections
+        assert not ops.fused_weights
         torch.testing.assert_close(_logits(model, spec), separate, atol=0, rtol=0)
