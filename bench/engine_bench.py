@@ -10,6 +10,8 @@ the physical limits of ``roofline.py`` into one markdown table (``<out>/table.md
   ``B`` sequences at context ~``--context``; per batch, ``--steps`` full ``execute`` steps (stage inputs,
   graph replay, logits, sampling, token read-back) timed with synchronize + perf_counter, and the same count
   of bare graph replays timed with CUDA events. Batches whose KV would not fit are skipped (recorded).
+  With batch 1 in the list, a ``kernels`` record: the device time of each kernel of the B=1 step (profiler
+  over 5 bare replays, summed by kernel name) beside the step's memory-limited time.
 * offline: nano-vllm's workload (256 requests, prompt and output lengths U[100, 1024], seed 0, ignore EOS,
   temperature 0.6) through the real engine path, ``offline.LLM.generate`` (admission, scheduler, KV
   allocator, executor thread, runner). Output tokens / wall seconds, after a small warm-up generate.
@@ -112,6 +114,46 @@ def count_kernels(runner, batch: int) -> int | None:
         return None
 
 
+def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | None:
+    """Device time of each kernel of one decode step at ``batch`` (torch.profiler over ``replays`` bare graph
+    replays, or the eager forward when the trace shows no kernels inside graphs), summed by kernel name:
+    launches and µs per step, largest first (the ``top`` of them, and the total of every kernel)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        bucket = runner.graphs.bucket_for(batch)
+        ids, step = runner.graphs.step_view(bucket)
+        for source in ("graph", "eager"):
+            with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(replays):
+                    if source == "graph":
+                        runner.graphs.run(bucket)
+                    else:
+                        runner.graphs.forward(ids, step)
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            if kernels:
+                break
+        by_name: dict[str, list[float]] = {}
+        for event in kernels:
+            us = getattr(event, "device_time", None)
+            us = event.cuda_time if us is None else us
+            entry = by_name.setdefault(event.name[:80], [0, 0.0])
+            entry[0] += 1
+            entry[1] += us
+        rows = sorted(by_name.items(), key=lambda item: -item[1][1])
+        return dict(source=source, bucket=bucket, replays=replays,
+                    kernels_per_step=round(sum(c for c, _ in by_name.values()) / replays, 1),
+                    us_per_step=round(sum(t for _, t in by_name.values()) / replays, 1),
+                    top=[dict(name=name, per_step=round(c / replays, 2), us_per_step=round(t / replays, 1))
+                         for name, (c, t) in rows[:top]])
+    except Exception as err:  # the table is informative only
+        print(f"kernel times failed: {err!r}", flush=True)
+        return None
+
+
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
                  device: torch.device) -> None:
     from inference_server.backends.cuda_backend import CudaModelRunner, build_cuda_runner
@@ -157,6 +199,11 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     emit(out, kind="capture", model=name, buckets=list(runner.graphs.captured),
          seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
          kernels_b1=count_kernels(runner, 1))
+    if 1 in fits:
+        times = kernel_times(runner, 1)
+        if times is not None:
+            emit(out, kind="kernels", model=name, batch=1,
+                 limit_us=round(1e6 / roofline.decode_tok_s(name, 1, context), 1), **times)
     greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20)
     gen = torch.Generator().manual_seed(0)
     for batch in sorted(fits):
