@@ -74,6 +74,11 @@ MODELS: dict[str, ModelCost] = {
         always_read=738_197_504 + 1_110_179_840 + 535_265_280 + 10_901_760,  # tied lm_head, attn, MLP, routers
         expert_params=22_837_985_280, num_experts=128, top_k=8, active_params=3_822_530_560,
         kv_full=20_480, kv_sliding=204_800, window=1024),
+    "gemma-4-e2b": ModelCost(
+        # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.349 B);
+        # counted on the meta build of the preset. KV: 3 full layers of 15 cached (20 share their KV).
+        always_read=402_653_184 + 1_877_105_920, expert_params=0, num_experts=1, top_k=1,
+        active_params=2_279_759_104, kv_full=6_144, kv_sliding=12_288, window=512),
     "gemma-4-e4b": ModelCost(
         # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.819 B);
         # counted on the meta build of the preset. KV: 4 full layers of 24 cached (18 share their KV).

@@ -1,0 +1,37 @@
+"""``bench/roofline.py``'s Gemma 4 entries against the model the engine builds (meta device: no memory).
+
+What a decode step must read whole (``always_read``) is every parameter but the gathered per-layer embedding
+table (the tied embedding is read whole, as the lm_head); KV bytes per token come from the cache layers (layers
+that reuse another layer's KV store none), split into full-attention and sliding-window layers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference_server.models.loading.loader import build_model
+from inference_server.models.loading.presets import preset_config
+from inference_server.models.spec import parse_model_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import roofline
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-26b-a4b"])
+def test_gemma4_entries_match_the_built_model(name: str) -> None:
+    spec = parse_model_spec(preset_config(name))
+    model = build_model(spec, torch.bfloat16, "meta")
+    cost = roofline.MODELS[name]
+    gathered = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens_per_layer" in n)
+    total = sum(p.numel() for p in model.parameters())
+    # 26B-A4B's entry leaves out the norm weights (0.6 M of 25.2 B parameters); the small models count all.
+    assert abs(cost.total_params - (total - gathered)) <= 1_000_000
+    full = sum(c.bytes_per_token(2) for c in spec.cache_layers if c.window is None)
+    sliding = {c.window for c in spec.cache_layers if c.window is not None}
+    assert (cost.kv_full, cost.kv_sliding) == (full, sum(c.bytes_per_token(2) for c in spec.cache_layers
+                                                          if c.window is not None))
+    assert sliding == {cost.window}
