@@ -1,0 +1,67 @@
+"""Triton gated activation: ``act(gate) * up`` in one launch (two elementwise kernels in PyTorch).
+
+The MLP of every Gemma 4 layer (and its per-layer-input gate on E2B/E4B) computes ``act(gate) * up``; PyTorch
+runs the activation and the product as two kernels, each rounding to the activation dtype. This kernel keeps
+both roundings, so it gives PyTorch's result: ``a = act(float(gate))`` rounded to the output dtype, then
+``float(a) * float(up)`` rounded again. Activations: ``gelu_tanh`` (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+x^3)))``, tanh from ``exp(-2|y|)``) and ``silu`` (``x * sigmoid(x)``); the fp32 results can differ from
+PyTorch's by a few ulp (the transcendental functions), which the rounding to bf16 almost always absorbs.
+
+``gate`` and ``up`` are ``[T, I]`` with any row stride and a contiguous last dim, e.g. the two halves of a
+fused gate/up GEMM's output.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["SUPPORTED", "gated_activation"]
+
+SUPPORTED = ("gelu_tanh", "silu")
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _gated_activation_kernel(
+    gate_ptr, up_ptr, out_ptr,  # [T, I]
+    n_rows, width, stride_gate, stride_up, stride_out,
+    GELU_TANH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
+    if GELU_TANH:
+        inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        e = tl.exp(-2.0 * tl.abs(inner))  # in (0, 1]: no overflow at any input
+        tanh = (1.0 - e) / (1.0 + e)
+        a = 0.5 * g * (1.0 + tl.where(inner >= 0, tanh, -tanh))
+    else:
+        a = g * tl.sigmoid(g)
+    a = a.to(out_ptr.dtype.element_ty).to(tl.float32)  # PyTorch rounds act(gate) before the product
+    tl.store(out_ptr + row * stride_out + cols, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(gate) * up`` for ``[T, I]`` inputs of one dtype (see the module docstring)."""
+    if act not in SUPPORTED:
+        raise ValueError(f"gated_activation supports {SUPPORTED}, not {act!r}")
+    if gate.shape != up.shape or gate.dim() != 2 or gate.dtype != up.dtype:
+        raise ValueError(f"gate and up must be [T, I] of one dtype, got {tuple(gate.shape)} {gate.dtype} and "
+                         f"{tuple(up.shape)} {up.dtype}")
+    if gate.stride(-1) != 1 or up.stride(-1) != 1:
+        raise ValueError("gate and up need a contiguous last dim")
+    rows, width = gate.shape
+    out = torch.empty((rows, width), dtype=gate.dtype, device=gate.device)
+    if rows == 0 or width == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(width))
+    _gated_activation_kernel[(rows, triton.cdiv(width, block))](
+        gate, up, out, rows, width, gate.stride(0), up.stride(0), out.stride(0),
+        GELU_TANH=act == "gelu_tanh", BLOCK=block,
+    )
+    return out
