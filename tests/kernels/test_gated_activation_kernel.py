@@ -72,3 +72,16 @@ def test_real_widths_bf16_on_gpu(T: int, width: int) -> None:
     mismatched = (out != ref).float().mean().item()
     assert mismatched < 1e-3, mismatched  # both roundings kept: the rare difference is a last-bit tanh tie
     torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=2 ** -7)
+
+
+def test_cuda_runner_op_takes_hf_names_and_falls_back_where_the_kernel_does_not_apply() -> None:
+    from inference_server.backends.cuda_backend import triton_gated_activation
+    from inference_server.models.architectures.ops import torch_gated_activation
+
+    gate, up = _halves(2, 40, torch.float32, seed=5)
+    for name in ("gelu_pytorch_tanh", "silu", "gelu"):  # exact-erf gelu has no kernel: the reference runs
+        torch.testing.assert_close(triton_gated_activation(gate, up, name), torch_gated_activation(gate, up, name),
+                                   atol=1e-5, rtol=1e-5)
+    strided = torch.randn(2, 40, 2, device=DEV)[..., 0]  # last dim not contiguous: the reference runs
+    expected = torch_gated_activation(strided, up, "silu")
+    torch.testing.assert_close(triton_gated_activation(strided, up, "silu"), expected)

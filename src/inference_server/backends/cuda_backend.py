@@ -40,6 +40,8 @@ from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.fused_moe import fused_moe
+from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
+from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
@@ -65,6 +67,16 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, st
     if mode is None or x.dim() > 3 or x.stride(-1) != 1:
         return layers.rms_norm(x, weight, eps, style)
     return triton_norm.rms_norm(x, weight, eps, mode)  # type: ignore[arg-type]
+
+
+def triton_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """``ops.GatedActivationFn`` in one Triton launch (``kernels.gated_activation``); the reference for the
+    activations and layouts the kernel does not take (exact-erf gelu, a strided last dim, not [T, I])."""
+    canonical = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
+    if canonical not in GATED_ACTIVATIONS or gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype \
+            or gate.stride(-1) != 1 or up.stride(-1) != 1:
+        return ops.torch_gated_activation(gate, up, act)
+    return gated_activation(gate, up, canonical)
 
 
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -98,6 +110,7 @@ class CudaRunnerOptions:
     triton_norm: bool = True
     triton_rope: bool = True
     triton_router: bool = True
+    triton_gated_activation: bool = True
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
@@ -122,6 +135,9 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
         self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
+        # act(gate) * up: one launch instead of two per dense MLP.
+        self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
+            else ops.torch_gated_activation
         if options.fused_weights:
             for module in model.modules():
                 if isinstance(module, SelfAttention):
@@ -173,7 +189,7 @@ class CudaModelRunner(ModelRunner):
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
-                    weights_fused=self.options.fused_weights)
+                    weights_fused=self.options.fused_weights, gated=self._gated)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -97,7 +97,8 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.act = activation(act)
+        activation(act)  # fails early on an unknown name
+        self.act_name = act
         self.gate_up_weight: torch.Tensor | None = None  # set by fuse_gate_up (not a parameter)
 
     def fuse_gate_up(self) -> None:
@@ -115,8 +116,9 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None and ops.fused_weights:
             gate, up = torch.nn.functional.linear(x, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] views
-            return self.down_proj(self.act(gate) * up)
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(ops.gated_activation(gate, up, self.act_name))
 
 
 class FusedExperts(nn.Module):

@@ -1,8 +1,8 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
-Model files call ``ops.fused_moe``, ``ops.route`` and (through ``layers.RMSNorm``) the installed RMSNorm; a
-backend installs faster implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton
-kernels). Keeping the switch here means model code reads the same on every device. The choice is
+Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation`` and (through ``layers.RMSNorm``)
+the installed RMSNorm; a backend installs faster implementations with ``use_ops`` at start-up (the CUDA backend
+installs the Triton kernels). Keeping the switch here means model code reads the same on every device. The choice is
 process-wide: a test that runs a reference runner beside a CUDA runner wraps the reference steps in
 ``reference_ops()``.
 """
@@ -66,8 +66,18 @@ def torch_fused_moe(
     return out
 
 
+GatedActivationFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
+
+
+def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(gate) * up`` as two PyTorch kernels (each rounding to the activation dtype); ``act`` by its HF name.
+    The CUDA backend installs ``kernels.gated_activation``, one launch with the same two roundings."""
+    return activation_fn(act)(gate) * up
+
+
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
+gated_activation: GatedActivationFn = torch_gated_activation
 fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
@@ -75,9 +85,12 @@ scale folded into its norm (``Gemma4Router.fold_scale``). Same math, other round
 
 
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
-            router: RouteFn | None = None, weights_fused: bool | None = None) -> None:
+            router: RouteFn | None = None, weights_fused: bool | None = None,
+            gated: GatedActivationFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route, fused_weights
+    global fused_moe, route, fused_weights, gated_activation
+    if gated is not None:
+        gated_activation = gated
     if weights_fused is not None:
         fused_weights = weights_fused
     if moe is not None:
@@ -93,8 +106,10 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route, fused_weights
+    global fused_moe, route, fused_weights, gated_activation
     previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
+    previous_gated = gated_activation
+    gated_activation = torch_gated_activation
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
     fused_moe, route, fused_weights = torch_fused_moe, torch_route, False
@@ -102,5 +117,6 @@ def reference_ops() -> Iterator[None]:
         yield
     finally:
         fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
+        gated_activation = previous_gated
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)
