@@ -65,6 +65,17 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, st
     return triton_norm.rms_norm(x, weight, eps, mode)  # type: ignore[arg-type]
 
 
+def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                        style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.add_rms_norm`` through the Triton kernel: the residual add and the norm in one launch (the add in
+    fp32 rounded to the activation dtype, torch's value); the reference for the gemma3 style and odd inputs."""
+    mode = _TRITON_NORM_MODE.get(style)
+    if (mode is None or x.dim() > 3 or x.stride(-1) != 1 or residual.shape != x.shape
+            or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        return ops.torch_add_rms_norm(x, residual, weight, eps, style)
+    return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)  # type: ignore[arg-type]
+
+
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str) -> torch.Tensor:
     """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync)."""
@@ -94,6 +105,8 @@ class CudaRunnerOptions:
     capture: bool = True
     compile: bool = False
     triton_norm: bool = True
+    triton_add_norm: bool = True
+    """Residual add + RMSNorm in one launch (``ops.add_rms_norm``); needs ``triton_norm``."""
     triton_rope: bool = True
     triton_router: bool = True
 
@@ -112,6 +125,8 @@ class CudaModelRunner(ModelRunner):
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
         self._moe = torch.compiler.disable(triton_fused_moe) if options.compile else triton_fused_moe
         self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm
+        self._add_norm = triton_add_rms_norm if options.triton_norm and options.triton_add_norm \
+            and not options.compile else ops.torch_add_rms_norm
         # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
@@ -158,7 +173,7 @@ class CudaModelRunner(ModelRunner):
         self.tokens_computed = 0
 
     def _install_ops(self) -> None:
-        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route)
+        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route, add_norm=self._add_norm)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()
