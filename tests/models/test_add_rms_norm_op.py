@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.attention import AttentionContext, ContiguousKVCache, ForwardBatch
@@ -145,3 +146,42 @@ def test_decoder_equals_its_unfused_layer_code(name: str, dtype: torch.dtype) ->
     theirs = run_steps(model, spec, ids, unfused)
     for our, their in zip(ours, theirs, strict=True):
         assert our.dtype == dtype and torch.equal(our, their)
+
+
+def test_qwen_layers_add_the_residual_only_inside_add_rms_norm() -> None:
+    """Per Qwen3-MoE layer: two ``add_rms_norm`` calls, no residual add of its own and no other hidden-size
+    norm (the first layer's input norm and the final add + norm excepted): two norm launches on CUDA."""
+    spec = parse_model_spec(preset_config("qwen3-30b-a3b-tiny"))
+    model = build_model(spec, torch.float32, "cpu")
+    init_dummy_weights(model, seed=3)
+    hidden_size, tokens = spec.hidden_size, 3
+    state = dict(inside=False, add_norms=0, adds_outside=0, norms_outside=0)
+
+    def counting_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                          style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
+        state["add_norms"] += 1
+        state["inside"] = True
+        try:
+            return ops.torch_add_rms_norm(x, residual, weight, eps, style)
+        finally:
+            state["inside"] = False
+
+    def counting_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+        if not state["inside"] and x.shape == (tokens, hidden_size):
+            state["norms_outside"] += 1
+        return layers.rms_norm(x, weight, eps, style)
+
+    class CountAdds(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.add and not state["inside"] \
+                    and tuple(out.shape) == (tokens, hidden_size):
+                state["adds_outside"] += 1
+            return out
+
+    ops.use_ops(add_norm=counting_add_norm, norm=counting_norm)  # the fixture's reference_ops() restores both
+    cache = ContiguousKVCache(spec)
+    batch = ForwardBatch(seq_ids=(0,), cached_lens=(0,), query_lens=(tokens,))
+    with torch.no_grad(), CountAdds():
+        model(torch.tensor([5, 9, 11]), cache.context(batch, "cpu"))
+    assert state == dict(inside=False, add_norms=2 * spec.num_layers, adds_outside=0, norms_outside=1)
