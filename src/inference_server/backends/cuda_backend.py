@@ -79,6 +79,17 @@ def triton_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> t
     return gated_activation(gate, up, canonical)
 
 
+def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                        style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.add_rms_norm`` through the Triton kernel: the residual add and the norm in one launch (the add in
+    fp32 rounded to the activation dtype, torch's value); the reference for the gemma3 style and odd inputs."""
+    mode = _TRITON_NORM_MODE.get(style)
+    if (mode is None or x.dim() > 3 or x.stride(-1) != 1 or residual.shape != x.shape
+            or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        return ops.torch_add_rms_norm(x, residual, weight, eps, style)
+    return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)  # type: ignore[arg-type]
+
+
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str) -> torch.Tensor:
     """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync)."""
@@ -108,6 +119,8 @@ class CudaRunnerOptions:
     capture: bool = True
     compile: bool = False
     triton_norm: bool = True
+    triton_add_norm: bool = True
+    """Residual add + RMSNorm in one launch (``ops.add_rms_norm``); needs ``triton_norm``."""
     triton_rope: bool = True
     triton_router: bool = True
     triton_gated_activation: bool = True
@@ -131,6 +144,8 @@ class CudaModelRunner(ModelRunner):
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
         self._moe = torch.compiler.disable(triton_fused_moe) if options.compile else triton_fused_moe
         self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm
+        self._add_norm = triton_add_rms_norm if options.triton_norm and options.triton_add_norm \
+            and not options.compile else ops.torch_add_rms_norm
         # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
@@ -189,7 +204,7 @@ class CudaModelRunner(ModelRunner):
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
-                    weights_fused=self.options.fused_weights, gated=self._gated)
+                    weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

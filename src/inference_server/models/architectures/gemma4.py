@@ -94,12 +94,10 @@ class Gemma4DecoderLayer(nn.Module):
         sin: torch.Tensor,
         ctx: AttentionContext,
     ) -> torch.Tensor:
-        residual = h
-        h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, ctx))
-        h = residual + h
-
-        residual = h
-        m = self.mlp(self.pre_feedforward_layernorm(h))
+        attn = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, ctx))
+        # residual = h + attn and its pre-FFN norm in one op (one launch on CUDA instead of an add and a norm)
+        x, residual = ops.add_norm(self.pre_feedforward_layernorm, attn, h)
+        m = self.mlp(x)
         if self.is_moe:
             dense = self.post_feedforward_layernorm_1(m)
             weights, ids = self.router(residual)

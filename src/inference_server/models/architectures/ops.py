@@ -1,10 +1,10 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
-Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation`` and (through ``layers.RMSNorm``)
-the installed RMSNorm; a backend installs faster implementations with ``use_ops`` at start-up (the CUDA backend
-installs the Triton kernels). Keeping the switch here means model code reads the same on every device. The choice is
-process-wide: a test that runs a reference runner beside a CUDA runner wraps the reference steps in
-``reference_ops()``.
+Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
+add and the RMSNorm after it) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
+implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch
+here means model code reads the same on every device. The choice is process-wide: a test that runs a reference
+runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,28 @@ import torch
 from inference_server.models.architectures import layers
 from inference_server.models.architectures.layers import NormFn
 from inference_server.models.architectures.layers import activation as activation_fn
+from inference_server.models.spec import NormStyle
 
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
 RouteFn = Callable[[torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
                    tuple[torch.Tensor, torch.Tensor]]
+AddNormFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float, NormStyle],
+                     tuple[torch.Tensor, torch.Tensor]]
+
+
+def torch_add_rms_norm(
+    x: torch.Tensor,  # [T, H]: a block's output
+    residual: torch.Tensor,  # [T, H]: the residual stream it is added to
+    weight: torch.Tensor | None,
+    eps: float,
+    style: NormStyle,
+) -> tuple[torch.Tensor, torch.Tensor]:  # normed [T, H], new residual [T, H]
+    """The residual add and the next RMSNorm, as the decoder layers wrote them before this op existed:
+    ``h = residual + x`` in the activation dtype, then the installed RMSNorm of ``h``; returns ``(norm(h), h)``.
+    The CUDA backend installs one Triton launch for both (``kernels.rmsnorm.fused_add_rmsnorm``), which adds
+    in fp32 and rounds to the activation dtype: the same value as torch's add."""
+    h = residual + x
+    return layers.apply_rms_norm(h, weight, eps, style), h
 
 
 def torch_route(
@@ -78,17 +96,23 @@ def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> to
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
 gated_activation: GatedActivationFn = torch_gated_activation
+add_rms_norm: AddNormFn = torch_add_rms_norm
 fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
 scale folded into its norm (``Gemma4Router.fold_scale``). Same math, other rounding; off for the reference."""
 
 
+def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The installed ``add_rms_norm`` with ``norm``'s weight, eps and style: ``(norm(residual + x), residual + x)``."""
+    return add_rms_norm(x, residual, norm.weight, norm.eps, norm.style)
+
+
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
             router: RouteFn | None = None, weights_fused: bool | None = None,
-            gated: GatedActivationFn | None = None) -> None:
+            gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route, fused_weights, gated_activation
+    global fused_moe, route, fused_weights, gated_activation, add_rms_norm
     if gated is not None:
         gated_activation = gated
     if weights_fused is not None:
@@ -97,6 +121,8 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
         fused_moe = moe
     if router is not None:
         route = router
+    if add_norm is not None:
+        add_rms_norm = add_norm
     if norm is not None:
         layers.set_norm_impl(norm)
     if rope is not None:
@@ -106,10 +132,10 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route, fused_weights, gated_activation
+    global fused_moe, route, fused_weights, gated_activation, add_rms_norm
     previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
-    previous_gated = gated_activation
-    gated_activation = torch_gated_activation
+    previous_gated, previous_add_norm = gated_activation, add_rms_norm
+    gated_activation, add_rms_norm = torch_gated_activation, torch_add_rms_norm
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
     fused_moe, route, fused_weights = torch_fused_moe, torch_route, False
@@ -117,6 +143,6 @@ def reference_ops() -> Iterator[None]:
         yield
     finally:
         fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
-        gated_activation = previous_gated
+        gated_activation, add_rms_norm = previous_gated, previous_add_norm
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)

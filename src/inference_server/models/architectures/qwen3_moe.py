@@ -46,7 +46,13 @@ class Qwen3MoeSparseBlock(nn.Module):
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
-    """Pre-norm attention and pre-norm FFN (sparse MoE or dense MLP), each added to the residual."""
+    """Pre-norm attention and pre-norm FFN (sparse MoE or dense MLP), each added to the residual.
+
+    The residual adds are folded into the norm after them (``ops.add_rms_norm``, one launch on CUDA): the
+    layer takes ``(hidden, residual)``, where the residual stream is ``residual + hidden``, and returns the
+    FFN output as the next ``hidden`` with the residual not yet added; the next layer's input norm (or the
+    final norm) adds it. The values are those of ``h = h + attn(norm(h)); h = h + mlp(norm(h))``: the same
+    adds in the activation dtype, in the same order."""
 
     def __init__(self, spec: ModelSpec, layer: LayerSpec) -> None:
         super().__init__()
@@ -56,9 +62,21 @@ class Qwen3MoeDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, "qwen")
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, "qwen")
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H]: the previous layer's FFN output, or the embeddings (first layer)
+        residual: torch.Tensor | None,  # [T, H]: the stream before ``hidden`` is added; None in the first layer
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # this layer's FFN output, the residual it is to be added to
+        if residual is None:
+            residual, x = hidden, self.input_layernorm(hidden)
+        else:
+            x, residual = ops.add_norm(self.input_layernorm, hidden, residual)
+        attn = self.self_attn(x, cos, sin, ctx)
+        x, residual = ops.add_norm(self.post_attention_layernorm, attn, residual)
+        return self.mlp(x), residual
 
 
 class Qwen3MoeModel(Decoder):
@@ -79,9 +97,10 @@ class Qwen3MoeModel(Decoder):
         """Final-normed hidden states [T, H] for the packed token ids [T]."""
         h = self.embed_tokens(ids)  # [T, H]
         cos, sin = rope_cos_sin(self.inv_freq, ctx.positions, h.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            h = layer(h, cos, sin, ctx)
-        return self.norm(h)
+            h, residual = layer(h, residual, cos, sin, ctx)
+        return self.norm(h) if residual is None else ops.add_norm(self.norm, h, residual)[0]
 
 
 class Qwen3MoeForCausalLM(CausalLM):

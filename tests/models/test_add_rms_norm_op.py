@@ -1,0 +1,187 @@
+"""``ops.add_rms_norm`` (residual add folded into the next RMSNorm): the reference op is the plain math, bit for
+bit, and the decoders that use it give the logits of the unfused layer code they replaced, bit for bit (CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures.attention import AttentionContext, ContiguousKVCache, ForwardBatch
+from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer
+from inference_server.models.architectures.layers import rope_cos_sin
+from inference_server.models.architectures.qwen3_moe import Qwen3MoeDecoderLayer
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
+from inference_server.models.spec import ModelSpec, NormStyle, parse_model_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def reference() -> Iterator[None]:
+    with ops.reference_ops():
+        yield
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("style", "with_weight"), [("gemma4", True), ("gemma4", False), ("gemma3", True),
+                                                     ("qwen", True)])
+def test_reference_op_is_add_then_norm(style: NormStyle, with_weight: bool, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x, residual = (torch.randn(5, 48, generator=gen) * 3).to(dtype), torch.randn(5, 48, generator=gen).to(dtype)
+    weight = (1 + 0.3 * torch.randn(48, generator=gen)).to(dtype) if with_weight else None
+    normed, new_residual = ops.add_rms_norm(x, residual, weight, 1e-6, style)
+    h = residual + x
+    assert new_residual.dtype == dtype and torch.equal(new_residual, h)
+    assert torch.equal(normed, layers.rms_norm(h, weight, 1e-6, style))
+
+
+def test_reference_op_uses_the_installed_norm() -> None:
+    """The reference add goes through ``layers.apply_rms_norm``, so a backend's norm applies to it too."""
+    seen: list[torch.Tensor] = []
+
+    def recording_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+        seen.append(x)
+        return layers.rms_norm(x, weight, eps, style)
+
+    previous = layers.set_norm_impl(recording_norm)
+    try:
+        _, h = ops.torch_add_rms_norm(torch.ones(2, 8), torch.full((2, 8), 2.0), None, 1e-6, "gemma4")
+    finally:
+        layers.set_norm_impl(previous)
+    assert len(seen) == 1 and seen[0] is h and torch.equal(h, torch.full((2, 8), 3.0))
+
+
+def test_use_ops_installs_and_reference_ops_restores() -> None:
+    def fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, residual
+
+    ops.use_ops(add_norm=fake)
+    try:
+        assert ops.add_rms_norm is fake
+        with ops.reference_ops():
+            assert ops.add_rms_norm is ops.torch_add_rms_norm
+        assert ops.add_rms_norm is fake
+    finally:
+        ops.use_ops(add_norm=ops.torch_add_rms_norm)
+
+
+# ----------------------------------------------------------- decoders against their former, unfused layer code
+
+
+def unfused_qwen_forward(model: CausalLM, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """``Qwen3MoeModel.forward`` as it was before ``add_rms_norm``: ``h = h + attn(norm(h))``, ``h + mlp(norm(h))``."""
+    decoder = model.model
+    h = decoder.embed_tokens(ids)
+    cos, sin = rope_cos_sin(decoder.inv_freq, ctx.positions, h.dtype)
+    for layer in decoder.layers:
+        assert isinstance(layer, Qwen3MoeDecoderLayer)
+        h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, ctx)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return decoder.norm(h)
+
+
+def unfused_gemma4_layer(layer: Gemma4DecoderLayer, h: torch.Tensor, per_layer_input: torch.Tensor | None,
+                         cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """``Gemma4DecoderLayer.forward`` as it was before ``add_rms_norm``."""
+    residual = h
+    h = layer.post_attention_layernorm(layer.self_attn(layer.input_layernorm(h), cos, sin, ctx))
+    h = residual + h
+    residual = h
+    m = layer.mlp(layer.pre_feedforward_layernorm(h))
+    if layer.is_moe:
+        dense = layer.post_feedforward_layernorm_1(m)
+        weights, ids = layer.router(residual)
+        moe = layer.experts(layer.pre_feedforward_layernorm_2(residual), weights, ids)
+        m = dense + layer.post_feedforward_layernorm_2(moe)
+    h = residual + layer.post_feedforward_layernorm(m)
+    if layer.ple_size:
+        assert per_layer_input is not None
+        gate = layer.act(layer.per_layer_input_gate(h)) * per_layer_input
+        h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(gate))
+    if layer.has_layer_scalar:
+        h = h * layer.layer_scalar
+    return h
+
+
+def unfused_gemma4_forward(model: CausalLM, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    decoder, spec = model.model, model.spec
+    weight = decoder.embed_tokens.weight
+    h = decoder.embed_tokens(ids) * torch.tensor(spec.embed_scale).to(weight.dtype)
+    ple = decoder.per_layer_inputs(ids, h) if spec.ple_hidden_size else None
+    rope = {t: rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in decoder.inv_freqs.items()}
+    for i, layer in enumerate(decoder.layers):
+        cos, sin = rope[spec.layers[i].layer_type]
+        h = unfused_gemma4_layer(layer, h, ple[:, i, :] if ple is not None else None, cos, sin, ctx)
+    return decoder.norm(h)
+
+
+def run_steps(model: CausalLM, spec: ModelSpec, ids: torch.Tensor,
+              forward: Callable[[CausalLM, torch.Tensor, AttentionContext], torch.Tensor]) -> list[torch.Tensor]:
+    """A 7-token prefill of two sequences then three decode steps, on a fresh cache; final hidden states."""
+    cache = ContiguousKVCache(spec)
+    seqs, outputs = (0, 1), []
+    with torch.no_grad():
+        for start, length in [(0, 7), (7, 1), (8, 1), (9, 1)]:
+            batch = ForwardBatch(seq_ids=seqs, cached_lens=(start,) * 2, query_lens=(length,) * 2)
+            outputs.append(forward(model, ids[:, start:start + length].reshape(-1), cache.context(batch, "cpu")))
+    return outputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
+def test_decoder_equals_its_unfused_layer_code(name: str, dtype: torch.dtype) -> None:
+    spec = parse_model_spec(preset_config(name))
+    model = build_model(spec, dtype, "cpu")
+    init_dummy_weights(model, seed=3)
+    ids = torch.randint(3, spec.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5))
+    unfused = unfused_qwen_forward if spec.architecture == "qwen3_moe" else unfused_gemma4_forward
+    ours = run_steps(model, spec, ids, lambda m, t, ctx: m(t, ctx))
+    theirs = run_steps(model, spec, ids, unfused)
+    for our, their in zip(ours, theirs, strict=True):
+        assert our.dtype == dtype and torch.equal(our, their)
+
+
+def test_qwen_layers_add_the_residual_only_inside_add_rms_norm() -> None:
+    """Per Qwen3-MoE layer: two ``add_rms_norm`` calls, no residual add of its own and no other hidden-size
+    norm (the first layer's input norm and the final add + norm excepted): two norm launches on CUDA."""
+    spec = parse_model_spec(preset_config("qwen3-30b-a3b-tiny"))
+    model = build_model(spec, torch.float32, "cpu")
+    init_dummy_weights(model, seed=3)
+    hidden_size, tokens = spec.hidden_size, 3
+    state = dict(inside=False, add_norms=0, adds_outside=0, norms_outside=0)
+
+    def counting_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                          style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
+        state["add_norms"] += 1
+        state["inside"] = True
+        try:
+            return ops.torch_add_rms_norm(x, residual, weight, eps, style)
+        finally:
+            state["inside"] = False
+
+    def counting_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+        if not state["inside"] and x.shape == (tokens, hidden_size):
+            state["norms_outside"] += 1
+        return layers.rms_norm(x, weight, eps, style)
+
+    class CountAdds(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.add and not state["inside"] \
+                    and tuple(out.shape) == (tokens, hidden_size):
+                state["adds_outside"] += 1
+            return out
+
+    ops.use_ops(add_norm=counting_add_norm, norm=counting_norm)  # the fixture's reference_ops() restores both
+    cache = ContiguousKVCache(spec)
+    batch = ForwardBatch(seq_ids=(0,), cached_lens=(0,), query_lens=(tokens,))
+    with torch.no_grad(), CountAdds():
+        model(torch.tensor([5, 9, 11]), cache.context(batch, "cpu"))
+    assert state == dict(inside=False, add_norms=2 * spec.num_layers, adds_outside=0, norms_outside=1)
