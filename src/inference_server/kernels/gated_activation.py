@@ -20,7 +20,7 @@ import triton.language as tl
 __all__ = ["SUPPORTED", "gated_activation"]
 
 SUPPORTED = ("gelu_tanh", "silu")
-_SQRT_2_OVER_PI = 0.7978845608028654
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a compiled kernel reads only constexpr globals
 
 
 @triton.jit(do_not_specialize=["n_rows"])
