@@ -1,4 +1,4 @@
-"""The Triton kernels added for issue 12 compile for the H200 (sm_90) without a GPU.
+"""The Triton kernels added or changed for issue 12 compile for the H200 (sm_90) without a GPU.
 
 The CPU tests run kernels in the Triton interpreter, which accepts things the compiler rejects (a kernel reading
 a plain Python global compiled nowhere: the GPU run failed where every interpreter test passed). Triton compiles
@@ -20,6 +20,7 @@ COMPILE = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from inference_server.kernels.fused_moe import _moe_align_scatter_kernel
     from inference_server.kernels.gated_activation import _gated_activation_kernel
     from inference_server.kernels.router import _route_kernel
 
@@ -36,6 +37,15 @@ COMPILE = textwrap.dedent('''
                      "HAS_SCALE": "constexpr", "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}
         constexprs = {"K": 8, "RENORMALIZE": True, "HAS_SCALE": has_scale, "BLOCK_E": 128, "BLOCK_K": 8}
         triton.compile(ASTSource(fn=_route_kernel, signature=signature, constexprs=constexprs), target=target)
+    for single in (True, False):  # decode (one program, padding then a barrier) and prefill (chunks)
+        signature = {"ids_ptr": "*i64", "chunk_counts_ptr": "*i32", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+                     "num_padded_ptr": "*i32", "num_pairs": "i32", "max_blocks": "i32", "num_chunks": "i32",
+                     "BLOCK_M": "constexpr", "E_PAD": "constexpr", "CHUNK": "constexpr", "NC_PAD": "constexpr",
+                     "SINGLE": "constexpr", "FILL": "constexpr"}
+        constexprs = {"BLOCK_M": 16, "E_PAD": 128, "CHUNK": 16 if single else 128, "NC_PAD": 1 if single else 128,
+                      "SINGLE": single, "FILL": 1024}
+        triton.compile(ASTSource(fn=_moe_align_scatter_kernel, signature=signature, constexprs=constexprs),
+                       target=target)
     print("compiled")
 ''')
 
