@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.moe_configs import MoeGemmConfig, MoeKernelConfig, device_name, tuned_moe_config
 from inference_server.kernels.reference_moe import Activation
 
 __all__ = [
@@ -66,26 +67,6 @@ _H200_SMS = 132
 # ----------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MoeGemmConfig:
-    """Tile shape and launch knobs of one grouped GEMM (BLOCK_M is shared, see MoeKernelConfig)."""
-
-    block_n: int
-    block_k: int
-    group_m: int = 1  # m-blocks per launch-order group; 1 = n-fastest (weight tile reuse via L2)
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-@dataclass(frozen=True)
-class MoeKernelConfig:
-    """Block sizes for the whole fused MoE. ``block_m`` is the expert-group padding granularity."""
-
-    block_m: int
-    gate_up: MoeGemmConfig
-    down: MoeGemmConfig
 
 
 def _pow2_clamp(value: int, lo: int, hi: int) -> int:
@@ -517,7 +498,8 @@ def fused_moe(
     ``topk_ids [T, K]`` int32/int64 with every id in [0, E) (unchecked: out-of-range pairs are skipped
     and leave their rows of the k-sum undefined). Returns ``out [T, H]`` in ``hidden.dtype`` (written
     into ``out`` when given). No host syncs; allocations come from the caching allocator, so the call
-    is CUDA-graph capturable. ``config`` defaults to ``moe_kernel_config(T, H, I, E, K)``.
+    is CUDA-graph capturable. ``config`` defaults to the tuned config for this GPU and shape
+    (``moe_configs.tuned_moe_config``), else ``moe_kernel_config(T, H, I, E, K)``.
     """
     T, H = hidden.shape
     E, two_i, h_w = w_gate_up.shape
@@ -537,9 +519,13 @@ def fused_moe(
         raise ValueError(f"out must be [{T}, {H}] {hidden.dtype} with a contiguous last dim")
     if T == 0:
         return out
-    cfg = config if config is not None else moe_kernel_config(T, H, inter_size, E, K)
-    if config is None and hidden.element_size() > 2:
-        cfg = _halve_block_k(cfg)  # fp32 tiles take twice the shared memory (the H200's 227 KB ran out)
+    cfg = config
+    if cfg is None:  # tuned for this GPU and shape (moe_configs), else the heuristic
+        cfg = tuned_moe_config(T, H, inter_size, E, K, hidden.dtype, device_name(hidden.device))
+    if cfg is None:
+        cfg = moe_kernel_config(T, H, inter_size, E, K)
+        if hidden.element_size() > 2:
+            cfg = _halve_block_k(cfg)  # fp32 tiles take twice the shared memory (the H200's 227 KB ran out)
     bm = cfg.block_m
     n_pairs = T * K
     align = moe_align_block_size(topk_ids, E, bm)
