@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 EAGER_LADDER = (512, 1024, 2048, 4096)
@@ -55,16 +56,12 @@ def candidates(tokens: int, base, top_k: int, quick: int) -> list:
     from inference_server.kernels.moe_configs import MoeGemmConfig, MoeKernelConfig
 
     rows = max(1, tokens * top_k)
-    block_ms = [m for m in (16, 32, 64, 128) if m <= max(16, 2 * triton_next_pow2(rows))]
+    block_ms = [m for m in (16, 32, 64, 128) if m <= max(16, 2 * triton.next_power_of_2(rows))]
     tiles = [MoeGemmConfig(n, k, 1, w, s) for n, k, w, s in itertools.product((32, 64, 128), (64, 128), (4, 8), (3, 4))]
     found = [base]
     for block_m in block_ms:
         found += [MoeKernelConfig(block_m, tile, base.down) for tile in tiles]
     return found[:quick] if quick else found
-
-
-def triton_next_pow2(value: int) -> int:
-    return 1 << max(0, (value - 1).bit_length())
 
 
 def time_call(fn, device: torch.device, reps: int) -> float:
@@ -122,9 +119,10 @@ def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.dev
     base_seconds = next(s for s, c in results if c == base)
     best_seconds, best = min(results, key=lambda item: item[0])
     # then the down GEMM's tiles, with the best gate/up tiles
-    for tile in {c.gate_up for _, c in results}:
+    timed = {c for _, c in results}
+    for tile in {c.gate_up for c in timed}:
         config = MoeKernelConfig(best.block_m, best.gate_up, tile)
-        if config in {c for _, c in results}:
+        if config in timed:
             continue
         seconds, status = run(config)
         if seconds is None:

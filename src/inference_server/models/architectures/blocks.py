@@ -17,6 +17,18 @@ from inference_server.models.architectures.layers import RMSNorm, activation, ap
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
+def fuse_linear_weights(projections: list[nn.Linear]) -> torch.Tensor:
+    """One matrix holding the projections' weights stacked by rows (in order); each projection's weight
+    becomes a view of its rows, so the weights exist once and loaders and ``state_dict`` see the same names."""
+    fused = torch.cat([p.weight.detach() for p in projections], dim=0)
+    offset = 0
+    for projection in projections:
+        rows = projection.weight.shape[0]
+        projection.weight.data = fused[offset:offset + rows]
+        offset += rows
+    return fused
+
+
 class SelfAttention(nn.Module):
     """q/k/v projections, per-head q/k norms, RoPE, optional value norm, attention through the context."""
 
@@ -50,13 +62,7 @@ class SelfAttention(nn.Module):
         if not self.layer.computes_kv or self.qkv_weight is not None:
             return
         projections = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
-        fused = torch.cat([p.weight.detach() for p in projections], dim=0)
-        offset = 0
-        for projection in projections:
-            rows = projection.weight.shape[0]
-            projection.weight.data = fused[offset:offset + rows]
-            offset += rows
-        self.qkv_weight = fused
+        self.qkv_weight = fuse_linear_weights(projections)
         self.qkv_rows = tuple(p.weight.shape[0] for p in projections)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -105,13 +111,8 @@ class GatedMLP(nn.Module):
         """Concatenate the gate and up weights into one ``[2I, H]`` matrix (the projections become views of it),
         so a step runs one GEMM instead of two while ``ops.fused_weights`` is on (see
         ``SelfAttention.fuse_qkv``). Idempotent; call once the weights are loaded and on their device."""
-        if self.gate_up_weight is not None:
-            return
-        fused = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()], dim=0)
-        rows = self.gate_proj.weight.shape[0]
-        self.gate_proj.weight.data = fused[:rows]
-        self.up_proj.weight.data = fused[rows:]
-        self.gate_up_weight = fused
+        if self.gate_up_weight is None:
+            self.gate_up_weight = fuse_linear_weights([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None and ops.fused_weights:

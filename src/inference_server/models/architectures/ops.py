@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from inference_server.kernels.reference_moe import route_softmax_topk
 from inference_server.models.architectures import layers
 from inference_server.models.architectures.layers import NormFn
 from inference_server.models.architectures.layers import activation as activation_fn
@@ -53,10 +54,7 @@ def torch_route(
     Gemma 4), ``w * per_expert_scale[ids]`` if a scale is given (Gemma 4: fp32 times the scale's dtype,
     promoted), then the cast to ``out_dtype`` (Qwen3-MoE: the activation dtype; None keeps fp32).
     The CUDA backend installs ``kernels.router.triton_route``, one launch for all of it."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
-    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights, ids = route_softmax_topk(router_logits, top_k, renormalize)  # [T, K] fp32, [T, K]
     if per_expert_scale is not None:
         weights = weights * per_expert_scale[ids]
     return (weights if out_dtype is None else weights.to(out_dtype)), ids
