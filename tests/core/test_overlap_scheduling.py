@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from tests.core.test_scheduler import BLOCK, FakeRunner, Harness, fake_token, make_scheduler, run_to_completion
+from tests.core.test_scheduler import (
+    BLOCK,
+    FakeRunner,
+    Harness,
+    Outcomes,
+    fake_token,
+    make_scheduler,
+    run_to_completion,
+)
 
 from inference_server.core.request import Request
 from inference_server.core.stop_checker import StopChecker
@@ -46,16 +54,11 @@ def run_overlapped(scheduler: Harness, runner: PipelinedRunner, *, abort_at: dic
                    max_steps: int = 1000) -> dict[int, tuple[list[int], str]]:
     """Run to completion with one step in flight; ``abort_at`` maps a step index to a request aborted right
     after that step was launched (while its token is in flight)."""
-    outputs: dict[int, list[int]] = {}
-    finished: dict[int, str] = {}
+    outcomes = Outcomes()
     in_flight: StepResult | None = None
 
     def receive(result: StepResult) -> None:
-        for update in scheduler.on_step_result(result):
-            outputs.setdefault(update.request_id, []).extend(t.token_id for t in update.tokens)
-            if update.finished:
-                assert update.request_id not in finished, "two terminal events"
-                finished[update.request_id] = update.finish_reason
+        outcomes.record(scheduler.on_step_result(result))
 
     for step in range(max_steps):
         plan = scheduler.schedule()
@@ -69,16 +72,12 @@ def run_overlapped(scheduler: Harness, runner: PipelinedRunner, *, abort_at: dic
         if abort_at and step in abort_at:
             update = scheduler.abort(abort_at[step])
             if update is not None:
-                finished[update.request_id] = update.finish_reason
+                outcomes.finished[update.request_id] = update.finish_reason
         if in_flight is not None:
             receive(in_flight)
         in_flight = launched
         scheduler.check_integrity()
-    assert not scheduler.has_work
-    scheduler.schedule()  # delivers the last releases to the allocator
-    scheduler.check_integrity(scheduler.kv)
-    assert scheduler.kv.full_pool.num_referenced == 0
-    return {rid: (outputs.get(rid, []), reason) for rid, reason in finished.items()}
+    return outcomes.settle(scheduler)
 
 
 def stop_request(rid: int, prompt_len: int, max_tokens: int, stop_ids: tuple[int, ...] = ()) -> Request:

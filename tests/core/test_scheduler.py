@@ -72,24 +72,38 @@ def request(rid: int, prompt_len: int = 6, max_tokens: int = 5, session: str | N
                    priority=priority, stop_checker=StopChecker.from_params(params, eos_token_ids=()))
 
 
-def run_to_completion(scheduler: Harness, runner: FakeRunner, max_steps: int = 1000) -> dict[int, list]:
-    outputs: dict[int, list] = {}
-    finished: dict[int, str] = {}
+class Outcomes:
+    """Each request's tokens and its one terminal finish, as a run's updates arrive."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, list] = {}
+        self.finished: dict[int, str] = {}
+
+    def record(self, updates: list) -> None:
+        for update in updates:
+            self.outputs.setdefault(update.request_id, []).extend(t.token_id for t in update.tokens)
+            if update.finished:
+                assert update.request_id not in self.finished, "two terminal events"
+                self.finished[update.request_id] = update.finish_reason
+
+    def settle(self, scheduler: Harness) -> dict[int, tuple[list, str]]:
+        """Check the finished run left no work and no KV behind; ``{request id: (tokens, finish reason)}``."""
+        assert not scheduler.has_work
+        scheduler.schedule()  # delivers the last releases to the allocator
+        scheduler.check_integrity(scheduler.kv)
+        assert scheduler.kv.full_pool.num_referenced == 0
+        return {rid: (self.outputs.get(rid, []), reason) for rid, reason in self.finished.items()}
+
+
+def run_to_completion(scheduler: Harness, runner: FakeRunner, max_steps: int = 1000) -> dict[int, tuple[list, str]]:
+    outcomes = Outcomes()
     for _ in range(max_steps):
         plan = scheduler.schedule()
         if plan is None:
             break
-        for update in scheduler.on_step_result(runner.execute(plan)):
-            outputs.setdefault(update.request_id, []).extend(t.token_id for t in update.tokens)
-            if update.finished:
-                assert update.request_id not in finished, "two terminal events"
-                finished[update.request_id] = update.finish_reason
+        outcomes.record(scheduler.on_step_result(runner.execute(plan)))
         scheduler.check_integrity()
-    assert not scheduler.has_work
-    scheduler.schedule()  # delivers the last releases to the allocator
-    scheduler.check_integrity(scheduler.kv)
-    assert scheduler.kv.full_pool.num_referenced == 0
-    return {rid: (outputs.get(rid, []), reason) for rid, reason in finished.items()}
+    return outcomes.settle(scheduler)
 
 
 def test_freed_slot_is_refilled_in_the_next_step() -> None:
