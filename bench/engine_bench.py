@@ -154,17 +154,26 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
         return None
 
 
+# Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers
+# of issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual
+# add + norm); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
+VARIANTS: dict[str, dict[str, bool]] = {
+    "after": {},
+    "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False),
+    "compile": dict(compile=True),
+}
+
+
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
-                 device: torch.device) -> None:
-    from inference_server.backends.cuda_backend import CudaModelRunner, build_cuda_runner
+                 device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1) -> None:
+    """Per variant: build the runner (graphs captured), count and time the B=1 kernels, then per batch
+    ``repeats`` timed loops of ``steps`` steps (median reported, every run listed)."""
+    from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
     from inference_server.backends.paged_kv import PagedKVStorage, group_of
-    from inference_server.config import Settings
     from inference_server.models.loading.loader import build_model, init_dummy_weights
     from inference_server.models.loading.presets import preset_config
-    from inference_server.models.loading.source import LoadedModel
     from inference_server.models.spec import parse_model_spec
     from inference_server.records.sampling_params import SamplingParams
-    from inference_server.records.steps import ScheduledSequence, StepPlan
 
     spec = parse_model_spec(preset_config(preset))
     free_gpu()
@@ -193,22 +202,38 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
                              device)
     for t in storage.keys + storage.values:
         t.normal_()  # random K/V: never time on zeros
-    settings = Settings(max_batch_size=max_b, max_model_len=blocks_per_seq * bs)
-    loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name=preset, load_seconds=load_s)
-    runner = build_cuda_runner(settings, loaded, storage, device, max_model_len=blocks_per_seq * bs)
-    emit(out, kind="capture", model=name, buckets=list(runner.graphs.captured),
-         seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
-         kernels_b1=count_kernels(runner, 1))
-    if 1 in fits:
-        times = kernel_times(runner, 1)
-        if times is not None:
-            emit(out, kind="kernels", model=name, batch=1,
-                 limit_us=round(1e6 / roofline.decode_tok_s(name, 1, context), 1), **times)
     greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20)
+    for variant in variants:
+        options = CudaRunnerOptions(max_model_len=blocks_per_seq * bs, max_batch_size=max_b,
+                                    capture=device.type == "cuda", **VARIANTS[variant])
+        runner = CudaModelRunner(model, spec, storage, device, options)
+        emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
+             seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
+             kernels_b1=count_kernels(runner, 1))
+        if 1 in fits:
+            times = kernel_times(runner, 1)
+            if times is not None:
+                emit(out, kind="kernels", model=name, variant=variant, batch=1,
+                     limit_us=round(1e6 / roofline.decode_tok_s(name, 1, context), 1), **times)
+        decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
+                       steps, repeats, greedy, out, device)
+        del runner
+        free_gpu()
+    del storage, model
+    free_gpu()
+
+
+def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: int, num_groups: int,
+                   blocks_per_seq: int, context: int, steps: int, repeats: int, greedy, out: Path,
+                   device: torch.device) -> None:
+    """Time ``repeats`` loops of ``steps`` full steps per batch (after warm-up), and the bare graph replays."""
+    from inference_server.records.steps import ScheduledSequence, StepPlan
+
+    warmup = 3
     gen = torch.Generator().manual_seed(0)
-    for batch in sorted(fits):
-        first_ids = torch.randint(100, spec.vocab_size - 100, (batch,), generator=gen).tolist()
-        tables = [(tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),) * len(groups) for i in range(batch)]
+    for batch in batches:
+        first_ids = torch.randint(100, vocab - 100, (batch,), generator=gen).tolist()
+        tables = [(tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),) * num_groups for i in range(batch)]
         last = list(first_ids)
 
         def plan(k: int, batch: int = batch, tables: list = tables, last: list = last) -> StepPlan:
@@ -216,31 +241,36 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
                 request_id=batch * 100_000 + i, token_ids=(last[i],), cached_len=context + k, block_tables=tables[i],
                 sample=True, sampling=greedy, reset=k == 0, prompt_len=1) for i in range(batch)))
 
-        def step(k: int, last: list = last, runner: CudaModelRunner = runner) -> None:
+        def step(k: int, last: list = last) -> None:
             result = runner.execute(plan(k))
             for i, token in enumerate(result.tokens):
                 last[i] = token.token_id
 
-        for k in range(warmup):
-            step(k)
-        sync()
-        t0 = time.perf_counter()
-        for k in range(warmup, warmup + steps):
-            step(k)
-        sync()
-        step_s = (time.perf_counter() - t0) / steps
+        runs: list[float] = []
+        replays: list[float] = []
         bucket = runner.graphs.bucket_for(batch)
-        replay_s = time_replays(runner.graphs, bucket, steps, device)
+        for _ in range(repeats):
+            # Every repeat restarts the sequences at the same context (reset on the first step), so the runs
+            # time the same work.
+            for k in range(warmup):
+                step(k)
+            sync()
+            t0 = time.perf_counter()
+            for k in range(warmup, warmup + steps):
+                step(k)
+            sync()
+            runs.append((time.perf_counter() - t0) / steps)
+            replays.append(time_replays(runner.graphs, bucket, steps, device))
+            runner.forget(tuple(batch * 100_000 + i for i in range(batch)))
+        step_s, replay_s = statistics.median(runs), statistics.median(replays)
         ctx_mid = context + warmup + steps // 2
         limit = roofline.decode_tok_s(name, batch, ctx_mid)
-        runner.forget(tuple(batch * 100_000 + i for i in range(batch)))
-        emit(out, kind="decode", model=name, batch=batch, bucket=bucket, context=ctx_mid, steps=steps,
+        emit(out, kind="decode", model=name, variant=variant, batch=batch, bucket=bucket, context=ctx_mid,
+             steps=steps, repeats=repeats, tok_s_runs=[round(batch / s, 1) for s in runs],
              step_ms=round(step_s * 1e3, 3), tok_s=round(batch / step_s, 1), replay_ms=round(replay_s * 1e3, 3),
              replay_tok_s=round(batch / replay_s, 1), limit_tok_s=round(limit, 1),
              fraction=round(batch / step_s / limit, 3), replay_fraction=round(batch / replay_s / limit, 3),
              graph_steps=runner.graph_steps)
-    del runner, storage, loaded, model
-    free_gpu()
 
 
 # -------------------------------------------------------------------------------------------- offline
@@ -344,7 +374,10 @@ def table(out: Path, hf_logs: list[Path]) -> str:
         elif rec["kind"] == "decode":
             hf = hf_decode.get(model, {}).get(rec["batch"])
             ratio = f"{rec['tok_s'] / hf:,.1f}x" if hf else "n/a"
-            rows.append(f"| {model} | decode B={rec['batch']} ctx {rec['context']} | {rec['tok_s']:,.0f} | "
+            variant = f" ({rec['variant']})" if rec.get("variant", "after") != "after" else ""
+            runs = f", median of {rec['repeats']}" if rec.get("repeats", 1) > 1 else ""
+            rows.append(f"| {model} | decode B={rec['batch']} ctx {rec['context']}{variant}{runs} | "
+                        f"{rec['tok_s']:,.0f} | "
                         f"{rec['replay_tok_s']:,.0f} | {rec['limit_tok_s']:,.0f} | {rec['fraction']:.2f} "
                         f"(replay {rec['replay_fraction']:.2f}) | {hf if hf else 'n/a'} | {ratio} |")
         elif rec["kind"] == "offline":
@@ -357,7 +390,8 @@ def table(out: Path, hf_logs: list[Path]) -> str:
     builds = [f"- {r['model']}: {r['kind']} {r['seconds']} s, GPU memory {r['gpu_gib']} GiB"
               + (f", graphs captured in {r['capture_seconds']} s" if "capture_seconds" in r else "")
               for r in records if r["kind"] in ("build", "engine_build")]
-    captures = [f"- {r['model']}: decode graphs {r['buckets']} captured in {r['seconds']} s; "
+    captures = [f"- {r['model']}{' (' + r['variant'] + ')' if 'variant' in r else ''}: decode graphs "
+                f"{r['buckets']} captured in {r['seconds']} s; "
                 f"{r['kernels_b1']} kernels per eager B=1 decode forward" for r in records if r["kind"] == "capture"]
     notes = [f"- transformers numbers for {m}: {s}" for m, s in sorted(source.items())]
     text = "\n".join([*rows, "", *builds, *captures, *notes])
@@ -375,6 +409,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--variants", default="after",
+                    help="decode runner variants, comma separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--repeats", type=int, default=1, help="decode: timed loops per batch (the median is reported)")
     ap.add_argument("--skip-offline", action="store_true")
     ap.add_argument("--overlap", default="on", help="offline runs: on, off, or a list such as on,off,on,off")
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
@@ -392,7 +429,8 @@ def main() -> None:
     emit(a.out, kind="env", model=a.model, torch=torch.__version__, triton=triton.__version__,
          device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", date=time.strftime("%Y-%m-%d %H:%M"))
     if not a.skip_decode:
-        bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device)
+        bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
+                     tuple(v.strip() for v in a.variants.split(",")), a.repeats)
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
         bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps)

@@ -32,6 +32,14 @@ def test_decode_dry_run_emits_a_decode_record(tmp_path: Path) -> None:
     assert len(decode) == 1 and decode[0]["batch"] == 1 and decode[0]["step_ms"] > 0
 
 
+def test_decode_variants_and_repeats_give_one_record_each_with_every_run(tmp_path: Path) -> None:
+    records = engine_bench(tmp_path, "--skip-offline", "--batches", "1", "--steps", "1", "--context", "8",
+                           "--variants", "before,after", "--repeats", "2")
+    decode = [r for r in records if r["kind"] == "decode"]
+    assert [r["variant"] for r in decode] == ["before", "after"]
+    assert all(len(r["tok_s_runs"]) == 2 and r["repeats"] == 2 for r in decode)
+
+
 @pytest.mark.heavy
 def test_offline_dry_run_with_overlap_on_and_off(tmp_path: Path) -> None:
     records = engine_bench(tmp_path, "--skip-decode", "--requests", "2", "--overlap", "on,off")
