@@ -28,9 +28,10 @@ COMPILE = textwrap.dedent('''
     scalars = dict.fromkeys(("n_rows", "width", "stride_gate", "stride_up", "stride_out"), "i32")
     for gelu in (True, False):
         signature = {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", **scalars,
-                     "GELU_TANH": "constexpr", "BLOCK": "constexpr"}
+                     "GELU_TANH": "constexpr", "BLOCK": "constexpr", "LIBDEVICE_TANH": "constexpr"}
         triton.compile(ASTSource(fn=_gated_activation_kernel, signature=signature,
-                                 constexprs={"GELU_TANH": gelu, "BLOCK": 1024}), target=target)
+                                 constexprs={"GELU_TANH": gelu, "BLOCK": 1024, "LIBDEVICE_TANH": True}),
+                       target=target)
     for weights, has_scale in (("*bf16", False), ("*fp32", True)):
         signature = {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "weights_ptr": weights, "ids_ptr": "*i64",
                      "n_rows": "i32", "E": "i32", "stride_row": "i32", "K": "constexpr", "RENORMALIZE": "constexpr",
