@@ -153,17 +153,18 @@ def main() -> int:
     name = device_name(device)
     out_dir = args.out_dir or CONFIG_DIR
     path = out_dir / config_file_name(name, *shape, torch.bfloat16)
+    meta = dict(model=args.model, device=name, torch=torch.__version__, triton=__import__("triton").__version__,
+                experts=shape[0], hidden=shape[1], intermediate=shape[2], top_k=shape[3], dtype="bfloat16")
+    out_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for tokens in sorted({int(t) for t in args.tokens.split(",") if t}):
         record = tune_tokens(tokens, shape, device, args.reps, args.quick)
         records.append(record)
         print(f"T={tokens}: {record['us']} us (heuristic {record['heuristic_us']} us, x{record['speedup']}) "
               f"{record['config']}", flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = dict(model=args.model, device=name, torch=torch.__version__, triton=__import__("triton").__version__,
-                experts=shape[0], hidden=shape[1], intermediate=shape[2], top_k=shape[3], dtype="bfloat16")
-    path.write_text(json.dumps(dict(meta=meta, configs={str(r["tokens"]): r["config"] for r in records},
-                                    sweep=records), indent=1) + "\n")
+        # Written after every token count, so a run stopped by a time limit keeps what it tuned.
+        path.write_text(json.dumps(dict(meta=meta, configs={str(r["tokens"]): r["config"] for r in records},
+                                        sweep=records), indent=1) + "\n")
     print(f"wrote {path}", flush=True)
     return 0
 
