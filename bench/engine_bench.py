@@ -159,7 +159,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # add + norm); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool]] = {
     "after": {},
-    "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False),
+    "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
+                   triton_qk_norm_rope=False),
     "compile": dict(compile=True),
 }
 

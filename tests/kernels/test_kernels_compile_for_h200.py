@@ -22,6 +22,7 @@ COMPILE = textwrap.dedent('''
 
     from inference_server.kernels.fused_moe import _moe_align_scatter_kernel
     from inference_server.kernels.gated_activation import _gated_activation_kernel
+    from inference_server.kernels.qk_norm_rope import _qk_norm_rope_kernel
     from inference_server.kernels.router import _route_kernel
 
     target = GPUTarget("cuda", 90, 64)
@@ -32,6 +33,13 @@ COMPILE = textwrap.dedent('''
         triton.compile(ASTSource(fn=_gated_activation_kernel, signature=signature,
                                  constexprs={"GELU_TANH": gelu, "BLOCK": 1024, "LIBDEVICE_TANH": True}),
                        target=target)
+    pointers = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "ko_ptr", "vo_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr")
+    strides = ("q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "qo_st", "ko_st", "vo_st", "cs_st")
+    for gemma in (True, False):
+        signature = {**dict.fromkeys(pointers, "*bf16"), **dict.fromkeys(strides, "i32"), "eps": "fp32",
+                     **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "GEMMA"), "constexpr")}
+        constexprs = {"NUM_Q": 16, "NUM_K": 8, "HALF": 128, "BLOCK_HALF": 128, "GEMMA": gemma}
+        triton.compile(ASTSource(fn=_qk_norm_rope_kernel, signature=signature, constexprs=constexprs), target=target)
     for weights, has_scale in (("*bf16", False), ("*fp32", True)):
         signature = {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "weights_ptr": weights, "ids_ptr": "*i64",
                      "n_rows": "i32", "E": "i32", "stride_row": "i32", "K": "constexpr", "RENORMALIZE": "constexpr",

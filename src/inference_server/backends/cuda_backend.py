@@ -44,6 +44,7 @@ from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVAT
 from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
+from inference_server.kernels.qk_norm_rope import qk_norm_rope
 from inference_server.kernels.rope import rope_qk_
 from inference_server.kernels.router import triton_route
 from inference_server.models.architectures import layers, ops
@@ -90,6 +91,30 @@ def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)  # type: ignore[arg-type]
 
 
+def triton_qk_norm_rope(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None,
+                        q_norm: layers.RMSNorm, k_norm: layers.RMSNorm | None, v_norm: layers.RMSNorm | None,
+                        cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                       torch.Tensor | None]:
+    """``ops.qk_norm_rope`` in one Triton launch (``kernels.qk_norm_rope``): q/k norms, RoPE and the value norm;
+    the unfused path (installed norm and RoPE) where the kernel does not apply: the gemma3 norm style, norms
+    that differ in eps or style, a weighted value norm, weights of another dtype, strided last dims."""
+    mode = _TRITON_NORM_MODE.get(q_norm.style)
+    q_weight = q_norm.weight
+    norms = [n for n in (q_norm, k_norm, v_norm) if n is not None]
+    weights = [q_norm.weight] + ([k_norm.weight] if k_raw is not None and k_norm is not None else [])
+    v_in = (v_raw if v_raw is not None else k_raw) if v_norm is not None else None
+    if (mode is None or q_weight is None or any(n.style != q_norm.style or n.eps != q_norm.eps for n in norms)
+            or (k_raw is not None and k_norm is None) or (v_norm is not None and v_norm.weight is not None)
+            or any(w is None or w.dtype != q_raw.dtype for w in weights) or q_raw.shape[-1] % 2
+            or any(t is not None and t.stride(-1) != 1 for t in (q_raw, k_raw, v_in))):
+        return ops.torch_qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin)
+    q, k, v = qk_norm_rope(q_raw, k_raw, v_in, q_weight, k_norm.weight if k_norm is not None else None,
+                           q_norm.eps, mode, cos, sin)  # type: ignore[arg-type]
+    if v_norm is None and k_raw is not None:
+        v = v_raw if v_raw is not None else k_raw
+    return q, k, v
+
+
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str) -> torch.Tensor:
     """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync)."""
@@ -124,6 +149,9 @@ class CudaRunnerOptions:
     triton_rope: bool = True
     triton_router: bool = True
     triton_gated_activation: bool = True
+    triton_qk_norm_rope: bool = True
+    """An attention layer's q/k norms, RoPE and value norm in one launch (``ops.qk_norm_rope``); needs
+    ``triton_norm`` and ``triton_rope``."""
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
@@ -150,6 +178,9 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
         self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
+        # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
+        self._qk_norm = triton_qk_norm_rope if options.triton_qk_norm_rope and options.triton_norm \
+            and options.triton_rope and not options.compile else ops.torch_qk_norm_rope
         # act(gate) * up: one launch instead of two per dense MLP.
         self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
             else ops.torch_gated_activation
@@ -204,7 +235,8 @@ class CudaModelRunner(ModelRunner):
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
-                    weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm)
+                    weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
+                    qk_norm=self._qk_norm)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

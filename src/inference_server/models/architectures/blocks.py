@@ -13,7 +13,7 @@ from torch import nn
 
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
-from inference_server.models.architectures.layers import RMSNorm, activation, apply_rope_qk
+from inference_server.models.architectures.layers import RMSNorm, activation
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -83,14 +83,9 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         tokens = x.shape[0]
         q_raw, k_raw, v_raw = self._project(x)
-        q = self.q_norm(q_raw)  # [T, nH, D]
-        k = v = None
-        if k_raw is not None:  # [T, nKV, D]
-            v = v_raw if v_raw is not None else k_raw
-            k = self.k_norm(k_raw)  # a new tensor: RoPE may rotate it in place, v (= k_raw under K=V) is untouched
-            if self.v_norm is not None:
-                v = self.v_norm(v)
-        q, k = apply_rope_qk(q, k, cos, sin)
+        computes_kv = k_raw is not None
+        q, k, v = ops.qk_norm_rope(q_raw, k_raw, v_raw, self.q_norm, self.k_norm if computes_kv else None,
+                                   self.v_norm if computes_kv else None, cos, sin)  # [T, nH, D], [T, nKV, D] x2
         out = ctx.attend(self.layer, q, k, v, self.scale, self.logit_softcap)  # [T, nH, D]
         return self.o_proj(out.reshape(tokens, -1))
 

@@ -1,10 +1,11 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
-add and the RMSNorm after it) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
-implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch
-here means model code reads the same on every device. The choice is process-wide: a test that runs a reference
-runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
+add and the RMSNorm after it), ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE) and (through
+``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations with ``use_ops`` at start-up
+(the CUDA backend installs the Triton kernels). Keeping the switch here means model code reads the same on every
+device. The choice is process-wide: a test that runs a reference runner beside a CUDA runner wraps the reference
+steps in ``reference_ops()``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,36 @@ def torch_fused_moe(
 
 
 GatedActivationFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
+QkNormRopeFn = Callable[
+    [torch.Tensor, "torch.Tensor | None", "torch.Tensor | None", layers.RMSNorm, "layers.RMSNorm | None",
+     "layers.RMSNorm | None", torch.Tensor, torch.Tensor],
+    tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]]
+
+
+def torch_qk_norm_rope(
+    q_raw: torch.Tensor,  # [T, nH, D]
+    k_raw: torch.Tensor | None,  # [T, nKV, D]; None on a layer that reuses another layer's KV
+    v_raw: torch.Tensor | None,  # [T, nKV, D]; None under K = V (the value is the raw k) or without KV
+    q_norm: layers.RMSNorm,
+    k_norm: layers.RMSNorm | None,
+    v_norm: layers.RMSNorm | None,  # Gemma 4's weightless value norm, or None
+    cos: torch.Tensor,  # [T, D]
+    sin: torch.Tensor,  # [T, D]
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # q, k, v for attention
+    """An attention layer between its projections and attention: ``q = rope(q_norm(q_raw))``,
+    ``k = rope(k_norm(k_raw))``, ``v = v_norm(v_raw or k_raw)`` (``v_raw or k_raw`` without a value norm), through
+    the installed norm and RoPE. The raw tensors are not written (under K = V the raw k is the value). The CUDA
+    backend installs ``kernels.qk_norm_rope``: one launch for all of it."""
+    q = q_norm(q_raw)
+    k = v = None
+    if k_raw is not None:
+        assert k_norm is not None
+        v = v_raw if v_raw is not None else k_raw
+        k = k_norm(k_raw)  # a new tensor: RoPE may rotate it in place
+        if v_norm is not None:
+            v = v_norm(v)
+    q, k = layers.apply_rope_qk(q, k, cos, sin)
+    return q, k, v
 
 
 def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
@@ -95,6 +126,7 @@ fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
 gated_activation: GatedActivationFn = torch_gated_activation
 add_rms_norm: AddNormFn = torch_add_rms_norm
+qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
@@ -108,9 +140,12 @@ def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> t
 
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
             router: RouteFn | None = None, weights_fused: bool | None = None,
-            gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None) -> None:
+            gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
+            qk_norm: QkNormRopeFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route, fused_weights, gated_activation, add_rms_norm
+    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope
+    if qk_norm is not None:
+        qk_norm_rope = qk_norm
     if gated is not None:
         gated_activation = gated
     if weights_fused is not None:
@@ -130,10 +165,10 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route, fused_weights, gated_activation, add_rms_norm
+    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope
     previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
-    previous_gated, previous_add_norm = gated_activation, add_rms_norm
-    gated_activation, add_rms_norm = torch_gated_activation, torch_add_rms_norm
+    previous_gated, previous_add_norm, previous_qk_norm = gated_activation, add_rms_norm, qk_norm_rope
+    gated_activation, add_rms_norm, qk_norm_rope = torch_gated_activation, torch_add_rms_norm, torch_qk_norm_rope
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
     fused_moe, route, fused_weights = torch_fused_moe, torch_route, False
@@ -141,6 +176,6 @@ def reference_ops() -> Iterator[None]:
         yield
     finally:
         fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
-        gated_activation, add_rms_norm = previous_gated, previous_add_norm
+        gated_activation, add_rms_norm, qk_norm_rope = previous_gated, previous_add_norm, previous_qk_norm
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)

@@ -1,0 +1,154 @@
+"""Triton per-head q/k RMSNorm + RoPE (and Gemma 4's weightless value norm) in one launch.
+
+Every attention layer of Qwen3-MoE and Gemma 4 normalises each q and k head over head_dim, then rotates q and k;
+Gemma 4 also normalises v (no weight, no rotation). As separate kernels that is three or four launches per layer
+(``_rmsnorm_kernel`` for q, for k, for v, then ``_rope_kernel``), each a few microseconds at decode. This kernel
+does one (token, head) row per program: load the row's two halves, one RMS over both, the norm with its rounding
+to the activation dtype (``kernels.rmsnorm``'s ``gemma`` or ``qwen`` convention), then the NeoX half-split
+rotation with ``kernels.rope``'s rounding points (each product, then the sum); v rows stop after the norm.
+
+The two steps' roundings are kept, so the result is the unfused Triton path's up to the order of the fp32 sum of
+squares (one reduction over two halves instead of one over the row) and the compiler's multiply-add contraction
+(see ``kernels.rope``): on the CPU interpreter equal to the reference (``reference_qk_norm_rope``) in fp32.
+
+Contract: ``q [T, nH, D]``, ``k [T, nKV, D] | None``, ``v [T, nKV, D] | None`` (last dim contiguous, any
+token/head strides, e.g. views of one fused qkv GEMM output; D even), weights ``[D]`` in the activation dtype,
+``cos``/``sin`` ``[T, D]`` (half-split layout). Returns new contiguous ``q``, ``k``, ``v`` (the inputs are not
+written: under K = V the raw k is also the value).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inference_server.kernels.reference_norm import NormMode, rmsnorm_reference
+
+__all__ = ["qk_norm_rope", "reference_qk_norm_rope"]
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
+    q_st, q_sh, k_st, k_sh, v_st, v_sh, qo_st, ko_st, vo_st, cs_st,
+    eps,
+    NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    GEMMA: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    rotate = head < NUM_Q + NUM_K
+    has_weight = rotate
+    if head < NUM_Q:
+        src = q_ptr + token * q_st + head * q_sh
+        dst = qo_ptr + token * qo_st + head * (2 * HALF)
+        w_ptr = qw_ptr
+    elif head < NUM_Q + NUM_K:
+        src = k_ptr + token * k_st + (head - NUM_Q) * k_sh
+        dst = ko_ptr + token * ko_st + (head - NUM_Q) * (2 * HALF)
+        w_ptr = kw_ptr
+    else:
+        src = v_ptr + token * v_st + (head - NUM_Q - NUM_K) * v_sh
+        dst = vo_ptr + token * vo_st + (head - NUM_Q - NUM_K) * (2 * HALF)
+        w_ptr = qw_ptr  # not read: v has no weight
+    x1 = tl.load(src + offs, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    dtype = x1.dtype
+    x1f = x1.to(tl.float32)
+    x2f = x2.to(tl.float32)
+    inv = tl.rsqrt((tl.sum(x1f * x1f, axis=0) + tl.sum(x2f * x2f, axis=0)) / (2 * HALF) + eps)
+    y1 = x1f * inv
+    y2 = x2f * inv
+    if has_weight:
+        w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        if not GEMMA:  # Qwen: cast to the input dtype, then times the weight
+            y1 = y1.to(dtype).to(tl.float32)
+            y2 = y2.to(dtype).to(tl.float32)
+        y1 = y1 * w1
+        y2 = y2 * w2
+    n1 = y1.to(dtype)  # the norm's output, rounded as rmsnorm stores it
+    n2 = y2.to(dtype)
+    if rotate:
+        cs = token * cs_st
+        cos1 = tl.load(cos_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
+        cos2 = tl.load(cos_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        sin1 = tl.load(sin_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
+        sin2 = tl.load(sin_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        # out1 = n1 * cos1 + (-n2) * sin1 ; out2 = n2 * cos2 + n1 * sin2, each product and sum rounded to dtype
+        a1 = (n1.to(tl.float32) * cos1).to(dtype)
+        b1 = (-(n2.to(tl.float32)) * sin1).to(dtype)  # negation is exact; the interpreter cannot negate bf16
+        a2 = (n2.to(tl.float32) * cos2).to(dtype)
+        b2 = (n1.to(tl.float32) * sin2).to(dtype)
+        n1 = (a1.to(tl.float32) + b1.to(tl.float32)).to(dtype)
+        n2 = (a2.to(tl.float32) + b2.to(tl.float32)).to(dtype)
+    tl.store(dst + offs, n1, mask=mask)
+    tl.store(dst + HALF + offs, n2, mask=mask)
+
+
+def qk_norm_rope(
+    q: torch.Tensor,  # [T, nH, D]
+    k: torch.Tensor | None,  # [T, nKV, D]
+    v: torch.Tensor | None,  # [T, nKV, D]: normalised without weight, not rotated
+    q_weight: torch.Tensor,  # [D]
+    k_weight: torch.Tensor | None,  # [D]; needed with k
+    eps: float,
+    mode: NormMode,
+    cos: torch.Tensor,  # [T, D]
+    sin: torch.Tensor,  # [T, D]
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Normalised and rotated q and k, normalised v, as new contiguous tensors; see the module docstring."""
+    if mode not in ("gemma", "qwen"):
+        raise ValueError(f"unknown norm mode {mode!r}")
+    tokens, num_q, head_dim = q.shape
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    for name, t in (("k", k), ("v", v)):
+        if t is not None and (t.dim() != 3 or t.shape[0] != tokens or t.shape[2] != head_dim or t.dtype != q.dtype):
+            raise ValueError(f"{name} must be [T, heads, {head_dim}] of q's dtype, got {tuple(t.shape)} {t.dtype}")
+    if k is not None and k_weight is None:
+        raise ValueError("k needs k_weight")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w is not None and (tuple(w.shape) != (head_dim,) or w.dtype != q.dtype):
+            raise ValueError(f"{name} must be [{head_dim}] of q's dtype, got {tuple(w.shape)} {w.dtype}")
+    if any(t is not None and t.stride(-1) != 1 for t in (q, k, v)):
+        raise ValueError("q, k and v need a contiguous last dim")
+    if cos.shape != (tokens, head_dim) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"cos and sin must be [{tokens}, {head_dim}] with one layout")
+    q_out = torch.empty((tokens, num_q, head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=q.dtype, device=q.device) if k is not None else None
+    v_out = torch.empty(v.shape, dtype=q.dtype, device=q.device) if v is not None else None
+    num_k = k.shape[1] if k is not None else 0
+    num_v = v.shape[1] if v is not None else 0
+    if tokens == 0:
+        return q_out, k_out, v_out
+    k_arg, v_arg = k if k is not None else q, v if v is not None else q
+    ko_arg, vo_arg = k_out if k_out is not None else q_out, v_out if v_out is not None else q_out
+    half = head_dim // 2
+    _qk_norm_rope_kernel[(tokens, num_q + num_k + num_v)](
+        q, k_arg, v_arg, q_out, ko_arg, vo_arg, q_weight, k_weight if k_weight is not None else q_weight, cos, sin,
+        q.stride(0), q.stride(1), k_arg.stride(0), k_arg.stride(1), v_arg.stride(0), v_arg.stride(1),
+        q_out.stride(0), ko_arg.stride(0), vo_arg.stride(0), cos.stride(0),
+        eps,
+        NUM_Q=num_q, NUM_K=num_k, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), GEMMA=mode == "gemma",
+    )  # fmt: skip
+    return q_out, k_out, v_out
+
+
+def reference_qk_norm_rope(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor,
+    k_weight: torch.Tensor | None, eps: float, mode: NormMode, cos: torch.Tensor, sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The unfused PyTorch path: ``reference_norm`` per head, then the NeoX rotation of ``layers.apply_rope``."""
+    def norm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return rmsnorm_reference(x, None, weight, eps, mode)[0]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos[:, None, :] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None, :]
+
+    return (rotate(norm(q, q_weight)), rotate(norm(k, k_weight)) if k is not None else None,
+            norm(v, None) if v is not None else None)
