@@ -156,13 +156,16 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 
 # Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers
 # of issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual
-# add + norm); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
+# add + norm, q/k norm + RoPE) and the tuned MoE configs; "untuned" is the default without the tuned MoE configs;
+# "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool]] = {
     "after": {},
+    "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
                    triton_qk_norm_rope=False),
     "compile": dict(compile=True),
 }
+UNTUNED = ("before", "untuned")
 
 
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
@@ -204,7 +207,10 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     for t in storage.keys + storage.values:
         t.normal_()  # random K/V: never time on zeros
     greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20)
+    from inference_server.kernels import moe_configs
+
     for variant in variants:
+        moe_configs.use_tuned_configs(variant not in UNTUNED)
         options = CudaRunnerOptions(max_model_len=blocks_per_seq * bs, max_batch_size=max_b,
                                     capture=device.type == "cuda", **VARIANTS[variant])
         runner = CudaModelRunner(model, spec, storage, device, options)

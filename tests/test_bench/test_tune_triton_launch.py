@@ -78,3 +78,30 @@ def test_dry_run_writes_configs_that_match_the_heuristic(tmp_path: Path) -> None
         tuned = fused_moe(hidden, w_gu, w_dn, weights, ids, "silu", config=config)
         heuristic = fused_moe(hidden, w_gu, w_dn, weights, ids, "silu", config=moe_kernel_config(tokens, 64, 24, 8, 2))
         torch.testing.assert_close(tuned.float(), heuristic.float(), atol=2e-2, rtol=2 ** -6)
+
+
+def test_fused_moe_consults_the_tuned_configs_only_while_they_are_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inference_server.kernels.fused_moe as fused_moe_module
+    from inference_server.kernels.moe_configs import tuned_configs_enabled, use_tuned_configs
+
+    looked_up: list[int] = []
+
+    def spy(num_tokens: int, *args: object) -> None:
+        looked_up.append(num_tokens)
+        return None  # no tuned entry: the heuristic runs
+
+    monkeypatch.setattr(fused_moe_module, "tuned_moe_config", spy)
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 64, generator=gen)
+    w_gu, w_dn = torch.randn(8, 48, 64, generator=gen) * 0.125, torch.randn(8, 64, 24, generator=gen) * 0.2
+    ids, weights = torch.tensor([[0, 3], [5, 3]]), torch.full((2, 2), 0.5)
+    previous = use_tuned_configs(False)
+    try:
+        assert previous is True and not tuned_configs_enabled()
+        fused_moe(hidden, w_gu, w_dn, weights, ids, "silu")
+        assert looked_up == []
+        use_tuned_configs(True)
+        fused_moe(hidden, w_gu, w_dn, weights, ids, "silu")
+        assert looked_up == [2]
+    finally:
+        use_tuned_configs(previous)

@@ -47,7 +47,13 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.moe_configs import MoeGemmConfig, MoeKernelConfig, device_name, tuned_moe_config
+from inference_server.kernels.moe_configs import (
+    MoeGemmConfig,
+    MoeKernelConfig,
+    device_name,
+    tuned_configs_enabled,
+    tuned_moe_config,
+)
 from inference_server.kernels.reference_moe import Activation
 
 __all__ = [
@@ -520,7 +526,7 @@ def fused_moe(
     if T == 0:
         return out
     cfg = config
-    if cfg is None:  # tuned for this GPU and shape (moe_configs), else the heuristic
+    if cfg is None and tuned_configs_enabled():  # tuned for this GPU and shape (moe_configs), else the heuristic
         cfg = tuned_moe_config(T, H, inter_size, E, K, hidden.dtype, device_name(hidden.device))
     if cfg is None:
         cfg = moe_kernel_config(T, H, inter_size, E, K)

@@ -22,9 +22,22 @@ from typing import Any
 import torch
 
 __all__ = ["CONFIG_DIR", "MoeGemmConfig", "MoeKernelConfig", "config_file_name", "config_from_json",
-           "config_to_json", "device_name", "tuned_moe_config"]
+           "config_to_json", "device_name", "tuned_configs_enabled", "tuned_moe_config", "use_tuned_configs"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "fused_moe"
+_tuned_enabled = True
+
+
+def use_tuned_configs(enabled: bool) -> bool:
+    """Turn the tuned configs on or off (process-wide; benchmarks compare them with the heuristic); returns the
+    previous setting."""
+    global _tuned_enabled
+    previous, _tuned_enabled = _tuned_enabled, enabled
+    return previous
+
+
+def tuned_configs_enabled() -> bool:
+    return _tuned_enabled
 
 
 @dataclass(frozen=True)
