@@ -80,16 +80,27 @@ def test_rejects_what_it_cannot_take() -> None:
     (16, 8, 256, "gemma", True),  # Gemma-4-26B-A4B sliding layers
     (16, 2, 512, "gemma", True),  # Gemma-4-26B-A4B full layers (K = V)
 ])
-def test_real_shapes_bf16_on_gpu_match_the_unfused_triton_kernels(T: int, nH: int, nKV: int, D: int, mode: str,
-                                                                  with_v: bool) -> None:
+def test_real_shapes_bf16_on_gpu_as_close_as_the_unfused_triton_kernels(T: int, nH: int, nKV: int, D: int, mode: str,
+                                                                        with_v: bool) -> None:
+    """Against the exact (fp64) result of the same bf16 inputs, the fused kernel's error is the unfused Triton
+    kernels' error: neither is bitwise the reference on the GPU (the compiler contracts multiply-adds; measured
+    on the H200, the two differ from each other by one bf16 ulp in 7-12 % of the elements at D = 512), so the
+    test bounds the error rather than the mismatch count."""
     from inference_server.kernels.rmsnorm import rms_norm
     from inference_server.kernels.rope import rope_qk_
 
     q, k, v, q_w, k_w, cos, sin = _inputs(T, nH, nKV, D, torch.bfloat16, seed=T, with_v=with_v)
-    got_q, got_k, got_v = qk_norm_rope(q, k, v, q_w, k_w, 1e-6, mode, cos, sin)  # type: ignore[arg-type]
-    ref_q, ref_k = rope_qk_(rms_norm(q, q_w, 1e-6, mode), rms_norm(k, k_w, 1e-6, mode), cos, sin)  # type: ignore[arg-type]
-    for got, ref in ((got_q, ref_q), (got_k, ref_k)) + (((got_v, rms_norm(v, None, 1e-6, mode)),) if v is not None  # type: ignore[arg-type]
-                                                      else ()):
-        assert got is not None and ref is not None
-        assert (got != ref).float().mean().item() < 0.01  # the sum-of-squares order: rare last-bit differences
-        torch.testing.assert_close(got.float(), ref.float(), atol=2 ** -5, rtol=2 ** -7)
+    got = qk_norm_rope(q, k, v, q_w, k_w, 1e-6, mode, cos, sin)  # type: ignore[arg-type]
+    unfused_q, unfused_k = rope_qk_(rms_norm(q, q_w, 1e-6, mode), rms_norm(k, k_w, 1e-6, mode), cos, sin)  # type: ignore[arg-type]
+    unfused_v = rms_norm(v, None, 1e-6, mode) if v is not None else None  # type: ignore[arg-type]
+    exact = reference_qk_norm_rope(*(t.double() if t is not None else None for t in (q, k, v, q_w, k_w)), 1e-6,
+                                   mode, cos.double(), sin.double())  # type: ignore[arg-type]
+    for fused, unfused, truth in zip(got, (unfused_q, unfused_k, unfused_v), exact, strict=True):
+        if truth is None:
+            assert fused is None
+            continue
+        assert fused is not None and unfused is not None
+        fused_error, unfused_error = (fused.double() - truth).abs(), (unfused.double() - truth).abs()
+        assert fused_error.max() <= 1.25 * unfused_error.max() + 1e-6
+        assert fused_error.mean() <= 1.10 * unfused_error.mean() + 1e-7
+        torch.testing.assert_close(fused.float(), unfused.float(), atol=2 ** -5, rtol=2 ** -7)
