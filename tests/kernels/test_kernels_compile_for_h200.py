@@ -22,6 +22,7 @@ COMPILE = textwrap.dedent('''
 
     from inference_server.kernels.fused_moe import _moe_align_scatter_kernel
     from inference_server.kernels.gated_activation import _gated_activation_kernel
+    from inference_server.kernels.norm_add import _norm_add_kernel
     from inference_server.kernels.qk_norm_rope import _qk_norm_rope_kernel
     from inference_server.kernels.router import _route_kernel
 
@@ -33,6 +34,14 @@ COMPILE = textwrap.dedent('''
         triton.compile(ASTSource(fn=_gated_activation_kernel, signature=signature,
                                  constexprs={"GELU_TANH": gelu, "BLOCK": 1024, "LIBDEVICE_TANH": True}),
                        target=target)
+    names = ("a_ptr", "b_ptr", "res_ptr", "wa_ptr", "wb_ptr", "wz_ptr", "scale_ptr", "y_ptr", "z_ptr")
+    for flags in ((False, True, False, True), (True, False, False, False), (False, True, True, True)):
+        signature = {**dict.fromkeys(names, "*bf16"), **dict.fromkeys(("n_cols", "sa", "sb", "sr", "sy", "sz"), "i32"),
+                     **dict.fromkeys(("eps_a", "eps_b", "eps_z"), "fp32"),
+                     **dict.fromkeys(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z", "BLOCK"), "constexpr")}
+        constexprs = dict(zip(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z"), flags, strict=True)) | {"BLOCK": 8192}
+        triton.compile(ASTSource(fn=_norm_add_kernel, signature=signature, constexprs=constexprs),
+                       target=target, options={"num_warps": 16})
     pointers = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "ko_ptr", "vo_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr")
     strides = ("q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "qo_st", "ko_st", "vo_st", "cs_st")
     for gemma in (True, False):

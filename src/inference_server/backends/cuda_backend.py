@@ -43,6 +43,7 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.kv_store import store_kv
+from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import qk_norm_rope
 from inference_server.kernels.rope import rope_qk_
@@ -115,6 +116,25 @@ def triton_qk_norm_rope(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: 
     return q, k, v
 
 
+def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | None, b_norm: layers.RMSNorm | None,
+                    residual: torch.Tensor | None, scale: torch.Tensor | None,
+                    out_norm: layers.RMSNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), residual add, layer
+    scale and next pre-norm; the unfused path for other norm styles (Gemma 3's ``1 + w``), weightless norms,
+    other dtypes or layouts."""
+    norms = [n for n in (a_norm, b_norm, out_norm) if n is not None]
+    tensors = [t for t in (a, b, residual) if t is not None]
+    if (any(n.style != "gemma4" or n.weight is None or n.weight.dtype != a.dtype for n in norms)
+            or a.dim() != 2 or any(t.shape != a.shape or t.dtype != a.dtype or t.stride(-1) != 1 for t in tensors)
+            or (b is None) != (b_norm is None)
+            or (scale is not None and (scale.numel() != 1 or scale.dtype != a.dtype))):
+        return ops.torch_norm_add(a, a_norm, b, b_norm, residual, scale, out_norm)
+    return norm_add(a, a_norm.weight, a_norm.eps,  # type: ignore[arg-type]
+                    b=b, wb=b_norm.weight if b_norm is not None else None, eps_b=b_norm.eps if b_norm else 0.0,
+                    residual=residual, scale=scale, wz=out_norm.weight if out_norm is not None else None,
+                    eps_z=out_norm.eps if out_norm is not None else 0.0)
+
+
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str) -> torch.Tensor:
     """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync)."""
@@ -149,6 +169,9 @@ class CudaRunnerOptions:
     triton_rope: bool = True
     triton_router: bool = True
     triton_gated_activation: bool = True
+    triton_norm_add: bool = True
+    """Gemma 4's post-norm + residual add + layer scale + next pre-norm in one launch (``ops.norm_add``); needs
+    ``triton_norm``."""
     triton_qk_norm_rope: bool = True
     """An attention layer's q/k norms, RoPE and value norm in one launch (``ops.qk_norm_rope``); needs
     ``triton_norm`` and ``triton_rope``."""
@@ -181,6 +204,9 @@ class CudaModelRunner(ModelRunner):
         # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
         self._qk_norm = triton_qk_norm_rope if options.triton_qk_norm_rope and options.triton_norm \
             and options.triton_rope and not options.compile else ops.torch_qk_norm_rope
+        # Gemma 4's sandwich norms: one launch instead of two to four per use.
+        self._norm_add = triton_norm_add if options.triton_norm_add and options.triton_norm and not options.compile \
+            else ops.torch_norm_add
         # act(gate) * up: one launch instead of two per dense MLP.
         self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
             else ops.torch_gated_activation
@@ -236,7 +262,7 @@ class CudaModelRunner(ModelRunner):
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
-                    qk_norm=self._qk_norm)
+                    qk_norm=self._qk_norm, sandwich=self._norm_add)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -94,24 +94,28 @@ class Gemma4DecoderLayer(nn.Module):
         sin: torch.Tensor,
         ctx: AttentionContext,
     ) -> torch.Tensor:
-        attn = self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, ctx))
-        # residual = h + attn and its pre-FFN norm in one op (one launch on CUDA instead of an add and a norm)
-        x, residual = ops.add_norm(self.pre_feedforward_layernorm, attn, h)
+        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
+        # residual = h + post_norm(attn), and its pre-FFN norm: one op (one launch on CUDA instead of three)
+        residual, x = ops.norm_add(attn, self.post_attention_layernorm, None, None, h, None,
+                                   self.pre_feedforward_layernorm)
+        assert x is not None
         m = self.mlp(x)
         if self.is_moe:
-            dense = self.post_feedforward_layernorm_1(m)
             weights, ids = self.router(residual)
             moe = self.experts(self.pre_feedforward_layernorm_2(residual), weights, ids)
-            m = dense + self.post_feedforward_layernorm_2(moe)
-        h = residual + self.post_feedforward_layernorm(m)
+            # post_norm_1(mlp) + post_norm_2(moe): one op
+            m, _ = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
+                                None, None, None)
+        # the layer scalar comes last: here, or after the per-layer input's add
+        scale_now = self.layer_scalar if self.has_layer_scalar and not self.ple_size else None
+        h, _ = ops.norm_add(m, self.post_feedforward_layernorm, None, None, residual, scale_now, None)
 
         if self.ple_size:
             if per_layer_input is None:
                 raise ValueError("a layer with per-layer inputs (PLE) was called without them")
             gate = self.act(self.per_layer_input_gate(h)) * per_layer_input  # [T, P]
-            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
-        if self.has_layer_scalar:
-            h = h * self.layer_scalar
+            h, _ = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, None, None, h,
+                                self.layer_scalar if self.has_layer_scalar else None, None)
         return h
 
 

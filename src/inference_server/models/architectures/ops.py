@@ -1,7 +1,8 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
-add and the RMSNorm after it), ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE) and (through
+add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm + residual add + scale + next norm),
+``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE) and (through
 ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations with ``use_ops`` at start-up
 (the CUDA backend installs the Triton kernels). Keeping the switch here means model code reads the same on every
 device. The choice is process-wide: a test that runs a reference runner beside a CUDA runner wraps the reference
@@ -122,11 +123,41 @@ def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> to
     return activation_fn(act)(gate) * up
 
 
+NormAddFn = Callable[
+    [torch.Tensor, layers.RMSNorm, "torch.Tensor | None", "layers.RMSNorm | None", "torch.Tensor | None",
+     "torch.Tensor | None", "layers.RMSNorm | None"],
+    tuple[torch.Tensor, "torch.Tensor | None"]]
+
+
+def torch_norm_add(
+    a: torch.Tensor,  # [T, H]: a block's output
+    a_norm: layers.RMSNorm,  # its post-norm
+    b: torch.Tensor | None = None,  # [T, H]: a second branch (Gemma 4 MoE layers), added after its own norm
+    b_norm: layers.RMSNorm | None = None,
+    residual: torch.Tensor | None = None,  # [T, H]: the residual stream the normed output is added to
+    scale: torch.Tensor | None = None,  # one element: the layer scalar, applied last
+    out_norm: layers.RMSNorm | None = None,  # the next block's pre-norm of the result
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # y [T, H], out_norm(y) [T, H] | None
+    """Gemma's sandwich-norm glue as the decoder layers wrote it: ``y = a_norm(a) [+ b_norm(b)]``, then
+    ``residual + y``, then ``y * scale``, and ``out_norm(y)``; each a tensor op rounding to the activation dtype.
+    The CUDA backend installs ``kernels.norm_add``: one launch for all of it."""
+    y = a_norm(a)
+    if b is not None:
+        assert b_norm is not None
+        y = y + b_norm(b)
+    if residual is not None:
+        y = residual + y
+    if scale is not None:
+        y = y * scale
+    return y, (out_norm(y) if out_norm is not None else None)
+
+
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
 gated_activation: GatedActivationFn = torch_gated_activation
 add_rms_norm: AddNormFn = torch_add_rms_norm
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
+norm_add: NormAddFn = torch_norm_add
 fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
@@ -141,9 +172,11 @@ def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> t
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
             router: RouteFn | None = None, weights_fused: bool | None = None,
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
-            qk_norm: QkNormRopeFn | None = None) -> None:
+            qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope
+    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope, norm_add
+    if sandwich is not None:
+        norm_add = sandwich
     if qk_norm is not None:
         qk_norm_rope = qk_norm
     if gated is not None:
@@ -165,7 +198,8 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope
+    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope, norm_add
+    previous_norm_add, norm_add = norm_add, torch_norm_add
     previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
     previous_gated, previous_add_norm, previous_qk_norm = gated_activation, add_rms_norm, qk_norm_rope
     gated_activation, add_rms_norm, qk_norm_rope = torch_gated_activation, torch_add_rms_norm, torch_qk_norm_rope
@@ -177,5 +211,6 @@ def reference_ops() -> Iterator[None]:
     finally:
         fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
         gated_activation, add_rms_norm, qk_norm_rope = previous_gated, previous_add_norm, previous_qk_norm
+        norm_add = previous_norm_add
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)
