@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
-from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
+from inference_server.kernels.int8_linear import Int8LinearConfig, _split_k, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
     int8_linear_reference,
@@ -118,23 +118,32 @@ def test_int8_linear_empty_and_bad_inputs() -> None:
 
 
 def test_int8_linear_config_heuristic() -> None:
-    # one config per decode bucket: steps of 1..16 tokens share compiled variants
-    assert len({int8_linear_config(t, 5376, 21504) for t in range(1, 17)}) == 1
+    for bucket in ((1, 16), (17, 32), (33, 64), (65, 128)):  # one config per bucket: shared compiled variants
+        assert len({int8_linear_config(t, 5376, 21504) for t in range(bucket[0], bucket[1] + 1)}) == 1
     for N, K in ((16384, 5376), (18432, 5376), (5376, 8192), (5376, 16384), (43008, 5376), (5376, 21504),
-                 (5120, 2048), (2048, 4096), (37, 100)):
+                 (5120, 2048), (2048, 4096), (2816, 2112), (37, 100)):
         for T in (1, 16, 17, 64, 100, 256, 2048, 8192):
             cfg = int8_linear_config(T, N, K)
             for size in (cfg.block_n, cfg.block_t, cfg.block_k):
                 assert size >= 16 and size & (size - 1) == 0
-            assert cfg.block_t >= min(T, 16) and cfg.split_k >= 1
-            tiles = -(-N // cfg.block_n) * -(-T // cfg.block_t)
-            if tiles >= 264:
-                assert cfg.split_k == 1  # enough programs already: no partial sums, no reduce launch
             assert cfg.split_k == 1 or K // cfg.split_k >= 512
-    # Gemma-4-31B down_proj at decode: 84 tiles of 64 rows, split over K to cover the 132 SMs about twice
+            if T > 128:
+                assert cfg.split_k == 1  # several token tiles: a split would vary with T
+    # Gemma-4-31B down_proj at decode: 84 tiles of 64 rows, split over K to cover every SM
     down = int8_linear_config(1, 5376, 21504)
-    assert down.split_k * (5376 // down.block_n) >= 264
+    assert down.split_k * (5376 // down.block_n) >= 132
     assert int8_linear_config(1, 5376, 21504, element_size=4).block_k == down.block_k // 2
+
+
+def test_split_k_wave_model() -> None:
+    weight = dict(n=16384, k=16384, tokens=16, block_k=128)
+    assert _split_k(tiles=660, slots=660, **weight) == 1  # one full wave: nothing to gain
+    assert _split_k(tiles=1320, slots=660, **weight) == 1
+    assert _split_k(tiles=300, slots=660, **weight) == 1  # a partial wave that saturates HBM
+    assert _split_k(tiles=84, slots=660, **weight) >= 4  # too few programs for the loads HBM needs in flight
+    assert _split_k(tiles=84, slots=660, n=84, k=16384, tokens=16, block_k=128) == 1  # a tiny weight: the
+    # reduce launch costs more than the whole read
+    assert _split_k(tiles=84, slots=660, n=16384, k=1000, tokens=16, block_k=128) == 1  # K too short to split
 
 
 # ------------------------------------------------------------------ int8 fused MoE

@@ -85,17 +85,23 @@ INT8_COMPILE = textwrap.dedent('''
         return kernel
 
     # int8_linear: the heuristic config of every token bucket at Gemma-4-31B's down_proj (split-K at decode)
-    # and gate_up (no split), bf16 activations.
-    configs = {int8_linear.int8_linear_config(t, n, k) for t in (1, 32, 64, 128, 2048)
-               for n, k in ((5376, 21504), (43008, 5376))}
-    for cfg in sorted(configs, key=repr):
-        types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16",
-                 "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
-        constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k,
-                      "EVEN_K": True, "IEEE": False, "UPCAST": False}
-        compile_fn(int8_linear._int8_linear_kernel, types, constexprs,
-                   ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
-                   cfg.num_warps, cfg.num_stages)
+    # and gate_up, bf16 activations; as many programs as the bucket counts on must fit one SM's 228 KB.
+    compiled = set()
+    for bucket in int8_linear._BUCKETS:
+        for n, k in ((5376, 21504), (43008, 5376)):
+            cfg = int8_linear.int8_linear_config(min(bucket.max_tokens, 2048), n, k)
+            if cfg in compiled:
+                continue
+            compiled.add(cfg)
+            types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16",
+                     "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
+            constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
+                          "SPLIT_K": cfg.split_k, "EVEN_K": True, "IEEE": False, "UPCAST": False}
+            kernel = compile_fn(int8_linear._int8_linear_kernel, types, constexprs,
+                                ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
+                                cfg.num_warps, cfg.num_stages)
+            per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved per block
+            assert per_sm <= 233472, (cfg, kernel.metadata.shared, bucket.programs_per_sm)
     signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
                  "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
                  "SPLIT_K": "constexpr", "BLOCK": "constexpr"}

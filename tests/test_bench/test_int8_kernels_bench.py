@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 from inference_server.models.loading.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]

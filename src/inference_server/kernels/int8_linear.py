@@ -33,7 +33,11 @@ import triton.language as tl
 __all__ = ["Int8LinearConfig", "int8_linear", "int8_linear_config"]
 
 _H200_SMS = 132
-_MIN_K_PER_SPLIT = 512  # a split streams at least this many K columns (two 256-deep tiles)
+_MIN_K_PER_SPLIT = 512  # a split streams at least this many K columns
+_MAX_SPLIT_K = 16
+_HBM_BYTES_PER_S = 4.3e12  # measured on the H200 (bench/roofline.py)
+_REDUCE_LAUNCH_S = 3e-6  # one more kernel in the step's graph: launch gap plus a short tail
+_SATURATING_WAVE = 0.4  # fraction of the resident programs whose loads in flight already saturate HBM
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,30 @@ class Int8LinearConfig:
     split_k: int = 1  # programs sharing one output tile along K (> 1: fp32 partials plus a reduce kernel)
     num_warps: int = 4
     num_stages: int = 4
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """Tiles of one token-count bucket and how many of its programs an H200 SM holds at once (shared memory and
+    registers of the sm_90 build at bf16: ``tests/kernels/test_kernels_compile_for_h200.py`` checks the former)."""
+
+    max_tokens: int
+    block_t: int
+    block_n: int
+    cap_k: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int
+    may_split: bool
+
+
+_BUCKETS = (
+    _Bucket(16, 16, 64, 128, 4, 4, 5, True),  # decode GEMV: 40 KB shared, 94 registers
+    _Bucket(32, 32, 64, 128, 4, 4, 4, True),  # 56 KB, 117 registers
+    _Bucket(64, 64, 64, 128, 4, 4, 2, True),  # 88 KB, 167 registers
+    _Bucket(128, 128, 128, 64, 8, 4, 1, True),  # one token tile: the split still depends on the bucket only
+    _Bucket(1 << 62, 128, 128, 64, 8, 4, 1, False),  # prefill GEMM: token tiles vary with T, so never split
+)
 
 
 def _pow2_clamp(value: int, lo: int, hi: int) -> int:
@@ -64,41 +92,51 @@ def _block_k(k_dim: int, cap: int) -> int:
     return cap
 
 
-def _split_k(tiles: int, k_dim: int, block_k: int, num_sms: int) -> int:
-    """K splits so that ``tiles * split`` covers the SMs about twice (a memory-bound GEMV needs loads in flight
-    on every SM), each split at least ``_MIN_K_PER_SPLIT`` deep; 1 when the tiles already cover 1.5 waves."""
-    if tiles * 2 >= 3 * num_sms:
-        return 1
-    max_split = max(1, k_dim // max(_MIN_K_PER_SPLIT, block_k))
-    return max(1, min(max_split, triton.cdiv(2 * num_sms, tiles)))
+def _split_k(tiles: int, n: int, k: int, tokens: int, block_k: int, slots: int) -> int:
+    """K splits that minimise a wave model of a memory-bound launch.
+
+    ``tiles * split`` programs run in waves of ``slots``. The weight read takes ``N*K / HBM`` at best; a launch
+    whose last wave holds a fraction ``f`` of the slots takes as long as if it held ``max(f, 0.4)`` (fewer
+    programs than that do not keep enough loads in flight to saturate HBM: at decode a wave of 84 tiles, Gemma-4-31B
+    ``down_proj`` on 132 SMs, runs at well under the limit; so does a last wave of a dozen programs). A split
+    costs a reduce launch and its fp32 partial sums (written and read once). Ties go to fewer splits.
+    """
+    max_split = max(1, min(_MAX_SPLIT_K, k // max(_MIN_K_PER_SPLIT, block_k)))
+    weight_s = n * k / _HBM_BYTES_PER_S
+    best_split, best_cost = 1, float("inf")
+    for split in range(1, max_split + 1):
+        waves = tiles * split / slots
+        full = int(waves)
+        tail = waves - full
+        cost = (full + (max(tail, _SATURATING_WAVE) if tail > 1e-9 else 0.0)) / waves
+        if split > 1:
+            cost += (_REDUCE_LAUNCH_S + 2 * split * tokens * n * 4 / _HBM_BYTES_PER_S) / weight_s
+        if cost < best_cost - 1e-9:
+            best_split, best_cost = split, cost
+    return best_split
 
 
 def int8_linear_config(
     num_tokens: int, out_features: int, in_features: int, element_size: int = 2, num_sms: int = _H200_SMS
 ) -> Int8LinearConfig:
-    """Heuristic config by token-count bucket (1-16, 17-32, 33-64, 65-128, larger); see the module docstring.
+    """Heuristic config of a token-count bucket (1-16, 17-32, 33-64, 65-128, larger): one config per bucket, so
+    steps of every size inside a bucket share compiled variants.
 
-    Decode buckets are weight-streaming GEMVs: 64 weight rows (one wgmma M tile for 4 warps), deep 256-column
-    int8 tiles (16 KB a stage) and 4 stages in flight. Prefill buckets are ordinary GEMM tiles. Activations of
-    4 bytes (fp32) get half the K depth: the same shared memory as the 2-byte case the tiles are sized for.
+    Decode buckets are weight-streaming GEMVs: 64 weight rows (one wgmma M tile for 4 warps), 128-column int8
+    tiles, 4 stages, small enough that 4-5 programs share an SM (many slots: short tails). K is split by
+    ``_split_k`` where the weight-row tiles are too few. Prefill buckets are ordinary 128x128 GEMM tiles.
+    Activations of 4 bytes (fp32) get half the K depth: the same shared memory as the 2-byte case.
     """
     t = max(1, num_tokens)
-    if t <= 16:
-        block_t, block_n, cap_k, warps, stages = 16, 64, 256, 4, 4
-    elif t <= 32:
-        block_t, block_n, cap_k, warps, stages = 32, 64, 256, 4, 4
-    elif t <= 64:
-        block_t, block_n, cap_k, warps, stages = 64, 64, 128, 4, 4
-    elif t <= 128:
-        block_t, block_n, cap_k, warps, stages = 64, 128, 128, 8, 3
-    else:
-        block_t, block_n, cap_k, warps, stages = 128, 128, 64, 8, 4
-    if element_size > 2:
-        cap_k //= 2
-    block_n = min(block_n, _pow2_clamp(out_features, 16, 1 << 30))
+    bucket = next(b for b in _BUCKETS if t <= b.max_tokens)
+    cap_k = bucket.cap_k // 2 if element_size > 2 else bucket.cap_k
+    block_n = min(bucket.block_n, _pow2_clamp(out_features, 16, 1 << 30))
     block_k = _block_k(in_features, cap_k)
-    tiles = triton.cdiv(out_features, block_n) * triton.cdiv(t, block_t)
-    return Int8LinearConfig(block_n, block_t, block_k, _split_k(tiles, in_features, block_k, num_sms), warps, stages)
+    split = 1
+    if bucket.may_split:  # one token tile (block_t = bucket size): the split depends on the bucket, not on T
+        split = _split_k(triton.cdiv(out_features, block_n), out_features, in_features, bucket.max_tokens, block_k,
+                         bucket.programs_per_sm * num_sms)
+    return Int8LinearConfig(block_n, bucket.block_t, block_k, split, bucket.num_warps, bucket.num_stages)
 
 
 @triton.jit
