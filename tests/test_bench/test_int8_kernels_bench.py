@@ -1,13 +1,30 @@
-"""``bench/int8_kernels.py``: its shapes are the presets' real ones, its byte counts and rotation rules, and a CPU
-dry run of the whole script at tiny shapes (kernels in the Triton interpreter)."""
+"""``bench/int8_kernels.py``: its shapes are the presets' real ones, its byte counts and rotation rules, CPU dry
+runs of its tables and of its config sweep at tiny shapes (kernels in the Triton interpreter), and the lookup of
+the tuned ``int8_linear`` configs the sweep writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
+
+from inference_server.kernels.int8_linear import int8_linear
+from inference_server.kernels.int8_linear_configs import (
+    Int8LinearConfig,
+    config_file_name,
+    config_from_json,
+    config_to_json,
+    tuned_int8_linear_config,
+)
+from inference_server.kernels.reference_int8 import int8_linear_reference, quantize_int8_per_channel
 from inference_server.models.loading.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,3 +90,39 @@ def test_cpu_dry_run_prints_both_tables() -> None:
     rows = [line for line in done.stdout.splitlines() if line.startswith("| tiny")]
     assert len(rows) == 2 and all(line.count("|") == 10 for line in rows), done.stdout
     assert "int8 kernels on cpu" in done.stdout
+
+
+def test_lookup_takes_the_smallest_tuned_count_at_or_above(tmp_path: Path) -> None:
+    decode = Int8LinearConfig(64, 16, 256, 4, 4, 3)
+    mid = Int8LinearConfig(64, 32, 128, 2, 4, 4)
+    name = config_file_name("cpu", 37, 100, torch.bfloat16)
+    body = {"meta": {}, "configs": {"1": config_to_json(decode), "16": config_to_json(mid)}}
+    (tmp_path / name).write_text(json.dumps(body))
+
+    def lookup(tokens: int, dtype: torch.dtype = torch.bfloat16) -> Int8LinearConfig | None:
+        return tuned_int8_linear_config(tokens, 37, 100, dtype, "cpu", tmp_path)
+
+    assert lookup(1) == decode and lookup(2) == mid and lookup(16) == mid
+    assert lookup(17) is None  # past the largest tuned count: the heuristic
+    assert lookup(1, torch.float32) is None  # another activation dtype has its own file
+    assert config_from_json(config_to_json(mid)) == mid
+    with pytest.raises(ValueError, match="bad int8_linear config"):
+        config_from_json({"block_n": 64, "colour": 3})
+
+
+def test_sweep_dry_run_writes_configs_int8_linear_reads(tmp_path: Path) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "int8_kernels.py"), "--device", "cpu", "--tiny", "--reps", "1",
+         "--sweep", "--write", "--out-dir", str(tmp_path), "--tokens", "1"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / config_file_name("cpu", 37, 100, torch.bfloat16)).read_text())
+    assert set(written["configs"]) == {"1"}
+    tuned = tuned_int8_linear_config(1, 37, 100, torch.bfloat16, "cpu", tmp_path)
+    assert tuned == config_from_json(written["configs"]["1"])
+    gen = torch.Generator().manual_seed(0)
+    q, scale = quantize_int8_per_channel(torch.randn(37, 100, generator=gen), torch.bfloat16)
+    x = torch.randn(1, 100, generator=gen).bfloat16()
+    torch.testing.assert_close(int8_linear(x, q, scale, config=tuned).float(),
+                               int8_linear_reference(x, q, scale).float(), atol=1e-2, rtol=2**-7)

@@ -30,6 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
+from inference_server.kernels.moe_configs import device_name
+
 __all__ = ["Int8LinearConfig", "int8_linear", "int8_linear_config"]
 
 _H200_SMS = 132
@@ -38,18 +41,6 @@ _MAX_SPLIT_K = 16
 _HBM_BYTES_PER_S = 4.3e12  # measured on the H200 (bench/roofline.py)
 _REDUCE_LAUNCH_S = 3e-6  # one more kernel in the step's graph: launch gap plus a short tail
 _SATURATING_WAVE = 0.4  # fraction of the resident programs whose loads in flight already saturate HBM
-
-
-@dataclass(frozen=True)
-class Int8LinearConfig:
-    """Launch config of ``int8_linear``: tile sizes (powers of two, at least 16), K splits, warps, stages."""
-
-    block_n: int  # weight rows per program (the dot's M side)
-    block_t: int  # tokens per program (the dot's N side)
-    block_k: int  # K depth per pipelined tile
-    split_k: int = 1  # programs sharing one output tile along K (> 1: fp32 partials plus a reduce kernel)
-    num_warps: int = 4
-    num_stages: int = 4
 
 
 @dataclass(frozen=True)
@@ -252,7 +243,8 @@ def int8_linear(
     Shapes: ``x [T, K]`` (fp32, fp16 or bf16; any strides), ``qweight [N, K]`` int8 (any strides),
     ``scale [N]`` float. Returns ``[T, N]`` in ``x.dtype`` (written into ``out`` when given: its last dim must
     be contiguous). No host syncs; temporaries come from the caching allocator (CUDA-graph capturable).
-    ``config`` defaults to ``int8_linear_config(T, N, K)``.
+    ``config`` defaults to the tuned config for this GPU and shape (``int8_linear_configs``), else the heuristic
+    ``int8_linear_config(T, N, K)``.
     """
     if x.dim() != 2 or qweight.dim() != 2 or scale.dim() != 1:
         raise ValueError(f"want x [T, K], qweight [N, K], scale [N]; got {tuple(x.shape)}, "
@@ -274,7 +266,8 @@ def int8_linear(
         return out
     if K == 0:
         return out.zero_()
-    cfg = config or int8_linear_config(T, N, K, x.element_size())
+    cfg = config or tuned_int8_linear_config(T, N, K, x.dtype, device_name(x.device))
+    cfg = cfg or int8_linear_config(T, N, K, x.element_size())
     split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)  # no empty split
