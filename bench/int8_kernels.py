@@ -307,7 +307,9 @@ def main() -> int:
     tokens = [int(t) for t in args.tokens.split(",") if t]
     linear_cases = TINY_LINEAR_CASES if args.tiny else LINEAR_CASES
     moe_cases = TINY_MOE_CASES if args.tiny else MOE_CASES
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else L2_BYTES
+    l2_bytes = L2_BYTES
+    if device.type == "cuda":
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", L2_BYTES) or L2_BYTES
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# int8 kernels on {name}: torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"median of {args.reps} graph replays", flush=True)
