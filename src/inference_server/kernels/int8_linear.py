@@ -13,13 +13,15 @@ memory, where the pipeliner already put the x tile); the token count is the dot'
 
 Enough programs to keep HBM busy: the grid is (token tiles, weight-row tiles, K splits), token tiles fastest
 so the programs running together share weight tiles (each weight byte leaves HBM about once even at
-prefill). When the tiles are too few to cover the SMs a few times (``o_proj``/``down_proj`` of wide models at
-decode: N = 5376 is 84 tiles of 64 rows), K is split: each split writes fp32 partial sums, and a second small
-kernel adds the splits in a fixed order, applies the scale and casts (deterministic, no atomics, no zero-fill).
+prefill). Where the tiles are too few to keep enough loads in flight (``o_proj``/``down_proj`` of wide models
+at decode: N = 5376 is 84 tiles of 64 rows for 132 SMs), K is split (``_split_k``'s wave model): each split
+writes fp32 partial sums, and a second small kernel adds the splits in a fixed order, applies the scale and
+casts (deterministic, no atomics, no zero-fill).
 
 No host syncs and the grid comes from shapes only, so calls are CUDA-graph capturable. The token count ``T``
 is not specialised (``do_not_specialize``): steps of every size share the compiled variants of their config,
-and configs change only at token-count buckets (``int8_linear_config``).
+and configs change only at token-count buckets (``int8_linear_config``, or the tuned buckets of
+``int8_linear_configs`` written by ``bench/int8_kernels.py --sweep --write``).
 """
 
 from __future__ import annotations
