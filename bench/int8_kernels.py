@@ -17,7 +17,8 @@ and the output out (MoE: the experts the routing touches, counted per call). The
 limit in ``bench/roofline.py`` (4.3 TB/s device-to-device copy on the lent H200) and of the 4.8 TB/s data-sheet
 figure. Past T ~ 100 (dense int8) the work is compute-bound and the fraction stops meaning much.
 
-  python3 bench/int8_kernels.py                  # on the H200: both tables, ~1-2 min (compiles included)
+  python3 bench/int8_kernels.py                  # on the H200: both tables, ~1-2 min (compiles included); rows
+                                                 # that would start after --budget-s (165 s) are listed as skipped
   python3 bench/int8_kernels.py --sweep --write  # int8_linear configs at T = 1, 16 per dense shape, ~2 min;
                                                  # writes src/inference_server/kernels/configs/int8_linear/*.json
   TRITON_INTERPRET=1 uv run python bench/int8_kernels.py --device cpu --tiny --reps 1   # CPU dry run
@@ -302,6 +303,8 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="with --sweep: write the best configs for int8_linear")
     parser.add_argument("--out-dir", type=Path, default=None, help="with --write; default: the engine's directory")
     parser.add_argument("--only", choices=("dense", "moe"), default=None)
+    parser.add_argument("--budget-s", type=float, default=165.0,
+                        help="start no new row after this many seconds (the rows left are listed as skipped)")
     args = parser.parse_args()
     device = torch.device(args.device)
     tokens = [int(t) for t in args.tokens.split(",") if t]
@@ -320,11 +323,20 @@ def main() -> int:
         sweep(device, args.reps, l2_bytes, linear_cases, sweep_tokens,
               (args.out_dir or CONFIG_DIR) if args.write else None)
         return 0
+    started = time.monotonic()
+
+    def in_budget(label: str, t: int) -> bool:
+        if time.monotonic() - started < args.budget_s:
+            return True
+        print(f"| {label} | {t} | skipped: past --budget-s {args.budget_s:.0f} |", flush=True)
+        return False
+
     if args.only in (None, "dense"):
         print("\n" + TABLE_HEADER, flush=True)
         for case in linear_cases:
             for t in tokens:
-                print(bench_linear(case, t, device, args.reps, l2_bytes), flush=True)
+                if in_budget(case.name, t):
+                    print(bench_linear(case, t, device, args.reps, l2_bytes), flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the next shape's weight copies
     if args.only in (None, "moe"):
@@ -332,7 +344,8 @@ def main() -> int:
         for case in moe_cases:
             experts = make_experts(case, device)
             for t in tokens:
-                print(bench_moe(case, t, device, args.reps, experts), flush=True)
+                if in_budget(case.name, t):
+                    print(bench_moe(case, t, device, args.reps, experts), flush=True)
             del experts
     return 0
 

@@ -126,3 +126,27 @@ def test_sweep_dry_run_writes_configs_int8_linear_reads(tmp_path: Path) -> None:
     x = torch.randn(1, 100, generator=gen).bfloat16()
     torch.testing.assert_close(int8_linear(x, q, scale, config=tuned).float(),
                                int8_linear_reference(x, q, scale).float(), atol=1e-2, rtol=2**-7)
+
+
+def test_int8_linear_consults_the_tuned_configs_only_while_they_are_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inference_server.kernels.int8_linear as int8_linear_module
+    from inference_server.kernels.moe_configs import use_tuned_configs
+
+    looked_up: list[int] = []
+
+    def spy(num_tokens: int, *args: object) -> None:
+        looked_up.append(num_tokens)
+        return None  # no tuned entry: the heuristic runs
+
+    monkeypatch.setattr(int8_linear_module, "tuned_int8_linear_config", spy)
+    q, scale = quantize_int8_per_channel(torch.randn(24, 32))
+    x = torch.randn(3, 32)
+    previous = use_tuned_configs(False)
+    try:
+        int8_linear(x, q, scale)
+        assert looked_up == []
+        use_tuned_configs(True)
+        torch.testing.assert_close(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
+        assert looked_up == [3]
+    finally:
+        use_tuned_configs(previous)

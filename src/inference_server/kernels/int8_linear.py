@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
-from inference_server.kernels.moe_configs import device_name
+from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
 
 __all__ = ["Int8LinearConfig", "int8_linear", "int8_linear_config"]
 
@@ -245,8 +245,8 @@ def int8_linear(
     Shapes: ``x [T, K]`` (fp32, fp16 or bf16; any strides), ``qweight [N, K]`` int8 (any strides),
     ``scale [N]`` float. Returns ``[T, N]`` in ``x.dtype`` (written into ``out`` when given: its last dim must
     be contiguous). No host syncs; temporaries come from the caching allocator (CUDA-graph capturable).
-    ``config`` defaults to the tuned config for this GPU and shape (``int8_linear_configs``), else the heuristic
-    ``int8_linear_config(T, N, K)``.
+    ``config`` defaults to the tuned config for this GPU and shape (``int8_linear_configs``; only while
+    ``moe_configs.use_tuned_configs`` is on), else the heuristic ``int8_linear_config(T, N, K)``.
     """
     if x.dim() != 2 or qweight.dim() != 2 or scale.dim() != 1:
         raise ValueError(f"want x [T, K], qweight [N, K], scale [N]; got {tuple(x.shape)}, "
@@ -268,7 +268,9 @@ def int8_linear(
         return out
     if K == 0:
         return out.zero_()
-    cfg = config or tuned_int8_linear_config(T, N, K, x.dtype, device_name(x.device))
+    cfg = config
+    if cfg is None and tuned_configs_enabled():  # the switch fused_moe's tuned configs follow too
+        cfg = tuned_int8_linear_config(T, N, K, x.dtype, device_name(x.device))
     cfg = cfg or int8_linear_config(T, N, K, x.element_size())
     split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
