@@ -22,6 +22,9 @@ so every config the server uses is compiled at start-up.
   python3 bench/tune_triton_launch.py --model qwen3-30b-a3b                # on the H200: minutes per model
   python3 bench/tune_triton_launch.py --model gemma-4-26b-a4b --tokens 1,16,64,256
   uv run python bench/tune_triton_launch.py --model qwen3-30b-a3b --device cpu --out-dir /tmp/moe  # dry run
+
+``--int8`` tunes the int8-expert path (weights quantized per output row, ``reference_int8``), written to the
+``dtype=int8`` file that ``fused_moe`` reads for int8 experts.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def weight_copies(bytes_per_copy: int, device: torch.device) -> int:
 
 
 def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.device, reps: int, quick: int,
-                seed: int = 0) -> dict:
+                seed: int = 0, int8: bool = False) -> dict:
     """The fastest config for one token count that matches the heuristic's output; a record of the sweep."""
     from inference_server.kernels.fused_moe import fused_moe, moe_kernel_config
     from inference_server.kernels.moe_configs import MoeKernelConfig, config_to_json
@@ -125,25 +128,32 @@ def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.dev
     w_gate_up = (torch.randn(E, 2 * inter, H, generator=gen) * H ** -0.5).to(device, dtype)
     w_down = (torch.randn(E, H, inter, generator=gen) * inter ** -0.5).to(device, dtype)
     ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(tokens)]).to(device)
+    scales: dict[str, torch.Tensor] = {}
+    if int8:  # int8 experts with per-row scales (reference_int8's format)
+        from inference_server.kernels.reference_int8 import quantize_int8_per_channel
+
+        w_gate_up, gate_up_scale = quantize_int8_per_channel(w_gate_up)
+        w_down, down_scale = quantize_int8_per_channel(w_down)
+        scales = dict(w_gate_up_scale=gate_up_scale, w_down_scale=down_scale)
     # only the routed experts' weights are read: those bytes must exceed L2 over the copies
     touched = int(ids.unique().numel()) * (w_gate_up[0].numel() + w_down[0].numel()) * w_gate_up.element_size()
     copies = weight_copies(touched, device)
     layers = [(w_gate_up, w_down)] + [(w_gate_up.clone(), w_down.clone()) for _ in range(copies - 1)]
     weights = torch.softmax(torch.randn(tokens, K, generator=gen), -1).to(device, dtype)
     base = moe_kernel_config(tokens, H, inter, E, K)
-    expected = fused_moe(hidden, w_gate_up, w_down, weights, ids, "silu", config=base)
+    expected = fused_moe(hidden, w_gate_up, w_down, weights, ids, "silu", config=base, **scales)
     scale = expected.float().abs().max().item() or 1.0
 
     def run(config: MoeKernelConfig) -> tuple[float | None, str]:
         try:
-            out = fused_moe(hidden, w_gate_up, w_down, weights, ids, "silu", config=config)
+            out = fused_moe(hidden, w_gate_up, w_down, weights, ids, "silu", config=config, **scales)
         except Exception as err:  # e.g. out of shared memory: not a candidate
             return None, f"failed: {type(err).__name__}"
         error = (out.float() - expected.float()).abs().max().item() / scale
         if error > 2 ** -6:  # a few bf16 ulps of the largest output
             return None, f"differs: {error:.2e}"
         def call(copy: int) -> None:
-            fused_moe(hidden, *layers[copy], weights, ids, "silu", config=config)
+            fused_moe(hidden, *layers[copy], weights, ids, "silu", config=config, **scales)
 
         call.copies = copies  # type: ignore[attr-defined]
         return time_call(call, device, reps), "ok"
@@ -182,6 +192,7 @@ def main() -> int:
     parser.add_argument("--quick", type=int, default=0, help="time only the first N candidates (dry runs)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: the engine's config directory")
+    parser.add_argument("--int8", action="store_true", help="tune int8 experts (bf16 activations)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -192,13 +203,14 @@ def main() -> int:
     shape = expert_shape(args.model)
     name = device_name(device)
     out_dir = args.out_dir or CONFIG_DIR
-    path = out_dir / config_file_name(name, *shape, torch.bfloat16)
+    path = out_dir / config_file_name(name, *shape, torch.int8 if args.int8 else torch.bfloat16)
     meta = dict(model=args.model, device=name, torch=torch.__version__, triton=__import__("triton").__version__,
-                experts=shape[0], hidden=shape[1], intermediate=shape[2], top_k=shape[3], dtype="bfloat16")
+                experts=shape[0], hidden=shape[1], intermediate=shape[2], top_k=shape[3],
+                dtype="int8" if args.int8 else "bfloat16")
     out_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for tokens in sorted({int(t) for t in args.tokens.split(",") if t}):
-        record = tune_tokens(tokens, shape, device, args.reps, args.quick)
+        record = tune_tokens(tokens, shape, device, args.reps, args.quick, int8=args.int8)
         records.append(record)
         print(f"T={tokens}: {record['us']} us (heuristic {record['heuristic_us']} us, x{record['speedup']}) "
               f"{record['config']}", flush=True)

@@ -1,9 +1,11 @@
-"""The Triton kernels added or changed for issue 12 compile for the H200 (sm_90) without a GPU.
+"""The Triton kernels added or changed for issues 12 and 13 compile for the H200 (sm_90) without a GPU.
 
 The CPU tests run kernels in the Triton interpreter, which accepts things the compiler rejects (a kernel reading
 a plain Python global compiled nowhere: the GPU run failed where every interpreter test passed). Triton compiles
 to PTX without a device, so a child process without ``TRITON_INTERPRET`` compiles each variant the runner
-launches.
+launches. The int8 kernels (issue 13) are compiled with the alignment facts the launcher passes at run time
+(16-byte aligned pointers, sizes and strides divisible by 16, unit strides), so the software pipeliner builds the
+multi-stage variant that runs, and its shared memory must fit the H200's 227 KB per block.
 """
 
 from __future__ import annotations
@@ -68,9 +70,79 @@ COMPILE = textwrap.dedent('''
 ''')
 
 
-def test_new_kernels_compile_for_sm90() -> None:
+INT8_COMPILE = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from inference_server.kernels import fused_moe, int8_linear
+    from inference_server.kernels.fused_moe import moe_kernel_config
+
+    target = GPUTarget("cuda", 90, 64)
+    H200_SHARED = 232448  # bytes of shared memory one block may use (227 KB)
+    UNIT = ("stride_xk", "stride_ak", "stride_wk", "stride_sn", "stride_scale")  # 1 at run time: specialised
+
+    def compile_fn(fn, types, constexprs, aligned, num_warps, num_stages):
+        constexprs = dict(constexprs, **{n: 1 for n in UNIT if n in fn.arg_names})
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+                 if n.endswith("_ptr") or n in aligned}
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                target=target, options=dict(num_warps=num_warps, num_stages=num_stages))
+        assert kernel.metadata.shared <= H200_SHARED, (fn.__name__, constexprs, kernel.metadata.shared)
+        assert "cp.async" in kernel.asm["ptx"], (fn.__name__, constexprs, "loads not pipelined")
+        return kernel
+
+    # int8_linear: the heuristic config of every token bucket at Gemma-4-31B's down_proj (split-K at decode)
+    # and gate_up, bf16 activations; as many programs as the bucket counts on must fit one SM's 228 KB.
+    compiled = set()
+    for bucket in int8_linear._BUCKETS:
+        for n, k in ((5376, 21504), (43008, 5376)):
+            cfg = int8_linear.int8_linear_config(min(bucket.max_tokens, 2048), n, k)
+            if cfg in compiled:
+                continue
+            compiled.add(cfg)
+            types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16",
+                     "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
+            constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
+                          "SPLIT_K": cfg.split_k, "EVEN_K": True, "IEEE": False, "UPCAST": False}
+            kernel = compile_fn(int8_linear._int8_linear_kernel, types, constexprs,
+                                ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
+                                cfg.num_warps, cfg.num_stages)
+            per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved per block
+            assert per_sm <= 233472, (cfg, kernel.metadata.shared, bucket.programs_per_sm)
+    signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
+                 "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
+                 "SPLIT_K": "constexpr", "BLOCK": "constexpr"}
+    triton.compile(ASTSource(fn=int8_linear._int8_split_k_reduce_kernel, signature=signature,
+                             constexprs={"SPLIT_K": 4, "BLOCK": 1024}), target=target)
+
+    # int8 fused MoE: decode and prefill heuristic configs at Gemma-4-26B-A4B's expert shape.
+    for tokens in (1, 2048):
+        cfg = moe_kernel_config(tokens, 2816, 704, 128, 8)
+        common = {"BLOCK_M": cfg.block_m, "EVEN_K": True, "IEEE": False, "UPCAST": False, "W_INT8": True}
+        types = {"x_ptr": "*bf16", "a_ptr": "*bf16", "w_ptr": "*i8", "out_ptr": "*bf16", "topk_w_ptr": "*fp32",
+                 "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "scale_ptr": "*bf16"}
+        aligned = ("H", "inter_size", "stride_xt", "stride_at", "stride_we", "stride_wn", "stride_ot", "stride_se")
+        for fn, gemm, extra in ((fused_moe._moe_gate_up_kernel, cfg.gate_up, {"TOP_K": 8, "ACT": 1}),
+                                (fused_moe._moe_down_kernel, cfg.down, {})):
+            constexprs = dict(common, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, GROUP_M=gemm.group_m, **extra)
+            compile_fn(fn, types, constexprs, aligned, gemm.num_warps, gemm.num_stages)
+    print("compiled")
+''')
+
+
+def _compile_in_child(script: str) -> None:
     pytest.importorskip("triton.backends.nvidia", reason="Triton's CUDA backend (and its ptxas) is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+def test_new_kernels_compile_for_sm90() -> None:
+    _compile_in_child(COMPILE)
+
+
+def test_int8_kernels_compile_for_sm90_within_shared_memory() -> None:
+    _compile_in_child(INT8_COMPILE)

@@ -105,3 +105,19 @@ def test_fused_moe_consults_the_tuned_configs_only_while_they_are_enabled(monkey
         assert looked_up == [2]
     finally:
         use_tuned_configs(previous)
+
+
+def test_int8_dry_run_writes_the_int8_file(tmp_path: Path) -> None:
+    """``--int8`` tunes the int8-expert path and writes the ``dtype=int8`` file fused_moe reads for int8 experts."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "tune_triton_launch.py"), "--model", "qwen3-30b-a3b-tiny", "--int8",
+         "--device", "cpu", "--tokens", "1", "--quick", "2", "--reps", "1", "--out-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    name = config_file_name("cpu", SHAPE["num_experts"], SHAPE["hidden"], SHAPE["intermediate"], SHAPE["top_k"],
+                            torch.int8)
+    written = json.loads((tmp_path / name).read_text())
+    assert written["meta"]["dtype"] == "int8" and set(written["configs"]) == {"1"}
+    assert tuned_moe_config(1, SHAPE["hidden"], SHAPE["intermediate"], SHAPE["num_experts"], SHAPE["top_k"],
+                            torch.int8, "cpu", tmp_path) == config_from_json(written["configs"]["1"])

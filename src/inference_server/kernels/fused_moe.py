@@ -37,6 +37,11 @@ results are rounded to the activation dtype before use; ``act(gate)`` and ``act*
 rounded; the weighted pair is stored in ``promote(act dtype, topk_weights dtype)`` (bf16 for Qwen,
 whose routing weights are cast to bf16; fp32 for Gemma 4, whose weights stay fp32); the k-sum is fp32.
 fp32 activations use IEEE fp32 dot products (no TF32), so they match the fp32 reference tightly.
+
+int8 experts (``w_gate_up_scale``/``w_down_scale`` given, ``W_INT8`` in the GEMM kernels): weight tiles are loaded
+as int8 (half the bytes of bf16, which is what decode is bound by), converted to the activation dtype in
+registers, and each GEMM's fp32 accumulator is multiplied by its output row's scale before the rounding above.
+``W_INT8`` is a constexpr: the bf16 kernels compile to the same code as before.
 """
 
 from __future__ import annotations
@@ -319,13 +324,26 @@ def _mma(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     return acc
 
 
+@triton.jit
+def _mma_w(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, W_INT8: tl.constexpr):
+    """acc += a @ b for a weight tile ``b``: int8 (W_INT8) is converted to a's dtype in registers first (its values
+    are exact in every float type; under UPCAST straight to fp32: the interpreter mishandles int8 -> bf16)."""
+    if W_INT8:
+        if UPCAST:
+            b = b.to(tl.float32)
+        else:
+            b = b.to(a.dtype)
+    return _mma(a, b, acc, IEEE, UPCAST)
+
+
 @triton.jit(do_not_specialize=['num_pairs', 'num_blocks_m'])
 def _moe_gate_up_kernel(
     x_ptr,  # [T, H] activations
-    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I)
+    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I); int8 when W_INT8
     out_ptr,  # [N, I] act(gate) * up, row = pair id
     sorted_ptr,  # [max_blocks * BLOCK_M] int32 pair ids
     block_expert_ptr,  # [max_blocks] int32
+    scale_ptr,  # [E, 2I] per-output-row scale of the int8 weight (unused unless W_INT8)
     num_pairs,
     H,
     inter_size,
@@ -336,6 +354,8 @@ def _moe_gate_up_kernel(
     stride_wn,
     stride_wk,
     stride_ot,
+    stride_se,
+    stride_sn,
     TOP_K: tl.constexpr,
     ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh
     BLOCK_M: tl.constexpr,
@@ -345,6 +365,7 @@ def _moe_gate_up_kernel(
     EVEN_K: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    W_INT8: tl.constexpr,  # int8 weights: dequantised in registers, scaled after the fp32 reduction
 ):
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(inter_size, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -377,12 +398,16 @@ def _moe_gate_up_kernel(
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        acc_g = _mma(a, g, acc_g, IEEE, UPCAST)
-        acc_u = _mma(a, u, acc_u, IEEE, UPCAST)
+        acc_g = _mma_w(a, g, acc_g, IEEE, UPCAST, W_INT8)
+        acc_u = _mma_w(a, u, acc_u, IEEE, UPCAST, W_INT8)
         a_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
     dt = out_ptr.dtype.element_ty
+    if W_INT8:  # per output row of W: gate row n, up row I + n
+        s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
+        acc_g = acc_g * tl.load(s_ptrs).to(tl.float32)[None, :]
+        acc_u = acc_u * tl.load(s_ptrs + inter_size * stride_sn).to(tl.float32)[None, :]
     gate = acc_g.to(dt).to(tl.float32)  # GEMM output rounded to the activation dtype, as torch does
     up = acc_u.to(dt).to(tl.float32)
     if ACT == 0:
@@ -398,11 +423,12 @@ def _moe_gate_up_kernel(
 @triton.jit(do_not_specialize=['num_pairs', 'num_blocks_m'])
 def _moe_down_kernel(
     a_ptr,  # [N, I] act(gate) * up, row = pair id
-    w_ptr,  # [E, H, I]
+    w_ptr,  # [E, H, I]; int8 when W_INT8
     out_ptr,  # [N, H] weighted expert outputs, dtype promote(act, topk_weights)
     topk_w_ptr,  # [N] routing weight of each pair
     sorted_ptr,
     block_expert_ptr,
+    scale_ptr,  # [E, H] per-output-row scale of the int8 weight (unused unless W_INT8)
     num_pairs,
     H,
     inter_size,
@@ -413,6 +439,8 @@ def _moe_down_kernel(
     stride_wn,
     stride_wk,
     stride_ot,
+    stride_se,
+    stride_sn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -420,6 +448,7 @@ def _moe_down_kernel(
     EVEN_K: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    W_INT8: tl.constexpr,  # int8 weights: dequantised in registers, scaled after the fp32 reduction
 ):
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -448,9 +477,12 @@ def _moe_down_kernel(
             k_ok = offs_k < inter_size - kb * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = _mma(a, w, acc, IEEE, UPCAST)
+        acc = _mma_w(a, w, acc, IEEE, UPCAST, W_INT8)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
+    if W_INT8:
+        s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
+        acc = acc * tl.load(s_ptrs).to(tl.float32)[None, :]
     route_w = tl.load(topk_w_ptr + pair64, mask=row_ok, other=0.0).to(tl.float32)  # [BM]
     y = acc.to(a_ptr.dtype.element_ty).to(tl.float32) * route_w[:, None]
     o_ptrs = out_ptr + pair64[:, None] * stride_ot + offs_n[None, :]
@@ -495,17 +527,27 @@ def fused_moe(
     *,
     config: MoeKernelConfig | None = None,
     out: torch.Tensor | None = None,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[t] = Σ_k w[t,k] · down_e(act(gate_e(x_t)) · up_e(x_t)),  e = topk_ids[t, k].
 
     Shapes: ``hidden [T, H]``; ``w_gate_up [E, 2I, H]`` (gate rows first, then up); ``w_down [E, H, I]``
-    (both in ``hidden.dtype``: fp32, fp16 or bf16; any strides); ``topk_weights [T, K]`` float (its
-    dtype sets the weighting precision: bf16 for Qwen3-MoE, fp32 for Gemma 4, see module docstring);
+    (both in ``hidden.dtype``: fp32, fp16 or bf16, or both int8 with scales, see below; any strides);
+    ``topk_weights [T, K]`` float (its dtype sets the weighting precision: bf16 for Qwen3-MoE, fp32 for
+    Gemma 4, see module docstring);
     ``topk_ids [T, K]`` int32/int64 with every id in [0, E) (unchecked: out-of-range pairs are skipped
     and leave their rows of the k-sum undefined). Returns ``out [T, H]`` in ``hidden.dtype`` (written
     into ``out`` when given). No host syncs; allocations come from the caching allocator, so the call
     is CUDA-graph capturable. ``config`` defaults to the tuned config for this GPU and shape
     (``moe_configs.tuned_moe_config``), else ``moe_kernel_config(T, H, I, E, K)``.
+
+    int8 weights (``reference_int8``'s format): pass both scales, ``w_gate_up_scale [E, 2I]`` and
+    ``w_down_scale [E, H]`` (float, per output row), with ``w_gate_up``/``w_down`` int8. Weight tiles are converted
+    to the activation dtype in registers, and each GEMM's fp32 result is multiplied by its row's scale before the
+    rounding to the activation dtype (so before the activation and before the routing weight): the oracle is
+    ``reference_moe.fused_moe_int8_reference``. Tuned configs come from the files for ``dtype=int8``
+    (bf16/fp16 activations; fp32 ones use the heuristic).
     """
     T, H = hidden.shape
     E, two_i, h_w = w_gate_up.shape
@@ -515,7 +557,18 @@ def fused_moe(
         raise ValueError(f"bad expert shapes {tuple(w_gate_up.shape)}, {tuple(w_down.shape)} for H={H}")
     if tuple(topk_ids.shape) != (T, K) or tuple(topk_weights.shape) != (T, K):
         raise ValueError("topk_ids and topk_weights must both be [T, K]")
-    if w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
+    w_int8 = w_gate_up_scale is not None or w_down_scale is not None
+    if w_int8:
+        if w_gate_up_scale is None or w_down_scale is None:
+            raise ValueError("int8 experts need both w_gate_up_scale and w_down_scale")
+        if w_gate_up.dtype != torch.int8 or w_down.dtype != torch.int8:
+            raise ValueError("with scales, the expert weights must be int8")
+        if tuple(w_gate_up_scale.shape) != (E, two_i) or tuple(w_down_scale.shape) != (E, H):
+            raise ValueError(f"scales must be [{E}, {two_i}] and [{E}, {H}], not "
+                             f"{tuple(w_gate_up_scale.shape)}, {tuple(w_down_scale.shape)}")
+        if not (w_gate_up_scale.is_floating_point() and w_down_scale.is_floating_point()):
+            raise ValueError("scales must be float tensors")
+    elif w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
         raise ValueError("expert weights must have hidden's dtype")
     if activation not in _ACT_CODES:
         raise ValueError(f"unknown activation {activation!r}")
@@ -526,8 +579,10 @@ def fused_moe(
     if T == 0:
         return out
     cfg = config
-    if cfg is None and tuned_configs_enabled():  # tuned for this GPU and shape (moe_configs), else the heuristic
-        cfg = tuned_moe_config(T, H, inter_size, E, K, hidden.dtype, device_name(hidden.device))
+    if cfg is None and tuned_configs_enabled() and not (w_int8 and hidden.element_size() > 2):
+        # tuned for this GPU and shape (moe_configs; int8 experts have their own files), else the heuristic
+        tuned_dtype = torch.int8 if w_int8 else hidden.dtype
+        cfg = tuned_moe_config(T, H, inter_size, E, K, tuned_dtype, device_name(hidden.device))
     if cfg is None:
         cfg = moe_kernel_config(T, H, inter_size, E, K)
         if hidden.element_size() > 2:
@@ -543,13 +598,14 @@ def fused_moe(
     inter = torch.empty(n_pairs, inter_size, dtype=hidden.dtype, device=dev)  # [T*K, I]
     gu = cfg.gate_up
     grid_gu = (max_blocks * triton.cdiv(inter_size, gu.block_n),)
+    gu_scale = w_gate_up_scale if w_gate_up_scale is not None else w_gate_up  # unused unless int8
     _moe_gate_up_kernel[grid_gu](
-        hidden, w_gate_up, inter, align.sorted_pair_ids, align.block_expert,
+        hidden, w_gate_up, inter, align.sorted_pair_ids, align.block_expert, gu_scale,
         n_pairs, H, inter_size, max_blocks,
         hidden.stride(0), hidden.stride(1), w_gate_up.stride(0), w_gate_up.stride(1), w_gate_up.stride(2),
-        inter.stride(0),
+        inter.stride(0), gu_scale.stride(0), gu_scale.stride(1),
         TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_M=bm, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
-        GROUP_M=gu.group_m, EVEN_K=H % gu.block_k == 0, IEEE=ieee, UPCAST=upcast,
+        GROUP_M=gu.group_m, EVEN_K=H % gu.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         num_warps=gu.num_warps, num_stages=gu.num_stages,
     )  # fmt: skip
 
@@ -561,13 +617,14 @@ def fused_moe(
     )
     dn = cfg.down
     grid_dn = (max_blocks * triton.cdiv(H, dn.block_n),)
+    dn_scale = w_down_scale if w_down_scale is not None else w_down  # unused unless int8
     _moe_down_kernel[grid_dn](
-        inter, w_down, pair_out, weights, align.sorted_pair_ids, align.block_expert,
+        inter, w_down, pair_out, weights, align.sorted_pair_ids, align.block_expert, dn_scale,
         n_pairs, H, inter_size, max_blocks,
         inter.stride(0), inter.stride(1), w_down.stride(0), w_down.stride(1), w_down.stride(2),
-        pair_out.stride(0),
+        pair_out.stride(0), dn_scale.stride(0), dn_scale.stride(1),
         BLOCK_M=bm, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, GROUP_M=dn.group_m,
-        EVEN_K=inter_size % dn.block_k == 0, IEEE=ieee, UPCAST=upcast,
+        EVEN_K=inter_size % dn.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         num_warps=dn.num_warps, num_stages=dn.num_stages,
     )  # fmt: skip
 

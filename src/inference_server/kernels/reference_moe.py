@@ -22,19 +22,29 @@ Numerics (what parity with HF transformers depends on, see reference/models.md Â
   - ``"index_add"`` mirrors HF's eager experts loop: ``out.index_add_`` in the activation dtype,
     experts in ascending id order, one rounding per added pair. In bf16 this differs from "pairs"
     by rounding; pin the HF ``experts_implementation`` when comparing bitwise.
+
+int8 experts (``fused_moe_int8_reference``): each expert GEMM is ``reference_int8.int8_linear_reference`` (the
+int8 weight times the activations accumulated in fp32, times the per-row scale, one rounding to the activation
+dtype), everything after it as above: the same contract as the int8 path of the Triton kernel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from inference_server.kernels.reference_int8 import int8_linear_reference
+
 Activation = Literal["silu", "gelu_tanh"]
 Accumulate = Literal["pairs", "index_add"]
 
-__all__ = ["Accumulate", "Activation", "apply_activation", "fused_moe_reference", "route_softmax_topk"]
+__all__ = ["Accumulate", "Activation", "apply_activation", "fused_moe_int8_reference", "fused_moe_reference",
+           "route_softmax_topk"]
+
+ExpertLinear = Callable[[torch.Tensor, int], torch.Tensor]  # (rows [n, in], expert) -> [n, out] in rows' dtype
 
 
 def apply_activation(x: torch.Tensor, activation: Activation) -> torch.Tensor:
@@ -88,10 +98,43 @@ def fused_moe_reference(
     ``topk_ids [T, K]`` (int, every id in [0, E)). Returns ``[T, H]`` in ``hidden.dtype``.
     Weights must share ``hidden``'s dtype. Host-syncs once (bincount) to loop over active experts.
     """
+    return _moe(hidden, lambda x, e: x @ w_gate_up[e].T, lambda h, e: h @ w_down[e].T, w_gate_up.shape[0],
+                w_gate_up.shape[1] // 2, topk_weights, topk_ids, activation, accumulate)
+
+
+def fused_moe_int8_reference(
+    hidden: torch.Tensor,
+    q_gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    q_down: torch.Tensor,
+    down_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: Activation,
+    accumulate: Accumulate = "pairs",
+) -> torch.Tensor:
+    """``fused_moe_reference`` with int8 experts: ``q_gate_up [E, 2I, H]`` int8 with ``gate_up_scale [E, 2I]``,
+    ``q_down [E, H, I]`` int8 with ``down_scale [E, H]`` (``reference_int8``'s format). Each expert GEMM is
+    ``int8_linear_reference`` (fp32 accumulation, scale after the reduction, rounded to ``hidden.dtype``)."""
+    return _moe(hidden, lambda x, e: int8_linear_reference(x, q_gate_up[e], gate_up_scale[e]),
+                lambda h, e: int8_linear_reference(h, q_down[e], down_scale[e]), q_gate_up.shape[0],
+                q_gate_up.shape[1] // 2, topk_weights, topk_ids, activation, accumulate)
+
+
+def _moe(
+    hidden: torch.Tensor,
+    gate_up: ExpertLinear,
+    down: ExpertLinear,
+    E: int,
+    inter: int,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: Activation,
+    accumulate: Accumulate,
+) -> torch.Tensor:
+    """The MoE block around the expert GEMMs ``gate_up`` (``[n, H] -> [n, 2I]``) and ``down`` (``[n, I] -> [n, H]``)."""
     T, H = hidden.shape
-    E, two_i, _ = w_gate_up.shape
     K = topk_ids.shape[1]
-    inter = two_i // 2
     order, counts = _group_pairs_by_expert(topk_ids, E)
     flat_w = topk_weights.reshape(-1)  # [T*K]
     buf_dtype = torch.promote_types(hidden.dtype, topk_weights.dtype)
@@ -108,9 +151,9 @@ def fused_moe_reference(
         pairs = order[start : start + n]  # [n] flat pair ids t*K + k, ascending
         start += n
         tokens = pairs // K  # [n]
-        gu = hidden[tokens] @ w_gate_up[e].T  # [n, 2I]
+        gu = gate_up(hidden[tokens], e)  # [n, 2I]
         h = apply_activation(gu[:, :inter], activation) * gu[:, inter:]  # [n, I]
-        y = (h @ w_down[e].T) * flat_w[pairs, None]  # [n, H], dtype promote(act, weights)
+        y = down(h, e) * flat_w[pairs, None]  # [n, H], dtype promote(act, weights)
         if accumulate == "pairs":
             acc[pairs] = y.to(buf_dtype)
         else:

@@ -1,0 +1,354 @@
+"""int8 weight-only kernels against bf16 at the real shapes: time, achieved HBM bandwidth, fraction of the limit.
+
+Two tables (markdown, to paste):
+
+* dense: ``kernels.int8_linear.int8_linear`` vs bf16 ``torch.nn.functional.linear`` (cuBLAS) at Gemma-4-31B's
+  projections as the model runs them (fused q/k/v and gate/up) and Qwen3-30B-A3B's attention;
+* MoE: ``kernels.fused_moe.fused_moe`` with int8 experts vs bf16 experts at Qwen3-30B-A3B's (E=128, H=2048,
+  I=768, top-8) and Gemma-4-26B-A4B's (E=128, H=2816, I=704, top-8) expert shapes, uniform random routing;
+
+for T = 1, 16, 64, 256 tokens. Times are device times: each measurement replays a CUDA graph of at least 10
+calls (as the engine's decode steps run) timed with CUDA events, median of ``--reps`` replays. Calls rotate over
+enough weight copies (dense) or fresh routings (MoE) that one call's weights are not in the 50 MB L2 from the
+previous call, as in a model where each layer reads its own weights.
+
+Bandwidth counts the bytes a perfect kernel must move: the weights (int8: plus the scales), the activations in
+and the output out (MoE: the experts the routing touches, counted per call). The fraction is of the measured HBM
+limit in ``bench/roofline.py`` (4.3 TB/s device-to-device copy on the lent H200) and of the 4.8 TB/s data-sheet
+figure. Past T ~ 100 (dense int8) the work is compute-bound and the fraction stops meaning much.
+
+  python3 bench/int8_kernels.py                  # on the H200: both tables, ~1-2 min (compiles included); rows
+                                                 # that would start after --budget-s (165 s) are listed as skipped
+  python3 bench/int8_kernels.py --sweep --write  # int8_linear configs at T = 1, 16 per dense shape, ~2 min;
+                                                 # writes src/inference_server/kernels/configs/int8_linear/*.json
+  TRITON_INTERPRET=1 uv run python bench/int8_kernels.py --device cpu --tiny --reps 1   # CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from roofline import HBM_BYTES_PER_S  # bench/ is on the path
+
+HBM_SPEC_BYTES_PER_S = 4.8e12  # H200 data sheet
+TOKENS = (1, 16, 64, 256)
+L2_BYTES = 50 * 2**20  # H200 (read from the device when there is one)
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    name: str
+    out_features: int  # N
+    in_features: int  # K
+
+
+@dataclass(frozen=True)
+class MoeCase:
+    name: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    activation: str
+    routing_dtype: torch.dtype  # Qwen3-MoE weights in bf16, Gemma 4 in fp32
+
+
+LINEAR_CASES = (
+    LinearCase("gemma-4-31b qkv (sliding)", 16384, 5376),
+    LinearCase("gemma-4-31b qk (full, k=v)", 18432, 5376),
+    LinearCase("gemma-4-31b o (sliding)", 5376, 8192),
+    LinearCase("gemma-4-31b o (full)", 5376, 16384),
+    LinearCase("gemma-4-31b gate_up", 43008, 5376),
+    LinearCase("gemma-4-31b down", 5376, 21504),
+    LinearCase("qwen3-30b-a3b qkv", 5120, 2048),
+    LinearCase("qwen3-30b-a3b o", 2048, 4096),
+)
+MOE_CASES = (
+    MoeCase("qwen3-30b-a3b experts", 128, 2048, 768, 8, "silu", torch.bfloat16),
+    MoeCase("gemma-4-26b-a4b experts", 128, 2816, 704, 8, "gelu_tanh", torch.float32),
+)
+TINY_LINEAR_CASES = (LinearCase("tiny", 37, 100),)
+TINY_MOE_CASES = (MoeCase("tiny experts", 8, 64, 24, 2, "silu", torch.bfloat16),)
+
+
+def linear_bytes(tokens: int, case: LinearCase, weight_bytes: int, act_bytes: int = 2) -> int:
+    """Bytes one linear call must move: weight (+ per-row scale for int8), input and output activations."""
+    n, k = case.out_features, case.in_features
+    scales = n * act_bytes if weight_bytes == 1 else 0
+    return n * k * weight_bytes + scales + tokens * (k + n) * act_bytes
+
+
+def moe_bytes(tokens: int, touched_experts: float, case: MoeCase, weight_bytes: int, act_bytes: int = 2) -> float:
+    """Bytes one MoE call must move: the touched experts' gate/up and down weights (+ their scales for int8),
+    the hidden states in and out."""
+    h, i = case.hidden, case.intermediate
+    per_expert = 3 * i * h * weight_bytes + ((2 * i + h) * act_bytes if weight_bytes == 1 else 0)
+    return touched_experts * per_expert + 2 * tokens * h * act_bytes
+
+
+def rotation(call_bytes: int, l2_bytes: int = L2_BYTES, max_copies: int = 16) -> int:
+    """Weight copies to cycle through so that at least 2x the L2 lies between two reads of one copy."""
+    return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(1, call_bytes))))
+
+
+def calls_per_graph(copies: int, at_least: int = 10) -> int:
+    """Calls in one timed graph: whole rounds over the copies, at least ``at_least``."""
+    return copies * math.ceil(at_least / copies)
+
+
+def fraction_row(label: str, tokens: int, bf16_s: float, bf16_bytes: float, int8_s: float, int8_bytes: float) -> str:
+    """One markdown row: times, achieved bandwidths, int8's fraction of the measured and data-sheet limits."""
+    int8_bw = int8_bytes / int8_s
+    return (f"| {label} | {tokens} | {bf16_s * 1e6:.1f} | {bf16_bytes / bf16_s / 1e12:.2f} | {int8_s * 1e6:.1f} | "
+            f"{int8_bw / 1e12:.2f} | {int8_bw / HBM_BYTES_PER_S:.2f} | {int8_bw / HBM_SPEC_BYTES_PER_S:.2f} | "
+            f"{bf16_s / int8_s:.2f}x |")
+
+
+TABLE_HEADER = ("| case | T | bf16 µs | bf16 TB/s | int8 µs | int8 TB/s | int8 of 4.3 TB/s | int8 of 4.8 TB/s "
+                "| int8 speed-up |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def time_calls(calls: list[Callable[[], object]], device: torch.device, reps: int) -> float:
+    """Median seconds per call. CUDA: a graph replaying ``calls`` in order, CUDA events around each replay.
+    CPU (dry run): wall time of each call."""
+    for call in calls:  # compile and warm outside the capture
+        call()
+    if device.type != "cuda":
+        times = []
+        for _ in range(max(1, reps)):
+            for call in calls:
+                started = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - started)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # a warm call on the capture stream (cuBLAS workspaces)
+        calls[0]()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(1, reps)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / len(calls))
+    del graph
+    return statistics.median(times)
+
+
+def bench_linear(case: LinearCase, tokens: int, device: torch.device, reps: int, l2_bytes: int) -> str:
+    from inference_server.kernels.int8_linear import int8_linear
+    from inference_server.kernels.reference_int8 import quantize_int8_per_channel
+
+    gen = torch.Generator(device).manual_seed(tokens)
+    n, k = case.out_features, case.in_features
+    x = torch.randn(tokens, k, generator=gen, device=device, dtype=torch.bfloat16)
+    results = []
+    for weight_bytes in (2, 1):
+        copies = rotation(n * k * weight_bytes, l2_bytes)
+        weights = [torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * k ** -0.5
+                   for _ in range(copies)]
+        if weight_bytes == 2:
+            fns = [lambda w=w: torch.nn.functional.linear(x, w) for w in weights]
+        else:
+            quantized = [quantize_int8_per_channel(w) for w in weights]
+            del weights
+            fns = [lambda q=q, s=s: int8_linear(x, q, s) for q, s in quantized]
+        calls = [fns[i % copies] for i in range(calls_per_graph(copies))]
+        results.append((time_calls(calls, device, reps), linear_bytes(tokens, case, weight_bytes)))
+        del fns, calls
+    (bf16_s, bf16_b), (int8_s, int8_b) = results
+    return fraction_row(f"{case.name} [{n}x{k}]", tokens, bf16_s, bf16_b, int8_s, int8_b)
+
+
+def bench_moe(case: MoeCase, tokens: int, device: torch.device, reps: int, experts: tuple) -> str:
+    from inference_server.kernels.fused_moe import fused_moe
+
+    w_gu, w_dn, q_gu, s_gu, q_dn, s_dn = experts
+    gen = torch.Generator(device).manual_seed(tokens)
+    x = torch.randn(tokens, case.hidden, generator=gen, device=device, dtype=torch.bfloat16)
+    routings = []
+    for _ in range(calls_per_graph(1)):  # a fresh routing per call: the touched experts change, as across layers
+        ids = torch.rand(tokens, case.experts, generator=gen, device=device).argsort(dim=1)[:, :case.top_k]
+        weights = torch.softmax(torch.randn(tokens, case.top_k, generator=gen, device=device), -1)
+        routings.append((ids, weights.to(case.routing_dtype)))
+    touched = statistics.mean(float(ids.unique().numel()) for ids, _ in routings)
+    bf16 = [lambda r=r: fused_moe(x, w_gu, w_dn, r[1], r[0], case.activation) for r in routings]
+    int8 = [lambda r=r: fused_moe(x, q_gu, q_dn, r[1], r[0], case.activation, w_gate_up_scale=s_gu,
+                                  w_down_scale=s_dn) for r in routings]
+    bf16_s, int8_s = time_calls(bf16, device, reps), time_calls(int8, device, reps)
+    label = f"{case.name} [E={case.experts} H={case.hidden} I={case.intermediate} K={case.top_k}]"
+    return fraction_row(label, tokens, bf16_s, moe_bytes(tokens, touched, case, 2), int8_s,
+                        moe_bytes(tokens, touched, case, 1))
+
+
+def make_experts(case: MoeCase, device: torch.device) -> tuple:
+    from inference_server.kernels.reference_int8 import quantize_int8_per_channel
+
+    gen = torch.Generator(device).manual_seed(0)
+    e, h, i = case.experts, case.hidden, case.intermediate
+    w_gu = torch.randn(e, 2 * i, h, generator=gen, device=device, dtype=torch.bfloat16) * h ** -0.5
+    w_dn = torch.randn(e, h, i, generator=gen, device=device, dtype=torch.bfloat16) * i ** -0.5
+    return (w_gu, w_dn, *quantize_int8_per_channel(w_gu), *quantize_int8_per_channel(w_dn))
+
+
+SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t is the heuristic's for the token count
+    (32, 128, 1, 4, 4), (32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 128, 1, 4, 6), (64, 256, 1, 4, 3),
+    (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 256, 4, 4, 3), (64, 128, 8, 4, 4), (128, 128, 1, 8, 3),
+    (128, 128, 2, 8, 3), (128, 64, 4, 8, 4),
+)
+
+
+def sweep_candidates(heuristic: Any) -> list[Any]:
+    """The heuristic config first, then the sweep's tiles at its token tile."""
+    from inference_server.kernels.int8_linear_configs import Int8LinearConfig
+
+    found = [heuristic]
+    for bn, bk, split, warps, stages in SWEEP:
+        cfg = Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages)
+        if cfg not in found:
+            found.append(cfg)
+    return found
+
+
+def sweep(device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCase, ...], tokens: list[int],
+          out_dir: Path | None) -> None:
+    """Time int8_linear's candidate configs per dense shape and token count; print the heuristic's and the best
+    time; with ``out_dir``, write each shape's best configs where ``int8_linear`` reads them."""
+    import json
+
+    import triton
+
+    from inference_server.kernels.int8_linear import int8_linear, int8_linear_config
+    from inference_server.kernels.int8_linear_configs import config_file_name, config_to_json
+    from inference_server.kernels.moe_configs import device_name
+    from inference_server.kernels.reference_int8 import int8_linear_reference, quantize_int8_per_channel
+
+    print("| case | T | heuristic config | heuristic µs | best config | best µs | best int8 of 4.3 TB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for case in cases:
+        n, k = case.out_features, case.in_features
+        gen = torch.Generator(device).manual_seed(1)
+        copies = rotation(n * k, l2_bytes)
+        quantized = [quantize_int8_per_channel(torch.randn(n, k, generator=gen, device=device) * k ** -0.5,
+                                               torch.bfloat16) for _ in range(copies)]
+        best_configs: dict[str, dict[str, int]] = {}
+        records = []
+        for t in tokens:
+            x = torch.randn(t, k, generator=gen, device=device, dtype=torch.bfloat16)
+            expected = int8_linear_reference(x, *quantized[0]).float()
+            heuristic = int8_linear_config(t, n, k)
+            timed: dict[Any, float] = {}
+            for cfg in sweep_candidates(heuristic):
+                try:
+                    got = int8_linear(x, *quantized[0], config=cfg).float()
+                except Exception as err:  # out of shared memory and the like: not a candidate
+                    print(f"  skip {_short(cfg)}: {type(err).__name__}", file=sys.stderr)
+                    continue
+                if (got - expected).abs().max() > 2**-6 * expected.abs().max():
+                    print(f"  skip {_short(cfg)}: output differs", file=sys.stderr)
+                    continue
+                calls = [lambda x=x, q=q, s=s, c=cfg: int8_linear(x, q, s, config=c) for q, s in quantized]
+                timed[cfg] = time_calls([calls[i % copies] for i in range(calls_per_graph(copies))], device, reps)
+            best = min(timed, key=timed.__getitem__)
+            best_bw = linear_bytes(t, case, 1) / timed[best]
+            print(f"| {case.name} [{n}x{k}] | {t} | {_short(heuristic)} | {timed[heuristic] * 1e6:.1f} | "
+                  f"{_short(best)} | {timed[best] * 1e6:.1f} | {best_bw / HBM_BYTES_PER_S:.2f} |", flush=True)
+            best_configs[str(t)] = config_to_json(best)
+            records.append(dict(tokens=t, best=_short(best), us=round(timed[best] * 1e6, 2),
+                                heuristic_us=round(timed[heuristic] * 1e6, 2)))
+        del quantized
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / config_file_name(device_name(device), n, k, torch.bfloat16)
+            meta = dict(case=case.name, torch=torch.__version__, triton=triton.__version__)
+            path.write_text(json.dumps(dict(meta=meta, configs=best_configs, sweep=records), indent=1) + "\n")
+            print(f"  wrote {path}", flush=True)
+
+
+def _short(cfg: Any) -> str:
+    c = cfg.__dict__
+    return f"n{c['block_n']} t{c['block_t']} k{c['block_k']} s{c['split_k']} w{c['num_warps']} st{c['num_stages']}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU dry run under TRITON_INTERPRET=1)")
+    parser.add_argument("--sweep", action="store_true", help="time int8_linear configs instead (--tokens 1,16)")
+    parser.add_argument("--write", action="store_true", help="with --sweep: write the best configs for int8_linear")
+    parser.add_argument("--out-dir", type=Path, default=None, help="with --write; default: the engine's directory")
+    parser.add_argument("--only", choices=("dense", "moe"), default=None)
+    parser.add_argument("--budget-s", type=float, default=165.0,
+                        help="start no new row after this many seconds (the rows left are listed as skipped)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    linear_cases = TINY_LINEAR_CASES if args.tiny else LINEAR_CASES
+    moe_cases = TINY_MOE_CASES if args.tiny else MOE_CASES
+    l2_bytes = L2_BYTES
+    if device.type == "cuda":
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", L2_BYTES) or L2_BYTES
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"# int8 kernels on {name}: torch {torch.__version__}, triton {__import__('triton').__version__}, "
+          f"median of {args.reps} graph replays", flush=True)
+    if args.sweep:
+        from inference_server.kernels.int8_linear_configs import CONFIG_DIR
+
+        sweep_tokens = tokens if args.tokens != parser.get_default("tokens") else [1, 16]
+        sweep(device, args.reps, l2_bytes, linear_cases, sweep_tokens,
+              (args.out_dir or CONFIG_DIR) if args.write else None)
+        return 0
+    started = time.monotonic()
+
+    def in_budget(label: str, t: int) -> bool:
+        if time.monotonic() - started < args.budget_s:
+            return True
+        print(f"| {label} | {t} | skipped: past --budget-s {args.budget_s:.0f} |", flush=True)
+        return False
+
+    if args.only in (None, "dense"):
+        print("\n" + TABLE_HEADER, flush=True)
+        for case in linear_cases:
+            for t in tokens:
+                if in_budget(case.name, t):
+                    print(bench_linear(case, t, device, args.reps, l2_bytes), flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the next shape's weight copies
+    if args.only in (None, "moe"):
+        print("\n" + TABLE_HEADER, flush=True)
+        for case in moe_cases:
+            experts = make_experts(case, device)
+            for t in tokens:
+                if in_budget(case.name, t):
+                    print(bench_moe(case, t, device, args.reps, experts), flush=True)
+            del experts
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
