@@ -82,6 +82,16 @@ class EngineCounts:
 
 
 @attrs.frozen
+class KVCacheSnapshot:
+    """Every block hash in the prefix cache now, and the last ``KVBlocksChanged`` batch already reflected:
+    applying the batches numbered after ``seq`` in order keeps a copy exact (``core/kv_events.py``)."""
+
+    seq: int
+    block_size: int
+    hashes: tuple[int, ...]
+
+
+@attrs.frozen
 class EngineParts:
     """Everything the actors own, built (model loaded, KV sized) before the nursery opens."""
 
@@ -197,6 +207,13 @@ class Engine:
             kv_sequences=kv.num_sequences, kv_blocks_in_use=sum(p.num_referenced for p in pools),
             kv_blocks_cached=sum(p.num_cached - _referenced_cached(p) for p in pools))
 
+    def kv_cache_snapshot(self) -> KVCacheSnapshot:
+        """The prefix cache's block hashes (for ``GET /kv/events``; call it where no checkpoint separates
+        it from subscribing to telemetry, so no batch falls between the two)."""
+        kv = self.parts.kv
+        hashes = () if kv.prefix_cache is None else tuple(kv.prefix_cache.block_hashes())
+        return KVCacheSnapshot(kv.events.last_seq, kv.block_size, hashes)
+
     def check_integrity(self) -> None:
         """Assert the engine is consistent and, when idle, holds nothing but prefix-cache blocks: no
         requests, no stream entries, no KV sequences, no referenced blocks. Raises ``AssertionError``."""
@@ -262,7 +279,7 @@ class Engine:
 
         depth = 1 if parts.overlap else 0
         self.executor = Executor(as_pipeline(parts.step), plan_receive, result_send, depth=depth)
-        kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send, parts.allocate)
+        kv_allocator = KVAllocator(parts.kv, demand_receive, grant_send, parts.allocate, emit)
         kv = parts.kv
         self.scheduler_actor = SchedulerActor(
             self.scheduler, to_scheduler_receive, abort_receive, demand_send, grant_receive, plan_send,

@@ -168,6 +168,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.keys: dict[int, str | None] = {}
         self.released: list[int] = []
         self.next_id = 0
+        self.published: set[int] = set()  # the prefix cache's block hashes as a router rebuilds them from events
 
     def _label(self, seq_id: int, position: int) -> Label:
         return (self.keys[seq_id], *self.tokens[seq_id][: position + 1])
@@ -259,6 +260,13 @@ class KVManagerMachine(RuleBasedStateMachine):
     @invariant()
     def integrity_and_contents(self) -> None:
         self.manager.check_integrity()
+        batch = self.manager.events.take()
+        if batch is not None:
+            assert not set(batch.stored) & set(batch.removed)
+            self.published = (self.published | set(batch.stored)) - set(batch.removed)
+        cache = self.manager.prefix_cache
+        assert cache is not None
+        assert self.published == set(cache.block_hashes())  # the event stream reproduces the cache exactly
         for seq_id in self.tokens:
             self._check_reads(seq_id, first_query=self.manager.num_tokens(seq_id))
 

@@ -43,6 +43,7 @@ from typing import cast
 import attrs
 
 from inference_server.core.block_pool import BlockPool, OutOfBlocksError, require
+from inference_server.core.kv_events import KVEventLog
 from inference_server.core.radix_cache import ExtraKey, PrefixBlocks, RadixCache, first_block_in_window
 
 SequenceId = Hashable
@@ -97,12 +98,15 @@ class KVManager:
         self.sliding_window = sliding_window
         self.full_pool = BlockPool(num_full_blocks, name="full")
         self.sliding_pool = None if sliding_window is None else BlockPool(num_sliding_blocks, name="sliding")
+        self.events = KVEventLog()
+        """The prefix cache's inserted and evicted block hashes (the KV allocator publishes them per step)."""
         self.prefix_cache = (
             RadixCache(
                 block_size=block_size,
                 full_pool=self.full_pool,
                 sliding_pool=self.sliding_pool,
                 sliding_window=sliding_window,
+                events=self.events,
             )
             if enable_prefix_cache
             else None

@@ -34,6 +34,11 @@ evicting unreferenced leaves can reclaim every evictable full block. A sliding b
 by a holder of the same node's full block, so a full leaf with refcount 0 has an unreferenced sliding
 block. LRU order is the order in which blocks were last released (the pool keeps it); a sequence
 releases its full blocks tail first, so the oldest evictable full block is normally a leaf.
+
+**Block hashes.** Every node carries the chained hash of its path (``core/block_hashes.py``), and the cache
+reports each node it adds or removes by that hash to its ``KVEventLog`` (``core/kv_events.py``): the
+stream a multi-replica router indexes. Sliding-block tombstones are not reported (they only shorten some
+future matches, which a router's estimate may ignore).
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from collections.abc import Sequence
 
 import attrs
 
+from inference_server.core.block_hashes import block_hash, root_hash
 from inference_server.core.block_pool import BlockPool, IntegrityError, require
+from inference_server.core.kv_events import KVEventLog
 
 ExtraKey = str | None
 
@@ -76,6 +83,7 @@ class _Node:
     extra_key: ExtraKey
     full_block: int = -1  # -1 only on a root
     sliding_block: int | None = None
+    block_hash: int = 0  # the chained hash of the path to this node (a root: its extra key's root hash)
     children: dict[tuple[int, ...], _Node] = attrs.Factory(dict)
 
 
@@ -89,6 +97,7 @@ class RadixCache:
         full_pool: BlockPool,
         sliding_pool: BlockPool | None = None,
         sliding_window: int | None = None,
+        events: KVEventLog | None = None,
     ) -> None:
         if (sliding_pool is None) != (sliding_window is None):
             raise ValueError("sliding_pool and sliding_window go together")
@@ -98,6 +107,7 @@ class RadixCache:
         self._full_pool = full_pool
         self._sliding_pool = sliding_pool
         self._window = sliding_window
+        self._events = events
         self._roots: dict[ExtraKey, _Node] = {}
         self._node_by_full_block: dict[int, _Node] = {}
         self._node_by_sliding_block: dict[int, _Node] = {}
@@ -109,6 +119,10 @@ class RadixCache:
     def num_nodes(self) -> int:
         """Cached blocks in the full group (one per node)."""
         return len(self._node_by_full_block)
+
+    def block_hashes(self) -> list[int]:
+        """The chained hash of every cached block (a snapshot for ``KVEventLog`` consumers)."""
+        return [node.block_hash for node in self._node_by_full_block.values()]
 
     # ---- lookup ------------------------------------------------------------------------------------
 
@@ -177,7 +191,10 @@ class RadixCache:
             raise ValueError(f"insert of {num_blocks} whole blocks got {blocks}")
         if num_blocks == 0:
             return blocks
-        node = self._roots.setdefault(extra_key, _Node(tokens=(), parent=None, extra_key=extra_key))
+        node = self._roots.get(extra_key)
+        if node is None:
+            node = self._roots[extra_key] = _Node(tokens=(), parent=None, extra_key=extra_key,
+                                                  block_hash=root_hash(extra_key))
         full_out: list[int] = []
         sliding_out: list[int | None] = []
         for index in range(num_blocks):
@@ -195,8 +212,11 @@ class RadixCache:
         return PrefixBlocks(tuple(full_out), tuple(sliding_out))
 
     def _add_child(self, parent: _Node, key: tuple[int, ...], full_block: int, sliding_block: int | None) -> _Node:
-        child = _Node(tokens=key, parent=parent, extra_key=parent.extra_key, full_block=full_block)
+        child = _Node(tokens=key, parent=parent, extra_key=parent.extra_key, full_block=full_block,
+                      block_hash=block_hash(parent.block_hash, key))
         parent.children[key] = child
+        if self._events is not None:
+            self._events.stored(child.block_hash)
         self._full_pool.mark_cached(full_block)
         self._node_by_full_block[full_block] = child
         if sliding_block is not None:
@@ -251,6 +271,8 @@ class RadixCache:
         assert parent is not None and not node.children
         del parent.children[node.tokens]
         del self._node_by_full_block[node.full_block]
+        if self._events is not None:
+            self._events.removed(node.block_hash)
         self._full_pool.uncache(node.full_block)
         if node.sliding_block is not None:
             assert self._sliding_pool is not None
@@ -277,6 +299,7 @@ class RadixCache:
         seen_sliding: set[int] = set()
         for extra_key, root in self._roots.items():
             require(root.parent is None and root.extra_key == extra_key, f"bad root {extra_key!r}")
+            require(root.block_hash == root_hash(extra_key), f"bad root hash under {extra_key!r}")
             require(bool(root.children), f"empty root {extra_key!r} kept")
             stack = [root]
             while stack:
@@ -296,6 +319,7 @@ class RadixCache:
         require(node.parent is parent and node.tokens == key, "parent/child link broken")
         require(len(key) == self.block_size, f"edge label of {len(key)} tokens")
         require(node.extra_key == parent.extra_key, "node under the wrong extra key")
+        require(node.block_hash == block_hash(parent.block_hash, key), "block hash does not chain")
         require(node.full_block not in seen_full, f"full block {node.full_block} in two nodes")
         seen_full.add(node.full_block)
         require(self._full_pool.is_cached(node.full_block), f"full block {node.full_block} not marked cached")

@@ -41,6 +41,7 @@ from inference_server.http.connection import ConnectionPolicy
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
 from inference_server.http.debug import DebugRoutes
 from inference_server.http.errors import ApiError, from_http_status, internal_error
+from inference_server.http.kv_events import KVEventRoutes
 from inference_server.http.native import NativeRoutes
 from inference_server.http.observability import ObservabilityRoutes
 from inference_server.http.openai import OpenAIRoutes
@@ -99,6 +100,8 @@ def _routes(state: AppState) -> list[Route]:
         Route("GET", "/scheduler/stats", observability.stats, "latency percentiles, throughput, queue, KV usage"),
         Route("GET", "/telemetry/tail", observability.tail, "live NDJSON telemetry (?session_id=&trace_id=&steps=0)",
               query=("session_id", "trace_id", "steps"), content_type="application/x-ndjson"),
+        Route("GET", "/kv/events", KVEventRoutes(state).events, "live NDJSON of the prefix cache's block hashes "
+              "(snapshot, then inserted/evicted per step; for routers)", content_type="application/x-ndjson"),
         Route("GET", "/health", service.health, "liveness: 200 while the process runs"),
         Route("GET", "/ready", service.ready, "readiness: 503 while starting, draining, failed or stalled"),
         Route("GET", "/debug/engine", DebugRoutes(state).engine, "what the engine holds now (leak checks)"),

@@ -84,5 +84,16 @@ class StepCompleted:
     plan with overlap: a token sampled for a request that stopped or was preempted meanwhile is discarded."""
 
 
+@attrs.frozen
+class KVBlocksChanged:
+    """The prefix cache's changes over one step, by chained block hash (``core/kv_events.py``): numbered
+    ``seq`` = 1, 2, 3, ... so a consumer (``GET /kv/events``, a multi-replica router) notices a lost batch."""
+
+    time: float
+    seq: int
+    stored: tuple[int, ...]
+    removed: tuple[int, ...]
+
+
 TelemetryEvent = (RequestQueued | RequestRejected | RequestStarted | FirstToken | RequestFinished
-                  | StepCompleted)
+                  | StepCompleted | KVBlocksChanged)

@@ -12,6 +12,7 @@ from typing import Any
 
 from inference_server.telemetry.events import (
     FirstToken,
+    KVBlocksChanged,
     RequestFinished,
     RequestQueued,
     RequestRejected,
@@ -42,6 +43,11 @@ class TailFilter:
         """The line to print for ``event``, or None when the filter hides it."""
         if isinstance(event, StepCompleted):
             return self._step(event)
+        if isinstance(event, KVBlocksChanged):  # counts only; GET /kv/events carries the hashes
+            if self.filtered or not self.steps:
+                return None
+            return {"event": "kv_blocks", "t": event.time, "seq": event.seq, "stored": len(event.stored),
+                    "removed": len(event.removed)}
         if isinstance(event, RequestQueued):
             if not self._matches(event.session_id, event.trace_id):
                 return None
