@@ -64,7 +64,7 @@ def _json_or_none(body: bytes) -> Any:
         return None
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, slots=False)
 class Front:
     """The front's state: replicas, index, policy, the HTTP client and the router's metrics."""
 
