@@ -31,6 +31,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.datastructures import Headers
 
 from control_plane.metrics_merge import merge_expositions
 from control_plane.prefix_index import PrefixIndex
@@ -165,8 +166,8 @@ class Front:
         self.in_flight_gauge.labels(str(replica.replica_id)).set(replica.load.in_flight)
 
     async def _respond(self, replica: Replica, generation: int, upstream: httpx.Response) -> Response:
-        headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP]
-        headers.append((REPLICA_HEADER, str(replica.replica_id)))
+        headers = Headers([(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP])
+        headers.add(REPLICA_HEADER, str(replica.replica_id))
         content_type = upstream.headers.get("content-type", "")
         if not content_type.startswith(STREAMING_TYPES):
             try:
@@ -181,7 +182,7 @@ class Front:
         body = self._stream(replica, generation, upstream, ending, content_type.startswith("text/event-stream"))
         weakref.finalize(body, ending.abandoned).atexit = False  # Quart never started the body: client gone
         response = Response(body, status=upstream.status_code, headers=headers)
-        response.timeout = None  # type: ignore[assignment]
+        response.timeout = None
         return response
 
     async def _stream(self, replica: Replica, generation: int, upstream: httpx.Response, ending: _Ending,

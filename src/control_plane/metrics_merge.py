@@ -32,5 +32,5 @@ def merge_expositions(by_replica: Mapping[int, str], own: CollectorRegistry | No
                 target = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
             target.samples += [s._replace(labels={**s.labels, "replica": str(replica)}) for s in family.samples]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged(list(merged.values())))  # type: ignore[arg-type]
+    registry.register(_Merged(list(merged.values())))
     return generate_latest(registry) + (generate_latest(own) if own is not None else b"")

@@ -20,7 +20,7 @@ import httpx
 import trio
 
 from control_plane.prefix_index import PrefixIndex
-from control_plane.replicas import ReplicaSource
+from control_plane.replicas import ReplicaGone, ReplicaSource
 from control_plane.router import ReplicaLoad
 from inference_server.core.block_hashes import HASH_SCHEME
 
@@ -73,7 +73,11 @@ class Replica:
 async def follow(replica: Replica, source: ReplicaSource, index: PrefixIndex, client: httpx.AsyncClient) -> None:
     """Keep ``replica``'s health, load and index entries current, forever (cancel to stop)."""
     while True:
-        replica.url = await source.address(replica.replica_id)
+        try:
+            replica.url = await source.address(replica.replica_id)
+        except ReplicaGone as error:
+            log.error("replica %d will not come back: %s", replica.replica_id, error)
+            return
         reason = "feed ended"
         try:
             if await _read_feed(replica, index, client):

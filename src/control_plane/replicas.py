@@ -11,6 +11,10 @@ from typing import Protocol
 import trio
 
 
+class ReplicaGone(RuntimeError):
+    """A replica that will not come back (its restarts are spent): the front stops waiting for it."""
+
+
 class ReplicaSource(Protocol):
     @property
     def count(self) -> int: ...

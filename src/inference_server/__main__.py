@@ -1,5 +1,5 @@
-"""Command line: ``inference-server serve``, ``generate PROMPT...``, ``export-tokenizer DIR``, ``tail`` and
-``report RUN.sqlite``.
+"""Command line: ``inference-server serve``, ``generate PROMPT...``, ``export-tokenizer DIR``, ``tail``,
+``report RUN.sqlite`` and ``cluster`` (replicas behind a routing front: the ``control_plane`` package).
 
 The only place argv is read. Every setting of ``config.Settings`` is also a flag (``MAX_BATCH_SIZE`` is
 ``--max-batch-size``); flags override the environment and ``.env``.
@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tail.add_parser(commands)
     report.add_parser(commands)
+    from control_plane import cli as cluster
+
+    cluster.add_parser(commands)
     return parser
 
 
@@ -111,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from inference_server.cli import report, tail
 
         return tail.run(args) if args.command == "tail" else report.run(args)
+    if args.command == "cluster":  # the front and its replicas read their settings themselves
+        from control_plane import cli as cluster
+
+        return cluster.run(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as error:

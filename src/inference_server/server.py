@@ -22,12 +22,19 @@ Shutdown on SIGTERM or SIGINT (exit status 0):
 A second signal during the drain ends the in-flight requests at once. If the engine fails, every in-flight
 request has already received a terminal error event (the supervisor's failure policy); the server then
 stops the same way and exits with status 1.
+
+**In a thread other than the main one** (a replica inside a Ray actor, ``control_plane``): signal handlers
+can only be installed in the main thread, so ``run_server(..., controls=ThreadControls())`` takes its
+"signals" from ``ThreadControls.stop`` (callable from any thread; a second call acts as a second signal)
+and reports the bound URLs through ``ThreadControls.listening``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import threading
@@ -60,12 +67,51 @@ def serve(settings: Settings) -> int:
     return run_server(built.parts, settings)
 
 
-def run_server(parts: EngineParts, settings: Settings, *, coalesce: bool = True) -> int:
+class ThreadControls:
+    """Stop and readiness for a server run outside the main thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.listening = threading.Event()
+        self.urls: list[str] = []
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._send: trio.MemorySendChannel[int] | None = None
+
+    def stop(self) -> None:
+        """Like SIGTERM (again: like a second one); from any thread, never blocks; ignored before start."""
+        token, send = self._token, self._send
+        if token is not None and send is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(send.send_nowait, int(signal.SIGTERM))
+
+    def responsive(self, timeout: float) -> bool:
+        """Whether the server's event loop runs a callback within ``timeout`` seconds (a health probe from
+        another thread: False when the loop is wedged or gone)."""
+        token, answered = self._token, threading.Event()
+        if token is None:
+            return False
+        try:
+            token.run_sync_soon(answered.set)
+        except trio.RunFinishedError:
+            return False
+        return answered.wait(timeout)
+
+    def _open(self) -> trio.MemoryReceiveChannel[int]:
+        self._send, receive = trio.open_memory_channel[int](math.inf)
+        self._token = trio.lowlevel.current_trio_token()
+        return receive
+
+    def _listening(self, urls: list[str]) -> None:
+        self.urls = list(urls)
+        self.listening.set()
+
+
+def run_server(parts: EngineParts, settings: Settings, *, coalesce: bool = True,
+               controls: ThreadControls | None = None) -> int:
     """Serve an engine built from ``parts`` (see the module docstring); 0 after a signal, 1 after an engine
-    failure or when the address cannot be bound."""
+    failure or when the address cannot be bound. ``controls``: run without signal handlers (any thread)."""
     exit_code = EXIT_FAILED
     try:
-        exit_code = trio.run(_serve, parts, settings, coalesce)
+        exit_code = trio.run(_serve, parts, settings, coalesce, controls)
     except* OSError as errors:  # the address is in use, the host does not resolve, ...
         for error in _leaves(errors):
             log.error("cannot serve on %s:%s: %s", settings.host, settings.port, error)
@@ -92,23 +138,28 @@ class Shutdown:
         self.requested.set()
 
 
-async def _serve(parts: EngineParts, settings: Settings, coalesce: bool) -> int:
+async def _serve(parts: EngineParts, settings: Settings, coalesce: bool, controls: ThreadControls | None) -> int:
     shutdown = Shutdown()
     engine = Engine(parts)
     # Telemetry sinks go on before the engine starts; the file sinks are closed (flushed, writer threads
     # joined) after it stopped, whichever way it stopped.
     observability = Observability.attach(engine.telemetry, parts.model_name, settings)
     try:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with contextlib.ExitStack() as stack:
+            signals: AsyncIterator[int] = (
+                stack.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)) if controls is None
+                else controls._open())
             async with trio.open_nursery() as nursery:
-                await _serve_engine(engine, observability, settings, coalesce, shutdown, signals, nursery)
+                binds = await _serve_engine(engine, observability, settings, coalesce, shutdown, signals, nursery)
+                if controls is not None:
+                    controls._listening(binds)
     finally:
         observability.close()
     return shutdown.exit_code
 
 
 async def _serve_engine(engine: Engine, observability: Observability, settings: Settings, coalesce: bool,
-                        shutdown: Shutdown, signals: AsyncIterator[int], nursery: trio.Nursery) -> None:
+                        shutdown: Shutdown, signals: AsyncIterator[int], nursery: trio.Nursery) -> list[str]:
     await nursery.start(supervise_engine, engine, shutdown.request)
     app = create_app(engine, settings, coalesce=coalesce, observability=observability)
     _freeze_startup_heap()
@@ -121,6 +172,7 @@ async def _serve_engine(engine: Engine, observability: Observability, settings: 
     for bind in binds:
         print(f"inference-server listening on {bind}", flush=True)
         log.info("serving %s on %s", engine.info.model_name, bind)
+    return list(binds)
 
 
 def _freeze_startup_heap() -> None:
@@ -214,4 +266,4 @@ def _hypercorn_config(settings: Settings) -> Config:
     return config
 
 
-__all__ = ["run_server", "serve", "supervise_engine"]
+__all__ = ["ThreadControls", "run_server", "serve", "supervise_engine"]
