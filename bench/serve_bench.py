@@ -35,6 +35,17 @@ linearly like numpy's default):
 * Server CPU: cores used per thread of the server process (and its children), from /proc; the server's pid is
   ``--server-pid`` or the process listening on the URL's port (local servers only).
 * Client CPU: this process's CPU time over the duration; above ~0.8 the client may be what limits the run.
+
+``--dataset shared-prefix`` (multi-turn chat with long system prompts, what prefix-aware routing is for):
+``--num-sessions`` sessions, each on one of ``--num-groups`` system prompts of ``--system-len`` random tokens
+(session ``k`` uses prompt ``k % groups``), each running ``--turns`` turns one after another: turn ``t``'s prompt
+is the system prompt, then every earlier turn's user message (``--user-len`` tokens) and answer
+(``--output-len`` tokens, seeded random: the server caches the prompt it was sent, so the next turn shares
+all of it), then the new user message. Each request carries its session (``user`` / ``session_id``). At most
+``--concurrency`` sessions run at once (0: all); ``--num-prompts`` is ignored.
+
+    uv run python bench/serve_bench.py --port 8000 --dataset shared-prefix --num-groups 8 --system-len 2048 \
+        --num-sessions 64 --turns 4 --user-len 128 --output-len 128 --concurrency 32
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ PERCENTILES = (50.0, 99.0)
 class BenchRequest:
     prompt_ids: tuple[int, ...]
     output_len: int
+    session: str | None = None
 
 
 def random_requests(count: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
@@ -91,16 +103,42 @@ def random_requests(count: int, input_len: int, output_len: int, range_ratio: fl
     return requests
 
 
+def shared_prefix_sessions(num_sessions: int, num_groups: int, system_len: int, turns: int, user_len: int,
+                           output_len: int, vocab_size: int, seed: int) -> list[list[BenchRequest]]:
+    """``num_sessions`` sessions of ``turns`` requests each (see the module docstring), all from
+    ``random.Random(seed)``."""
+    rng = random.Random(seed)
+
+    def tokens(count: int) -> list[int]:
+        return [rng.randrange(vocab_size) for _ in range(count)]
+
+    systems = [tokens(system_len) for _ in range(max(1, num_groups))]
+    sessions = []
+    for index in range(num_sessions):
+        history = list(systems[index % len(systems)])
+        session = []
+        for _ in range(turns):
+            history += tokens(user_len)
+            session.append(BenchRequest(tuple(history), output_len, f"session-{seed}-{index}"))
+            history += tokens(output_len)
+        sessions.append(session)
+    return sessions
+
+
 def request_body(endpoint: str, model: str | None, request: BenchRequest) -> bytes:
     common: dict[str, Any] = {"max_tokens": request.output_len, "ignore_eos": True, "temperature": 0,
                               "stream": True}
     if endpoint == "/generate":
         body = {"prompt_token_ids": list(request.prompt_ids), **common}
+        if request.session:
+            body["session_id"] = request.session
     else:
         body = {"prompt": list(request.prompt_ids), **common, "stream_options": {"include_usage": True},
                 "return_token_ids": True}
         if model:
             body["model"] = model
+        if request.session:
+            body["user"] = request.session
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -236,6 +274,35 @@ async def run_requests(host: str, port: int, endpoint: str, model: str | None, r
     return results
 
 
+async def run_sessions(host: str, port: int, endpoint: str, model: str | None,
+                       sessions: Sequence[Sequence[BenchRequest]], concurrency: int,
+                       timeout: float) -> list[RequestResult]:
+    """Run each session's requests one after another, at most ``concurrency`` sessions at once (0: all)."""
+    limiter = trio.CapacityLimiter(concurrency or max(len(sessions), 1))
+    idle: list[SSEConnection] = []
+    results: list[RequestResult] = []
+
+    async def one(session: Sequence[BenchRequest]) -> None:
+        async with limiter:
+            connection = idle.pop() if idle else SSEConnection(host, port)
+            try:
+                for request in session:
+                    result = RequestResult(len(request.prompt_ids), request.output_len)
+                    results.append(result)
+                    await send(connection, endpoint, request_body(endpoint, model, request), result, timeout)
+            finally:
+                idle.append(connection)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(one, session)
+    finally:
+        for connection in idle:
+            await connection.close()
+    return results
+
+
 # -- the report ----------------------------------------------------------------------------------------------
 
 
@@ -347,6 +414,12 @@ class BenchConfig:
     server_pid: int = 0  # 0: the process listening on the URL's port; -1: do not sample the server's CPU
     gpu_index: int = 0
     request_timeout: float = 600.0
+    dataset: str = "random"  # or "shared-prefix"
+    num_groups: int = 8
+    system_len: int = 2048
+    num_sessions: int = 64
+    turns: int = 4
+    user_len: int = 128
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -372,6 +445,9 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
     vocab_size = config.vocab_size or await trio.to_thread.run_sync(model_vocab_size, config.url)
     requests = random_requests(config.num_prompts, config.input_len, config.output_len, config.range_ratio,
                                vocab_size, config.seed)
+    sessions = (shared_prefix_sessions(config.num_sessions, config.num_groups, config.system_len, config.turns,
+                                       config.user_len, config.output_len, vocab_size, config.seed)
+                if config.dataset == "shared-prefix" else None)
     if config.warmup:
         warmup = random_requests(config.warmup, config.input_len, config.warmup_output_len or config.output_len,
                                  config.range_ratio, vocab_size, config.seed + 1_000_003)
@@ -385,8 +461,12 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
     before = server.snapshot() if server else None
     gpu.start()
     cpu0 = time.process_time()
-    results = await run_requests(host, port, config.endpoint, config.model, requests, config.concurrency,
-                                 config.request_rate, config.seed, config.request_timeout)
+    if sessions is not None:
+        results = await run_sessions(host, port, config.endpoint, config.model, sessions, config.concurrency,
+                                     config.request_timeout)
+    else:
+        results = await run_requests(host, port, config.endpoint, config.model, requests, config.concurrency,
+                                     config.request_rate, config.seed, config.request_timeout)
     cpu1 = time.process_time()
     gpu_report = gpu.stop()
     server_cpu = server.delta(before, server.snapshot()) if server and before else None
@@ -425,6 +505,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
                         help="sample this process's CPU (default: the one listening on the port; -1: none)")
     parser.add_argument("--gpu-index", type=int, default=0, help="NVML index of the GPU to sample")
     parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
+    parser.add_argument("--num-groups", type=int, default=8, help="shared-prefix: distinct system prompts")
+    parser.add_argument("--system-len", type=int, default=2048, help="shared-prefix: system prompt tokens")
+    parser.add_argument("--num-sessions", type=int, default=64, help="shared-prefix: sessions")
+    parser.add_argument("--turns", type=int, default=4, help="shared-prefix: turns per session")
+    parser.add_argument("--user-len", type=int, default=128, help="shared-prefix: tokens per user message")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
     return BenchConfig(url=(args.url or f"http://{args.host}:{args.port}").rstrip("/"), endpoint=args.endpoint,
@@ -433,7 +519,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
                        request_rate=args.request_rate, warmup=args.warmup,
                        warmup_output_len=args.warmup_output_len, seed=args.seed,
                        vocab_size=args.vocab_size, server_pid=args.server_pid, gpu_index=args.gpu_index,
-                       request_timeout=args.request_timeout), args.json
+                       request_timeout=args.request_timeout, dataset=args.dataset, num_groups=args.num_groups,
+                       system_len=args.system_len, num_sessions=args.num_sessions, turns=args.turns,
+                       user_len=args.user_len), args.json
 
 
 def main(argv: Sequence[str] | None = None) -> int:

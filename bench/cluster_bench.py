@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Replicas behind the control-plane front on one host: the shared-prefix workload (``serve_bench.py
+--dataset shared-prefix``) through the front with one replica, then two replicas under ``round_robin`` and
+under ``prefix_aware``; prints TTFT p50 / p99, output tok/s, the share of prompt tokens served from the
+replicas' prefix caches and the two-replica speed-up.
+
+Replicas are plain ``inference-server serve`` processes (one per GPU, ``CUDA_VISIBLE_DEVICES=i``; on a machine
+without CUDA they share the CPU), started once and kept for every run; the front is ``inference-server cluster
+--replica-url ...`` (no Ray, so this runs where Ray is not installed; ``--ray`` starts the replicas as Ray
+actors with ``inference-server cluster --replicas N`` instead, one front per run). Each run uses its own seed,
+so its system prompts are new to every replica's cache. The model comes from the environment (``MODEL``,
+``DUMMY_WEIGHTS``, ...), as for ``serve``.
+
+    MODEL=gemma-4-e4b DUMMY_WEIGHTS=true python bench/cluster_bench.py --json cluster.json
+    uv run python bench/cluster_bench.py --replicas 2 --num-sessions 4 --turns 2 --system-len 128 \\
+        --user-len 16 --output-len 8 --num-groups 2 --concurrency 4     # a tiny CPU run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve_bench
+from server_process import launched
+
+START_TIMEOUT = 600.0
+
+
+def cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def start_replicas(stack: ExitStack, count: int, logs: Path) -> list[str]:
+    """``count`` servers (GPU ``i`` each where there are GPUs); their URLs once all answer ``/ready``."""
+    gpus = cuda_count()
+    urls = []
+    for index in range(count):
+        env = {"CUDA_VISIBLE_DEVICES": str(index)} if gpus else {}
+        _, url = stack.enter_context(launched(env, logs / f"replica-{index}.log", start_timeout=START_TIMEOUT,
+                                              ready_timeout=START_TIMEOUT))
+        urls.append(url)
+    return urls
+
+
+def front_command(policy: str, urls: list[str] | None, replicas: int) -> list[str]:
+    command = [sys.executable, "-m", "inference_server", "cluster", "--policy", policy]
+    if urls is None:
+        return [*command, "--replicas", str(replicas)]
+    for url in urls:
+        command += ["--replica-url", url]
+    return command
+
+
+def cache_counters(url: str) -> tuple[float, float]:
+    """(prompt tokens found in the replicas' prefix caches, prompt tokens looked up), summed over replicas,
+    from the front's ``/metrics``."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+
+
+def run_one(label: str, policy: str, urls: list[str] | None, replicas: int, args: argparse.Namespace, seed: int,
+            logs: Path) -> dict[str, Any]:
+    with launched({}, logs / f"front-{label}.log", command=front_command(policy, urls, replicas),
+                  start_timeout=START_TIMEOUT, ready_timeout=START_TIMEOUT) as (front, url):
+        if urls is None:  # Ray: wait for every replica, not just the first
+            deadline = time.monotonic() + START_TIMEOUT
+            while time.monotonic() < deadline and "all" not in (logs / f"front-{label}.log").read_text():
+                time.sleep(1)
+        config = serve_bench.BenchConfig(
+            url=url, dataset="shared-prefix", num_groups=args.num_groups, system_len=args.system_len,
+            num_sessions=args.num_sessions, turns=args.turns, user_len=args.user_len, output_len=args.output_len,
+            concurrency=args.concurrency, vocab_size=args.vocab_size, seed=seed, server_pid=front.pid,
+            warmup=args.warmup, input_len=args.system_len, warmup_output_len=4)
+        hits0, queries0 = cache_counters(url)
+        report = trio.run(serve_bench.run_benchmark, config)
+        hits1, queries1 = cache_counters(url)
+    hit_rate = (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else None
+    return {"label": label, "policy": policy, "replicas": replicas, "report": report, "cache_hit_rate": hit_rate}
+
+
+def row(result: dict[str, Any], base: float | None) -> str:
+    report = result["report"]
+    throughput = report["output_throughput"]
+    speedup = f"{throughput / base:.2f}x" if base else "-"
+    cores = (report.get("server_cpu") or {}).get("total_cores")
+    ttft = report["ttft"]
+    hit_rate = result["cache_hit_rate"]
+    cached = "n/a" if hit_rate is None else f"{hit_rate:.0%}"
+    p50, p99 = serve_bench.fmt_ms(ttft["median_ms"]), serve_bench.fmt_ms(ttft["p99_ms"])
+    return (f"{result['label']:<24}{cached:>7}{p50:>10}{p99:>10}{throughput:>12.1f}"
+            f"{report['request_throughput']:>9.2f}{report['failed']:>7}{speedup:>9}"
+            f"{'n/a' if cores is None else f'{cores:.2f}':>8}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--ray", action="store_true", help="replicas as Ray actors (inference-server cluster)")
+    parser.add_argument("--num-groups", type=int, default=8)
+    parser.add_argument("--system-len", type=int, default=2048)
+    parser.add_argument("--num-sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--user-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=32, help="sessions at once")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up requests per run (not counted)")
+    parser.add_argument("--vocab-size", type=int, default=0, help="0: the served model's")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--logs", type=Path, default=None, help="folder for the servers' logs (default: temp)")
+    args = parser.parse_args()
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="cluster-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    plan = [("1 replica, round_robin", "round_robin", 1)]
+    plan += [(f"{args.replicas} replicas, {policy}", policy, args.replicas) for policy in ("round_robin",
+                                                                                           "prefix_aware")]
+    results = []
+    with ExitStack() as stack:
+        urls = None if args.ray else start_replicas(stack, args.replicas, logs)
+        if not args.vocab_size:
+            args.vocab_size = serve_bench.model_vocab_size(urls[0]) if urls else 0
+        for seed, (label, policy, count) in enumerate(plan, start=1):
+            chosen = None if urls is None else urls[:count]
+            results.append(run_one(label, policy, chosen, count, args, seed * 1000, logs))
+            print(f"{label}: {results[-1]['report']['output_throughput']:.1f} output tok/s", flush=True)
+    base = results[0]["report"]["output_throughput"]
+    print(f"shared prefix: {args.num_sessions} sessions x {args.turns} turns, {args.num_groups} system prompts of "
+          f"{args.system_len} tokens, user {args.user_len}, output {args.output_len}, {args.concurrency} sessions "
+          f"at once; logs in {logs}")
+    print(f"{'run':<24}{'cached':>7}{'TTFT p50':>10}{'TTFT p99':>10}{'out tok/s':>12}{'req/s':>9}{'failed':>7}"
+          f"{'vs 1':>9}{'front':>8}")
+    for result in results:
+        print(row(result, base))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0 if all(r["report"]["failed"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    sys.exit(main())
