@@ -17,9 +17,8 @@ import os
 import sys
 from typing import Any
 
-import attrs
-
-from inference_server.config import Settings, SettingsError, env_name, load_settings
+from inference_server.cli.settings_flags import add_setting_flags, setting_overrides
+from inference_server.config import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +42,12 @@ def add_parser(commands: Any) -> None:
     group.add_argument("--ray-num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all)")
     group.add_argument("--replica-url", action="append", default=[],
                        help="route to a server started elsewhere instead of starting replicas (repeat; no Ray)")
-    from inference_server.__main__ import _add_setting_flags
-
-    _add_setting_flags(parser)
+    add_setting_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {env_name(f): getattr(args, f.name) for f in attrs.fields(Settings)
-                 if getattr(args, f.name, None) is not None}
     try:
-        settings = load_settings(overrides=overrides)
+        settings = load_settings(overrides=setting_overrides(args))
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

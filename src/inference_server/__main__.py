@@ -12,21 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import attrs
-
-from inference_server.config import Settings, SettingsError, env_name, load_settings
-
-
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (also read from the environment and .env)")
-    for field in attrs.fields(Settings):
-        flag = "--" + field.name.replace("_", "-")
-        help_text = field.metadata["help"] + f" [env {env_name(field)}, default {field.default!r}]"
-        if field.type in (bool, "bool"):
-            group.add_argument(flag, dest=field.name, nargs="?", const="true", default=None, metavar="BOOL",
-                               help=help_text)
-        else:
-            group.add_argument(flag, dest=field.name, default=None, help=help_text)
+from inference_server.cli.settings_flags import add_setting_flags, setting_overrides
+from inference_server.config import Settings, SettingsError, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,14 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=0)
     generate.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
     generate.add_argument("--chat", action="store_true", help="send each prompt as a user chat message")
-    _add_setting_flags(generate)
+    add_setting_flags(generate)
     serve = commands.add_parser("serve", help="run the HTTP server")
-    _add_setting_flags(serve)
+    add_setting_flags(serve)
     export = commands.add_parser("export-tokenizer", help="write the served tokenizer (tokenizer.json + "
                                  "tokenizer_config.json, chat template included) to DIR for transformers, aiperf "
                                  "and lm-eval")
     export.add_argument("directory", help="folder to write (created if needed)")
-    _add_setting_flags(export)
+    add_setting_flags(export)
     from inference_server.cli import report, tail
 
     tail.add_parser(commands)
@@ -60,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides = {env_name(f): getattr(args, f.name) for f in attrs.fields(Settings)
-                 if getattr(args, f.name, None) is not None}
-    return load_settings(overrides=overrides)
+    return load_settings(overrides=setting_overrides(args))
 
 
 def run_generate(args: argparse.Namespace, settings: Settings) -> int:
