@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_bench
-from server_process import launched
+from server_process import SERVE_COMMAND, ServerDidNotStart, launched, stop, wait_for_url, wait_until_ready
 
 START_TIMEOUT = 600.0
 
@@ -48,15 +49,37 @@ def cuda_count() -> int:
 
 
 def start_replicas(stack: ExitStack, count: int, logs: Path) -> list[str]:
-    """``count`` servers (GPU ``i`` each where there are GPUs); their URLs once all answer ``/ready``."""
+    """``count`` servers started together (GPU ``i`` each where there are GPUs); their URLs once all answer
+    ``/ready``. ``stack`` stops them (SIGTERM, then SIGKILL)."""
     gpus = cuda_count()
-    urls = []
+    processes = []
     for index in range(count):
-        env = {"CUDA_VISIBLE_DEVICES": str(index)} if gpus else {}
-        _, url = stack.enter_context(launched(env, logs / f"replica-{index}.log", start_timeout=START_TIMEOUT,
-                                              ready_timeout=START_TIMEOUT))
+        env = {**os.environ, "HOST": "127.0.0.1", "PORT": "0"}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+        log_file = stack.enter_context((logs / f"replica-{index}.log").open("wb"))
+        process = subprocess.Popen(SERVE_COMMAND, env=env, stdout=subprocess.PIPE, stderr=log_file)
+        stack.callback(stop, process, 30.0)
+        processes.append(process)
+    urls = []
+    for index, process in enumerate(processes):
+        url = wait_for_url(process, START_TIMEOUT)
+        if url is None or not wait_until_ready(url, START_TIMEOUT, process):
+            log = (logs / f"replica-{index}.log").read_text(errors="replace")[-3000:]
+            raise ServerDidNotStart(f"replica {index} did not start:\n{log}")
         urls.append(url)
     return urls
+
+
+def vocab_size(url: str | None) -> int:
+    """A dummy preset's vocabulary (it has no tokenizer for /tokenizer_info to read), else the server's (0:
+    let each run ask its front)."""
+    try:
+        from inference_server.models.loading.presets import preset_config
+
+        return int(preset_config(os.environ.get("MODEL", ""))["vocab_size"])
+    except Exception:
+        return serve_bench.model_vocab_size(url) if url else 0
 
 
 def front_command(policy: str, urls: list[str] | None, replicas: int) -> list[str]:
@@ -139,8 +162,7 @@ def main() -> int:
     results = []
     with ExitStack() as stack:
         urls = None if args.ray else start_replicas(stack, args.replicas, logs)
-        if not args.vocab_size:
-            args.vocab_size = serve_bench.model_vocab_size(urls[0]) if urls else 0
+        args.vocab_size = args.vocab_size or vocab_size(urls[0] if urls else None)
         for seed, (label, policy, count) in enumerate(plan, start=1):
             chosen = None if urls is None else urls[:count]
             results.append(run_one(label, policy, chosen, count, args, seed * 1000, logs))
