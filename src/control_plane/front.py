@@ -1,13 +1,11 @@
-"""The front: one HTTP server in front of the replicas, with the single server's routes.
+"""The front: one HTTP server in front of the replicas, with the single server's routes (the app around it
+is ``front_app.py``).
 
 Generation routes (``/generate``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``) are routed
 by the policy (``router.py``) on the request's routing key (``routing_key.py``) and proxied to the chosen
 replica; streams (SSE, NDJSON) are passed through chunk by chunk as they arrive. Every other route the
 single server has (``/v1/models``, ``/tokenize``, ``/openapi.json``, errors for unknown routes, ...) is proxied
-to a healthy replica as is. The front answers itself: ``/health``, ``/ready`` (200 while a replica is
-healthy), ``/replicas``, ``/metrics`` (every replica's families labelled ``replica``, plus the router's) and
-``/scheduler/stats`` (each replica's document, summed request counts, the router's decisions). Every
-proxied response carries ``X-Replica``.
+to a healthy replica as is. Every proxied response carries ``X-Replica``.
 
 Failures: a replica that refuses the connection is skipped and the request goes to another (it never
 reached the first). A replica lost after the request was sent ends the request with an error, never a hang:
@@ -22,7 +20,7 @@ import functools
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -30,10 +28,8 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from quart import Response, request
-from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 
-from control_plane.metrics_merge import merge_expositions
 from control_plane.prefix_index import PrefixIndex
 from control_plane.replica_feed import Replica, ReplicaLost, follow
 from control_plane.replicas import ReplicaSource
@@ -49,7 +45,6 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "transfer-encoding", "upgrade", "content-length", "host"})
 REPLICA_HEADER = "X-Replica"
 STREAMING_TYPES = ("text/event-stream", "application/x-ndjson")
-STATS_TIMEOUT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 1.0
 
 
@@ -112,11 +107,8 @@ class Front:
 
     async def _follow(self, replica: Replica) -> None:
         assert self.client is not None
-        await follow(replica, _Counting(self.source, self._lost), self.index, self.client)
-
-    async def _lost(self, replica: int, reason: str) -> None:
-        self.replica_losses.labels(str(replica)).inc()
-        await self.source.failed(replica, reason)
+        await follow(replica, self.source, self.index, self.client,
+                     lambda lost: self.replica_losses.labels(str(lost.replica_id)).inc())
 
     # -- proxying --------------------------------------------------------------------------------------
 
@@ -136,7 +128,7 @@ class Front:
             try:
                 decision = self.policy.choose(key, [r.load for r in self.replicas if r.replica_id not in refused])
             except NoReplicaError:
-                return _error(unavailable("no replica is ready; retry later", "no_replica"))
+                return error_response(unavailable("no replica is ready; retry later", "no_replica"))
             replica = self.replicas[decision.replica_id]
             generation, url = replica.generation, f"{replica.url}{path}"
             outgoing = self.client.build_request(request.method, url, params=request.query_string.decode(),
@@ -150,7 +142,7 @@ class Front:
                 continue
             except (httpx.HTTPError, ReplicaLost, OSError) as error:
                 self._closed(replica)
-                return _error(replica_failed(replica.replica_id, error))
+                return error_response(replica_failed(replica.replica_id, error))
             if routed:
                 self.routed.labels(str(replica.replica_id), decision.reason).inc()
                 self.blocks_requested.inc(len(key.block_hashes))
@@ -173,7 +165,7 @@ class Front:
             try:
                 content = await replica.read(generation, upstream.aread)
             except (httpx.HTTPError, ReplicaLost, OSError) as error:
-                return _error(replica_failed(replica.replica_id, error))
+                return error_response(replica_failed(replica.replica_id, error))
             finally:
                 await _close(upstream)
                 self._closed(replica)
@@ -208,76 +200,6 @@ class Front:
         finally:
             await ending.end()
 
-    # -- answered here ----------------------------------------------------------------------------------
-
-    async def metrics(self) -> Response:
-        texts = await self._gather("/metrics", lambda response: response.text)
-        return Response(merge_expositions(texts, self.registry), content_type="text/plain; version=0.0.4")
-
-    async def stats(self) -> Response:
-        documents = await self._gather("/scheduler/stats", lambda response: response.json())
-        replicas = [self._describe(r) | {"stats": documents.get(r.replica_id)} for r in self.replicas]
-        totals: dict[str, int] = {"running": 0, "waiting": 0}
-        for document in documents.values():
-            for name in totals:
-                value = (document.get("requests") or {}).get(name)
-                totals[name] += value if isinstance(value, int) else 0
-        return _json({"policy": self.policy_name, "requests": totals, "replicas": replicas})
-
-    def _describe(self, replica: Replica) -> dict[str, Any]:
-        load = replica.load
-        return {"replica": replica.replica_id, "url": replica.url, "healthy": replica.healthy,
-                "restarts": replica.restarts, "in_flight": load.in_flight, "waiting": load.waiting,
-                "running": load.running, "kv_usage": load.kv_usage,
-                "cached_blocks": self.index.num_blocks(replica.replica_id)}
-
-    async def _gather(self, path: str, read: Callable[[httpx.Response], Any]) -> dict[int, Any]:
-        """``read(GET path)`` of every healthy replica, concurrently; a replica that fails is left out."""
-        results: dict[int, Any] = {}
-
-        async def one(replica: Replica) -> None:
-            assert self.client is not None
-            try:
-                response = await self.client.get(f"{replica.url}{path}", timeout=STATS_TIMEOUT_SECONDS)
-                response.raise_for_status()
-                results[replica.replica_id] = read(response)
-            except (httpx.HTTPError, OSError, ValueError) as error:
-                log.info("GET %s from replica %d failed: %r", path, replica.replica_id, error)
-
-        async with trio.open_nursery() as nursery:
-            for replica in self.replicas:
-                if replica.healthy:
-                    nursery.start_soon(one, replica)
-        return results
-
-    async def replicas_route(self) -> Response:
-        return _json({"policy": self.policy_name, "replicas": [self._describe(r) for r in self.replicas]})
-
-    async def ready(self) -> Response:
-        healthy = sum(r.healthy for r in self.replicas)
-        if not healthy:
-            return _error(unavailable("no replica is ready", "starting"))
-        return _json({"status": "ready", "replicas_ready": healthy, "replicas": len(self.replicas)})
-
-
-@attrs.define(eq=False)
-class _Counting:
-    """A source whose ``failed`` is wrapped (to count losses)."""
-
-    inner: ReplicaSource
-    on_failed: Callable[[int, str], Awaitable[None]]
-
-    @property
-    def count(self) -> int:
-        return self.inner.count
-
-    async def address(self, replica: int) -> str:
-        return await self.inner.address(replica)
-
-    async def failed(self, replica: int, reason: str) -> None:
-        await self.on_failed(replica, reason)
-
-
 @attrs.define(eq=False)
 class _Ending:
     """Ends a streamed proxy exactly once: closes the upstream response and counts the request out."""
@@ -306,38 +228,10 @@ async def _close(upstream: httpx.Response) -> None:
         await upstream.aclose()
 
 
-def _json(payload: Any, status: int = 200) -> Response:
+def json_response(payload: Any, status: int = 200) -> Response:
     return Response(json.dumps(payload), status=status, content_type="application/json")
 
 
-def _error(error: ApiError) -> Response:
+def error_response(error: ApiError) -> Response:
     return Response(error.json_bytes(), status=error.status, content_type="application/json",
                     headers=error.headers())
-
-
-def create_front_app(front: Front, *, max_body_bytes: int | None = None) -> QuartTrio:
-    """The front's Quart-Trio app (``front.run`` must be running in the app's loop)."""
-    app = QuartTrio("control_plane", static_folder=None)
-    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=30, MAX_CONTENT_LENGTH=max_body_bytes)
-
-    async def health() -> Response:
-        return _json({"status": "ok"})
-
-    async def index() -> Response:
-        lines = ["control_plane front: the inference server's routes, routed over replicas "
-                 f"(policy {front.policy_name})", "GET  /replicas   each replica's state",
-                 "GET  /metrics    every replica's metrics (label replica) and the router's",
-                 "GET  /scheduler/stats   every replica's stats and the totals", "anything else: proxied"]
-        return Response("\n".join(lines) + "\n", content_type="text/plain")
-
-    async def proxied(path: str) -> Response:
-        return await front.proxy("/" + path)
-
-    app.add_url_rule("/health", "health", health, methods=["GET"])
-    app.add_url_rule("/ready", "ready", front.ready, methods=["GET"])
-    app.add_url_rule("/replicas", "replicas", front.replicas_route, methods=["GET"])
-    app.add_url_rule("/metrics", "metrics", front.metrics, methods=["GET"])
-    app.add_url_rule("/scheduler/stats", "stats", front.stats, methods=["GET"])
-    app.add_url_rule("/", "index", index, methods=["GET"])
-    app.add_url_rule("/<path:path>", "proxied", proxied, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    return app

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import attrs
 import httpx
@@ -25,6 +26,7 @@ from control_plane.router import ReplicaLoad
 from inference_server.core.block_hashes import HASH_SCHEME
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SILENCE_SECONDS = 10.0  # the feed sends a line at least every second; ten seconds without one: wedged
 CONNECT_SECONDS = 10.0
@@ -42,7 +44,7 @@ class Replica:
     block_size: int | None = None
     same_hashes: bool = True  # its HASH_SCHEME equals ours (else its hashes are not indexed)
     generation: int = 0  # moves on each time it is lost: reads of an older generation fail at once
-    restarts: int = 0
+    losses: int = 0  # times it went from healthy to lost
     reads: set[trio.CancelScope] = attrs.Factory(set)  # proxied reads in progress (cancelled when lost)
 
     @property
@@ -57,7 +59,7 @@ class Replica:
         for scope in list(self.reads):
             scope.cancel()
 
-    async def read(self, generation: int, receive: Any) -> Any:
+    async def read(self, generation: int, receive: Callable[[], Awaitable[T]]) -> T:
         """``await receive()``, failing with ``ReplicaLost`` if the replica is (or gets) lost meanwhile."""
         if generation != self.generation:
             raise ReplicaLost(f"replica {self.replica_id} was lost")
@@ -70,8 +72,10 @@ class Replica:
         raise ReplicaLost(f"replica {self.replica_id} was lost")
 
 
-async def follow(replica: Replica, source: ReplicaSource, index: PrefixIndex, client: httpx.AsyncClient) -> None:
-    """Keep ``replica``'s health, load and index entries current, forever (cancel to stop)."""
+async def follow(replica: Replica, source: ReplicaSource, index: PrefixIndex, client: httpx.AsyncClient,
+                 on_lost: Callable[[Replica], None] | None = None) -> None:
+    """Keep ``replica``'s health, load and index entries current until cancelled (or until its source says it
+    will not come back); ``on_lost`` is called each time it goes from healthy to lost."""
     while True:
         try:
             replica.url = await source.address(replica.replica_id)
@@ -84,10 +88,13 @@ async def follow(replica: Replica, source: ReplicaSource, index: PrefixIndex, cl
                 continue  # resynchronise: the replica is fine
         except (httpx.HTTPError, OSError, ValueError, trio.TooSlowError) as error:
             reason = f"{type(error).__name__}: {error}"
-        if replica.healthy:
-            log.warning("replica %d (%s) lost: %s", replica.replica_id, replica.url, reason)
+        was_healthy = replica.healthy
         replica.lose(index)
-        replica.restarts += 1
+        if was_healthy:
+            log.warning("replica %d (%s) lost: %s", replica.replica_id, replica.url, reason)
+            replica.losses += 1
+            if on_lost is not None:
+                on_lost(replica)
         await source.failed(replica.replica_id, reason)
 
 

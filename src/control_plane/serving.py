@@ -9,7 +9,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from control_plane.front import Front, create_front_app
+from control_plane.front import Front
+from control_plane.front_app import create_front_app
 
 log = logging.getLogger(__name__)
 

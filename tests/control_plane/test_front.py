@@ -16,7 +16,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from replica_kit import FakeReplica, fake_replica
 
-from control_plane.front import Front, create_front_app
+from control_plane.front import Front
+from control_plane.front_app import create_front_app
 from control_plane.replicas import StaticReplicas
 from inference_server.core.block_hashes import chain_hashes
 

@@ -15,7 +15,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from control_plane.front import Front, create_front_app
+from control_plane.front import Front
+from control_plane.front_app import create_front_app
 from control_plane.ray_replica import RayReplicas, settings_overrides
 from inference_server.config import load_settings
 
@@ -122,7 +123,7 @@ async def test_a_replica_killed_mid_run_is_replaced_and_its_streams_end_with_an_
                 assert json.loads(lines[-2])["finish_reason"] == "length" and lines[-1] == "[DONE]"
         assert sum(replica == victim for replica, _ in results.values()) == 2
         await wait_until(lambda: front.replicas[victim].healthy and front.replicas[victim].url != old_url)
-        assert front.replicas[victim].restarts >= 1
+        assert front.replicas[victim].losses >= 1
         for _ in range(2):  # round robin: one of these lands on the replacement
             response = await client.post("/generate", json={"prompt": "Hello", "max_tokens": 2})
             assert response.status_code == 200, response.text

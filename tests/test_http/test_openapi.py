@@ -96,7 +96,8 @@ def test_schemathesis_finds_no_server_error(tokenizer) -> None:
     from schemathesis.checks import not_a_server_error
 
     with serving_on_socket(tokenizer=tokenizer) as server:
-        schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json").exclude(path=LIVE_TAIL).exclude(path=KV_FEED)
+        schema = (schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+                  .exclude(path=LIVE_TAIL).exclude(path=KV_FEED))
         failures: list[str] = []
         statuses: Counter[int] = Counter()
         operations = 0

@@ -26,7 +26,8 @@ def root_hash(extra_key: str | None) -> int:
     """The hash every chain under ``extra_key`` starts from (0 for no key)."""
     if extra_key is None:
         return NO_KEY_ROOT
-    return int.from_bytes(hashlib.blake2b(extra_key.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+    key = extra_key if isinstance(extra_key, str) else repr(extra_key)  # salts are strings; be safe anyway
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
                           "little", signed=True)
 
 
