@@ -27,4 +27,5 @@ def test_the_session_travels_in_the_body() -> None:
     request = serve_bench.BenchRequest((1, 2, 3), 4, "session-1")
     assert json.loads(serve_bench.request_body("/v1/completions", None, request))["user"] == "session-1"
     assert json.loads(serve_bench.request_body("/generate", None, request))["session_id"] == "session-1"
-    assert "user" not in json.loads(serve_bench.request_body("/v1/completions", None, serve_bench.BenchRequest((1,), 2)))
+    anonymous = serve_bench.BenchRequest((1,), 2)
+    assert "user" not in json.loads(serve_bench.request_body("/v1/completions", None, anonymous))
