@@ -9,7 +9,8 @@ without CUDA they share the CPU), started once and kept for every run; the front
 --replica-url ...`` (no Ray, so this runs where Ray is not installed; ``--ray`` starts the replicas as Ray
 actors with ``inference-server cluster --replicas N`` instead, one front per run). Each run uses its own seed,
 so its system prompts are new to every replica's cache. The model comes from the environment (``MODEL``,
-``DUMMY_WEIGHTS``, ...), as for ``serve``.
+``DUMMY_WEIGHTS``, ...), as for ``serve``. The ``front`` column is the front process's CPU (cores), children
+included: with ``--ray`` that is the local Ray and the replicas too.
 
     MODEL=gemma-4-e4b DUMMY_WEIGHTS=true python bench/cluster_bench.py --json cluster.json
     uv run python bench/cluster_bench.py --replicas 2 --num-sessions 4 --turns 2 --system-len 128 \\
