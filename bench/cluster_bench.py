@@ -4,6 +4,10 @@
 under ``prefix_aware``; prints TTFT p50 / p99, output tok/s, the share of prompt tokens served from the
 replicas' prefix caches and the two-replica speed-up.
 
+The speed-up compares equal load per replica: the one-replica run gets ``1/N`` of the sessions and of the
+concurrency (``--same-load`` gives it the whole load instead, which measures what one GPU does with N GPUs'
+traffic rather than how throughput scales).
+
 Replicas are plain ``inference-server serve`` processes (one per GPU, ``CUDA_VISIBLE_DEVICES=i``; on a machine
 without CUDA they share the CPU), started once and kept for every run; the front is ``inference-server cluster
 --replica-url ...`` (no Ray, so this runs where Ray is not installed; ``--ray`` starts the replicas as Ray
@@ -106,7 +110,9 @@ def cache_counters(url: str) -> tuple[float, float]:
 
 
 def run_one(label: str, policy: str, urls: list[str] | None, replicas: int, args: argparse.Namespace, seed: int,
-            logs: Path) -> dict[str, Any]:
+            logs: Path, share: float = 1.0) -> dict[str, Any]:
+    """One run through a new front; ``share`` scales the sessions and the concurrency (the one-replica run gets
+    one replica's share of the load, so the speed-up compares equal load per replica)."""
     with launched({}, logs / f"front-{label}.log", command=front_command(policy, urls, replicas),
                   start_timeout=START_TIMEOUT, ready_timeout=START_TIMEOUT) as (front, url):
         if urls is None:  # Ray: wait for every replica, not just the first
@@ -115,8 +121,9 @@ def run_one(label: str, policy: str, urls: list[str] | None, replicas: int, args
                 time.sleep(1)
         config = serve_bench.BenchConfig(
             url=url, dataset="shared-prefix", num_groups=args.num_groups, system_len=args.system_len,
-            num_sessions=args.num_sessions, turns=args.turns, user_len=args.user_len, output_len=args.output_len,
-            concurrency=args.concurrency, vocab_size=args.vocab_size, seed=seed, server_pid=front.pid,
+            num_sessions=max(1, round(args.num_sessions * share)), turns=args.turns, user_len=args.user_len,
+            output_len=args.output_len, concurrency=max(1, round(args.concurrency * share)),
+            vocab_size=args.vocab_size, seed=seed, server_pid=front.pid,
             warmup=args.warmup, input_len=args.system_len, warmup_output_len=4)
         hits0, queries0 = cache_counters(url)
         report = trio.run(serve_bench.run_benchmark, config)
@@ -152,6 +159,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="sessions at once")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up requests per run (not counted)")
     parser.add_argument("--vocab-size", type=int, default=0, help="0: the served model's")
+    parser.add_argument("--same-load", action="store_true",
+                        help="the one-replica run gets the whole load (default: one replica's share of it)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--logs", type=Path, default=None, help="folder for the servers' logs (default: temp)")
     args = parser.parse_args()
@@ -166,12 +175,14 @@ def main() -> int:
         args.vocab_size = args.vocab_size or vocab_size(urls[0] if urls else None)
         for seed, (label, policy, count) in enumerate(plan, start=1):
             chosen = None if urls is None else urls[:count]
-            results.append(run_one(label, policy, chosen, count, args, seed * 1000, logs))
+            share = 1.0 if args.same_load or count == args.replicas else count / args.replicas
+            results.append(run_one(label, policy, chosen, count, args, seed * 1000, logs, share))
             print(f"{label}: {results[-1]['report']['output_throughput']:.1f} output tok/s", flush=True)
     base = results[0]["report"]["output_throughput"]
     print(f"shared prefix: {args.num_sessions} sessions x {args.turns} turns, {args.num_groups} system prompts of "
           f"{args.system_len} tokens, user {args.user_len}, output {args.output_len}, {args.concurrency} sessions "
-          f"at once; logs in {logs}")
+          f"at once" + ("" if args.same_load else f" (the 1-replica run: 1/{args.replicas} of the sessions and of the "
+                        "concurrency, one replica's share)") + f"; logs in {logs}")
     print(f"{'run':<24}{'cached':>7}{'TTFT p50':>10}{'TTFT p99':>10}{'out tok/s':>12}{'req/s':>9}{'failed':>7}"
           f"{'vs 1':>9}{'front':>8}")
     for result in results:
