@@ -161,6 +161,8 @@ def main() -> int:
     parser.add_argument("--vocab-size", type=int, default=0, help="0: the served model's")
     parser.add_argument("--same-load", action="store_true",
                         help="the one-replica run gets the whole load (default: one replica's share of it)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of the three runs (new seeds each); the table shows each run's median round")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--logs", type=Path, default=None, help="folder for the servers' logs (default: temp)")
     args = parser.parse_args()
@@ -169,27 +171,37 @@ def main() -> int:
     plan = [("1 replica, round_robin", "round_robin", 1)]
     plan += [(f"{args.replicas} replicas, {policy}", policy, args.replicas) for policy in ("round_robin",
                                                                                            "prefix_aware")]
-    results = []
+    rounds: list[list[dict[str, Any]]] = []
     with ExitStack() as stack:
         urls = None if args.ray else start_replicas(stack, args.replicas, logs)
         args.vocab_size = args.vocab_size or vocab_size(urls[0] if urls else None)
-        for seed, (label, policy, count) in enumerate(plan, start=1):
-            chosen = None if urls is None else urls[:count]
-            share = 1.0 if args.same_load or count == args.replicas else count / args.replicas
-            results.append(run_one(label, policy, chosen, count, args, seed * 1000, logs, share))
-            print(f"{label}: {results[-1]['report']['output_throughput']:.1f} output tok/s", flush=True)
+        for round_index in range(args.repeats):
+            results = []
+            for seed, (label, policy, count) in enumerate(plan, start=1):
+                chosen = None if urls is None else urls[:count]
+                share = 1.0 if args.same_load or count == args.replicas else count / args.replicas
+                results.append(run_one(label, policy, chosen, count, args, round_index * 100_000 + seed * 1000, logs,
+                                       share))
+                print(f"{label}: {results[-1]['report']['output_throughput']:.1f} output tok/s", flush=True)
+            rounds.append(results)
+    # per run, the round with the median output throughput (the upper median for an even count)
+    results = [sorted((r[i] for r in rounds), key=lambda x: x["report"]["output_throughput"])[len(rounds) // 2]
+               for i in range(len(plan))]
     base = results[0]["report"]["output_throughput"]
     print(f"shared prefix: {args.num_sessions} sessions x {args.turns} turns, {args.num_groups} system prompts of "
           f"{args.system_len} tokens, user {args.user_len}, output {args.output_len}, {args.concurrency} sessions "
           f"at once" + ("" if args.same_load else f" (the 1-replica run: 1/{args.replicas} of the sessions and of the "
-                        "concurrency, one replica's share)") + f"; logs in {logs}")
+                        "concurrency, one replica's share)") + f"; median of {len(rounds)} rounds; logs in {logs}")
     print(f"{'run':<24}{'cached':>7}{'TTFT p50':>10}{'TTFT p99':>10}{'out tok/s':>12}{'req/s':>9}{'failed':>7}"
           f"{'vs 1':>9}{'front':>8}")
     for result in results:
         print(row(result, base))
+    for index, (label, _, _) in enumerate(plan):
+        print(f"{label}: output tok/s per round " + ", ".join(f"{r[index]['report']['output_throughput']:.1f}"
+                                                              for r in rounds))
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
-    return 0 if all(r["report"]["failed"] == 0 for r in results) else 1
+        args.json.write_text(json.dumps(rounds, indent=1, default=str))
+    return 0 if all(r["report"]["failed"] == 0 for results in rounds for r in results) else 1
 
 
 if __name__ == "__main__":
