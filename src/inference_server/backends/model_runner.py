@@ -82,6 +82,15 @@ class ModelRunner:
         self.block_size = storage.block_size
         self.num_groups = max(storage.num_blocks) + 1
         self.attention_kwargs = attention_kwargs or {}
+        self._init_step_state(device)
+        # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
+        self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
+        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
+
+    def _init_step_state(self, device: torch.device) -> None:
+        """What every runner keeps between steps, whatever runs its forward (the Hugging Face runner calls this
+        instead of ``__init__``: it has no paged storage)."""
+        self.device = device
         self._requests: dict[int, _RequestState] = {}
         self.tokens_computed = 0  # all tokens run through the model (tests count prefix-cache savings)
         # The last launched step's samples (device) and each sampling request's row in them: the source of
@@ -89,9 +98,10 @@ class ModelRunner:
         self._previous_tokens = torch.empty(0, dtype=torch.int64, device=device)
         self._previous_rows: dict[int, int] = {}
         self._last_launched: LaunchedStep | None = None
-        # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
-        self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
-        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
+
+    def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
+        return self.model.compute_logits(hidden)
 
     # -- state ---------------------------------------------------------------------------------------
     def _state_for(self, seq: ScheduledSequence) -> _RequestState:
@@ -213,7 +223,7 @@ class ModelRunner:
                 tops: list[tuple[tuple[int, float], ...]] = []
                 for begin in range(0, len(targets), PROMPT_LOGPROB_ROWS):
                     rows = hidden[offset + begin:offset + min(begin + PROMPT_LOGPROB_ROWS, len(targets))]
-                    block = torch.log_softmax(self.model.compute_logits(rows).float(), dim=-1)
+                    block = torch.log_softmax(self._compute_logits(rows).float(), dim=-1)
                     ids = torch.tensor(targets[begin:begin + len(rows)], dtype=torch.int64, device=block.device)
                     logprobs.extend(block.gather(1, ids[:, None])[:, 0].tolist())
                     if seq.prompt_logprobs_top:
@@ -238,7 +248,7 @@ class ModelRunner:
             last_hidden = hidden[: len(ends)]
         else:
             last_hidden = hidden[tensor_to_device(ends, torch.int64, hidden.device)]
-        logits = self.model.compute_logits(last_hidden)  # [N, V]
+        logits = self._compute_logits(last_hidden)  # [N, V]
         seqs = [plan.sequences[i] for i in rows]
         lens = output_lens(seqs)
         generators = [states[i].generator for i in rows]

@@ -1,0 +1,67 @@
+"""The Hugging Face backend (``BACKEND=hf``) runs the scheduler's plans with stock transformers models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from .hf_testkit import GREEDY, drive, generate, hf_runner, tiny_models
+
+from inference_server.backends.hf.runner import EvictionConfig
+from inference_server.records.steps import ScheduledSequence, StepPlan
+
+PROMPTS = [[2, 5, 9, 33, 100, 7, 8, 9, 10, 11, 12, 13], [2, 44, 45], [2, 300, 301, 302, 303, 304, 17]]
+
+
+@pytest.mark.parametrize("name", ["gemma3-tiny", "gemma-4-e2b-tiny", "qwen3-30b-a3b-tiny"])
+def test_greedy_tokens_equal_transformers_generate(name: str, one_torch_thread: None) -> None:
+    """Chunked prefill and batched decodes of prompts of different lengths (sliding windows of 8 are passed)
+    give the tokens transformers' own ``generate`` gives for each prompt alone."""
+    model, reference = tiny_models(name)
+    runner = hf_runner(model)
+    outputs = drive(runner, PROMPTS, new_tokens=16)
+    assert outputs == [generate(reference, prompt, 16) for prompt in PROMPTS]
+
+
+def test_decodes_of_a_step_share_one_forward(one_torch_thread: None) -> None:
+    model, _ = tiny_models("gemma3-tiny")
+    runner = hf_runner(model)
+    drive(runner, PROMPTS, new_tokens=4, chunk=64)
+    assert runner.forwards == len(PROMPTS) + 3  # one prefill forward each, then one forward per decode step
+
+
+def test_preemption_and_abort_free_the_cache(one_torch_thread: None) -> None:
+    model, reference = tiny_models("gemma3-tiny")
+    runner = hf_runner(model)
+    prompt = PROMPTS[0]
+    first = runner.execute(StepPlan(0, (ScheduledSequence(7, tuple(prompt), 0, ((),), True, GREEDY, reset=True,
+                                                          prompt_len=len(prompt)),)))
+    token = first.tokens[0].token_id
+    # Preempted, then recomputed: the restarted chunk (reset) replaces the old cache.
+    again = runner.execute(StepPlan(1, (ScheduledSequence(7, (*prompt, token), 0, ((),), True, GREEDY, reset=True,
+                                                          prompt_len=len(prompt)),)))
+    assert runner.caches[7].seen == len(prompt) + 1
+    assert [token, again.tokens[0].token_id] == generate(reference, prompt, 2)
+    runner.execute(StepPlan(2, (), finished_request_ids=(7,)))
+    assert 7 not in runner.caches
+    with pytest.raises(RuntimeError, match="prefix cache off"):
+        runner.execute(StepPlan(3, (ScheduledSequence(8, (5, 6), 4, ((),), True, GREEDY, reset=True),)))
+
+
+def test_prompt_logprobs_match_a_full_forward(one_torch_thread: None) -> None:
+    model, reference = tiny_models("gemma3-tiny")
+    runner = hf_runner(model)
+    prompt = PROMPTS[0]
+    targets = tuple(prompt[1:])
+    result = runner.execute(StepPlan(0, (ScheduledSequence(1, tuple(prompt), 0, ((),), True, GREEDY, reset=True,
+                                                           prompt_len=len(prompt), prompt_logprob_targets=targets),)))
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(targets)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(result.prompt_logprobs[0].token_logprobs), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(("policy", "budget", "sink"), [("none", 8, 4), ("sink", 8, 4), ("sink", 32, 9),
+                                                        ("h2o", 4, 4), ("lru", 0, 4)])
+def test_bad_eviction_settings_are_rejected(policy: str, budget: int, sink: int) -> None:
+    with pytest.raises(ValueError, match="KV_"):
+        EvictionConfig(policy, budget, sink)
