@@ -41,9 +41,19 @@ class Settings:
                          ("auto", "cuda", "mps", "cpu"))
     dtype: str = _field("auto", "Weight and activation dtype; auto is bfloat16 on CUDA, float32 elsewhere.",
                         ("auto", "bfloat16", "float16", "float32"))
-    backend: str = _field("auto", "Step runner backend: custom-cuda (Triton kernels, CUDA graphs) or "
-                                  "reference (pure PyTorch); auto picks custom-cuda when CUDA is present.",
-                          ("auto", "custom-cuda", "reference"))
+    backend: str = _field("auto", "Step runner backend: custom-cuda (Triton kernels, CUDA graphs), "
+                                  "reference (pure PyTorch) or hf (a stock transformers model: the baseline, "
+                                  "with KV eviction); auto picks custom-cuda when CUDA is present.",
+                          ("auto", "custom-cuda", "reference", "hf"))
+    kv_eviction: str = _field("none", "KV eviction of the hf backend when a sequence's cache reaches "
+                                      "KV_BUDGET_TOKENS: sink (first KV_SINK_TOKENS + recent, StreamingLLM), h2o "
+                                      "(heavy hitters + recent), lru (least recently used by top attention); "
+                                      "none: caches grow with the sequence (docs/baseline.md).",
+                              ("none", "lru", "sink", "h2o"))
+    kv_budget_tokens: int = _field(0, "Most KV tokens a layer of one sequence holds with KV_EVICTION (at least "
+                                      "16); 0 with KV_EVICTION=none.", minimum=0)
+    kv_sink_tokens: int = _field(4, "Sink tokens KV_EVICTION=sink always keeps (at most a quarter of "
+                                    "KV_BUDGET_TOKENS).", minimum=1)
     custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend.")
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
     overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from inference_server.actors.executor import RunnerPipeline
-from inference_server.backends.factory import build_kv, build_runner, engine_limits
+from inference_server.backends.factory import EngineLimits, build_kv, build_kv_manager, build_runner, engine_limits
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
 from inference_server.core.faults import parse_faults
+from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.fault_injection import with_faults
 from inference_server.models.loading.source import LoadedModel, load_model
@@ -22,13 +24,16 @@ from inference_server.runtime import resolve_backend, resolve_device, resolve_dt
 from inference_server.startup import phase, summary
 from inference_server.supervisor import EngineParts
 
+if TYPE_CHECKING:
+    from inference_server.backends.hf.loading import HFLoadedModel
+
 log = logging.getLogger(__name__)
 
 
 @attrs.frozen
 class BuiltEngine:
     parts: EngineParts
-    loaded: LoadedModel
+    loaded: LoadedModel | HFLoadedModel
     runner: ModelRunner
     device: torch.device
     dtype: torch.dtype
@@ -40,14 +45,18 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     device = resolve_device(settings)
     dtype = resolve_dtype(settings, device)
     backend = resolve_backend(settings, device)
-    loaded = load_model(settings, device, dtype)
-    log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
-             loaded.load_seconds)
-    with phase("allocating the KV cache"):
-        kv, storage = build_kv(settings, loaded, device, dtype)
-    limits = engine_limits(settings, loaded.spec, device, kv)
-    with phase(f"building the {backend} step runner"):
-        runner = build_runner(settings, loaded, storage, device, backend, limits)
+    loaded: LoadedModel | HFLoadedModel
+    runner: ModelRunner
+    if backend == "hf":
+        loaded, kv, limits, runner = _build_hf(settings, device, dtype)
+    else:
+        loaded = load_model(settings, device, dtype)
+        _log_loaded(loaded, device, dtype)
+        with phase("allocating the KV cache"):
+            kv, storage = build_kv(settings, loaded, device, dtype)
+        limits = engine_limits(settings, loaded.spec, device, kv)
+        with phase(f"building the {backend} step runner"):
+            runner = build_runner(settings, loaded, storage, device, backend, limits)
     tokenizer = loaded.tokenizer
     tokenizer_folder = _export_tokenizer(settings, loaded, limits.max_model_len)
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
@@ -85,7 +94,28 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)
 
 
-def _export_tokenizer(settings: Settings, loaded: LoadedModel, max_model_len: int) -> Path | None:
+def _log_loaded(loaded: LoadedModel | HFLoadedModel, device: torch.device, dtype: torch.dtype) -> None:
+    log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
+             loaded.load_seconds)
+
+
+def _build_hf(settings: Settings, device: torch.device,
+              dtype: torch.dtype) -> tuple[HFLoadedModel, KVManager, EngineLimits, ModelRunner]:
+    """The Hugging Face backend: a transformers model, and a KV manager for the scheduler's accounting only (the
+    runner keeps its own caches; the radix prefix cache is off, since the runner cannot reuse blocks)."""
+    from inference_server.backends.hf.loading import load_hf_model
+    from inference_server.backends.hf.runner import build_hf_runner
+
+    loaded = load_hf_model(settings, device, dtype)
+    _log_loaded(loaded, device, dtype)
+    kv = build_kv_manager(settings, loaded.spec, device, dtype, prefix_cache=False)
+    limits = engine_limits(settings, loaded.spec, device, kv)
+    with phase("building the hf step runner"):
+        runner = build_hf_runner(settings, loaded.model, loaded.spec, device)
+    return loaded, kv, limits, runner
+
+
+def _export_tokenizer(settings: Settings, loaded: LoadedModel | HFLoadedModel, max_model_len: int) -> Path | None:
     """The served tokenizer as a Hugging Face folder for clients (written once, then reused); None without
     a tokenizer, or when the cache cannot be written (a warning: serving does not need it)."""
     if loaded.tokenizer is None:

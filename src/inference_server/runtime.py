@@ -32,9 +32,22 @@ def resolve_dtype(settings: Settings, device: torch.device) -> torch.dtype:
 
 
 def resolve_backend(settings: Settings, device: torch.device) -> str:
-    """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``."""
-    if settings.backend == "auto":
-        return "custom-cuda" if device.type == "cuda" else "reference"
-    if settings.backend == "custom-cuda" and device.type != "cuda":
-        raise SettingsError("BACKEND='custom-cuda' is invalid on a non-CUDA device (accepted: auto, reference)")
-    return settings.backend
+    """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``. KV eviction settings are
+    checked here too: they need the hf backend, and a budget goes with a policy."""
+    backend = settings.backend
+    if backend == "auto":
+        backend = "custom-cuda" if device.type == "cuda" else "reference"
+    if backend == "custom-cuda" and device.type != "cuda":
+        raise SettingsError("BACKEND='custom-cuda' is invalid on a non-CUDA device (accepted: auto, reference, hf)")
+    if backend != "hf" and (settings.kv_eviction != "none" or settings.kv_budget_tokens):
+        raise SettingsError(f"KV_EVICTION={settings.kv_eviction!r} and KV_BUDGET_TOKENS="
+                            f"{settings.kv_budget_tokens} are invalid with BACKEND={backend!r}: KV eviction is a "
+                            f"feature of BACKEND=hf")
+    if backend == "hf":
+        from inference_server.backends.hf.eviction_config import EvictionConfig
+
+        try:
+            EvictionConfig(settings.kv_eviction, settings.kv_budget_tokens, settings.kv_sink_tokens)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
+    return backend

@@ -62,18 +62,32 @@ def fake_parts(step: Callable, *, num_blocks: int = 256, **overrides) -> EngineP
     return EngineParts(**values)
 
 
-def tiny_model_parts(num_blocks: int, *, preset: str = "gemma-4-31b-tiny", **overrides) -> EngineParts:
-    """The real CPU step runner (reference attention, fp32) on a tiny dummy-weight model."""
+BACKENDS = ["reference", "hf"]
+"""The step runners the actor tests that run a real model are parametrised over (``backend`` fixture)."""
+
+
+def tiny_model_parts(num_blocks: int, *, preset: str = "gemma-4-31b-tiny", backend: str = "reference",
+                     **overrides) -> EngineParts:
+    """A real CPU step runner (fp32) on a tiny dummy-weight model: the reference runner (our model, reference
+    attention) or the Hugging Face runner (transformers' model built from the same preset; no prefix cache)."""
     torch.set_num_threads(1)
     spec = parse_model_spec(preset_config(preset))
-    model = build_model(spec, torch.float32, "cpu")
-    init_dummy_weights(model, seed=5)
     window = max((c.window for c in spec.cache_layers if c.window), default=None)
     kv = KVManager(block_size=BLOCK, num_full_blocks=num_blocks, num_sliding_blocks=num_blocks if window else 0,
-                   sliding_window=window)
-    groups = {FULL_GROUP: num_blocks} | ({SLIDING_GROUP: num_blocks} if window else {})
-    storage = PagedKVStorage(spec.cache_layers, groups, BLOCK, torch.float32, "cpu")
-    runner = ModelRunner(model, spec, storage, torch.device("cpu"))
+                   sliding_window=window, enable_prefix_cache=backend != "hf")
+    runner: ModelRunner
+    if backend == "hf":
+        from inference_server.backends.hf.loading import _from_config, config_from_dict
+        from inference_server.backends.hf.runner import HFModelRunner
+
+        hf_model = _from_config(config_from_dict(preset_config(preset)), torch.float32, torch.device("cpu"), 5)
+        runner = HFModelRunner(hf_model, spec, torch.device("cpu"))
+    else:
+        model = build_model(spec, torch.float32, "cpu")
+        init_dummy_weights(model, seed=5)
+        groups = {FULL_GROUP: num_blocks} | ({SLIDING_GROUP: num_blocks} if window else {})
+        storage = PagedKVStorage(spec.cache_layers, groups, BLOCK, torch.float32, "cpu")
+        runner = ModelRunner(model, spec, storage, torch.device("cpu"))
     # The runner's own launch/collect (pending tokens resolved on the device), in the loop: keeps mock-clock
     # tests free of threads. ``step.runner`` lets tests count the tokens it computed.
     step = RunnerPipeline(runner, threaded=False)
@@ -83,6 +97,11 @@ def tiny_model_parts(num_blocks: int, *, preset: str = "gemma-4-31b-tiny", **ove
                   scheduler_config=SchedulerConfig(max_batch_size=8, max_num_batched_tokens=32))
     values.update(overrides)
     return EngineParts(**values)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture

@@ -116,11 +116,11 @@ async def test_priority_orders_admission(fake_step: FakeStep) -> None:
     assert_kv_clean(engine)
 
 
-async def test_preemption_under_a_tiny_pool_keeps_greedy_outputs() -> None:
+async def test_preemption_under_a_tiny_pool_keeps_greedy_outputs(backend: str) -> None:
     requests = [ids_request(5 + 30 * i, length=6 + i, params=SamplingParams(temperature=0.0, max_tokens=10))
                 for i in range(5)]
-    roomy_engine, roomy = await run_engine(tiny_model_parts(num_blocks=128), requests)
-    tight_engine, tight = await run_engine(tiny_model_parts(num_blocks=10), requests)
+    roomy_engine, roomy = await run_engine(tiny_model_parts(num_blocks=128, backend=backend), requests)
+    tight_engine, tight = await run_engine(tiny_model_parts(num_blocks=10, backend=backend), requests)
     assert tight_engine.scheduler.num_preemptions > 0
     assert [r.token_ids for r in tight] == [r.token_ids for r in roomy]
     assert all(r.finish_reason == "length" for r in tight)

@@ -66,9 +66,9 @@ async def run(parts: EngineParts, batch: list[GenerationRequest], leave_after: d
 
 
 @pytest.mark.parametrize("num_blocks", [128, 12])
-async def test_overlap_gives_the_same_tokens(num_blocks: int) -> None:
-    on_engine, on = await run(tiny_model_parts(num_blocks, overlap=True), requests(), {})
-    off_engine, off = await run(tiny_model_parts(num_blocks, overlap=False), requests(), {})
+async def test_overlap_gives_the_same_tokens(num_blocks: int, backend: str) -> None:
+    on_engine, on = await run(tiny_model_parts(num_blocks, overlap=True, backend=backend), requests(), {})
+    off_engine, off = await run(tiny_model_parts(num_blocks, overlap=False, backend=backend), requests(), {})
     assert [c.token_ids for c in on] == [c.token_ids for c in off]
     for a, b in zip(on, off, strict=True):
         assert list(a.logprobs) == pytest.approx(list(b.logprobs), abs=1e-4)
@@ -79,12 +79,12 @@ async def test_overlap_gives_the_same_tokens(num_blocks: int) -> None:
     assert_kv_clean(off_engine)
 
 
-async def test_overlap_with_stops_and_callers_leaving_gives_the_same_tokens() -> None:
-    _, full = await run(tiny_model_parts(64, overlap=False), requests(), {})
+async def test_overlap_with_stops_and_callers_leaving_gives_the_same_tokens(backend: str) -> None:
+    _, full = await run(tiny_model_parts(64, overlap=False, backend=backend), requests(), {})
     stops = tuple({c.token_ids[4] for c in full[:3]})  # ends some requests early, on a token in flight
     leave_after = {3: 2, 4: 5}
-    on_engine, on = await run(tiny_model_parts(64, overlap=True), requests(stops), leave_after)
-    off_engine, off = await run(tiny_model_parts(64, overlap=False), requests(stops), leave_after)
+    on_engine, on = await run(tiny_model_parts(64, overlap=True, backend=backend), requests(stops), leave_after)
+    off_engine, off = await run(tiny_model_parts(64, overlap=False, backend=backend), requests(stops), leave_after)
     for i, (a, b) in enumerate(zip(on, off, strict=True)):
         if i in leave_after:  # what a caller saw before leaving is a prefix of the full output
             assert isinstance(a, list) and isinstance(b, list)
@@ -97,12 +97,12 @@ async def test_overlap_with_stops_and_callers_leaving_gives_the_same_tokens() ->
     assert_kv_clean(off_engine)
 
 
-async def test_a_seeded_request_gets_the_same_tokens_however_it_was_scheduled() -> None:
+async def test_a_seeded_request_gets_the_same_tokens_however_it_was_scheduled(backend: str) -> None:
     """Each token's noise is drawn from (seed, output position): preemption (which recomputes a request) and
     the discarded draw of a token computed past a stop do not shift a seeded request's stream."""
     seeded = [GenerationRequest(params=SamplingParams(temperature=1.0, seed=11 + i, max_tokens=14),
                                 prompt_ids=tuple(range(5 + 13 * i, 12 + 13 * i))) for i in range(5)]
-    _, roomy = await run(tiny_model_parts(128, overlap=False), seeded, {})
-    tight_engine, tight = await run(tiny_model_parts(9, overlap=True), seeded, {})
+    _, roomy = await run(tiny_model_parts(128, overlap=False, backend=backend), seeded, {})
+    tight_engine, tight = await run(tiny_model_parts(9, overlap=True, backend=backend), seeded, {})
     assert tight_engine.scheduler.num_preemptions > 0
     assert [c.token_ids for c in tight] == [c.token_ids for c in roomy]  # type: ignore[union-attr]

@@ -23,6 +23,15 @@ PROMPT = tuple((7 * i + 3) % 500 + 3 for i in range(23))
 def direct_log_softmax(parts: EngineParts, prompt: tuple[int, ...]) -> torch.Tensor:
     """[len(prompt), V] log-softmax of one full contiguous forward over ``prompt`` (fp32)."""
     runner = parts.step.runner  # type: ignore[attr-defined]
+    if hasattr(runner, "hf_model"):  # the Hugging Face runner: transformers' own forward and attention
+        implementation = runner.hf_model.config._attn_implementation
+        runner.hf_model.set_attn_implementation("eager")
+        try:
+            with torch.no_grad():
+                logits = runner.hf_model(torch.tensor([prompt])).logits[0]
+        finally:
+            runner.hf_model.set_attn_implementation(implementation)
+        return torch.log_softmax(logits.float(), dim=-1)
     model, spec = runner.model, runner.spec
     batch = ForwardBatch(seq_ids=(0,), cached_lens=(0,), query_lens=(len(prompt),))
     with torch.no_grad():
@@ -45,8 +54,8 @@ def assert_matches_forward(completion: Completion, expected: torch.Tensor, promp
 
 
 @pytest.mark.parametrize("budget", [5, 8, 64])
-async def test_prompt_logprobs_equal_full_forward_across_chunks(budget: int) -> None:
-    parts = tiny_model_parts(num_blocks=64, scheduler_config=SchedulerConfig(max_batch_size=4,
+async def test_prompt_logprobs_equal_full_forward_across_chunks(budget: int, backend: str) -> None:
+    parts = tiny_model_parts(num_blocks=64, backend=backend, scheduler_config=SchedulerConfig(max_batch_size=4,
                                                                              max_num_batched_tokens=budget))
     expected = direct_log_softmax(parts, PROMPT)
     params = SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=2)
@@ -90,8 +99,8 @@ async def test_prefix_cache_hit_does_not_lose_prompt_logprobs() -> None:
     assert first.token_ids == second.token_ids == third.token_ids
 
 
-async def test_max_tokens_zero_only_scores_the_prompt() -> None:
-    parts = tiny_model_parts(num_blocks=64)
+async def test_max_tokens_zero_only_scores_the_prompt(backend: str) -> None:
+    parts = tiny_model_parts(num_blocks=64, backend=backend)
     expected = direct_log_softmax(parts, PROMPT)
     params = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs=0)
     _, (result,) = await run_engine(parts, [GenerationRequest(params=params, prompt_ids=PROMPT)])

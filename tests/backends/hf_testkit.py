@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from inference_server.backends.hf.eviction_config import EvictionConfig
 from inference_server.backends.hf.loading import config_from_dict
-from inference_server.backends.hf.runner import EvictionConfig, HFModelRunner
+from inference_server.backends.hf.runner import HFModelRunner
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 from inference_server.records.sampling_params import SamplingParams

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from .hf_testkit import GREEDY, drive, generate, hf_runner, tiny_models
 
-from inference_server.backends.hf.runner import EvictionConfig
+from inference_server.backends.hf.eviction_config import EvictionConfig
 from inference_server.records.steps import ScheduledSequence, StepPlan
+
+from .hf_testkit import GREEDY, drive, generate, hf_runner, tiny_models
 
 PROMPTS = [[2, 5, 9, 33, 100, 7, 8, 9, 10, 11, 12, 13], [2, 44, 45], [2, 300, 301, 302, 303, 304, 17]]
 

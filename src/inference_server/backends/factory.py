@@ -71,22 +71,28 @@ def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device) ->
     return CPU_DEFAULT_KV_TOKENS * geometry.bytes_per_token
 
 
-def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
-             dtype: torch.dtype) -> tuple[KVManager, PagedKVStorage]:
-    """The KV manager (allocator state) and the matching device storage."""
-    model_len = _requested_model_len(settings, loaded.spec, device)
+def build_kv_manager(settings: Settings, spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
+                     prefix_cache: bool) -> KVManager:
+    """The KV manager (the allocator's block accounting), sized as the device storage would be."""
+    model_len = _requested_model_len(settings, spec, device)
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
-    geometry = KVGeometry.from_cache_layers(loaded.spec.cache_layers, dtype_bytes=dtype_bytes,
+    geometry = KVGeometry.from_cache_layers(spec.cache_layers, dtype_bytes=dtype_bytes,
                                             block_size=settings.kv_block_size)
     sizes = plan_pool_sizes(geometry, kv_budget(settings, geometry, device),
                             min(settings.kv_expected_sequence_tokens, model_len))
-    num_blocks = {FULL_GROUP: sizes.num_full_blocks}
-    if sizes.num_sliding_blocks:
-        num_blocks[SLIDING_GROUP] = sizes.num_sliding_blocks
-    windows = {layer.window for layer in loaded.spec.cache_layers if layer.window is not None}
-    kv = KVManager(block_size=settings.kv_block_size, num_full_blocks=sizes.num_full_blocks,
-                   num_sliding_blocks=sizes.num_sliding_blocks, sliding_window=max(windows) if windows else None,
-                   enable_prefix_cache=settings.enable_prefix_caching)
+    windows = {layer.window for layer in spec.cache_layers if layer.window is not None}
+    return KVManager(block_size=settings.kv_block_size, num_full_blocks=sizes.num_full_blocks,
+                     num_sliding_blocks=sizes.num_sliding_blocks, sliding_window=max(windows) if windows else None,
+                     enable_prefix_cache=prefix_cache)
+
+
+def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
+             dtype: torch.dtype) -> tuple[KVManager, PagedKVStorage]:
+    """The KV manager (allocator state) and the matching device storage."""
+    kv = build_kv_manager(settings, loaded.spec, device, dtype, prefix_cache=settings.enable_prefix_caching)
+    num_blocks = {FULL_GROUP: kv.full_pool.num_blocks}
+    if kv.sliding_pool is not None and kv.sliding_pool.num_blocks:
+        num_blocks[SLIDING_GROUP] = kv.sliding_pool.num_blocks
     storage = PagedKVStorage(loaded.spec.cache_layers, num_blocks, settings.kv_block_size, dtype, device)
     return kv, storage
 

@@ -9,6 +9,7 @@ attention scaling, for the RoPE variants that have one, divided out so it is not
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -21,9 +22,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class KeyRotation:
     """``shift(keys [H, T, D], layer index, delta)``: the keys as if rotated ``delta`` positions further."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        base = model.base_model
-        self.rotary = base.rotary_emb
+    def __init__(self, model: Any) -> None:
+        self.rotary: Any = model.base_model.rotary_emb
         self.layer_types: list[str] | None = getattr(model.config, "layer_types", None)
         self.takes_layer_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
 

@@ -20,51 +20,26 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
-import attrs
 import torch
 
 from inference_server.backends.hf.attention import register_attention
+from inference_server.backends.hf.eviction_config import EvictionConfig
 from inference_server.backends.hf.rope import KeyRotation
 from inference_server.backends.hf.sequence_kv import SequenceKV
 from inference_server.backends.hf.step_cache import CURRENT_STEP, StepCache, StepRow
 from inference_server.backends.hf_eviction import EvictionPolicy, make_policy
 from inference_server.backends.model_runner import ModelRunner
+from inference_server.config import Settings
 from inference_server.models.spec import ModelSpec
 from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.telemetry import profiler_ranges
 
-MIN_KV_BUDGET = 16
-
-
-@attrs.frozen
-class EvictionConfig:
-    """``KV_EVICTION``, ``KV_BUDGET_TOKENS`` and ``KV_SINK_TOKENS``, checked."""
-
-    policy: str = "none"
-    budget: int = 0
-    sink_tokens: int = 4
-
-    def __attrs_post_init__(self) -> None:
-        if self.policy == "none":
-            if self.budget:
-                raise ValueError("KV_BUDGET_TOKENS needs an eviction policy (KV_EVICTION=lru, sink or h2o)")
-            return
-        if self.budget < MIN_KV_BUDGET:
-            raise ValueError(f"KV_EVICTION={self.policy} needs KV_BUDGET_TOKENS >= {MIN_KV_BUDGET}")
-        if self.policy == "sink" and not 0 < self.sink_tokens <= self.budget // 4:
-            raise ValueError(f"KV_SINK_TOKENS must be between 1 and a quarter of KV_BUDGET_TOKENS "
-                             f"({self.budget // 4})")
-
-    @property
-    def piece_tokens(self) -> int:
-        """Most new tokens of one sequence in one forward: half the budget, the rest is its context."""
-        return self.budget // 2
-
 
 def layer_windows(config: object) -> tuple[int | None, ...]:
     """Per layer: the sliding window (``layer_types`` of the config), None for full attention."""
-    layers = int(getattr(config, "num_hidden_layers"))
+    layers = int(config.num_hidden_layers)
     types = getattr(config, "layer_types", None) or ["full_attention"] * layers
     window = getattr(config, "sliding_window", None)
     return tuple(window if kind == "sliding_attention" and window else None for kind in types)
@@ -73,12 +48,12 @@ def layer_windows(config: object) -> tuple[int | None, ...]:
 class HFModelRunner(ModelRunner):
     """See the module docstring. ``forwards`` counts model calls (tests check that decodes are batched)."""
 
-    def __init__(self, model: torch.nn.Module, spec: ModelSpec, device: torch.device,
+    def __init__(self, model: Any, spec: ModelSpec, device: torch.device,
                  eviction: EvictionConfig | None = None) -> None:
         self._init_step_state(device)
         self.spec = spec
         model.set_attn_implementation(register_attention())
-        self.hf_model = model.eval()
+        self.hf_model: Any = model.eval()
         self.eviction = eviction or EvictionConfig()
         self.policy: EvictionPolicy | None = make_policy(self.eviction.policy, sink_tokens=self.eviction.sink_tokens)
         self.pinned = self.eviction.sink_tokens if self.eviction.policy == "sink" else 0
@@ -86,12 +61,12 @@ class HFModelRunner(ModelRunner):
         self.rotation = KeyRotation(model)
         self.caches: dict[int, SequenceKV] = {}
         self.forwards = 0
-        self._head = model.get_output_embeddings()
+        self._head: Any = model.get_output_embeddings()
         self._softcap: float | None = getattr(model.config, "final_logit_softcapping", None)
         self._hidden_size = int(model.config.hidden_size)
-        base = model.base_model
-        self._base = base
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        self._base: Any = model.base_model
+        takes_cache = "cache" in inspect.signature(self._base.forward).parameters
+        self._cache_kwarg = "cache" if takes_cache else "past_key_values"  # transformers < 5.24: past_key_values
 
     # -- per-request state ---------------------------------------------------------------------------
     def forget(self, request_ids: tuple[int, ...]) -> None:
@@ -165,3 +140,9 @@ class HFModelRunner(ModelRunner):
         self.forwards += 1
         valid = step.query_valid
         hidden[source[valid]] = out[valid].to(hidden.dtype)
+
+
+def build_hf_runner(settings: Settings, model: Any, spec: ModelSpec,
+                    device: torch.device) -> HFModelRunner:
+    return HFModelRunner(model, spec, device,
+                         EvictionConfig(settings.kv_eviction, settings.kv_budget_tokens, settings.kv_sink_tokens))

@@ -17,12 +17,19 @@ import torch
 
 
 class EvictionPolicy(Protocol):
-    name: str
-    needs_attention: bool
-    """Whether the policy reads attention weights (``observe``): the backend then runs eager attention."""
-    renumbers_positions: bool
-    """Whether kept tokens take new RoPE positions after an eviction (AttentionSink: positions within the
-    cache); the others keep every token at its position in the sequence."""
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def needs_attention(self) -> bool:
+        """Whether the policy reads attention weights (``observe``): the backend then runs eager attention."""
+        ...
+
+    @property
+    def renumbers_positions(self) -> bool:
+        """Whether kept tokens take new RoPE positions after an eviction (AttentionSink: positions within the
+        cache); the others keep every token at its position in the sequence."""
+        ...
 
     def fresh(self, positions: torch.Tensor) -> torch.Tensor:
         """The statistic of new tokens at ``positions`` [N], before any attention was observed."""
