@@ -37,7 +37,7 @@ from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.telemetry import profiler_ranges
 
 
-def layer_windows(config: object) -> tuple[int | None, ...]:
+def layer_windows(config: Any) -> tuple[int | None, ...]:
     """Per layer: the sliding window (``layer_types`` of the config), None for full attention."""
     layers = int(config.num_hidden_layers)
     types = getattr(config, "layer_types", None) or ["full_attention"] * layers
