@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from inference_server.backends.hf.eviction_config import EvictionConfig
+from inference_server.config import SettingsError, load_settings
 from inference_server.records.steps import ScheduledSequence, StepPlan
+from inference_server.runtime import resolve_backend
 
 from .hf_testkit import GREEDY, drive, generate, hf_runner, tiny_models
 
@@ -66,3 +68,21 @@ def test_prompt_logprobs_match_a_full_forward(one_torch_thread: None) -> None:
 def test_bad_eviction_settings_are_rejected(policy: str, budget: int, sink: int) -> None:
     with pytest.raises(ValueError, match="KV_"):
         EvictionConfig(policy, budget, sink)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"BACKEND": "reference", "KV_EVICTION": "sink", "KV_BUDGET_TOKENS": "64"}, "feature of BACKEND=hf"),
+    ({"BACKEND": "hf", "KV_EVICTION": "h2o"}, "KV_BUDGET_TOKENS >= 16"),
+    ({"BACKEND": "hf", "KV_BUDGET_TOKENS": "64"}, "needs an eviction policy"),
+    ({"BACKEND": "hf", "KV_EVICTION": "sink", "KV_BUDGET_TOKENS": "32", "KV_SINK_TOKENS": "9"}, "KV_SINK_TOKENS"),
+    ({"KV_EVICTION": "fifo"}, "accepted values are none, lru, sink, h2o"),
+])
+def test_bad_settings_stop_start_up(values: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        resolve_backend(load_settings(environ=values, dotenv_path=None), torch.device("cpu"))
+
+
+def test_good_hf_settings_resolve() -> None:
+    settings = load_settings(environ={"BACKEND": "hf", "KV_EVICTION": "lru", "KV_BUDGET_TOKENS": "256"},
+                             dotenv_path=None)
+    assert resolve_backend(settings, torch.device("cpu")) == "hf"
