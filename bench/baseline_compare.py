@@ -107,18 +107,26 @@ def throughput(args: argparse.Namespace) -> None:
             prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt)] for _ in range(c)]
             rows[backend, c] = result = run_workload(built.parts, prompts, args.output)
             print(f"# {backend} c={c}: {result}", flush=True)
+            if backend == "hf" and c > 1:  # the same, with one forward per decoding sequence
+                built.runner.batch_decodes = False  # type: ignore[attr-defined]
+                rows["hf-unbatched", c] = result = run_workload(built.parts, prompts, args.output)
+                built.runner.batch_decodes = True  # type: ignore[attr-defined]
+                print(f"# hf, one decode forward per sequence, c={c}: {result}", flush=True)
         del built
         if args.device == "cuda":
             torch.cuda.empty_cache()
     name = args.model or "gemma-3-270m (embedded)"
     print(f"\n{name} on {args.device}, prompt {args.prompt}, output {args.output}, greedy\n")
     print("| concurrency | hf tok/s | ours tok/s | speed-up | hf TTFT s | ours TTFT s | hf TPOT ms | ours TPOT ms "
-          "| hf e2e s | ours e2e s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| hf e2e s | ours e2e s | hf unbatched decode tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in concurrency:
         h, o = rows["hf", c], rows[ours, c]
+        unbatched = rows.get(("hf-unbatched", c))
+        last = f"{unbatched['tok_s']:.1f}" if unbatched else "-"
         print(f"| {c} | {h['tok_s']:.1f} | {o['tok_s']:.1f} | {o['tok_s'] / h['tok_s']:.2f}x | {h['ttft']:.3f} | "
-              f"{o['ttft']:.3f} | {h['tpot'] * 1e3:.1f} | {o['tpot'] * 1e3:.1f} | {h['e2e']:.2f} | {o['e2e']:.2f} |")
+              f"{o['ttft']:.3f} | {h['tpot'] * 1e3:.1f} | {o['tpot'] * 1e3:.1f} | {h['e2e']:.2f} | {o['e2e']:.2f} | "
+              f"{last} |")
 
 
 # ----------------------------------------------------------------------------------------- perplexity

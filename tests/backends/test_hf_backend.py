@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from inference_server.backends.hf.eviction_config import EvictionConfig
+from inference_server.backends.hf.runner import HFModelRunner
 from inference_server.config import SettingsError, load_settings
 from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.runtime import resolve_backend
@@ -86,3 +87,26 @@ def test_good_hf_settings_resolve() -> None:
     settings = load_settings(environ={"BACKEND": "hf", "KV_EVICTION": "lru", "KV_BUDGET_TOKENS": "256"},
                              dotenv_path=None)
     assert resolve_backend(settings, torch.device("cpu")) == "hf"
+
+
+def test_one_forward_per_decode_gives_the_same_tokens(one_torch_thread: None) -> None:
+    model, _ = tiny_models("gemma3-tiny")
+    batched = drive(hf_runner(model), PROMPTS, new_tokens=8)
+    runner = hf_runner(model)
+    runner.batch_decodes = False
+    assert drive(runner, PROMPTS, new_tokens=8) == batched
+
+
+@pytest.mark.heavy
+def test_embedded_model_greedy_equals_transformers_generate() -> None:
+    """The embedded GGUF through transformers' GGUF loading, served by the runner: the same greedy tokens as
+    ``generate`` on that model, for prompts of different lengths decoded together."""
+    from inference_server.backends.hf.loading import load_hf_model
+    from inference_server.config import Settings
+
+    loaded = load_hf_model(Settings(backend="hf", device="cpu"), torch.device("cpu"), torch.float32)
+    assert loaded.tokenizer is not None
+    prompts = [loaded.tokenizer.encode(text) for text in ("The capital of France is", "Once upon a time, in a")]
+    outputs = drive(HFModelRunner(loaded.model, loaded.spec, torch.device("cpu")), prompts, new_tokens=8, chunk=4)
+    loaded.model.set_attn_implementation("sdpa")
+    assert outputs == [generate(loaded.model, prompt, 8) for prompt in prompts]

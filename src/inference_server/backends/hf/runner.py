@@ -61,6 +61,7 @@ class HFModelRunner(ModelRunner):
         self.rotation = KeyRotation(model)
         self.caches: dict[int, SequenceKV] = {}
         self.forwards = 0
+        self.batch_decodes = True  # False: one forward per decoding sequence (the baseline of the batching)
         self._head: Any = model.get_output_embeddings()
         self._softcap: float | None = getattr(model.config, "final_logit_softcapping", None)
         self._hidden_size = int(model.config.hidden_size)
@@ -104,8 +105,8 @@ class HFModelRunner(ModelRunner):
                 offset += count
         hidden = torch.empty(plan.num_tokens, self._hidden_size, dtype=self.hf_model.dtype, device=self.device)
         with profiler_ranges.phase("forward", plan.step_id):
-            if decodes:
-                self._run_rows(ids, hidden, decodes)
+            for group in ([decodes] if self.batch_decodes else [[row] for row in decodes]) if decodes else []:
+                self._run_rows(ids, hidden, group)
             piece = self.eviction.piece_tokens if self.policy is not None else None
             for kv, start, first, count in chunks:
                 step = piece or count
