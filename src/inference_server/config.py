@@ -54,6 +54,11 @@ class Settings:
                                       "16); 0 with KV_EVICTION=none.", minimum=0)
     kv_sink_tokens: int = _field(4, "Sink tokens KV_EVICTION=sink always keeps (at most a quarter of "
                                     "KV_BUDGET_TOKENS).", minimum=1)
+    quantization: str = _field("none", "Weight quantization applied at load: int8 stores every linear layer "
+                                       "(attention, MLP, MoE experts, PLE projections; routers stay float) as "
+                                       "symmetric per-output-channel int8 with scales in the model dtype, "
+                                       "quantized as each weight is loaded; on the CPU the embedding and lm_head "
+                                       "too (docs/quantization.md).", ("none", "int8"))
     custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend.")
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
     overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "
