@@ -136,8 +136,14 @@ def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | N
 
 
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                     topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str) -> torch.Tensor:
-    """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync)."""
+                     topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str, *,
+                     w_gate_up_scale: torch.Tensor | None = None,
+                     w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync). int8 experts
+    (scales given) run the PyTorch reference until the Triton int8 MoE is wired here (issue 13)."""
+    if w_gate_up_scale is not None or w_down_scale is not None:
+        return ops.torch_fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,
+                                   w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act)  # type: ignore[arg-type]
 
 

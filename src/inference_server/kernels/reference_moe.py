@@ -90,6 +90,9 @@ def fused_moe_reference(
     topk_ids: torch.Tensor,
     activation: Activation,
     accumulate: Accumulate = "pairs",
+    *,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[t] = Σ_k w[t,k] · down_e(act(gate_e(x_t)) · up_e(x_t)),  e = topk_ids[t, k].
 
@@ -97,7 +100,14 @@ def fused_moe_reference(
     ``topk_weights [T, K]`` (float; its dtype sets the weighting precision, see the module docstring),
     ``topk_ids [T, K]`` (int, every id in [0, E)). Returns ``[T, H]`` in ``hidden.dtype``.
     Weights must share ``hidden``'s dtype. Host-syncs once (bincount) to loop over active experts.
+    With ``w_gate_up_scale [E, 2I]`` and ``w_down_scale [E, H]`` the experts are int8: ``fused_moe_int8_reference``
+    (only the active experts' weights are read).
     """
+    if w_gate_up_scale is not None or w_down_scale is not None:
+        if w_gate_up_scale is None or w_down_scale is None:
+            raise ValueError("int8 experts need both w_gate_up_scale and w_down_scale")
+        return fused_moe_int8_reference(hidden, w_gate_up, w_gate_up_scale, w_down, w_down_scale, topk_weights,
+                                        topk_ids, activation, accumulate)
     return _moe(hidden, lambda x, e: x @ w_gate_up[e].T, lambda h, e: h @ w_down[e].T, w_gate_up.shape[0],
                 w_gate_up.shape[1] // 2, topk_weights, topk_ids, activation, accumulate)
 

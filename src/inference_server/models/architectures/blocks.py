@@ -11,22 +11,44 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.layers import RMSNorm, activation
+from inference_server.models.architectures.quantized import Int8Linear, project
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
 def fuse_linear_weights(projections: list[nn.Linear]) -> torch.Tensor:
     """One matrix holding the projections' weights stacked by rows (in order); each projection's weight
     becomes a view of its rows, so the weights exist once and loaders and ``state_dict`` see the same names."""
-    fused = torch.cat([p.weight.detach() for p in projections], dim=0)
+    return _fuse_rows([p.weight for p in projections])
+
+
+def _fuse_rows(parameters: list[torch.Tensor]) -> torch.Tensor:
+    fused = torch.cat([p.detach() for p in parameters], dim=0)
     offset = 0
-    for projection in projections:
-        rows = projection.weight.shape[0]
-        projection.weight.data = fused[offset:offset + rows]
+    for parameter in parameters:
+        rows = parameter.shape[0]
+        parameter.data = fused[offset:offset + rows]
         offset += rows
     return fused
+
+
+def fuse_projections(projections: list[nn.Linear] | list[Int8Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``fuse_linear_weights`` for float or int8 projections (all of one kind): ``(weight, None)`` for float,
+    ``(qweight, scale)`` for int8, the int8 weights and their per-row scales each concatenated along N (the
+    rows), which is exact because every row keeps its own scale. Run the result through ``quantized.project``."""
+    if all(isinstance(p, Int8Linear) for p in projections):
+        int8 = [p for p in projections if isinstance(p, Int8Linear)]
+        return _fuse_rows([p.qweight for p in int8]), _fuse_rows([p.scale for p in int8])
+    if all(isinstance(p, nn.Linear) for p in projections):
+        return fuse_linear_weights([p for p in projections if isinstance(p, nn.Linear)]), None
+    raise TypeError("cannot fuse a mix of float and int8 projections")
+
+
+def _rows(projection: nn.Module) -> int:
+    return projection.out_features if isinstance(projection, (nn.Linear, Int8Linear)) else 0
 
 
 class SelfAttention(nn.Module):
@@ -50,6 +72,7 @@ class SelfAttention(nn.Module):
                 if spec.value_norm else None
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
         self.qkv_weight: torch.Tensor | None = None  # set by fuse_qkv (not a parameter: no second state_dict entry)
+        self.qkv_scale: torch.Tensor | None = None  # the fused per-row scales when the projections are int8
         self.qkv_rows: tuple[int, ...] = ()  # rows of q, k (and v) in qkv_weight
 
     def fuse_qkv(self) -> None:
@@ -62,8 +85,8 @@ class SelfAttention(nn.Module):
         if not self.layer.computes_kv or self.qkv_weight is not None:
             return
         projections = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
-        self.qkv_weight = fuse_linear_weights(projections)
-        self.qkv_rows = tuple(p.weight.shape[0] for p in projections)
+        self.qkv_weight, self.qkv_scale = fuse_projections(projections)
+        self.qkv_rows = tuple(_rows(p) for p in projections)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Raw q [T, nH, D], k [T, nKV, D] and v (None where the layer has no such projection); views of one
@@ -72,7 +95,7 @@ class SelfAttention(nn.Module):
         if not self.layer.computes_kv:
             return self.q_proj(x).view(tokens, -1, d), None, None
         if self.qkv_weight is not None and ops.fused_weights:
-            qkv = torch.nn.functional.linear(x, self.qkv_weight)  # [T, (nH + nKV (+ nKV)) * D]
+            qkv = project(x, self.qkv_weight, self.qkv_scale)  # [T, (nH + nKV (+ nKV)) * D]
             parts = qkv.split(self.qkv_rows, dim=-1)
             heads = [part.unflatten(-1, (-1, d)) for part in parts]  # strided views, last dim contiguous
             return heads[0], heads[1], heads[2] if len(heads) == 3 else None
@@ -101,30 +124,60 @@ class GatedMLP(nn.Module):
         activation(act)  # fails early on an unknown name
         self.act_name = act
         self.gate_up_weight: torch.Tensor | None = None  # set by fuse_gate_up (not a parameter)
+        self.gate_up_scale: torch.Tensor | None = None  # its per-row scales when the projections are int8
 
     def fuse_gate_up(self) -> None:
         """Concatenate the gate and up weights into one ``[2I, H]`` matrix (the projections become views of it),
         so a step runs one GEMM instead of two while ``ops.fused_weights`` is on (see
         ``SelfAttention.fuse_qkv``). Idempotent; call once the weights are loaded and on their device."""
         if self.gate_up_weight is None:
-            self.gate_up_weight = fuse_linear_weights([self.gate_proj, self.up_proj])
+            self.gate_up_weight, self.gate_up_scale = fuse_projections([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None and ops.fused_weights:
-            gate, up = torch.nn.functional.linear(x, self.gate_up_weight).chunk(2, dim=-1)  # [T, I] views
+            gate, up = project(x, self.gate_up_weight, self.gate_up_scale).chunk(2, dim=-1)  # [T, I] views
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(ops.gated_activation(gate, up, self.act_name))
 
 
 class FusedExperts(nn.Module):
-    """Expert weights of one MoE layer; ``forward`` applies the routed experts with their weights."""
+    """Expert weights of one MoE layer; ``forward`` applies the routed experts with their weights.
+
+    After ``quantize_`` the two expert tensors are int8 (same names and shapes, ``requires_grad=False``) and
+    ``gate_up_proj_scale [E, 2I]`` / ``down_proj_scale [E, H]`` hold their per-row scales; ``ops.fused_moe`` then
+    gets the scales as keyword arguments."""
+
+    gate_up_proj_scale: nn.Parameter | None
+    down_proj_scale: nn.Parameter | None
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.register_parameter("gate_up_proj_scale", None)  # set by quantize_
+        self.register_parameter("down_proj_scale", None)
         self.activation = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
 
+    def quantize_(self) -> None:
+        """Replace both expert tensors by int8 ones and their scales, one expert at a time (the float
+        temporaries stay one expert big). The int8 tensors take the float ones' places among the parameters,
+        so the parameter order (and ``loader.init_dummy_weights``' random stream) is unchanged; idempotent."""
+        if self.gate_up_proj_scale is not None:
+            return
+        for name in ("gate_up_proj", "down_proj"):
+            weight = getattr(self, name).detach()
+            qweight = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+            scale = torch.empty(weight.shape[:-1], dtype=weight.dtype, device=weight.device)
+            if weight.device.type != "meta":
+                for expert in range(weight.shape[0]):
+                    qweight[expert], scale[expert] = quantize_int8_per_channel(weight[expert])
+            del weight
+            setattr(self, name, nn.Parameter(qweight, requires_grad=False))
+            setattr(self, f"{name}_scale", nn.Parameter(scale, requires_grad=False))
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation)
+        if self.gate_up_proj_scale is None:
+            return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation)
+        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation,
+                             w_gate_up_scale=self.gate_up_proj_scale, w_down_scale=self.down_proj_scale)

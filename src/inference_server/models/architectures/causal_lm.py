@@ -7,13 +7,14 @@ from torch import nn
 
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.layers import softcap
+from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear
 from inference_server.models.spec import ModelSpec
 
 
 class Decoder(nn.Module):
     """The ``model.*`` part of a causal LM: ``forward(ids [T], ctx)`` gives final hidden states [T, H]."""
 
-    embed_tokens: nn.Embedding
+    embed_tokens: nn.Embedding | Int8Embedding
 
     def place_rope_tables(self, device: torch.device | str) -> None:
         """Move the rotary tables to ``device`` once (the runner calls it before any step)."""
@@ -25,7 +26,7 @@ class CausalLM(nn.Module):
     [N, V] (tied to ``model.embed_tokens`` when the config says so, softcapped when it has a final cap)."""
 
     decoder_class: type[Decoder]
-    lm_head: nn.Linear  # only when the embeddings are not tied
+    lm_head: nn.Linear | Int8Linear  # only when the embeddings are not tied
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -39,5 +40,9 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] for final hidden states [N, H], in the model dtype."""
-        weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return softcap(torch.nn.functional.linear(hidden, weight), self.spec.final_logit_softcapping)
+        if not self.spec.tie_word_embeddings:
+            return softcap(self.lm_head(hidden), self.spec.final_logit_softcapping)
+        embedding = self.model.embed_tokens
+        if isinstance(embedding, Int8Embedding):
+            return softcap(embedding.as_lm_head(hidden), self.spec.final_logit_softcapping)
+        return softcap(torch.nn.functional.linear(hidden, embedding.weight), self.spec.final_logit_softcapping)

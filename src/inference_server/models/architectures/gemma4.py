@@ -145,8 +145,8 @@ class Gemma4Model(Decoder):
     def per_layer_inputs(self, ids: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
         """PLE: per-layer inputs [T, L, P] from the token table and a projection of the scaled embedding."""
         spec, tokens = self.spec, ids.shape[0]
-        table = self.embed_tokens_per_layer.weight
-        tok = self.embed_tokens_per_layer(ids) * torch.tensor(spec.ple_hidden_size ** 0.5).to(table.dtype)
+        tok = self.embed_tokens_per_layer(ids)  # [T, L * P] in the table's dtype (dequantized rows when int8)
+        tok = tok * torch.tensor(spec.ple_hidden_size ** 0.5).to(tok.dtype)
         tok = tok.reshape(tokens, spec.num_layers, spec.ple_hidden_size)
         proj = self.per_layer_model_projection(h0) * spec.hidden_size ** -0.5
         proj = self.per_layer_projection_norm(proj.reshape(tokens, spec.num_layers, spec.ple_hidden_size))
@@ -154,8 +154,8 @@ class Gemma4Model(Decoder):
 
     def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Final-normed hidden states [T, H] for the packed token ids [T]."""
-        weight = self.embed_tokens.weight
-        h = self.embed_tokens(ids) * torch.tensor(self.spec.embed_scale).to(weight.dtype)  # [T, H]
+        h = self.embed_tokens(ids)  # [T, H] in the table's dtype (dequantized rows when int8)
+        h = h * torch.tensor(self.spec.embed_scale).to(h.dtype)
         ple = self.per_layer_inputs(ids, h) if self.spec.ple_hidden_size else None  # [T, L, P]
         rope = {t: rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
         for i, decoder_layer in enumerate(self.layers):

@@ -2,27 +2,42 @@
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
 add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm + residual add + scale + next norm),
-``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE) and (through
-``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations with ``use_ops`` at start-up
-(the CUDA backend installs the Triton kernels). Keeping the switch here means model code reads the same on every
-device. The choice is process-wide: a test that runs a reference runner beside a CUDA runner wraps the reference
-steps in ``reference_ops()``.
+``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.int8_linear`` (int8 weight-only layers,
+``quantized.Int8Linear``) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
+implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch
+here means model code reads the same on every device. The choice is process-wide: a test that runs a reference
+runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 
+from inference_server.kernels.reference_int8 import int8_linear_reference
 from inference_server.kernels.reference_moe import route_softmax_topk
 from inference_server.models.architectures import layers
 from inference_server.models.architectures.layers import NormFn
 from inference_server.models.architectures.layers import activation as activation_fn
 from inference_server.models.spec import NormStyle
 
-MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
+
+class MoEFn(Protocol):
+    """The routed-experts op: ``ops.torch_fused_moe``'s signature. The scales are given only for int8 experts
+    (``w_gate_up`` / ``w_down`` int8, ``kernels/reference_int8.py`` format); float experts are called with the
+    six positional arguments alone, so an implementation without int8 support still serves float models."""
+
+    def __call__(self, hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                 topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str, *,
+                 w_gate_up_scale: torch.Tensor | None = None,
+                 w_down_scale: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+Int8LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(x [T, K], qweight [N, K] int8, scale [N]) -> [T, N]`` in x's dtype (``int8_linear_reference``'s contract)."""
 RouteFn = Callable[[torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
                    tuple[torch.Tensor, torch.Tensor]]
 AddNormFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float, NormStyle],
@@ -69,19 +84,38 @@ def torch_fused_moe(
     topk_weights: torch.Tensor,  # [T, K]
     topk_ids: torch.Tensor,  # [T, K]
     act: str,
+    *,
+    w_gate_up_scale: torch.Tensor | None = None,  # [E, 2I] when w_gate_up is int8
+    w_down_scale: torch.Tensor | None = None,  # [E, H] when w_down is int8
 ) -> torch.Tensor:  # [T, H]
     """Routed experts in transformers' eager order: expert by expert, weighted in the weights' dtype,
-    accumulated in the activation dtype with ``index_add_``. Only experts that received tokens are read."""
+    accumulated in the activation dtype with ``index_add_``. Only experts that received tokens are read; int8
+    experts (scales given) go through ``int8_linear_reference`` one active expert at a time (fp32 accumulation,
+    scale after the reduction, rounded to the activation dtype: the int8 matmul contract)."""
     act_fn = activation_fn(act)
     out = torch.zeros_like(hidden)
     flat_ids = topk_ids.reshape(-1)
     for expert in torch.unique(flat_ids).tolist():
         token_idx, k_pos = torch.where(topk_ids == expert)
-        gate, up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[expert]).chunk(2, dim=-1)
-        y = torch.nn.functional.linear(act_fn(gate) * up, w_down[expert])  # [n, H]
+        gate, up = _expert_linear(hidden[token_idx], w_gate_up, w_gate_up_scale, expert).chunk(2, dim=-1)
+        y = _expert_linear(act_fn(gate) * up, w_down, w_down_scale, expert)  # [n, H]
         y = y * topk_weights[token_idx, k_pos, None]
         out.index_add_(0, token_idx, y.to(out.dtype))
     return out
+
+
+def _expert_linear(x: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:
+    """``x @ weights[expert].T``: ``F.linear`` for float experts, ``int8_linear_reference`` for int8 ones."""
+    if scale is None:
+        return torch.nn.functional.linear(x, weights[expert])
+    return int8_linear_reference(x, weights[expert], scale[expert])
+
+
+def torch_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The default ``int8_linear``: ``kernels.reference_int8.int8_linear_reference`` (fp32 accumulation, the
+    scale applied after the reduction). The CPU engine installs a faster one (``kernels.cpu_int8``); the CUDA
+    backend the Triton GEMV/GEMM."""
+    return int8_linear_reference(x, qweight, scale)
 
 
 GatedActivationFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
@@ -158,6 +192,7 @@ gated_activation: GatedActivationFn = torch_gated_activation
 add_rms_norm: AddNormFn = torch_add_rms_norm
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
+int8_linear: Int8LinearFn = torch_int8_linear
 fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
@@ -169,12 +204,20 @@ def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> t
     return add_rms_norm(x, residual, norm.weight, norm.eps, norm.style)
 
 
+def _set_int8_linear(fn: Int8LinearFn) -> None:
+    global int8_linear
+    int8_linear = fn
+
+
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
             router: RouteFn | None = None, weights_fused: bool | None = None,
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
-            qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None) -> None:
+            qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
+            int8_linear: Int8LinearFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up)."""
     global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope, norm_add
+    if int8_linear is not None:
+        _set_int8_linear(int8_linear)  # the keyword shadows the module-level name
     if sandwich is not None:
         norm_add = sandwich
     if qk_norm is not None:
@@ -203,6 +246,8 @@ def reference_ops() -> Iterator[None]:
     previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
     previous_gated, previous_add_norm, previous_qk_norm = gated_activation, add_rms_norm, qk_norm_rope
     gated_activation, add_rms_norm, qk_norm_rope = torch_gated_activation, torch_add_rms_norm, torch_qk_norm_rope
+    previous_int8 = int8_linear
+    _set_int8_linear(torch_int8_linear)
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
     fused_moe, route, fused_weights = torch_fused_moe, torch_route, False
@@ -212,5 +257,6 @@ def reference_ops() -> Iterator[None]:
         fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
         gated_activation, add_rms_norm, qk_norm_rope = previous_gated, previous_add_norm, previous_qk_norm
         norm_add = previous_norm_add
+        _set_int8_linear(previous_int8)
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)

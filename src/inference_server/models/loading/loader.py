@@ -2,7 +2,10 @@
 
 Weights are never held twice: the model is created on the ``meta`` device, materialised empty on the target
 device, and each checkpoint tensor is copied into its parameter as it is read (Qwen3-MoE per-expert tensors
-are copied straight into their slice of the fused expert tensors).
+are copied straight into their slice of the fused expert tensors). With ``quantization="int8"`` the model is
+converted to int8 layers while still on ``meta`` (``quantized.quantize_model_int8_``), so only the int8
+weights are ever allocated on the device; each float checkpoint tensor is quantized there as it is read
+(``QuantizedWeight.copy_``), the peak beyond the int8 model being one float tensor.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from torch import nn
 
 from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.architectures.quantized import QuantizedWeight, logical_tensors, quantize_model_int8_
 from inference_server.models.spec import ModelSpec, parse_model_spec
 
 
@@ -30,33 +34,52 @@ IGNORED_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_t
 QWEN_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-    """An uninitialised model on ``device`` (parameters allocated, contents undefined)."""
+def quantize_embeddings(device: torch.device | str) -> bool:
+    """Whether ``QUANTIZATION=int8`` also quantizes the embeddings and lm_head on ``device``: on the CPU, where
+    the embedded model's tied 262k x 640 table is most of every decode step's reads and the measured quality
+    holds (docs/quantization.md); not on GPUs, where they stay in the model dtype (the issue's default until
+    measured there)."""
+    return torch.device(device).type == "cpu"
+
+
+def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str,
+                quantization: str = "none") -> CausalLM:
+    """An uninitialised model on ``device`` (parameters allocated, contents undefined); int8 layers
+    (``quantization="int8"``) hold int8 weights and scales in ``dtype``."""
     from inference_server.models.architectures.gemma4 import Gemma4ForCausalLM
     from inference_server.models.architectures.qwen3_moe import Qwen3MoeForCausalLM
 
     cls = Qwen3MoeForCausalLM if spec.architecture == "qwen3_moe" else Gemma4ForCausalLM
     with torch.device("meta"):
         model = cls(spec)
+        if quantization == "int8":
+            quantize_model_int8_(model, embeddings=quantize_embeddings(device))
+        elif quantization != "none":
+            raise ValueError(f"unknown quantization {quantization!r}")
     model = model.to(dtype=dtype).to_empty(device=device)
     return model.eval().requires_grad_(False)
 
 
-def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    named: dict[str, torch.Tensor] = dict(model.named_parameters())
-    named.update(model.named_buffers())
-    return named
+def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """Every tensor to fill, under its checkpoint name (int8 weights as ``QuantizedWeight``)."""
+    return logical_tensors(model)
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights at the real size, created on the model's device (like vLLM's ``load_format=dummy``).
 
-    Matrices get N(0, 1/fan_in) so activations stay in range; norm weights and scalars are near 1.
+    Matrices get N(0, 1/fan_in) so activations stay in range; norm weights and scalars are near 1. An int8
+    weight is drawn in the model dtype exactly as its float weight would be (same order, same stream) and
+    quantized, so an int8 dummy model is the quantized float dummy model of the same seed.
     """
     generator_device = next(model.parameters()).device
     gen = torch.Generator(device=generator_device).manual_seed(seed)
     for name, tensor in _named_tensors(model).items():
-        if tensor.dim() >= 2:
+        if isinstance(tensor, QuantizedWeight):
+            drawn = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+            tensor.copy_(drawn.normal_(0.0, tensor.shape[-1] ** -0.5, generator=gen))
+            del drawn
+        elif tensor.dim() >= 2:
             tensor.normal_(0.0, tensor.shape[-1] ** -0.5, generator=gen)
         elif name.endswith("layer_scalar"):
             tensor.fill_(1.0)
@@ -149,12 +172,12 @@ def load_weights(model: nn.Module, spec: ModelSpec, tensors: Iterator[tuple[str,
     missing = sorted(expected - filled)
     if missing:
         raise CheckpointError(f"{source}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    for name, tensor in targets.items():  # a checkpoint without layer scalars means scalar 1
-        if name.endswith("layer_scalar") and name not in filled:
-            tensor.fill_(1.0)
+    for name, scalar in targets.items():  # a checkpoint without layer scalars means scalar 1
+        if name.endswith("layer_scalar") and name not in filled and isinstance(scalar, torch.Tensor):
+            scalar.fill_(1.0)
 
 
-def _copy_expert(targets: dict[str, torch.Tensor], filled: set[str], match: re.Match[str],
+def _copy_expert(targets: dict[str, torch.Tensor | QuantizedWeight], filled: set[str], match: re.Match[str],
                  tensor: torch.Tensor, source: str) -> None:
     prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
     fused_name = f"{prefix}.down_proj" if kind == "down_proj" else f"{prefix}.gate_up_proj"
@@ -175,12 +198,13 @@ def _copy_expert(targets: dict[str, torch.Tensor], filled: set[str], match: re.M
         filled.add(fused_name)
 
 
-def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[CausalLM, ModelSpec]:
+def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str,
+                   quantization: str = "none") -> tuple[CausalLM, ModelSpec]:
     """Model and spec from a Hugging Face checkpoint folder (config.json + safetensors, sharded or not)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder does not exist")
     spec = parse_model_spec(read_config(folder))
-    model = build_model(spec, dtype, device)
+    model = build_model(spec, dtype, device, quantization)
     load_weights(model, spec, iter_safetensors(folder), str(folder))
     return model, spec
