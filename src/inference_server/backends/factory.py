@@ -99,7 +99,13 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
 
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
                  backend: str, limits: EngineLimits) -> ModelRunner:
-    """The step runner of the chosen backend (``reference`` or ``custom-cuda``)."""
+    """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU gets
+    the CPU int8 matmul (``kernels.cpu_int8``) installed as ``ops.int8_linear`` (process-wide)."""
+    if settings.quantization == "int8" and device.type == "cpu":
+        from inference_server.kernels.cpu_int8 import cpu_int8_linear
+        from inference_server.models.architectures import ops
+
+        ops.use_ops(int8_linear=cpu_int8_linear)
     if backend == "custom-cuda":
         from inference_server.backends.cuda_backend import build_cuda_runner
 

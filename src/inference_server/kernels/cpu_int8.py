@@ -1,0 +1,96 @@
+"""The CPU engine's int8 matmul (``ops.int8_linear`` on the CPU): the fastest torch kernels that keep the
+quality of the weight-only reference, chosen by measurement (``bench/int8_cpu.py``, ``bench/int8_quality.py``,
+docs/quantization.md).
+
+On the 2-core Zen 4 VM, one thread, the embedded model's tied lm_head (262144 x 640) at M=1 takes: fp32
+``F.linear`` 75 ms, ``torch._weight_int8pack_mm`` 35 ms with bf16 activations (220 ms with fp32 ones), the
+reference dequantize-then-matmul more than fp32, and fbgemm's int8 x int8 GEMM (``quantized::linear_dynamic``)
+8.6 ms. fbgemm also quantizes the *activations*, which costs quality when every layer does it (perplexity of
+the fixed text +4.5 % with 8-bit activations in all 127 matmuls, +14 % with 7-bit ones), but little in the one
+lm_head matmul (+0.45 %). Hence two paths:
+
+* matrices of at least ``LARGE_WEIGHT_ELEMENTS`` weights (in practice the lm_head: no decoder layer of the
+  supported CPU models comes close), when fbgemm and VNNI are there: fbgemm with each row of ``x`` quantized
+  to 8 bits with its own scale (the row is divided by its max |x|, so fbgemm's one per-tensor scale is each
+  row's own, and multiplied back after). Per-row scales keep a row's result independent of the batch.
+  Without VNNI, fbgemm's AVX2 kernel can saturate 8-bit products (hence its 7-bit ``reduce_range``, which
+  costs +2.9 % perplexity here), so that case takes the next path;
+* everything else: ``torch._weight_int8pack_mm`` with the activations rounded to bf16 (a weight-only kernel;
+  the bf16 rounding of x changes the perplexity by < 0.1 %), the result cast back to fp32.
+
+fbgemm packs a copy of each large weight on first use (kept on the weight tensor, released with it): on the
+embedded model 168 MB beside the 168 MB int8 table. Anything else (CUDA tensors, non-fp32 activations, a torch
+without these ops) goes to the weight-only reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inference_server.kernels.reference_int8 import int8_linear_reference
+
+__all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_row_quantized_linear", "int8pack_linear"]
+
+LARGE_WEIGHT_ELEMENTS = 1 << 24  # 16.8 M weights: the embedded lm_head has 168 M, its largest layer 1.3 M
+_PACKED_ATTRIBUTE = "_fbgemm_packed"  # set on the qweight tensor: (data_ptr it was packed from, packed weight)
+
+
+@functools.cache
+def _fbgemm_8bit_safe() -> bool:
+    """fbgemm is the active quantized engine (``x86`` uses it for linear layers) and the CPU has VNNI, whose
+    int8 dot products accumulate in int32 without the AVX2 kernel's int16 saturation."""
+    if torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags or " avx_vnni" in flags
+
+
+def _pack(qweight: torch.Tensor, scale: torch.Tensor) -> Any:
+    """fbgemm's packed copy of ``qweight`` with per-channel ``scale``, kept on the ``qweight`` tensor object
+    (it lives and dies with it) and repacked if the tensor's storage moved."""
+    cached = getattr(qweight, _PACKED_ATTRIBUTE, None)
+    if cached is not None and cached[0] == qweight.data_ptr():
+        return cached[1]
+    zero_points = torch.zeros(qweight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # "quantized tensor creation functions are deprecated": this one is internal
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch._make_per_channel_quantized_tensor(qweight.contiguous(), scale.double(), zero_points, 0)
+    packed = torch.ops.quantized.linear_prepack(quantized, None)
+    setattr(qweight, _PACKED_ATTRIBUTE, (qweight.data_ptr(), packed))
+    return packed
+
+
+def fbgemm_row_quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x [T, K]`` fp32 times int8 ``qweight [N, K]`` with per-channel ``scale``, each row of ``x`` quantized to
+    8 bits with its own scale on the fly (fbgemm, int32 accumulation). Needs ``_fbgemm_8bit_safe()``."""
+    row_scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # [T, 1]
+    y = torch.ops.quantized.linear_dynamic(x / row_scale, _pack(qweight, scale), False)  # [T, N]
+    return y * row_scale
+
+
+def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Weight-only int8 matmul through ``torch._weight_int8pack_mm`` with x rounded to bf16 (its fast CPU path),
+    the result returned in x's dtype."""
+    out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight.contiguous(),
+                                    scale.to(torch.bfloat16))
+    return out.to(x.dtype)
+
+
+def cpu_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``ops.Int8LinearFn`` for the CPU engine: ``x [T, K]``, ``qweight [N, K]`` int8, ``scale [N]`` -> ``[T, N]``
+    in x's dtype (module docstring for which kernel runs)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[0] == 0:
+        return int8_linear_reference(x, qweight, scale)
+    if qweight.numel() >= LARGE_WEIGHT_ELEMENTS and _fbgemm_8bit_safe():
+        return fbgemm_row_quantized_linear(x, qweight, scale)
+    if hasattr(torch, "_weight_int8pack_mm"):
+        return int8pack_linear(x, qweight, scale)
+    return int8_linear_reference(x, qweight, scale)
