@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.models.conftest import GEMMA3
 from torch import nn
 
 from inference_server.kernels.reference_int8 import dequantize_int8, int8_linear_reference, quantize_int8_per_channel
@@ -29,7 +30,6 @@ from inference_server.models.architectures.quantized import (
 from inference_server.models.loading.loader import build_model, init_dummy_weights, load_hf_folder
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
-from tests.models.conftest import GEMMA3
 
 CONFIGS = {name: preset_config(name) for name in preset_names() if name.endswith("-tiny")}
 CONFIGS["gemma3-tiny"] = dict(GEMMA3, model_type="gemma3_text")
@@ -134,7 +134,7 @@ def test_every_linear_but_the_routers_becomes_int8(name: str, embeddings: bool) 
     assert isinstance(model.model.embed_tokens, Int8Embedding) == embeddings
     floats = [n for n, p in model.named_parameters()
               if p.dim() >= 2 and p.dtype != torch.int8 and not n.endswith("_scale")]
-    assert all("router" in n or n.endswith("mlp.gate.weight") or not embeddings and ("embed" in n or "lm_head" in n)
+    assert all("router" in n or n.endswith("mlp.gate.weight") or (not embeddings and ("embed" in n or "lm_head" in n))
                for n in floats), floats
 
 

@@ -12,11 +12,12 @@ lm_head matmul (+0.45 %). Hence two paths:
 * matrices of at least ``LARGE_WEIGHT_ELEMENTS`` weights (in practice the lm_head: no decoder layer of the
   supported CPU models comes close), when fbgemm and VNNI are there: fbgemm with each row of ``x`` quantized
   to 8 bits with its own scale (the row is divided by its max |x|, so fbgemm's one per-tensor scale is each
-  row's own, and multiplied back after). Per-row scales keep a row's result independent of the batch.
+  row's own, and multiplied back after). A row with a large range does not coarsen the others (results
+  depend on the batch only through fbgemm's choice of zero point, within the 8-bit step).
   Without VNNI, fbgemm's AVX2 kernel can saturate 8-bit products (hence its 7-bit ``reduce_range``, which
   costs +2.9 % perplexity here), so that case takes the next path;
 * everything else: ``torch._weight_int8pack_mm`` with the activations rounded to bf16 (a weight-only kernel;
-  the bf16 rounding of x changes the perplexity by < 0.1 %), the result cast back to fp32.
+  its output is bf16 too; both roundings together change the perplexity by < 0.1 %), cast back to fp32.
 
 fbgemm packs a copy of each large weight on first use (kept on the weight tensor, released with it): on the
 embedded model 168 MB beside the 168 MB int8 table. Anything else (CUDA tensors, non-fp32 activations, a torch
@@ -37,6 +38,10 @@ from inference_server.kernels.reference_int8 import int8_linear_reference
 __all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_row_quantized_linear", "int8pack_linear"]
 
 LARGE_WEIGHT_ELEMENTS = 1 << 24  # 16.8 M weights: the embedded lm_head has 168 M, its largest layer 1.3 M
+INT8PACK_K_MULTIPLE = 32
+"""``torch._weight_int8pack_mm`` on the CPU reads K in vector blocks: K = 8 gave wrong results (and a crash in an
+engine run), 16-640 were right; multiples of 32 are taken (every layer of the supported models), others go to
+the reference."""
 _PACKED_ATTRIBUTE = "_fbgemm_packed"  # set on the qweight tensor: (data_ptr it was packed from, packed weight)
 
 
@@ -91,6 +96,6 @@ def cpu_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor)
         return int8_linear_reference(x, qweight, scale)
     if qweight.numel() >= LARGE_WEIGHT_ELEMENTS and _fbgemm_8bit_safe():
         return fbgemm_row_quantized_linear(x, qweight, scale)
-    if hasattr(torch, "_weight_int8pack_mm"):
+    if qweight.shape[1] % INT8PACK_K_MULTIPLE == 0 and hasattr(torch, "_weight_int8pack_mm"):
         return int8pack_linear(x, qweight, scale)
     return int8_linear_reference(x, qweight, scale)

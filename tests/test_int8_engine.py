@@ -1,0 +1,56 @@
+"""QUANTIZATION=int8 through the settings and the engine factory: the engine loads an int8 model, installs the CPU
+int8 matmul and serves requests end to end (a tiny preset in CI; the embedded model under ``-m heavy``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference_server.config import load_settings
+from inference_server.kernels.cpu_int8 import cpu_int8_linear
+from inference_server.models.architectures import ops
+from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear, is_quantized
+from inference_server.offline import LLM
+from inference_server.records.sampling_params import SamplingParams
+
+PROMPT = (2, 17, 40, 99, 5, 311)
+
+
+@pytest.fixture(autouse=True)
+def _restore_ops():
+    with ops.reference_ops():  # the engine installs the CPU int8 matmul process-wide; put the reference back after
+        yield
+
+
+def _greedy(model, spec, prompt: tuple[int, ...], steps: int) -> list[int]:
+    cache, out = ContiguousKVCache(spec), []
+    with torch.no_grad():
+        hidden = model(torch.tensor(prompt), cache.context(ForwardBatch((0,), (0,), (len(prompt),)), "cpu"))
+        for step in range(steps):
+            out.append(int(model.compute_logits(hidden[-1:]).argmax(-1)))
+            batch = ForwardBatch((0,), (len(prompt) + step,), (1,))
+            hidden = model(torch.tensor(out[-1:]), cache.context(batch, "cpu"))
+    return out
+
+
+def test_int8_setting_serves_a_tiny_model_end_to_end() -> None:
+    settings = load_settings(environ={"MODEL": "gemma-4-e2b-tiny", "DUMMY_WEIGHTS": "true", "DEVICE": "cpu",
+                                      "QUANTIZATION": "int8", "KV_CACHE_TOKENS": "512"}, dotenv_path=None)
+    llm = LLM(settings)
+    model, spec = llm.built.loaded.model, llm.built.loaded.spec
+    assert is_quantized(model) and isinstance(model.model.embed_tokens, Int8Embedding)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int8Linear)
+    assert ops.int8_linear is cpu_int8_linear
+    [completion] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert completion.error is None and completion.finish_reason == "length" and len(completion.token_ids) == 8
+    # the paged engine's tokens are the int8 model's own greedy tokens through the contiguous reference cache
+    assert list(completion.token_ids) == _greedy(model, spec, PROMPT, 8)
+
+
+@pytest.mark.heavy
+def test_int8_embedded_model_still_knows_the_capital_of_france() -> None:
+    llm = LLM(load_settings(environ={"DEVICE": "cpu", "QUANTIZATION": "int8"}, dotenv_path=None))
+    assert is_quantized(llm.built.loaded.model)
+    [completion] = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=8))
+    assert "Paris" in completion.text
