@@ -169,7 +169,8 @@ UNTUNED = ("before", "untuned")
 
 
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
-                 device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1) -> None:
+                 device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
+                 quantization: str = "none") -> None:
     """Per variant: build the runner (graphs captured), count and time the B=1 kernels, then per batch
     ``repeats`` timed loops of ``steps`` steps (median reported, every run listed)."""
     from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
@@ -182,7 +183,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     spec = parse_model_spec(preset_config(preset))
     free_gpu()
     started = time.perf_counter()
-    model = build_model(spec, torch.bfloat16, device)
+    model = build_model(spec, torch.bfloat16, device, quantization)
     init_dummy_weights(model, seed=0)
     sync()
     load_s = time.perf_counter() - started
@@ -284,7 +285,7 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
 
 
 def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: bool, device: torch.device,
-                  overlaps: tuple[bool, ...] = (True,)) -> None:
+                  overlaps: tuple[bool, ...] = (True,), quantization: str = "none") -> None:
     from inference_server.config import Settings
     from inference_server.offline import LLM
     from inference_server.records.sampling_params import SamplingParams
@@ -293,7 +294,7 @@ def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: b
     backend = "custom-cuda" if device.type == "cuda" else "reference"  # off-GPU: a dry run of the script
     settings = Settings(model=preset, dummy_weights=True, device=device.type, backend=backend, max_batch_size=256,
                         max_model_len=4096 if not smoke else 1024, kv_cache_memory_fraction=0.85, seed=0,
-                        kv_cache_tokens=65_536 if smoke else 0)
+                        kv_cache_tokens=65_536 if smoke else 0, quantization=quantization)
     started = time.perf_counter()
     llm = LLM(settings)
     runner = llm.built.runner
@@ -424,6 +425,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: dry run of the script (tiny preset, interpreter)")
+    ap.add_argument("--quantization", default="none", choices=("none", "int8"), help="QUANTIZATION of the model")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.what == "table":
@@ -433,14 +435,15 @@ def main() -> None:
 
     preset = a.model + ("-tiny" if a.smoke else "")
     device = torch.device(a.device)
-    emit(a.out, kind="env", model=a.model, torch=torch.__version__, triton=triton.__version__,
-         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", date=time.strftime("%Y-%m-%d %H:%M"))
+    emit(a.out, kind="env", model=a.model, quantization=a.quantization, torch=torch.__version__,
+         triton=triton.__version__, device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+         date=time.strftime("%Y-%m-%d %H:%M"))
     if not a.skip_decode:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
-                     tuple(v.strip() for v in a.variants.split(",")), a.repeats)
+                     tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization)
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
-        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps)
+        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization)
 
 
 if __name__ == "__main__":
