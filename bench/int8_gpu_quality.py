@@ -2,7 +2,8 @@
 
 For each preset: the model at its real widths with ``--layers`` decoder layers (the first ones of its layer
 pattern), dummy bf16 weights (``init_dummy_weights``, N(0, 1/fan_in)), then an int8 copy made with
-``quantize_model_int8_`` (embeddings and lm_head stay bf16, as the engine does on GPUs). One prefill of
+``quantize_model_int8_`` (embeddings and lm_head stay bf16, as the engine does on GPUs; ``--embeddings``
+quantizes them too, to measure whether the GPU could). One prefill of
 ``--tokens`` random token ids through the reference contiguous KV cache, then the logits of every position:
 float vs int8, with the reference ops (``int8_linear_reference``, the PyTorch MoE reference) and, if given, with
 the installed kernels (``--int8-op`` / ``--moe-op``: ``module:function`` installed through ``ops.use_ops``).
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("--int8-op", default="", help="module:function installed as ops.int8_linear")
     parser.add_argument("--moe-op", default="", help="module:function installed as ops.fused_moe")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="quantize the embeddings and lm_head too (what the CPU engine does; not the GPU default)")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16
@@ -85,7 +88,8 @@ def main() -> None:
         kernels["int8_linear"] = load_op(args.int8_op)
     if args.moe_op:
         kernels["moe"] = load_op(args.moe_op)
-    print(f"device {device}, {dtype}, {args.layers} layers, {args.tokens}-token prefill; kernels: "
+    print(f"device {device}, {dtype}, {args.layers} layers, {args.tokens}-token prefill, embeddings/lm_head "
+          f"{'int8' if args.embeddings else 'bf16'}; kernels: "
           f"{', '.join(f'{k}={v.__module__}.{v.__name__}' for k, v in kernels.items()) or 'reference only'}")
     for name in args.presets:
         started = time.perf_counter()
@@ -94,7 +98,7 @@ def main() -> None:
         init_dummy_weights(model, seed=0)
         ids = torch.randint(3, spec.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0))
         ids = ids.to(device)
-        int8 = quantize_model_int8_(copy.deepcopy(model))
+        int8 = quantize_model_int8_(copy.deepcopy(model), embeddings=args.embeddings)
         with ops.reference_ops():
             reference = logits(model, spec, ids)
             int8_reference = logits(int8, spec, ids)
