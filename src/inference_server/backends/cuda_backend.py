@@ -42,6 +42,7 @@ from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
+from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.prefill_attention import paged_prefill_attention
@@ -139,12 +140,10 @@ def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torc
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str, *,
                      w_gate_up_scale: torch.Tensor | None = None,
                      w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync). int8 experts
-    (scales given) run the PyTorch reference until the Triton int8 MoE is wired here (issue 13)."""
-    if w_gate_up_scale is not None or w_down_scale is not None:
-        return ops.torch_fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,
-                                   w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
-    return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act)  # type: ignore[arg-type]
+    """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync); int8 experts
+    (scales given) dequantise their weight tiles in registers (``kernels.fused_moe``'s int8 path)."""
+    return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,  # type: ignore[arg-type]
+                     w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
 
 
 class OpaqueAttentionContext(PagedAttentionContext):
@@ -200,6 +199,8 @@ class CudaModelRunner(ModelRunner):
         # Inductor, which fuses the reference ops into their neighbours.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
         self._moe = torch.compiler.disable(triton_fused_moe) if options.compile else triton_fused_moe
+        # int8 weight-only layers (QUANTIZATION=int8): the Triton GEMV/GEMM, opaque to torch.compile like the MoE
+        self._int8_linear = torch.compiler.disable(triton_int8_linear) if options.compile else triton_int8_linear
         self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm
         self._add_norm = triton_add_rms_norm if options.triton_norm and options.triton_add_norm \
             and not options.compile else ops.torch_add_rms_norm
@@ -268,7 +269,7 @@ class CudaModelRunner(ModelRunner):
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
-                    qk_norm=self._qk_norm, sandwich=self._norm_add)
+                    qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -1,0 +1,43 @@
+"""The custom-cuda runner with an int8 model (QUANTIZATION=int8 layers and experts) against the reference runner
+on the same int8 model, with the Triton kernels (``kernels.int8_linear``, the int8 path of ``kernels.fused_moe``)
+in the CPU interpreter: fused q/k/v and gate/up over int8 weights, the static decode path, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.backends.test_cuda_backend import (
+    BLOCK,
+    LogitsTap,
+    Script,
+    build,
+    compare,
+    num_groups,
+    storage_for,
+    tokens_of,
+)
+
+from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.model_runner import ModelRunner
+from inference_server.models.architectures.blocks import SelfAttention
+from inference_server.models.architectures.quantized import quantize_model_int8_
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels in the CPU interpreter; "
+                    "the GPU runs them through bench/int8_gpu_quality.py and the engine")
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-e2b-tiny"])
+def test_int8_model_on_the_cuda_runner_matches_the_reference_runner(name: str) -> None:
+    torch.set_num_threads(1)
+    spec, model = build(name, torch.float32, "cpu")
+    quantize_model_int8_(model)
+    tap = LogitsTap(model)
+    script = Script(spec, num_groups(spec), 4, seed=1, prompt_lens=(5, 12))
+    n, m = len(script.seqs), script.blocks_per_seq
+    reference = ModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"))
+    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False)
+    runner = CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"), options)
+    fused = [m for m in model.modules() if isinstance(m, SelfAttention) and m.qkv_weight is not None]
+    assert fused and all(module.qkv_weight.dtype == torch.int8 for module in fused)
+    comparison = compare(script, tokens_of(reference, reference=True), tokens_of(runner), tap, 4)
+    assert comparison.agree == comparison.total
+    assert max(comparison.errors) < 1e-4
