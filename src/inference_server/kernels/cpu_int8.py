@@ -42,6 +42,7 @@ INT8PACK_K_MULTIPLE = 32
 """``torch._weight_int8pack_mm`` on the CPU reads K in vector blocks: K = 8 gave wrong results (and a crash in an
 engine run), 16-640 were right; multiples of 32 are taken (every layer of the supported models), others go to
 the reference."""
+_BF16_SCALE_ATTRIBUTE = "_bf16_scale"  # set on the scale tensor: (data_ptr it was converted from, bf16 copy)
 _PACKED_ATTRIBUTE = "_fbgemm_packed"  # set on the qweight tensor: (data_ptr it was packed from, packed weight)
 
 
@@ -81,11 +82,20 @@ def fbgemm_row_quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: t
     return y * row_scale
 
 
+def _bf16_scale(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` in bf16, kept on the scale tensor (one conversion per layer instead of one per call)."""
+    cached = getattr(scale, _BF16_SCALE_ATTRIBUTE, None)
+    if cached is not None and cached[0] == scale.data_ptr():
+        return cached[1]
+    converted = scale.to(torch.bfloat16)
+    setattr(scale, _BF16_SCALE_ATTRIBUTE, (scale.data_ptr(), converted))
+    return converted
+
+
 def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Weight-only int8 matmul through ``torch._weight_int8pack_mm`` with x rounded to bf16 (its fast CPU path),
     the result returned in x's dtype."""
-    out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight.contiguous(),
-                                    scale.to(torch.bfloat16))
+    out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight.contiguous(), _bf16_scale(scale))
     return out.to(x.dtype)
 
 
