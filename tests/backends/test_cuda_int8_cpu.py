@@ -19,8 +19,15 @@ from tests.backends.test_cuda_backend import (
 
 from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
 from inference_server.backends.model_runner import ModelRunner
+from inference_server.models.architectures import ops
 from inference_server.models.architectures.blocks import SelfAttention
 from inference_server.models.architectures.quantized import quantize_model_int8_
+
+
+@pytest.fixture(autouse=True)
+def _restore_ops():
+    with ops.reference_ops():  # the CUDA runner installs its Triton ops process-wide: put back what was there
+        yield
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels in the CPU interpreter; "
