@@ -29,6 +29,8 @@ class Gemma4Router(nn.Module):
     """Top-k routing from the *un-normed* residual: weightless norm, per-channel scale, H^-0.5, fp32 softmax,
     renormalised top-k weights times ``per_expert_scale`` (weights stay fp32)."""
 
+    keeps_float_weights = True  # QUANTIZATION=int8 leaves the router float: its error would flip top-k choices
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.eps = spec.rms_norm_eps

@@ -129,31 +129,27 @@ def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -
     return ops.int8_linear(flat, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _is_router(module: nn.Module) -> bool:
-    from inference_server.models.architectures.gemma4 import Gemma4Router
-
-    return isinstance(module, Gemma4Router)
-
-
 def quantize_model_int8_(model: nn.Module, *, embeddings: bool = False) -> nn.Module:
     """Convert ``model`` to int8 weights in place, module by module (see the module docstring for what is
     converted); returns it. Each float weight is quantized on its own device and released as soon as its
     int8 replacement is in place, so the peak is the float model plus one layer's int8 copy. On a model built
     on the ``meta`` device nothing is computed: only the structure changes (the loader then fills it).
     Idempotent. Must run before ``fuse_qkv`` / ``fuse_gate_up`` (fusing after quantizing fuses the int8
-    weights and scales)."""
-    from inference_server.models.architectures.blocks import FusedExperts
-    from inference_server.models.architectures.causal_lm import CausalLM
+    weights and scales).
 
+    Modules opt in or out by attribute (no import of the model files, which import this one): a module with
+    ``keeps_float_weights = True`` (the routers) is left alone, one with a ``quantize_()`` method (the MoE
+    experts) quantizes its own weights, and ``model.lm_head`` follows ``embeddings``."""
     for parent in list(model.modules()):
-        if _is_router(parent):
+        if getattr(parent, "keeps_float_weights", False):
             continue
-        if isinstance(parent, FusedExperts):
-            parent.quantize_()
+        quantize_own = getattr(parent, "quantize_", None)
+        if callable(quantize_own):
+            quantize_own()
             continue
         for child_name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and not _is_router(parent):
-                if isinstance(parent, CausalLM) and child_name == "lm_head" and not embeddings:
+            if isinstance(child, nn.Linear):
+                if parent is model and child_name == "lm_head" and not embeddings:
                     continue
                 setattr(parent, child_name, Int8Linear.from_linear(child))
             elif isinstance(child, nn.Embedding) and embeddings:
@@ -169,21 +165,21 @@ def is_quantized(model: nn.Module) -> bool:
 def logical_tensors(model: nn.Module) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Every parameter and buffer under its float checkpoint name, in ``named_parameters`` order (then
     buffers): an int8 weight appears once, as a ``QuantizedWeight`` under the float weight's name
-    (``...q_proj.weight``, ``...experts.gate_up_proj``); its scale does not appear on its own."""
-    from inference_server.models.architectures.blocks import FusedExperts
-
+    (``...q_proj.weight``, ``...experts.gate_up_proj``); its scale does not appear on its own. An int8
+    parameter ``X`` of another module (the MoE experts) is paired with that module's ``X_scale``."""
     renamed: dict[str, tuple[str, QuantizedWeight] | None] = {}  # parameter name -> (float name, weight) / skip
     for prefix, module in model.named_modules():
         dot = f"{prefix}." if prefix else ""
         if isinstance(module, (Int8Linear, Int8Embedding)):
             renamed[f"{dot}qweight"] = (f"{dot}weight", QuantizedWeight(module.qweight, module.scale))
             renamed[f"{dot}scale"] = None
-        elif isinstance(module, FusedExperts) and module.gate_up_proj_scale is not None \
-                and module.down_proj_scale is not None:
-            renamed[f"{dot}gate_up_proj"] = (f"{dot}gate_up_proj",
-                                             QuantizedWeight(module.gate_up_proj, module.gate_up_proj_scale))
-            renamed[f"{dot}down_proj"] = (f"{dot}down_proj", QuantizedWeight(module.down_proj, module.down_proj_scale))
-            renamed[f"{dot}gate_up_proj_scale"] = renamed[f"{dot}down_proj_scale"] = None
+            continue
+        own = dict(module.named_parameters(recurse=False))
+        for name, parameter in own.items():
+            scale = own.get(f"{name}_scale")
+            if parameter.dtype == torch.int8 and scale is not None:
+                renamed[f"{dot}{name}"] = (f"{dot}{name}", QuantizedWeight(parameter, scale))
+                renamed[f"{dot}{name}_scale"] = None
     named: dict[str, torch.Tensor | QuantizedWeight] = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if name not in renamed:

@@ -22,6 +22,8 @@ from inference_server.models.spec import LayerSpec, ModelSpec
 class Qwen3MoeRouter(nn.Module):
     """``mlp.gate``: linear router over experts."""
 
+    keeps_float_weights = True  # QUANTIZATION=int8 leaves the router float (see quantized.py)
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.top_k = spec.experts_top_k
