@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_server.config import load_settings
+from inference_server.config import SettingsError, load_settings
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear, is_quantized
 from inference_server.offline import LLM
 from inference_server.records.sampling_params import SamplingParams
+from inference_server.runtime import resolve_backend
 
 PROMPT = (2, 17, 40, 99, 5, 311)
 
@@ -46,6 +47,12 @@ def test_int8_setting_serves_a_tiny_model_end_to_end() -> None:
     assert completion.error is None and completion.finish_reason == "length" and len(completion.token_ids) == 8
     # the paged engine's tokens are the int8 model's own greedy tokens through the contiguous reference cache
     assert list(completion.token_ids) == _greedy(model, spec, PROMPT, 8)
+
+
+def test_int8_is_refused_with_the_hf_backend() -> None:
+    settings = load_settings(environ={"QUANTIZATION": "int8", "BACKEND": "hf", "DEVICE": "cpu"}, dotenv_path=None)
+    with pytest.raises(SettingsError, match="QUANTIZATION='int8' is invalid with BACKEND='hf'"):
+        resolve_backend(settings, torch.device("cpu"))
 
 
 @pytest.mark.heavy

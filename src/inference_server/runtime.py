@@ -33,7 +33,8 @@ def resolve_dtype(settings: Settings, device: torch.device) -> torch.dtype:
 
 def resolve_backend(settings: Settings, device: torch.device) -> str:
     """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``. KV eviction settings are
-    checked here too: they need the hf backend, and a budget goes with a policy."""
+    checked here too: they need the hf backend, and a budget goes with a policy; QUANTIZATION needs our own
+    model classes (not the hf backend)."""
     backend = settings.backend
     if backend == "auto":
         backend = "custom-cuda" if device.type == "cuda" else "reference"
@@ -43,6 +44,9 @@ def resolve_backend(settings: Settings, device: torch.device) -> str:
         raise SettingsError(f"KV_EVICTION={settings.kv_eviction!r} and KV_BUDGET_TOKENS="
                             f"{settings.kv_budget_tokens} are invalid with BACKEND={backend!r}: KV eviction is a "
                             f"feature of BACKEND=hf")
+    if backend == "hf" and settings.quantization != "none":
+        raise SettingsError(f"QUANTIZATION={settings.quantization!r} is invalid with BACKEND='hf': the hf baseline "
+                            f"runs the stock transformers model (accepted with hf: none)")
     if backend == "hf":
         from inference_server.backends.hf.eviction_config import EvictionConfig
 
