@@ -1,19 +1,26 @@
 """Fake-model replicas for the front's tests: an engine and the single server's app under Hypercorn on a
 loopback port, each in its own thread and trio loop, that a test can stop abruptly (``kill``: every task of
-the replica is cancelled at once, connections drop without a last event, as when a process dies)."""
+the replica is cancelled at once, connections drop without a last event, as when a process dies). Also what
+the front's tests and the Ray tests share: serving a ``Front`` on a loopback port, waiting on a condition,
+reading a replica's prefix-cache hits."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import attrs
+import httpx
 import trio
 from http_testkit import FakeModel, make_parts
+from hypercorn.config import Config
+from hypercorn.trio import serve
 
+from control_plane.front import Front
+from control_plane.front_app import create_front_app
 from inference_server.config import Settings
 from inference_server.http import create_app
 from inference_server.server import _hypercorn_config, supervise_engine
@@ -71,3 +78,33 @@ def fake_replica(model: FakeModel | None = None, **overrides: Any) -> Iterator[F
         if thread.is_alive():
             model.release.set()
             replica.kill()
+
+
+async def wait_until(condition: Callable[[], bool], seconds: float) -> None:
+    """Poll ``condition`` until it holds; fail after ``seconds`` (generous: the machine may be busy)."""
+    with trio.fail_after(seconds):
+        while not condition():
+            await trio.sleep(0.02)
+
+
+@asynccontextmanager
+async def serving_front(front: Front, wait_seconds: float) -> AsyncIterator[httpx.AsyncClient]:
+    """``front`` running and its app under Hypercorn on a loopback port, once every replica is healthy: a client
+    for it. The front and the server stop when the block ends."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(front.run)
+        config = Config()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        binds = await nursery.start(serve, create_front_app(front), config)
+        async with httpx.AsyncClient(base_url=binds[0], timeout=wait_seconds) as client:
+            await wait_until(lambda: all(r.healthy for r in front.replicas), wait_seconds)
+            yield client
+        nursery.cancel_scope.cancel()
+
+
+async def prefix_hits(url: str, wait_seconds: float) -> float:
+    """Prompt tokens a replica found in its prefix cache so far (its ``/metrics``)."""
+    async with httpx.AsyncClient(timeout=wait_seconds) as client:
+        text = (await client.get(f"{url}/metrics")).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))

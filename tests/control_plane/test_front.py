@@ -10,14 +10,12 @@ from contextlib import ExitStack, asynccontextmanager
 
 import attrs
 import httpx
+import replica_kit
 import trio
 from http_testkit import FakeModel
-from hypercorn.config import Config
-from hypercorn.trio import serve
-from replica_kit import FakeReplica, fake_replica
+from replica_kit import FakeReplica, fake_replica, serving_front
 
 from control_plane.front import Front
-from control_plane.front_app import create_front_app
 from control_plane.replicas import StaticReplicas
 from inference_server.core.block_hashes import chain_hashes
 
@@ -33,9 +31,7 @@ class Cluster:
 
 
 async def wait_until(condition: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT_SECONDS):
-        while not condition():
-            await trio.sleep(0.02)
+    await replica_kit.wait_until(condition, WAIT_SECONDS)
 
 
 @asynccontextmanager
@@ -44,22 +40,12 @@ async def cluster(policy: str, models: list[FakeModel] | None = None) -> AsyncIt
     with ExitStack() as stack:
         replicas = [stack.enter_context(fake_replica(model)) for model in models]
         front = Front(StaticReplicas([r.url for r in replicas], retry_seconds=0.2), policy)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(front.run)
-            config = Config()
-            config.bind = ["127.0.0.1:0"]
-            config.accesslog = None
-            binds = await nursery.start(serve, create_front_app(front), config)
-            async with httpx.AsyncClient(base_url=binds[0], timeout=WAIT_SECONDS) as client:
-                await wait_until(lambda: all(r.healthy for r in front.replicas))
-                yield Cluster(front, client, replicas)
-            nursery.cancel_scope.cancel()
+        async with serving_front(front, WAIT_SECONDS) as client:
+            yield Cluster(front, client, replicas)
 
 
 async def prefix_hits(url: str) -> float:
-    async with httpx.AsyncClient(timeout=WAIT_SECONDS) as client:
-        text = (await client.get(f"{url}/metrics")).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
+    return await replica_kit.prefix_hits(url, WAIT_SECONDS)
 
 
 async def generate(client: httpx.AsyncClient, ids: list[int], **fields: object) -> httpx.Response:

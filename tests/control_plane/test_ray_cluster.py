@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+import replica_kit
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
+from replica_kit import serving_front
 
 from control_plane.front import Front
-from control_plane.front_app import create_front_app
 from control_plane.ray_replica import RayReplicas, settings_overrides
 from inference_server.config import load_settings
 
@@ -42,10 +41,8 @@ def replicas() -> Iterator[RayReplicas]:
         ray.shutdown()
 
 
-async def wait_until(condition: object) -> None:
-    with trio.fail_after(WAIT_SECONDS):
-        while not condition():  # type: ignore[operator]
-            await trio.sleep(0.05)
+async def wait_until(condition: Callable[[], bool]) -> None:
+    await replica_kit.wait_until(condition, WAIT_SECONDS)
 
 
 @asynccontextmanager
@@ -53,22 +50,12 @@ async def front_over(replicas: RayReplicas, policy: str) -> AsyncIterator[tuple[
     from inference_server.models.loading.source import load_tokenizer
 
     front = Front(replicas, policy, load_tokenizer(load_settings(dotenv_path=None)))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(front.run)
-        config = Config()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        binds = await nursery.start(serve, create_front_app(front), config)
-        async with httpx.AsyncClient(base_url=binds[0], timeout=WAIT_SECONDS) as client:
-            await wait_until(lambda: all(r.healthy for r in front.replicas))
-            yield front, client
-        nursery.cancel_scope.cancel()
+    async with serving_front(front, WAIT_SECONDS) as client:
+        yield front, client
 
 
 async def prefix_hits(url: str) -> float:
-    async with httpx.AsyncClient(timeout=WAIT_SECONDS) as client:
-        text = (await client.get(f"{url}/metrics")).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
+    return await replica_kit.prefix_hits(url, WAIT_SECONDS)
 
 
 async def test_a_repeated_long_prefix_goes_to_the_replica_that_cached_it(replicas: RayReplicas) -> None:
