@@ -27,11 +27,9 @@ figure. Past T ~ 100 (dense int8) the work is compute-bound and the fraction sto
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,11 +39,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from roofline import HBM_BYTES_PER_S  # bench/ is on the path
+from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
+from roofline import HBM_BYTES_PER_S
 
 HBM_SPEC_BYTES_PER_S = 4.8e12  # H200 data sheet
 TOKENS = (1, 16, 64, 256)
-L2_BYTES = 50 * 2**20  # H200 (read from the device when there is one)
 
 
 @dataclass(frozen=True)
@@ -99,16 +97,6 @@ def moe_bytes(tokens: int, touched_experts: float, case: MoeCase, weight_bytes: 
     return touched_experts * per_expert + 2 * tokens * h * act_bytes
 
 
-def rotation(call_bytes: int, l2_bytes: int = L2_BYTES, max_copies: int = 16) -> int:
-    """Weight copies to cycle through so that at least 2x the L2 lies between two reads of one copy."""
-    return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(1, call_bytes))))
-
-
-def calls_per_graph(copies: int, at_least: int = 10) -> int:
-    """Calls in one timed graph: whole rounds over the copies, at least ``at_least``."""
-    return copies * math.ceil(at_least / copies)
-
-
 def fraction_row(label: str, tokens: int, bf16_s: float, bf16_bytes: float, int8_s: float, int8_bytes: float) -> str:
     """One markdown row: times, achieved bandwidths, int8's fraction of the measured and data-sheet limits."""
     int8_bw = int8_bytes / int8_s
@@ -119,43 +107,6 @@ def fraction_row(label: str, tokens: int, bf16_s: float, bf16_bytes: float, int8
 
 TABLE_HEADER = ("| case | T | bf16 µs | bf16 TB/s | int8 µs | int8 TB/s | int8 of 4.3 TB/s | int8 of 4.8 TB/s "
                 "| int8 speed-up |\n|---|---|---|---|---|---|---|---|---|")
-
-
-def time_calls(calls: list[Callable[[], object]], device: torch.device, reps: int) -> float:
-    """Median seconds per call. CUDA: a graph replaying ``calls`` in order, CUDA events around each replay.
-    CPU (dry run): wall time of each call."""
-    for call in calls:  # compile and warm outside the capture
-        call()
-    if device.type != "cuda":
-        times = []
-        for _ in range(max(1, reps)):
-            for call in calls:
-                started = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - started)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # a warm call on the capture stream (cuBLAS workspaces)
-        calls[0]()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(max(1, reps)):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / len(calls))
-    del graph
-    return statistics.median(times)
 
 
 def bench_linear(case: LinearCase, tokens: int, device: torch.device, reps: int, l2_bytes: int) -> str:
@@ -310,9 +261,7 @@ def main() -> int:
     tokens = [int(t) for t in args.tokens.split(",") if t]
     linear_cases = TINY_LINEAR_CASES if args.tiny else LINEAR_CASES
     moe_cases = TINY_MOE_CASES if args.tiny else MOE_CASES
-    l2_bytes = L2_BYTES
-    if device.type == "cuda":
-        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", L2_BYTES) or L2_BYTES
+    l2_bytes = device_l2_bytes(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# int8 kernels on {name}: torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"median of {args.reps} graph replays", flush=True)

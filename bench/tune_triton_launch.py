@@ -30,16 +30,18 @@ so every config the server uses is compiled at start-up.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_timing import device_l2_bytes, rotation, time_calls
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 EAGER_LADDER = (512, 1024, 2048, 4096)
@@ -70,51 +72,6 @@ def candidates(tokens: int, base, top_k: int, quick: int) -> list:
     return found[:quick] if quick else found
 
 
-def time_call(fn, device: torch.device, reps: int) -> float:
-    """Median seconds of one ``fn(copy)`` call, over ``copies`` weight copies (``fn`` takes the copy index).
-
-    On CUDA: one graph runs ``fn`` on every copy in turn; the median of ``reps`` replays, per call. On the CPU
-    (dry runs): plain calls."""
-    copies = getattr(fn, "copies", 1)
-    if device.type == "cuda":
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for copy in range(copies):  # warm-up (compiles) outside the capture
-                fn(copy)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for copy in range(copies):
-                fn(copy)
-        times = []
-        for _ in range(max(3, reps)):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) * 1e-3 / copies)
-        del graph
-        return statistics.median(times)
-    fn(0)
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        fn(0)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
-def weight_copies(bytes_per_copy: int, device: torch.device) -> int:
-    """How many copies of the expert weights make the timed calls miss L2: the bytes one call reads, over the
-    copies, at least twice the L2 size (2..16 copies)."""
-    if device.type != "cuda":
-        return 1
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-    return max(2, min(16, -(-2 * l2 // bytes_per_copy)))
-
-
 def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.device, reps: int, quick: int,
                 seed: int = 0, int8: bool = False) -> dict:
     """The fastest config for one token count that matches the heuristic's output; a record of the sweep."""
@@ -137,7 +94,7 @@ def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.dev
         scales = dict(w_gate_up_scale=gate_up_scale, w_down_scale=down_scale)
     # only the routed experts' weights are read: those bytes must exceed L2 over the copies
     touched = int(ids.unique().numel()) * (w_gate_up[0].numel() + w_down[0].numel()) * w_gate_up.element_size()
-    copies = weight_copies(touched, device)
+    copies = rotation(touched, device_l2_bytes(device)) if device.type == "cuda" else 1
     layers = [(w_gate_up, w_down)] + [(w_gate_up.clone(), w_down.clone()) for _ in range(copies - 1)]
     weights = torch.softmax(torch.randn(tokens, K, generator=gen), -1).to(device, dtype)
     base = moe_kernel_config(tokens, H, inter, E, K)
@@ -152,11 +109,9 @@ def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.dev
         error = (out.float() - expected.float()).abs().max().item() / scale
         if error > 2 ** -6:  # a few bf16 ulps of the largest output
             return None, f"differs: {error:.2e}"
-        def call(copy: int) -> None:
-            fused_moe(hidden, *layers[copy], weights, ids, "silu", config=config, **scales)
-
-        call.copies = copies  # type: ignore[attr-defined]
-        return time_call(call, device, reps), "ok"
+        calls = [functools.partial(fused_moe, hidden, *layer, weights, ids, "silu", config=config, **scales)
+                 for layer in layers]
+        return time_calls(calls, device, reps), "ok"
 
     results: list[tuple[float, MoeKernelConfig]] = []
     rejected: list[str] = []
