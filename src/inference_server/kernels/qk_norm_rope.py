@@ -142,13 +142,11 @@ def reference_qk_norm_rope(
     q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor,
     k_weight: torch.Tensor | None, eps: float, mode: NormMode, cos: torch.Tensor, sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The unfused PyTorch path: ``reference_norm`` per head, then the NeoX rotation of ``layers.apply_rope``."""
+    """The unfused PyTorch path: ``reference_norm`` per head, then ``layers.apply_rope`` (NeoX half split)."""
+    from inference_server.models.architectures.layers import apply_rope
+
     def norm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return rmsnorm_reference(x, None, weight, eps, mode)[0]
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos[:, None, :] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None, :]
-
-    return (rotate(norm(q, q_weight)), rotate(norm(k, k_weight)) if k is not None else None,
+    return (apply_rope(norm(q, q_weight), cos, sin), apply_rope(norm(k, k_weight), cos, sin) if k is not None else None,
             norm(v, None) if v is not None else None)

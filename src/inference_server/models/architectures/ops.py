@@ -204,9 +204,17 @@ def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> t
     return add_rms_norm(x, residual, norm.weight, norm.eps, norm.style)
 
 
-def _set_int8_linear(fn: Int8LinearFn) -> None:
-    global int8_linear
-    int8_linear = fn
+_REFERENCE: dict[str, object] = {
+    "fused_moe": torch_fused_moe,
+    "route": torch_route,
+    "gated_activation": torch_gated_activation,
+    "add_rms_norm": torch_add_rms_norm,
+    "qk_norm_rope": torch_qk_norm_rope,
+    "norm_add": torch_norm_add,
+    "int8_linear": torch_int8_linear,
+    "fused_weights": False,
+}
+"""Every swappable attribute of this module and its reference value (what ``reference_ops`` installs)."""
 
 
 def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layers.RopeFn | None = None,
@@ -214,24 +222,12 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
             int8_linear: Int8LinearFn | None = None) -> None:
-    """Install faster implementations (process-wide; a backend calls it at start-up)."""
-    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope, norm_add
-    if int8_linear is not None:
-        _set_int8_linear(int8_linear)  # the keyword shadows the module-level name
-    if sandwich is not None:
-        norm_add = sandwich
-    if qk_norm is not None:
-        qk_norm_rope = qk_norm
-    if gated is not None:
-        gated_activation = gated
-    if weights_fused is not None:
-        fused_weights = weights_fused
-    if moe is not None:
-        fused_moe = moe
-    if router is not None:
-        route = router
-    if add_norm is not None:
-        add_rms_norm = add_norm
+    """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
+    chosen = {"fused_moe": moe, "route": router, "gated_activation": gated, "add_rms_norm": add_norm,
+              "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear,
+              "fused_weights": weights_fused}
+    assert chosen.keys() == _REFERENCE.keys()
+    globals().update({name: value for name, value in chosen.items() if value is not None})
     if norm is not None:
         layers.set_norm_impl(norm)
     if rope is not None:
@@ -241,22 +237,14 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
 @contextlib.contextmanager
 def reference_ops() -> Iterator[None]:
     """Run the block with the PyTorch reference ops, then restore whatever was installed before."""
-    global fused_moe, route, fused_weights, gated_activation, add_rms_norm, qk_norm_rope, norm_add
-    previous_norm_add, norm_add = norm_add, torch_norm_add
-    previous_moe, previous_route, previous_fused = fused_moe, route, fused_weights
-    previous_gated, previous_add_norm, previous_qk_norm = gated_activation, add_rms_norm, qk_norm_rope
-    gated_activation, add_rms_norm, qk_norm_rope = torch_gated_activation, torch_add_rms_norm, torch_qk_norm_rope
-    previous_int8 = int8_linear
-    _set_int8_linear(torch_int8_linear)
+    module = globals()
+    previous = {name: module[name] for name in _REFERENCE}
+    module.update(_REFERENCE)
     previous_norm = layers.set_norm_impl(layers.rms_norm)
     previous_rope = layers.set_rope_impl(layers.reference_rope_qk)
-    fused_moe, route, fused_weights = torch_fused_moe, torch_route, False
     try:
         yield
     finally:
-        fused_moe, route, fused_weights = previous_moe, previous_route, previous_fused
-        gated_activation, add_rms_norm, qk_norm_rope = previous_gated, previous_add_norm, previous_qk_norm
-        norm_add = previous_norm_add
-        _set_int8_linear(previous_int8)
+        module.update(previous)
         layers.set_norm_impl(previous_norm)
         layers.set_rope_impl(previous_rope)
