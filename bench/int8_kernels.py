@@ -27,6 +27,7 @@ figure. Past T ~ 100 (dense int8) the work is compute-bound and the fraction sto
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -109,6 +110,10 @@ TABLE_HEADER = ("| case | T | bf16 µs | bf16 TB/s | int8 µs | int8 TB/s | int8
                 "| int8 speed-up |\n|---|---|---|---|---|---|---|---|---|")
 
 
+MOE_TABLE_HEADER = (TABLE_HEADER.split("\n")[0] + " int8, exponent-trick dequant: µs (of 4.3 TB/s) |\n"
+                    + TABLE_HEADER.split("\n")[1] + "---|")
+
+
 def bench_linear(case: LinearCase, tokens: int, device: torch.device, reps: int, l2_bytes: int) -> str:
     from inference_server.kernels.int8_linear import int8_linear
     from inference_server.kernels.reference_int8 import quantize_int8_per_channel
@@ -135,7 +140,7 @@ def bench_linear(case: LinearCase, tokens: int, device: torch.device, reps: int,
 
 
 def bench_moe(case: MoeCase, tokens: int, device: torch.device, reps: int, experts: tuple) -> str:
-    from inference_server.kernels.fused_moe import fused_moe
+    from inference_server.kernels.fused_moe import fused_moe, moe_kernel_config
 
     w_gu, w_dn, q_gu, s_gu, q_dn, s_dn = experts
     gen = torch.Generator(device).manual_seed(tokens)
@@ -149,10 +154,17 @@ def bench_moe(case: MoeCase, tokens: int, device: torch.device, reps: int, exper
     bf16 = [lambda r=r: fused_moe(x, w_gu, w_dn, r[1], r[0], case.activation) for r in routings]
     int8 = [lambda r=r: fused_moe(x, q_gu, q_dn, r[1], r[0], case.activation, w_gate_up_scale=s_gu,
                                   w_down_scale=s_dn) for r in routings]
+    base = moe_kernel_config(tokens, case.hidden, case.intermediate, case.experts, case.top_k)
+    magic = dataclasses.replace(base, gate_up=dataclasses.replace(base.gate_up, magic_dequant=1),
+                                down=dataclasses.replace(base.down, magic_dequant=1))
+    int8_magic = [lambda r=r: fused_moe(x, q_gu, q_dn, r[1], r[0], case.activation, w_gate_up_scale=s_gu,
+                                        w_down_scale=s_dn, config=magic) for r in routings]
     bf16_s, int8_s = time_calls(bf16, device, reps), time_calls(int8, device, reps)
+    magic_s = time_calls(int8_magic, device, reps)
+    int8_bytes = moe_bytes(tokens, touched, case, 1)
     label = f"{case.name} [E={case.experts} H={case.hidden} I={case.intermediate} K={case.top_k}]"
-    return fraction_row(label, tokens, bf16_s, moe_bytes(tokens, touched, case, 2), int8_s,
-                        moe_bytes(tokens, touched, case, 1))
+    return (fraction_row(label, tokens, bf16_s, moe_bytes(tokens, touched, case, 2), int8_s, int8_bytes)
+            + f" {magic_s * 1e6:.1f} ({int8_bytes / magic_s / HBM_BYTES_PER_S:.2f}) |")
 
 
 def make_experts(case: MoeCase, device: torch.device) -> tuple:
@@ -172,13 +184,29 @@ SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t is the 
 )
 
 
-def sweep_candidates(heuristic: Any) -> list[Any]:
-    """The heuristic config first, then the sweep's tiles at its token tile."""
+GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k, num_warps, num_stages)
+    (8, 256, 1, 4, 1), (8, 512, 1, 4, 1), (16, 256, 1, 4, 1), (16, 512, 1, 4, 1), (16, 512, 1, 8, 1),
+    (32, 256, 1, 4, 1), (32, 512, 1, 8, 1), (16, 1024, 1, 8, 1), (4, 1024, 1, 4, 1), (16, 256, 2, 4, 1),
+    (16, 512, 2, 4, 1), (32, 256, 2, 4, 1), (16, 256, 4, 4, 1), (64, 128, 1, 4, 1), (64, 256, 1, 8, 1),
+)
+MAGIC_SWEEP = ((32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 256, 4, 4, 3), (128, 128, 1, 8, 3))
+
+
+def sweep_candidates(heuristic: Any, tokens: int) -> list[Any]:
+    """The heuristic config first, then the sweep's tiles at its token tile, the tensor-core kernel with the
+    exponent-trick dequantisation, and (at 16 tokens or fewer) the CUDA-core GEMV with up to 8 tokens a program."""
     from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 
     found = [heuristic]
-    for bn, bk, split, warps, stages in SWEEP:
-        cfg = Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages)
+    configs = [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages)
+               for bn, bk, split, warps, stages in SWEEP]
+    configs += [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages, magic_dequant=1)
+                for bn, bk, split, warps, stages in MAGIC_SWEEP]
+    if tokens <= 16:
+        block_t = min(8, 1 << (tokens - 1).bit_length())
+        configs += [Int8LinearConfig(bn, block_t, bk, split, warps, stages)
+                    for bn, bk, split, warps, stages in GEMV_SWEEP]
+    for cfg in configs:
         if cfg not in found:
             found.append(cfg)
     return found
@@ -212,7 +240,7 @@ def sweep(device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCas
             expected = int8_linear_reference(x, *quantized[0]).float()
             heuristic = int8_linear_config(t, n, k)
             timed: dict[Any, float] = {}
-            for cfg in sweep_candidates(heuristic):
+            for cfg in sweep_candidates(heuristic, t):
                 try:
                     got = int8_linear(x, *quantized[0], config=cfg).float()
                 except Exception as err:  # out of shared memory and the like: not a candidate
@@ -241,7 +269,9 @@ def sweep(device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCas
 
 def _short(cfg: Any) -> str:
     c = cfg.__dict__
-    return f"n{c['block_n']} t{c['block_t']} k{c['block_k']} s{c['split_k']} w{c['num_warps']} st{c['num_stages']}"
+    path = " gemv" if c["block_t"] < 16 else (" magic" if c.get("magic_dequant") else "")
+    return (f"n{c['block_n']} t{c['block_t']} k{c['block_k']} s{c['split_k']} w{c['num_warps']} "
+            f"st{c['num_stages']}{path}")
 
 
 def main() -> int:
@@ -289,7 +319,7 @@ def main() -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the next shape's weight copies
     if args.only in (None, "moe"):
-        print("\n" + TABLE_HEADER, flush=True)
+        print("\n" + MOE_TABLE_HEADER, flush=True)
         for case in moe_cases:
             experts = make_experts(case, device)
             for t in tokens:

@@ -13,7 +13,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+import triton
+import triton.language as tl
+
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.int8_linear import Int8LinearConfig, _split_k, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
@@ -71,6 +75,10 @@ def test_int8_linear_matches_reference(T: int, dtype: torch.dtype) -> None:
         Int8LinearConfig(16, 16, 16, split_k=2),  # even K (96 = 6 tiles): no masks
         Int8LinearConfig(32, 32, 64, split_k=8),  # more splits than K tiles: clamped, none empty
         Int8LinearConfig(64, 16, 128),  # tiles wider and deeper than the whole weight
+        Int8LinearConfig(16, 16, 32, split_k=2, magic_dequant=1),  # bytes to floats by the exponent trick
+        Int8LinearConfig(16, 1, 32),  # the CUDA-core GEMV: one token per program, masked K tail
+        Int8LinearConfig(8, 4, 16, split_k=3),  # GEMV: 4 tokens per program (the last tile ragged), split-K
+        Int8LinearConfig(32, 8, 128, num_warps=2),  # GEMV: tiles wider and deeper than the whole weight
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,6 +91,20 @@ def test_int8_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dty
     out = torch.full((17, 37), float("nan"), dtype=dtype, device=DEV)
     assert int8_linear(x, q, scale, config=config, out=out) is out
     _assert_within_rounding(out, int8_linear_reference(x, q, scale))
+
+
+@triton.jit
+def _convert_int8(w_ptr, out_ptr):
+    offs = tl.arange(0, 256)
+    tl.store(out_ptr + offs, int8_to_fp32_exact(tl.load(w_ptr + offs)))
+
+
+def test_int8_to_fp32_exact_is_the_conversion() -> None:
+    """The exponent trick gives every int8 value exactly, as the conversion instruction does."""
+    w = torch.arange(-128, 128, dtype=torch.int8, device=DEV)
+    out = torch.empty(256, device=DEV)
+    _convert_int8[(1,)](w, out)
+    assert torch.equal(out, w.float())
 
 
 def test_int8_linear_fp16_and_strided_weight() -> None:
@@ -274,6 +296,18 @@ def _assert_gpu_close(out: torch.Tensor, ref: torch.Tensor) -> None:
 def test_int8_linear_gpu_real_shapes(name: str, T: int) -> None:
     x, q, scale = _real_linear(*LINEAR_SHAPES[name], T)
     _assert_gpu_close(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("config", [Int8LinearConfig(16, 1, 256), Int8LinearConfig(32, 4, 512, split_k=2),
+                                    Int8LinearConfig(64, 16, 128, magic_dequant=1)])
+@pytest.mark.parametrize("T", [1, 3, 16])
+def test_int8_linear_gpu_gemv_and_magic_paths(config: Int8LinearConfig, T: int) -> None:
+    """The CUDA-core GEMV and the exponent-trick dot at Gemma-4-31B's gate/up shape equal the reference within
+    rounding: the paths the tuner may pick."""
+    x, q, scale = _real_linear(43008, 5376, T)
+    _assert_gpu_close(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
 
 
 @gpu

@@ -82,7 +82,7 @@ INT8_COMPILE = textwrap.dedent('''
     H200_SHARED = 232448  # bytes of shared memory one block may use (227 KB)
     UNIT = ("stride_xk", "stride_ak", "stride_wk", "stride_sn", "stride_scale")  # 1 at run time: specialised
 
-    def compile_fn(fn, types, constexprs, aligned, num_warps, num_stages):
+    def compile_fn(fn, types, constexprs, aligned, num_warps, num_stages, pipelined=True):
         constexprs = dict(constexprs, **{n: 1 for n in UNIT if n in fn.arg_names})
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
@@ -90,7 +90,9 @@ INT8_COMPILE = textwrap.dedent('''
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=target, options=dict(num_warps=num_warps, num_stages=num_stages))
         assert kernel.metadata.shared <= H200_SHARED, (fn.__name__, constexprs, kernel.metadata.shared)
-        assert "cp.async" in kernel.asm["ptx"], (fn.__name__, constexprs, "loads not pipelined")
+        # The GEMV's loads feed no dot, so Triton does not pipeline them: each iteration's tile is its loads in
+        # flight (pipelined=False), and several programs per SM keep HBM busy.
+        assert not pipelined or "cp.async" in kernel.asm["ptx"], (fn.__name__, constexprs, "loads not pipelined")
         return kernel
 
     # int8_linear: the heuristic config of every token bucket at Gemma-4-31B's down_proj (split-K at decode)
@@ -106,11 +108,19 @@ INT8_COMPILE = textwrap.dedent('''
                      "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
             constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
                           "SPLIT_K": cfg.split_k, "EVEN_K": True, "IEEE": False, "UPCAST": False}
-            kernel = compile_fn(int8_linear._int8_linear_kernel, types, constexprs,
-                                ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
-                                cfg.num_warps, cfg.num_stages)
-            per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved per block
-            assert per_sm <= 233472, (cfg, kernel.metadata.shared, bucket.programs_per_sm)
+            for magic in (False, True):  # the conversion instruction, the exponent trick
+                kernel = compile_fn(int8_linear._int8_linear_kernel, types, dict(constexprs, MAGIC=magic),
+                                    ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
+                                    cfg.num_warps, cfg.num_stages)
+                per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved per block
+                assert per_sm <= 233472, (cfg, kernel.metadata.shared, bucket.programs_per_sm)
+    # the CUDA-core GEMV (block_t < 16): one and four tokens per program, with and without split-K
+    for block_n, block_t, block_k, split in ((16, 1, 512, 1), (32, 4, 256, 2)):
+        types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16", "out_ptr": "*fp32" if split > 1 else "*bf16"}
+        constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split, "EVEN_K": True}
+        compile_fn(int8_linear.int8_gemv_kernel, types, constexprs,
+                   ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), 4, 3,
+                   pipelined=False)
     signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
                  "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
                  "SPLIT_K": "constexpr", "BLOCK": "constexpr"}
@@ -127,7 +137,8 @@ INT8_COMPILE = textwrap.dedent('''
         for fn, gemm, extra in ((fused_moe._moe_gate_up_kernel, cfg.gate_up, {"TOP_K": 8, "ACT": 1}),
                                 (fused_moe._moe_down_kernel, cfg.down, {})):
             constexprs = dict(common, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, GROUP_M=gemm.group_m, **extra)
-            compile_fn(fn, types, constexprs, aligned, gemm.num_warps, gemm.num_stages)
+            for magic in (False, True):
+                compile_fn(fn, types, dict(constexprs, MAGIC=magic), aligned, gemm.num_warps, gemm.num_stages)
     print("compiled")
 ''')
 

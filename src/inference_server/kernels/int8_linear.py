@@ -32,12 +32,15 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.int8_gemv import int8_gemv_kernel
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
 
 __all__ = ["Int8LinearConfig", "int8_linear", "int8_linear_config"]
 
 _H200_SMS = 132
+_MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV
 _MIN_K_PER_SPLIT = 512  # a split streams at least this many K columns
 _MAX_SPLIT_K = 16
 _HBM_BYTES_PER_S = 4.3e12  # measured on the H200 (bench/roofline.py)
@@ -133,14 +136,21 @@ def int8_linear_config(
 
 
 @triton.jit
-def _int8_dot(w, x, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+def _int8_dot(w, x, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, MAGIC: tl.constexpr):
     """acc += w @ x for an int8 tile ``w``, converted to x's dtype in registers (int8 values are exact in every
     float type). IEEE: exact fp32 products (fp32 activations, no TF32). UPCAST: interpreter-only (the
-    interpreter's numpy dot and int8 -> bf16 conversion mishandle bf16): both sides go to fp32; never on GPU."""
+    interpreter's numpy dot and int8 -> bf16 conversion mishandle bf16): both sides go to fp32; never on GPU.
+    MAGIC: the bytes go to fp32 by the exponent trick (``int8_dequant``), not the quarter-rate conversion."""
+    if MAGIC:
+        wf = int8_to_fp32_exact(w)
+    else:
+        wf = w.to(tl.float32)
     if UPCAST:
-        acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(wf, x.to(tl.float32), acc, input_precision="ieee")
     elif IEEE:
-        acc = tl.dot(w.to(tl.float32), x, acc, input_precision="ieee")
+        acc = tl.dot(wf, x, acc, input_precision="ieee")
+    elif MAGIC:
+        acc = tl.dot(wf.to(x.dtype), x, acc)
     else:
         acc = tl.dot(w.to(x.dtype), x, acc)
     return acc
@@ -170,6 +180,7 @@ def _int8_linear_kernel(
     EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    MAGIC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -192,7 +203,7 @@ def _int8_linear_kernel(
             k_ok = offs_k < k_len - kb * BLOCK_K
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
             x = tl.load(x_ptrs, mask=t_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = _int8_dot(w, x, acc, IEEE, UPCAST)
+        acc = _int8_dot(w, x, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
     out_mask = (offs_n < N)[:, None] & t_ok[None, :]
@@ -277,15 +288,18 @@ def int8_linear(
     split = triton.cdiv(K, k_per_split)  # no empty split
     grid = (triton.cdiv(T, cfg.block_t), triton.cdiv(N, cfg.block_n), split)
     dest = out if split == 1 else torch.empty(split, T, N, dtype=torch.float32, device=x.device)
-    _int8_linear_kernel[grid](
-        x, qweight, scale, dest, T, N, K, k_per_split,
-        x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scale.stride(0),
-        dest.stride(0) if split > 1 else 0, dest.stride(-2),
-        BLOCK_N=cfg.block_n, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, SPLIT_K=split,
-        EVEN_K=K % cfg.block_k == 0, IEEE=x.dtype == torch.float32,
-        UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    args = (x, qweight, scale, dest, T, N, K, k_per_split,
+            x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scale.stride(0),
+            dest.stride(0) if split > 1 else 0, dest.stride(-2))
+    tiles = dict(BLOCK_N=cfg.block_n, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, SPLIT_K=split,
+                 EVEN_K=K % cfg.block_k == 0)
+    if cfg.block_t < _MIN_DOT_TOKENS:  # the CUDA-core GEMV (kernels/int8_gemv.py)
+        int8_gemv_kernel[grid](*args, **tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        _int8_linear_kernel[grid](
+            *args, **tiles, IEEE=x.dtype == torch.float32, UPCAST=_INTERPRETED and x.dtype != torch.float32,
+            MAGIC=bool(cfg.magic_dequant), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
     if split > 1:
         block = _pow2_clamp(N, 16, 1024)
         _int8_split_k_reduce_kernel[(T, triton.cdiv(N, block))](

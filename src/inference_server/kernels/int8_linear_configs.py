@@ -25,7 +25,10 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "int8_linear"
 
 @dataclass(frozen=True)
 class Int8LinearConfig:
-    """Launch config of ``int8_linear``: tile sizes (powers of two, at least 16), K splits, warps, stages."""
+    """Launch config of ``int8_linear``: tile sizes (powers of two), K splits, warps, stages, and the path.
+
+    ``block_t`` of 16 or more runs the tensor-core kernel (tiles of at least 16); below 16 the CUDA-core GEMV of
+    ``kernels/int8_gemv.py`` (any ``block_n``/``block_k`` power of two)."""
 
     block_n: int  # weight rows per program (the dot's M side)
     block_t: int  # tokens per program (the dot's N side)
@@ -33,6 +36,7 @@ class Int8LinearConfig:
     split_k: int = 1  # programs sharing one output tile along K (> 1: fp32 partials plus a reduce kernel)
     num_warps: int = 4
     num_stages: int = 4
+    magic_dequant: int = 0  # tensor-core kernel: 1 = bytes to floats by the exponent trick (kernels/int8_dequant)
 
 
 def config_to_json(config: Int8LinearConfig) -> dict[str, Any]:

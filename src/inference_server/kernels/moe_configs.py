@@ -49,6 +49,7 @@ class MoeGemmConfig:
     group_m: int = 1  # m-blocks per launch-order group; 1 = n-fastest (weight tile reuse via L2)
     num_warps: int = 4
     num_stages: int = 3
+    magic_dequant: int = 0  # int8 weights: 1 = bytes to floats by the exponent trick (kernels/int8_dequant)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,30 @@
+"""int8 → float in registers without the integer-to-float conversion instruction.
+
+On sm_90 an ``int8 -> float`` conversion (``I2F``) issues at a quarter of the ALU rate (16 results per clock per
+SM). A weight-only int8 GEMV converts every weight byte it streams, and at the H200's 4.3 TB/s that conversion
+alone needs ~14 results per clock per SM: the conversion, not HBM, sets the speed (the first int8 GEMV measured
+0.41-0.68 of the memory limit, ``bench/int8_kernels.py``).
+
+The exponent trick does it with full-rate integer and float adds: for a byte ``v`` in [-128, 127], the fp32 whose
+bits are ``0x4B000000 | (v + 128)`` is exactly ``2**23 + 128 + v`` (the byte lands in the mantissa below an
+exponent of 2**23), and ``v + 128`` is the byte's unsigned value with its top bit flipped. Subtracting
+``2**23 + 128`` gives ``v`` exactly. Three operations: zero-extend, one logic op, one float add; every int8 value
+comes out bit-identical to ``v.to(float32)``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# constexpr: compiled kernels read only constexpr globals
+_MAGIC_BITS = tl.constexpr(0x4B000080)  # fp32 bits of 2**23 + 128 (the byte's flipped top bit is ORed in by the XOR)
+_MAGIC_VALUE = tl.constexpr(8388736.0)  # 2**23 + 128
+
+
+@triton.jit
+def int8_to_fp32_exact(w):
+    """An int8 tile as fp32, exactly (``w.to(tl.float32)``), by the exponent trick of the module docstring."""
+    unsigned = w.to(tl.uint8, bitcast=True).to(tl.int32)  # zero-extended byte in [0, 255]
+    bits = unsigned ^ _MAGIC_BITS  # 0x4B000000 | (byte ^ 0x80) == bits of 2**23 + 128 + v
+    return bits.to(tl.float32, bitcast=True) - _MAGIC_VALUE
