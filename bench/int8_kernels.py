@@ -192,17 +192,24 @@ GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k,
 MAGIC_SWEEP = ((32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 256, 4, 4, 3), (128, 128, 1, 8, 3))
 
 
-def sweep_candidates(heuristic: Any, tokens: int) -> list[Any]:
-    """The heuristic config first, then the sweep's tiles at its token tile, the tensor-core kernel with the
-    exponent-trick dequantisation, and (at 16 tokens or fewer) the CUDA-core GEMV with up to 8 tokens a program."""
+PATHS = ("dot", "magic", "gemv")
+
+
+def sweep_candidates(heuristic: Any, tokens: int, paths: tuple[str, ...] = PATHS) -> list[Any]:
+    """The heuristic config first, then the sweep's tiles at its token tile ("dot"), the tensor-core kernel with
+    the exponent-trick dequantisation ("magic"), and (at 16 tokens or fewer) the CUDA-core GEMV with up to 8
+    tokens a program ("gemv")."""
     from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 
     found = [heuristic]
-    configs = [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages)
-               for bn, bk, split, warps, stages in SWEEP]
-    configs += [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages, magic_dequant=1)
-                for bn, bk, split, warps, stages in MAGIC_SWEEP]
-    if tokens <= 16:
+    configs = []
+    if "dot" in paths:
+        configs += [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages)
+                    for bn, bk, split, warps, stages in SWEEP]
+    if "magic" in paths:
+        configs += [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages, magic_dequant=1)
+                    for bn, bk, split, warps, stages in MAGIC_SWEEP]
+    if tokens <= 16 and "gemv" in paths:
         block_t = min(8, 1 << (tokens - 1).bit_length())
         configs += [Int8LinearConfig(bn, block_t, bk, split, warps, stages)
                     for bn, bk, split, warps, stages in GEMV_SWEEP]
@@ -213,7 +220,7 @@ def sweep_candidates(heuristic: Any, tokens: int) -> list[Any]:
 
 
 def sweep(device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCase, ...], tokens: list[int],
-          out_dir: Path | None) -> None:
+          out_dir: Path | None, paths: tuple[str, ...] = PATHS) -> None:
     """Time int8_linear's candidate configs per dense shape and token count; print the heuristic's and the best
     time; with ``out_dir``, write each shape's best configs where ``int8_linear`` reads them."""
     import json
@@ -240,7 +247,7 @@ def sweep(device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCas
             expected = int8_linear_reference(x, *quantized[0]).float()
             heuristic = int8_linear_config(t, n, k)
             timed: dict[Any, float] = {}
-            for cfg in sweep_candidates(heuristic, t):
+            for cfg in sweep_candidates(heuristic, t, paths):
                 try:
                     got = int8_linear(x, *quantized[0], config=cfg).float()
                 except Exception as err:  # out of shared memory and the like: not a candidate
@@ -284,6 +291,7 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="with --sweep: write the best configs for int8_linear")
     parser.add_argument("--out-dir", type=Path, default=None, help="with --write; default: the engine's directory")
     parser.add_argument("--only", choices=("dense", "moe"), default=None)
+    parser.add_argument("--paths", default=",".join(PATHS), help="with --sweep: kernel paths to try (dot,magic,gemv)")
     parser.add_argument("--budget-s", type=float, default=165.0,
                         help="start no new row after this many seconds (the rows left are listed as skipped)")
     args = parser.parse_args()
@@ -300,7 +308,7 @@ def main() -> int:
 
         sweep_tokens = tokens if args.tokens != parser.get_default("tokens") else [1, 16]
         sweep(device, args.reps, l2_bytes, linear_cases, sweep_tokens,
-              (args.out_dir or CONFIG_DIR) if args.write else None)
+              (args.out_dir or CONFIG_DIR) if args.write else None, tuple(args.paths.split(",")))
         return 0
     started = time.monotonic()
 

@@ -54,19 +54,32 @@ def int8_gemv_kernel(
     k_len = tl.minimum(K - k_start, k_per_split)
     w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start + offs_k)[None, :] * stride_wk
     x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt + (k_start + offs_k)[None, :] * stride_xk
+    # Triton pipelines only the loads that feed a dot, so the loop prefetches by hand: the next tile's loads are
+    # issued before this tile's arithmetic, keeping two tiles of every program in flight.
+    n_tiles = tl.cdiv(k_len, BLOCK_K)
+    if EVEN_K:
+        w = tl.load(w_ptrs)  # [BN, BK] int8
+        x = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0)  # [BT, BK]
+    else:
+        k_ok = offs_k < k_len
+        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
+        x = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(k_len, BLOCK_K)):
-        if EVEN_K:
-            w = tl.load(w_ptrs)  # [BN, BK] int8
-            x = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0)  # [BT, BK]
-        else:
-            k_ok = offs_k < k_len - kb * BLOCK_K
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
-            x = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        wf = int8_to_fp32_exact(w)  # [BN, BK] fp32, exact
-        acc += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
+    for kb in range(0, n_tiles):
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
+        if EVEN_K:  # a uniform mask keeps the loads vectorised
+            more = tl.zeros((1, BLOCK_K), tl.int32) + (kb + 1) < n_tiles  # uniform; False past the last tile
+            w_next = tl.load(w_ptrs, mask=more, other=0)
+            x_next = tl.load(x_ptrs, mask=t_ok[:, None] & more, other=0.0)
+        else:
+            k_next = offs_k < k_len - (kb + 1) * BLOCK_K
+            w_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
+            x_next = tl.load(x_ptrs, mask=t_ok[:, None] & k_next[None, :], other=0.0)
+        wf = int8_to_fp32_exact(w)  # [BN, BK] fp32, exact
+        acc += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
+        w = w_next
+        x = x_next
     out_mask = (offs_n < N)[:, None] & t_ok[None, :]
     o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_n[:, None]
     if SPLIT_K == 1:
