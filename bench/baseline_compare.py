@@ -16,7 +16,7 @@ budget): a token is scored with between ``budget - piece`` and ``budget`` tokens
     uv run python bench/baseline_compare.py throughput                       # CPU, embedded model
     uv run python bench/baseline_compare.py perplexity --tokens 4096
     python3 bench/baseline_compare.py throughput --model gemma-4-e4b --dummy --device cuda \\
-        --concurrency 1,16,64 --prompt 512 --output 128                      # H200, dummy weights
+        --concurrency 1,16,64 --prompt 512 --output 128 --unbatched-up-to 16  # H200, dummy weights (~4 min)
 
 This is a benchmark, not a test.
 """
@@ -107,7 +107,7 @@ def throughput(args: argparse.Namespace) -> None:
             prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt)] for _ in range(c)]
             rows[backend, c] = result = run_workload(built.parts, prompts, args.output)
             print(f"# {backend} c={c}: {result}", flush=True)
-            if backend == "hf" and c > 1:  # the same, with one forward per decoding sequence
+            if backend == "hf" and 1 < c <= args.unbatched_up_to:  # the same, one forward per decoding sequence
                 built.runner.batch_decodes = False  # type: ignore[attr-defined]
                 rows["hf-unbatched", c] = result = run_workload(built.parts, prompts, args.output)
                 built.runner.batch_decodes = True  # type: ignore[attr-defined]
@@ -204,6 +204,8 @@ def main() -> None:
     speed.add_argument("--prompt", type=int, default=128)
     speed.add_argument("--output", type=int, default=32)
     speed.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    speed.add_argument("--unbatched-up-to", type=int, default=1 << 30,
+                       help="run hf's one-forward-per-sequence comparison only up to this concurrency (it is slow)")
     ppl = commands.add_parser("perplexity")
     ppl.add_argument("--model", default="", help="MODEL (empty: the embedded Gemma 3 270M)")
     ppl.add_argument("--tokens", type=int, default=4096)
