@@ -222,9 +222,11 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
             times = kernel_times(runner, 1)
             if times is not None:
                 emit(out, kind="kernels", model=name, variant=variant, batch=1,
-                     limit_us=round(1e6 / roofline.decode_tok_s(name, 1, context), 1), **times)
+                     limit_us=round(1e6 / roofline.decode_tok_s(name, 1, context,
+                                                                *roofline.engine_weight_bytes(quantization)), 1),
+                     **times)
         decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
-                       steps, repeats, greedy, out, device)
+                       steps, repeats, greedy, out, device, quantization)
         del runner
         free_gpu()
     del storage, model
@@ -233,7 +235,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 
 def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: int, num_groups: int,
                    blocks_per_seq: int, context: int, steps: int, repeats: int, greedy, out: Path,
-                   device: torch.device) -> None:
+                   device: torch.device, quantization: str = "none") -> None:
     """Time ``repeats`` loops of ``steps`` full steps per batch (after warm-up), and the bare graph replays."""
     from inference_server.records.steps import ScheduledSequence, StepPlan
 
@@ -272,7 +274,7 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
             runner.forget(tuple(batch * 100_000 + i for i in range(batch)))
         step_s, replay_s = statistics.median(runs), statistics.median(replays)
         ctx_mid = context + warmup + steps // 2
-        limit = roofline.decode_tok_s(name, batch, ctx_mid)
+        limit = roofline.decode_tok_s(name, batch, ctx_mid, *roofline.engine_weight_bytes(quantization))
         emit(out, kind="decode", model=name, variant=variant, batch=batch, bucket=bucket, context=ctx_mid,
              steps=steps, repeats=repeats, tok_s_runs=[round(batch / s, 1) for s in runs],
              step_ms=round(step_s * 1e3, 3), tok_s=round(batch / step_s, 1), replay_ms=round(replay_s * 1e3, 3),

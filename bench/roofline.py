@@ -49,6 +49,7 @@ class ModelCost:
     kv_full: int  # KV bytes per token over the full-attention layers (bf16)
     kv_sliding: int  # KV bytes per token over the sliding-window layers (bf16)
     window: int  # sliding window in tokens (0: no sliding layers)
+    lm_head: int = 0  # of always_read: the lm_head (or tied embedding), which QUANTIZATION=int8 keeps in bf16
 
     @property
     def total_params(self) -> int:
@@ -69,25 +70,25 @@ MODELS: dict[str, ModelCost] = {
     "qwen3-30b-a3b": ModelCost(
         always_read=311_164_928 + 905_969_664 + 12_582_912,  # lm_head, attention, routers
         expert_params=28_991_029_248, num_experts=128, top_k=8, active_params=3_346_000_000,
-        kv_full=98_304, kv_sliding=0, window=0),
+        kv_full=98_304, kv_sliding=0, window=0, lm_head=311_164_928),
     "gemma-4-26b-a4b": ModelCost(
         always_read=738_197_504 + 1_110_179_840 + 535_265_280 + 10_901_760,  # tied lm_head, attn, MLP, routers
         expert_params=22_837_985_280, num_experts=128, top_k=8, active_params=3_822_530_560,
-        kv_full=20_480, kv_sliding=204_800, window=1024),
+        kv_full=20_480, kv_sliding=204_800, window=1024, lm_head=738_197_504),
     "gemma-4-e2b": ModelCost(
         # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.349 B);
         # counted on the meta build of the preset. KV: 3 full layers of 15 cached (20 share their KV).
         always_read=402_653_184 + 1_877_105_920, expert_params=0, num_experts=1, top_k=1,
-        active_params=2_279_759_104, kv_full=6_144, kv_sliding=12_288, window=512),
+        active_params=2_279_759_104, kv_full=6_144, kv_sliding=12_288, window=512, lm_head=402_653_184),
     "gemma-4-e4b": ModelCost(
         # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.819 B);
         # counted on the meta build of the preset. KV: 4 full layers of 24 cached (18 share their KV).
         always_read=671_088_640 + 3_973_352_448, expert_params=0, num_experts=1, top_k=1,
-        active_params=4_644_441_088, kv_full=16_384, kv_sliding=40_960, window=512),
+        active_params=4_644_441_088, kv_full=16_384, kv_sliding=40_960, window=512, lm_head=671_088_640),
     "gemma-4-31b": ModelCost(
         always_read=1_409_286_144 + 8_477_736_960 + 20_808_990_720,  # tied lm_head, attention, MLP
         expert_params=0, num_experts=1, top_k=1, active_params=30_697_345_280,
-        kv_full=81_920, kv_sliding=819_200, window=1024),
+        kv_full=81_920, kv_sliding=819_200, window=1024, lm_head=1_409_286_144),
 }
 
 
@@ -106,12 +107,15 @@ def _floor(num_bytes: float, flops: float) -> Floor:
     return Floor(max(num_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS_PER_S), num_bytes, flops)
 
 
-def decode_step_floor(model: ModelCost, contexts: list[int], weight_bytes: float = 2.0) -> Floor:
-    """One decode step of ``len(contexts)`` sequences at those context lengths."""
+def decode_step_floor(model: ModelCost, contexts: list[int], weight_bytes: float = 2.0,
+                      head_bytes: float | None = None) -> Floor:
+    """One decode step of ``len(contexts)`` sequences at those context lengths; the lm_head's parameters take
+    ``head_bytes`` each (default ``weight_bytes``; 2 for the engine's int8, which keeps the head in bf16)."""
     batch = len(contexts)
-    params = model.always_read + model.expert_params * model.experts_touched(batch)
+    params = model.always_read - model.lm_head + model.expert_params * model.experts_touched(batch)
+    head = model.lm_head * (weight_bytes if head_bytes is None else head_bytes)
     kv = sum(model.kv_bytes(c) for c in contexts)
-    return _floor(params * weight_bytes + kv, 2.0 * model.active_params * batch)
+    return _floor(params * weight_bytes + head + kv, 2.0 * model.active_params * batch)
 
 
 def prefill_floor(model: ModelCost, num_tokens: int, weight_bytes: float = 2.0) -> Floor:
@@ -150,9 +154,15 @@ def offline_floor(model: ModelCost, prompt_lens: list[int], output_lens: list[in
     return seconds, sum(output_lens)
 
 
-def decode_tok_s(model: str, batch: int, context: int, weight_bytes: float = 2.0) -> float:
+def decode_tok_s(model: str, batch: int, context: int, weight_bytes: float = 2.0,
+                 head_bytes: float | None = None) -> float:
     """Ideal decode throughput (tokens/s) at ``batch`` sequences of ``context`` tokens."""
-    return batch / decode_step_floor(MODELS[model], [context] * batch, weight_bytes).seconds
+    return batch / decode_step_floor(MODELS[model], [context] * batch, weight_bytes, head_bytes).seconds
+
+
+def engine_weight_bytes(quantization: str) -> tuple[float, float]:
+    """(bytes per weight, bytes per lm_head weight) of the engine's ``QUANTIZATION`` on a GPU."""
+    return (1.0, 2.0) if quantization == "int8" else (2.0, 2.0)
 
 
 def offline_tok_s(model: str, num_requests: int = 256, seed: int = 0, weight_bytes: float = 2.0) -> float:
@@ -169,11 +179,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--int8", action="store_true", help="int8 weight-only: 1 byte a weight")
+    ap.add_argument("--int8", action="store_true",
+                    help="int8 weight-only: 1 byte a weight, the lm_head in bf16 (QUANTIZATION=int8)")
     a = ap.parse_args()
-    wb = 1.0 if a.int8 else 2.0
+    wb, hb = engine_weight_bytes("int8" if a.int8 else "none")
     if a.what == "decode":
-        step = decode_step_floor(MODELS[a.model], [a.context] * a.batch, wb)
+        step = decode_step_floor(MODELS[a.model], [a.context] * a.batch, wb, hb)
         print(f"{a.model} decode B={a.batch} ctx={a.context}: floor {step.seconds * 1e3:.2f} ms/step "
               f"({step.bound}-bound), {a.batch / step.seconds:,.0f} tok/s")
     elif a.what == "offline":
@@ -182,7 +193,7 @@ def main() -> None:
         print("| model | B=1 | B=16 | B=64 | B=256 | offline 256 |")
         print("|---|---|---|---|---|---|")
         for name in MODELS:
-            cells = [f"{decode_tok_s(name, b, a.context, wb):,.0f}" for b in (1, 16, 64, 256)]
+            cells = [f"{decode_tok_s(name, b, a.context, wb, hb):,.0f}" for b in (1, 16, 64, 256)]
             print(f"| {name} | {' | '.join(cells)} | {offline_tok_s(name, a.requests, 0, wb):,.0f} |")
 
 
