@@ -49,7 +49,7 @@ from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rope import rope_qk_
-from inference_server.kernels.router import triton_route
+from inference_server.kernels.router import MAX_EXPERTS, linear_route, triton_route
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
@@ -151,6 +151,24 @@ def triton_qk_norm_rope_store(q_raw: torch.Tensor, k_raw: torch.Tensor, v_raw: t
     return q, k, v if v_norm is not None else value
 
 
+FUSED_ROUTER_MAX_TOKENS = 16
+"""Steps of at most this many tokens compute the router logits inside the routing launch (``triton_linear_route``);
+larger ones run the router GEMM (cuBLAS), whose launch cost is then small against its work."""
+
+
+def triton_linear_route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
+                        per_expert_scale: torch.Tensor | None = None,
+                        out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.linear_route`` in one Triton launch at decode sizes (``kernels.router.linear_route``: the router GEMV
+    and the routing, one launch instead of two); the router GEMM then the installed ``ops.route`` for larger steps
+    and for inputs the kernel does not take."""
+    if (x.dim() != 2 or not 0 < x.shape[0] <= FUSED_ROUTER_MAX_TOKENS or weight.dim() != 2
+            or weight.shape[1] != x.shape[1] or weight.dtype != x.dtype or x.stride(-1) != 1
+            or weight.stride(-1) != 1 or not 1 <= top_k <= weight.shape[0] <= MAX_EXPERTS):
+        return ops.torch_linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
+    return linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
+
+
 def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | None, b_norm: layers.RMSNorm | None,
                     residual: torch.Tensor | None, scale: torch.Tensor | None,
                     out_norm: layers.RMSNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -218,6 +236,9 @@ class CudaRunnerOptions:
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
     one launch instead of three, one instead of two, one instead of three (``ops.fused_weights``)."""
+    fused_router_gemv: bool = True
+    """A MoE layer's router projection inside the routing launch at decode sizes (``ops.linear_route``, at most
+    ``FUSED_ROUTER_MAX_TOKENS`` tokens): one launch fewer per MoE layer; needs ``triton_router``."""
     fused_kv_store: bool = True
     """The KV store in the q/k norm + RoPE launch (``triton_qk_norm_rope_store``, through the attention context):
     one launch fewer per layer that computes K/V; needs ``triton_qk_norm_rope``."""
@@ -248,6 +269,9 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
         self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
+        # The router GEMV in the same launch at decode sizes (the GEMV is all launch cost there).
+        self._linear_route = triton_linear_route if options.fused_router_gemv and options.triton_router \
+            and not options.compile else ops.torch_linear_route
         # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
         self._qk_norm = triton_qk_norm_rope if options.triton_qk_norm_rope and options.triton_norm \
             and options.triton_rope and not options.compile else ops.torch_qk_norm_rope
@@ -309,7 +333,8 @@ class CudaModelRunner(ModelRunner):
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
-                    qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear)
+                    qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
+                    linear_router=self._linear_route)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()
