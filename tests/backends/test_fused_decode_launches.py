@@ -1,4 +1,5 @@
-"""The KV store folded into the q/k norm + RoPE launch, through the attention context, on whole tiny models.
+"""Fused decode launches in the runner: the KV store folded into the q/k norm + RoPE launch, through the attention
+context, on whole tiny models.
 
 A runner whose context has ``norm_rope_store`` must leave the paged caches bit for bit as the unfused path does
 (``triton_qk_norm_rope`` then the store), calling the separate store for no layer; KV-shared layers (Gemma-4-E2B),
@@ -106,3 +107,31 @@ def test_runner_options_pick_the_fused_paths(options: dict, fused_store: object,
     assert ops.linear_route is linear_route
     with ops.reference_ops():
         assert ops.linear_route is ops.torch_linear_route
+
+
+def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to FUSED_ROUTER_MAX_TOKENS rows the fused kernel runs; past it, or for a weight of another dtype, the
+    router GEMM and the installed routing (same result as ``ops.torch_linear_route``)."""
+    from inference_server.backends import cuda_backend
+
+    fused_rows: list[int] = []
+    real = cuda_backend.linear_route
+
+    def recording(x: torch.Tensor, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        fused_rows.append(x.shape[0])
+        return real(x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "linear_route", recording)
+    gen = torch.Generator().manual_seed(0)
+    w = (0.1 * torch.randn(16, 32, generator=gen)).to(DEV)
+    limit = cuda_backend.FUSED_ROUTER_MAX_TOKENS
+    for rows in (1, limit, limit + 1):
+        x = torch.randn(rows, 32, generator=gen).to(DEV)
+        weights, ids = triton_linear_route(x, w, 4, True, None, None)
+        ref_weights, ref_ids = ops.torch_linear_route(x, w, 4, True, None, None)
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(weights, ref_weights, atol=2e-6, rtol=2e-6)
+    assert fused_rows == [1, limit]
+    with pytest.raises(RuntimeError):  # another dtype: the GEMM path, which rejects the mix as F.linear does
+        triton_linear_route(x[:2], w.double(), 4, True, None, None)
+    assert fused_rows == [1, limit]
