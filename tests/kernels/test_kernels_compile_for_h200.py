@@ -26,7 +26,7 @@ COMPILE = textwrap.dedent('''
     from inference_server.kernels.gated_activation import _gated_activation_kernel
     from inference_server.kernels.norm_add import _norm_add_kernel
     from inference_server.kernels.qk_norm_rope import _qk_norm_rope_kernel
-    from inference_server.kernels.router import _route_kernel
+    from inference_server.kernels.router import _linear_route_kernel, _route_kernel
 
     target = GPUTarget("cuda", 90, 64)
     scalars = dict.fromkeys(("n_rows", "width", "stride_gate", "stride_up", "stride_out"), "i32")
@@ -44,12 +44,19 @@ COMPILE = textwrap.dedent('''
         constexprs = dict(zip(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z"), flags, strict=True)) | {"BLOCK": 8192}
         triton.compile(ASTSource(fn=_norm_add_kernel, signature=signature, constexprs=constexprs),
                        target=target, options={"num_warps": 16})
-    pointers = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "ko_ptr", "vo_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr")
-    strides = ("q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "qo_st", "ko_st", "vo_st", "cs_st")
-    for gemma in (True, False):
-        signature = {**dict.fromkeys(pointers, "*bf16"), **dict.fromkeys(strides, "i32"), "eps": "fp32",
-                     **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "GEMMA"), "constexpr")}
-        constexprs = {"NUM_Q": 16, "NUM_K": 8, "HALF": 128, "BLOCK_HALF": 128, "GEMMA": gemma}
+    pointers = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "ko_ptr", "vo_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr",
+                "kc_ptr", "vc_ptr")
+    strides = ("q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "qo_st", "ko_st", "vo_st", "cs_st",
+               "kc_sb", "kc_st", "kc_sh", "vc_sb", "vc_st", "vc_sh")
+    # (gemma, norm_v, store, heads): Gemma 4 sliding without and with the KV store, Qwen3 with the store (raw v
+    # copied), Gemma 4 full (K = V, D = 512) with the store
+    for gemma, norm_v, store, (nq, nk, half) in ((True, True, False, (16, 8, 128)), (True, True, True, (16, 8, 128)),
+                                                (False, False, True, (32, 4, 64)), (True, True, True, (16, 2, 256))):
+        signature = {**dict.fromkeys(pointers, "*bf16"), "slot_ptr": "*i64", **dict.fromkeys(strides, "i32"),
+                     "eps": "fp32", **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "GEMMA", "NORM_V",
+                                                     "NUM_OUT", "STORE", "PAGE"), "constexpr")}
+        constexprs = {"NUM_Q": nq, "NUM_K": nk, "HALF": half, "BLOCK_HALF": half, "GEMMA": gemma, "NORM_V": norm_v,
+                      "NUM_OUT": nq + nk + (nk if norm_v else 0), "STORE": store, "PAGE": 16}
         triton.compile(ASTSource(fn=_qk_norm_rope_kernel, signature=signature, constexprs=constexprs), target=target)
     for weights, has_scale in (("*bf16", False), ("*fp32", True)):
         signature = {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "weights_ptr": weights, "ids_ptr": "*i64",
@@ -57,6 +64,20 @@ COMPILE = textwrap.dedent('''
                      "HAS_SCALE": "constexpr", "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}
         constexprs = {"K": 8, "RENORMALIZE": True, "HAS_SCALE": has_scale, "BLOCK_E": 128, "BLOCK_K": 8}
         triton.compile(ASTSource(fn=_route_kernel, signature=signature, constexprs=constexprs), target=target)
+        # the router GEMV + routing: Qwen3-30B-A3B (bf16 weights out) and Gemma-4-26B-A4B (scale, fp32 out) at
+        # T = 1 and 16
+        for rows in (1, 16):
+            signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32",
+                         "scale_ptr": "*bf16", "weights_ptr": weights, "ids_ptr": "*i64",
+                         **dict.fromkeys(("n_rows", "E", "H", "stride_x", "stride_w"), "i32"),
+                         **dict.fromkeys(("K", "RENORMALIZE", "HAS_SCALE", "ROWS", "BLOCK_E", "BLOCK_K",
+                                          "EXPERTS_PER_PROGRAM", "BLOCK_H"), "constexpr")}
+            constexprs = {"K": 8, "RENORMALIZE": True, "HAS_SCALE": has_scale, "ROWS": rows, "BLOCK_E": 128,
+                          "BLOCK_K": 8, "EXPERTS_PER_PROGRAM": 2, "BLOCK_H": 4096 if has_scale else 2048}
+            kernel = triton.compile(ASTSource(fn=_linear_route_kernel, signature=signature, constexprs=constexprs),
+                                    target=target)
+            ptx = kernel.asm["ptx"]
+            assert "atom.global" in ptx and "acq_rel" in ptx and "ld.global.cg" in ptx, "arrival ordering lost"
     for single in (True, False):  # decode (one program, padding then a barrier) and prefill (chunks)
         signature = {"ids_ptr": "*i64", "chunk_counts_ptr": "*i32", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                      "num_padded_ptr": "*i32", "num_pairs": "i32", "max_blocks": "i32", "num_chunks": "i32",

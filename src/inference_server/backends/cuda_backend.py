@@ -46,9 +46,10 @@ from inference_server.kernels.int8_linear import int8_linear as triton_int8_line
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.prefill_attention import paged_prefill_attention
-from inference_server.kernels.qk_norm_rope import qk_norm_rope
+from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
+from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rope import rope_qk_
-from inference_server.kernels.router import triton_route
+from inference_server.kernels.router import MAX_EXPERTS, linear_route, triton_route
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
@@ -60,7 +61,8 @@ from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.startup import phase
 from inference_server.telemetry import profiler_ranges
 
-_TRITON_NORM_MODE = {"gemma4": "gemma", "qwen": "qwen"}  # gemma3's (1 + w) norm has no kernel: reference
+# gemma3's (1 + w) norm has no kernel: reference
+_TRITON_NORM_MODE: dict[str, NormMode] = {"gemma4": "gemma", "qwen": "qwen"}
 
 
 def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
@@ -93,28 +95,78 @@ def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)  # type: ignore[arg-type]
 
 
+def _qk_norm_rope_kernel_mode(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_in: torch.Tensor | None,
+                              q_norm: layers.RMSNorm, k_norm: layers.RMSNorm | None,
+                              v_norm: layers.RMSNorm | None) -> NormMode | None:
+    """The ``kernels.qk_norm_rope`` norm mode for these inputs, or None where the kernel does not apply: the gemma3
+    norm style, norms that differ in eps or style, a weighted value norm, weights of another dtype, strided last
+    dims, an odd head_dim."""
+    mode = _TRITON_NORM_MODE.get(q_norm.style)
+    norms = [n for n in (q_norm, k_norm, v_norm) if n is not None]
+    weights = [q_norm.weight] + ([k_norm.weight] if k_raw is not None and k_norm is not None else [])
+    if (mode is None or q_norm.weight is None or any(n.style != q_norm.style or n.eps != q_norm.eps for n in norms)
+            or (k_raw is not None and k_norm is None) or (v_norm is not None and v_norm.weight is not None)
+            or any(w is None or w.dtype != q_raw.dtype for w in weights) or q_raw.shape[-1] % 2
+            or any(t is not None and t.stride(-1) != 1 for t in (q_raw, k_raw, v_in))):
+        return None
+    return mode
+
+
 def triton_qk_norm_rope(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None,
                         q_norm: layers.RMSNorm, k_norm: layers.RMSNorm | None, v_norm: layers.RMSNorm | None,
                         cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                        torch.Tensor | None]:
     """``ops.qk_norm_rope`` in one Triton launch (``kernels.qk_norm_rope``): q/k norms, RoPE and the value norm;
-    the unfused path (installed norm and RoPE) where the kernel does not apply: the gemma3 norm style, norms
-    that differ in eps or style, a weighted value norm, weights of another dtype, strided last dims."""
-    mode = _TRITON_NORM_MODE.get(q_norm.style)
-    q_weight = q_norm.weight
-    norms = [n for n in (q_norm, k_norm, v_norm) if n is not None]
-    weights = [q_norm.weight] + ([k_norm.weight] if k_raw is not None and k_norm is not None else [])
+    the unfused path (installed norm and RoPE) where the kernel does not apply (``_qk_norm_rope_kernel_mode``)."""
     v_in = (v_raw if v_raw is not None else k_raw) if v_norm is not None else None
-    if (mode is None or q_weight is None or any(n.style != q_norm.style or n.eps != q_norm.eps for n in norms)
-            or (k_raw is not None and k_norm is None) or (v_norm is not None and v_norm.weight is not None)
-            or any(w is None or w.dtype != q_raw.dtype for w in weights) or q_raw.shape[-1] % 2
-            or any(t is not None and t.stride(-1) != 1 for t in (q_raw, k_raw, v_in))):
+    mode = _qk_norm_rope_kernel_mode(q_raw, k_raw, v_in, q_norm, k_norm, v_norm)
+    if mode is None:
         return ops.torch_qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin)
-    q, k, v = qk_norm_rope(q_raw, k_raw, v_in, q_weight, k_norm.weight if k_norm is not None else None,
-                           q_norm.eps, mode, cos, sin)  # type: ignore[arg-type]
+    assert q_norm.weight is not None  # checked by the mode
+    q, k, v = qk_norm_rope(q_raw, k_raw, v_in, q_norm.weight, k_norm.weight if k_norm is not None else None,
+                           q_norm.eps, mode, cos, sin)
     if v_norm is None and k_raw is not None:
         v = v_raw if v_raw is not None else k_raw
     return q, k, v
+
+
+def triton_qk_norm_rope_store(q_raw: torch.Tensor, k_raw: torch.Tensor, v_raw: torch.Tensor | None,
+                              q_norm: layers.RMSNorm, k_norm: layers.RMSNorm, v_norm: layers.RMSNorm | None,
+                              cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                   torch.Tensor | None] | None:
+    """``paged_kv.NormRopeStoreFn``: ``triton_qk_norm_rope`` whose launch also writes k and v into the paged caches,
+    bit for bit what ``store_kv`` writes (``kernels.qk_norm_rope.PagedKVWrite``), so the KV store's own launch
+    goes; None (nothing written) where the kernel does not apply or the caches are not ``store_kv``'s layout."""
+    value = v_raw if v_raw is not None else k_raw  # what the layer stores as its value, before any value norm
+    v_in = value if v_norm is not None else None
+    mode = _qk_norm_rope_kernel_mode(q_raw, k_raw, v_in, q_norm, k_norm, v_norm)
+    if (mode is None or value.stride(-1) != 1 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape
+            or k_cache.dtype != v_cache.dtype or tuple(k_cache.shape[2:]) != tuple(k_raw.shape[1:])
+            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1):
+        return None
+    write = PagedKVWrite(k_cache, v_cache, slot_mapping, value=None if v_norm is not None else value)
+    assert q_norm.weight is not None and k_norm.weight is not None  # checked by the mode
+    q, k, v = qk_norm_rope(q_raw, k_raw, v_in, q_norm.weight, k_norm.weight, q_norm.eps, mode, cos, sin, cache=write)
+    return q, k, v if v_norm is not None else value
+
+
+FUSED_ROUTER_MAX_TOKENS = 16
+"""Steps of at most this many tokens compute the router logits inside the routing launch (``triton_linear_route``);
+larger ones run the router GEMM (cuBLAS), whose launch cost is then small against its work."""
+
+
+def triton_linear_route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
+                        per_expert_scale: torch.Tensor | None = None,
+                        out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.linear_route`` in one Triton launch at decode sizes (``kernels.router.linear_route``: the router GEMV
+    and the routing, one launch instead of two); the router GEMM then the installed ``ops.route`` for larger steps
+    and for inputs the kernel does not take."""
+    if (x.dim() != 2 or not 0 < x.shape[0] <= FUSED_ROUTER_MAX_TOKENS or weight.dim() != 2
+            or weight.shape[1] != x.shape[1] or weight.dtype != x.dtype or x.stride(-1) != 1
+            or weight.stride(-1) != 1 or not 1 <= top_k <= weight.shape[0] <= MAX_EXPERTS):
+        return ops.torch_linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
+    return linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
 
 
 def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | None, b_norm: layers.RMSNorm | None,
@@ -184,6 +236,12 @@ class CudaRunnerOptions:
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
     one launch instead of three, one instead of two, one instead of three (``ops.fused_weights``)."""
+    fused_router_gemv: bool = True
+    """A MoE layer's router projection inside the routing launch at decode sizes (``ops.linear_route``, at most
+    ``FUSED_ROUTER_MAX_TOKENS`` tokens): one launch fewer per MoE layer; needs ``triton_router``."""
+    fused_kv_store: bool = True
+    """The KV store in the q/k norm + RoPE launch (``triton_qk_norm_rope_store``, through the attention context):
+    one launch fewer per layer that computes K/V; needs ``triton_qk_norm_rope``."""
 
 
 class CudaModelRunner(ModelRunner):
@@ -192,8 +250,11 @@ class CudaModelRunner(ModelRunner):
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  options: CudaRunnerOptions) -> None:
         decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
+        fused_store = options.fused_kv_store and options.triton_qk_norm_rope and options.triton_norm \
+            and options.triton_rope and not options.compile
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
-            store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode))
+            store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
+            norm_rope_store=triton_qk_norm_rope_store if fused_store else None))
         self.options = options
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.
@@ -208,6 +269,9 @@ class CudaModelRunner(ModelRunner):
         self._rope = rope_qk_ if options.triton_rope and not options.compile else layers.reference_rope_qk
         # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
         self._route = triton_route if options.triton_router and not options.compile else ops.torch_route
+        # The router GEMV in the same launch at decode sizes (the GEMV is all launch cost there).
+        self._linear_route = triton_linear_route if options.fused_router_gemv and options.triton_router \
+            and not options.compile else ops.torch_linear_route
         # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
         self._qk_norm = triton_qk_norm_rope if options.triton_qk_norm_rope and options.triton_norm \
             and options.triton_rope and not options.compile else ops.torch_qk_norm_rope
@@ -269,7 +333,8 @@ class CudaModelRunner(ModelRunner):
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
-                    qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear)
+                    qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
+                    linear_router=self._linear_route)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -15,6 +15,8 @@ import torch
 
 from inference_server.core.kv_layout import CacheLayerSpec
 from inference_server.kernels.reference_attention import ref_paged_prefill_attention, ref_store_kv
+from inference_server.models.architectures import ops
+from inference_server.models.architectures.layers import RMSNorm
 from inference_server.models.spec import LayerSpec
 
 FULL_GROUP = 0
@@ -22,6 +24,13 @@ SLIDING_GROUP = 1
 
 StoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 AttentionFn = Callable[..., torch.Tensor]
+QKV = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]
+NormRopeStoreFn = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", RMSNorm, RMSNorm, "RMSNorm | None", torch.Tensor, torch.Tensor,
+     torch.Tensor, torch.Tensor, torch.Tensor], "QKV | None"]
+"""``ops.qk_norm_rope`` of a layer that computes K/V, also writing k and v into ``(k_cache, v_cache)`` at
+``slot_mapping`` as ``StoreFn`` would (the last three arguments); None, having written nothing, when it does not
+apply to these inputs (the context then takes the unfused path)."""
 
 
 def group_of(layer: CacheLayerSpec) -> int:
@@ -70,26 +79,47 @@ class StepTensors:
 
 
 class PagedAttentionContext:
-    """``AttentionContext`` over paged storage: store the layer's new K/V, then attend through block tables."""
+    """``AttentionContext`` over paged storage: store the layer's new K/V, then attend through block tables.
+
+    With ``norm_rope_store`` the K/V store happens in ``qk_norm_rope`` instead, in the kernel that computes k and
+    v (one launch fewer per layer); ``attend`` then skips the store for the k it was handed back."""
 
     def __init__(self, storage: PagedKVStorage, step: StepTensors, store: StoreFn = ref_store_kv,
                  prefill_attention: AttentionFn = ref_paged_prefill_attention,
-                 decode_attention: AttentionFn | None = None) -> None:
+                 decode_attention: AttentionFn | None = None, norm_rope_store: NormRopeStoreFn | None = None) -> None:
         self.storage = storage
         self.step = step
         self.positions = step.positions
         self._store = store
         self._prefill = prefill_attention
         self._decode = decode_attention
+        self._norm_rope_store = norm_rope_store
+        self._stored: dict[int, torch.Tensor] = {}  # KV slot -> the k already in its cache, until attended
+
+    def _cache_of(self, layer: LayerSpec) -> tuple[torch.Tensor, torch.Tensor, int]:
+        slot = layer.kv_slot
+        return self.storage.keys[slot], self.storage.values[slot], group_of(self.storage.cache_layers[slot])
+
+    def qk_norm_rope(self, layer: LayerSpec, q_raw: torch.Tensor, k_raw: torch.Tensor | None,
+                     v_raw: torch.Tensor | None, q_norm: RMSNorm, k_norm: RMSNorm | None, v_norm: RMSNorm | None,
+                     cos: torch.Tensor, sin: torch.Tensor) -> QKV:
+        """``ops.qk_norm_rope``; with ``norm_rope_store``, a layer that computes K/V also stores them here."""
+        if self._norm_rope_store is not None and k_raw is not None and k_norm is not None:
+            k_cache, v_cache, group = self._cache_of(layer)
+            fused = self._norm_rope_store(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin, k_cache, v_cache,
+                                          self.step.slot_mappings[group])
+            if fused is not None:
+                assert fused[1] is not None
+                self._stored[layer.kv_slot] = fused[1]
+                return fused
+        return ops.qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin)
 
     def attend(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                scale: float, logit_softcap: float | None) -> torch.Tensor:
         if logit_softcap is not None:
             raise NotImplementedError("attention logit softcapping is not supported by the paged kernels")
-        slot = layer.kv_slot
-        group = group_of(self.storage.cache_layers[slot])
-        k_cache, v_cache = self.storage.keys[slot], self.storage.values[slot]
-        if k is not None and v is not None:
+        k_cache, v_cache, group = self._cache_of(layer)
+        if k is not None and v is not None and self._stored.pop(layer.kv_slot, None) is not k:
             self._store(k, v, k_cache, v_cache, self.step.slot_mappings[group])
         tables = self.step.block_tables[group]
         if self.step.is_decode_only and self._decode is not None:

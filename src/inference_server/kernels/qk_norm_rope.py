@@ -15,26 +15,48 @@ Contract: ``q [T, nH, D]``, ``k [T, nKV, D] | None``, ``v [T, nKV, D] | None`` (
 token/head strides, e.g. views of one fused qkv GEMM output; D even), weights ``[D]`` in the activation dtype,
 ``cos``/``sin`` ``[T, D]`` (half-split layout). Returns new contiguous ``q``, ``k``, ``v`` (the inputs are not
 written: under K = V the raw k is also the value).
+
+With ``cache=PagedKVWrite(...)`` the same launch also writes the new k and value rows into the paged KV caches,
+exactly as ``kernels.kv_store.store_kv`` would write the returned tensors: the roped k, and the normed v (or,
+without a value norm, the raw ``value`` rows, copied), cast to the cache dtype, at ``slot_mapping`` (negative =
+skip the row: padding rows of CUDA-graph buckets). The stored values are the registers the outputs are written
+from, so the cache holds bit for bit what ``store_kv(k, v, ...)`` of this call's outputs would store.
 """
 
 from __future__ import annotations
 
+import attrs
 import torch
 import triton
 import triton.language as tl
 
 from inference_server.kernels.reference_norm import NormMode, rmsnorm_reference
 
-__all__ = ["qk_norm_rope", "reference_qk_norm_rope"]
+__all__ = ["PagedKVWrite", "qk_norm_rope", "reference_qk_norm_rope"]
+
+
+@attrs.frozen
+class PagedKVWrite:
+    """Where ``qk_norm_rope`` also writes the layer's new K/V rows: ``kernels.kv_store``'s cache contract
+    (``[num_blocks, block_size, nKV, D]`` caches of one dtype, last dim contiguous; ``slot_mapping`` int ``[T]``,
+    ``block_id * block_size + offset``, negative = skip). ``value`` is the raw value ``[T, nKV, D]`` to copy into
+    the cache when the layer has no value norm (``v`` is None); with a value norm the normed ``v`` is stored."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    value: torch.Tensor | None = None
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
+    kc_ptr, vc_ptr, slot_ptr,
     q_st, q_sh, k_st, k_sh, v_st, v_sh, qo_st, ko_st, vo_st, cs_st,
+    kc_sb, kc_st, kc_sh, vc_sb, vc_st, vc_sh,
     eps,
     NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    GEMMA: tl.constexpr,
+    GEMMA: tl.constexpr, NORM_V: tl.constexpr, NUM_OUT: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -46,14 +68,17 @@ def _qk_norm_rope_kernel(
         src = q_ptr + token * q_st + head * q_sh
         dst = qo_ptr + token * qo_st + head * (2 * HALF)
         w_ptr = qw_ptr
+        cache, c_sb, c_st = kc_ptr, kc_sb, kc_st  # not written: q is not cached
     elif head < NUM_Q + NUM_K:
         src = k_ptr + token * k_st + (head - NUM_Q) * k_sh
         dst = ko_ptr + token * ko_st + (head - NUM_Q) * (2 * HALF)
         w_ptr = kw_ptr
+        cache, c_sb, c_st = kc_ptr + (head - NUM_Q) * kc_sh, kc_sb, kc_st
     else:
         src = v_ptr + token * v_st + (head - NUM_Q - NUM_K) * v_sh
         dst = vo_ptr + token * vo_st + (head - NUM_Q - NUM_K) * (2 * HALF)
         w_ptr = qw_ptr  # not read: v has no weight
+        cache, c_sb, c_st = vc_ptr + (head - NUM_Q - NUM_K) * vc_sh, vc_sb, vc_st
     x1 = tl.load(src + offs, mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
     dtype = x1.dtype
@@ -85,8 +110,22 @@ def _qk_norm_rope_kernel(
         b2 = (n1.to(tl.float32) * sin2).to(dtype)
         n1 = (a1.to(tl.float32) + b1.to(tl.float32)).to(dtype)
         n2 = (a2.to(tl.float32) + b2.to(tl.float32)).to(dtype)
-    tl.store(dst + offs, n1, mask=mask)
-    tl.store(dst + HALF + offs, n2, mask=mask)
+    elif not NORM_V:  # a value row without a value norm: the raw value goes to the cache as it is
+        n1 = x1
+        n2 = x2
+    # rows past NUM_OUT (raw value rows, stored only) have no output; scalar conditions as vectors: the
+    # interpreter rejects a scalar bool combined with a vector mask
+    out_mask = mask & (offs * 0 + head < NUM_OUT)
+    tl.store(dst + offs, n1, mask=out_mask)
+    tl.store(dst + HALF + offs, n2, mask=out_mask)
+    if STORE:  # noqa: SIM102 (a compile-time branch: Triton does not `and` a constexpr with a tensor)
+        if head >= NUM_Q:  # k and v rows: kernels.kv_store's write of this row, from the same registers
+            slot = tl.load(slot_ptr + token).to(tl.int64)
+            cache_mask = mask & (offs * 0 + slot >= 0)
+            safe = tl.maximum(slot, 0)
+            row = cache + (safe // PAGE) * c_sb + (safe % PAGE) * c_st
+            tl.store(row + offs, n1.to(kc_ptr.dtype.element_ty), mask=cache_mask)
+            tl.store(row + HALF + offs, n2.to(kc_ptr.dtype.element_ty), mask=cache_mask)
 
 
 def qk_norm_rope(
@@ -99,6 +138,7 @@ def qk_norm_rope(
     mode: NormMode,
     cos: torch.Tensor,  # [T, D]
     sin: torch.Tensor,  # [T, D]
+    cache: PagedKVWrite | None = None,  # also write k and v (or cache.value) into the paged caches
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Normalised and rotated q and k, normalised v, as new contiguous tensors; see the module docstring."""
     if mode not in ("gemma", "qwen"):
@@ -106,7 +146,8 @@ def qk_norm_rope(
     tokens, num_q, head_dim = q.shape
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
-    for name, t in (("k", k), ("v", v)):
+    stored_v = (v if v is not None else cache.value) if cache is not None else None
+    for name, t in (("k", k), ("v", v), ("cache.value", stored_v)):
         if t is not None and (t.dim() != 3 or t.shape[0] != tokens or t.shape[2] != head_dim or t.dtype != q.dtype):
             raise ValueError(f"{name} must be [T, heads, {head_dim}] of q's dtype, got {tuple(t.shape)} {t.dtype}")
     if k is not None and k_weight is None:
@@ -114,28 +155,52 @@ def qk_norm_rope(
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         if w is not None and (tuple(w.shape) != (head_dim,) or w.dtype != q.dtype):
             raise ValueError(f"{name} must be [{head_dim}] of q's dtype, got {tuple(w.shape)} {w.dtype}")
-    if any(t is not None and t.stride(-1) != 1 for t in (q, k, v)):
+    if any(t is not None and t.stride(-1) != 1 for t in (q, k, v, stored_v)):
         raise ValueError("q, k and v need a contiguous last dim")
     if cos.shape != (tokens, head_dim) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"cos and sin must be [{tokens}, {head_dim}] with one layout")
+    if cache is not None:
+        _check_cache(cache, k, stored_v, tokens)
     q_out = torch.empty((tokens, num_q, head_dim), dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=q.dtype, device=q.device) if k is not None else None
     v_out = torch.empty(v.shape, dtype=q.dtype, device=q.device) if v is not None else None
     num_k = k.shape[1] if k is not None else 0
-    num_v = v.shape[1] if v is not None else 0
+    num_v = stored_v.shape[1] if stored_v is not None else v.shape[1] if v is not None else 0
     if tokens == 0:
         return q_out, k_out, v_out
-    k_arg, v_arg = k if k is not None else q, v if v is not None else q
+    k_arg, v_arg = k if k is not None else q, stored_v if stored_v is not None else v if v is not None else q
     ko_arg, vo_arg = k_out if k_out is not None else q_out, v_out if v_out is not None else q_out
+    if cache is not None:
+        k_cache, v_cache, slots, page = cache.k_cache, cache.v_cache, cache.slot_mapping, cache.k_cache.shape[1]
+    else:  # dummies, never touched
+        k_cache, v_cache, slots, page = q_out, q_out, q_out, 1
     half = head_dim // 2
     _qk_norm_rope_kernel[(tokens, num_q + num_k + num_v)](
         q, k_arg, v_arg, q_out, ko_arg, vo_arg, q_weight, k_weight if k_weight is not None else q_weight, cos, sin,
+        k_cache, v_cache, slots,
         q.stride(0), q.stride(1), k_arg.stride(0), k_arg.stride(1), v_arg.stride(0), v_arg.stride(1),
         q_out.stride(0), ko_arg.stride(0), vo_arg.stride(0), cos.stride(0),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
         eps,
         NUM_Q=num_q, NUM_K=num_k, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), GEMMA=mode == "gemma",
+        NORM_V=v is not None, NUM_OUT=num_q + num_k + (num_v if v is not None else 0), STORE=cache is not None,
+        PAGE=page,
     )  # fmt: skip
     return q_out, k_out, v_out
+
+
+def _check_cache(cache: PagedKVWrite, k: torch.Tensor | None, value: torch.Tensor | None, tokens: int) -> None:
+    """``store_kv``'s preconditions for the rows this call writes."""
+    if k is None or value is None or value.shape != k.shape:
+        raise ValueError("writing the cache needs k and a value (v, or cache.value without a value norm) of k's shape")
+    k_cache, v_cache = cache.k_cache, cache.v_cache
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != tuple(k.shape[1:]) \
+            or k_cache.dtype != v_cache.dtype or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError(f"k_cache and v_cache must be [blocks, page, {k.shape[1]}, {k.shape[2]}] of one dtype with "
+                         f"a contiguous last dim, got {tuple(k_cache.shape)} {k_cache.dtype}, "
+                         f"{tuple(v_cache.shape)} {v_cache.dtype}")
+    if cache.slot_mapping.shape != (tokens,) or cache.slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be int [{tokens}], got {tuple(cache.slot_mapping.shape)}")
 
 
 def reference_qk_norm_rope(

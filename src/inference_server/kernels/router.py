@@ -15,6 +15,14 @@ in registers:
 
 fp32 results match the reference to within a few ulp (``exp`` and the summation order differ); the bf16 cast
 is then exact or one bf16 ulp apart.
+
+``linear_route`` also computes the router logits ``x @ weight.T`` in the same launch, for decode-sized T (on the
+H200 the unfused router GEMV took ~5 µs per layer, nearly all launch cost, for 512 KB of weights at E=128,
+H=2048). Programs over (expert group, token row) each dot one row with a few experts' weight rows in fp32 and
+round the logits to the activation dtype, as the unfused path's cuBLAS output is rounded, into a scratch row; the
+last program to finish (an arrival counter) routes every row as above. The logits differ from cuBLAS's only by
+the fp32 summation order, so the expert choice is the unfused path's except where two logits are within an ulp
+of a tie.
 """
 
 from __future__ import annotations
@@ -23,9 +31,52 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["triton_route"]
+__all__ = ["linear_route", "reference_linear_route", "triton_route"]
 
 MAX_EXPERTS = 1024
+MAX_FUSED_ROWS = 64
+"""Most token rows ``linear_route`` takes: the last program routes them all as one [rows, experts] tile."""
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+"""One zeroed arrival counter per device for ``linear_route``: each launch counts up and its last program resets
+it, so launches in stream order (eager or replayed in CUDA graphs) share it; two launches must not overlap."""
+
+
+@triton.jit
+def _route_rows(
+    x,  # [ROWS, BLOCK_E] fp32 logits; experts >= E are ignored
+    E,
+    scale_ptr,  # [E] or a dummy
+    ROWS: tl.constexpr,
+    K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Softmax, top-k, renormalisation and scale of each row (the module docstring's steps): ``(w [ROWS, BLOCK_K]
+    fp32, ids [ROWS, BLOCK_K] int32)``, slots >= K undefined."""
+    experts = tl.arange(0, BLOCK_E)[None, :] + tl.zeros([ROWS, 1], dtype=tl.int32)  # [R, BE]
+    valid = experts < E
+    x = tl.where(valid, x, -float("inf"))
+    shifted = tl.exp(x - tl.max(x, axis=1)[:, None])
+    shifted = tl.where(valid, shifted, 0.0)
+    probs = shifted / tl.sum(shifted, axis=1)[:, None]  # [R, BE]
+    remaining = tl.where(valid, probs, -1.0)  # probabilities are >= 0: -1 marks padding and taken experts
+    slots = tl.arange(0, BLOCK_K)[None, :] + tl.zeros([ROWS, 1], dtype=tl.int32)  # [R, BK]
+    top_w = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    top_id = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
+    for k in tl.static_range(K):
+        best = tl.max(remaining, axis=1)  # [R]
+        best_id = tl.min(tl.where(remaining == best[:, None], experts, BLOCK_E), axis=1)  # [R]
+        top_w = tl.where(slots == k, best[:, None], top_w)
+        top_id = tl.where(slots == k, best_id[:, None], top_id)
+        remaining = tl.where(experts == best_id[:, None], -1.0, remaining)
+    in_k = slots < K
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(tl.where(in_k, top_w, 0.0), axis=1)[:, None]
+    if HAS_SCALE:
+        top_w = top_w * tl.load(scale_ptr + top_id, mask=in_k, other=0.0).to(tl.float32)
+    return top_w, top_id
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -44,29 +95,70 @@ def _route_kernel(
     BLOCK_K: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    experts = tl.arange(0, BLOCK_E)  # [BE]
-    valid = experts < E
-    x = tl.load(logits_ptr + row * stride_row + experts, mask=valid, other=-float("inf")).to(tl.float32)
-    shifted = tl.exp(x - tl.max(x, axis=0))
-    shifted = tl.where(valid, shifted, 0.0)
-    probs = shifted / tl.sum(shifted, axis=0)  # [BE]
-    remaining = tl.where(valid, probs, -1.0)  # probabilities are >= 0: -1 marks padding and taken experts
-    slots = tl.arange(0, BLOCK_K)  # [BK]
-    top_w = tl.zeros([BLOCK_K], dtype=tl.float32)
-    top_id = tl.zeros([BLOCK_K], dtype=tl.int32)
-    for k in tl.static_range(K):
-        best = tl.max(remaining, axis=0)
-        best_id = tl.min(tl.where(remaining == best, experts, BLOCK_E), axis=0)
-        top_w = tl.where(slots == k, best, top_w)
-        top_id = tl.where(slots == k, best_id, top_id)
-        remaining = tl.where(experts == best_id, -1.0, remaining)
+    experts = tl.arange(0, BLOCK_E)[None, :]  # [1, BE]
+    x = tl.load(logits_ptr + row * stride_row + experts, mask=experts < E, other=0.0).to(tl.float32)
+    top_w, top_id = _route_rows(x, E, scale_ptr, 1, K, RENORMALIZE, HAS_SCALE, BLOCK_E, BLOCK_K)
+    slots = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]
     in_k = slots < K
-    if RENORMALIZE:
-        top_w = top_w / tl.sum(tl.where(in_k, top_w, 0.0), axis=0)
-    if HAS_SCALE:
-        top_w = top_w * tl.load(scale_ptr + top_id, mask=in_k, other=0.0).to(tl.float32)
     tl.store(weights_ptr + row * K + slots, top_w.to(weights_ptr.dtype.element_ty), mask=in_k)
     tl.store(ids_ptr + row * K + slots, top_id.to(tl.int64), mask=in_k)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _linear_route_kernel(
+    x_ptr,  # [T, H]
+    w_ptr,  # [E, H]
+    logits_ptr,  # [T, E] scratch, x's dtype
+    counter_ptr,  # int32 [1]: programs done; 0 between launches
+    scale_ptr,  # [E] or a dummy
+    weights_ptr,  # [T, K] out
+    ids_ptr,  # [T, K] int64 out
+    n_rows,
+    E,
+    H,
+    stride_x,
+    stride_w,
+    K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROWS: tl.constexpr,  # T padded to a power of two
+    BLOCK_E: tl.constexpr,  # E padded to a power of two
+    BLOCK_K: tl.constexpr,
+    EXPERTS_PER_PROGRAM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    group = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    experts = group * EXPERTS_PER_PROGRAM + tl.arange(0, EXPERTS_PER_PROGRAM)  # [PE]
+    e_ok = experts < E
+    acc = tl.zeros([EXPERTS_PER_PROGRAM], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        h_ok = cols < H
+        x = tl.load(x_ptr + row * stride_x + cols, mask=h_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + experts[:, None].to(tl.int64) * stride_w + cols[None, :],
+                    mask=e_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(w * x[None, :], axis=1)
+    # the logits as the unfused path hands them to routing: rounded to the activation dtype
+    tl.store(logits_ptr + row * E + experts, acc.to(logits_ptr.dtype.element_ty), mask=e_ok)
+    # The last program to arrive routes every row. The barrier puts all of this program's logit stores before
+    # the counter's release (acq_rel, GPU scope); the last program's acquire makes every program's visible, and
+    # its loads bypass L1 (.cg), which may hold this scratch from an earlier launch.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1)
+    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
+        rows = tl.arange(0, ROWS)
+        all_e = tl.arange(0, BLOCK_E)
+        row_ok = rows < n_rows
+        logits = tl.load(logits_ptr + rows[:, None] * E + all_e[None, :], mask=row_ok[:, None] & (all_e < E)[None, :],
+                         other=0.0, cache_modifier=".cg").to(tl.float32)
+        top_w, top_id = _route_rows(logits, E, scale_ptr, ROWS, K, RENORMALIZE, HAS_SCALE, BLOCK_E, BLOCK_K)
+        slots = tl.arange(0, BLOCK_K)
+        out = rows[:, None] * K + slots[None, :]
+        out_ok = row_ok[:, None] & (slots < K)[None, :]
+        tl.store(weights_ptr + out, top_w.to(weights_ptr.dtype.element_ty), mask=out_ok)
+        tl.store(ids_ptr + out, top_id.to(tl.int64), mask=out_ok)
+        tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch (stream order keeps launches apart)
 
 
 def triton_route(
@@ -93,3 +185,67 @@ def triton_route(
         BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
     )
     return weights, ids
+
+
+def _arrival_counter(device: torch.device) -> torch.Tensor:
+    counter = _COUNTERS.get(device)
+    if counter is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("linear_route must run once on this device before a CUDA graph captures it")
+        counter = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
+def linear_route(
+    x: torch.Tensor,  # [T, H], T <= MAX_FUSED_ROWS
+    weight: torch.Tensor,  # [E, H], x's dtype
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None = None,  # [E]
+    out_dtype: torch.dtype | None = None,
+    *,
+    experts_per_program: int = 2,
+    block_h: int | None = None,
+    num_warps: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, K] (out_dtype, default fp32), ids [T, K] int64
+    """``triton_route(F.linear(x, weight), ...)`` in one launch (see the module docstring); the keyword
+    arguments are launch parameters (``bench/route_kv_fusion.py`` compares them), not semantics."""
+    tokens, hidden = x.shape
+    experts = weight.shape[0]
+    if not 1 <= top_k <= experts <= MAX_EXPERTS:
+        raise ValueError(f"routing needs 1 <= top_k <= experts <= {MAX_EXPERTS}, got top_k={top_k}, E={experts}")
+    if tokens > MAX_FUSED_ROWS:
+        raise ValueError(f"linear_route takes at most {MAX_FUSED_ROWS} rows, got {tokens}")
+    if weight.shape != (experts, hidden) or weight.dtype != x.dtype or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"weight must be [E, {hidden}] of x's dtype and both need a contiguous last dim, got "
+                         f"{tuple(weight.shape)} {weight.dtype}")
+    if experts_per_program < 1 or experts_per_program & (experts_per_program - 1):
+        raise ValueError(f"experts_per_program must be a power of two, got {experts_per_program}")
+    device = x.device
+    weights = torch.empty((tokens, top_k), dtype=out_dtype or torch.float32, device=device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=device)
+    if tokens == 0:
+        return weights, ids
+    logits = torch.empty((tokens, experts), dtype=x.dtype, device=device)
+    block_h = block_h or min(triton.next_power_of_2(hidden), max(64, 8192 // experts_per_program))
+    scale = per_expert_scale if per_expert_scale is not None else weights  # a dummy pointer, never read
+    _linear_route_kernel[(triton.cdiv(experts, experts_per_program), tokens)](
+        x, weight, logits, _arrival_counter(device), scale, weights, ids, tokens, experts, hidden, x.stride(0),
+        weight.stride(0),
+        K=top_k, RENORMALIZE=renormalize, HAS_SCALE=per_expert_scale is not None, ROWS=triton.next_power_of_2(tokens),
+        BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(top_k),
+        EXPERTS_PER_PROGRAM=experts_per_program, BLOCK_H=block_h, num_warps=num_warps,
+    )
+    return weights, ids
+
+
+def reference_linear_route(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
+    per_expert_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``linear_route``'s formula in PyTorch: logits accumulated in fp32 (here fp64, rounded to fp32: the exact
+    sum, which any fp32 order is within a few ulp of), rounded to x's dtype, then ``ops.torch_route``."""
+    from inference_server.models.architectures.ops import torch_route
+
+    logits = (x.double() @ weight.double().T).float().to(x.dtype)
+    return torch_route(logits, top_k, renormalize, per_expert_scale, out_dtype)

@@ -3,9 +3,11 @@
 A forward step runs over a *flat packed batch*: the new tokens of every sequence concatenated, ``T`` in all.
 Sequence ``b`` contributes ``query_lens[b]`` tokens at absolute positions
 ``cached_lens[b] .. cached_lens[b] + query_lens[b] - 1``; a prefill chunk and a single-token decode are the
-same thing with different lengths. Model code never sees how K/V are stored: each attention layer calls
-``AttentionContext.attend``, which stores the layer's new K/V (unless the layer reuses another layer's cache)
-and returns the attention output. The paged cache of the step runner implements the same protocol.
+same thing with different lengths. Model code never sees how K/V are stored: each attention layer asks the
+context for its normed and rotated q, k, v (``AttentionContext.qk_norm_rope``), then calls
+``AttentionContext.attend``, which stores the layer's new K/V (unless the layer reuses another layer's cache, or
+the context already stored them while computing them) and returns the attention output. The paged cache of the
+step runner implements the same protocol.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Protocol
 import attrs
 import torch
 
+from inference_server.models.architectures import ops
+from inference_server.models.architectures.layers import RMSNorm
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -41,6 +45,22 @@ class AttentionContext(Protocol):
     """What a model's attention layers call during one forward step."""
 
     positions: torch.Tensor  # [T] absolute positions
+
+    def qk_norm_rope(
+        self,
+        layer: LayerSpec,
+        q_raw: torch.Tensor,  # [T, nH, D]
+        k_raw: torch.Tensor | None,  # [T, nKV, D]; None on a layer that reuses another layer's KV
+        v_raw: torch.Tensor | None,  # [T, nKV, D]; None under K = V
+        q_norm: RMSNorm,
+        k_norm: RMSNorm | None,
+        v_norm: RMSNorm | None,
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # q, k, v for ``attend``
+        """``ops.qk_norm_rope``'s values for ``layer``. A context may also write k and v into its cache in the same
+        pass (one kernel instead of two); its ``attend`` of the returned k and v then does not write them again."""
+        ...
 
     def attend(
         self,
@@ -127,6 +147,12 @@ class _ContiguousContext:
         for q in batch.query_lens:
             starts.append(starts[-1] + q)
         self._starts: Sequence[int] = starts
+
+    def qk_norm_rope(self, layer: LayerSpec, q_raw: torch.Tensor, k_raw: torch.Tensor | None,
+                     v_raw: torch.Tensor | None, q_norm: RMSNorm, k_norm: RMSNorm | None, v_norm: RMSNorm | None,
+                     cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                    torch.Tensor | None]:
+        return ops.qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin)
 
     def attend(
         self,

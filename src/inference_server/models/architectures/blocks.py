@@ -107,8 +107,10 @@ class SelfAttention(nn.Module):
         tokens = x.shape[0]
         q_raw, k_raw, v_raw = self._project(x)
         computes_kv = k_raw is not None
-        q, k, v = ops.qk_norm_rope(q_raw, k_raw, v_raw, self.q_norm, self.k_norm if computes_kv else None,
-                                   self.v_norm if computes_kv else None, cos, sin)  # [T, nH, D], [T, nKV, D] x2
+        # ops.qk_norm_rope through the context, which may store k and v in the same pass
+        q, k, v = ctx.qk_norm_rope(self.layer, q_raw, k_raw, v_raw, self.q_norm,
+                                   self.k_norm if computes_kv else None, self.v_norm if computes_kv else None,
+                                   cos, sin)  # [T, nH, D], [T, nKV, D] x2
         out = ctx.attend(self.layer, q, k, v, self.scale, self.logit_softcap)  # [T, nH, D]
         return self.o_proj(out.reshape(tokens, -1))
 

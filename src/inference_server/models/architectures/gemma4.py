@@ -53,7 +53,8 @@ class Gemma4Router(nn.Module):
             x = apply_rms_norm(residual, self.norm_weight, self.eps, "gemma4").to(residual.dtype)  # [T, H]
         else:
             x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
-        return ops.route(self.proj(x), self.top_k, True, self.per_expert_scale, None)  # fp32 [T, K], ids [T, K]
+        # self.proj(x), then routing
+        return ops.linear_route(x, self.proj.weight, self.top_k, True, self.per_expert_scale, None)  # fp32, ids
 
 
 class Gemma4DecoderLayer(nn.Module):

@@ -1,6 +1,7 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
-Model files call ``ops.fused_moe``, ``ops.route``, ``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
+Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
+``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
 add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm + residual add + scale + next norm),
 ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.int8_linear`` (int8 weight-only layers,
 ``quantized.Int8Linear``) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
@@ -40,6 +41,8 @@ Int8LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 """``(x [T, K], qweight [N, K] int8, scale [N]) -> [T, N]`` in x's dtype (``int8_linear_reference``'s contract)."""
 RouteFn = Callable[[torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
                    tuple[torch.Tensor, torch.Tensor]]
+LinearRouteFn = Callable[[torch.Tensor, torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
+                         tuple[torch.Tensor, torch.Tensor]]
 AddNormFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float, NormStyle],
                      tuple[torch.Tensor, torch.Tensor]]
 
@@ -75,6 +78,20 @@ def torch_route(
     if per_expert_scale is not None:
         weights = weights * per_expert_scale[ids]
     return (weights if out_dtype is None else weights.to(out_dtype)), ids
+
+
+def torch_linear_route(
+    x: torch.Tensor,  # [T, H]: the router's input
+    weight: torch.Tensor,  # [E, H]: the router projection (float)
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None = None,  # [E]
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, K], ids [T, K] int64
+    """A MoE layer's router projection ``x @ weight.T`` (logits in x's dtype), then the installed ``route``. The
+    CUDA backend installs one Triton launch for both at decode sizes (``kernels.router.linear_route``: fp32 dot
+    products rounded to x's dtype, the same logits up to summation order)."""
+    return route(torch.nn.functional.linear(x, weight), top_k, renormalize, per_expert_scale, out_dtype)
 
 
 def torch_fused_moe(
@@ -188,6 +205,7 @@ def torch_norm_add(
 
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
+linear_route: LinearRouteFn = torch_linear_route
 gated_activation: GatedActivationFn = torch_gated_activation
 add_rms_norm: AddNormFn = torch_add_rms_norm
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
@@ -207,6 +225,7 @@ def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> t
 _REFERENCE: dict[str, object] = {
     "fused_moe": torch_fused_moe,
     "route": torch_route,
+    "linear_route": torch_linear_route,
     "gated_activation": torch_gated_activation,
     "add_rms_norm": torch_add_rms_norm,
     "qk_norm_rope": torch_qk_norm_rope,
@@ -221,9 +240,10 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             router: RouteFn | None = None, weights_fused: bool | None = None,
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
-            int8_linear: Int8LinearFn | None = None) -> None:
+            int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
-    chosen = {"fused_moe": moe, "route": router, "gated_activation": gated, "add_rms_norm": add_norm,
+    chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
+              "add_rms_norm": add_norm,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear,
               "fused_weights": weights_fused}
     assert chosen.keys() == _REFERENCE.keys()

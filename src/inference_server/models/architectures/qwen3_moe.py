@@ -31,8 +31,8 @@ class Qwen3MoeRouter(nn.Module):
         self.weight = nn.Parameter(torch.zeros(spec.num_experts, spec.hidden_size))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = torch.nn.functional.linear(x, self.weight)  # [T, E]
-        return ops.route(logits, self.top_k, self.normalize, None, logits.dtype)  # [T, K] x2
+        # logits [T, E] in x's dtype, then routing; weights cast to x's dtype
+        return ops.linear_route(x, self.weight, self.top_k, self.normalize, None, x.dtype)  # [T, K] x2
 
 
 class Qwen3MoeSparseBlock(nn.Module):

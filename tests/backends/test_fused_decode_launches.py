@@ -1,0 +1,137 @@
+"""Fused decode launches in the runner: the KV store folded into the q/k norm + RoPE launch, through the attention
+context, on whole tiny models.
+
+A runner whose context has ``norm_rope_store`` must leave the paged caches bit for bit as the unfused path does
+(``triton_qk_norm_rope`` then the store), calling the separate store for no layer; KV-shared layers (Gemma-4-E2B),
+K = V layers (Gemma-4-26B-A4B's full layers) and Qwen's raw values included. On CPU the Triton kernels run in the
+interpreter (fp32); on a GPU compiled. Also: the CUDA runner's options pick the fused paths (KV store, router GEMV).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
+
+from inference_server.backends.cuda_backend import (
+    CudaModelRunner,
+    CudaRunnerOptions,
+    triton_linear_route,
+    triton_qk_norm_rope,
+    triton_qk_norm_rope_store,
+)
+from inference_server.backends.model_runner import ModelRunner
+from inference_server.backends.paged_kv import PagedKVStorage, group_of
+from inference_server.kernels.kv_store import store_kv
+from inference_server.models.architectures import ops
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
+from inference_server.models.spec import ModelSpec, parse_model_spec
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BLOCK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture(autouse=True)
+def restore_reference_ops() -> Iterator[None]:
+    with ops.reference_ops():  # runners and use_ops install ops process-wide: put back what was there
+        yield
+
+
+def _build(name: str) -> tuple[ModelSpec, torch.nn.Module, PagedKVStorage]:
+    spec = parse_model_spec(preset_config(name))
+    model = build_model(spec, torch.float32, DEV)
+    init_dummy_weights(model, seed=1)
+    groups = {group_of(layer) for layer in spec.cache_layers}
+    return spec, model, PagedKVStorage(spec.cache_layers, dict.fromkeys(groups, 8), BLOCK, torch.float32, DEV)
+
+
+def _plans(spec: ModelSpec) -> list[StepPlan]:
+    """Two prompts prefilled together (9 and 20 tokens, the second over two blocks), then one decode step."""
+    groups = max(group_of(layer) for layer in spec.cache_layers) + 1
+    tables = [((0, 1),) * groups, ((2, 3),) * groups]
+    prompts = [tuple(range(3, 12)), tuple(range(40, 60))]
+    prefill = tuple(ScheduledSequence(request_id=i, token_ids=p, cached_len=0, block_tables=tables[i], sample=True,
+                                      sampling=GREEDY, reset=True, prompt_len=len(p)) for i, p in enumerate(prompts))
+    decode = tuple(ScheduledSequence(request_id=i, token_ids=(5 + i,), cached_len=len(p), block_tables=tables[i],
+                                     sample=True, sampling=GREEDY, reset=False, prompt_len=len(p))
+                   for i, p in enumerate(prompts))
+    return [StepPlan(step_id=0, sequences=prefill), StepPlan(step_id=1, sequences=decode)]
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
+def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: str) -> None:
+    torch.set_num_threads(1)
+    spec, model, _ = _build(name)
+    ops.use_ops(qk_norm=triton_qk_norm_rope)  # the unfused path's norm + RoPE: the same kernel, without the store
+    caches, store_calls, tokens = [], [], []
+    for fused in (False, True):
+        _, _, storage = _build(name)
+        calls: list[int] = []
+
+        def counting_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           slots: torch.Tensor, calls: list[int] = calls) -> None:
+            calls.append(k.shape[0])
+            store_kv(k, v, k_cache, v_cache, slots)
+
+        runner = ModelRunner(model, spec, storage, torch.device(DEV), attention_kwargs=dict(
+            store=counting_store, norm_rope_store=triton_qk_norm_rope_store if fused else None))
+        tokens.append([[t.token_id for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+        caches.append([t.clone() for t in storage.keys + storage.values])
+        store_calls.append(len(calls))
+    computing_layers = sum(layer.computes_kv for layer in spec.layers)
+    assert store_calls == [2 * computing_layers, 0]  # two steps
+    assert tokens[0] == tokens[1]
+    assert all(torch.equal(a, b) for a, b in zip(*caches, strict=True))
+    assert any(bool(c.abs().sum() > 0) for c in caches[1])
+
+
+@pytest.mark.parametrize(("options", "fused_store", "linear_route"), [
+    (dict(), triton_qk_norm_rope_store, triton_linear_route),
+    (dict(fused_kv_store=False, fused_router_gemv=False), None, ops.torch_linear_route),
+    (dict(triton_qk_norm_rope=False, triton_router=False), None, ops.torch_linear_route),
+])
+def test_runner_options_pick_the_fused_paths(options: dict, fused_store: object, linear_route: object) -> None:
+    spec, model, storage = _build("qwen3-30b-a3b-tiny")
+    runner = CudaModelRunner(model, spec, storage, torch.device(DEV),
+                             CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
+    assert runner.attention_kwargs["norm_rope_store"] is fused_store
+    assert ops.linear_route is linear_route
+    with ops.reference_ops():
+        assert ops.linear_route is ops.torch_linear_route
+
+
+def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to FUSED_ROUTER_MAX_TOKENS rows the fused kernel runs; past it, or for a weight of another dtype, the
+    router GEMM and the installed routing (same result as ``ops.torch_linear_route``)."""
+    from inference_server.backends import cuda_backend
+
+    fused_rows: list[int] = []
+    real = cuda_backend.linear_route
+
+    def recording(x: torch.Tensor, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        fused_rows.append(x.shape[0])
+        return real(x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "linear_route", recording)
+    gen = torch.Generator().manual_seed(0)
+    w = (0.1 * torch.randn(16, 32, generator=gen)).to(DEV)
+    limit = cuda_backend.FUSED_ROUTER_MAX_TOKENS
+    for rows in (1, limit, limit + 1):
+        x = torch.randn(rows, 32, generator=gen).to(DEV)
+        weights, ids = triton_linear_route(x, w, 4, True, None, None)
+        ref_weights, ref_ids = ops.torch_linear_route(x, w, 4, True, None, None)
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(weights, ref_weights, atol=2e-6, rtol=2e-6)
+    assert fused_rows == [1, limit]
+    with pytest.raises(RuntimeError):  # another dtype: the GEMM path, which rejects the mix as F.linear does
+        triton_linear_route(x[:2], w.double(), 4, True, None, None)
+    assert fused_rows == [1, limit]
