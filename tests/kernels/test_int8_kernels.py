@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
-from inference_server.kernels.int8_dequant import int8_to_bf16, int8_to_fp32, int8_to_fp32_exact
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.int8_linear import Int8LinearConfig, _split_k, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
@@ -97,27 +97,6 @@ def test_int8_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dty
 def _convert_int8(w_ptr, out_ptr):
     offs = tl.arange(0, 256)
     tl.store(out_ptr + offs, int8_to_fp32_exact(tl.load(w_ptr + offs)))
-
-
-@triton.jit
-def _convert_int8_ptx(w_ptr, out32_ptr, out16_ptr, BLOCK: tl.constexpr):
-    rows = tl.arange(0, BLOCK)[:, None] * 256 + tl.arange(0, 256)[None, :]
-    w = tl.load(w_ptr + rows)
-    tl.store(out32_ptr + rows, int8_to_fp32(w, PTX=True))
-    tl.store(out16_ptr + rows, int8_to_bf16(w, PTX=True))
-
-
-@gpu
-@needs_cuda
-def test_int8_dequant_ptx_is_the_conversion() -> None:
-    """The inline-PTX dequantisation (four bytes per block) gives every value in its place, fp32 and bf16."""
-    w = torch.randint(-128, 128, (64, 256), dtype=torch.int8, device="cuda")
-    w[0] = torch.arange(-128, 128, dtype=torch.int8, device="cuda")
-    out32 = torch.empty(64, 256, device="cuda")
-    out16 = torch.empty(64, 256, device="cuda", dtype=torch.bfloat16)
-    _convert_int8_ptx[(1,)](w, out32, out16, BLOCK=64)
-    assert torch.equal(out32, w.float())
-    assert torch.equal(out16, w.bfloat16())
 
 
 def test_int8_to_fp32_exact_is_the_conversion() -> None:
@@ -241,20 +220,6 @@ def test_fused_moe_int8_bf16(T: int, E: int, K: int, activation: str, weights_dt
     assert out.dtype == torch.bfloat16
     # bf16 roundings inside the block (GEMM outputs, activation, product) may each land one ulp apart
     torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_moe_int8_exponent_trick_config(dtype: torch.dtype) -> None:
-    """``magic_dequant`` in both grouped GEMMs: the same results as the conversion instruction's path."""
-    gen = torch.Generator().manual_seed(5)
-    q_gu, s_gu, q_dn, s_dn = _int8_experts(8, 40, 24, dtype, gen)
-    x = torch.randn(5, 40, generator=gen).to(DEV, dtype)
-    w, ids = _routing(5, 8, 2, gen)
-    magic = MoeKernelConfig(16, MoeGemmConfig(16, 32, magic_dequant=1), MoeGemmConfig(16, 16, magic_dequant=1))
-    plain = MoeKernelConfig(16, MoeGemmConfig(16, 32), MoeGemmConfig(16, 16))
-    out = fused_moe(x, q_gu, q_dn, w, ids, "silu", config=magic, w_gate_up_scale=s_gu, w_down_scale=s_dn)
-    same = fused_moe(x, q_gu, q_dn, w, ids, "silu", config=plain, w_gate_up_scale=s_gu, w_down_scale=s_dn)
-    assert torch.equal(out, same)
 
 
 def test_fused_moe_int8_reads_only_routed_experts_and_strided_scales() -> None:

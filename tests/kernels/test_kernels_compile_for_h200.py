@@ -129,8 +129,8 @@ INT8_COMPILE = textwrap.dedent('''
                      "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
             constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
                           "SPLIT_K": cfg.split_k, "EVEN_K": True, "IEEE": False, "UPCAST": False}
-            for magic in (False, True):  # the conversion instruction, the exponent trick in inline PTX
-                kernel = compile_fn(int8_linear._int8_linear_kernel, types, dict(constexprs, MAGIC=magic, PTX=True),
+            for magic in (False, True):  # the conversion instruction, the exponent trick
+                kernel = compile_fn(int8_linear._int8_linear_kernel, types, dict(constexprs, MAGIC=magic),
                                     ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
                                     cfg.num_warps, cfg.num_stages)
                 per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved per block
@@ -138,8 +138,7 @@ INT8_COMPILE = textwrap.dedent('''
     # the CUDA-core GEMV (block_t < 16): one and four tokens per program, with and without split-K
     for block_n, block_t, block_k, split in ((16, 1, 512, 1), (32, 4, 256, 2)):
         types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16", "out_ptr": "*fp32" if split > 1 else "*bf16"}
-        constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split, "EVEN_K": True,
-                      "PTX": True}
+        constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split, "EVEN_K": True}
         compile_fn(int8_linear.int8_gemv_kernel, types, constexprs,
                    ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), 4, 3,
                    pipelined=False)
@@ -160,8 +159,7 @@ INT8_COMPILE = textwrap.dedent('''
                                 (fused_moe._moe_down_kernel, cfg.down, {})):
             constexprs = dict(common, BLOCK_N=gemm.block_n, BLOCK_K=gemm.block_k, GROUP_M=gemm.group_m, **extra)
             for magic in (False, True):
-                compile_fn(fn, types, dict(constexprs, MAGIC=magic, PTX=True), aligned, gemm.num_warps,
-                           gemm.num_stages)
+                compile_fn(fn, types, dict(constexprs, MAGIC=magic), aligned, gemm.num_warps, gemm.num_stages)
     print("compiled")
 ''')
 

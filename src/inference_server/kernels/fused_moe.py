@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_dequant import int8_to_bf16, int8_to_fp32
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.moe_configs import (
     MoeGemmConfig,
     MoeKernelConfig,
@@ -326,19 +326,15 @@ def _mma(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _mma_w(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, W_INT8: tl.constexpr, MAGIC: tl.constexpr,
-           PTX: tl.constexpr):
+def _mma_w(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, W_INT8: tl.constexpr, MAGIC: tl.constexpr):
     """acc += a @ b for a weight tile ``b``: int8 (W_INT8) is converted to a's dtype in registers first (its values
     are exact in every float type; under UPCAST straight to fp32: the interpreter mishandles int8 -> bf16).
-    MAGIC: by the exponent trick (``int8_dequant``, four bytes per inline-PTX block on CUDA) instead of the
-    quarter-rate conversion instruction; PTX is False under the interpreter, which runs no PTX."""
+    MAGIC: through fp32 by the exponent trick (``int8_dequant``) instead of the quarter-rate conversion."""
     if W_INT8:
-        if MAGIC and UPCAST:
-            b = int8_to_fp32(b, PTX)
-        elif MAGIC and a.dtype == tl.bfloat16:
-            b = int8_to_bf16(b, PTX)
-        elif MAGIC:
-            b = int8_to_fp32(b, PTX).to(a.dtype)
+        if MAGIC:
+            b = int8_to_fp32_exact(b)
+            if not UPCAST:
+                b = b.to(a.dtype)
         elif UPCAST:
             b = b.to(tl.float32)
         else:
@@ -377,7 +373,6 @@ def _moe_gate_up_kernel(
     UPCAST: tl.constexpr,
     W_INT8: tl.constexpr,  # int8 weights: dequantised in registers, scaled after the fp32 reduction
     MAGIC: tl.constexpr,  # with W_INT8: dequantised by the exponent trick (int8_dequant)
-    PTX: tl.constexpr,  # inline PTX allowed (CUDA, not the interpreter)
 ):
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(inter_size, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -410,8 +405,8 @@ def _moe_gate_up_kernel(
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-        acc_g = _mma_w(a, g, acc_g, IEEE, UPCAST, W_INT8, MAGIC, PTX)
-        acc_u = _mma_w(a, u, acc_u, IEEE, UPCAST, W_INT8, MAGIC, PTX)
+        acc_g = _mma_w(a, g, acc_g, IEEE, UPCAST, W_INT8, MAGIC)
+        acc_u = _mma_w(a, u, acc_u, IEEE, UPCAST, W_INT8, MAGIC)
         a_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
@@ -462,7 +457,6 @@ def _moe_down_kernel(
     UPCAST: tl.constexpr,
     W_INT8: tl.constexpr,  # int8 weights: dequantised in registers, scaled after the fp32 reduction
     MAGIC: tl.constexpr,  # with W_INT8: dequantised by the exponent trick (int8_dequant)
-    PTX: tl.constexpr,  # inline PTX allowed (CUDA, not the interpreter)
 ):
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -491,7 +485,7 @@ def _moe_down_kernel(
             k_ok = offs_k < inter_size - kb * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = _mma_w(a, w, acc, IEEE, UPCAST, W_INT8, MAGIC, PTX)
+        acc = _mma_w(a, w, acc, IEEE, UPCAST, W_INT8, MAGIC)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
     if W_INT8:
@@ -620,7 +614,7 @@ def fused_moe(
         inter.stride(0), gu_scale.stride(0), gu_scale.stride(1),
         TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_M=bm, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
         GROUP_M=gu.group_m, EVEN_K=H % gu.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
-        MAGIC=w_int8 and bool(gu.magic_dequant), PTX=not _INTERPRETED,
+        MAGIC=w_int8 and bool(gu.magic_dequant),
         num_warps=gu.num_warps, num_stages=gu.num_stages,
     )  # fmt: skip
 
@@ -640,7 +634,7 @@ def fused_moe(
         pair_out.stride(0), dn_scale.stride(0), dn_scale.stride(1),
         BLOCK_M=bm, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, GROUP_M=dn.group_m,
         EVEN_K=inter_size % dn.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
-        MAGIC=w_int8 and bool(dn.magic_dequant), PTX=not _INTERPRETED,
+        MAGIC=w_int8 and bool(dn.magic_dequant),
         num_warps=dn.num_warps, num_stages=dn.num_stages,
     )  # fmt: skip
 

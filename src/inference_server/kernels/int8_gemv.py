@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_dequant import int8_to_fp32
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -41,7 +41,6 @@ def int8_gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
-    PTX: tl.constexpr,  # dequantise four bytes per inline-PTX block (CUDA); the interpreter runs no PTX
 ):
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -65,12 +64,7 @@ def int8_gemv_kernel(
         k_ok = offs_k < k_len
         w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
         x = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-    # One token: products accumulate per weight element and are summed across the tile once, after the loop (no
-    # cross-thread reduction per tile). More tokens: each tile's products are summed per token as they come.
-    if BLOCK_T == 1:
-        acc_tile = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    else:
-        acc_tile = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for kb in range(0, n_tiles):
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
@@ -82,17 +76,10 @@ def int8_gemv_kernel(
             k_next = offs_k < k_len - (kb + 1) * BLOCK_K
             w_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
             x_next = tl.load(x_ptrs, mask=t_ok[:, None] & k_next[None, :], other=0.0)
-        wf = int8_to_fp32(w, PTX)  # [BN, BK] fp32, exact
-        if BLOCK_T == 1:
-            acc_tile += wf * x.to(tl.float32)  # [BN, BK] * [1, BK]
-        else:
-            acc_tile += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
+        wf = int8_to_fp32_exact(w)  # [BN, BK] fp32, exact
+        acc += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
         w = w_next
         x = x_next
-    if BLOCK_T == 1:
-        acc = tl.sum(acc_tile, axis=1)[:, None]  # [BN, 1]
-    else:
-        acc = acc_tile
     out_mask = (offs_n < N)[:, None] & t_ok[None, :]
     o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_n[:, None]
     if SPLIT_K == 1:

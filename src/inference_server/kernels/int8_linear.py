@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_dequant import int8_to_bf16, int8_to_fp32
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.int8_gemv import int8_gemv_kernel
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
@@ -140,25 +140,21 @@ def int8_linear_config(
 
 
 @triton.jit
-def _int8_dot(w, x, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, MAGIC: tl.constexpr, PTX: tl.constexpr):
+def _int8_dot(w, x, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, MAGIC: tl.constexpr):
     """acc += w @ x for an int8 tile ``w``, converted to x's dtype in registers (int8 values are exact in every
     float type). IEEE: exact fp32 products (fp32 activations, no TF32). UPCAST: interpreter-only (the
     interpreter's numpy dot and int8 -> bf16 conversion mishandle bf16): both sides go to fp32; never on GPU.
-    MAGIC: the bytes become floats by the exponent trick (``int8_dequant``), not the quarter-rate conversion;
-    with PTX four bytes per inline-PTX block, straight to bf16 for bf16 activations."""
-    if UPCAST or IEEE:
-        if MAGIC:
-            wf = int8_to_fp32(w, PTX)
-        else:
-            wf = w.to(tl.float32)
-        if UPCAST:
-            acc = tl.dot(wf, x.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(wf, x, acc, input_precision="ieee")
-    elif MAGIC and x.dtype == tl.bfloat16:
-        acc = tl.dot(int8_to_bf16(w, PTX), x, acc)
+    MAGIC: the bytes go to fp32 by the exponent trick (``int8_dequant``), not the quarter-rate conversion."""
+    if MAGIC:
+        wf = int8_to_fp32_exact(w)
+    else:
+        wf = w.to(tl.float32)
+    if UPCAST:
+        acc = tl.dot(wf, x.to(tl.float32), acc, input_precision="ieee")
+    elif IEEE:
+        acc = tl.dot(wf, x, acc, input_precision="ieee")
     elif MAGIC:
-        acc = tl.dot(int8_to_fp32(w, PTX).to(x.dtype), x, acc)
+        acc = tl.dot(wf.to(x.dtype), x, acc)
     else:
         acc = tl.dot(w.to(x.dtype), x, acc)
     return acc
@@ -189,7 +185,6 @@ def _int8_linear_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     MAGIC: tl.constexpr,
-    PTX: tl.constexpr,  # with MAGIC: four bytes per inline-PTX block (CUDA; the interpreter runs no PTX)
 ):
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -212,7 +207,7 @@ def _int8_linear_kernel(
             k_ok = offs_k < k_len - kb * BLOCK_K
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
             x = tl.load(x_ptrs, mask=t_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = _int8_dot(w, x, acc, IEEE, UPCAST, MAGIC, PTX)
+        acc = _int8_dot(w, x, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
     out_mask = (offs_n < N)[:, None] & t_ok[None, :]
@@ -303,13 +298,11 @@ def int8_linear(
     tiles = dict(BLOCK_N=cfg.block_n, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, SPLIT_K=split,
                  EVEN_K=K % cfg.block_k == 0)
     if cfg.block_t < _MIN_DOT_TOKENS:  # the CUDA-core GEMV (kernels/int8_gemv.py)
-        int8_gemv_kernel[grid](*args, **tiles, PTX=not _INTERPRETED, num_warps=cfg.num_warps,
-                               num_stages=cfg.num_stages)
+        int8_gemv_kernel[grid](*args, **tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     else:
         _int8_linear_kernel[grid](
             *args, **tiles, IEEE=x.dtype == torch.float32, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-            MAGIC=bool(cfg.magic_dequant), PTX=not _INTERPRETED, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            MAGIC=bool(cfg.magic_dequant), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if split > 1:
         block = _pow2_clamp(N, 16, 1024)
