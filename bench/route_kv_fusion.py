@@ -5,7 +5,7 @@ Two tables (markdown, to paste):
 * router: the router GEMV (cuBLAS, ``F.linear``) then ``kernels.router.triton_route`` (two launches) against
   ``kernels.router.linear_route`` (one launch), at Qwen3-30B-A3B's (H=2048, E=128, top-8, bf16 weights out) and
   Gemma-4-26B-A4B's (H=2816, E=128, top-8, per-expert scale, fp32 weights out) routers, for several
-  ``experts_per_program`` (the engine's default is 2; E per program = one program per token row);
+  ``experts_per_program`` (the engine's default: 1 up to 4 rows, then 2; E per program = one program per token row);
 * KV store: ``kernels.qk_norm_rope.qk_norm_rope`` then ``kernels.kv_store.store_kv`` (two launches) against
   ``qk_norm_rope(..., cache=PagedKVWrite(...))`` (one launch), at Qwen3-30B-A3B's and Gemma 4's attention layers;
 
