@@ -1,0 +1,229 @@
+"""Triton greedy head: the lm_head GEMV with the greedy argmax and its logprob fused, no full-logits round trip.
+
+When every sampled row is greedy and asks for nothing else (``sampler.argmax_suffices``), a step needs from the
+``[N, V]`` logits only each row's argmax and that token's log-probability. The unfused path writes the logits
+(``[N, V]`` in the model dtype), copies them to fp32, and reads them three more times (logsumexp, argmax,
+gather). Here:
+
+1. ``_greedy_head_slices_kernel``: one program per vocabulary slice of ``BLOCK_V`` rows of the head weight
+   ``[V, H]`` (and per block of ``BLOCK_N`` hidden rows; the runner's rows fit one block) computes the slice's
+   logits in fp32 (``tl.dot``, IEEE products for fp32 weights: no TF32), rounds them to the weight dtype as
+   ``compute_logits``' GEMM output is rounded, applies the final soft-cap with ``layers.softcap``'s roundings
+   (``x / cap``, ``tanh``, ``* cap``, each rounded to the weight dtype; on CUDA ``x / cap`` is computed as
+   ``x * (1 / cap)``, which is what PyTorch's CUDA division by a scalar does, and on CPU as a true division, as
+   PyTorch's CPU kernel does), and writes three numbers per (slice, row): the slice's maximum logit, the first
+   vocabulary index holding it, and ``sum(exp(logit - max))``.
+2. ``_greedy_head_combine_kernel``: one program per row combines the slices in vocabulary order: the global
+   maximum, the smallest index among the slices that reach it (``torch.argmax``'s rule: the first maximal
+   index), ``lse = max + log(sum_s sum_s * exp(max_s - max))``, and the logprob ``max - lse`` in fp32, the
+   sampler's ``logits.gather(token).float() - logsumexp(logits.float())``.
+
+The logit of the chosen token is exactly the rounded (and soft-capped) logit, so the token equals
+``torch.argmax`` of the unfused logits whenever this kernel's fp32 sums round to the same values as cuBLAS's:
+they differ only in summation order (~1e-6 relative in fp32), which the rounding to bf16 absorbs except when a
+sum lies within that distance of a rounding boundary; a token can then differ only where the top two logits
+are within one ulp. The logprob agrees with the sampler's within fp32 rounding of the two log-sum-exps.
+
+No host sync, fixed grid and reduction order (deterministic: the same inputs give the same bits), CUDA-graph
+capturable (the partial buffers are allocated per call from the caching allocator / graph pool). Rounding to
+bf16 is done on the fp32 bits (round to nearest even), so the CPU interpreter, whose fp32 -> bf16 cast
+truncates, gives the GPU's values. NaN logits are not handled (``torch.argmax`` would return a NaN's index).
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+__all__ = ["MAX_ROWS", "GreedyHeadConfig", "greedy_head", "greedy_head_config", "greedy_head_supports"]
+
+MAX_ROWS = 64
+"""Most hidden rows one weight pass serves (``BLOCK_N``): more rows re-read the weight once per 64, where
+cuBLAS reads it once, so the runner takes the fused path only up to here."""
+
+_NO_INDEX = tl.constexpr(2**31 - 1)  # a compiled kernel reads only constexpr globals
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@attrs.frozen
+class GreedyHeadConfig:
+    """Launch shape of the slices kernel: ``block_v`` vocabulary rows per program, ``block_k`` of the hidden
+    size per loop iteration (``block_n`` hidden rows per program is set by the row count)."""
+
+    block_v: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def greedy_head_config(n_rows: int, element_size: int) -> GreedyHeadConfig:
+    """A memory-bound streaming shape: 16 KB weight tiles, three in flight per program (two while the
+    64-row hidden tile takes shared memory too); fp32 weights take half the K depth."""
+    block_k = 128 if element_size <= 2 else 64
+    stages = 4 if n_rows <= 32 else 3
+    return GreedyHeadConfig(block_v=64, block_k=block_k, num_warps=4, num_stages=stages)
+
+
+@triton.jit
+def _round_to_bf16(x):
+    """fp32 -> nearest bf16 (ties to even), kept in fp32: the rounding of a bf16 cast, on the bits."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round(x, ROUND_BF16: tl.constexpr):
+    if ROUND_BF16:
+        x = _round_to_bf16(x)
+    return x
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _greedy_head_slices_kernel(
+    hidden_ptr,  # [N, H]
+    weight_ptr,  # [V, H]
+    max_ptr,  # [S, N] fp32: each slice's maximum logit
+    index_ptr,  # [S, N] int32: the first vocabulary index holding it
+    sum_ptr,  # [S, N] fp32: sum(exp(logit - max)) over the slice
+    n_rows, vocab, hidden_size, stride_hn, stride_wv,
+    inv_cap, cap,  # the final soft-cap (unused without SOFTCAP)
+    BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K mask
+    ROUND_BF16: tl.constexpr,  # bf16 weights: round each stage as torch rounds its bf16 output
+    SOFTCAP: tl.constexpr,
+    RECIPROCAL: tl.constexpr,  # x / cap as x * (1 / cap): PyTorch's CUDA kernel (CPU divides)
+    IEEE: tl.constexpr,  # fp32 weights: exact fp32 products (no TF32)
+    UPCAST: tl.constexpr,  # interpreter only: bf16 tiles go to fp32 before the dot (its numpy dot needs it)
+    LIBDEVICE_TANH: tl.constexpr,  # False only under the interpreter, which has no libdevice
+):
+    slice_id = tl.program_id(0)
+    offs_v = slice_id * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Out-of-range vocabulary and hidden rows read a real row (no load masks on the weight stream); their
+    # logits are masked to -inf below and their results never stored.
+    rows_v = tl.minimum(offs_v, vocab - 1).to(tl.int64)
+    rows_n = tl.minimum(offs_n, n_rows - 1).to(tl.int64)
+    w_ptrs = weight_ptr + rows_v[:, None] * stride_wv + offs_k[None, :]  # [BLOCK_V, BLOCK_K]
+    h_ptrs = hidden_ptr + rows_n[:, None] * stride_hn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    acc = tl.zeros((BLOCK_V, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(hidden_size, BLOCK_K)):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            h = tl.load(h_ptrs)
+        else:
+            k_mask = offs_k[None, :] < hidden_size - k * BLOCK_K
+            w = tl.load(w_ptrs, mask=k_mask, other=0.0)
+            h = tl.load(h_ptrs, mask=k_mask, other=0.0)
+        if UPCAST:
+            acc = tl.dot(w.to(tl.float32), tl.trans(h.to(tl.float32)), acc, input_precision="ieee")
+        elif IEEE:
+            acc = tl.dot(w, tl.trans(h), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(h), acc)
+        w_ptrs += BLOCK_K
+        h_ptrs += BLOCK_K
+    x = _round(acc, ROUND_BF16)  # [BLOCK_V, BLOCK_N] logits as compute_logits' GEMM returns them
+    if SOFTCAP:
+        if RECIPROCAL:
+            y = _round(x * inv_cap, ROUND_BF16)
+        else:
+            y = _round(x / cap, ROUND_BF16)
+        if LIBDEVICE_TANH:
+            t = libdevice.tanh(y)
+        else:
+            e = tl.exp(-2.0 * tl.abs(y))  # in (0, 1]: no overflow at any input
+            t = tl.where(y >= 0, (1.0 - e) / (1.0 + e), (e - 1.0) / (1.0 + e))
+        x = _round(_round(t, ROUND_BF16) * cap, ROUND_BF16)
+    x = tl.where((offs_v < vocab)[:, None], x, float("-inf"))
+    best = tl.max(x, axis=0)  # [BLOCK_N]
+    first = tl.min(tl.where(x == best[None, :], offs_v[:, None], _NO_INDEX), axis=0)  # [BLOCK_N]
+    total = tl.sum(tl.exp(x - best[None, :]), axis=0)  # [BLOCK_N]
+    out = slice_id * n_rows + offs_n
+    row_ok = offs_n < n_rows
+    tl.store(max_ptr + out, best, mask=row_ok)
+    tl.store(index_ptr + out, first, mask=row_ok)
+    tl.store(sum_ptr + out, total, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_slices"])
+def _greedy_head_combine_kernel(
+    max_ptr, index_ptr, sum_ptr,  # [S, N] partials of the slices kernel
+    ids_ptr,  # [N] int64
+    logprobs_ptr,  # [N] fp32
+    n_rows, n_slices,
+    BLOCK_S: tl.constexpr,  # >= n_slices: one load, one fixed-order reduction
+):
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    present = s < n_slices
+    part_max = tl.load(max_ptr + s * n_rows + row, mask=present, other=float("-inf"))
+    part_index = tl.load(index_ptr + s * n_rows + row, mask=present, other=_NO_INDEX)
+    part_sum = tl.load(sum_ptr + s * n_rows + row, mask=present, other=0.0)
+    best = tl.max(part_max, axis=0)
+    token = tl.min(tl.where(part_max == best, part_index, _NO_INDEX), axis=0)
+    total = tl.sum(part_sum * tl.exp(part_max - best), axis=0)  # absent slices: 0 * exp(-inf) = 0
+    lse = best + tl.log(total)
+    tl.store(ids_ptr + row, token.to(tl.int64))
+    tl.store(logprobs_ptr + row, best - lse)
+
+
+def greedy_head_supports(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``greedy_head`` takes these inputs: ``[N, H]`` rows (1 <= N <= ``MAX_ROWS``) and a ``[V, H]``
+    weight of one dtype, bf16 or fp32, each with a contiguous last dim."""
+    return (hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]
+            and 1 <= hidden.shape[0] <= MAX_ROWS and hidden.dtype == weight.dtype
+            and weight.dtype in (torch.bfloat16, torch.float32)
+            and hidden.stride(-1) == 1 and weight.stride(-1) == 1 and hidden.device == weight.device)
+
+
+def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | None,
+                config: GreedyHeadConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token_ids [N] int64, logprobs [N] fp32)`` of hidden rows ``[N, H]`` against the head ``[V, H]``
+    with the final soft-cap ``softcap`` (None: none): ``reference_greedy_head.greedy_head_reference``'s
+    contract (see the module docstring). Any N >= 1 is computed (one weight pass per ``MAX_ROWS`` rows)."""
+    if not (hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]):
+        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if hidden.dtype != weight.dtype or weight.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"hidden and weight must be both bf16 or both fp32, got {hidden.dtype}, {weight.dtype}")
+    if hidden.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("hidden and weight need a contiguous last dim")
+    n_rows, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    ids = torch.empty(n_rows, dtype=torch.int64, device=device)
+    logprobs = torch.empty(n_rows, dtype=torch.float32, device=device)
+    if n_rows == 0:
+        return ids, logprobs
+    if vocab == 0 or hidden_size == 0:
+        raise ValueError("an empty vocabulary or hidden size has no argmax")
+    cfg = config or greedy_head_config(n_rows, weight.element_size())
+    block_n = max(16, triton.next_power_of_2(min(n_rows, MAX_ROWS)))
+    n_slices = triton.cdiv(vocab, cfg.block_v)
+    part_max = torch.empty(n_slices, n_rows, dtype=torch.float32, device=device)
+    part_sum = torch.empty(n_slices, n_rows, dtype=torch.float32, device=device)
+    part_index = torch.empty(n_slices, n_rows, dtype=torch.int32, device=device)
+    cap = float(softcap) if softcap is not None else 1.0
+    inv_cap = float(np.float32(1.0) / np.float32(cap))  # PyTorch's opmath reciprocal: fp32 1 / fp32 cap
+    bf16 = weight.dtype == torch.bfloat16
+    _greedy_head_slices_kernel[(n_slices, triton.cdiv(n_rows, block_n))](
+        hidden, weight, part_max, part_index, part_sum,
+        n_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), inv_cap, cap,
+        BLOCK_V=cfg.block_v, BLOCK_N=block_n, BLOCK_K=cfg.block_k, EVEN_K=hidden_size % cfg.block_k == 0,
+        ROUND_BF16=bf16, SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda",
+        IEEE=not bf16, UPCAST=_INTERPRETED and bf16, LIBDEVICE_TANH=not _INTERPRETED,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    _greedy_head_combine_kernel[(n_rows,)](
+        part_max, part_index, part_sum, ids, logprobs, n_rows, n_slices,
+        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4,
+    )
+    return ids, logprobs
