@@ -9,6 +9,9 @@ What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> S
   ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
   and graphed steps of the same batch run identical kernels.
 * Weights and KV stay in the dtype they were built with (bf16 on CUDA); rope tables move to the device once.
+* Greedy sampling: when every sampled row takes the argmax and asks for nothing else, the lm_head and the
+  greedy choice run as one fused GEMV (``kernels.greedy_head``, ``triton_greedy_head``) instead of the full
+  logits and the sampler; prompt logprobs and every other sampling request keep the full logits.
 * Decode-only steps of at most ``max_batch_size`` sequences replay a CUDA graph of the smallest bucket that
   holds them (``cuda_graphs.DecodeGraphs``); steps with prefill chunks run eagerly. The graph ends at the
   final hidden states: logits and sampling run outside it, on the sampled rows only.
@@ -42,6 +45,7 @@ from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
+from inference_server.kernels.greedy_head import greedy_head, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.norm_add import norm_add
@@ -242,6 +246,10 @@ class CudaRunnerOptions:
     fused_kv_store: bool = True
     """The KV store in the q/k norm + RoPE launch (``triton_qk_norm_rope_store``, through the attention context):
     one launch fewer per layer that computes K/V; needs ``triton_qk_norm_rope``."""
+    triton_greedy_head: bool = True
+    """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
+    with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
+    by the sampler's chain. Float heads of up to ``greedy_head.MAX_ROWS`` rows; int8 heads take the unfused path."""
 
 
 class CudaModelRunner(ModelRunner):
@@ -329,6 +337,16 @@ class CudaModelRunner(ModelRunner):
         # The counters describe serving: a 1-token warm-up step fits a decode graph and would count as one.
         self.eager_steps = self.graph_steps = 0
         self.tokens_computed = 0
+
+    def _greedy_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The fused greedy head (``triton_greedy_head``) where it takes the head: a float weight and at most
+        ``MAX_ROWS`` rows; None (the unfused path) otherwise."""
+        if not self.options.triton_greedy_head:
+            return None
+        weight = self.model.head_weight()
+        if weight is None or not greedy_head_supports(hidden, weight):
+            return None
+        return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,

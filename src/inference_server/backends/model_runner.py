@@ -28,6 +28,7 @@ from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVSto
 from inference_server.backends.sampler import (
     PenaltyHistory,
     SamplingBatch,
+    argmax_suffices,
     make_generator,
     sample,
     seed_for_position,
@@ -102,6 +103,12 @@ class ModelRunner:
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
         return self.model.compute_logits(hidden)
+
+    def _greedy_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Hook for a fused greedy head: ``(token_ids [N] int64, logprobs [N] f32)`` of final hidden states
+        [N, H], equal to ``sample(compute_logits(hidden), all-greedy batch)``'s, or None to take that path.
+        Called only when ``sampler.argmax_suffices`` holds for every row. The reference runner has none."""
+        return None
 
     # -- state ---------------------------------------------------------------------------------------
     def _state_for(self, seq: ScheduledSequence) -> _RequestState:
@@ -248,9 +255,14 @@ class ModelRunner:
             last_hidden = hidden[: len(ends)]
         else:
             last_hidden = hidden[tensor_to_device(ends, torch.int64, hidden.device)]
-        logits = self._compute_logits(last_hidden)  # [N, V]
         seqs = [plan.sequences[i] for i in rows]
         lens = output_lens(seqs)
+        fused = self._greedy_head(last_hidden) if argmax_suffices([s.sampling for s in seqs], lens) else None
+        if fused is not None:  # every row greedy and asking for nothing else: no [N, V] logits
+            self._previous_tokens = fused[0]
+            self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
+            return LaunchedSamples(tuple(seqs), HostCopy(list(fused)))
+        logits = self._compute_logits(last_hidden)  # [N, V]
         generators = [states[i].generator for i in rows]
         for generator, seq, index in zip(generators, seqs, lens, strict=True):
             if generator is not None and seq.sampling.seed is not None:

@@ -53,6 +53,26 @@ def seed_for_position(seed: int, output_index: int) -> int:
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
+def argmax_suffices(params: Sequence[SamplingParams], output_lens: Sequence[int]) -> bool:
+    """Whether ``sample`` would return, for every row, the argmax of the raw logits and its raw logprob with
+    nothing else (no ``TopLogprobs``): then the logits themselves are not needed (the runner's fused greedy
+    head). ``output_lens``: tokens each row has output so far (``min_tokens`` counts them). True exactly when
+    every row
+
+    * is greedy (``temperature < GREEDY_EPSILON``: stage 2 takes the argmax; top-k/top-p/min-p and seeds are
+      then unused),
+    * asks for no top logprobs (``logprobs`` None or 0: the sampled token's own logprob is always returned),
+    * uses no penalty (repetition, presence, frequency: they change the logits the argmax reads),
+    * edits no logit: no ``logit_bias``, no ``allowed_token_ids``, and no ``min_tokens`` still holding back its
+      stop ids (a row past its ``min_tokens`` has no edit left).
+    """
+    return all(
+        p.is_greedy and not p.logprobs and not p.uses_penalties and not p.logit_bias
+        and p.allowed_token_ids is None and (p.min_tokens == 0 or n >= p.min_tokens)
+        for p, n in zip(params, output_lens, strict=True)
+    )
+
+
 @attrs.frozen(eq=False)
 class SamplingBatch:
     """One step's per-row sampling parameters as device tensors, built once per batch by `from_params`.

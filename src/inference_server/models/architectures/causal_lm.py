@@ -46,3 +46,12 @@ class CausalLM(nn.Module):
         if isinstance(embedding, Int8Embedding):
             return softcap(embedding.as_lm_head(hidden), self.spec.final_logit_softcapping)
         return softcap(torch.nn.functional.linear(hidden, embedding.weight), self.spec.final_logit_softcapping)
+
+    def head_weight(self) -> torch.Tensor | None:
+        """The float ``[V, H]`` weight ``compute_logits`` multiplies by (the lm_head's, or the tied embedding's;
+        the soft-cap ``spec.final_logit_softcapping`` follows), or None when the head is int8 (its scales are
+        part of the product). For kernels that fuse the head with what reads its logits."""
+        head = self.lm_head if not self.spec.tie_word_embeddings else self.model.embed_tokens
+        if isinstance(head, Int8Linear | Int8Embedding):
+            return None
+        return head.weight
