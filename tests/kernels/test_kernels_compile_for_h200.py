@@ -164,6 +164,39 @@ INT8_COMPILE = textwrap.dedent('''
 ''')
 
 
+GREEDY_HEAD_COMPILE = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from inference_server.kernels import greedy_head as gh
+
+    target = GPUTarget("cuda", 90, 64)
+    fn = gh._greedy_head_slices_kernel
+    aligned = ("vocab", "hidden_size", "stride_hn", "stride_wv")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+             if n.endswith("_ptr") or n in aligned}
+    for dtype, rows, softcap in (("bf16", 1, False), ("bf16", 16, True), ("bf16", 64, True), ("fp32", 16, True)):
+        cfg = gh.greedy_head_config(rows, 2 if dtype == "bf16" else 4)
+        constexprs = {"BLOCK_V": cfg.block_v, "BLOCK_N": max(16, triton.next_power_of_2(rows)),
+                      "BLOCK_K": cfg.block_k, "EVEN_K": True, "ROUND_BF16": dtype == "bf16", "SOFTCAP": softcap,
+                      "RECIPROCAL": True, "IEEE": dtype == "fp32", "UPCAST": False, "LIBDEVICE_TANH": True}
+        types = {"hidden_ptr": f"*{dtype}", "weight_ptr": f"*{dtype}", "max_ptr": "*fp32", "index_ptr": "*i32",
+                 "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"}
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                target=target, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        assert kernel.metadata.shared <= 232448, (dtype, rows, kernel.metadata.shared)
+        assert "cp.async" in kernel.asm["ptx"], (dtype, rows, "loads not pipelined")
+        assert dtype == "fp32" or "wgmma" in kernel.asm["ptx"], (dtype, rows, "no tensor-core dot")
+    signature = {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
+                 "logprobs_ptr": "*fp32", "n_rows": "i32", "n_slices": "i32", "BLOCK_S": "constexpr"}
+    triton.compile(ASTSource(fn=gh._greedy_head_combine_kernel, signature=signature, constexprs={"BLOCK_S": 4096}),
+                   target=target)
+    print("compiled")
+''')
+
+
 def _compile_in_child(script: str) -> None:
     pytest.importorskip("triton.backends.nvidia", reason="Triton's CUDA backend (and its ptxas) is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -178,3 +211,9 @@ def test_new_kernels_compile_for_sm90() -> None:
 
 def test_int8_kernels_compile_for_sm90_within_shared_memory() -> None:
     _compile_in_child(INT8_COMPILE)
+
+
+def test_greedy_head_compiles_for_sm90_pipelined() -> None:
+    """The greedy head's variants (bf16 with and without the soft-cap at 1, 16 and 64 rows; fp32 IEEE) compile
+    with pipelined weight loads, tensor-core dots in bf16, and fit the H200's shared memory."""
+    _compile_in_child(GREEDY_HEAD_COMPILE)
