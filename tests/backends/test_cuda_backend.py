@@ -10,7 +10,9 @@ Tolerances (logits compared on the sampled rows, relative error ``‖a − b‖ 
 
 * fp32 (tiny presets): every greedy token equal over 64 decode steps, relative error <= 1e-3. Both paths
   compute in fp32 (IEEE dots in the Triton kernels, no TF32), so this only absorbs summation order
-  (measured on the H200: <= 3e-6).
+  (measured on the H200: <= 3e-6). The CUDA runner's tokens come from its fused greedy head
+  (``kernels.greedy_head``: the lm_head in fp32 IEEE dots, also differing from cuBLAS in summation order
+  only), its logits from ``LogitsTap.watch`` (the unfused head on the same hidden rows).
 * bf16 (tiny presets and real configs cut to 2 layers): two bf16 implementations with different rounding
   cannot agree bitwise, and on random-weight models the logits are chaotic enough that bf16 rounding moves
   them by several percent (an MoE expert choice or a top-2 near-tie flips). So the yardstick is the
@@ -135,7 +137,11 @@ class Script:
 
 
 class LogitsTap:
-    """Wraps ``model.compute_logits`` to keep a copy of the last logits (both runners share the model)."""
+    """Wraps ``model.compute_logits`` to keep a copy of the last logits (both runners share the model).
+
+    A CUDA runner's greedy steps take the fused greedy head, which computes no logits: ``watch(runner)`` makes
+    the head record the logits of the rows it read (computed unfused, for the comparison only), so the logits
+    compared are always the step's while the tokens are the fused head's."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.last: torch.Tensor | None = None
@@ -147,6 +153,19 @@ class LogitsTap:
             return logits
 
         model.compute_logits = tapped
+        self._compute_logits = tapped
+
+    def watch(self, runner: CudaModelRunner) -> CudaModelRunner:
+        fused_head = runner._greedy_head
+
+        def tapped_head(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+            result = fused_head(hidden)
+            if result is not None:
+                self._compute_logits(hidden)
+            return result
+
+        runner._greedy_head = tapped_head  # type: ignore[method-assign]
+        return runner
 
 
 @attrs.define
@@ -212,7 +231,8 @@ def cuda_vs_reference(name: str, dtype: torch.dtype, device: str, steps: int, ca
     n, m = len(script.seqs), script.blocks_per_seq
     reference = ModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device))
     options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=capture)
-    runner = CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device), options)
+    runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
+                                       options))
     return compare(script, tokens_of(reference, reference=True), tokens_of(runner), tap, steps), runner
 
 
@@ -351,7 +371,7 @@ def bf16_against_fp32(name: str, device: str, steps: int) -> dict:
     truth = ModelRunner(model32, spec, storage_for(spec, n, m, torch.float32, device), dev)
     reference = ModelRunner(model16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev)
     options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=dev.type == "cuda")
-    runner = CudaModelRunner(model16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev, options)
+    runner = tap16.watch(CudaModelRunner(model16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev, options))
     run_truth, run_ref, run_ours = tokens_of(truth, True), tokens_of(reference, True), tokens_of(runner)
     err_ref, err_ours, err_between, agree_ref, agree_ours, pairs = [], [], [], 0, 0, 0
     for _ in range(steps + 1):
@@ -400,7 +420,8 @@ def test_graph_replay_equals_eager(name: str, num_seqs: int) -> None:
 
     def runner(graphs: bool) -> CudaModelRunner:
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, cuda_graphs=graphs)
-        return CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device), options)
+        return tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
+                                         options))
 
     eager, graphed = runner(False), runner(True)
     comparison = compare(script, tokens_of(eager), tokens_of(graphed), tap, 16, exact=num_seqs == 4)
@@ -444,7 +465,8 @@ def test_compile_option_matches_uncompiled() -> None:
 
     def runner(compiled: bool) -> CudaModelRunner:
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, compile=compiled)
-        return CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device), options)
+        return tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
+                                         options))
 
     comparison = compare(script, tokens_of(runner(False)), tokens_of(runner(True)), tap, 8)
     report("compile qwen3-30b-a3b-tiny fp32", **comparison.stats())

@@ -42,7 +42,8 @@ def test_int8_model_on_the_cuda_runner_matches_the_reference_runner(name: str) -
     n, m = len(script.seqs), script.blocks_per_seq
     reference = ModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"))
     options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False)
-    runner = CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"), options)
+    runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
+                                       options))
     fused = [m for m in model.modules() if isinstance(m, SelfAttention) and m.qkv_weight is not None]
     assert fused and all(module.qkv_weight.dtype == torch.int8 for module in fused)
     comparison = compare(script, tokens_of(reference, reference=True), tokens_of(runner), tap, 4)

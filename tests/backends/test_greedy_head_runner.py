@@ -1,0 +1,162 @@
+"""The CUDA runner's fused greedy head (``CudaRunnerOptions.triton_greedy_head``) on CPU, Triton interpreter, fp32.
+
+* Selection: ``_sample`` takes the fused head exactly when every sampled row is greedy and needs nothing else
+  (``sampler.argmax_suffices``), and the tokens and logprobs it hands to the host copy equal the unfused
+  path's (``compute_logits`` + ``sample``), for single rows and mixed batches, decode rows and prefill rows
+  (a gather of the last hidden row of each chunk), a tied soft-capped head and an untied plain one.
+* Whole steps: teacher-forced greedy decoding through the static decode path gives the unfused runner's tokens
+  and logprobs, the fused head serving every step and ``compute_logits`` none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+import pytest
+import torch
+from tests.backends.test_cuda_backend import BLOCK, Script, build, num_groups, storage_for
+
+from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.sampler import argmax_suffices
+from inference_server.models.architectures import ops
+from inference_server.models.architectures.quantized import quantize_model_int8_
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import SampledToken, ScheduledSequence, StepPlan
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
+PROMPT_LEN = 4
+
+
+@pytest.fixture(autouse=True)
+def restore_reference_ops() -> Iterator[None]:
+    with ops.reference_ops():
+        yield
+
+
+@attrs.define
+class Spy:
+    """Counts, on one runner, the steps its fused head served and the ``compute_logits`` calls."""
+
+    fused: int = 0
+    logits: int = 0
+
+    @classmethod
+    def on(cls, runner: CudaModelRunner) -> Spy:
+        spy = cls()
+        head, compute_logits = runner._greedy_head, runner._compute_logits
+
+        def counted_head(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+            result = head(hidden)
+            spy.fused += result is not None
+            return result
+
+        def counted_logits(hidden: torch.Tensor) -> torch.Tensor:
+            spy.logits += 1
+            return compute_logits(hidden)
+
+        runner._greedy_head = counted_head  # type: ignore[method-assign]
+        runner._compute_logits = counted_logits  # type: ignore[method-assign]
+        return spy
+
+
+def make_runner(name: str, fused: bool, quantize: bool = False, graphs: bool = False,
+                seqs: int = 4, blocks: int = 4) -> CudaModelRunner:
+    spec, model = build(name, torch.float32, "cpu")
+    if quantize:
+        quantize_model_int8_(model, embeddings=True)  # the head too (the CPU backend's choice)
+    options = CudaRunnerOptions(max_model_len=blocks * BLOCK, max_batch_size=seqs, capture=False, cuda_graphs=graphs,
+                                triton_greedy_head=fused)
+    return CudaModelRunner(model, spec, storage_for(spec, seqs, blocks, torch.float32, "cpu"), torch.device("cpu"),
+                           options)
+
+
+def sequence(request_id: int, params: SamplingParams, output_len: int, chunk: int) -> ScheduledSequence:
+    """A request that has output ``output_len`` tokens; this step computes its last ``chunk`` tokens."""
+    total = PROMPT_LEN + output_len
+    tokens = tuple(3 + (request_id * 7 + i) % 50 for i in range(total))
+    return ScheduledSequence(request_id=request_id, token_ids=tokens[total - chunk:], cached_len=total - chunk,
+                             block_tables=((0,),), sample=True, sampling=params, reset=True, prompt_len=PROMPT_LEN,
+                             history=tokens[:total - chunk])
+
+
+def sample_once(runner: CudaModelRunner, seqs: list[ScheduledSequence], hidden: torch.Tensor) -> list[SampledToken]:
+    plan = StepPlan(step_id=0, sequences=tuple(seqs))
+    states = [runner._state_for(seq) for seq in seqs]
+    launched = runner._sample(plan, states, hidden)
+    runner.forget(tuple(seq.request_id for seq in seqs))
+    assert launched is not None
+    return list(launched.tokens())
+
+
+CASES = [  # (label, [(params, tokens output so far)], the fused head may serve the step)
+    ("greedy", [(GREEDY, 0)], True),
+    ("greedy, sampled token's logprob", [(attrs.evolve(GREEDY, logprobs=0), 2)], True),
+    ("greedy, top_k/top_p/seed unused", [(attrs.evolve(GREEDY, top_k=5, top_p=0.5, seed=3), 1)], True),
+    ("greedy, min_tokens already met", [(attrs.evolve(GREEDY, min_tokens=2, eos_token_ids=(1,)), 3)], True),
+    ("greedy batch", [(GREEDY, 0), (GREEDY, 4), (attrs.evolve(GREEDY, logprobs=0), 1)], True),
+    ("top logprobs", [(attrs.evolve(GREEDY, logprobs=3), 0)], False),
+    ("sampled", [(SamplingParams(temperature=0.7, seed=1, max_tokens=8), 0)], False),
+    ("repetition penalty", [(attrs.evolve(GREEDY, repetition_penalty=1.3), 2)], False),
+    ("presence penalty", [(attrs.evolve(GREEDY, presence_penalty=0.5), 2)], False),
+    ("frequency penalty", [(attrs.evolve(GREEDY, frequency_penalty=0.5), 2)], False),
+    ("logit bias", [(attrs.evolve(GREEDY, logit_bias=((5, 3.0),)), 0)], False),
+    ("allowed ids", [(attrs.evolve(GREEDY, allowed_token_ids=(4, 9, 11)), 0)], False),
+    ("min_tokens holding stop ids", [(attrs.evolve(GREEDY, min_tokens=5, eos_token_ids=(1,)), 2)], False),
+    ("greedy beside a sampled row", [(GREEDY, 0), (SamplingParams(temperature=0.9, seed=2, max_tokens=8), 0)],
+     False),
+]
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-31b-tiny"])  # untied / tied + soft-cap
+@pytest.mark.parametrize("chunk", [1, 3])  # decode rows (no gather) / prefill chunks (last row gathered)
+def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int) -> None:
+    torch.set_num_threads(1)
+    fused_runner, plain_runner = make_runner(name, fused=True), make_runner(name, fused=False)
+    spy, plain_spy = Spy.on(fused_runner), Spy.on(plain_runner)
+    gen = torch.Generator().manual_seed(chunk)
+    for label, rows, allowed in CASES:
+        seqs = [sequence(i, params, out, chunk) for i, (params, out) in enumerate(rows)]
+        assert argmax_suffices([s.sampling for s in seqs], [out for _, out in rows]) == allowed, label
+        hidden = torch.randn(len(seqs) * chunk, fused_runner.spec.hidden_size, generator=gen) * 3
+        before = (spy.fused, spy.logits)
+        ours = sample_once(fused_runner, seqs, hidden)
+        theirs = sample_once(plain_runner, seqs, hidden)
+        assert (spy.fused - before[0], spy.logits - before[1]) == ((1, 0) if allowed else (0, 1)), label
+        assert [t.token_id for t in ours] == [t.token_id for t in theirs], label
+        assert [t.top_logprobs for t in ours] == [t.top_logprobs for t in theirs] or not allowed, label
+        assert [t.logprob for t in ours] == pytest.approx([t.logprob for t in theirs], abs=1e-5), label
+    assert plain_spy.fused == 0 and plain_spy.logits == len(CASES)
+
+
+def test_int8_head_takes_the_unfused_path() -> None:
+    torch.set_num_threads(1)
+    runner = make_runner("gemma-4-31b-tiny", fused=True, quantize=True)
+    spy = Spy.on(runner)
+    hidden = torch.randn(1, runner.spec.hidden_size)
+    assert runner.model.head_weight() is None
+    sample_once(runner, [sequence(0, GREEDY, 0, 1)], hidden)
+    assert (spy.fused, spy.logits) == (0, 1)
+
+
+def test_greedy_decoding_through_the_static_path() -> None:
+    """Teacher-forced greedy decoding (three prompts, a fourth joining, then decode steps through the static
+    buffers, capture off): the fused runner's tokens and logprobs are the unfused runner's."""
+    torch.set_num_threads(1)
+    name, steps = "gemma-4-31b-tiny", 4
+    spec, model = build(name, torch.float32, "cpu")
+    script = Script(spec, num_groups(spec), steps, seed=1, join=2, prompt_lens=(5, 12))
+    n, m = len(script.seqs), script.blocks_per_seq
+    runners = [CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
+                               CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False,
+                                                 triton_greedy_head=fused)) for fused in (True, False)]
+    spies = [Spy.on(r) for r in runners]
+    for _ in range(steps + 1):
+        plan = script.plan()
+        fused, plain = (runner.execute(plan).tokens for runner in runners)
+        assert [t.token_id for t in fused] == [t.token_id for t in plain]
+        assert [t.logprob for t in fused] == pytest.approx([t.logprob for t in plain], abs=1e-5)
+        script.advance(plan, {t.request_id: t.token_id for t in plain})
+    assert runners[0].graph_steps >= 2
+    assert (spies[0].fused, spies[0].logits) == (steps + 1, 0)
+    assert (spies[1].fused, spies[1].logits) == (0, steps + 1)
