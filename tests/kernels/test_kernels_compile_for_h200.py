@@ -176,10 +176,12 @@ GREEDY_HEAD_COMPILE = textwrap.dedent('''
     aligned = ("vocab", "hidden_size", "stride_hn", "stride_wv")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
              if n.endswith("_ptr") or n in aligned}
-    for dtype, rows, softcap in (("bf16", 1, False), ("bf16", 16, True), ("bf16", 64, True), ("fp32", 16, True)):
+    variants = (("bf16", 1, False, True), ("bf16", 16, True, True), ("bf16", 64, True, True),
+                ("fp32", 16, True, True), ("bf16", 4, True, False))  # EVEN_K False: a hidden size like 96
+    for dtype, rows, softcap, even_k in variants:
         cfg = gh.greedy_head_config(rows, 2 if dtype == "bf16" else 4)
         constexprs = {"BLOCK_V": cfg.block_v, "BLOCK_N": max(16, triton.next_power_of_2(rows)),
-                      "BLOCK_K": cfg.block_k, "EVEN_K": True, "ROUND_BF16": dtype == "bf16", "SOFTCAP": softcap,
+                      "BLOCK_K": cfg.block_k, "EVEN_K": even_k, "ROUND_BF16": dtype == "bf16", "SOFTCAP": softcap,
                       "RECIPROCAL": True, "IEEE": dtype == "fp32", "UPCAST": False, "LIBDEVICE_TANH": True}
         types = {"hidden_ptr": f"*{dtype}", "weight_ptr": f"*{dtype}", "max_ptr": "*fp32", "index_ptr": "*i32",
                  "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"}

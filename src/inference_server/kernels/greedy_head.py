@@ -207,6 +207,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
         raise ValueError("an empty vocabulary or hidden size has no argmax")
     cfg = config or greedy_head_config(n_rows, weight.element_size())
     block_n = max(16, triton.next_power_of_2(min(n_rows, MAX_ROWS)))
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden_size)))  # tiny test models: H = 64
     n_slices = triton.cdiv(vocab, cfg.block_v)
     part_max = torch.empty(n_slices, n_rows, dtype=torch.float32, device=device)
     part_sum = torch.empty(n_slices, n_rows, dtype=torch.float32, device=device)
@@ -217,7 +218,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
     _greedy_head_slices_kernel[(n_slices, triton.cdiv(n_rows, block_n))](
         hidden, weight, part_max, part_index, part_sum,
         n_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), inv_cap, cap,
-        BLOCK_V=cfg.block_v, BLOCK_N=block_n, BLOCK_K=cfg.block_k, EVEN_K=hidden_size % cfg.block_k == 0,
+        BLOCK_V=cfg.block_v, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=hidden_size % block_k == 0,
         ROUND_BF16=bf16, SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda",
         IEEE=not bf16, UPCAST=_INTERPRETED and bf16, LIBDEVICE_TANH=not _INTERPRETED,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
