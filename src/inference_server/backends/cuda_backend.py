@@ -314,6 +314,8 @@ class CudaModelRunner(ModelRunner):
             self.capture_seconds = time.perf_counter() - started
         started = time.perf_counter()
         self.warm_up_eager(options.eager_warmup_tokens)
+        if device.type == "cuda":
+            self.warm_up_greedy_head()
         self.eager_warmup_seconds = time.perf_counter() - started
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
@@ -347,6 +349,17 @@ class CudaModelRunner(ModelRunner):
         if weight is None or not greedy_head_supports(hidden, weight):
             return None
         return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
+
+    def warm_up_greedy_head(self) -> None:
+        """Compile the fused greedy head's variants (one per row block: 16, 32, 64 rows) that decode batches up
+        to ``max_batch_size`` meet, so that none compiles mid-serving (a stall of a second or more)."""
+        weight = self.model.head_weight()
+        if not self.options.triton_greedy_head or weight is None:
+            return
+        for rows in (1, 17, 33):
+            hidden = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            if rows <= self.options.max_batch_size and greedy_head_supports(hidden, weight):
+                greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
 
     def _install_ops(self) -> None:
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
