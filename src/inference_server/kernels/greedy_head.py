@@ -209,9 +209,8 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
     block_n = max(16, triton.next_power_of_2(min(n_rows, MAX_ROWS)))
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden_size)))  # tiny test models: H = 64
     n_slices = triton.cdiv(vocab, cfg.block_v)
-    part_max = torch.empty(n_slices, n_rows, dtype=torch.float32, device=device)
-    part_sum = torch.empty(n_slices, n_rows, dtype=torch.float32, device=device)
-    part_index = torch.empty(n_slices, n_rows, dtype=torch.int32, device=device)
+    parts = torch.empty(3, n_slices, n_rows, dtype=torch.float32, device=device)  # one allocation for the three
+    part_max, part_index, part_sum = parts[0], parts[1].view(torch.int32), parts[2]
     cap = float(softcap) if softcap is not None else 1.0
     inv_cap = float(np.float32(1.0) / np.float32(cap))  # PyTorch's opmath reciprocal: fp32 1 / fp32 cap
     bf16 = weight.dtype == torch.bfloat16
