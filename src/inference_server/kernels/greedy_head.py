@@ -15,8 +15,8 @@ gather). Here:
    vocabulary index holding it, and ``sum(exp(logit - max))``.
 2. ``_greedy_head_combine_kernel``: one program per row combines the slices in vocabulary order: the global
    maximum, the smallest index among the slices that reach it (``torch.argmax``'s rule: the first maximal
-   index), ``lse = max + log(sum_s sum_s * exp(max_s - max))``, and the logprob ``max - lse`` in fp32, the
-   sampler's ``logits.gather(token).float() - logsumexp(logits.float())``.
+   index), ``lse = max + log(sum over slices of slice_sum * exp(slice_max - max))``, and the logprob
+   ``max - lse`` in fp32, the sampler's ``logits.gather(token).float() - logsumexp(logits.float())``.
 
 The logit of the chosen token is exactly the rounded (and soft-capped) logit, so the token equals
 ``torch.argmax`` of the unfused logits whenever this kernel's fp32 sums round to the same values as cuBLAS's:
