@@ -1,10 +1,12 @@
-"""Launch configs of ``int8_linear``: the dataclass, and tuned configs read from JSON files per GPU and shape.
+"""Launch configs of ``int8_linear`` and of ``dense_linear`` (the same ``streamed_linear`` kernel): the dataclass,
+and tuned configs read from JSON files per GPU and shape.
 
 ``bench/int8_kernels.py --sweep --write`` times candidate configs per dense shape and token count on a GPU and
 writes ``configs/int8_linear/<name>.json`` (``config_file_name``): for each tuned token count, the fastest config
-whose output matched the reference. ``tuned_int8_linear_config`` returns the entry of the smallest tuned token
-count at or above a step's (tuned counts are bucket tops: 16 covers 2-16), or None without a file for this GPU,
-shape and dtype or past the largest tuned count, in which case ``int8_linear`` uses its heuristic.
+whose output matched the reference; ``bench/dense_linear.py --sweep --write`` does the same for float weights
+into ``configs/dense_linear/`` (``DENSE_CONFIG_DIR``). ``tuned_int8_linear_config`` returns the entry of the
+smallest tuned token count at or above a step's (tuned counts are bucket tops: 16 covers 2-16), or None without
+a file for this GPU, shape and dtype or past the largest tuned count, in which case the kernel uses its heuristic.
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONFIG_DIR", "Int8LinearConfig", "config_file_name", "config_from_json", "config_to_json",
-           "tuned_int8_linear_config"]
+__all__ = ["CONFIG_DIR", "DENSE_CONFIG_DIR", "Int8LinearConfig", "config_file_name", "config_from_json",
+           "config_to_json", "tuned_int8_linear_config"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "int8_linear"
+DENSE_CONFIG_DIR = CONFIG_DIR.parent / "dense_linear"
 
 
 @dataclass(frozen=True)
 class Int8LinearConfig:
-    """Launch config of ``int8_linear``: tile sizes (powers of two), K splits, warps, stages, and the path.
+    """Launch config of ``int8_linear`` and ``dense_linear``: tile sizes (powers of two), K splits, warps, stages,
+    and the path.
 
     ``block_t`` of 16 or more runs the tensor-core kernel (tiles of at least 16); below 16 the CUDA-core GEMV of
-    ``kernels/int8_gemv.py`` (any ``block_n``/``block_k`` power of two)."""
+    ``kernels/int8_gemv.py`` (any ``block_n``/``block_k`` power of two; int8 weights only)."""
 
     block_n: int  # weight rows per program (the dot's M side)
     block_t: int  # tokens per program (the dot's N side)
