@@ -18,7 +18,7 @@ import triton.language as tl
 
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
-from inference_server.kernels.int8_linear import Int8LinearConfig, _split_k, int8_linear, int8_linear_config
+from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
     int8_linear_reference,
@@ -29,6 +29,7 @@ from inference_server.kernels.reference_moe import (
     fused_moe_reference,
     route_softmax_topk,
 )
+from inference_server.kernels.streamed_linear import wave_split_k
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -159,13 +160,13 @@ def test_int8_linear_config_heuristic() -> None:
 
 def test_split_k_wave_model() -> None:
     weight = dict(n=16384, k=16384, tokens=16, block_k=128)
-    assert _split_k(tiles=660, slots=660, **weight) == 1  # one full wave: nothing to gain
-    assert _split_k(tiles=1320, slots=660, **weight) == 1
-    assert _split_k(tiles=300, slots=660, **weight) == 1  # a partial wave that saturates HBM
-    assert _split_k(tiles=84, slots=660, **weight) >= 4  # too few programs for the loads HBM needs in flight
-    assert _split_k(tiles=84, slots=660, n=84, k=16384, tokens=16, block_k=128) == 1  # a tiny weight: the
+    assert wave_split_k(tiles=660, slots=660, **weight) == 1  # one full wave: nothing to gain
+    assert wave_split_k(tiles=1320, slots=660, **weight) == 1
+    assert wave_split_k(tiles=300, slots=660, **weight) == 1  # a partial wave that saturates HBM
+    assert wave_split_k(tiles=84, slots=660, **weight) >= 4  # too few programs for the loads HBM needs in flight
+    assert wave_split_k(tiles=84, slots=660, n=84, k=16384, tokens=16, block_k=128) == 1  # a tiny weight: the
     # reduce launch costs more than the whole read
-    assert _split_k(tiles=84, slots=660, n=16384, k=1000, tokens=16, block_k=128) == 1  # K too short to split
+    assert wave_split_k(tiles=84, slots=660, n=16384, k=1000, tokens=16, block_k=128) == 1  # K too short to split
 
 
 # ------------------------------------------------------------------ int8 fused MoE
