@@ -20,34 +20,24 @@ from inference_server.kernels.reference_linear import dense_linear_reference
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.linear import Linear
 
+from .rounding import BF16_ULP, assert_gpu_close, assert_within_rounding
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}  # relative spacing of the 16-bit float values
 
 
 def _weight(n: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     return (torch.randn(n, k, generator=gen) / k**0.5).to(DEV, dtype)
 
 
-def _assert_within_rounding(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """fp32: the same sums in another order. bf16/fp16: at most one ulp of the result apart (fp32 sums that land
-    near a rounding boundary, and the interpreter's truncating casts), plus a floor for results near zero."""
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    floor = 1e-6 * max(1.0, float(ref.float().abs().max()))
-    if ref.dtype == torch.float32:
-        torch.testing.assert_close(out, ref, atol=floor * 10, rtol=1e-5)
-    else:
-        err = (out.float() - ref.float()).abs()
-        assert bool((err <= ULP[ref.dtype] * ref.float().abs() + floor).all()), float(err.max())
-
-
 def test_reference_accumulates_in_fp32_and_rounds_once() -> None:
-    x = torch.tensor([[1.0, 2.0**-9, 2.0**-9]], dtype=torch.bfloat16)
+    x = torch.tensor([[1.0, 2.0**-8, 2.0**-8]], dtype=torch.bfloat16)
     w = torch.ones(1, 3, dtype=torch.bfloat16)
-    # bf16 sums would drop each 2^-9 against 1 (bf16 has 8 bits); fp32 keeps 2^-8 and rounds 1 + 2^-8 once
-    assert dense_linear_reference(x, w).item() == torch.tensor(1.0 + 2.0**-8).bfloat16().item()
-    assert dense_linear_reference(x.float(), w.float()).item() == 1.0 + 2.0**-8
+    # bf16 sums would drop each 2^-8 against 1 (a half ulp: ties to even); fp32 keeps 1 + 2^-7, a bf16 value
+    assert (x[0, 0] + x[0, 1] + x[0, 2]).item() == 1.0
+    assert dense_linear_reference(x, w).item() == 1.0 + 2.0**-7
+    assert dense_linear_reference(x.float(), w.float()).item() == 1.0 + 2.0**-7
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -58,7 +48,7 @@ def test_dense_linear_matches_reference(T: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(T)
     w = _weight(37, 100, dtype, gen)
     x = torch.randn(T, 100, generator=gen).to(DEV, dtype)
-    _assert_within_rounding(dense_linear(x, w), dense_linear_reference(x, w))
+    assert_within_rounding(dense_linear(x, w), dense_linear_reference(x, w))
 
 
 @pytest.mark.parametrize(
@@ -80,14 +70,14 @@ def test_dense_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dt
     x = x_big[:, 3 : 3 + K]  # strided rows
     out = torch.full((17, 37), float("nan"), dtype=dtype, device=DEV)
     assert dense_linear(x, w, config=config, out=out) is out
-    _assert_within_rounding(out, dense_linear_reference(x, w))
+    assert_within_rounding(out, dense_linear_reference(x, w))
 
 
 def test_dense_linear_fp16_and_strided_weight() -> None:
     gen = torch.Generator().manual_seed(9)
     w = _weight(24, 80, torch.float16, gen)[:, :72]  # row stride 80: a view of a wider weight
     x = torch.randn(5, 72, generator=gen).to(DEV, torch.float16)
-    _assert_within_rounding(dense_linear(x, w), dense_linear_reference(x, w))
+    assert_within_rounding(dense_linear(x, w), dense_linear_reference(x, w))
 
 
 def test_dense_linear_empty_and_bad_inputs() -> None:
@@ -212,17 +202,10 @@ def _real(N: int, K: int, T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Te
     return x, w
 
 
-def _assert_gpu_close(out: torch.Tensor, ref: torch.Tensor, noise: float = 1e-3) -> None:
-    """One bf16 ulp of each result, plus summation-order noise relative to the largest result."""
-    err = (out.float() - ref.float()).abs()
-    bound = ULP[torch.bfloat16] * ref.float().abs() + noise * ref.float().abs().max()
-    assert bool((err <= bound).all()), float(err.max())
-
-
 def _assert_close_to_cublas(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
     """cuBLAS may reduce split-K partial sums in bf16 (PyTorch's default
     ``allow_bf16_reduced_precision_reduction``): one bf16 ulp of the largest result beside the per-result ulp."""
-    _assert_gpu_close(out, torch.nn.functional.linear(x, w), noise=ULP[torch.bfloat16])
+    assert_gpu_close(out, torch.nn.functional.linear(x, w), noise=BF16_ULP)
 
 
 @gpu
@@ -233,7 +216,7 @@ def test_dense_linear_gpu_real_shapes_match_cublas(name: str, T: int) -> None:
     x, w = _real(*REAL_SHAPES[name], T)
     out = dense_linear(x, w)
     _assert_close_to_cublas(out, x, w)  # as the engine ran before
-    _assert_gpu_close(out, dense_linear_reference(x, w))
+    assert_gpu_close(out, dense_linear_reference(x, w))
 
 
 @gpu
@@ -243,11 +226,11 @@ def test_dense_linear_gpu_logits_fp32_and_fp16() -> None:
     x, w = _real(262144, 2816, 4)
     out = dense_linear(x, w)
     _assert_close_to_cublas(out, x, w)
-    _assert_gpu_close(out, dense_linear_reference(x, w))
+    assert_gpu_close(out, dense_linear_reference(x, w))
     x, w = _real(5376, 8192, 16)
     torch.testing.assert_close(dense_linear(x.float(), w.float()), dense_linear_reference(x.float(), w.float()),
                                atol=1e-4, rtol=1e-4)
-    _assert_gpu_close(dense_linear(x.half(), w.half()).float(), dense_linear_reference(x.half(), w.half()).float())
+    assert_gpu_close(dense_linear(x.half(), w.half()).float(), dense_linear_reference(x.half(), w.half()).float())
 
 
 @gpu
