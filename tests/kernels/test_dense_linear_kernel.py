@@ -94,6 +94,9 @@ def test_dense_linear_empty_and_bad_inputs() -> None:
         dense_linear(x.double(), w.double())
     with pytest.raises(ValueError, match="out must be"):
         dense_linear(x, w, out=torch.empty(2, 8, dtype=torch.bfloat16, device=DEV))
+    for int8_only in (Int8LinearConfig(16, 1, 32), Int8LinearConfig(16, 16, 32, magic_dequant=1)):
+        with pytest.raises(ValueError, match="int8 weights only"):
+            dense_linear(x, w, config=int8_only)
 
 
 # Decode shapes of the presets as the CUDA runner runs them (q/k/v and gate/up fused): Qwen3-30B-A3B, Gemma-4-26B-A4B,

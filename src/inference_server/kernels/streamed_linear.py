@@ -21,7 +21,7 @@ CUDA-core GEMV of ``kernels/int8_gemv.py`` (same outputs and partial sums, so th
 
 No host syncs and the grid comes from shapes only, so calls are CUDA-graph capturable. The token count ``T``
 is not specialised (``do_not_specialize``): steps of every size share the compiled variants of their config,
-and configs change only at token-count buckets (``bucket_config`` over each kernel's bucket table, or the tuned
+and configs change only at token-count buckets (each front's heuristic over its bucket table, or the tuned
 configs of ``int8_linear_configs``).
 """
 
