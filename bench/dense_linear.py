@@ -213,7 +213,8 @@ def dense_kernel(tiles: tuple[tuple[int, ...], ...] = DENSE_SWEEP) -> SweptKerne
         return (torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * k ** -0.5,)
 
     return SweptKernel("dense_linear", 2, make_weights, dense_linear, dense_linear_reference, dense_linear_config,
-                       lambda heuristic, tokens: dense_candidates(heuristic, tokens, tiles), DENSE_CONFIG_DIR)
+                       lambda heuristic, tokens: dense_candidates(heuristic, tokens, tiles), DENSE_CONFIG_DIR,
+                       baseline=torch.nn.functional.linear)
 
 
 def main() -> int:

@@ -234,6 +234,7 @@ class SweptKernel:
     heuristic: Callable[[int, int, int], Any]  # (tokens, n, k) -> config
     candidates: Callable[[Any, int], list[Any]]  # (heuristic config, tokens) -> configs, the heuristic's first
     config_dir: Path
+    baseline: Callable[..., torch.Tensor] | None = None  # (x, *weights): what the engine runs otherwise (cuBLAS)
 
 
 def int8_kernel(paths: tuple[str, ...] = PATHS) -> SweptKernel:
@@ -251,9 +252,10 @@ def int8_kernel(paths: tuple[str, ...] = PATHS) -> SweptKernel:
 
 def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCase, ...],
           tokens: list[int], out_dir: Path | None, budget_s: float = float("inf")) -> None:
-    """Time the kernel's candidate configs per shape and token count; print the heuristic's and the best time;
-    with ``out_dir``, write each shape's best configs where the kernel reads them. Shapes that would start after
-    ``budget_s`` seconds are listed as skipped."""
+    """Time the kernel's candidate configs per shape and token count; print the heuristic's and the best time (and
+    the baseline's, where the kernel has one); with ``out_dir``, write each shape's best configs where the kernel
+    reads them, and the token counts where the baseline beat them all (``baseline_faster``). Shapes that would
+    start after ``budget_s`` seconds are listed as skipped."""
     import json
 
     import triton
@@ -262,8 +264,9 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
     from inference_server.kernels.moe_configs import device_name
 
     started = time.monotonic()
-    print(f"| case | T | heuristic config | heuristic µs | best config | best µs | best of 4.3 TB/s |  ({kernel.name})")
-    print("|---|---|---|---|---|---|---|")
+    extra = ("", "") if kernel.baseline is None else (" baseline µs |", "---|")
+    print(f"| case | T | heuristic config | heuristic µs | best config | best µs | best of 4.3 TB/s |{extra[0]}"
+          f"  ({kernel.name})\n|---|---|---|---|---|---|---|{extra[1]}")
     for case in cases:
         n, k = case.out_features, case.in_features
         if time.monotonic() - started > budget_s:
@@ -274,6 +277,7 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
         weights = [kernel.make_weights(n, k, gen, device) for _ in range(copies)]
         best_configs: dict[str, dict[str, int]] = {}
         records = []
+        baseline_faster = []
         for t in tokens:
             x = torch.randn(t, k, generator=gen, device=device, dtype=torch.bfloat16)
             expected = kernel.reference(x, *weights[0]).float()
@@ -292,11 +296,20 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
                 timed[cfg] = time_calls([calls[i % copies] for i in range(calls_per_graph(copies))], device, reps)
             best = min(timed, key=timed.__getitem__)
             best_bw = linear_bytes(t, case, kernel.weight_bytes) / timed[best]
-            print(f"| {case.name} [{n}x{k}] | {t} | {_short(heuristic)} | {timed[heuristic] * 1e6:.1f} | "
-                  f"{_short(best)} | {timed[best] * 1e6:.1f} | {best_bw / HBM_BYTES_PER_S:.2f} |", flush=True)
+            record = dict(tokens=t, best=_short(best), us=round(timed[best] * 1e6, 2),
+                          heuristic_us=round(timed[heuristic] * 1e6, 2))
+            row = (f"| {case.name} [{n}x{k}] | {t} | {_short(heuristic)} | {timed[heuristic] * 1e6:.1f} | "
+                   f"{_short(best)} | {timed[best] * 1e6:.1f} | {best_bw / HBM_BYTES_PER_S:.2f} |")
+            if kernel.baseline is not None:
+                base = [lambda x=x, w=w, f=kernel.baseline: f(x, *w) for w in weights]
+                base_s = time_calls([base[i % copies] for i in range(calls_per_graph(copies))], device, reps)
+                record["baseline_us"] = round(base_s * 1e6, 2)
+                row += f" {base_s * 1e6:.1f}{' (faster)' if base_s < timed[best] else ''} |"
+                if base_s < timed[best]:
+                    baseline_faster.append(t)
+            print(row, flush=True)
             best_configs[str(t)] = config_to_json(best)
-            records.append(dict(tokens=t, best=_short(best), us=round(timed[best] * 1e6, 2),
-                                heuristic_us=round(timed[heuristic] * 1e6, 2)))
+            records.append(record)
         del weights
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -304,7 +317,10 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / config_file_name(device_name(device), n, k, torch.bfloat16)
             meta = dict(case=case.name, torch=torch.__version__, triton=triton.__version__)
-            path.write_text(json.dumps(dict(meta=meta, configs=best_configs, sweep=records), indent=1) + "\n")
+            body: dict[str, Any] = dict(meta=meta, configs=best_configs, sweep=records)
+            if kernel.baseline is not None:
+                body["baseline_faster"] = baseline_faster
+            path.write_text(json.dumps(body, indent=1) + "\n")
             print(f"  wrote {path}", flush=True)
 
 

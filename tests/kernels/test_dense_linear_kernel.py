@@ -178,21 +178,34 @@ def test_linear_module_goes_through_ops_linear() -> None:
 
 
 @pytest.mark.parametrize("shape", [(3, 40), (2, 2, 40)])
-def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...]) -> None:
-    """Up to ``max_tokens`` tokens (leading dims flattened): the kernel's value; past it, with a bias or a weight of
-    another dtype: ``F.linear``'s (bitwise: the same call)."""
-    from inference_server.backends.cuda_backend import triton_dense_linear
+def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to ``max_tokens`` tokens (leading dims flattened): the kernel; past it, with a bias, a weight of another
+    dtype, or where a tuned sweep timed cuBLAS faster: ``F.linear`` (bitwise: the same call)."""
+    from inference_server.backends import cuda_backend
+
+    kernel_calls: list[tuple[int, ...]] = []
+
+    def spy(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        kernel_calls.append(tuple(x.shape))
+        return dense_linear(x, weight)
+
+    monkeypatch.setattr(cuda_backend, "dense_linear", spy)
     gen = torch.Generator().manual_seed(5)
     w = _weight(24, 40, torch.bfloat16, gen)
     x = torch.randn(*shape, generator=gen).to(DEV, torch.bfloat16)
-    small = triton_dense_linear(x, w, max_tokens=4)
-    assert small.shape == (*shape[:-1], 24)
+    small = cuda_backend.triton_dense_linear(x, w, max_tokens=4)
+    assert small.shape == (*shape[:-1], 24) and kernel_calls == [(3 if len(shape) == 2 else 4, 40)]
     assert torch.equal(small.reshape(-1, 24), dense_linear(x.reshape(-1, 40), w))
-    assert torch.equal(triton_dense_linear(x, w, max_tokens=2), torch.nn.functional.linear(x, w))
     bias = torch.randn(24, generator=gen).to(DEV, torch.bfloat16)
-    assert torch.equal(triton_dense_linear(x, w, bias, max_tokens=4), torch.nn.functional.linear(x, w, bias))
+    assert torch.equal(cuda_backend.triton_dense_linear(x, w, max_tokens=2), torch.nn.functional.linear(x, w))
+    assert torch.equal(cuda_backend.triton_dense_linear(x, w, bias, max_tokens=4),
+                       torch.nn.functional.linear(x, w, bias))
     with pytest.raises(RuntimeError):  # mixed dtypes go to F.linear, which rejects them as before
-        triton_dense_linear(x.float(), w, max_tokens=4)
+        cuda_backend.triton_dense_linear(x.float(), w, max_tokens=4)
+    monkeypatch.setattr(cuda_backend, "cublas_is_faster", lambda tokens, weight, dtype: True)  # a tuned sweep's say
+    assert torch.equal(cuda_backend.triton_dense_linear(x, w, max_tokens=4), torch.nn.functional.linear(x, w))
+    assert len(kernel_calls) == 1  # only the first call took the kernel
 
 
 # ------------------------------------------------------------------ GPU, real shapes

@@ -4,6 +4,7 @@ a CPU dry run of its tables (kernel in the Triton interpreter), and its sweep wr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
 from inference_server.kernels.dense_linear import dense_linear
-from inference_server.kernels.int8_linear_configs import config_file_name, tuned_int8_linear_config
+from inference_server.kernels.int8_linear_configs import (
+    config_file_name,
+    config_to_json,
+    tuned_baseline_faster,
+    tuned_int8_linear_config,
+)
 from inference_server.kernels.reference_linear import dense_linear_reference
 from inference_server.models.loading.presets import PRESETS
 
@@ -84,7 +90,8 @@ def test_sweep_writes_configs_dense_linear_reads(tmp_path: Path) -> None:
     kernel = bench.dense_kernel(bench.DENSE_SWEEP[:1])
     case = bench.LinearCase("tiny", 37, 100)
     bench.sweep(kernel, torch.device("cpu"), 1, 50 * 2**20, (case,), [1], tmp_path)
-    assert (tmp_path / config_file_name("cpu", 37, 100, torch.bfloat16)).is_file()
+    written = json.loads((tmp_path / config_file_name("cpu", 37, 100, torch.bfloat16)).read_text())
+    assert written["baseline_faster"] in ([], [1]) and set(written["sweep"][0]) >= {"us", "baseline_us"}
     tuned = tuned_int8_linear_config(1, 37, 100, torch.bfloat16, "cpu", tmp_path)
     assert tuned is not None
     gen = torch.Generator().manual_seed(0)
@@ -93,3 +100,16 @@ def test_sweep_writes_configs_dense_linear_reads(tmp_path: Path) -> None:
     torch.testing.assert_close(dense_linear(x, w, config=tuned).float(), dense_linear_reference(x, w).float(),
                                atol=1e-2, rtol=2**-7)
     assert [c.out_features for c in bench.sweep_cases(["qwen3-30b-a3b-tiny"])] == [256, 64, 8, 512]
+
+
+def test_baseline_faster_follows_the_tuned_count_of_a_step(tmp_path: Path) -> None:
+    """cuBLAS is kept exactly for the steps whose tuned count (the smallest at or above) the sweep marked."""
+    config = config_to_json(bench.dense_kernel().heuristic(1, 37, 100))
+    body = {"meta": {}, "configs": {"1": config, "16": config}, "baseline_faster": [16]}
+    (tmp_path / config_file_name("cpu", 37, 100, torch.bfloat16)).write_text(json.dumps(body))
+
+    def faster(tokens: int, n: int = 37) -> bool:
+        return tuned_baseline_faster(tokens, n, 100, torch.bfloat16, "cpu", tmp_path)
+
+    assert [faster(t) for t in (1, 2, 16, 17)] == [False, True, True, False]
+    assert not faster(1, n=38)  # no file for the shape

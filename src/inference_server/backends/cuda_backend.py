@@ -40,7 +40,7 @@ from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVSto
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.decode_attention import paged_decode_attention
-from inference_server.kernels.dense_linear import dense_linear
+from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
@@ -193,11 +193,13 @@ def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | N
 def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                         max_tokens: int) -> torch.Tensor:
     """``ops.linear`` through the Triton weight-streaming GEMV (``kernels.dense_linear``) for steps of at most
-    ``max_tokens`` tokens, where cuBLAS runs the models' projections well under the memory limit; cuBLAS
-    (``F.linear``) for larger steps, biases, and weights of another dtype than the activations."""
+    ``max_tokens`` tokens, where cuBLAS runs most of the models' projections well under the memory limit; cuBLAS
+    (``F.linear``) for larger steps, biases, weights of another dtype than the activations, and the shapes and
+    step sizes where this GPU's tuning sweep timed cuBLAS faster (``dense_linear.cublas_is_faster``)."""
     tokens = math.prod(x.shape[:-1])
     if (bias is not None or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= tokens <= max_tokens
-            or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)):
+            or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+            or cublas_is_faster(tokens, weight, x.dtype)):
         return torch.nn.functional.linear(x, weight, bias)
     return dense_linear(x.reshape(tokens, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
 

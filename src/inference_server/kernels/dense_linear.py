@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from inference_server.kernels.int8_linear_configs import DENSE_CONFIG_DIR, Int8LinearConfig
+from inference_server.kernels.int8_linear_configs import DENSE_CONFIG_DIR, Int8LinearConfig, tuned_baseline_faster
+from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
 from inference_server.kernels.streamed_linear import (
     H200_SMS,
     HBM_BYTES_PER_S,
@@ -33,7 +34,7 @@ from inference_server.kernels.streamed_linear import (
     streamed_linear,
 )
 
-__all__ = ["BUCKETS", "dense_linear", "dense_linear_config"]
+__all__ = ["BUCKETS", "cublas_is_faster", "dense_linear", "dense_linear_config"]
 
 BUCKETS = (
     Bucket(16, 16, 64, 128, 4, 4, 2, True),  # decode GEMV: 16 KB weight + 4 KB x a stage, 4 stages: 80 KB shared
@@ -119,3 +120,10 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, *, config: Int8LinearCon
         raise ValueError(f"weight dtype {weight.dtype} differs from x's {x.dtype}")
     return streamed_linear(x, weight, None, config=config, out=out, heuristic=dense_linear_config,
                            config_dir=DENSE_CONFIG_DIR)
+
+
+def cublas_is_faster(num_tokens: int, weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether this GPU's sweep (``bench/dense_linear.py --sweep --write``) timed cuBLAS faster than every config
+    of ``weight``'s shape at ``num_tokens``' tuned count; False without a tuned file (or with tuned configs off)."""
+    return tuned_configs_enabled() and tuned_baseline_faster(num_tokens, weight.shape[0], weight.shape[1], dtype,
+                                                             device_name(weight.device), DENSE_CONFIG_DIR)
