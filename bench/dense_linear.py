@@ -7,8 +7,14 @@ For T = 1, 2, 4, 8, 16, 32, 64 tokens each shape is timed as the engine runs it:
 over enough weight copies that no call finds its weights in L2 (``graph_timing``), median of ``--reps`` replays.
 Printed per shape: µs per call for cuBLAS and Triton (the config the engine would use: tuned, else the
 heuristic), each as a fraction of the memory limit (weight + activation bytes at 4.3 TB/s, ``roofline.py``);
-then per model the sum over one step (calls x time) against its memory-limited time, and the largest T at which
-Triton's step total is at most cuBLAS's for every model (``CudaRunnerOptions.dense_linear_max_tokens``).
+then per model the sum over one step (calls x time): all cuBLAS, all Triton, what the engine runs (Triton up to
+``CudaRunnerOptions.dense_linear_max_tokens``, except where a tuned file keeps cuBLAS), the faster of the two per
+shape, and the memory-limited time; last, the largest T at which Triton's step total is at most cuBLAS's for
+every model.
+
+``--sweep`` times the candidate configs per shape (``int8_kernels.sweep``) and cuBLAS beside them; ``--write``
+stores the best config per tuned token count and the counts where cuBLAS beat them all (the engine then keeps
+cuBLAS for that shape and step size).
 
   python3 bench/dense_linear.py                       # on the H200: 4 models, ~2 min (compiles included);
                                                       # shapes that would start after --budget-s are skipped
@@ -99,13 +105,30 @@ def decode_projections(preset: str) -> list[Projection]:
 
 
 def engine_config(tokens: int, n: int, k: int, device: torch.device) -> str:
-    """The config ``dense_linear`` runs at this step size and shape: the tuned one, else the heuristic."""
+    """The config ``dense_linear`` runs at this step size and shape: the tuned one, else the heuristic; marked
+    where the tuned file keeps cuBLAS in the engine."""
     from inference_server.kernels.dense_linear import dense_linear_config
-    from inference_server.kernels.int8_linear_configs import DENSE_CONFIG_DIR, tuned_int8_linear_config
+    from inference_server.kernels.int8_linear_configs import (
+        DENSE_CONFIG_DIR,
+        tuned_baseline_faster,
+        tuned_int8_linear_config,
+    )
     from inference_server.kernels.moe_configs import device_name
 
     tuned = tuned_int8_linear_config(tokens, n, k, torch.bfloat16, device_name(device), DENSE_CONFIG_DIR)
-    return ("tuned " + _short(tuned)) if tuned else _short(dense_linear_config(tokens, n, k))
+    text = ("tuned " + _short(tuned)) if tuned else _short(dense_linear_config(tokens, n, k))
+    if tuned_baseline_faster(tokens, n, k, torch.bfloat16, device_name(device), DENSE_CONFIG_DIR):
+        text += " (engine keeps cuBLAS)"
+    return text
+
+
+def engine_takes_triton(tokens: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether the CUDA backend's default options run this call as ``dense_linear`` (else cuBLAS)."""
+    from inference_server.backends.cuda_backend import CudaRunnerOptions
+    from inference_server.kernels.dense_linear import cublas_is_faster
+
+    return (tokens <= CudaRunnerOptions(max_model_len=1).dense_linear_max_tokens
+            and not cublas_is_faster(tokens, n, k, torch.bfloat16, device))
 
 
 def time_shape(n: int, k: int, tokens: list[int], device: torch.device, reps: int,
@@ -137,7 +160,8 @@ def limit_s(tokens: int, n: int, k: int) -> float:
 
 ROW_HEADER = ("| projection | N x K | calls/step | T | cuBLAS µs | Triton µs | cuBLAS of limit | Triton of limit "
               "| speed-up | Triton config |\n|---|---|---|---|---|---|---|---|---|---|")
-STEP_HEADER = "| T | cuBLAS µs/step | Triton µs/step | memory-limited µs/step | speed-up |\n|---|---|---|---|---|"
+STEP_HEADER = ("| T | cuBLAS µs/step | Triton µs/step | engine µs/step | best of both µs/step | memory-limited µs/step "
+               "| Triton speed-up |\n|---|---|---|---|---|---|---|")
 
 
 def bench(models: list[str], tokens: list[int], device: torch.device, reps: int, budget_s: float) -> int | None:
@@ -149,7 +173,7 @@ def bench(models: list[str], tokens: list[int], device: torch.device, reps: int,
     wins: dict[int, bool] = dict.fromkeys(tokens, True)
     for model in models:
         print(f"\n## {model}\n\n{ROW_HEADER}", flush=True)
-        totals = {t: [0.0, 0.0, 0.0] for t in tokens}
+        totals = {t: [0.0] * 5 for t in tokens}  # cuBLAS, Triton, engine, best of both, memory limit
         complete = True
         for p in decode_projections(model):
             n, k = p.out_features, p.in_features
@@ -164,13 +188,14 @@ def bench(models: list[str], tokens: list[int], device: torch.device, reps: int,
                 print(f"| {p.name} | {n}x{k} | {p.calls} | {t} | {cublas * 1e6:.1f} | {triton_s * 1e6:.1f} | "
                       f"{limit / cublas:.2f} | {limit / triton_s:.2f} | {cublas / triton_s:.2f}x | "
                       f"{engine_config(t, n, k, device)} |", flush=True)
-                for i, value in enumerate((cublas, triton_s, limit)):
+                engine = triton_s if engine_takes_triton(t, n, k, device) else cublas
+                for i, value in enumerate((cublas, triton_s, engine, min(cublas, triton_s), limit)):
                     totals[t][i] += p.calls * value
         print(f"\n{model}, every float projection of one step{'' if complete else ' (incomplete)'}:\n\n"
               f"{STEP_HEADER}")
-        for t, (cublas, triton_s, limit) in totals.items():
-            print(f"| {t} | {cublas * 1e6:.0f} | {triton_s * 1e6:.0f} | {limit * 1e6:.0f} | "
-                  f"{cublas / max(triton_s, 1e-12):.2f}x |", flush=True)
+        for t, (cublas, triton_s, engine, both, limit) in totals.items():
+            print(f"| {t} | {cublas * 1e6:.0f} | {triton_s * 1e6:.0f} | {engine * 1e6:.0f} | {both * 1e6:.0f} | "
+                  f"{limit * 1e6:.0f} | {cublas / max(triton_s, 1e-12):.2f}x |", flush=True)
             wins[t] = wins[t] and triton_s <= cublas
     best = None
     for t in tokens:  # the threshold is a prefix: the first T where cuBLAS wins ends it

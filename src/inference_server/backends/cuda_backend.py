@@ -199,7 +199,7 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     tokens = math.prod(x.shape[:-1])
     if (bias is not None or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= tokens <= max_tokens
             or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
-            or cublas_is_faster(tokens, weight, x.dtype)):
+            or cublas_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)):
         return torch.nn.functional.linear(x, weight, bias)
     return dense_linear(x.reshape(tokens, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
 

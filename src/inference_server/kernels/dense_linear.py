@@ -122,8 +122,9 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, *, config: Int8LinearCon
                            config_dir=DENSE_CONFIG_DIR)
 
 
-def cublas_is_faster(num_tokens: int, weight: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether this GPU's sweep (``bench/dense_linear.py --sweep --write``) timed cuBLAS faster than every config
-    of ``weight``'s shape at ``num_tokens``' tuned count; False without a tuned file (or with tuned configs off)."""
-    return tuned_configs_enabled() and tuned_baseline_faster(num_tokens, weight.shape[0], weight.shape[1], dtype,
-                                                             device_name(weight.device), DENSE_CONFIG_DIR)
+def cublas_is_faster(num_tokens: int, out_features: int, in_features: int, dtype: torch.dtype,
+                     device: torch.device) -> bool:
+    """Whether ``device``'s sweep (``bench/dense_linear.py --sweep --write``) timed cuBLAS faster than every config
+    of this shape at ``num_tokens``' tuned count; False without a tuned file (or with tuned configs off)."""
+    return tuned_configs_enabled() and tuned_baseline_faster(num_tokens, out_features, in_features, dtype,
+                                                             device_name(device), DENSE_CONFIG_DIR)
