@@ -2,7 +2,8 @@
 
 The shapes come from the presets: each model is built on the meta device, its q/k/v and gate/up weights fused
 as the CUDA runner fuses them, and every float projection a decode step runs is listed with its calls per step
-(attention q/k/v and o, dense MLP gate/up and down, routers, Gemma 4's per-layer-input projections, the logits).
+(attention q/k/v and o, dense MLP gate/up and down, Gemma 4's per-layer-input projections, the logits; not the
+routers, whose GEMV runs inside the routing launch at decode: ``ops.linear_route``).
 For T = 1, 2, 4, 8, 16, 32, 64 tokens each shape is timed as the engine runs it: a CUDA graph of at least 10 calls
 over enough weight copies that no call finds its weights in L2 (``graph_timing``), median of ``--reps`` replays.
 Printed per shape: µs per call for cuBLAS and Triton (the config the engine would use: tuned, else the
@@ -64,11 +65,11 @@ class Projection:
 
 
 def decode_projections(preset: str) -> list[Projection]:
-    """Every float projection of one decode step of ``preset``, built on the meta device and fused as the CUDA
-    runner fuses it; equal shapes of one kind are merged (their calls added), in model order."""
+    """Every float projection of one decode step of ``preset`` that goes through ``ops.linear`` (the routers'
+    GEMVs run in their routing launch), built on the meta device and fused as the CUDA runner fuses it; equal
+    shapes of one kind are merged (their calls added), in model order."""
     from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
-    from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer, Gemma4Model, Gemma4Router
-    from inference_server.models.architectures.qwen3_moe import Qwen3MoeRouter
+    from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer, Gemma4Model
     from inference_server.models.loading.loader import build_model
     from inference_server.models.loading.presets import preset_config
     from inference_server.models.spec import parse_model_spec
@@ -91,10 +92,6 @@ def decode_projections(preset: str) -> list[Projection]:
             module.fuse_gate_up()
             add("gate_up", module.gate_up_weight)
             add("down", module.down_proj.weight)
-        elif isinstance(module, Gemma4Router):
-            add("router", module.proj.weight)
-        elif isinstance(module, Qwen3MoeRouter):
-            add("router", module.weight)
         elif isinstance(module, Gemma4DecoderLayer) and module.ple_size:
             add("ple gate", module.per_layer_input_gate.weight)
             add("ple projection", module.per_layer_projection.weight)

@@ -100,7 +100,8 @@ def test_dense_linear_empty_and_bad_inputs() -> None:
 
 
 # Decode shapes of the presets as the CUDA runner runs them (q/k/v and gate/up fused): Qwen3-30B-A3B, Gemma-4-26B-A4B,
-# Gemma-4-31B, Gemma-4-E4B; ``bench/dense_linear.py`` derives the same list from the presets' model builds.
+# Gemma-4-31B, Gemma-4-E4B (``bench/dense_linear.py`` derives them from the presets' model builds); and the routers,
+# whose GEMM takes ``ops.linear`` where the fused routing launch is off.
 REAL_SHAPES = {  # name: (N, K)
     "qwen3-30b-a3b.qkv": (5120, 2048),
     "qwen3-30b-a3b.o": (2048, 4096),
