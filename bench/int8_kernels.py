@@ -31,6 +31,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,58 +220,107 @@ def sweep_candidates(heuristic: Any, tokens: int, paths: tuple[str, ...] = PATHS
     return found
 
 
-def sweep(device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCase, ...], tokens: list[int],
-          out_dir: Path | None, paths: tuple[str, ...] = PATHS) -> None:
-    """Time int8_linear's candidate configs per dense shape and token count; print the heuristic's and the best
-    time; with ``out_dir``, write each shape's best configs where ``int8_linear`` reads them."""
+@dataclass(frozen=True)
+class SweptKernel:
+    """What ``sweep`` needs of a ``streamed_linear`` front (``int8_linear`` here, ``dense_linear`` in
+    ``bench/dense_linear.py``): its weights for a shape, a call with a config, its reference, its heuristic, its
+    candidate configs for a token count, and where the engine reads its tuned configs."""
+
+    name: str
+    weight_bytes: int  # bytes of one weight element (the byte count of the fraction column)
+    make_weights: Callable[[int, int, torch.Generator, torch.device], tuple[torch.Tensor, ...]]  # (n, k, ...)
+    run: Callable[..., torch.Tensor]  # (x, *weights, config=...)
+    reference: Callable[..., torch.Tensor]  # (x, *weights)
+    heuristic: Callable[[int, int, int], Any]  # (tokens, n, k) -> config
+    candidates: Callable[[Any, int], list[Any]]  # (heuristic config, tokens) -> configs, the heuristic's first
+    config_dir: Path
+    baseline: Callable[..., torch.Tensor] | None = None  # (x, *weights): what the engine runs otherwise (cuBLAS)
+
+
+def int8_kernel(paths: tuple[str, ...] = PATHS) -> SweptKernel:
+    """``int8_linear`` for ``sweep``: bf16 weights quantized per row, the candidates of ``paths``."""
+    from inference_server.kernels.int8_linear import int8_linear, int8_linear_config
+    from inference_server.kernels.int8_linear_configs import CONFIG_DIR
+    from inference_server.kernels.reference_int8 import int8_linear_reference, quantize_int8_per_channel
+
+    def make_weights(n: int, k: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return quantize_int8_per_channel(torch.randn(n, k, generator=gen, device=device) * k ** -0.5, torch.bfloat16)
+
+    return SweptKernel("int8_linear", 1, make_weights, int8_linear, int8_linear_reference, int8_linear_config,
+                       lambda heuristic, tokens: sweep_candidates(heuristic, tokens, paths), CONFIG_DIR)
+
+
+def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, cases: tuple[LinearCase, ...],
+          tokens: list[int], out_dir: Path | None, budget_s: float = float("inf")) -> None:
+    """Time the kernel's candidate configs per shape and token count; print the heuristic's and the best time (and
+    the baseline's, where the kernel has one); with ``out_dir``, write each shape's best configs where the kernel
+    reads them, and the token counts where the baseline beat them all (``baseline_faster``). Shapes that would
+    start after ``budget_s`` seconds are listed as skipped."""
     import json
 
     import triton
 
-    from inference_server.kernels.int8_linear import int8_linear, int8_linear_config
     from inference_server.kernels.int8_linear_configs import config_file_name, config_to_json
     from inference_server.kernels.moe_configs import device_name
-    from inference_server.kernels.reference_int8 import int8_linear_reference, quantize_int8_per_channel
 
-    print("| case | T | heuristic config | heuristic µs | best config | best µs | best int8 of 4.3 TB/s |")
-    print("|---|---|---|---|---|---|---|")
+    started = time.monotonic()
+    extra = ("", "") if kernel.baseline is None else (" baseline µs |", "---|")
+    print(f"| case | T | heuristic config | heuristic µs | best config | best µs | best of 4.3 TB/s |{extra[0]}"
+          f"  ({kernel.name})\n|---|---|---|---|---|---|---|{extra[1]}")
     for case in cases:
         n, k = case.out_features, case.in_features
+        if time.monotonic() - started > budget_s:
+            print(f"| {case.name} [{n}x{k}] | | skipped: past --budget-s {budget_s:.0f} |", flush=True)
+            continue
         gen = torch.Generator(device).manual_seed(1)
-        copies = rotation(n * k, l2_bytes)
-        quantized = [quantize_int8_per_channel(torch.randn(n, k, generator=gen, device=device) * k ** -0.5,
-                                               torch.bfloat16) for _ in range(copies)]
+        copies = rotation(n * k * kernel.weight_bytes, l2_bytes)
+        weights = [kernel.make_weights(n, k, gen, device) for _ in range(copies)]
         best_configs: dict[str, dict[str, int]] = {}
         records = []
+        baseline_faster = []
         for t in tokens:
             x = torch.randn(t, k, generator=gen, device=device, dtype=torch.bfloat16)
-            expected = int8_linear_reference(x, *quantized[0]).float()
-            heuristic = int8_linear_config(t, n, k)
+            expected = kernel.reference(x, *weights[0]).float()
+            heuristic = kernel.heuristic(t, n, k)
             timed: dict[Any, float] = {}
-            for cfg in sweep_candidates(heuristic, t, paths):
+            for cfg in kernel.candidates(heuristic, t):
                 try:
-                    got = int8_linear(x, *quantized[0], config=cfg).float()
+                    got = kernel.run(x, *weights[0], config=cfg).float()
                 except Exception as err:  # out of shared memory and the like: not a candidate
                     print(f"  skip {_short(cfg)}: {type(err).__name__}", file=sys.stderr)
                     continue
                 if (got - expected).abs().max() > 2**-6 * expected.abs().max():
                     print(f"  skip {_short(cfg)}: output differs", file=sys.stderr)
                     continue
-                calls = [lambda x=x, q=q, s=s, c=cfg: int8_linear(x, q, s, config=c) for q, s in quantized]
+                calls = [lambda x=x, w=w, c=cfg: kernel.run(x, *w, config=c) for w in weights]
                 timed[cfg] = time_calls([calls[i % copies] for i in range(calls_per_graph(copies))], device, reps)
             best = min(timed, key=timed.__getitem__)
-            best_bw = linear_bytes(t, case, 1) / timed[best]
-            print(f"| {case.name} [{n}x{k}] | {t} | {_short(heuristic)} | {timed[heuristic] * 1e6:.1f} | "
-                  f"{_short(best)} | {timed[best] * 1e6:.1f} | {best_bw / HBM_BYTES_PER_S:.2f} |", flush=True)
+            best_bw = linear_bytes(t, case, kernel.weight_bytes) / timed[best]
+            record = dict(tokens=t, best=_short(best), us=round(timed[best] * 1e6, 2),
+                          heuristic_us=round(timed[heuristic] * 1e6, 2))
+            row = (f"| {case.name} [{n}x{k}] | {t} | {_short(heuristic)} | {timed[heuristic] * 1e6:.1f} | "
+                   f"{_short(best)} | {timed[best] * 1e6:.1f} | {best_bw / HBM_BYTES_PER_S:.2f} |")
+            if kernel.baseline is not None:
+                base = [lambda x=x, w=w, f=kernel.baseline: f(x, *w) for w in weights]
+                base_s = time_calls([base[i % copies] for i in range(calls_per_graph(copies))], device, reps)
+                record["baseline_us"] = round(base_s * 1e6, 2)
+                row += f" {base_s * 1e6:.1f}{' (faster)' if base_s < timed[best] else ''} |"
+                if base_s < timed[best]:
+                    baseline_faster.append(t)
+            print(row, flush=True)
             best_configs[str(t)] = config_to_json(best)
-            records.append(dict(tokens=t, best=_short(best), us=round(timed[best] * 1e6, 2),
-                                heuristic_us=round(timed[heuristic] * 1e6, 2)))
-        del quantized
+            records.append(record)
+        del weights
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / config_file_name(device_name(device), n, k, torch.bfloat16)
             meta = dict(case=case.name, torch=torch.__version__, triton=triton.__version__)
-            path.write_text(json.dumps(dict(meta=meta, configs=best_configs, sweep=records), indent=1) + "\n")
+            body: dict[str, Any] = dict(meta=meta, configs=best_configs, sweep=records)
+            if kernel.baseline is not None:
+                body["baseline_faster"] = baseline_faster
+            path.write_text(json.dumps(body, indent=1) + "\n")
             print(f"  wrote {path}", flush=True)
 
 
@@ -307,8 +357,8 @@ def main() -> int:
         from inference_server.kernels.int8_linear_configs import CONFIG_DIR
 
         sweep_tokens = tokens if args.tokens != parser.get_default("tokens") else [1, 16]
-        sweep(device, args.reps, l2_bytes, linear_cases, sweep_tokens,
-              (args.out_dir or CONFIG_DIR) if args.write else None, tuple(args.paths.split(",")))
+        sweep(int8_kernel(tuple(args.paths.split(","))), device, args.reps, l2_bytes, linear_cases, sweep_tokens,
+              (args.out_dir or CONFIG_DIR) if args.write else None)
         return 0
     started = time.monotonic()
 

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
-from inference_server.kernels.int8_linear import Int8LinearConfig, _split_k, int8_linear, int8_linear_config
+from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
     int8_linear_reference,
@@ -29,30 +29,19 @@ from inference_server.kernels.reference_moe import (
     fused_moe_reference,
     route_softmax_topk,
 )
+from inference_server.kernels.streamed_linear import wave_split_k
+
+from .rounding import assert_gpu_close, assert_within_rounding
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-BF16_ULP = 2.0**-7  # relative spacing of bf16 values (8 significant bits)
 
 
 def _quantized(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
     q, scale = quantize_int8_per_channel(w, dtype)
     return q.to(DEV), scale.to(DEV)
-
-
-def _assert_within_rounding(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """fp32: the same sums in another order. bf16/fp16: at most one ulp of the result apart (fp32 sums that land
-    near a rounding boundary, and the interpreter's truncating casts), plus a floor for results near zero."""
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    floor = 1e-6 * max(1.0, float(ref.float().abs().max()))
-    if ref.dtype == torch.float32:
-        torch.testing.assert_close(out, ref, atol=floor * 10, rtol=1e-5)
-    else:
-        ulp = BF16_ULP if ref.dtype == torch.bfloat16 else 2.0**-10
-        err = (out.float() - ref.float()).abs()
-        assert bool((err <= ulp * ref.float().abs() + floor).all()), float(err.max())
 
 
 # ------------------------------------------------------------------ int8_linear
@@ -65,7 +54,7 @@ def test_int8_linear_matches_reference(T: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(T)
     q, scale = _quantized((37, 100), dtype, gen)
     x = torch.randn(T, 100, generator=gen).to(DEV, dtype)
-    _assert_within_rounding(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
+    assert_within_rounding(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
 
 
 @pytest.mark.parametrize(
@@ -90,7 +79,7 @@ def test_int8_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dty
     x = x_big[:, 3 : 3 + K]  # strided rows
     out = torch.full((17, 37), float("nan"), dtype=dtype, device=DEV)
     assert int8_linear(x, q, scale, config=config, out=out) is out
-    _assert_within_rounding(out, int8_linear_reference(x, q, scale))
+    assert_within_rounding(out, int8_linear_reference(x, q, scale))
 
 
 @triton.jit
@@ -112,7 +101,7 @@ def test_int8_linear_fp16_and_strided_weight() -> None:
     q_big, scale = _quantized((24, 80), torch.float16, gen)
     q = q_big[:, :72]  # row stride 80: a view of a wider weight
     x = torch.randn(5, 72, generator=gen).to(DEV, torch.float16)
-    _assert_within_rounding(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
+    assert_within_rounding(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
 
 
 def test_int8_linear_approximates_the_float_layer() -> None:
@@ -159,13 +148,13 @@ def test_int8_linear_config_heuristic() -> None:
 
 def test_split_k_wave_model() -> None:
     weight = dict(n=16384, k=16384, tokens=16, block_k=128)
-    assert _split_k(tiles=660, slots=660, **weight) == 1  # one full wave: nothing to gain
-    assert _split_k(tiles=1320, slots=660, **weight) == 1
-    assert _split_k(tiles=300, slots=660, **weight) == 1  # a partial wave that saturates HBM
-    assert _split_k(tiles=84, slots=660, **weight) >= 4  # too few programs for the loads HBM needs in flight
-    assert _split_k(tiles=84, slots=660, n=84, k=16384, tokens=16, block_k=128) == 1  # a tiny weight: the
+    assert wave_split_k(tiles=660, slots=660, **weight) == 1  # one full wave: nothing to gain
+    assert wave_split_k(tiles=1320, slots=660, **weight) == 1
+    assert wave_split_k(tiles=300, slots=660, **weight) == 1  # a partial wave that saturates HBM
+    assert wave_split_k(tiles=84, slots=660, **weight) >= 4  # too few programs for the loads HBM needs in flight
+    assert wave_split_k(tiles=84, slots=660, n=84, k=16384, tokens=16, block_k=128) == 1  # a tiny weight: the
     # reduce launch costs more than the whole read
-    assert _split_k(tiles=84, slots=660, n=16384, k=1000, tokens=16, block_k=128) == 1  # K too short to split
+    assert wave_split_k(tiles=84, slots=660, n=16384, k=1000, tokens=16, block_k=128) == 1  # K too short to split
 
 
 # ------------------------------------------------------------------ int8 fused MoE
@@ -282,20 +271,13 @@ def _real_linear(N: int, K: int, T: int, seed: int = 0) -> tuple[torch.Tensor, t
     return x, q, scale
 
 
-def _assert_gpu_close(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """One bf16 ulp of each result, plus fp32 summation-order noise relative to the largest result."""
-    err = (out.float() - ref.float()).abs()
-    bound = BF16_ULP * ref.float().abs() + 1e-3 * ref.float().abs().max()
-    assert bool((err <= bound).all()), float(err.max())
-
-
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 7, 16, 64, 256, 2048])
 @pytest.mark.parametrize("name", sorted(LINEAR_SHAPES))
 def test_int8_linear_gpu_real_shapes(name: str, T: int) -> None:
     x, q, scale = _real_linear(*LINEAR_SHAPES[name], T)
-    _assert_gpu_close(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
+    assert_gpu_close(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
 
 
 @gpu
@@ -307,7 +289,7 @@ def test_int8_linear_gpu_gemv_and_magic_paths(config: Int8LinearConfig, T: int) 
     """The CUDA-core GEMV and the exponent-trick dot at Gemma-4-31B's gate/up shape equal the reference within
     rounding: the paths the tuner may pick."""
     x, q, scale = _real_linear(43008, 5376, T)
-    _assert_gpu_close(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
+    assert_gpu_close(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
 
 
 @gpu
@@ -316,7 +298,7 @@ def test_int8_linear_gpu_fp32_and_fp16() -> None:
     x, q, scale = _real_linear(5376, 8192, 16)
     out = int8_linear(x.float(), q, scale.float())
     torch.testing.assert_close(out, int8_linear_reference(x.float(), q, scale.float()), atol=1e-3, rtol=1e-4)
-    _assert_gpu_close(int8_linear(x.half(), q, scale.half()).float(),
+    assert_gpu_close(int8_linear(x.half(), q, scale.half()).float(),
                       int8_linear_reference(x.half(), q, scale.half()).float())
 
 

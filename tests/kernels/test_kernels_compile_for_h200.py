@@ -3,9 +3,10 @@
 The CPU tests run kernels in the Triton interpreter, which accepts things the compiler rejects (a kernel reading
 a plain Python global compiled nowhere: the GPU run failed where every interpreter test passed). Triton compiles
 to PTX without a device, so a child process without ``TRITON_INTERPRET`` compiles each variant the runner
-launches. The int8 kernels (issue 13) are compiled with the alignment facts the launcher passes at run time
-(16-byte aligned pointers, sizes and strides divisible by 16, unit strides), so the software pipeliner builds the
-multi-stage variant that runs, and its shared memory must fit the H200's 227 KB per block.
+launches. The int8 kernels (issue 13) and the float-weight ``dense_linear`` (the same kernel) are compiled with
+the alignment facts the launcher passes at run time (16-byte aligned pointers, sizes and strides divisible by 16,
+unit strides), so the software pipeliner builds the multi-stage variant that runs, and its shared memory must fit
+the H200's 227 KB per block.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ INT8_COMPILE = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from inference_server.kernels import fused_moe, int8_linear
+    from inference_server.kernels import dense_linear, fused_moe, int8_gemv, int8_linear, streamed_linear
     from inference_server.kernels.fused_moe import moe_kernel_config
 
     target = GPUTarget("cuda", 90, 64)
@@ -116,37 +117,47 @@ INT8_COMPILE = textwrap.dedent('''
         assert not pipelined or "cp.async" in kernel.asm["ptx"], (fn.__name__, constexprs, "loads not pipelined")
         return kernel
 
-    # int8_linear: the heuristic config of every token bucket at Gemma-4-31B's down_proj (split-K at decode)
-    # and gate_up, bf16 activations; as many programs as the bucket counts on must fit one SM's 228 KB.
+    # int8_linear and dense_linear (one streamed_linear kernel): the heuristic config of every token bucket at
+    # Gemma-4-31B's down_proj (split-K at decode) and gate_up and Qwen3-30B-A3B's o_proj and router (narrow rows,
+    # deep K tiles), bf16 activations; as many int8 programs as the bucket counts on must fit one SM's 228 KB.
     compiled = set()
-    for bucket in int8_linear._BUCKETS:
-        for n, k in ((5376, 21504), (43008, 5376)):
-            cfg = int8_linear.int8_linear_config(min(bucket.max_tokens, 2048), n, k)
-            if cfg in compiled:
-                continue
-            compiled.add(cfg)
-            types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16",
-                     "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
-            constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
-                          "SPLIT_K": cfg.split_k, "EVEN_K": True, "IEEE": False, "UPCAST": False}
-            for magic in (False, True):  # the conversion instruction, the exponent trick
-                kernel = compile_fn(int8_linear._int8_linear_kernel, types, dict(constexprs, MAGIC=magic),
-                                    ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
-                                    cfg.num_warps, cfg.num_stages)
-                per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved per block
-                assert per_sm <= 233472, (cfg, kernel.metadata.shared, bucket.programs_per_sm)
+    for module, heuristic, weight_type in ((int8_linear, int8_linear.int8_linear_config, "*i8"),
+                                           (dense_linear, dense_linear.dense_linear_config, "*bf16")):
+        for bucket in module.BUCKETS:
+            for n, k in ((5376, 21504), (43008, 5376), (2048, 4096), (128, 2048)):
+                cfg = heuristic(min(bucket.max_tokens, 2048), n, k)
+                if (weight_type, cfg) in compiled:
+                    continue
+                compiled.add((weight_type, cfg))
+                types = {"x_ptr": "*bf16", "w_ptr": weight_type, "scale_ptr": "*bf16",
+                         "out_ptr": "*fp32" if cfg.split_k > 1 else "*bf16"}
+                constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
+                              "SPLIT_K": cfg.split_k, "EVEN_K": True, "HAS_SCALE": module is int8_linear,
+                              "IEEE": False, "UPCAST": False}
+                # int8: the conversion instruction and the exponent trick; float weights: no conversion
+                for magic in (False, True) if module is int8_linear else (False,):
+                    kernel = compile_fn(streamed_linear._streamed_linear_kernel, types, dict(constexprs, MAGIC=magic),
+                                        ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
+                                        cfg.num_warps, cfg.num_stages)
+                    if module is int8_linear:  # the wave model counts on the bucket's programs per SM
+                        per_sm = bucket.programs_per_sm * (kernel.metadata.shared + 1024)  # 1 KB reserved a block
+                        assert per_sm <= 233472, (cfg, kernel.metadata.shared, bucket.programs_per_sm)
+                    else:  # dense_linear's model counts the stages' weight and x tiles
+                        modelled = cfg.num_stages * (cfg.block_n + cfg.block_t) * cfg.block_k * 2
+                        assert kernel.metadata.shared <= modelled, (cfg, kernel.metadata.shared, modelled)
     # the CUDA-core GEMV (block_t < 16): one and four tokens per program, with and without split-K
     for block_n, block_t, block_k, split in ((16, 1, 512, 1), (32, 4, 256, 2)):
         types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16", "out_ptr": "*fp32" if split > 1 else "*bf16"}
         constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split, "EVEN_K": True}
-        compile_fn(int8_linear.int8_gemv_kernel, types, constexprs,
+        compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
                    ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), 4, 3,
                    pipelined=False)
-    signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
-                 "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
-                 "SPLIT_K": "constexpr", "BLOCK": "constexpr"}
-    triton.compile(ASTSource(fn=int8_linear._int8_split_k_reduce_kernel, signature=signature,
-                             constexprs={"SPLIT_K": 4, "BLOCK": 1024}), target=target)
+    for has_scale in (True, False):
+        signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
+                     "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
+                     "SPLIT_K": "constexpr", "HAS_SCALE": "constexpr", "BLOCK": "constexpr"}
+        triton.compile(ASTSource(fn=streamed_linear._split_k_reduce_kernel, signature=signature,
+                                 constexprs={"SPLIT_K": 4, "HAS_SCALE": has_scale, "BLOCK": 1024}), target=target)
 
     # int8 fused MoE: decode and prefill heuristic configs at Gemma-4-26B-A4B's expert shape.
     for tokens in (1, 2048):
@@ -211,7 +222,7 @@ def test_new_kernels_compile_for_sm90() -> None:
     _compile_in_child(COMPILE)
 
 
-def test_int8_kernels_compile_for_sm90_within_shared_memory() -> None:
+def test_streamed_linear_and_int8_moe_compile_for_sm90_within_shared_memory() -> None:
     _compile_in_child(INT8_COMPILE)
 
 

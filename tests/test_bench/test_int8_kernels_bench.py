@@ -129,7 +129,7 @@ def test_sweep_dry_run_writes_configs_int8_linear_reads(tmp_path: Path) -> None:
 
 
 def test_int8_linear_consults_the_tuned_configs_only_while_they_are_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inference_server.kernels.int8_linear as int8_linear_module
+    import inference_server.kernels.streamed_linear as streamed_linear_module
     from inference_server.kernels.moe_configs import use_tuned_configs
 
     looked_up: list[int] = []
@@ -138,7 +138,7 @@ def test_int8_linear_consults_the_tuned_configs_only_while_they_are_enabled(monk
         looked_up.append(num_tokens)
         return None  # no tuned entry: the heuristic runs
 
-    monkeypatch.setattr(int8_linear_module, "tuned_int8_linear_config", spy)
+    monkeypatch.setattr(streamed_linear_module, "tuned_int8_linear_config", spy)
     q, scale = quantize_int8_per_channel(torch.randn(24, 32))
     x = torch.randn(3, 32)
     previous = use_tuned_configs(False)

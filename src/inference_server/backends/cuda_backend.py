@@ -31,6 +31,7 @@ the same stream as step N's replay, so they land after step N has read the buffe
 from __future__ import annotations
 
 import functools
+import math
 import time
 
 import attrs
@@ -42,6 +43,7 @@ from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVSto
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.decode_attention import paged_decode_attention
+from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
@@ -192,6 +194,20 @@ def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | N
                     eps_z=out_norm.eps if out_norm is not None else 0.0)
 
 
+def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                        max_tokens: int) -> torch.Tensor:
+    """``ops.linear`` through the Triton weight-streaming GEMV (``kernels.dense_linear``) for steps of at most
+    ``max_tokens`` tokens, where cuBLAS runs most of the models' projections well under the memory limit; cuBLAS
+    (``F.linear``) for larger steps, biases, weights of another dtype than the activations, and the shapes and
+    step sizes where this GPU's tuning sweep timed cuBLAS faster (``dense_linear.cublas_is_faster``)."""
+    tokens = math.prod(x.shape[:-1])
+    if (bias is not None or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= tokens <= max_tokens
+            or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+            or cublas_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)):
+        return torch.nn.functional.linear(x, weight, bias)
+    return dense_linear(x.reshape(tokens, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+
+
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str, *,
                      w_gate_up_scale: torch.Tensor | None = None,
@@ -236,6 +252,11 @@ class CudaRunnerOptions:
     triton_qk_norm_rope: bool = True
     """An attention layer's q/k norms, RoPE and value norm in one launch (``ops.qk_norm_rope``); needs
     ``triton_norm`` and ``triton_rope``."""
+    triton_dense_linear: bool = True
+    """Float projections (q/k/v, o, dense MLP, routers, PLE, logits: ``ops.linear``) of steps of at most
+    ``dense_linear_max_tokens`` tokens as the Triton GEMV (``kernels.dense_linear``), cuBLAS above."""
+    dense_linear_max_tokens: int = 16
+    """The largest step that takes the Triton GEMV (``bench/dense_linear.py`` compares it with cuBLAS per T)."""
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
@@ -289,6 +310,9 @@ class CudaModelRunner(ModelRunner):
         # act(gate) * up: one launch instead of two per dense MLP.
         self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
             else ops.torch_gated_activation
+        # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
+        self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens) \
+            if options.triton_dense_linear and not options.compile else torch.nn.functional.linear
         if options.fused_weights:
             for module in model.modules():
                 if isinstance(module, SelfAttention):
@@ -365,7 +389,7 @@ class CudaModelRunner(ModelRunner):
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
-                    linear_router=self._linear_route)
+                    linear_router=self._linear_route, linear=self._linear)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -61,6 +61,7 @@ from inference_server.kernels.moe_configs import (
     tuned_moe_config,
 )
 from inference_server.kernels.reference_moe import Activation
+from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
 __all__ = [
     "MoeAlignment",
@@ -79,21 +80,6 @@ _H200_SMS = 132
 # ----------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------
-
-
-def _pow2_clamp(value: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(1, value))))
-
-
-def _block_k(k_dim: int, cap: int) -> int:
-    """Largest power of two <= cap (and >= 32) dividing k_dim, so the K loop needs no masks; else cap."""
-    cap = _pow2_clamp(k_dim, 16, cap)
-    bk = cap
-    while bk >= 32:
-        if k_dim % bk == 0:
-            return bk
-        bk //= 2
-    return cap
 
 
 def moe_kernel_config(
@@ -116,17 +102,17 @@ def moe_kernel_config(
     rows = pairs / active
     # Busy experts get about rows + 2 sqrt(rows): size BLOCK_M so most experts need one block.
     block_m = 16 if rows <= 8 else 32 if rows <= 24 else 64 if rows <= 96 else 128
-    n_gu_max = _pow2_clamp(intermediate_size, 16, 1 << 30)
-    n_dn_max = _pow2_clamp(hidden_size, 16, 1 << 30)
+    n_gu_max = pow2_clamp(intermediate_size, 16, 1 << 30)
+    n_dn_max = pow2_clamp(hidden_size, 16, 1 << 30)
     if block_m <= 32:
         bn_gu = 64 if active * triton.cdiv(intermediate_size, 64) >= 2 * num_sms else 32
         bn_dn = 64 if active * triton.cdiv(hidden_size, 64) >= num_sms else 32
-        gate_up = MoeGemmConfig(min(bn_gu, n_gu_max), _block_k(hidden_size, 128), 1, 4, 4)
-        down = MoeGemmConfig(min(bn_dn, n_dn_max), _block_k(intermediate_size, 128), 1, 4, 4)
+        gate_up = MoeGemmConfig(min(bn_gu, n_gu_max), dividing_block_k(hidden_size, 128), 1, 4, 4)
+        down = MoeGemmConfig(min(bn_dn, n_dn_max), dividing_block_k(intermediate_size, 128), 1, 4, 4)
     else:
         warps = 8 if block_m >= 128 else 4
-        gate_up = MoeGemmConfig(min(64, n_gu_max), _block_k(hidden_size, 64), 1, warps, 3)
-        down = MoeGemmConfig(min(128, n_dn_max), _block_k(intermediate_size, 64), 1, warps, 3)
+        gate_up = MoeGemmConfig(min(64, n_gu_max), dividing_block_k(hidden_size, 64), 1, warps, 3)
+        down = MoeGemmConfig(min(128, n_dn_max), dividing_block_k(intermediate_size, 64), 1, warps, 3)
     return MoeKernelConfig(block_m, gate_up, down)
 
 
@@ -276,8 +262,8 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
-    e_pad = _pow2_clamp(num_experts, 16, 1 << 20)
-    chunk = _pow2_clamp(n, 16, max(16, min(256, 16384 // e_pad)))  # [CHUNK, E_PAD] one-hot tiles
+    e_pad = pow2_clamp(num_experts, 16, 1 << 20)
+    chunk = pow2_clamp(n, 16, max(16, min(256, 16384 // e_pad)))  # [CHUNK, E_PAD] one-hot tiles
     num_chunks = max(1, triton.cdiv(n, chunk))
     single = num_chunks == 1
     warps = 8 if e_pad * chunk >= 16384 else 4
@@ -290,7 +276,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
         )
     _moe_align_scatter_kernel[(num_chunks,)](
         ids, chunk_counts, sorted_ids, block_expert, num_padded, n, max_blocks, num_chunks,
-        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, NC_PAD=1 if single else _pow2_clamp(num_chunks, 128, 1 << 20),
+        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, NC_PAD=1 if single else pow2_clamp(num_chunks, 128, 1 << 20),
         SINGLE=single, FILL=1024, num_warps=warps,
     )  # fmt: skip
     return MoeAlignment(sorted_ids, block_expert, num_padded, block_m)
@@ -638,7 +624,7 @@ def fused_moe(
         num_warps=dn.num_warps, num_stages=dn.num_stages,
     )  # fmt: skip
 
-    block_h = _pow2_clamp(H, 16, 1024)
+    block_h = pow2_clamp(H, 16, 1024)
     _moe_sum_kernel[(T, triton.cdiv(H, block_h))](
         pair_out, out, H, pair_out.stride(0), out.stride(0), TOP_K=K, BLOCK_H=block_h,
         num_warps=4 if block_h >= 512 else 1,

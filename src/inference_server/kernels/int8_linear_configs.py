@@ -1,10 +1,13 @@
-"""Launch configs of ``int8_linear``: the dataclass, and tuned configs read from JSON files per GPU and shape.
+"""Launch configs of ``int8_linear`` and of ``dense_linear`` (the same ``streamed_linear`` kernel): the dataclass,
+and tuned configs read from JSON files per GPU and shape.
 
 ``bench/int8_kernels.py --sweep --write`` times candidate configs per dense shape and token count on a GPU and
 writes ``configs/int8_linear/<name>.json`` (``config_file_name``): for each tuned token count, the fastest config
-whose output matched the reference. ``tuned_int8_linear_config`` returns the entry of the smallest tuned token
-count at or above a step's (tuned counts are bucket tops: 16 covers 2-16), or None without a file for this GPU,
-shape and dtype or past the largest tuned count, in which case ``int8_linear`` uses its heuristic.
+whose output matched the reference; ``bench/dense_linear.py --sweep --write`` does the same for float weights
+into ``configs/dense_linear/`` (``DENSE_CONFIG_DIR``), with the token counts where cuBLAS beat every config
+(``tuned_baseline_faster``: the CUDA backend then keeps cuBLAS). ``tuned_int8_linear_config`` returns the entry
+of the smallest tuned token count at or above a step's (tuned counts are bucket tops: 16 covers 2-16), or None
+without a file for this GPU, shape and dtype or past the largest tuned count: the kernel then uses its heuristic.
 """
 
 from __future__ import annotations
@@ -17,18 +20,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONFIG_DIR", "Int8LinearConfig", "config_file_name", "config_from_json", "config_to_json",
-           "tuned_int8_linear_config"]
+__all__ = ["CONFIG_DIR", "DENSE_CONFIG_DIR", "Int8LinearConfig", "config_file_name", "config_from_json",
+           "config_to_json", "tuned_baseline_faster", "tuned_int8_linear_config"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "int8_linear"
+DENSE_CONFIG_DIR = CONFIG_DIR.parent / "dense_linear"
 
 
 @dataclass(frozen=True)
 class Int8LinearConfig:
-    """Launch config of ``int8_linear``: tile sizes (powers of two), K splits, warps, stages, and the path.
+    """Launch config of ``int8_linear`` and ``dense_linear``: tile sizes (powers of two), K splits, warps, stages,
+    and the path.
 
     ``block_t`` of 16 or more runs the tensor-core kernel (tiles of at least 16); below 16 the CUDA-core GEMV of
-    ``kernels/int8_gemv.py`` (any ``block_n``/``block_k`` power of two)."""
+    ``kernels/int8_gemv.py`` (any ``block_n``/``block_k`` power of two; int8 weights only)."""
 
     block_n: int  # weight rows per program (the dot's M side)
     block_t: int  # tokens per program (the dot's N side)
@@ -58,11 +63,16 @@ def config_file_name(device: str, out_features: int, in_features: int, dtype: to
 
 
 @functools.lru_cache(maxsize=256)
+def _load_file(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=256)
 def _load(path: Path) -> dict[int, Int8LinearConfig] | None:
-    if not path.is_file():
+    data = _load_file(path)
+    if data is None:
         return None
-    entries = json.loads(path.read_text())["configs"]
-    return {int(tokens): config_from_json(entry) for tokens, entry in entries.items()}
+    return {int(tokens): config_from_json(entry) for tokens, entry in data["configs"].items()}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -74,3 +84,17 @@ def tuned_int8_linear_config(num_tokens: int, out_features: int, in_features: in
         return None
     above = [tokens for tokens in table if tokens >= num_tokens]
     return table[min(above)] if above else None
+
+
+@functools.lru_cache(maxsize=4096)
+def tuned_baseline_faster(num_tokens: int, out_features: int, in_features: int, dtype: torch.dtype, device: str,
+                          directory: Path = DENSE_CONFIG_DIR) -> bool:
+    """Whether the sweep timed the baseline (cuBLAS, for ``dense_linear``) faster than every config at the
+    smallest tuned token count >= ``num_tokens`` (the file's ``baseline_faster`` counts); False without a file or
+    past its largest tuned count."""
+    path = directory / config_file_name(device, out_features, in_features, dtype)
+    table, data = _load(path), _load_file(path)
+    if not table or data is None:
+        return False
+    above = [tokens for tokens in table if tokens >= num_tokens]
+    return bool(above) and min(above) in {int(t) for t in data.get("baseline_faster", ())}

@@ -8,6 +8,8 @@ holds MoE expert weights stored fused as in the checkpoints (``gate_up_proj [E, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -15,11 +17,12 @@ from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.layers import RMSNorm, activation
+from inference_server.models.architectures.linear import Linear
 from inference_server.models.architectures.quantized import Int8Linear, project
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
-def fuse_linear_weights(projections: list[nn.Linear]) -> torch.Tensor:
+def fuse_linear_weights(projections: Sequence[nn.Linear]) -> torch.Tensor:
     """One matrix holding the projections' weights stacked by rows (in order); each projection's weight
     becomes a view of its rows, so the weights exist once and loaders and ``state_dict`` see the same names."""
     return _fuse_rows([p.weight for p in projections])
@@ -35,7 +38,9 @@ def _fuse_rows(parameters: list[torch.Tensor]) -> torch.Tensor:
     return fused
 
 
-def fuse_projections(projections: list[nn.Linear] | list[Int8Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_projections(
+    projections: Sequence[nn.Linear] | Sequence[Int8Linear],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``fuse_linear_weights`` for float or int8 projections (all of one kind): ``(weight, None)`` for float,
     ``(qweight, scale)`` for int8, the int8 weights and their per-row scales each concatenated along N (the
     rows), which is exact because every row keeps its own scale. Run the result through ``quantized.project``."""
@@ -62,15 +67,15 @@ class SelfAttention(nn.Module):
         self.scale = spec.attention_scale if spec.attention_scale is not None else layer.head_dim ** -0.5
         self.logit_softcap = spec.attn_logit_softcapping
         hidden, d, kv = spec.hidden_size, layer.head_dim, layer.num_kv_heads
-        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=False)
+        self.q_proj = Linear(hidden, self.num_heads * d, bias=False)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style)
         if layer.computes_kv:
-            self.k_proj = nn.Linear(hidden, kv * d, bias=False)
+            self.k_proj = Linear(hidden, kv * d, bias=False)
             self.k_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style)
-            self.v_proj = nn.Linear(hidden, kv * d, bias=False) if layer.has_v_proj else None
+            self.v_proj = Linear(hidden, kv * d, bias=False) if layer.has_v_proj else None
             self.v_norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style, with_weight=False) \
                 if spec.value_norm else None
-        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
+        self.o_proj = Linear(self.num_heads * d, hidden, bias=False)
         self.qkv_weight: torch.Tensor | None = None  # set by fuse_qkv (not a parameter: no second state_dict entry)
         self.qkv_scale: torch.Tensor | None = None  # the fused per-row scales when the projections are int8
         self.qkv_rows: tuple[int, ...] = ()  # rows of q, k (and v) in qkv_weight
@@ -120,9 +125,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = Linear(hidden, intermediate, bias=False)
+        self.up_proj = Linear(hidden, intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
         activation(act)  # fails early on an unknown name
         self.act_name = act
         self.gate_up_weight: torch.Tensor | None = None  # set by fuse_gate_up (not a parameter)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.layers import softcap
+from inference_server.models.architectures.linear import Linear
 from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear
 from inference_server.models.spec import ModelSpec
 
@@ -26,14 +28,14 @@ class CausalLM(nn.Module):
     [N, V] (tied to ``model.embed_tokens`` when the config says so, softcapped when it has a final cap)."""
 
     decoder_class: type[Decoder]
-    lm_head: nn.Linear | Int8Linear  # only when the embeddings are not tied
+    lm_head: Linear | Int8Linear  # only when the embeddings are not tied
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
         self.model = self.decoder_class(spec)
         if not spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
 
     def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         return self.model(ids, ctx)
@@ -45,7 +47,7 @@ class CausalLM(nn.Module):
         embedding = self.model.embed_tokens
         if isinstance(embedding, Int8Embedding):
             return softcap(embedding.as_lm_head(hidden), self.spec.final_logit_softcapping)
-        return softcap(torch.nn.functional.linear(hidden, embedding.weight), self.spec.final_logit_softcapping)
+        return softcap(ops.linear(hidden, embedding.weight, None), self.spec.final_logit_softcapping)
 
     def head_weight(self) -> torch.Tensor | None:
         """The float ``[V, H]`` weight ``compute_logits`` multiplies by (the lm_head's, or the tied embedding's;

@@ -22,6 +22,7 @@ from inference_server.models.architectures.layers import (
     rope_inv_freq,
     uninitialised_embedding,
 )
+from inference_server.models.architectures.linear import Linear
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -85,8 +86,8 @@ class Gemma4DecoderLayer(nn.Module):
         self.ple_size = spec.ple_hidden_size
         if self.ple_size:
             self.act = activation(spec.hidden_activation)
-            self.per_layer_input_gate = nn.Linear(hidden, self.ple_size, bias=False)
-            self.per_layer_projection = nn.Linear(self.ple_size, hidden, bias=False)
+            self.per_layer_input_gate = Linear(hidden, self.ple_size, bias=False)
+            self.per_layer_projection = Linear(self.ple_size, hidden, bias=False)
             self.post_per_layer_input_norm = RMSNorm(hidden, eps, style)
 
     def forward(
@@ -134,7 +135,7 @@ class Gemma4Model(Decoder):
         if spec.ple_hidden_size:
             total = spec.num_layers * spec.ple_hidden_size
             self.embed_tokens_per_layer = uninitialised_embedding(spec.ple_vocab_size, total)
-            self.per_layer_model_projection = nn.Linear(spec.hidden_size, total, bias=False)
+            self.per_layer_model_projection = Linear(spec.hidden_size, total, bias=False)
             self.per_layer_projection_norm = RMSNorm(spec.ple_hidden_size, spec.rms_norm_eps, spec.norm_style)
         with torch.device("cpu"):  # computed on the CPU even when the model is built on the meta device
             self.inv_freqs = {layer.layer_type: rope_inv_freq(layer.rope) for layer in spec.layers}

@@ -1,10 +1,11 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
-``ops.gated_activation``, ``ops.add_rms_norm`` (a residual
-add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm + residual add + scale + next norm),
-``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.int8_linear`` (int8 weight-only layers,
-``quantized.Int8Linear``) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
+``ops.gated_activation``, ``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add``
+(Gemma's post-norm + residual add + scale + next norm), ``ops.qk_norm_rope`` (an attention layer's per-head norms
+and RoPE), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float
+projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing
+launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
 implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch
 here means model code reads the same on every device. The choice is process-wide: a test that runs a reference
 runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
@@ -37,6 +38,8 @@ class MoEFn(Protocol):
                  w_down_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
+LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""``(x [..., K], weight [N, K], bias [N] | None) -> [..., N]``: ``torch.nn.functional.linear``'s contract."""
 Int8LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(x [T, K], qweight [N, K] int8, scale [N]) -> [T, N]`` in x's dtype (``int8_linear_reference``'s contract)."""
 RouteFn = Callable[[torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
@@ -91,7 +94,7 @@ def torch_linear_route(
     """A MoE layer's router projection ``x @ weight.T`` (logits in x's dtype), then the installed ``route``. The
     CUDA backend installs one Triton launch for both at decode sizes (``kernels.router.linear_route``: fp32 dot
     products rounded to x's dtype, the same logits up to summation order)."""
-    return route(torch.nn.functional.linear(x, weight), top_k, renormalize, per_expert_scale, out_dtype)
+    return route(linear(x, weight, None), top_k, renormalize, per_expert_scale, out_dtype)
 
 
 def torch_fused_moe(
@@ -211,6 +214,8 @@ add_rms_norm: AddNormFn = torch_add_rms_norm
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
 int8_linear: Int8LinearFn = torch_int8_linear
+linear: LinearFn = torch.nn.functional.linear
+"""Float-weight projections (the CUDA backend installs a Triton GEMV for small token counts, cuBLAS above)."""
 fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
@@ -231,6 +236,7 @@ _REFERENCE: dict[str, object] = {
     "qk_norm_rope": torch_qk_norm_rope,
     "norm_add": torch_norm_add,
     "int8_linear": torch_int8_linear,
+    "linear": torch.nn.functional.linear,
     "fused_weights": False,
 }
 """Every swappable attribute of this module and its reference value (what ``reference_ops`` installs)."""
@@ -240,11 +246,12 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             router: RouteFn | None = None, weights_fused: bool | None = None,
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
-            int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None) -> None:
+            int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
+            linear: LinearFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
               "add_rms_norm": add_norm,
-              "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear,
+              "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
               "fused_weights": weights_fused}
     assert chosen.keys() == _REFERENCE.keys()
     globals().update({name: value for name, value in chosen.items() if value is not None})

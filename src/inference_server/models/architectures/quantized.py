@@ -121,10 +121,10 @@ class QuantizedWeight:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T``: float weights through ``F.linear``, int8 ones (``scale`` given) through
+    """``x @ weight.T``: float weights through ``ops.linear``, int8 ones (``scale`` given) through
     ``ops.int8_linear``. Used by the fused projections (``SelfAttention.fuse_qkv``, ``GatedMLP.fuse_gate_up``)."""
     if scale is None:
-        return torch.nn.functional.linear(x, weight)
+        return ops.linear(x, weight, None)
     flat = x.reshape(-1, x.shape[-1])
     return ops.int8_linear(flat, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
 
