@@ -252,9 +252,12 @@ class CudaRunnerOptions:
     triton_qk_norm_rope: bool = True
     """An attention layer's q/k norms, RoPE and value norm in one launch (``ops.qk_norm_rope``); needs
     ``triton_norm`` and ``triton_rope``."""
-    triton_dense_linear: bool = True
+    triton_dense_linear: bool = False
     """Float projections (q/k/v, o, dense MLP, routers, PLE, logits: ``ops.linear``) of steps of at most
-    ``dense_linear_max_tokens`` tokens as the Triton GEMV (``kernels.dense_linear``), cuBLAS above."""
+    ``dense_linear_max_tokens`` tokens as the Triton GEMV (``kernels.dense_linear``), cuBLAS above. Off by
+    default: on the H200 with its untuned heuristic configs it did not pay (Qwen3-30B-A3B B=1 232 vs 234 tok/s
+    on cuBLAS, its projections 973 vs 797 µs a step; Gemma-4-31B even, docs/benchmarks.md); tuned configs from
+    ``bench/dense_linear.py --sweep --write`` may change that."""
     dense_linear_max_tokens: int = 16
     """The largest step that takes the Triton GEMV (``bench/dense_linear.py`` compares it with cuBLAS per T)."""
     fused_weights: bool = True
