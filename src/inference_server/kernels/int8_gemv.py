@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.streamed_tile import store_streamed_tile
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -80,10 +81,5 @@ def int8_gemv_kernel(
         acc += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
         w = w_next
         x = x_next
-    out_mask = (offs_n < N)[:, None] & t_ok[None, :]
-    o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_n[:, None]
-    if SPLIT_K == 1:
-        scale = tl.load(scale_ptr + offs_n_safe * stride_scale).to(tl.float32)  # [BN]
-        tl.store(o_ptrs, (acc * scale[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(o_ptrs + pid_s.to(tl.int64) * stride_os, acc, mask=out_mask)
+    store_streamed_tile(acc, out_ptr, scale_ptr, offs_t, t_ok, offs_n, N, pid_s, stride_os, stride_ot, stride_scale,
+                        SPLIT_K, True)

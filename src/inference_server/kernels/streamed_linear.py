@@ -39,6 +39,7 @@ from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.int8_gemv import int8_gemv_kernel
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
+from inference_server.kernels.streamed_tile import store_streamed_tile
 
 __all__ = ["H200_SMS", "HBM_BYTES_PER_S", "REDUCE_LAUNCH_S", "Bucket", "bucket_config", "bucket_of",
            "dividing_block_k", "max_split_k", "pow2_clamp", "streamed_linear", "wave_split_k"]
@@ -145,15 +146,11 @@ def _weight_dot(w, x, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, MAGIC: tl.c
     mishandle bf16): both sides go to fp32; never on GPU. MAGIC (int8 only): the bytes go to fp32 by the exponent
     trick (``int8_dequant``), not the quarter-rate conversion."""
     if MAGIC:
-        wf = int8_to_fp32_exact(w)
-    else:
-        wf = w.to(tl.float32)
+        w = int8_to_fp32_exact(w)  # exact values in fp32: the other paths take them from here
     if UPCAST:
-        acc = tl.dot(wf, x.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
     elif IEEE:
-        acc = tl.dot(wf, x, acc, input_precision="ieee")
-    elif MAGIC:
-        acc = tl.dot(wf.to(x.dtype), x, acc)
+        acc = tl.dot(w.to(tl.float32), x, acc, input_precision="ieee")
     else:
         acc = tl.dot(w.to(x.dtype), x, acc)
     return acc
@@ -210,14 +207,8 @@ def _streamed_linear_kernel(
         acc = _weight_dot(w, x, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
-    out_mask = (offs_n < N)[:, None] & t_ok[None, :]
-    o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_n[:, None]
-    if SPLIT_K == 1:
-        if HAS_SCALE:
-            acc = acc * tl.load(scale_ptr + offs_n_safe * stride_scale).to(tl.float32)[:, None]
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(o_ptrs + pid_s.to(tl.int64) * stride_os, acc, mask=out_mask)
+    store_streamed_tile(acc, out_ptr, scale_ptr, offs_t, t_ok, offs_n, N, pid_s, stride_os, stride_ot, stride_scale,
+                        SPLIT_K, HAS_SCALE)
 
 
 @triton.jit(do_not_specialize=["T"])
