@@ -47,7 +47,7 @@ from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
-from inference_server.kernels.greedy_head import greedy_head, greedy_head_supports
+from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.norm_add import norm_add
@@ -275,6 +275,12 @@ class CudaRunnerOptions:
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
     by the sampler's chain. Float heads of up to ``greedy_head.MAX_ROWS`` rows; int8 heads take the unfused path."""
 
+    @property
+    def uses_triton_qk_norm_rope(self) -> bool:
+        """Whether the q/k norm + RoPE launch is installed: its own switch, the norm and RoPE kernels it stands
+        for, and no torch.compile (which keeps the reference ops for Inductor)."""
+        return self.triton_qk_norm_rope and self.triton_norm and self.triton_rope and not self.compile
+
 
 class CudaModelRunner(ModelRunner):
     """``ModelRunner`` with Triton kernels and bucketed decode graphs (see the module docstring)."""
@@ -282,8 +288,7 @@ class CudaModelRunner(ModelRunner):
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  options: CudaRunnerOptions) -> None:
         decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
-        fused_store = options.fused_kv_store and options.triton_qk_norm_rope and options.triton_norm \
-            and options.triton_rope and not options.compile
+        fused_store = options.fused_kv_store and options.uses_triton_qk_norm_rope
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
             store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
             norm_rope_store=triton_qk_norm_rope_store if fused_store else None))
@@ -305,8 +310,7 @@ class CudaModelRunner(ModelRunner):
         self._linear_route = triton_linear_route if options.fused_router_gemv and options.triton_router \
             and not options.compile else ops.torch_linear_route
         # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
-        self._qk_norm = triton_qk_norm_rope if options.triton_qk_norm_rope and options.triton_norm \
-            and options.triton_rope and not options.compile else ops.torch_qk_norm_rope
+        self._qk_norm = triton_qk_norm_rope if options.uses_triton_qk_norm_rope else ops.torch_qk_norm_rope
         # Gemma 4's sandwich norms: one launch instead of two to four per use.
         self._norm_add = triton_norm_add if options.triton_norm_add and options.triton_norm and not options.compile \
             else ops.torch_norm_add
@@ -378,12 +382,12 @@ class CudaModelRunner(ModelRunner):
         return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
 
     def warm_up_greedy_head(self) -> None:
-        """Compile the fused greedy head's variants (one per row block: 16, 32, 64 rows) that decode batches up
-        to ``max_batch_size`` meet, so that none compiles mid-serving (a stall of a second or more)."""
+        """Compile the fused greedy head's variants (one per ``greedy_head.ROW_BLOCKS`` entry) that decode batches
+        up to ``max_batch_size`` meet, so that none compiles mid-serving (a stall of a second or more)."""
         weight = self.model.head_weight()
         if not self.options.triton_greedy_head or weight is None:
             return
-        for rows in (1, 17, 33):
+        for rows in (1, *(block + 1 for block in ROW_BLOCKS[:-1])):  # the fewest rows of each block
             hidden = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
             if rows <= self.options.max_batch_size and greedy_head_supports(hidden, weight):
                 greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)

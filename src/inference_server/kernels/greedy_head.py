@@ -41,11 +41,15 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["MAX_ROWS", "GreedyHeadConfig", "greedy_head", "greedy_head_config", "greedy_head_supports"]
+__all__ = ["MAX_ROWS", "ROW_BLOCKS", "GreedyHeadConfig", "greedy_head", "greedy_head_config", "greedy_head_supports",
+           "row_block"]
 
 MAX_ROWS = 64
 """Most hidden rows one weight pass serves (``BLOCK_N``): more rows re-read the weight once per 64, where
 cuBLAS reads it once, so the runner takes the fused path only up to here."""
+ROW_BLOCKS = (16, 32, MAX_ROWS)
+"""Hidden rows per program (``BLOCK_N``): a call takes the smallest block that holds its rows (``MAX_ROWS`` past
+it); each block is one compiled variant of the slices kernel."""
 
 _NO_INDEX = tl.constexpr(2**31 - 1)  # a compiled kernel reads only constexpr globals
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -60,6 +64,11 @@ class GreedyHeadConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
+
+
+def row_block(n_rows: int) -> int:
+    """The ``ROW_BLOCKS`` entry that ``n_rows`` hidden rows run in."""
+    return next((block for block in ROW_BLOCKS if n_rows <= block), MAX_ROWS)
 
 
 def greedy_head_config(n_rows: int, element_size: int) -> GreedyHeadConfig:
@@ -206,7 +215,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
     if vocab == 0 or hidden_size == 0:
         raise ValueError("an empty vocabulary or hidden size has no argmax")
     cfg = config or greedy_head_config(n_rows, weight.element_size())
-    block_n = max(16, triton.next_power_of_2(min(n_rows, MAX_ROWS)))
+    block_n = row_block(n_rows)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden_size)))  # tiny test models: H = 64
     n_slices = triton.cdiv(vocab, cfg.block_v)
     parts = torch.empty(3, n_slices, n_rows, dtype=torch.float32, device=device)  # one allocation for the three
