@@ -10,7 +10,8 @@ o_proj as split-K plus a separate reduce at 0.46, the 128-row routers at 0.02, p
 ``kernels.streamed_linear``'s, shared with ``int8_linear``, with float weights: no conversion, no scale. This
 module holds its own token-count buckets (a bf16 weight element is two bytes, so a 64 x 128 tile is 16 KB a
 stage and fewer programs share an SM than with int8) and reads tuned configs from ``configs/dense_linear``
-(``bench/dense_linear.py --sweep --write``). The CUDA backend uses it for steps of at most
+(``bench/dense_linear.py --sweep --write``). With ``CudaRunnerOptions.triton_dense_linear`` (off by default:
+untuned, it did not beat cuBLAS on the H200) the CUDA backend uses it for steps of at most
 ``CudaRunnerOptions.dense_linear_max_tokens`` tokens and cuBLAS above.
 """
 

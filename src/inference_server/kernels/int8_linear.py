@@ -37,8 +37,9 @@ def int8_linear_config(
     """Heuristic config of a token-count bucket (1-16, 17-32, 33-64, 65-128, larger): one config per bucket, so
     steps of every size inside a bucket share compiled variants.
 
-    Decode buckets are weight-streaming GEMVs: 64 weight rows (one wgmma M tile for 4 warps), 128-column int8
-    tiles, 4 stages, small enough that 4-5 programs share an SM (many slots: short tails). K is split by
+    Decode buckets are weight-streaming GEMVs: 64 weight rows (one wgmma M tile for 4 warps); at 1-16 tokens
+    256-column int8 tiles, 3 stages and the exponent-trick dequantisation (3 programs an SM), at 17-64 tokens
+    128-column tiles and 4 stages (4 and 2 programs an SM: many slots, short tails). K is split by
     ``streamed_linear.wave_split_k`` where the weight-row tiles are too few. Prefill buckets are ordinary 128x128
     GEMM tiles. Activations of 4 bytes (fp32) get half the K depth: the same shared memory as the 2-byte case.
     """
