@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from http_testkit import FakeModel, make_parts
+from http_testkit import FakeModel, make_parts, run_trio_in_thread
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
@@ -61,17 +61,7 @@ def fake_replica(model: FakeModel | None = None, **overrides: Any) -> Iterator[F
             started.put(FakeReplica(binds[0], engine, model, trio.lowlevel.current_trio_token(),
                                     nursery.cancel_scope, threading.current_thread()))
 
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as error:
-            started.put(error)
-
-    thread = threading.Thread(target=run, name="fake-replica", daemon=True)
-    thread.start()
-    replica = started.get(timeout=START_TIMEOUT)
-    if isinstance(replica, BaseException):
-        raise replica
+    replica, thread = run_trio_in_thread(main, started, "fake-replica", START_TIMEOUT)
     try:
         yield replica
     finally:

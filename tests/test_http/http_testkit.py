@@ -16,7 +16,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import h11
@@ -258,6 +258,29 @@ class SocketServer:
         return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
 
+_Started = TypeVar("_Started")
+
+
+def run_trio_in_thread(main: Callable[[], Awaitable[None]], started: queue.Queue[_Started | BaseException], name: str,
+                       timeout: float) -> tuple[_Started, threading.Thread]:
+    """``trio.run(main)`` in a daemon thread named ``name``; returns the first thing ``main`` puts in ``started``
+    (within ``timeout`` seconds) and the thread. An error that ends the thread's loop is put there too, so one
+    raised before ``main`` got going is raised here."""
+
+    def run() -> None:
+        try:
+            trio.run(main)
+        except BaseException as error:  # handed to the test thread
+            started.put(error)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    first = started.get(timeout=timeout)
+    if isinstance(first, BaseException):
+        raise first
+    return first, thread
+
+
 @contextmanager
 def serving_on_socket(model: FakeModel | None = None, tokenizer: Tokenizer | None = None, *,
                       settings: Settings | None = None, app_config: dict[str, Any] | None = None,
@@ -287,17 +310,7 @@ def serving_on_socket(model: FakeModel | None = None, tokenizer: Tokenizer | Non
             model.release.set()
             await engine.drain(0)
 
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as error:  # handed to the test thread
-            started.put(error)
-
-    thread = threading.Thread(target=run, name="socket-server", daemon=True)
-    thread.start()
-    first = started.get(timeout=SOCKET_SERVER_START_TIMEOUT)
-    if isinstance(first, BaseException):
-        raise first
+    first, thread = run_trio_in_thread(main, started, "socket-server", SOCKET_SERVER_START_TIMEOUT)
     try:
         yield first
     finally:
