@@ -161,8 +161,9 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # tuned MoE configs; "untuned" is the default without the tuned MoE configs; "separate-launches" is the default
 # with the router GEMV and the KV store in launches of their own (those two levers alone); "triton-gemv" is the
 # default with the float projections of small steps on the Triton GEMV (off by default: it did not pay untuned);
+# "grouped-moe" is the default with every step's routed experts on the grouped GEMMs (no decode MoE GEMVs);
 # "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
-VARIANTS: dict[str, dict[str, bool]] = {
+VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
@@ -170,6 +171,7 @@ VARIANTS: dict[str, dict[str, bool]] = {
                    triton_greedy_head=False, triton_dense_linear=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
     "triton-gemv": dict(triton_dense_linear=True),
+    "grouped-moe": dict(moe_decode_max_tokens=0),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

@@ -50,6 +50,7 @@ from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
+from inference_server.kernels.moe_decode import fused_moe_decode
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
@@ -211,9 +212,15 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str, *,
                      w_gate_up_scale: torch.Tensor | None = None,
-                     w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``ops.MoEFn`` through the Triton fused MoE (align + gate/up + down + k-sum, no host sync); int8 experts
-    (scales given) dequantise their weight tiles in registers (``kernels.fused_moe``'s int8 path)."""
+                     w_down_scale: torch.Tensor | None = None, decode_max_tokens: int = 0) -> torch.Tensor:
+    """``ops.MoEFn`` through Triton, no host sync: steps of at most ``decode_max_tokens`` tokens as the decode
+    GEMVs (``kernels.moe_decode``: gate/up, then down with the k-sum, two launches), larger ones as the grouped
+    GEMMs (``kernels.fused_moe``: align + gate/up + down + k-sum). int8 experts (scales given) dequantise their
+    weight tiles in registers on both paths."""
+    if 0 < hidden.shape[0] <= decode_max_tokens and w_gate_up.stride(-1) == 1 and w_down.stride(-1) == 1 \
+            and hidden.stride(-1) == 1:
+        return fused_moe_decode(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,  # type: ignore[arg-type]
+                                w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,  # type: ignore[arg-type]
                      w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
 
@@ -260,6 +267,11 @@ class CudaRunnerOptions:
     ``bench/dense_linear.py --sweep --write`` may change that."""
     dense_linear_max_tokens: int = 16
     """The largest step that takes the Triton GEMV (``bench/dense_linear.py`` compares it with cuBLAS per T)."""
+    moe_decode_max_tokens: int = 4
+    """Steps of at most this many tokens run their routed experts as the decode GEMVs (``kernels.moe_decode``: two
+    launches, no alignment or k-sum launch, each pair streams its expert's rows); larger ones as the grouped GEMMs,
+    which read an expert shared by several tokens once. 0 turns the decode path off. ``bench/moe_decode.py``
+    times both per step size."""
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
@@ -296,7 +308,8 @@ class CudaModelRunner(ModelRunner):
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
-        self._moe = torch.compiler.disable(triton_fused_moe) if options.compile else triton_fused_moe
+        moe = functools.partial(triton_fused_moe, decode_max_tokens=options.moe_decode_max_tokens)
+        self._moe = torch.compiler.disable(moe) if options.compile else moe
         # int8 weight-only layers (QUANTIZATION=int8): the Triton GEMV/GEMM, opaque to torch.compile like the MoE
         self._int8_linear = torch.compiler.disable(triton_int8_linear) if options.compile else triton_int8_linear
         self._norm = triton_rms_norm if options.triton_norm and not options.compile else layers.rms_norm

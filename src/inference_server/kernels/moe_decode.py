@@ -1,0 +1,338 @@
+"""The routed experts of a decode step as two weight-streaming GEMV launches: no alignment, no k-sum launch.
+
+``fused_moe`` (grouped GEMMs) runs four launches at decode: align, gate/up, down, k-sum. It pads each expert's
+rows to a 16-row ``tl.dot`` tile and reads the expert weights as the dot's transposed right operand; on the H200
+at batch 1 its two GEMMs stream at 0.67-0.80 of the memory limit and the align and sum launches cost ~5 µs a
+layer more (docs/benchmarks.md). For a few tokens this module does the same arithmetic as two GEMVs:
+
+1. ``_gate_up_kernel``, one program per (``BLOCK_N`` intermediate rows, (token, k) pair): the pair's expert id
+   straight from ``topk_ids``, its gate and up rows streamed against the token's activations with fp32 FMAs on
+   the CUDA cores, ``act(gate) * up`` in the epilogue -> ``inter [T*K, I]``.
+2. ``_down_kernel``, one program per (``BLOCK_N`` hidden rows, pair): ``inter[pair] @ W_down[e].T`` for its
+   rows, times the routing weight, into a scratch row of the pair; then an arrival counter per (token, row
+   tile): the last of the token's K programs to finish adds the K scratch rows in ascending k, in fp32, and
+   writes ``out[t]``. Deterministic (a fixed order, no float atomics), and one program per pair keeps K times as
+   many weight loads in flight as one program per token would.
+
+Each weight row is read once per pair, so tokens sharing an expert read it twice (from L2 when they run
+together); the grouped GEMMs read it once. That is why this path is for a few tokens
+(``CudaRunnerOptions.moe_decode_max_tokens``; ``bench/moe_decode.py`` measures where the two cross).
+
+Rounding is ``fused_moe``'s (``reference_moe``'s ``"pairs"`` accumulation): the gate/up and down results rounded
+to the activation dtype, ``act(gate)`` and ``act * up`` rounded, the weighted pair stored in
+``promote(act dtype, topk_weights dtype)``, the k-sum in fp32 in ascending k, one cast. Only the order of each
+dot product's fp32 sum differs. int8 experts (both scales given): the bytes go to fp32 by the exponent trick
+(``int8_dequant``, exact), the row's scale multiplies the fp32 sum before the rounding.
+
+Pairs whose expert id is outside [0, E) contribute zeros (``fused_moe`` leaves their rows undefined). No host
+syncs; the scratch comes from the caching allocator and the counters are a zeroed buffer per device that each
+launch leaves zeroed, so calls are CUDA-graph capturable (the first call on a device must not be inside a capture)
+and launches in stream order share it; two launches must not run concurrently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.reference_moe import Activation
+from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
+
+__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "fused_moe_decode", "moe_decode_config"]
+
+MAX_TOKENS = 64
+"""The most tokens one call takes (the arrival counters are sized for it)."""
+_MAX_ROW_TILES = 2048
+"""Hidden-row tiles per token the counters hold (hidden sizes up to 32,768 at 16 rows a tile)."""
+_ACT_CODES: dict[str, int] = {"silu": 0, "gelu_tanh": 1}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+"""One zeroed ``[MAX_TOKENS * _MAX_ROW_TILES]`` int32 arrival-counter buffer per device (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class MoeDecodeConfig:
+    """Tiles of the two kernels: weight rows per program and K depth per streamed tile (powers of two; the K depth
+    divides the dot's length or the loop masks its tail), and warps."""
+
+    gate_up_block_n: int = 16
+    gate_up_block_k: int = 256
+    gate_up_warps: int = 4
+    down_block_n: int = 16
+    down_block_k: int = 256
+    down_warps: int = 4
+
+
+def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: int) -> MoeDecodeConfig:
+    """Heuristic tiles: 16 weight rows a program and 512-byte K tiles (256 bf16 columns) where they divide the
+    dot, else the largest power of two that does (at least 32 columns), so the loads need no masks. At batch 1
+    that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B, each with two 8 KB tiles in flight."""
+    cap = 512 // element_size
+    return MoeDecodeConfig(
+        gate_up_block_n=min(16, pow2_clamp(intermediate_size, 1, 1 << 30)),
+        gate_up_block_k=dividing_block_k(hidden_size, cap),
+        down_block_n=min(16, pow2_clamp(hidden_size, 1, 1 << 30)),
+        down_block_k=dividing_block_k(intermediate_size, cap),
+    )
+
+
+@triton.jit
+def _weight_fp32(w, W_INT8: tl.constexpr):
+    """A weight tile as fp32: int8 by the exponent trick (exact), float by a plain conversion."""
+    if W_INT8:
+        return int8_to_fp32_exact(w)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _stream_rows(w_ptrs, x_ptrs, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
+    """fp32 dot products of ``[BN, length]`` weight rows at ``w_ptrs`` (and, with ``TWO``, of the rows
+    ``row_stride`` further) with the vector at ``x_ptrs``: ``(sum_a [BN], sum_b [BN])``.
+
+    Triton pipelines only loads that feed a ``tl.dot``, so the loop prefetches by hand: the next tile's loads are
+    issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
+    the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
+    uniform mask, which keeps the loads vectorised."""
+    offs_k = tl.arange(0, BLOCK_K)
+    n_tiles = tl.cdiv(length, BLOCK_K)
+    if EVEN_K:
+        a = tl.load(w_ptrs)
+        x = tl.load(x_ptrs).to(tl.float32)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = a
+    else:
+        k_ok = offs_k < length
+        a = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
+        x = tl.load(x_ptrs, mask=k_ok, other=0.0).to(tl.float32)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
+        else:
+            b = a
+    acc_a = tl.zeros(a.shape, dtype=tl.float32)
+    acc_b = tl.zeros(a.shape, dtype=tl.float32)
+    for kb in range(0, n_tiles):
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        if EVEN_K:
+            more_x = (tl.zeros((BLOCK_K,), tl.int32) + (kb + 1)) < n_tiles  # uniform; False past the last tile
+            more = more_x[None, :]
+            a_next = tl.load(w_ptrs, mask=more, other=0)
+            x_next = tl.load(x_ptrs, mask=more_x, other=0.0).to(tl.float32)
+            if TWO:
+                b_next = tl.load(w_ptrs + row_stride, mask=more, other=0)
+            else:
+                b_next = a_next
+        else:
+            k_next = offs_k < length - (kb + 1) * BLOCK_K
+            a_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
+            x_next = tl.load(x_ptrs, mask=k_next, other=0.0).to(tl.float32)
+            if TWO:
+                b_next = tl.load(w_ptrs + row_stride, mask=k_next[None, :], other=0)
+            else:
+                b_next = a_next
+        acc_a += _weight_fp32(a, W_INT8) * x[None, :]
+        if TWO:
+            acc_b += _weight_fp32(b, W_INT8) * x[None, :]
+        a = a_next
+        b = b_next
+        x = x_next
+    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [T, H] activations (last dim contiguous)
+    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8
+    ids_ptr,  # [T*K] expert of each pair, pair = t*K + k
+    scale_ptr,  # [E, 2I] per-row scale of int8 weights (unused unless W_INT8)
+    out_ptr,  # [T*K, I] act(gate) * up in x's dtype
+    num_experts,
+    H,
+    inter_size,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    TOP_K: tl.constexpr,
+    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    W_INT8: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1)
+    expert = tl.load(ids_ptr + pair).to(tl.int32)
+    if (expert < 0) | (expert >= num_experts):
+        return  # the down kernel gives this pair zeros
+    token = (pair // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n_safe = offs_n % inter_size  # in-bounds loads; the store is masked
+    rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn
+    w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]  # [BN, BK]
+    x_ptrs = x_ptr + token * stride_xt + tl.arange(0, BLOCK_K)  # [BK]
+    gate, up = _stream_rows(w_ptrs, x_ptrs, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
+    dt = out_ptr.dtype.element_ty
+    if W_INT8:  # gate row n, up row I + n
+        s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
+        gate = gate * tl.load(s_ptrs).to(tl.float32)
+        up = up * tl.load(s_ptrs + inter_size * stride_sn).to(tl.float32)
+    gate = gate.to(dt).to(tl.float32)  # each GEMM's output rounded to the activation dtype, as torch does
+    up = up.to(dt).to(tl.float32)
+    if ACT == 0:
+        act = gate / (1.0 + tl.exp(-gate))  # silu
+    else:
+        # gelu_tanh: 0.5 g (1 + tanh(z)) == g * sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3)
+        act = gate / (1.0 + tl.exp(-1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)))
+    h = act.to(dt).to(tl.float32) * up
+    tl.store(out_ptr + pair.to(tl.int64) * inter_size + offs_n, h.to(dt), mask=offs_n < inter_size)
+
+
+@triton.jit
+def _down_kernel(
+    inter_ptr,  # [T*K, I] act(gate) * up (contiguous)
+    w_ptr,  # [E, H, I] (last dim contiguous); int8 when W_INT8
+    ids_ptr,  # [T*K]
+    topk_w_ptr,  # [T*K] routing weights
+    scale_ptr,  # [E, H] per-row scale of int8 weights (unused unless W_INT8)
+    pair_ptr,  # [T*K, H] scratch: weighted pair outputs, dtype promote(act, topk weights)
+    counter_ptr,  # int32 [T, ROW_TILES_STRIDE]: programs done per (token, row tile); zero between launches
+    out_ptr,  # [T, H]
+    num_experts,
+    H,
+    inter_size,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_ot,
+    TOP_K: tl.constexpr,
+    ROW_TILES_STRIDE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    W_INT8: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1)
+    token = pair // TOP_K
+    expert = tl.load(ids_ptr + pair).to(tl.int32)
+    valid = (expert >= 0) & (expert < num_experts)
+    expert = tl.where(valid, expert, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n_safe = offs_n % H
+    rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn
+    w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]
+    x_ptrs = inter_ptr + pair.to(tl.int64) * inter_size + tl.arange(0, BLOCK_K)
+    y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+    if W_INT8:
+        y = y * tl.load(scale_ptr + expert * stride_se + offs_n_safe * stride_sn).to(tl.float32)
+    route_w = tl.load(topk_w_ptr + pair).to(tl.float32)
+    y = y.to(inter_ptr.dtype.element_ty).to(tl.float32) * route_w
+    y = tl.where(valid, y, 0.0)
+    n_ok = offs_n < H
+    tl.store(pair_ptr + pair.to(tl.int64) * H + offs_n, y.to(pair_ptr.dtype.element_ty), mask=n_ok)
+    # The token's last program to arrive adds its K pairs. The barrier puts all of this program's stores before
+    # the counter's release (acq_rel, GPU scope); the last program's acquire makes the other programs' stores
+    # visible, and its loads bypass L1 (.cg), which may hold this scratch from an earlier launch.
+    tl.debug_barrier()
+    counter = counter_ptr + token * ROW_TILES_STRIDE + pid_n
+    arrived = tl.atomic_add(counter, 1)
+    if arrived == TOP_K - 1:
+        first = pair_ptr + (token * TOP_K).to(tl.int64) * H + offs_n
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k in tl.static_range(TOP_K):  # fixed order k = 0..K-1: deterministic
+            total += tl.load(first + k * H, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + token.to(tl.int64) * stride_ot + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+        tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
+
+
+def _arrival_counters(device: torch.device) -> torch.Tensor:
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fused_moe_decode must run once on this device before a CUDA graph captures it")
+        counters = _COUNTERS[device] = torch.zeros(MAX_TOKENS * _MAX_ROW_TILES, dtype=torch.int32, device=device)
+    return counters
+
+
+def fused_moe_decode(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: Activation,
+    *,
+    config: MoeDecodeConfig | None = None,
+    out: torch.Tensor | None = None,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``fused_moe``'s contract (same arguments, shapes and rounding; see the module docstring) for at most
+    ``MAX_TOKENS`` tokens, as two GEMV launches. The weights' last dims must be contiguous. ``config`` defaults to
+    ``moe_decode_config``."""
+    T, H = hidden.shape
+    E, two_i, h_w = w_gate_up.shape
+    inter_size = two_i // 2
+    K = topk_ids.shape[1]
+    if h_w != H or two_i != 2 * inter_size or tuple(w_down.shape) != (E, H, inter_size):
+        raise ValueError(f"bad expert shapes {tuple(w_gate_up.shape)}, {tuple(w_down.shape)} for H={H}")
+    if tuple(topk_ids.shape) != (T, K) or tuple(topk_weights.shape) != (T, K):
+        raise ValueError("topk_ids and topk_weights must both be [T, K]")
+    if T > MAX_TOKENS:
+        raise ValueError(f"fused_moe_decode takes at most {MAX_TOKENS} tokens, got {T}")
+    if w_gate_up.stride(2) != 1 or w_down.stride(2) != 1 or hidden.stride(1) != 1:
+        raise ValueError("hidden and the expert weights need a contiguous last dim")
+    w_int8 = w_gate_up_scale is not None or w_down_scale is not None
+    if w_int8:
+        if w_gate_up_scale is None or w_down_scale is None:
+            raise ValueError("int8 experts need both w_gate_up_scale and w_down_scale")
+        if w_gate_up.dtype != torch.int8 or w_down.dtype != torch.int8:
+            raise ValueError("with scales, the expert weights must be int8")
+        if tuple(w_gate_up_scale.shape) != (E, two_i) or tuple(w_down_scale.shape) != (E, H):
+            raise ValueError(f"scales must be [{E}, {two_i}] and [{E}, {H}], not "
+                             f"{tuple(w_gate_up_scale.shape)}, {tuple(w_down_scale.shape)}")
+    elif w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
+        raise ValueError("expert weights must have hidden's dtype")
+    if activation not in _ACT_CODES:
+        raise ValueError(f"unknown activation {activation!r}")
+    if out is None:
+        out = torch.empty(T, H, dtype=hidden.dtype, device=hidden.device)
+    elif tuple(out.shape) != (T, H) or out.dtype != hidden.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{T}, {H}] {hidden.dtype} with a contiguous last dim")
+    if T == 0:
+        return out
+    cfg = config or moe_decode_config(H, inter_size, hidden.element_size())
+    row_tiles = triton.cdiv(H, cfg.down_block_n)
+    if row_tiles > _MAX_ROW_TILES:
+        raise ValueError(f"hidden size {H} needs {row_tiles} row tiles of {cfg.down_block_n}; at most "
+                         f"{_MAX_ROW_TILES}")
+    n_pairs = T * K
+    dev = hidden.device
+    ids = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1)
+    inter = torch.empty(n_pairs, inter_size, dtype=hidden.dtype, device=dev)  # [T*K, I]
+    gu_scale = w_gate_up_scale if w_gate_up_scale is not None else w_gate_up  # a pointer never read
+    _gate_up_kernel[(triton.cdiv(inter_size, cfg.gate_up_block_n), n_pairs)](
+        hidden, w_gate_up, ids, gu_scale, inter, E, H, inter_size,
+        hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gu_scale.stride(0), gu_scale.stride(1),
+        TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
+        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, num_warps=cfg.gate_up_warps,
+    )  # fmt: skip
+    pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
+    dn_scale = w_down_scale if w_down_scale is not None else w_down
+    _down_kernel[(row_tiles, n_pairs)](
+        inter, w_down, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
+        w_down.stride(0), w_down.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
+        TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
+        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, num_warps=cfg.down_warps,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,236 @@
+"""The decode MoE GEMVs (``kernels.moe_decode``) against the PyTorch reference, and against the grouped ``fused_moe``.
+
+On CPU the kernels run under TRITON_INTERPRET=1 at tiny shapes (the interpreter rounds fp32 -> bf16 by
+truncation, so bf16 tolerances are those of the grouped kernel's tests); the ``gpu`` tests use the real
+Qwen3-30B-A3B and Gemma-4-26B-A4B expert shapes.
+"""
+
+import os
+import textwrap
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
+
+from inference_server.kernels import moe_decode
+from inference_server.kernels.fused_moe import fused_moe
+from inference_server.kernels.moe_decode import MoeDecodeConfig, fused_moe_decode, moe_decode_config
+from inference_server.kernels.reference_int8 import quantize_int8_per_channel
+from inference_server.kernels.reference_moe import fused_moe_reference, route_softmax_topk
+
+from .test_kernels_compile_for_h200 import _compile_in_child
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+SMALL = MoeDecodeConfig(gate_up_block_n=16, gate_up_block_k=32, down_block_n=16, down_block_k=16)
+"""Tiles small enough that the tiny test shapes take several row tiles and K tiles (and the K loop's prefetch)."""
+
+
+def _case(T: int, E: int, K: int, H: int, inter: int, dtype: torch.dtype, seed: int,
+          weights_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen).to(DEV, dtype)
+    w_gu = (torch.randn(E, 2 * inter, H, generator=gen) / H**0.5).to(DEV, dtype)  # [E, 2I, H]
+    w_dn = (torch.randn(E, H, inter, generator=gen) / inter**0.5).to(DEV, dtype)  # [E, H, I]
+    w, ids = route_softmax_topk(torch.randn(T, E, generator=gen) * 2, K, renormalize=True)
+    return x, w_gu, w_dn, w.to(DEV, weights_dtype), ids.to(DEV)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(("T", "E", "K", "H", "inter"), [(1, 8, 8, 64, 48), (3, 8, 2, 64, 32), (5, 6, 3, 96, 40)])
+def test_fp32_matches_the_reference(T: int, E: int, K: int, H: int, inter: int, activation: str) -> None:
+    """fp32: the same products, summed in another order (H = 96 and I = 40 leave a masked K tail)."""
+    x, w_gu, w_dn, w, ids = _case(T, E, K, H, inter, torch.float32, T * 31 + E)
+    out = fused_moe_decode(x, w_gu, w_dn, w, ids, activation, config=SMALL)
+    torch.testing.assert_close(out, fused_moe_reference(x, w_gu, w_dn, w, ids, activation), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.bfloat16, torch.float32])  # Qwen-style, Gemma-style
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(("T", "K"), [(1, 8), (4, 2)])
+def test_bf16_matches_the_reference(T: int, K: int, activation: str, weights_dtype: torch.dtype) -> None:
+    x, w_gu, w_dn, w, ids = _case(T, 8, K, 64, 48, torch.bfloat16, T * 7 + K, weights_dtype)
+    out = fused_moe_decode(x, w_gu, w_dn, w, ids, activation, config=SMALL)
+    ref = fused_moe_reference(x, w_gu, w_dn, w, ids, activation)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
+
+
+def test_fp16_matches_the_reference() -> None:
+    x, w_gu, w_dn, w, ids = _case(3, 8, 2, 64, 48, torch.float16, 5)
+    out = fused_moe_decode(x, w_gu, w_dn, w.half(), ids, "gelu_tanh", config=SMALL)
+    ref = fused_moe_reference(x, w_gu, w_dn, w.half(), ids, "gelu_tanh")
+    torch.testing.assert_close(out.float(), ref.float(), atol=5e-3, rtol=5e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_experts_follow_the_int8_reference(dtype: torch.dtype) -> None:
+    x, w_gu, w_dn, w, ids = _case(3, 8, 4, 64, 48, dtype, 11)
+    q_gu, s_gu = quantize_int8_per_channel(w_gu)
+    q_dn, s_dn = quantize_int8_per_channel(w_dn)
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    out = fused_moe_decode(x, q_gu, q_dn, w, ids, "silu", config=SMALL, **scales)
+    ref = fused_moe_reference(x, q_gu, q_dn, w, ids, "silu", **scales)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    else:
+        torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
+
+
+def test_default_config_and_repeated_calls_leave_the_counters_zeroed() -> None:
+    """The heuristic tiles give the reference's result; every launch resets the arrival counters it used, so a
+    second call (in a CUDA graph: a replay) finds them at zero and gives the same result."""
+    x, w_gu, w_dn, w, ids = _case(2, 8, 4, 64, 48, torch.float32, 3)
+    first = fused_moe_decode(x, w_gu, w_dn, w, ids, "silu")
+    torch.testing.assert_close(first, fused_moe_reference(x, w_gu, w_dn, w, ids, "silu"), atol=2e-5, rtol=2e-5)
+    assert int(moe_decode._arrival_counters(x.device).count_nonzero()) == 0
+    assert torch.equal(first, fused_moe_decode(x, w_gu, w_dn, w, ids, "silu"))
+
+
+def test_pairs_with_out_of_range_experts_add_nothing() -> None:
+    x, w_gu, w_dn, w, ids = _case(2, 8, 3, 64, 48, torch.float32, 4)
+    bad = ids.clone()
+    bad[0, 1] = 8  # no such expert
+    bad[1, 2] = -1
+    kept = w.clone()
+    kept[0, 1] = 0.0  # the reference with those pairs weighted by zero
+    kept[1, 2] = 0.0
+    out = fused_moe_decode(x, w_gu, w_dn, w, bad, "silu", config=SMALL)
+    ref = fused_moe_reference(x, w_gu, w_dn, kept, ids, "silu")
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_heuristic_tiles_divide_the_real_shapes() -> None:
+    qwen = moe_decode_config(2048, 768, 2)  # Qwen3-30B-A3B
+    assert (qwen.gate_up_block_k, qwen.down_block_k) == (256, 256)
+    gemma = moe_decode_config(2816, 704, 2)  # Gemma-4-26B-A4B: 704 = 11 x 64
+    assert 2816 % gemma.gate_up_block_k == 0 and 704 % gemma.down_block_k == 0
+    assert moe_decode_config(2048, 768, 4).gate_up_block_k == 128  # fp32: the same bytes per tile
+
+
+def test_bad_arguments_are_rejected() -> None:
+    x, w_gu, w_dn, w, ids = _case(2, 8, 2, 64, 48, torch.float32, 6)
+    with pytest.raises(ValueError, match="at most"):
+        fused_moe_decode(x.new_zeros(moe_decode.MAX_TOKENS + 1, 64), w_gu, w_dn,
+                         w.new_zeros(moe_decode.MAX_TOKENS + 1, 2), ids.new_zeros(moe_decode.MAX_TOKENS + 1, 2),
+                         "silu")
+    with pytest.raises(ValueError, match="both"):
+        fused_moe_decode(x, w_gu, w_dn, w, ids, "silu", w_down_scale=torch.ones(8, 64))
+    with pytest.raises(ValueError, match="activation"):
+        fused_moe_decode(x, w_gu, w_dn, w, ids, "relu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_moe_decode(x, w_gu.transpose(1, 2).contiguous().transpose(1, 2), w_dn, w, ids, "silu")
+    assert fused_moe_decode(x[:0], w_gu, w_dn, w[:0], ids[:0], "silu").shape == (0, 64)
+
+
+# ------------------------------------------------------------------ sm_90 compile (no GPU needed)
+
+_COMPILE = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from inference_server.kernels import moe_decode
+
+    target = GPUTarget("cuda", 90, 64)
+    # Qwen3-30B-A3B (H 2048, I 768) and Gemma-4-26B-A4B (H 2816, I 704), bf16 and int8 experts
+    for hidden, inter, weight, act, topk_w in ((2048, 768, "*bf16", 0, "*bf16"), (2816, 704, "*bf16", 1, "*fp32"),
+                                               (2816, 704, "*i8", 1, "*fp32")):
+        cfg = moe_decode.moe_decode_config(hidden, inter, 2)
+        int8 = weight == "*i8"
+        for fn, block_n, block_k, warps, types, extra in (
+                (moe_decode._gate_up_kernel, cfg.gate_up_block_n, cfg.gate_up_block_k, cfg.gate_up_warps,
+                 {"x_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "scale_ptr": "*bf16", "out_ptr": "*bf16"},
+                 {"TOP_K": 8, "ACT": act}),
+                (moe_decode._down_kernel, cfg.down_block_n, cfg.down_block_k, cfg.down_warps,
+                 {"inter_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "topk_w_ptr": topk_w, "scale_ptr": "*bf16",
+                  "pair_ptr": "*fp32" if topk_w == "*fp32" else "*bf16", "counter_ptr": "*i32", "out_ptr": "*bf16"},
+                 {"TOP_K": 8, "ROW_TILES_STRIDE": 2048})):
+            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, W_INT8=int8)
+            signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+            attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+                     if n.endswith("_ptr") or n.startswith("stride") or n in ("H", "inter_size")}
+            kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                    target=target, options=dict(num_warps=warps, num_stages=1))
+            ptx = kernel.asm["ptx"]
+            # the weight stream is vectorised: 16-byte loads (8 bf16 or 16 int8 values a thread)
+            assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx, (fn.__name__, hidden, weight)
+    print("compiled")
+''')
+
+
+def test_kernels_compile_for_sm90_with_vectorised_weight_loads() -> None:
+    _compile_in_child(_COMPILE)
+
+
+# ------------------------------------------------------------------ GPU, real shapes
+
+_REAL = {  # E, H, I, K, activation, routing weights dtype
+    "qwen3-30b-a3b": (128, 2048, 768, 8, "silu", torch.bfloat16),
+    "gemma4-26b-a4b": (128, 2816, 704, 8, "gelu_tanh", torch.float32),
+}
+
+
+def _real_case(model: str, T: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    E, H, inter, K, act, weights_dtype = _REAL[model]
+    gen = torch.Generator("cuda").manual_seed(seed)
+    kw = dict(generator=gen, device="cuda", dtype=dtype)
+    x = torch.randn(T, H, **kw)
+    w_gu = torch.randn(E, 2 * inter, H, **kw) / H**0.5
+    w_dn = torch.randn(E, H, inter, **kw) / inter**0.5
+    w, ids = route_softmax_topk(torch.randn(T, E, generator=gen, device="cuda") * 2, K, renormalize=True)
+    return x, w_gu, w_dn, w.to(weights_dtype if dtype != torch.float32 else dtype), ids, act
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4, 16, 64])
+@pytest.mark.parametrize("model", sorted(_REAL))
+def test_gpu_real_shapes_match_the_reference_and_the_grouped_kernel(model: str, T: int) -> None:
+    x, w_gu, w_dn, w, ids, act = _real_case(model, T)
+    out = fused_moe_decode(x, w_gu, w_dn, w, ids, act)
+    ref = fused_moe_reference(x, w_gu, w_dn, w, ids, act)
+    scale = ref.float().abs().max().item()
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2 * scale, rtol=2e-2)
+    assert (out.float() - ref.float()).abs().mean() < 2e-3 * scale
+    grouped = fused_moe(x, w_gu, w_dn, w, ids, act)
+    assert (out.float() - grouped.float()).abs().mean() < 2e-3 * scale
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("model", sorted(_REAL))
+def test_gpu_fp32_tight_and_int8(model: str) -> None:
+    x, w_gu, w_dn, w, ids, act = _real_case(model, 4, dtype=torch.float32)
+    torch.testing.assert_close(fused_moe_decode(x, w_gu, w_dn, w, ids, act),
+                               fused_moe_reference(x, w_gu, w_dn, w, ids, act), atol=1e-4, rtol=1e-4)
+    q_gu, s_gu = quantize_int8_per_channel(w_gu)
+    q_dn, s_dn = quantize_int8_per_channel(w_dn)
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    torch.testing.assert_close(fused_moe_decode(x, q_gu, q_dn, w, ids, act, **scales),
+                               fused_moe_reference(x, q_gu, q_dn, w, ids, act, **scales), atol=1e-4, rtol=1e-4)
+
+
+@gpu
+@needs_cuda
+def test_gpu_deterministic_and_graph_capturable() -> None:
+    x, w_gu, w_dn, w, ids, act = _real_case("gemma4-26b-a4b", 16)
+    first = fused_moe_decode(x, w_gu, w_dn, w, ids, act)
+    assert torch.equal(first, fused_moe_decode(x, w_gu, w_dn, w, ids, act))
+    out = torch.empty_like(first)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):  # launches in stream order share the counters
+            fused_moe_decode(x, w_gu, w_dn, w, ids, act, out=out)
+    x2, _, _, w2, ids2, _ = _real_case("gemma4-26b-a4b", 16, seed=1)
+    x.copy_(x2)
+    w.copy_(w2)
+    ids.copy_(ids2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, fused_moe_decode(x, w_gu, w_dn, w, ids, act))
+    assert int(moe_decode._arrival_counters(x.device).count_nonzero()) == 0
