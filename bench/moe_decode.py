@@ -11,7 +11,7 @@ Each time replays a CUDA graph of at least 10 calls over enough copies of the ex
 routed experts are not in the 50 MB L2 (``graph_timing``), as in a model where each layer reads its own experts;
 routing draws K distinct random experts per token (a fixed seed), median of ``--reps`` replays.
 
-  python3 bench/moe_decode.py                       # on the H200: both models, T = 1, 2, 4, 8, 16; ~1-2 min
+  python3 bench/moe_decode.py                       # on the H200: both models, T = 1, 2, 4, 8, 16; ~2-3 min
   python3 bench/moe_decode.py --int8
   TRITON_INTERPRET=1 uv run python bench/moe_decode.py --device cpu --tiny --reps 1   # CPU dry run
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import sys
 from pathlib import Path
 
@@ -38,17 +39,21 @@ MODELS = {  # E, H, I, K, activation, routing weights dtype
 TINY = {"tiny": (8, 64, 48, 4, "silu", torch.bfloat16)}
 
 
-def candidates(hidden: int, inter: int) -> list:
-    """The heuristic tiles first, then a few others: rows per program and K depth of each kernel, warps."""
+GATE_UP_TILES = ((16, 256, 4), (16, 128, 2), (32, 128, 4), (64, 128, 8))
+DOWN_TILES = ((16, 128, 4), (32, 256, 8), (32, 128, 4), (64, 128, 8), (64, 64, 4))
+"""(weight rows per program, K columns per tile, warps) tried for each kernel, in bf16 columns."""
+
+
+def candidates(hidden: int, inter: int, element_size: int) -> list:
+    """The heuristic tiles first, then every pair of ``GATE_UP_TILES`` and ``DOWN_TILES`` (K depths cut to a
+    power of two dividing the dot, as the heuristic does)."""
     from inference_server.kernels.moe_decode import MoeDecodeConfig, moe_decode_config
     from inference_server.kernels.streamed_linear import dividing_block_k
 
-    base = moe_decode_config(hidden, inter, 2)
+    base = moe_decode_config(hidden, inter, element_size)
     found = [base]
-    for gu_n, gu_k, dn_n, dn_k, warps in ((8, 256, 8, 256, 4), (32, 256, 16, 256, 4), (16, 512, 32, 256, 4),
-                                         (16, 256, 16, 128, 4), (32, 512, 32, 256, 8), (16, 128, 8, 128, 2)):
-        config = MoeDecodeConfig(gu_n, dividing_block_k(hidden, gu_k), warps, dn_n, dividing_block_k(inter, dn_k),
-                                 warps)
+    for (gu_n, gu_k, gu_w), (dn_n, dn_k, dn_w) in itertools.product(GATE_UP_TILES, DOWN_TILES):
+        config = MoeDecodeConfig(gu_n, dividing_block_k(hidden, gu_k), gu_w, dn_n, dividing_block_k(inter, dn_k), dn_w)
         if config not in found:
             found.append(config)
     return found
@@ -88,7 +93,7 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
     scale = grouped.float().abs().max().item() or 1.0
     grouped_s = timed(fused_moe)
     results = []
-    for config in candidates(H, inter):
+    for config in candidates(H, inter, x.element_size()):
         try:
             out = fused_moe_decode(x, w_gu, w_dn, weights, ids, act, config=config, **scales)
         except Exception as err:  # a tile the compiler rejects: not a candidate

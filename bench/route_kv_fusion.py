@@ -70,7 +70,8 @@ TINY_ATTENTION_CASES = (AttentionCase("tiny", 4, 2, 16, "qwen", True), Attention
 
 
 def bench_router(case: RouterCase, tokens: int, device: torch.device, reps: int, l2_bytes: int,
-                 experts_per_program: tuple[int, ...]) -> str:
+                 launches: tuple[tuple[int, int], ...]) -> str:
+    """One table row: the unfused router, then the fused one for each (experts per program, warps) launch."""
     from inference_server.kernels.router import linear_route, triton_route
 
     gen = torch.Generator(device).manual_seed(tokens)
@@ -86,13 +87,13 @@ def bench_router(case: RouterCase, tokens: int, device: torch.device, reps: int,
     def unfused(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return triton_route(torch.nn.functional.linear(x, w), case.top_k, True, scale, out_dtype)
 
-    def fused(w: torch.Tensor, epp: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return linear_route(x, w, case.top_k, True, scale, out_dtype, experts_per_program=epp)
+    def fused(w: torch.Tensor, epp: int, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+        return linear_route(x, w, case.top_k, True, scale, out_dtype, experts_per_program=epp, num_warps=warps)
 
     unfused_s = time_calls([lambda w=weights[i % copies]: unfused(w) for i in range(n_calls)], device, reps)
     times = []
-    for epp in experts_per_program:
-        calls = [lambda w=weights[i % copies], epp=epp: fused(w, epp) for i in range(n_calls)]
+    for epp, warps in launches:
+        calls = [lambda w=weights[i % copies], epp=epp, warps=warps: fused(w, epp, warps) for i in range(n_calls)]
         times.append(time_calls(calls, device, reps))
     differing = int((fused(weights[0], 2)[1].sort(dim=1).values != unfused(weights[0])[1].sort(dim=1).values)
                     .any(dim=1).sum())
@@ -145,6 +146,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU dry run)")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--warps", default="4", help="warps of the fused router's launches, comma separated")
     args = parser.parse_args()
     device = torch.device(args.device)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -155,13 +157,15 @@ def main() -> None:
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}", flush=True)
 
     epp = (*EXPERTS_PER_PROGRAM, router_cases[0].experts)
-    print("\nRouter GEMV + routing, µs per call (fused by experts per program; the engine uses 2)\n")
-    print("| router | T | unfused (GEMV + route) | " + " | ".join(f"fused, {e}/program" for e in epp)
+    launches = tuple((e, int(w)) for w in args.warps.split(",") for e in epp)
+    print("\nRouter GEMV + routing, µs per call (fused by experts per program and warps; the engine uses 1 up to 4 "
+          "rows, then 2, with 4 warps)\n")
+    print("| router | T | unfused (GEMV + route) | " + " | ".join(f"fused, {e}/program {w}w" for e, w in launches)
           + " | saved (best) | rows choosing other experts |")
-    print("|---|---|---|" + "---|" * len(epp) + "---|---|")
+    print("|---|---|---|" + "---|" * len(launches) + "---|---|")
     for case in router_cases:
         for t in tokens:
-            print(bench_router(case, t, device, args.reps, l2_bytes, epp), flush=True)
+            print(bench_router(case, t, device, args.reps, l2_bytes, launches), flush=True)
 
     print("\nq/k norm + RoPE + KV store, µs per call\n")
     print("| attention layer | T | unfused (norm+rope, store_kv) | fused | saved | caches bitwise equal |")

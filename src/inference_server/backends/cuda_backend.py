@@ -267,11 +267,11 @@ class CudaRunnerOptions:
     ``bench/dense_linear.py --sweep --write`` may change that."""
     dense_linear_max_tokens: int = 16
     """The largest step that takes the Triton GEMV (``bench/dense_linear.py`` compares it with cuBLAS per T)."""
-    moe_decode_max_tokens: int = 4
+    moe_decode_max_tokens: int = 2
     """Steps of at most this many tokens run their routed experts as the decode GEMVs (``kernels.moe_decode``: two
     launches, no alignment or k-sum launch, each pair streams its expert's rows); larger ones as the grouped GEMMs,
-    which read an expert shared by several tokens once. 0 turns the decode path off. ``bench/moe_decode.py``
-    times both per step size."""
+    which read an expert shared by several tokens once. 0 turns the decode path off. On the H200
+    (``bench/moe_decode.py``, docs/benchmarks.md) the decode path is faster at 1 and 2 tokens and slower from 4."""
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
