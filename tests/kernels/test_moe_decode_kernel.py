@@ -105,7 +105,7 @@ def test_pairs_with_out_of_range_experts_add_nothing() -> None:
 
 def test_heuristic_tiles_divide_the_real_shapes() -> None:
     qwen = moe_decode_config(2048, 768, 2)  # Qwen3-30B-A3B
-    assert (qwen.gate_up_block_k, qwen.down_block_k) == (256, 256)
+    assert (qwen.gate_up_block_k, qwen.down_block_k) == (256, 128)
     gemma = moe_decode_config(2816, 704, 2)  # Gemma-4-26B-A4B: 704 = 11 x 64
     assert 2816 % gemma.gate_up_block_k == 0 and 704 % gemma.down_block_k == 0
     assert moe_decode_config(2048, 768, 4).gate_up_block_k == 128  # fp32: the same bytes per tile

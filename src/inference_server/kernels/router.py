@@ -206,17 +206,22 @@ def linear_route(
     *,
     experts_per_program: int | None = None,
     block_h: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, K] (out_dtype, default fp32), ids [T, K] int64
     """``triton_route(F.linear(x, weight), ...)`` in one launch (see the module docstring); the keyword
     arguments are launch parameters (``bench/route_kv_fusion.py`` compares them), not semantics.
 
     ``experts_per_program`` defaults to 1 up to 4 rows and 2 beyond: the H200 bench measured 5.5 / 6.9 µs at one
     row with 1 (Qwen3-30B-A3B / Gemma-4-26B-A4B; 5.9 / 7.9 with 2) and 8.0 / 8.9 µs at 16 rows with 2 (9.5 /
-    10.3 with 1), against 8.2-10.8 µs for cuBLAS plus ``triton_route``."""
+    10.3 with 1), against 8.2-10.8 µs for cuBLAS plus ``triton_route``. ``num_warps`` defaults to 1 up to 2 rows
+    (the last program's top-k rounds are then warp shuffles, no block barriers: 4.9 / 6.0 µs at one row against
+    5.9 / 7.0 with 4 warps) and 4 beyond (at 16 rows 1 warp took 11.4 / 12.9 µs, 4 warps 7.9 / 8.9;
+    ``bench/results/2026-12-01-h200/issue12/router_warps.log``)."""
     tokens, hidden = x.shape
     if experts_per_program is None:
         experts_per_program = 1 if tokens <= 4 else 2
+    if num_warps is None:
+        num_warps = 1 if tokens <= 2 else 4
     experts = weight.shape[0]
     if not 1 <= top_k <= experts <= MAX_EXPERTS:
         raise ValueError(f"routing needs 1 <= top_k <= experts <= {MAX_EXPERTS}, got top_k={top_k}, E={experts}")
