@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 
 import attrs
 import pytest
@@ -21,6 +22,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from inference_server.kernels import decode_attention
 from inference_server.kernels.decode_attention import (
     H200_NUM_SMS,
     choose_num_splits,
@@ -313,6 +315,24 @@ def test_decode_kernel_large_head_dim(head_dim: int, num_splits: int) -> None:
     assert_close(out, ref_paged_decode_attention(*args), torch.float32)
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "window", "num_splits"),
+                         [(8, 2, 32, None, 3), (6, 2, 64, 20, 4), (16, 1, 16, None, 5), (4, 2, 512, None, 3)])
+def test_fused_split_merge_equals_the_reduce_kernel(num_heads: int, num_kv_heads: int, head_dim: int,
+                                                    window: int | None, num_splits: int) -> None:
+    """The last split of each kv head merges the partials inside the decode launch: the reduce kernel's result up
+    to the order of fp32 sums (empty splits and a padded slot included), and the arrival counters end at zero."""
+    ctx_lens = [1, 5, 37, 0, 16]
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 4, torch.float32, window,
+                           qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, window)
+    fused = paged_decode_attention(*args, num_splits, block_n=16)
+    separate = paged_decode_attention(*args, num_splits, block_n=16, fused_reduce=False)
+    torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
+    assert_close(fused, ref_paged_decode_attention(*args), torch.float32)
+    assert torch.all(fused[3] == 0)
+    assert int(decode_attention._arrival_counters(q.device).count_nonzero()) == 0
+
+
 def test_choose_num_splits() -> None:
     assert choose_num_splits(64, 8, 8192) == 1  # 512 programs already fill the GPU
     assert choose_num_splits(1, 4, 8192) == 32  # 4 programs: up to 2 waves, >= 256 keys per split
@@ -388,6 +408,9 @@ def test_gpu_decode(
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, scale, window)
     out = paged_decode_attention(*args, num_splits)
     assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
+    if num_splits is None:  # the split merge inside the launch against the reduce kernel
+        separate = paged_decode_attention(*args, num_splits, fused_reduce=False)
+        torch.testing.assert_close(out.float(), separate.float(), atol=2e-2, rtol=2**-7)
 
 
 @gpu
@@ -450,3 +473,32 @@ def test_dense_helper_sanity() -> None:
     out = dense_attention(q, k, v, 0, 1.0, None)
     assert torch.allclose(out, v.double().expand(1, 2, 4))
     assert math.isclose(float(dense_attention(q, k, v, 0, 1.0, 1).sum()), float(v.sum() * 2), rel_tol=1e-6)
+
+
+_DECODE_COMPILE = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from inference_server.kernels.decode_attention import _paged_decode_kernel as fn
+
+    target = GPUTarget("cuda", 90, 64)
+    # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits
+    for group, head_dim, block_n, warps, chunk in ((8, 128, 64, 4, 4), (2, 256, 64, 8, 2), (8, 512, 32, 8, 1)):
+        constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
+                          DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk)
+        types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
+                 "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+                 "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"}
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
+                                options=dict(num_warps=warps, num_stages=2))
+        assert "atom" in kernel.asm["ptx"] and kernel.metadata.shared <= 232448, (head_dim, kernel.metadata.shared)
+    print("compiled")
+''')
+
+
+def test_decode_kernel_with_the_fused_split_merge_compiles_for_sm90() -> None:
+    from .test_kernels_compile_for_h200 import _compile_in_child
+
+    _compile_in_child(_DECODE_COMPILE)

@@ -16,7 +16,9 @@ Contract (reference: ``reference_attention.ref_paged_decode_attention``):
 
 Split-KV: with ``S`` splits, program ``(b, kv_head, s)`` handles the ``s``-th slice of the visible range and
 writes a partial ``(m, l, acc)`` (running max in the log2 domain, normaliser, unnormalised fp32 output) to a
-workspace; ``_decode_reduce_kernel`` merges them with the usual rescaling. Without splits the grid is only
+workspace; they are merged with the usual rescaling, by default inside the same launch (the kv head's last split
+to finish, found by an arrival counter, merges its G heads: one launch a layer fewer at decode), else by
+``_decode_reduce_kernel``. Without splits the grid is only
 ``B * nKV`` programs, which leaves most of the 132 SMs idle at small batch (vLLM #34579), hence the auto
 choice in :func:`choose_num_splits`.
 
@@ -42,6 +44,46 @@ NO_WINDOW = 1 << 30  # "window" passed to the kernels when there is none
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
 H200_NUM_SMS = 132
+_MAX_FUSED_HEADS = 4096
+"""Most (sequence, kv head) programs the fused split merge takes (split-KV runs only below one per SM anyway)."""
+_MERGE_ELEMENTS = 8192
+"""fp32 values of split accumulators the merging program loads at a time (32 KB)."""
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+"""One zeroed arrival-counter buffer per device for the fused split merge: each launch counts up per (sequence,
+kv head) and the last split resets it, so launches in stream order (eager or replayed in CUDA graphs) share it."""
+
+
+@triton.jit
+def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, rows, out_offsets, row_mask, span, num_splits,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPLIT_CHUNK: tl.constexpr):
+    """The reduce of ``_decode_reduce_kernel`` for a block of heads: ``rows [R]`` (split 0's row of each head in
+    the partials), written to ``out_ptr + out_offsets[R, None] + d``. ``span``: the visible keys, from which the
+    active splits follow as in the decode kernel. ``SPLIT_CHUNK`` splits' accumulators are loaded at a time."""
+    chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    n_active = tl.cdiv(span, tl.maximum(chunk, 1))
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    sm = row_mask[:, None] & (offs_s < n_active)[None, :]  # [R, BLOCK_S]
+    m = tl.load(part_m_ptr + rows[:, None] + offs_s[None, :], mask=sm, other=float("-inf"), cache_modifier=".cg")
+    l_part = tl.load(part_l_ptr + rows[:, None] + offs_s[None, :], mask=sm, other=0.0, cache_modifier=".cg")
+    m_max = tl.max(m, 1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no active split: all weights 0
+    denom = tl.sum(tl.exp2(m - m_max[:, None]) * l_part, 1)  # [R]
+    acc = tl.zeros([rows.shape[0], BLOCK_D], dtype=tl.float32)
+    offs_c = tl.arange(0, SPLIT_CHUNK)
+    for s0 in range(0, n_active, SPLIT_CHUNK):
+        s = s0 + offs_c  # [C]
+        cm = row_mask[:, None] & (s < n_active)[None, :]  # [R, C]
+        w = tl.exp2(tl.load(part_m_ptr + rows[:, None] + s[None, :], mask=cm, other=float("-inf"),
+                            cache_modifier=".cg") - m_max[:, None])  # [R, C]
+        part = tl.load(part_acc_ptr + (rows[:, None, None] + s[None, :, None]) * D + offs_d[None, None, :],
+                       mask=cm[:, :, None] & d_mask[None, None, :], other=0.0, cache_modifier=".cg")  # [R, C, BLOCK_D]
+        acc += tl.sum(w[:, :, None] * part, 1)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    tl.store(out_ptr + out_offsets[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -51,10 +93,11 @@ def _paged_decode_kernel(
     v_cache_ptr,  # [num_blocks, PAGE, nKV, D]
     block_tables_ptr,  # int32 [B, max_blocks]
     context_lens_ptr,  # int32 [B]
-    out_ptr,  # [B, nH, D] (used when not SPLIT)
+    out_ptr,  # [B, nH, D] (when not SPLIT, or with FUSED_REDUCE)
     part_m_ptr,  # fp32 [B, nH, num_splits] (used when SPLIT)
     part_l_ptr,  # fp32 [B, nH, num_splits]
     part_acc_ptr,  # fp32 [B, nH, num_splits, D]
+    counter_ptr,  # int32 [B * nKV] arrival counters, zero between launches (FUSED_REDUCE)
     qk_scale,  # softmax scale * log2(e)
     window,  # int; NO_WINDOW when full attention
     num_splits,
@@ -78,6 +121,9 @@ def _paged_decode_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr = False,  # SPLIT: the kv head's last split to finish merges the partials
+    BLOCK_S: tl.constexpr = 1,  # num_splits padded to a power of two (FUSED_REDUCE)
+    SPLIT_CHUNK: tl.constexpr = 1,  # splits merged per load (FUSED_REDUCE)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -150,6 +196,18 @@ def _paged_decode_kernel(
             acc,
             mask=active[:, None] & d_mask[None, :],
         )
+        if FUSED_REDUCE:
+            # Every split (empty ones too) counts itself in; the last to arrive merges the kv head's G rows. The
+            # barrier puts all of this program's partial stores before the counter's release (acq_rel, GPU scope);
+            # the last program's acquire makes the others' visible, and its loads bypass L1 (.cg).
+            tl.debug_barrier()
+            counter = counter_ptr + b * tl.num_programs(1) + kvh
+            arrived = tl.atomic_add(counter, 1)
+            if arrived == num_splits - 1:
+                rows = (b * num_heads + heads).to(tl.int64) * num_splits  # [BLOCK_G] row of split 0
+                _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr + b * stride_ob, rows, heads * stride_oh,
+                              g_mask, ctx - lo, num_splits, D, BLOCK_D, BLOCK_S, BLOCK_N, SPLIT_CHUNK)
+                tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
     else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
@@ -205,6 +263,15 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+def _arrival_counters(device: torch.device) -> torch.Tensor:
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("paged_decode_attention must run once on this device before a CUDA graph captures it")
+        counters = _COUNTERS[device] = torch.zeros(_MAX_FUSED_HEADS, dtype=torch.int32, device=device)
+    return counters
+
+
 @functools.lru_cache(maxsize=8)
 def _num_sms(device_index: int | None) -> int:
     if device_index is None or not torch.cuda.is_available():
@@ -244,12 +311,15 @@ def paged_decode_attention(
     max_context_len: int | None = None,
     out: torch.Tensor | None = None,  # [B, nH, D], e.g. a static CUDA-graph buffer
     block_n: int | None = None,
+    fused_reduce: bool = True,
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
     ``num_splits``: None picks one from the shapes (:func:`choose_num_splits`, using ``max_context_len`` if
     given, else ``max_blocks * block_size``, capped by the window); 1 runs the single-pass kernel; >1 runs
-    split-KV plus the reduce kernel. ``block_n`` overrides the key tile (tests use it to cross tiles).
+    split-KV and merges the splits: inside the same launch with ``fused_reduce`` (each kv head's last split to
+    finish, by an arrival counter: one launch instead of two), else in ``_decode_reduce_kernel``. The two merges
+    differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles).
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -296,14 +366,25 @@ def paged_decode_attention(
     )
     if num_splits <= 1:
         grid = (batch, num_kv_heads, 1)
-        _paged_decode_kernel[grid](*args, out, out, out, out, scale * LOG2E, win, 1, *strides, SPLIT=False, **common)
+        _paged_decode_kernel[grid](*args, out, out, out, out, out, scale * LOG2E, win, 1, *strides, SPLIT=False,
+                                   **common)
         return out
     part_m = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     grid = (batch, num_kv_heads, num_splits)
+    block_s = triton.next_power_of_2(num_splits)
+    if fused_reduce and batch * num_kv_heads <= _MAX_FUSED_HEADS:
+        block_g = common["BLOCK_G"]
+        assert isinstance(block_g, int)
+        chunk = max(1, min(block_s, _MERGE_ELEMENTS // (block_g * block_d)))
+        _paged_decode_kernel[grid](
+            *args, out, part_m, part_l, part_acc, _arrival_counters(q.device), scale * LOG2E, win, num_splits,
+            *strides, SPLIT=True, FUSED_REDUCE=True, BLOCK_S=block_s, SPLIT_CHUNK=chunk, **common,
+        )
+        return out
     _paged_decode_kernel[grid](
-        *args, out, part_m, part_l, part_acc, scale * LOG2E, win, num_splits, *strides, SPLIT=True, **common
+        *args, out, part_m, part_l, part_acc, out, scale * LOG2E, win, num_splits, *strides, SPLIT=True, **common
     )
     _decode_reduce_kernel[(batch, num_heads)](
         part_m,
@@ -317,7 +398,7 @@ def paged_decode_attention(
         out.stride(1),
         D=head_dim,
         BLOCK_D=block_d,
-        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_S=block_s,
         BLOCK_N=block_n,
         num_warps=4,
     )
