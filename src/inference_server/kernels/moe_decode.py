@@ -64,6 +64,9 @@ class MoeDecodeConfig:
     down_block_n: int = 16
     down_block_k: int = 256
     down_warps: int = 4
+    down_unrolled: bool = False
+    """The down kernel's K loop fully unrolled (its tiles' loads all issued up front) instead of the prefetching
+    loop; taken only where the tiles divide the intermediate size."""
 
 
 def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: int) -> MoeDecodeConfig:
@@ -220,6 +223,7 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     W_INT8: tl.constexpr,
+    UNROLL_TILES: tl.constexpr = 0,  # > 0: inter_size == UNROLL_TILES * BLOCK_K, unrolled instead of the loop
 ):
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
@@ -232,7 +236,14 @@ def _down_kernel(
     rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn
     w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]
     x_ptrs = inter_ptr + pair.to(tl.int64) * inter_size + tl.arange(0, BLOCK_K)
-    y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+    if UNROLL_TILES:  # the whole row slab in straight-line code: every tile's loads can be issued up front
+        acc = tl.zeros(w_ptrs.shape, dtype=tl.float32)
+        for kb in tl.static_range(UNROLL_TILES):
+            w = tl.load(w_ptrs + kb * BLOCK_K)
+            acc += _weight_fp32(w, W_INT8) * tl.load(x_ptrs + kb * BLOCK_K).to(tl.float32)[None, :]
+        y = tl.sum(acc, axis=1)
+    else:
+        y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     if W_INT8:
         y = y * tl.load(scale_ptr + expert * stride_se + offs_n_safe * stride_sn).to(tl.float32)
     route_w = tl.load(topk_w_ptr + pair).to(tl.float32)
@@ -335,5 +346,6 @@ def fused_moe_decode(
         w_down.stride(0), w_down.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
         EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, num_warps=cfg.down_warps,
+        UNROLL_TILES=inter_size // cfg.down_block_k if cfg.down_unrolled and inter_size % cfg.down_block_k == 0 else 0,
     )  # fmt: skip
     return out
