@@ -229,7 +229,8 @@ PDL_COMPILE = textwrap.dedent('''
 
     import inference_server.kernels as package
     from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
-                                          kv_store, norm_add, qk_norm_rope, rmsnorm, rope, router, streamed_linear)
+                                          kv_store, moe_decode, norm_add, qk_norm_rope, rmsnorm, rope, router,
+                                          streamed_linear)
 
     target = GPUTarget("cuda", 90, 64)
     BF16 = "*bf16"
@@ -270,6 +271,10 @@ PDL_COMPILE = textwrap.dedent('''
          dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=True, IEEE=False, UPCAST=False, W_INT8=False,
               MAGIC=False)),
         (fused_moe._moe_sum_kernel, {}, dict(TOP_K=8, BLOCK_H=1024)),
+        (moe_decode._gate_up_kernel, {"ids_ptr": "*i64"},
+         dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False)),
+        (moe_decode._down_kernel, {"ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
+         dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False)),
         (gated_activation._gated_activation_kernel, {}, dict(GELU_TANH=True, BLOCK=1024, LIBDEVICE_TANH=True)),
         (greedy_head._greedy_head_slices_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
