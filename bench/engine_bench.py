@@ -162,7 +162,9 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # with the router GEMV and the KV store in launches of their own (those two levers alone); "triton-gemv" is the
 # default with the float projections of small steps on the Triton GEMV (off by default: it did not pay untuned);
 # "grouped-moe" is the default with every step's routed experts on the grouped GEMMs (no decode MoE GEMVs);
-# "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
+# "pdl" is the default with programmatic dependent launch of the Triton kernels (kernels/pdl.py, off by default until
+# measured), "pdl-triton-gemv" both (the float projections then are Triton kernels too, so fewer cuBLAS launches break
+# the chains of dependent launches); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},
@@ -172,6 +174,8 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
     "triton-gemv": dict(triton_dense_linear=True),
     "grouped-moe": dict(moe_decode_max_tokens=0),
+    "pdl": dict(pdl=True),
+    "pdl-triton-gemv": dict(pdl=True, triton_dense_linear=True),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

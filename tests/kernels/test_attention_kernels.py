@@ -486,7 +486,8 @@ _DECODE_COMPILE = textwrap.dedent('''
     # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits
     for group, head_dim, block_n, warps, chunk in ((8, 128, 64, 4, 4), (2, 256, 64, 8, 2), (8, 512, 32, 8, 1)):
         constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
-                          DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk)
+                          DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk,
+                          USE_PDL=False)
         types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
                  "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
                  "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"}

@@ -18,10 +18,22 @@ import textwrap
 
 import pytest
 
+PRELUDE = textwrap.dedent('''
+    from triton.compiler import ASTSource
+
+
+    def source(fn, signature, constexprs, attrs=None, use_pdl=False):
+        """``ASTSource`` of ``fn`` with its ``USE_PDL`` constexpr (kernels.pdl) set when it has one: off, the kernel
+        is the code it was before PDL (a signature without it fails to compile; typed i32 it is a runtime flag)."""
+        if "USE_PDL" in fn.arg_names:
+            signature = {**signature, "USE_PDL": "constexpr"}
+            constexprs = {**constexprs, "USE_PDL": use_pdl}
+        return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+''')
+
 COMPILE = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from inference_server.kernels.fused_moe import _moe_align_scatter_kernel
     from inference_server.kernels.gated_activation import _gated_activation_kernel
@@ -34,7 +46,7 @@ COMPILE = textwrap.dedent('''
     for gelu in (True, False):
         signature = {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", **scalars,
                      "GELU_TANH": "constexpr", "BLOCK": "constexpr", "LIBDEVICE_TANH": "constexpr"}
-        triton.compile(ASTSource(fn=_gated_activation_kernel, signature=signature,
+        triton.compile(source(fn=_gated_activation_kernel, signature=signature,
                                  constexprs={"GELU_TANH": gelu, "BLOCK": 1024, "LIBDEVICE_TANH": True}),
                        target=target)
     names = ("a_ptr", "b_ptr", "res_ptr", "wa_ptr", "wb_ptr", "wz_ptr", "scale_ptr", "y_ptr", "z_ptr")
@@ -43,7 +55,7 @@ COMPILE = textwrap.dedent('''
                      **dict.fromkeys(("eps_a", "eps_b", "eps_z"), "fp32"),
                      **dict.fromkeys(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z", "BLOCK"), "constexpr")}
         constexprs = dict(zip(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z"), flags, strict=True)) | {"BLOCK": 8192}
-        triton.compile(ASTSource(fn=_norm_add_kernel, signature=signature, constexprs=constexprs),
+        triton.compile(source(fn=_norm_add_kernel, signature=signature, constexprs=constexprs),
                        target=target, options={"num_warps": 16})
     pointers = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "ko_ptr", "vo_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr",
                 "kc_ptr", "vc_ptr")
@@ -58,13 +70,13 @@ COMPILE = textwrap.dedent('''
                                                      "NUM_OUT", "STORE", "PAGE"), "constexpr")}
         constexprs = {"NUM_Q": nq, "NUM_K": nk, "HALF": half, "BLOCK_HALF": half, "GEMMA": gemma, "NORM_V": norm_v,
                       "NUM_OUT": nq + nk + (nk if norm_v else 0), "STORE": store, "PAGE": 16}
-        triton.compile(ASTSource(fn=_qk_norm_rope_kernel, signature=signature, constexprs=constexprs), target=target)
+        triton.compile(source(fn=_qk_norm_rope_kernel, signature=signature, constexprs=constexprs), target=target)
     for weights, has_scale in (("*bf16", False), ("*fp32", True)):
         signature = {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "weights_ptr": weights, "ids_ptr": "*i64",
                      "n_rows": "i32", "E": "i32", "stride_row": "i32", "K": "constexpr", "RENORMALIZE": "constexpr",
                      "HAS_SCALE": "constexpr", "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}
         constexprs = {"K": 8, "RENORMALIZE": True, "HAS_SCALE": has_scale, "BLOCK_E": 128, "BLOCK_K": 8}
-        triton.compile(ASTSource(fn=_route_kernel, signature=signature, constexprs=constexprs), target=target)
+        triton.compile(source(fn=_route_kernel, signature=signature, constexprs=constexprs), target=target)
         # the router GEMV + routing: Qwen3-30B-A3B (bf16 weights out) and Gemma-4-26B-A4B (scale, fp32 out) at
         # T = 1 and 16
         for rows in (1, 16):
@@ -75,7 +87,7 @@ COMPILE = textwrap.dedent('''
                                           "EXPERTS_PER_PROGRAM", "BLOCK_H"), "constexpr")}
             constexprs = {"K": 8, "RENORMALIZE": True, "HAS_SCALE": has_scale, "ROWS": rows, "BLOCK_E": 128,
                           "BLOCK_K": 8, "EXPERTS_PER_PROGRAM": 2, "BLOCK_H": 4096 if has_scale else 2048}
-            kernel = triton.compile(ASTSource(fn=_linear_route_kernel, signature=signature, constexprs=constexprs),
+            kernel = triton.compile(source(fn=_linear_route_kernel, signature=signature, constexprs=constexprs),
                                     target=target)
             ptx = kernel.asm["ptx"]
             assert "atom.global" in ptx and "acq_rel" in ptx and "ld.global.cg" in ptx, "arrival ordering lost"
@@ -86,7 +98,7 @@ COMPILE = textwrap.dedent('''
                      "SINGLE": "constexpr", "FILL": "constexpr"}
         constexprs = {"BLOCK_M": 16, "E_PAD": 128, "CHUNK": 16 if single else 128, "NC_PAD": 1 if single else 128,
                       "SINGLE": single, "FILL": 1024}
-        triton.compile(ASTSource(fn=_moe_align_scatter_kernel, signature=signature, constexprs=constexprs),
+        triton.compile(source(fn=_moe_align_scatter_kernel, signature=signature, constexprs=constexprs),
                        target=target)
     print("compiled")
 ''')
@@ -95,7 +107,6 @@ COMPILE = textwrap.dedent('''
 INT8_COMPILE = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from inference_server.kernels import dense_linear, fused_moe, int8_gemv, int8_linear, streamed_linear
     from inference_server.kernels.fused_moe import moe_kernel_config
@@ -109,7 +120,7 @@ INT8_COMPILE = textwrap.dedent('''
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
                  if n.endswith("_ptr") or n in aligned}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        kernel = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=target, options=dict(num_warps=num_warps, num_stages=num_stages))
         assert kernel.metadata.shared <= H200_SHARED, (fn.__name__, constexprs, kernel.metadata.shared)
         # The GEMV's loads feed no dot, so Triton does not pipeline them: each iteration's tile is its loads in
@@ -156,7 +167,7 @@ INT8_COMPILE = textwrap.dedent('''
         signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
                      "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
                      "SPLIT_K": "constexpr", "HAS_SCALE": "constexpr", "BLOCK": "constexpr"}
-        triton.compile(ASTSource(fn=streamed_linear._split_k_reduce_kernel, signature=signature,
+        triton.compile(source(fn=streamed_linear._split_k_reduce_kernel, signature=signature,
                                  constexprs={"SPLIT_K": 4, "HAS_SCALE": has_scale, "BLOCK": 1024}), target=target)
 
     # int8 fused MoE: decode and prefill heuristic configs at Gemma-4-26B-A4B's expert shape.
@@ -178,7 +189,6 @@ INT8_COMPILE = textwrap.dedent('''
 GREEDY_HEAD_COMPILE = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from inference_server.kernels import greedy_head as gh
 
@@ -197,16 +207,111 @@ GREEDY_HEAD_COMPILE = textwrap.dedent('''
         types = {"hidden_ptr": f"*{dtype}", "weight_ptr": f"*{dtype}", "max_ptr": "*fp32", "index_ptr": "*i32",
                  "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"}
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        kernel = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=target, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         assert kernel.metadata.shared <= 232448, (dtype, rows, kernel.metadata.shared)
         assert "cp.async" in kernel.asm["ptx"], (dtype, rows, "loads not pipelined")
         assert dtype == "fp32" or "wgmma" in kernel.asm["ptx"], (dtype, rows, "no tensor-core dot")
     signature = {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
                  "logprobs_ptr": "*fp32", "n_rows": "i32", "n_slices": "i32", "BLOCK_S": "constexpr"}
-    triton.compile(ASTSource(fn=gh._greedy_head_combine_kernel, signature=signature, constexprs={"BLOCK_S": 4096}),
+    triton.compile(source(fn=gh._greedy_head_combine_kernel, signature=signature, constexprs={"BLOCK_S": 4096}),
                    target=target)
     print("compiled")
+''')
+
+
+PDL_COMPILE = textwrap.dedent('''
+    import importlib
+    import pkgutil
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    import inference_server.kernels as package
+    from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
+                                          kv_store, moe_decode, norm_add, qk_norm_rope, rmsnorm, rope, router,
+                                          streamed_linear)
+
+    target = GPUTarget("cuda", 90, 64)
+    BF16 = "*bf16"
+    # (kernel, pointer and float argument types (others: i32), constexprs): one decode-shaped variant of each
+    cases = [
+        (rmsnorm._rmsnorm_kernel, {"eps": "fp32"},
+         dict(HAS_RES=True, HAS_W=True, GEMMA=False, BLOCK_R=1, BLOCK_D=2048)),
+        (norm_add._norm_add_kernel, dict.fromkeys(("eps_a", "eps_b", "eps_z"), "fp32"),
+         dict(HAS_B=False, HAS_RES=True, HAS_SCALE=False, HAS_Z=True, BLOCK=4096)),
+        (qk_norm_rope._qk_norm_rope_kernel, {"slot_ptr": "*i64", "eps": "fp32"},
+         dict(NUM_Q=32, NUM_K=4, HALF=64, BLOCK_HALF=64, GEMMA=False, NORM_V=False, NUM_OUT=36, STORE=True,
+              PAGE=16)),
+        (kv_store._store_kv_kernel, {"slot_mapping_ptr": "*i64"}, dict(PAGE=16, H=4, D=128, BLOCK_H=4, BLOCK_D=128)),
+        (rope._rope_kernel, {}, dict(NUM_Q_HEADS=32, HALF=64, BLOCK_HALF=64)),
+        (decode_attention._paged_decode_kernel,
+         {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+          "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"},
+         dict(PAGE=16, G=8, BLOCK_G=16, D=128, BLOCK_D=128, BLOCK_N=64, SPLIT=True, DOT_PRECISION="tf32",
+              UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=4)),
+        (decode_attention._decode_reduce_kernel,
+         {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "context_lens_ptr": "*i32"},
+         dict(D=128, BLOCK_D=128, BLOCK_S=64, BLOCK_N=64)),
+        (router._route_kernel, {"ids_ptr": "*i64"},
+         dict(K=8, RENORMALIZE=True, HAS_SCALE=False, BLOCK_E=128, BLOCK_K=8)),
+        (router._linear_route_kernel, {"counter_ptr": "*i32", "ids_ptr": "*i64"},
+         dict(K=8, RENORMALIZE=True, HAS_SCALE=False, ROWS=1, BLOCK_E=128, BLOCK_K=8, EXPERTS_PER_PROGRAM=1,
+              BLOCK_H=2048)),
+        (fused_moe._moe_align_count_kernel, {"ids_ptr": "*i64", "chunk_counts_ptr": "*i32"},
+         dict(E_PAD=128, CHUNK=128)),
+        (fused_moe._moe_align_scatter_kernel,
+         {"ids_ptr": "*i64", **dict.fromkeys(("chunk_counts_ptr", "sorted_ptr", "block_expert_ptr", "num_padded_ptr"),
+                                             "*i32")},
+         dict(BLOCK_M=16, E_PAD=128, CHUNK=16, NC_PAD=1, SINGLE=True, FILL=1024)),
+        (fused_moe._moe_gate_up_kernel, {"sorted_ptr": "*i32", "block_expert_ptr": "*i32"},
+         dict(TOP_K=8, ACT=0, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=True, IEEE=False, UPCAST=False,
+              W_INT8=False, MAGIC=False)),
+        (fused_moe._moe_down_kernel, {"sorted_ptr": "*i32", "block_expert_ptr": "*i32"},
+         dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=True, IEEE=False, UPCAST=False, W_INT8=False,
+              MAGIC=False)),
+        (fused_moe._moe_sum_kernel, {}, dict(TOP_K=8, BLOCK_H=1024)),
+        (moe_decode._gate_up_kernel, {"ids_ptr": "*i64"},
+         dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False)),
+        (moe_decode._down_kernel, {"ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
+         dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, UNROLL_TILES=0)),
+        (gated_activation._gated_activation_kernel, {}, dict(GELU_TANH=True, BLOCK=1024, LIBDEVICE_TANH=True)),
+        (greedy_head._greedy_head_slices_kernel,
+         {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
+         dict(BLOCK_V=64, BLOCK_N=16, BLOCK_K=128, EVEN_K=True, ROUND_BF16=True, SOFTCAP=False, RECIPROCAL=True,
+              IEEE=False, UPCAST=False, LIBDEVICE_TANH=True)),
+        (greedy_head._greedy_head_combine_kernel,
+         {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64", "logprobs_ptr": "*fp32"},
+         dict(BLOCK_S=4096)),
+        (streamed_linear._streamed_linear_kernel, {"out_ptr": "*fp32"},
+         dict(BLOCK_N=64, BLOCK_T=16, BLOCK_K=128, SPLIT_K=2, EVEN_K=True, HAS_SCALE=False, IEEE=False, UPCAST=False,
+              MAGIC=False)),
+        (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i8"},
+         dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=512, SPLIT_K=1, EVEN_K=True)),
+        (streamed_linear._split_k_reduce_kernel, {"part_ptr": "*fp32"}, dict(SPLIT_K=4, HAS_SCALE=False, BLOCK=1024)),
+    ]
+    # every kernel of the package that takes part in PDL is compiled here
+    with_pdl = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        with_pdl |= {f"{v.__module__}.{v.__name__}" for v in vars(module).values()  # pdl's own helpers aside
+                     if isinstance(v, triton.runtime.JITFunction) and "USE_PDL" in v.arg_names
+                     and v.__module__ != "inference_server.kernels.pdl"}
+    covered = {f"{fn.__module__}.{fn.__name__}" for fn, _, _ in cases}
+    assert with_pdl == covered, (sorted(with_pdl - covered), sorted(covered - with_pdl))
+    for fn, types, constexprs in cases:
+        signature = {n: "constexpr" if n in constexprs else types.get(n, BF16 if n.endswith("_ptr") else "i32")
+                     for n in fn.arg_names}
+        for use_pdl in (True, False):
+            kernel = triton.compile(source(fn, signature, constexprs, use_pdl=use_pdl), target=target,
+                                    options={"launch_pdl": use_pdl})
+            ptx = kernel.asm["ptx"]
+            if use_pdl:
+                assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx, fn.__name__
+                assert kernel.metadata.launch_pdl, fn.__name__
+            else:  # off: no trace of PDL in the code
+                assert "griddepcontrol" not in ptx and not kernel.metadata.launch_pdl, fn.__name__
+    print("compiled", len(cases))
 ''')
 
 
@@ -214,7 +319,8 @@ def _compile_in_child(script: str) -> None:
     pytest.importorskip("triton.backends.nvidia", reason="Triton's CUDA backend (and its ptxas) is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", PRELUDE + script], env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
 
 
@@ -230,3 +336,9 @@ def test_greedy_head_compiles_for_sm90_pipelined() -> None:
     """The greedy head's variants (bf16 with and without the soft-cap at 1, 16 and 64 rows; fp32 IEEE) compile
     with pipelined weight loads, tensor-core dots in bf16, and fit the H200's shared memory."""
     _compile_in_child(GREEDY_HEAD_COMPILE)
+
+
+def test_pdl_kernels_compile_for_sm90_with_griddepcontrol() -> None:
+    """Every kernel that takes ``USE_PDL`` (kernels.pdl) compiles for sm_90 with it on (the PTX has the wait and the
+    release, the launch carries the PDL attribute) and off (no ``griddepcontrol`` at all: today's code)."""
+    _compile_in_child(PDL_COMPILE)

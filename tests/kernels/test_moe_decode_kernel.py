@@ -157,7 +157,7 @@ _COMPILE = textwrap.dedent('''
                  {"inter_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "topk_w_ptr": topk_w, "scale_ptr": "*bf16",
                   "pair_ptr": "*fp32" if topk_w == "*fp32" else "*bf16", "counter_ptr": "*i32", "out_ptr": "*bf16"},
                  {"TOP_K": 8, "ROW_TILES_STRIDE": 2048, "UNROLL_TILES": inter // cfg.down_block_k})):
-            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, W_INT8=int8)
+            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, W_INT8=int8, USE_PDL=False)
             signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
             attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
                      if n.endswith("_ptr") or n.startswith("stride") or n in ("H", "inter_size")}

@@ -52,6 +52,7 @@ from inference_server.kernels.int8_linear import int8_linear as triton_int8_line
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.moe_decode import fused_moe_decode
 from inference_server.kernels.norm_add import norm_add
+from inference_server.kernels.pdl import use_pdl
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
@@ -286,6 +287,10 @@ class CudaRunnerOptions:
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
     by the sampler's chain. Float heads of up to ``greedy_head.MAX_ROWS`` rows; int8 heads take the unfused path."""
+    pdl: bool = False
+    """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
+    each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
+    shrink. Process-wide, set at every step with the ops. Off by default until measured (``bench/pdl_bench.py``)."""
 
     @property
     def uses_triton_qk_norm_rope(self) -> bool:
@@ -406,6 +411,7 @@ class CudaModelRunner(ModelRunner):
                 greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
 
     def _install_ops(self) -> None:
+        use_pdl(self.options.pdl)  # kernels.pdl's switch is process-wide, like the ops
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,

@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 LOG2E = 1.4426950408889634
 # Triton's CPU interpreter multiplies the raw bits of bf16 operands in tl.dot (triton 3.9): under it, the
 # kernels upcast bf16 tiles to fp32 before each dot. Compiled kernels never take that branch.
@@ -124,7 +126,11 @@ def _paged_decode_kernel(
     FUSED_REDUCE: tl.constexpr = False,  # SPLIT: the kv head's last split to finish merges the partials
     BLOCK_S: tl.constexpr = 1,  # num_splits padded to a power of two (FUSED_REDUCE)
     SPLIT_CHUNK: tl.constexpr = 1,  # splits merged per load (FUSED_REDUCE)
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from earlier
+    # launches (nothing here is a weight), so wait before the first load.
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -184,6 +190,9 @@ def _paged_decode_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
+    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
+    pdl_release(USE_PDL)
 
     if SPLIT:
         # Empty splits (start >= end) write nothing; the reduce recomputes how many splits are active.
@@ -233,7 +242,12 @@ def _decode_reduce_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the partial results come from the split kernel just before, so wait before the first load and
+    # store; a short kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -352,6 +366,7 @@ def paged_decode_attention(
         UPCAST=upcast,
         num_warps=num_warps,
         num_stages=2,
+        **pdl_launch(),
     )
     win = NO_WINDOW if window is None else window
     args = (q, k_cache, v_cache, block_tables, context_lens)
@@ -401,5 +416,6 @@ def paged_decode_attention(
         BLOCK_S=block_s,
         BLOCK_N=block_n,
         num_warps=4,
+        **pdl_launch(),
     )
     return out

@@ -60,6 +60,7 @@ from inference_server.kernels.moe_configs import (
     tuned_configs_enabled,
     tuned_moe_config,
 )
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
@@ -161,7 +162,12 @@ def _moe_align_count_kernel(
     num_pairs,
     E_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the expert ids come from the router launch, so wait before the first load and store; a short
+    # kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     c = tl.program_id(0)
     p = c * CHUNK + tl.arange(0, CHUNK)
     e_offs = tl.arange(0, E_PAD)
@@ -186,7 +192,13 @@ def _moe_align_scatter_kernel(
     NC_PAD: tl.constexpr,
     SINGLE: tl.constexpr,  # one chunk holds every pair: count inline, no count kernel
     FILL: tl.constexpr,  # slots per padding store in the SINGLE path
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the expert ids (and chunk counts) come from earlier launches and the sorted ids may still be
+    # read by the previous layer's GEMMs, so wait before the first load and store; a short kernel, so release the next
+    # launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     c = tl.program_id(0)
     e_offs = tl.arange(0, E_PAD)  # [E_PAD]
     c_offs = tl.arange(0, CHUNK)  # [CHUNK]
@@ -272,12 +284,12 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     else:
         chunk_counts = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=dev)
         _moe_align_count_kernel[(num_chunks,)](
-            ids, chunk_counts, n, E_PAD=e_pad, CHUNK=chunk, num_warps=warps
+            ids, chunk_counts, n, E_PAD=e_pad, CHUNK=chunk, num_warps=warps, **pdl_launch()
         )
     _moe_align_scatter_kernel[(num_chunks,)](
         ids, chunk_counts, sorted_ids, block_expert, num_padded, n, max_blocks, num_chunks,
         BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, NC_PAD=1 if single else pow2_clamp(num_chunks, 128, 1 << 20),
-        SINGLE=single, FILL=1024, num_warps=warps,
+        SINGLE=single, FILL=1024, num_warps=warps, **pdl_launch(),
     )  # fmt: skip
     return MoeAlignment(sorted_ids, block_expert, num_padded, block_m)
 
@@ -359,7 +371,12 @@ def _moe_gate_up_kernel(
     UPCAST: tl.constexpr,
     W_INT8: tl.constexpr,  # int8 weights: dequantised in registers, scaled after the fp32 reduction
     MAGIC: tl.constexpr,  # with W_INT8: dequantised by the exponent trick (int8_dequant)
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the block's expert, its pairs and the activations come from earlier launches (which expert's
+    # weights to read is known only from them), so wait before the first load, in every program (also those that
+    # return at once: a kernel completes only after its predecessor).
+    pdl_wait(USE_PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(inter_size, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -396,6 +413,9 @@ def _moe_gate_up_kernel(
         a_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
+    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
+    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
+    pdl_release(USE_PDL)
     dt = out_ptr.dtype.element_ty
     if W_INT8:  # per output row of W: gate row n, up row I + n
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
@@ -443,7 +463,10 @@ def _moe_down_kernel(
     UPCAST: tl.constexpr,
     W_INT8: tl.constexpr,  # int8 weights: dequantised in registers, scaled after the fp32 reduction
     MAGIC: tl.constexpr,  # with W_INT8: dequantised by the exponent trick (int8_dequant)
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): as the gate/up kernel: wait in every program before the first load.
+    pdl_wait(USE_PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -474,6 +497,9 @@ def _moe_down_kernel(
         acc = _mma_w(a, w, acc, IEEE, UPCAST, W_INT8, MAGIC)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
+    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
+    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
+    pdl_release(USE_PDL)
     if W_INT8:
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
         acc = acc * tl.load(s_ptrs).to(tl.float32)[None, :]
@@ -492,7 +518,12 @@ def _moe_sum_kernel(
     stride_out,
     TOP_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the weighted pairs come from the down kernel just before, so wait before the first load and
+    # store; a short kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -601,7 +632,7 @@ def fused_moe(
         TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_M=bm, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
         GROUP_M=gu.group_m, EVEN_K=H % gu.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         MAGIC=w_int8 and bool(gu.magic_dequant),
-        num_warps=gu.num_warps, num_stages=gu.num_stages,
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(),
     )  # fmt: skip
 
     weights = topk_weights.reshape(-1)  # [T*K]
@@ -621,12 +652,12 @@ def fused_moe(
         BLOCK_M=bm, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, GROUP_M=dn.group_m,
         EVEN_K=inter_size % dn.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         MAGIC=w_int8 and bool(dn.magic_dequant),
-        num_warps=dn.num_warps, num_stages=dn.num_stages,
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **pdl_launch(),
     )  # fmt: skip
 
     block_h = pow2_clamp(H, 16, 1024)
     _moe_sum_kernel[(T, triton.cdiv(H, block_h))](
         pair_out, out, H, pair_out.stride(0), out.stride(0), TOP_K=K, BLOCK_H=block_h,
-        num_warps=4 if block_h >= 512 else 1,
+        num_warps=4 if block_h >= 512 else 1, **pdl_launch(),
     )  # fmt: skip
     return out

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 __all__ = ["SUPPORTED", "gated_activation"]
 
 SUPPORTED = ("gelu_tanh", "silu")
@@ -37,7 +39,12 @@ def _gated_activation_kernel(
     GELU_TANH: tl.constexpr,
     BLOCK: tl.constexpr,
     LIBDEVICE_TANH: tl.constexpr,  # False only under the interpreter
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): gate and up are the previous GEMM's output, so wait before the first load and store; a short
+    # kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
@@ -73,6 +80,6 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Te
     block = min(1024, triton.next_power_of_2(width))
     _gated_activation_kernel[(rows, triton.cdiv(width, block))](
         gate, up, out, rows, width, gate.stride(0), up.stride(0), out.stride(0),
-        GELU_TANH=act == "gelu_tanh", BLOCK=block, LIBDEVICE_TANH=not _INTERPRETED,
+        GELU_TANH=act == "gelu_tanh", BLOCK=block, LIBDEVICE_TANH=not _INTERPRETED, **pdl_launch(),
     )
     return out

@@ -41,6 +41,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 __all__ = ["MAX_ROWS", "ROW_BLOCKS", "GreedyHeadConfig", "greedy_head", "greedy_head_config", "greedy_head_supports",
            "row_block"]
 
@@ -111,7 +113,11 @@ def _greedy_head_slices_kernel(
     IEEE: tl.constexpr,  # fp32 weights: exact fp32 products (no TF32)
     UPCAST: tl.constexpr,  # interpreter only: bf16 tiles go to fp32 before the dot (its numpy dot needs it)
     LIBDEVICE_TANH: tl.constexpr,  # False only under the interpreter, which has no libdevice
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the hidden rows come from the previous launch (the head weight is streamed in the same loop)
+    # and the partial buffers may still be read by an earlier launch, so wait before the first load.
+    pdl_wait(USE_PDL)
     slice_id = tl.program_id(0)
     offs_v = slice_id * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -139,6 +145,9 @@ def _greedy_head_slices_kernel(
             acc = tl.dot(w, tl.trans(h), acc)
         w_ptrs += BLOCK_K
         h_ptrs += BLOCK_K
+    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
+    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
+    pdl_release(USE_PDL)
     x = _round(acc, ROUND_BF16)  # [BLOCK_V, BLOCK_N] logits as compute_logits' GEMM returns them
     if SOFTCAP:
         if RECIPROCAL:
@@ -169,7 +178,12 @@ def _greedy_head_combine_kernel(
     logprobs_ptr,  # [N] fp32
     n_rows, n_slices,
     BLOCK_S: tl.constexpr,  # >= n_slices: one load, one fixed-order reduction
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the partials come from the slices kernel just before, so wait before the first load and
+    # store; a short kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     row = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     present = s < n_slices
@@ -229,10 +243,10 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
         BLOCK_V=cfg.block_v, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=hidden_size % block_k == 0,
         ROUND_BF16=bf16, SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda",
         IEEE=not bf16, UPCAST=_INTERPRETED and bf16, LIBDEVICE_TANH=not _INTERPRETED,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
     )
     _greedy_head_combine_kernel[(n_rows,)](
         part_max, part_index, part_sum, ids, logprobs, n_rows, n_slices,
-        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4,
+        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4, **pdl_launch(),
     )
     return ids, logprobs

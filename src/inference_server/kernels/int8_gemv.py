@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.pdl import pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
 
@@ -42,7 +43,11 @@ def int8_gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): as streamed_linear's kernel: x comes from the previous launch and the output may still be
+    # read by an earlier one, so wait before the first load.
+    pdl_wait(USE_PDL)
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -81,5 +86,8 @@ def int8_gemv_kernel(
         acc += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
         w = w_next
         x = x_next
+    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
+    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
+    pdl_release(USE_PDL)
     store_streamed_tile(acc, out_ptr, scale_ptr, offs_t, t_ok, offs_n, N, pid_s, stride_os, stride_ot, stride_scale,
                         SPLIT_K, True)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -38,7 +40,13 @@ def _store_kv_kernel(
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): k, v and the slot mapping come from earlier launches and the cache rows must not be written
+    # before they completed, so wait before the first load and store; a short kernel, so release the next launch at once
+    # (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -99,4 +107,5 @@ def store_kv(
         BLOCK_H=block_h,
         BLOCK_D=block_d,
         num_warps=4 if block_h * block_d <= 2048 else 8,
+        **pdl_launch(),
     )

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
@@ -170,7 +171,11 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     W_INT8: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the expert ids and the activations come from earlier launches (which expert's rows to stream
+    # is known only from them), so wait before the first load, in every program (also those that return at once).
+    pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     expert = tl.load(ids_ptr + pair).to(tl.int32)
@@ -183,6 +188,9 @@ def _gate_up_kernel(
     w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]  # [BN, BK]
     x_ptrs = x_ptr + token * stride_xt + tl.arange(0, BLOCK_K)  # [BK]
     gate, up = _stream_rows(w_ptrs, x_ptrs, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
+    # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
+    # on, waiting) do not hold registers while this kernel's programs still stream.
+    pdl_release(USE_PDL)
     dt = out_ptr.dtype.element_ty
     if W_INT8:  # gate row n, up row I + n
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
@@ -224,7 +232,12 @@ def _down_kernel(
     EVEN_K: tl.constexpr,
     W_INT8: tl.constexpr,
     UNROLL_TILES: tl.constexpr = 0,  # > 0: inter_size == UNROLL_TILES * BLOCK_K, unrolled instead of the loop
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and the
+    # output may still be read by an earlier one, and the arrival counters are reset by the previous launch: wait
+    # before the first load, store or atomic.
+    pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     token = pair // TOP_K
@@ -244,6 +257,9 @@ def _down_kernel(
         y = tl.sum(acc, axis=1)
     else:
         y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+    # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
+    # on, waiting) do not hold registers while this kernel's programs still stream.
+    pdl_release(USE_PDL)
     if W_INT8:
         y = y * tl.load(scale_ptr + expert * stride_se + offs_n_safe * stride_sn).to(tl.float32)
     route_w = tl.load(topk_w_ptr + pair).to(tl.float32)
@@ -337,7 +353,7 @@ def fused_moe_decode(
         hidden, w_gate_up, ids, gu_scale, inter, E, H, inter_size,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gu_scale.stride(0), gu_scale.stride(1),
         TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
-        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, num_warps=cfg.gate_up_warps,
+        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, num_warps=cfg.gate_up_warps, **pdl_launch(),
     )  # fmt: skip
     pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
     dn_scale = w_down_scale if w_down_scale is not None else w_down
@@ -345,7 +361,7 @@ def fused_moe_decode(
         inter, w_down, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
         w_down.stride(0), w_down.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
-        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, num_warps=cfg.down_warps,
+        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, num_warps=cfg.down_warps, **pdl_launch(),
         UNROLL_TILES=inter_size // cfg.down_block_k if cfg.down_unrolled and inter_size % cfg.down_block_k == 0 else 0,
     )  # fmt: skip
     return out

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 __all__ = ["norm_add", "norm_add_reference"]
 
 
@@ -42,7 +44,12 @@ def _norm_add_kernel(
     eps_a, eps_b, eps_z,
     HAS_B: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): every input but the weights comes from earlier kernels, so wait first; one short program
+    # per row, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -114,7 +121,7 @@ def norm_add(
         y.stride(0), (z if z is not None else y).stride(0),
         eps_a, eps_b, eps_z,
         HAS_B=b is not None, HAS_RES=residual is not None, HAS_SCALE=scale is not None, HAS_Z=wz is not None,
-        BLOCK=block, num_warps=max(4, min(16, block // 512)),
+        BLOCK=block, num_warps=max(4, min(16, block // 512)), **pdl_launch(),
     )  # fmt: skip
     return y, z
 

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_norm import NormMode, rmsnorm_reference
 
 __all__ = ["PagedKVWrite", "qk_norm_rope", "reference_qk_norm_rope"]
@@ -57,7 +58,13 @@ def _qk_norm_rope_kernel(
     eps,
     NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     GEMMA: tl.constexpr, NORM_V: tl.constexpr, NUM_OUT: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): q/k/v, cos/sin and the slot mapping come from earlier launches, and the outputs and KV-cache
+    # rows must not be written before they have completed: wait first. One short program per (token, head), so
+    # release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_HALF)
@@ -184,7 +191,7 @@ def qk_norm_rope(
         eps,
         NUM_Q=num_q, NUM_K=num_k, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), GEMMA=mode == "gemma",
         NORM_V=v is not None, NUM_OUT=num_q + num_k + (num_v if v is not None else 0), STORE=cache is not None,
-        PAGE=page,
+        PAGE=page, **pdl_launch(),
     )  # fmt: skip
     return q_out, k_out, v_out
 

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_norm import NormMode
 
 __all__ = ["fused_add_rmsnorm", "rms_norm"]
@@ -50,7 +51,12 @@ def _rmsnorm_kernel(
     GEMMA: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL: wait before the first load (x and the residual are the previous kernel's outputs); a row block is a few
+    # µs of work, so release the next launch at once: its CTAs get resident and wait while this one runs.
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BR]
     r_ok = rows < n_rows
     t = (rows // heads).to(tl.int64)
@@ -145,7 +151,7 @@ def fused_add_rmsnorm(
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         y3.stride(0), y3.stride(1), ro3.stride(0), ro3.stride(1),
         HAS_RES=residual is not None, HAS_W=weight is not None, GEMMA=mode == "gemma",
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps, **pdl_launch(),
     )  # fmt: skip
     return out, new_res
 

@@ -19,13 +19,21 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 
 @triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): q and k are rotated in place and cos/sin come from earlier launches, so wait before the first
+    # load and store; a short kernel, so release the next launch at once (its CTAs get resident and wait while this one
+    # runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_HALF)
@@ -64,6 +72,6 @@ def rope_qk_(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor,
     _rope_kernel[(tokens, num_q_heads + num_k_heads)](
         q, k_arg, cos, sin,
         q.stride(0), q.stride(1), k_arg.stride(0), k_arg.stride(1), cos.stride(0),
-        NUM_Q_HEADS=num_q_heads, HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
+        NUM_Q_HEADS=num_q_heads, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), **pdl_launch(),
     )
     return q, k

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+
 __all__ = ["linear_route", "reference_linear_route", "triton_route"]
 
 MAX_EXPERTS = 1024
@@ -93,7 +95,12 @@ def _route_kernel(
     HAS_SCALE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the logits are the previous GEMM's output, so wait before the first load and store; a short
+    # kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)[None, :]  # [1, BE]
     x = tl.load(logits_ptr + row * stride_row + experts, mask=experts < E, other=0.0).to(tl.float32)
@@ -126,7 +133,13 @@ def _linear_route_kernel(
     BLOCK_K: tl.constexpr,
     EXPERTS_PER_PROGRAM: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): x comes from the previous launch (the router weight rows are loaded in the same loop), the
+    # logit scratch may still be read by an earlier launch, and the arrival counter is reset by the previous
+    # linear_route launch's last program: wait before the first load, store or atomic. Every program waits, so a
+    # launch completes only after its predecessor did and launches in stream order still never overlap on the counter.
+    pdl_wait(USE_PDL)
     group = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     experts = group * EXPERTS_PER_PROGRAM + tl.arange(0, EXPERTS_PER_PROGRAM)  # [PE]
@@ -139,6 +152,8 @@ def _linear_route_kernel(
         w = tl.load(w_ptr + experts[:, None].to(tl.int64) * stride_w + cols[None, :],
                     mask=e_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
+    # Release after the GEMV loop: the next launch gets resident while the last program routes the rows.
+    pdl_release(USE_PDL)
     # the logits as the unfused path hands them to routing: rounded to the activation dtype
     tl.store(logits_ptr + row * E + experts, acc.to(logits_ptr.dtype.element_ty), mask=e_ok)
     # The last program to arrive routes every row. The barrier puts all of this program's logit stores before
@@ -182,7 +197,7 @@ def triton_route(
     _route_kernel[(T,)](
         logits, scale, weights, ids, T, E, logits.stride(0),
         K=top_k, RENORMALIZE=renormalize, HAS_SCALE=per_expert_scale is not None,
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), **pdl_launch(),
     )
     return weights, ids
 
@@ -245,7 +260,7 @@ def linear_route(
         weight.stride(0),
         K=top_k, RENORMALIZE=renormalize, HAS_SCALE=per_expert_scale is not None, ROWS=triton.next_power_of_2(tokens),
         BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(top_k),
-        EXPERTS_PER_PROGRAM=experts_per_program, BLOCK_H=block_h, num_warps=num_warps,
+        EXPERTS_PER_PROGRAM=experts_per_program, BLOCK_H=block_h, num_warps=num_warps, **pdl_launch(),
     )
     return weights, ids
 

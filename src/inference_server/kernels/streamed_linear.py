@@ -39,6 +39,7 @@ from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.int8_gemv import int8_gemv_kernel
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
 __all__ = ["H200_SMS", "HBM_BYTES_PER_S", "REDUCE_LAUNCH_S", "Bucket", "bucket_config", "bucket_of",
@@ -182,7 +183,12 @@ def _streamed_linear_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     MAGIC: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): x comes from the previous launch and the output (or partial-sum workspace) may still be read
+    # by an earlier one; the weight tiles are pipelined in the same loop as x's, so they too are loaded after the
+    # wait, so wait before the first load.
+    pdl_wait(USE_PDL)
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -207,6 +213,9 @@ def _streamed_linear_kernel(
         acc = _weight_dot(w, x, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
+    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
+    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
+    pdl_release(USE_PDL)
     store_streamed_tile(acc, out_ptr, scale_ptr, offs_t, t_ok, offs_n, N, pid_s, stride_os, stride_ot, stride_scale,
                         SPLIT_K, HAS_SCALE)
 
@@ -225,7 +234,12 @@ def _split_k_reduce_kernel(
     SPLIT_K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the partial sums come from the split kernel just before, so wait before the first load and
+    # store; a short kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -283,17 +297,18 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
     tiles = dict(BLOCK_N=cfg.block_n, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, SPLIT_K=split,
                  EVEN_K=K % cfg.block_k == 0)
     if gemv:  # the CUDA-core int8 GEMV (kernels/int8_gemv.py)
-        int8_gemv_kernel[grid](*args, **tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        int8_gemv_kernel[grid](*args, **tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch())
     else:
         _streamed_linear_kernel[grid](
             *args, **tiles, HAS_SCALE=scale is not None, IEEE=x.dtype == torch.float32,
             UPCAST=_INTERPRETED and x.dtype != torch.float32, MAGIC=bool(cfg.magic_dequant),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
         )  # fmt: skip
     if split > 1:
         block = pow2_clamp(N, 16, 1024)
         _split_k_reduce_kernel[(T, triton.cdiv(N, block))](
             dest, scale_arg, out, T, N, dest.stride(0), dest.stride(1), stride_scale, out.stride(0),
             SPLIT_K=split, HAS_SCALE=scale is not None, BLOCK=block, num_warps=4 if block >= 512 else 1,
+            **pdl_launch(),
         )  # fmt: skip
     return out

@@ -1,0 +1,123 @@
+"""Programmatic dependent launch (PDL) of the step's Triton kernels: the one module that knows about it.
+
+A decode step at batch 1 is hundreds of short kernels in one CUDA graph, and between two kernels of a stream the
+GPU idles ~1.2 µs (launch, then the first CTAs' set-up). Hopper (sm_90) lets a kernel launched with the
+programmatic-stream-serialization attribute start while its predecessor still runs: its CTAs get resident as soon
+as every CTA of the predecessor has executed ``griddepcontrol.launch_dependents`` (or exited), and its
+``griddepcontrol.wait`` blocks until the predecessor has *completed* and its memory is visible. Stream capture
+turns the attribute into programmatic edges of the graph. Triton exposes the attribute as the ``launch_pdl``
+launch option and the two instructions as ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` (the same names
+in Triton 3.6 and 3.9).
+
+Invariant that makes it safe (every kernel taking part keeps it):
+
+* A kernel launched with the PDL attribute calls ``pdl_wait`` in every program, on every path (before any early
+  return), before its first global read of data that a predecessor may write and before its first global write
+  (or atomic). Write-after-read counts too: a kernel must not overwrite a buffer (its output, a workspace the
+  caching allocator hands out again, a counter) that its predecessor may still be reading.
+* Only weights (never written during a step) may be read before the wait. None of the kernels here does: their
+  weight loads share loops (or depend on indices, e.g. the routed expert) with data of earlier kernels.
+
+A new kernel takes part by taking ``USE_PDL: tl.constexpr = False``, keeping the invariant, launching with
+``**pdl_launch()``, and joining the cases of ``tests/kernels/test_kernels_compile_for_h200.py``'s PDL test (which
+fails for a kernel with ``USE_PDL`` that it does not compile). A kernel launched without ``pdl_launch()`` simply
+does not take part.
+
+Completion is then transitive along the stream: a kernel completes only after its wait returned, i.e. after its
+predecessor completed, so when kernel N's wait returns every earlier kernel of the stream has completed. Kernels
+launched without the attribute (cuBLAS, PyTorch, a Triton kernel with the switch off) wait for full completion of
+their predecessor as always, so mixing them in is safe.
+
+``pdl_release`` (``launch_dependents``) only says when the dependent may get resident (it fires once every program
+of the kernel has called it or exited, so never before the kernel's last wave is resident); where each kernel
+places it is a performance choice, commented there. Every kernel here releases after its wait, so at most one
+kernel ahead is resident and waiting: short kernels right after the wait (the dependent's launch latency hides
+behind their whole run), kernels with a main loop (GEMVs, attention, the expert GEMMs) after the loop, so that
+waiting CTAs do not hold shared memory and registers while the loop's programs still stream.
+
+The switch (``use_pdl``) is process-wide, like ``moe_configs.use_tuned_configs``; it is on only when asked for
+AND the current CUDA device is sm_90 or newer AND the kernels are compiled (not under ``TRITON_INTERPRET``) AND
+this Triton has the launch option and the instructions. Off, every kernel compiles to exactly the code it had
+before (``USE_PDL`` is a constexpr: the instructions are not emitted) and is launched without the attribute.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["pdl_enabled", "pdl_launch", "pdl_release", "pdl_requested", "pdl_supported", "pdl_wait", "use_pdl"]
+
+_requested = False
+
+
+def use_pdl(enabled: bool) -> bool:
+    """Ask for PDL on the step's Triton kernels (process-wide; ``CudaRunnerOptions.pdl`` sets it at every step);
+    returns the previous request. It takes effect only where ``pdl_supported()``."""
+    global _requested
+    previous, _requested = _requested, enabled
+    return previous
+
+
+def pdl_requested() -> bool:
+    return _requested
+
+
+@functools.cache
+def _triton_has_pdl() -> bool:
+    """Whether this Triton has the two instructions and the ``launch_pdl`` launch option (3.6 and 3.9 do)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents") and "launch_pdl" in fields
+
+
+@functools.lru_cache(maxsize=16)
+def _device_supports(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_supported() -> bool:
+    """Compiled kernels (no ``TRITON_INTERPRET``), a CUDA device of sm_90 or newer as the current device, and a
+    Triton that can launch with PDL."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available():
+        return False
+    return _device_supports(torch.cuda.current_device()) and _triton_has_pdl()
+
+
+def pdl_enabled() -> bool:
+    """Whether kernels launched now take part in PDL: requested and supported (off, one global read: the eager
+    launches of a step pay nothing for the switch)."""
+    return _requested and pdl_supported()
+
+
+def pdl_launch() -> dict[str, bool]:
+    """Keyword arguments for a kernel launch: ``{"USE_PDL": True, "launch_pdl": True}`` when PDL is on, else
+    ``{"USE_PDL": False}`` (no launch option at all: the launch is the one it was before PDL existed). The kernel
+    must take a ``USE_PDL: tl.constexpr`` and keep the module docstring's invariant with ``pdl_wait``."""
+    if pdl_enabled():
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {"USE_PDL": False}
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """``griddepcontrol.wait`` when ``USE_PDL``: block until the previous kernel of the stream has completed and its
+    writes are visible. Call it in every program before the first read of non-weight data and the first write."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_release(USE_PDL: tl.constexpr):
+    """``griddepcontrol.launch_dependents`` when ``USE_PDL``: once every program of this kernel has called it (or
+    exited), the next kernel may get resident (it still waits for this one's completion before touching data)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()

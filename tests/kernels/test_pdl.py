@@ -1,0 +1,83 @@
+"""The PDL switch (``kernels.pdl``): on only when asked for, on a compiled sm_90+ device with a Triton that has it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from inference_server.kernels import pdl
+from inference_server.kernels.rmsnorm import fused_add_rmsnorm
+
+
+@pytest.fixture(autouse=True)
+def switch_off_after() -> Iterator[None]:
+    previous = pdl.use_pdl(False)
+    yield
+    pdl.use_pdl(previous)
+    pdl._device_supports.cache_clear()
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> None:
+    """A compiled-kernel process on a CUDA device of ``capability`` (no interpreter)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    pdl._device_supports.cache_clear()
+
+
+def test_use_pdl_returns_the_previous_request() -> None:
+    assert pdl.use_pdl(True) is False
+    assert pdl.pdl_requested()
+    assert pdl.use_pdl(False) is True
+    assert not pdl.pdl_requested()
+
+
+def test_off_under_the_interpreter_even_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_gpu(monkeypatch, (9, 0))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pdl.use_pdl(True)
+    assert not pdl.pdl_supported() and not pdl.pdl_enabled()
+    assert pdl.pdl_launch() == {"USE_PDL": False}  # no launch option at all: the launch of before
+
+
+def test_off_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pdl.use_pdl(True)
+    assert not pdl.pdl_enabled()
+    assert pdl.pdl_launch() == {"USE_PDL": False}
+
+
+def test_off_before_hopper_and_on_from_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    pdl.use_pdl(True)
+    fake_gpu(monkeypatch, (8, 0))
+    assert not pdl.pdl_enabled()
+    fake_gpu(monkeypatch, (9, 0))
+    assert pdl.pdl_supported() == pdl._triton_has_pdl()
+    if pdl._triton_has_pdl():  # Triton 3.6 and 3.9 have it
+        assert pdl.pdl_launch() == {"USE_PDL": True, "launch_pdl": True}
+        pdl.use_pdl(False)
+        assert pdl.pdl_launch() == {"USE_PDL": False}  # supported but not asked for
+
+
+def test_this_triton_has_the_names_the_kernels_use() -> None:
+    """``launch_pdl``, ``gdc_wait`` and ``gdc_launch_dependents``: in the local Triton (3.9) as in the device's (3.6,
+    checked from its wheel); a Triton without them keeps PDL off."""
+    pytest.importorskip("triton.backends.nvidia", reason="Triton's CUDA backend is not installed")
+    assert pdl._triton_has_pdl()
+
+
+def test_a_kernel_gives_the_same_bits_with_pdl_asked_for() -> None:
+    """Under the interpreter (unsupported) the launch is the one of before (``USE_PDL`` False); on an sm_90 GPU it
+    runs with PDL, eagerly: the same bits either way."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    x, residual = torch.randn(3, 64, generator=gen).to(device), torch.randn(3, 64, generator=gen).to(device)
+    weight = torch.randn(64, generator=gen).to(device)
+    off = fused_add_rmsnorm(x, residual, weight, 1e-6, "qwen")
+    pdl.use_pdl(True)
+    on = fused_add_rmsnorm(x, residual, weight, 1e-6, "qwen")
+    assert torch.equal(off[0], on[0]) and torch.equal(off[1], on[1])
