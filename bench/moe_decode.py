@@ -40,10 +40,8 @@ TINY = {"tiny": (8, 64, 48, 4, "silu", torch.bfloat16)}
 
 
 GATE_UP_TILES = ((16, 256, 4), (16, 128, 2), (32, 128, 4))
-DOWN_TILES = ((16, 128, 4, False), (16, 128, 4, True), (16, 256, 4, True), (32, 128, 8, True), (8, 128, 2, True),
-              (32, 128, 4, False), (64, 128, 8, False))
-"""(weight rows per program, K columns per tile, warps[, down loop unrolled]) tried for each kernel, in bf16
-columns."""
+DOWN_TILES = ((16, 128, 4), (32, 256, 8), (32, 128, 4), (64, 128, 8), (64, 64, 4))
+"""(weight rows per program, K columns per tile, warps) tried for each kernel, in bf16 columns."""
 
 
 def candidates(hidden: int, inter: int, element_size: int) -> list:
@@ -54,9 +52,8 @@ def candidates(hidden: int, inter: int, element_size: int) -> list:
 
     base = moe_decode_config(hidden, inter, element_size)
     found = [base]
-    for (gu_n, gu_k, gu_w), (dn_n, dn_k, dn_w, unrolled) in itertools.product(GATE_UP_TILES, DOWN_TILES):
-        config = MoeDecodeConfig(gu_n, dividing_block_k(hidden, gu_k), gu_w, dn_n, dividing_block_k(inter, dn_k), dn_w,
-                                 unrolled)
+    for (gu_n, gu_k, gu_w), (dn_n, dn_k, dn_w) in itertools.product(GATE_UP_TILES, DOWN_TILES):
+        config = MoeDecodeConfig(gu_n, dividing_block_k(hidden, gu_k), gu_w, dn_n, dividing_block_k(inter, dn_k), dn_w)
         if config not in found:
             found.append(config)
     return found
@@ -110,9 +107,8 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
     def cell(seconds: float) -> str:
         return f"{seconds * 1e6:.1f} ({limit_s / seconds:.2f})"
 
-    unrolled = " unrolled" if best.down_unrolled else ""
     tiles = (f"gu {best.gate_up_block_n}x{best.gate_up_block_k}/{best.gate_up_warps}w, "
-             f"dn {best.down_block_n}x{best.down_block_k}/{best.down_warps}w{unrolled}")
+             f"dn {best.down_block_n}x{best.down_block_k}/{best.down_warps}w")
     return (f"| {model}{' int8' if int8 else ''} | {tokens} | {distinct} | {cell(grouped_s)} | {cell(heuristic_s)} | "
             f"{cell(best_s)} | {tiles} | {grouped_s / best_s:.2f} | {heuristic_err:.1e} |")
 

@@ -65,9 +65,6 @@ class MoeDecodeConfig:
     down_block_n: int = 16
     down_block_k: int = 256
     down_warps: int = 4
-    down_unrolled: bool = False
-    """The down kernel's K loop fully unrolled (its tiles' loads all issued up front) instead of the prefetching
-    loop; taken only where the tiles divide the intermediate size."""
 
 
 def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: int) -> MoeDecodeConfig:
@@ -75,7 +72,7 @@ def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: in
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
     need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. On the H200 sweep
     (``bench/moe_decode.py``: 4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or within
-    2 % of it at one token; wider rows, deeper tiles or more warps did not pay."""
+    2 % of it at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay."""
     return MoeDecodeConfig(
         gate_up_block_n=min(16, pow2_clamp(intermediate_size, 1, 1 << 30)),
         gate_up_block_k=dividing_block_k(hidden_size, 512 // element_size),
@@ -231,7 +228,6 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     W_INT8: tl.constexpr,
-    UNROLL_TILES: tl.constexpr = 0,  # > 0: inter_size == UNROLL_TILES * BLOCK_K, unrolled instead of the loop
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and the
@@ -249,14 +245,7 @@ def _down_kernel(
     rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn
     w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]
     x_ptrs = inter_ptr + pair.to(tl.int64) * inter_size + tl.arange(0, BLOCK_K)
-    if UNROLL_TILES:  # the whole row slab in straight-line code: every tile's loads can be issued up front
-        acc = tl.zeros(w_ptrs.shape, dtype=tl.float32)
-        for kb in tl.static_range(UNROLL_TILES):
-            w = tl.load(w_ptrs + kb * BLOCK_K)
-            acc += _weight_fp32(w, W_INT8) * tl.load(x_ptrs + kb * BLOCK_K).to(tl.float32)[None, :]
-        y = tl.sum(acc, axis=1)
-    else:
-        y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+    y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)
@@ -362,6 +351,5 @@ def fused_moe_decode(
         w_down.stride(0), w_down.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
         EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, num_warps=cfg.down_warps, **pdl_launch(),
-        UNROLL_TILES=inter_size // cfg.down_block_k if cfg.down_unrolled and inter_size % cfg.down_block_k == 0 else 0,
     )  # fmt: skip
     return out
