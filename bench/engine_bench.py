@@ -183,9 +183,10 @@ UNTUNED = ("before", "untuned")
 
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
                  device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
-                 quantization: str = "none") -> None:
-    """Per variant: build the runner (graphs captured), count and time the B=1 kernels, then per batch
-    ``repeats`` timed loops of ``steps`` steps (median reported, every run listed)."""
+                 quantization: str = "none", profile_batches: tuple[int, ...] = (1,)) -> None:
+    """Per variant: build the runner (graphs captured), count the B=1 kernels and time each kernel of a step at
+    ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
+    listed)."""
     from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
     from inference_server.backends.paged_kv import PagedKVStorage, group_of
     from inference_server.models.loading.loader import build_model, init_dummy_weights
@@ -231,12 +232,13 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
         emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
              seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
              kernels_b1=count_kernels(runner, 1))
-        if 1 in fits:
-            times = kernel_times(runner, 1)
+        for batch in (b for b in profile_batches if b in fits):
+            times = kernel_times(runner, batch)
             if times is not None:
-                emit(out, kind="kernels", model=name, variant=variant, batch=1,
-                     limit_us=round(1e6 / roofline.decode_tok_s(name, 1, context,
-                                                                *roofline.engine_weight_bytes(quantization)), 1),
+                emit(out, kind="kernels", model=name, variant=variant, batch=batch,
+                     limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context,
+                                                                        *roofline.engine_weight_bytes(quantization)),
+                                    1),
                      **times)
         decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
                        steps, repeats, greedy, out, device, quantization)
@@ -436,6 +438,8 @@ def main() -> None:
                     help="decode runner variants, comma separated: " + ", ".join(VARIANTS))
     ap.add_argument("--repeats", type=int, default=1, help="decode: timed loops per batch (the median is reported)")
     ap.add_argument("--skip-offline", action="store_true")
+    ap.add_argument("--profile-batches", default="1",
+                    help="decode: batches whose step is profiled kernel by kernel (comma separated; empty: none)")
     ap.add_argument("--overlap", default="on", help="offline runs: on, off, or a list such as on,off,on,off")
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
@@ -455,7 +459,8 @@ def main() -> None:
          date=time.strftime("%Y-%m-%d %H:%M"))
     if not a.skip_decode:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
-                     tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization)
+                     tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization,
+                     tuple(int(b) for b in a.profile_batches.split(",") if b.strip()))
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
         bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization)
