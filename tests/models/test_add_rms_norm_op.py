@@ -103,7 +103,7 @@ def unfused_gemma4_layer(layer: Gemma4DecoderLayer, h: torch.Tensor, per_layer_i
     h = residual + layer.post_feedforward_layernorm(m)
     if layer.ple_size:
         assert per_layer_input is not None
-        gate = layer.act(layer.per_layer_input_gate(h)) * per_layer_input
+        gate = layers.activation(layer.act_name)(layer.per_layer_input_gate(h)) * per_layer_input
         h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(gate))
     if layer.has_layer_scalar:
         h = h * layer.layer_scalar
