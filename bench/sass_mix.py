@@ -260,15 +260,17 @@ def default_variants() -> list[Variant]:
 
 
 def gemv_variants() -> list[Variant]:
-    """The CUDA-core GEMV at the tiles the sweeps try, 1 and 4 tokens, int8 and bf16 weights."""
+    """The CUDA-core GEMV at the tiles its sweeps try (``int8_kernels.GEMV_SWEEP``, ``dense_linear``'s), 1, 2 and 4
+    tokens, int8 (words with PRMT; single bytes; words with shifts) and bf16 weights."""
     out = []
-    for weight in ("i8", "bf16"):
-        for block_t in (1, 2, 4):
-            for bn, bk, warps in ((4, 1024, 4), (8, 512, 4), (16, 512, 4), (16, 256, 4), (8, 1024, 8),
-                                  (32, 256, 4)):
-                if weight == "bf16":
-                    bk //= 2
-                out.append(Variant(f"gemv T<={block_t}", "gemv", weight, bn, block_t, bk, 1, warps, 1))
+    for block_t in (1, 2, 4):
+        for bn, bk, warps in ((8, 1024, 4), (16, 1024, 4), (4, 2048, 4), (8, 2048, 8), (8, 512, 4)):
+            out.append(Variant(f"gemv int8 T<={block_t}", "gemv", "i8", bn, block_t, bk, 1, warps, 1))
+    out.append(Variant("gemv int8 bytes T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, words=False))
+    out.append(Variant("gemv int8 shifts T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, prmt=False))
+    for block_t in (1, 2, 4):
+        for bn, bk, warps in ((8, 1024, 4), (4, 1024, 4), (16, 1024, 4)):
+            out.append(Variant(f"gemv bf16 T<={block_t}", "gemv", "bf16", bn, block_t, bk, 1, warps, 1))
     return out
 
 
