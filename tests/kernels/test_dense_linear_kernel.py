@@ -116,9 +116,11 @@ def test_dense_linear_empty_and_bad_inputs() -> None:
         dense_linear(x.double(), w.double())
     with pytest.raises(ValueError, match="out must be"):
         dense_linear(x, w, out=torch.empty(2, 8, dtype=torch.bfloat16, device=DEV))
-    for int8_only in (Int8LinearConfig(16, 1, 32), Int8LinearConfig(16, 16, 32, magic_dequant=1)):
-        with pytest.raises(ValueError, match="int8 weights only"):
-            dense_linear(x, w, config=int8_only)
+    with pytest.raises(ValueError, match="int8 weights only"):
+        dense_linear(x, w, config=Int8LinearConfig(16, 16, 32, magic_dequant=1))
+    for bad_gemv in (Int8LinearConfig(16, 8, 32), Int8LinearConfig(16, 1, 30)):  # > 4 tokens; K tile not 4k
+        with pytest.raises(ValueError, match="CUDA-core GEMV"):
+            dense_linear(x, w, config=bad_gemv)
 
 
 # Decode shapes of the presets as the CUDA runner runs them (q/k/v and gate/up fused): Qwen3-30B-A3B, Gemma-4-26B-A4B,

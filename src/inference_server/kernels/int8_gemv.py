@@ -238,8 +238,9 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
     a multiple of 4; int8 weights are read as words where ``gemv_weight_view`` allows it."""
     T, K = x.shape
     N = weight.shape[0]
-    if block_k % 4:
-        raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4, not {block_k}")
+    if block_k % 4 or not 1 <= block_t <= 4:
+        raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
+                         f"block_k {block_k}, block_t {block_t}")
     words = gemv_weight_view(weight) if scale is not None else None
     w = words if words is not None else weight
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
