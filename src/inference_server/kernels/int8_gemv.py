@@ -85,14 +85,12 @@ def _token_fma(acc, w0, w1, w2, w3, x, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _token_row(x_ptrs, row, t, T, stride_xt, k_ok, UNFILLED: tl.constexpr = False):
-    """Row ``row`` of the activation tile at ``x_ptrs`` (token ``t``): zeros outside ``k_ok``, and past ``T``,
-    unless ``UNFILLED`` (the masked columns are then never summed: a token past ``T`` has its own accumulator,
-    whose column is not stored)."""
-    mask = k_ok & (tl.zeros_like(k_ok.to(tl.int32)) + t < T)
-    if UNFILLED:
-        return tl.load(x_ptrs + row * stride_xt, mask=mask)
-    return tl.load(x_ptrs + row * stride_xt, mask=mask, other=0.0)
+def _token_row(x_ptrs, row, stride_xt, k_ok, EVEN_K: tl.constexpr):
+    """Row ``row`` of the activation tile at ``x_ptrs``: unmasked with ``EVEN_K`` (the caller keeps every address
+    in bounds), else zeros outside ``k_ok``."""
+    if EVEN_K:
+        return tl.load(x_ptrs + row * stride_xt)
+    return tl.load(x_ptrs + row * stride_xt, mask=k_ok, other=0.0)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -149,46 +147,50 @@ def int8_gemv_kernel(
         w_step = BLOCK_K * stride_wk
         col_per_w = 1
     x_ptrs = x_ptr + t0.to(tl.int64) * stride_xt + (k_start + offs_k) * stride_xk  # the first token's row
+    # Tokens past T read the last token's row (in bounds, no mask); their accumulators are never stored.
+    row1 = tl.minimum(t0 + 1, T - 1) - t0
+    row2 = tl.minimum(t0 + 2, T - 1) - t0
+    row3 = tl.minimum(t0 + 3, T - 1) - t0
     n_tiles = tl.cdiv(k_len, BLOCK_K)
     # Loads of tile 0; in the loop, the next tile's loads go out before this tile's arithmetic, so two tiles of
-    # every program are in flight. With EVEN_K the K masks are uniform (False past the last tile): vectorised.
+    # every program are in flight. With EVEN_K no load is masked: the last iteration's prefetch re-reads its own
+    # tile (the pointers stop advancing), so no predicate or zero fill is spent per load.
+    w_ok = offs_w * col_per_w < k_len
+    k_ok = offs_k < k_len
     if EVEN_K:
-        w_ok = offs_w >= 0
-        k_ok = offs_k >= 0
+        w = tl.load(w_ptrs)
     else:
-        w_ok = offs_w * col_per_w < k_len
-        k_ok = offs_k < k_len
-    w = tl.load(w_ptrs, mask=w_ok[None, :], other=0)
-    x0 = _token_row(x_ptrs, 0, t0, T, stride_xt, k_ok)
+        w = tl.load(w_ptrs, mask=w_ok[None, :], other=0)
+    x0 = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 1:
-        x1 = _token_row(x_ptrs, 1, t0 + 1, T, stride_xt, k_ok)
+        x1 = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 2:
-        x2 = _token_row(x_ptrs, 2, t0 + 2, T, stride_xt, k_ok)
+        x2 = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 3:
-        x3 = _token_row(x_ptrs, 3, t0 + 3, T, stride_xt, k_ok)
+        x3 = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
     acc0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     for kb in range(0, n_tiles):
-        w_ptrs += w_step
-        x_ptrs += BLOCK_K * stride_xk
         if EVEN_K:
-            w_ok = tl.zeros_like(offs_w) + kb + 1 < n_tiles
-            k_ok = tl.zeros_like(offs_k) + kb + 1 < n_tiles
+            more = (kb + 1 < n_tiles).to(tl.int32)  # 0 on the last iteration: the prefetch stays in bounds
+            w_ptrs += more * w_step
+            x_ptrs += more * (BLOCK_K * stride_xk)
+            w_next = tl.load(w_ptrs)
         else:
+            w_ptrs += w_step
+            x_ptrs += BLOCK_K * stride_xk
             rest = k_len - (kb + 1) * BLOCK_K
-            w_ok = offs_w * col_per_w < rest
             k_ok = offs_k < rest
-        # Past the last tile (EVEN_K) the prefetch is masked off and never used: no zero fill ("other").
-        w_next = tl.load(w_ptrs, mask=w_ok[None, :], other=None if EVEN_K else 0)
-        x0_next = _token_row(x_ptrs, 0, t0, T, stride_xt, k_ok, EVEN_K)
+            w_next = tl.load(w_ptrs, mask=(offs_w * col_per_w < rest)[None, :], other=0)
+        x0_next = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
         if BLOCK_T > 1:
-            x1_next = _token_row(x_ptrs, 1, t0 + 1, T, stride_xt, k_ok, EVEN_K)
+            x1_next = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
         if BLOCK_T > 2:
-            x2_next = _token_row(x_ptrs, 2, t0 + 2, T, stride_xt, k_ok, EVEN_K)
+            x2_next = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
         if BLOCK_T > 3:
-            x3_next = _token_row(x_ptrs, 3, t0 + 3, T, stride_xt, k_ok, EVEN_K)
+            x3_next = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
         w0, w1, w2, w3 = _weights_fp32(w, BLOCK_N, WORDS, W_WORDS, HAS_SCALE, PRMT)
         acc0 = _token_fma(acc0, w0, w1, w2, w3, x0, WORDS)
         if BLOCK_T > 1:
