@@ -21,6 +21,9 @@ figure. Past T ~ 100 (dense int8) the work is compute-bound and the fraction sto
                                                  # that would start after --budget-s (165 s) are listed as skipped
   python3 bench/int8_kernels.py --sweep --write  # int8_linear configs at T = 1, 16 per dense shape, ~2 min;
                                                  # writes src/inference_server/kernels/configs/int8_linear/*.json
+                                                 # (merged: token counts not swept keep their entries)
+  python3 bench/int8_kernels.py --sweep --write --tokens 1,4 --paths gemv --cases gemma-4-31b
+                                                 # the CUDA-core GEMV against the tuned configs, 31B only
   TRITON_INTERPRET=1 uv run python bench/int8_kernels.py --device cpu --tiny --reps 1   # CPU dry run
 """
 
@@ -187,8 +190,8 @@ SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t is the 
 
 GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k, num_warps, num_stages)
     # bench/sass_mix.py: with bf16 activations the K loop stays in registers only where block_k >= 256 x warps
-    # (a thread's 16-byte activation load must hold its weight columns); 8-16 rows x 1024 columns issue 4.2-4.7
-    # instructions per int8 byte at T = 1 (27-30 B/clk/SM, HBM needs ~18), 5.5-6.1 at T = 2, 7.9-9.9 at T = 4
+    # (a thread's 16-byte activation load must hold its weight columns); 8-16 rows x 1024 columns issue 3.8-4.0
+    # instructions per int8 byte at T = 1 (32-34 B/clk/SM, HBM needs ~18), 5.0-5.4 at T = 2, 7.3-7.9 at T = 4
     (8, 1024, 1, 4, 1), (16, 1024, 1, 4, 1), (4, 2048, 1, 4, 1), (8, 2048, 1, 8, 1), (8, 1024, 2, 4, 1),
     (4, 1024, 1, 4, 1),
 )
@@ -355,12 +358,16 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=None, help="with --write; default: the engine's directory")
     parser.add_argument("--only", choices=("dense", "moe"), default=None)
     parser.add_argument("--paths", default=",".join(PATHS), help="with --sweep: kernel paths to try (dot,magic,gemv)")
+    parser.add_argument("--cases", default="", help="dense cases whose name holds one of these, comma separated "
+                        "(e.g. gemma-4-31b); default all")
     parser.add_argument("--budget-s", type=float, default=165.0,
                         help="start no new row after this many seconds (the rows left are listed as skipped)")
     args = parser.parse_args()
     device = torch.device(args.device)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     linear_cases = TINY_LINEAR_CASES if args.tiny else LINEAR_CASES
+    wanted = [c for c in args.cases.split(",") if c]
+    linear_cases = tuple(c for c in linear_cases if not wanted or any(w in c.name for w in wanted))
     moe_cases = TINY_MOE_CASES if args.tiny else MOE_CASES
     l2_bytes = device_l2_bytes(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

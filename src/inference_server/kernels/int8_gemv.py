@@ -8,11 +8,20 @@ tops out near 0.6 of the memory limit. This kernel spends per int8 weight byte o
 in the mantissa of ``2**23``: the exponent trick of ``int8_dequant``), one float add, one FMA per token, and a
 quarter of a logic op (the word's sign bits are flipped once per four bytes):
 
-* int8 weights are read as 32-bit words (a 16-byte load per thread and row), each word giving four weight
-  columns ``4j .. 4j+3``; the activations are split the same way, so no value crosses threads in the loop;
-* the accumulator is ``[BLOCK_N, BLOCK_T, BLOCK_K / 4]`` fp32 (per thread: its rows x tokens x words), summed
-  over K once after the loop: the loop has no shuffles and no shared memory;
-* the next tile's loads are issued before this tile's arithmetic (Triton pipelines only loads that feed a dot).
+* int8 weights are read as 32-bit words, each giving four weight columns ``4j .. 4j+3``; the activations are
+  split the same way (``tl.split``), so no value crosses threads in the loop. A thread reads two words (8
+  columns) of each of its rows a load: its 16-byte activation load holds 8 bf16 columns, and Triton keeps the
+  two in one thread only when their column counts agree and the tile has at least ``256 x num_warps`` columns
+  (else it exchanges them through shared memory every tile: ``bench/sass_mix.py`` shows it);
+* one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per token (``BLOCK_T`` <= 4), summed over K once after the
+  loop: the loop has no shuffles and no shared memory;
+* the next tile's loads are issued before this tile's arithmetic (Triton pipelines only loads that feed a dot);
+  with whole K tiles (``EVEN_K``) no load is masked: tokens past ``T`` read the last token's row and the last
+  prefetch re-reads its own tile, so no predicates or zero fills.
+
+K-loop SASS on sm_90 (Triton 3.6): 3.8-4.0 instructions per int8 byte at one token (the first version of this
+kernel issued 10-15), 5.0-5.4 at two, 7.3-7.9 at four: past two tokens the tensor-core kernel (~6.1-6.5,
+independent of the token count) is the better choice.
 
 Float weights (bf16, fp16, fp32; ``HAS_SCALE`` False) take the same loop without the dequantisation: each
 element is widened to fp32 and multiplied exactly. Products are exact in fp32 (an FMA rounds only the sum), so
