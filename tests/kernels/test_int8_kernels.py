@@ -89,12 +89,25 @@ def test_int8_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dty
 @pytest.mark.parametrize("K", [99, 100])  # 99: single bytes; 100 with a row stride of 102: single bytes too
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5])
 def test_int8_gemv_byte_path(config: Int8LinearConfig, K: int, T: int) -> None:
-    """The CUDA-core GEMV where the weight cannot be read as 32-bit words (K not a multiple of 4, or rows not
+    """The CUDA-core GEMV where the weight cannot be read as 32-bit words (K not a multiple of 8, or rows not
     4-byte aligned): it reads single bytes, with the same results."""
     gen = torch.Generator().manual_seed(K + T)
     q_big, scale = _quantized((37, 102), torch.bfloat16, gen)
     q = q_big[:, :K]
     assert gemv_weight_view(q) is None
+    x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
+    assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
+
+
+@pytest.mark.parametrize("config", [Int8LinearConfig(16, 1, 64), Int8LinearConfig(8, 2, 32, split_k=2),
+                                    Int8LinearConfig(4, 4, 8, split_k=3)])
+@pytest.mark.parametrize("K", [96, 104])  # 104: a K tail of 40 columns (five word pairs) on the word path
+@pytest.mark.parametrize("T", [1, 3, 6])
+def test_int8_gemv_word_path(config: Int8LinearConfig, K: int, T: int) -> None:
+    """The CUDA-core GEMV reading int8 weights as words, whole and ragged K tiles, tokens past a program's tile."""
+    gen = torch.Generator().manual_seed(K * T)
+    q, scale = _quantized((21, K), torch.bfloat16, gen)
+    assert gemv_weight_view(q) is not None
     x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
     assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
 

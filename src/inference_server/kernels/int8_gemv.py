@@ -125,7 +125,7 @@ def int8_gemv_kernel(
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
     HAS_SCALE: tl.constexpr = True,  # int8 weights (times the row's scale); False: float weights
-    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (K % 4 == 0, contiguous rows)
+    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (K % 8 == 0, contiguous rows)
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
@@ -149,12 +149,14 @@ def int8_gemv_kernel(
         offs_w = (tl.arange(0, WORDS) // 2) * 2 + tl.arange(0, WORDS) % 2
         w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start // 4 + offs_w)[None, :]
         w_step = WORDS
-        col_per_w = 4  # word c holds columns 4c..4c+3; k_len is a multiple of 4, so one bound masks both
+        # The K-tail mask per pair of words (columns 8p .. 8p+7; K is a multiple of 8 on this path, so a pair is
+        # all in or all out): constant over each thread's two words, it keeps the masked loads 8 bytes wide.
+        first_col = (tl.arange(0, WORDS) // 2) * 8
     else:
         offs_w = offs_k
         w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start + offs_k)[None, :] * stride_wk
         w_step = BLOCK_K * stride_wk
-        col_per_w = 1
+        first_col = offs_k
     x_ptrs = x_ptr + t0.to(tl.int64) * stride_xt + (k_start + offs_k) * stride_xk  # the first token's row
     # Tokens past T read the last token's row (in bounds, no mask); their accumulators are never stored.
     row1 = tl.minimum(t0 + 1, T - 1) - t0
@@ -164,7 +166,7 @@ def int8_gemv_kernel(
     # Loads of tile 0; in the loop, the next tile's loads go out before this tile's arithmetic, so two tiles of
     # every program are in flight. With EVEN_K no load is masked: the last iteration's prefetch re-reads its own
     # tile (the pointers stop advancing), so no predicate or zero fill is spent per load.
-    w_ok = offs_w * col_per_w < k_len
+    w_ok = first_col < k_len
     k_ok = offs_k < k_len
     if EVEN_K:
         w = tl.load(w_ptrs)
@@ -192,7 +194,7 @@ def int8_gemv_kernel(
             x_ptrs += BLOCK_K * stride_xk
             rest = k_len - (kb + 1) * BLOCK_K
             k_ok = offs_k < rest
-            w_next = tl.load(w_ptrs, mask=(offs_w * col_per_w < rest)[None, :], other=0)
+            w_next = tl.load(w_ptrs, mask=(first_col < rest)[None, :], other=0)
         x0_next = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
         if BLOCK_T > 1:
             x1_next = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
@@ -232,9 +234,9 @@ def int8_gemv_kernel(
 
 def gemv_weight_view(weight: torch.Tensor) -> torch.Tensor | None:
     """An int8 weight ``[N, K]`` as int32 words ``[N, K / 4]`` (four columns a word, little-endian: column
-    ``4j + i`` is byte ``i`` of word ``j``), or None where its layout does not allow it (K not a multiple of 4,
+    ``4j + i`` is byte ``i`` of word ``j``), or None where its layout does not allow it (K not a multiple of 8,
     columns not contiguous, rows or start not 4-byte aligned): the kernel then reads single bytes."""
-    if weight.dtype != torch.int8 or weight.shape[1] % 4 or weight.stride(1) != 1 or weight.shape[1] == 0:
+    if weight.dtype != torch.int8 or weight.shape[1] % 8 or weight.stride(1) != 1 or weight.shape[1] == 0:
         return None
     if weight.stride(0) % 4 or weight.storage_offset() % 4:
         return None
