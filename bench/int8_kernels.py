@@ -192,10 +192,12 @@ GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k,
     # bench/sass_mix.py: with bf16 activations the K loop stays in registers only where block_k >= 256 x warps
     # (a thread's 16-byte activation load must hold its weight columns); 8-16 rows x 1024 columns issue 3.8-4.0
     # instructions per int8 byte at T = 1 (32-34 B/clk/SM, HBM needs ~18), 5.0-5.4 at T = 2, 7.3-7.9 at T = 4
-    (8, 1024, 1, 4, 1), (16, 1024, 1, 4, 1), (4, 2048, 1, 4, 1), (8, 2048, 1, 8, 1), (8, 1024, 2, 4, 1),
-    (4, 1024, 1, 4, 1),
+    # 256 columns a warp: one warp with 256-column tiles divides K = 5376 (whole tiles, no masks), 4 warps with 1024
+    # do not (a masked tail: 4.2-4.5 instructions per byte)
+    (16, 256, 1, 1, 1), (8, 256, 1, 1, 1), (16, 1024, 1, 4, 1), (8, 1024, 1, 4, 1), (8, 2048, 1, 8, 1),
+    (16, 512, 2, 2, 1),
 )
-GEMV_SWEEP_T4 = ((16, 1024, 1, 4, 1), (8, 1024, 1, 4, 1))  # at 3-4 tokens the SASS bound is below HBM's: a check
+GEMV_SWEEP_T4 = ((16, 256, 1, 1, 1), (16, 1024, 1, 4, 1))  # at 3-4 tokens the SASS bound is below HBM's: a check
 MAGIC_SWEEP = ((32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 256, 4, 4, 3), (128, 128, 1, 8, 3))
 
 

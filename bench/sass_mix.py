@@ -261,15 +261,16 @@ def default_variants() -> list[Variant]:
 
 def gemv_variants() -> list[Variant]:
     """The CUDA-core GEMV at the tiles its sweeps try (``int8_kernels.GEMV_SWEEP``, ``dense_linear``'s), 1, 2 and 4
-    tokens, int8 (words with PRMT; single bytes; words with shifts) and bf16 weights."""
+    tokens, int8 (words with PRMT; with a masked K tail; single bytes; words with shifts) and bf16 weights."""
     out = []
     for block_t in (1, 2, 4):
-        for bn, bk, warps in ((8, 1024, 4), (16, 1024, 4), (4, 2048, 4), (8, 2048, 8), (8, 512, 4)):
+        for bn, bk, warps in ((16, 256, 1), (8, 256, 1), (16, 1024, 4), (8, 1024, 4), (8, 2048, 8), (8, 512, 4)):
             out.append(Variant(f"gemv int8 T<={block_t}", "gemv", "i8", bn, block_t, bk, 1, warps, 1))
+    out.append(Variant("gemv int8 K tail T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, extra={"EVEN_K": False}))
     out.append(Variant("gemv int8 bytes T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, words=False))
     out.append(Variant("gemv int8 shifts T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, prmt=False))
     for block_t in (1, 2, 4):
-        for bn, bk, warps in ((8, 1024, 4), (4, 1024, 4), (16, 1024, 4)):
+        for bn, bk, warps in ((8, 1024, 4), (16, 256, 1), (8, 256, 1)):
             out.append(Variant(f"gemv bf16 T<={block_t}", "gemv", "bf16", bn, block_t, bk, 1, warps, 1))
     return out
 
