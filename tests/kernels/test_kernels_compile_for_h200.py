@@ -158,19 +158,21 @@ INT8_COMPILE = textwrap.dedent('''
                         assert kernel.metadata.shared <= modelled, (cfg, kernel.metadata.shared, modelled)
     # the CUDA-core GEMV (block_t < 16): int8 as words with the PTX byte permute, int8 as single bytes, bf16 and
     # fp32 weights; one, two and four tokens per program, with and without split-K, ragged K.
-    for weight, block_n, block_t, block_k, split, even_k in (
-            ("words", 8, 1, 1024, 1, True), ("words", 16, 2, 1024, 2, True), ("words", 4, 4, 2048, 1, False),
-            ("*i8", 16, 1, 512, 1, False), ("*bf16", 8, 1, 1024, 1, True), ("*bf16", 4, 4, 1024, 2, False),
-            ("*fp32", 8, 2, 512, 1, True)):
-        act = "*fp32" if weight == "*fp32" else "*bf16"
+    for weight, act, block_n, block_t, block_k, split, even_k in (
+            ("words", "*bf16", 8, 1, 1024, 1, True), ("words", "*bf16", 16, 2, 1024, 2, True),
+            ("words", "*bf16", 4, 4, 2048, 1, False), ("words", "*bf16", 16, 1, 256, 1, True),
+            ("words", "*fp32", 8, 1, 512, 1, True), ("*i8", "*bf16", 16, 1, 512, 1, False),
+            ("*bf16", "*bf16", 8, 1, 1024, 1, True), ("*bf16", "*bf16", 4, 4, 1024, 2, False),
+            ("*fp32", "*fp32", 8, 2, 512, 1, True)):
+        num_warps = max(1, min(4, block_k // 256))
         types = {"x_ptr": act, "w_ptr": "*i32" if weight == "words" else weight, "scale_ptr": "*bf16",
                  "out_ptr": "*fp32" if split > 1 else act}
         int8 = weight in ("words", "*i8")
         constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split,
                       "EVEN_K": even_k, "HAS_SCALE": int8, "W_WORDS": weight == "words", "PRMT": weight == "words"}
         kernel = compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
-                            ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), 4, 1,
-                            pipelined=False)
+                            ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), num_warps,
+                            1, pipelined=False)
         assert weight != "words" or "prmt.b32" in kernel.asm["ptx"], (weight, "no byte permute")
     for has_scale in (True, False):
         signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
