@@ -297,8 +297,8 @@ PDL_COMPILE = textwrap.dedent('''
         (streamed_linear._streamed_linear_kernel, {"out_ptr": "*fp32"},
          dict(BLOCK_N=64, BLOCK_T=16, BLOCK_K=128, SPLIT_K=2, EVEN_K=True, HAS_SCALE=False, IEEE=False, UPCAST=False,
               MAGIC=False)),
-        (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i8"},
-         dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=512, SPLIT_K=1, EVEN_K=True)),
+        (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i32"},
+         dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=True, W_WORDS=True, PRMT=True)),
         (streamed_linear._split_k_reduce_kernel, {"part_ptr": "*fp32"}, dict(SPLIT_K=4, HAS_SCALE=False, BLOCK=1024)),
     ]
     # every kernel of the package that takes part in PDL is compiled here
