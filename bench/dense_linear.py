@@ -53,6 +53,12 @@ DENSE_SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t i
     (64, 128, 4, 4, 4), (128, 128, 1, 8, 3), (128, 64, 1, 8, 4),
 )
 
+# The CUDA-core GEMV with bf16 weights (bench/sass_mix.py): 1.8-2.0 instructions per weight byte at T = 1, far
+# from the issue limit, as the tensor-core kernel is (1.2-1.9): neither is instruction-bound on float weights, so
+# these only test whether the GEMV's shorter per-program latency helps the small launch-bound shapes (Qwen's q/k/v
+# and o at T = 1). block_k >= 256 x warps keeps the K loop in registers.
+DENSE_GEMV_SWEEP = ((8, 1024, 1, 4, 1), (16, 256, 1, 1, 1), (8, 256, 1, 1, 1), (4, 1024, 2, 4, 1))
+
 
 @dataclass(frozen=True)
 class Projection:
@@ -213,15 +219,20 @@ def sweep_cases(models: list[str]) -> tuple[LinearCase, ...]:
     return tuple(LinearCase(name, n, k) for (n, k), name in shapes.items())
 
 
-def dense_candidates(heuristic: Any, tokens: int, tiles: tuple[tuple[int, ...], ...] = DENSE_SWEEP) -> list[Any]:
-    """The heuristic config first, then the sweep's tiles at its token tile (the tensor-core kernel: float
-    weights have no CUDA-core path)."""
+def dense_candidates(heuristic: Any, tokens: int, tiles: tuple[tuple[int, ...], ...] = DENSE_SWEEP,
+                     gemv_tiles: tuple[tuple[int, ...], ...] = DENSE_GEMV_SWEEP) -> list[Any]:
+    """The heuristic config first, then the sweep's tiles at its token tile (the tensor-core kernel), and at 1-2
+    tokens the CUDA-core GEMV's (``block_t`` 1 or 2)."""
     found = [heuristic]
     for bn, bk, split, warps, stages in tiles:
         cfg = dataclasses.replace(heuristic, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
                                   num_stages=stages)
         if cfg not in found:
             found.append(cfg)
+    if tokens <= 2:
+        for bn, bk, split, warps, stages in gemv_tiles:
+            found.append(dataclasses.replace(heuristic, block_n=bn, block_t=tokens, block_k=bk, split_k=split,
+                                             num_warps=warps, num_stages=stages))
     return found
 
 

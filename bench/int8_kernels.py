@@ -21,6 +21,9 @@ figure. Past T ~ 100 (dense int8) the work is compute-bound and the fraction sto
                                                  # that would start after --budget-s (165 s) are listed as skipped
   python3 bench/int8_kernels.py --sweep --write  # int8_linear configs at T = 1, 16 per dense shape, ~2 min;
                                                  # writes src/inference_server/kernels/configs/int8_linear/*.json
+                                                 # (merged: token counts not swept keep their entries)
+  python3 bench/int8_kernels.py --sweep --write --tokens 1,4 --paths gemv --cases gemma-4-31b
+                                                 # the CUDA-core GEMV against the tuned configs, 31B only
   TRITON_INTERPRET=1 uv run python bench/int8_kernels.py --device cpu --tiny --reps 1   # CPU dry run
 """
 
@@ -186,13 +189,15 @@ SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t is the 
 
 
 GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k, num_warps, num_stages)
-    (8, 256, 1, 4, 1), (8, 512, 1, 4, 1), (16, 256, 1, 4, 1), (16, 512, 1, 4, 1), (16, 512, 1, 8, 1),
-    (32, 256, 1, 4, 1), (32, 512, 1, 8, 1), (16, 1024, 1, 8, 1), (4, 1024, 1, 4, 1), (16, 256, 2, 4, 1),
-    (16, 512, 2, 4, 1), (32, 256, 2, 4, 1), (16, 256, 4, 4, 1), (64, 128, 1, 4, 1), (64, 256, 1, 8, 1),
-    # narrower and deeper: the first H200 sweeps' best GEMV sat at this edge (4 rows x 1024 columns)
-    (4, 1024, 1, 8, 1), (8, 1024, 1, 8, 1), (4, 2048, 1, 8, 1), (2, 2048, 1, 4, 1), (2, 4096, 1, 8, 1),
-    (1, 4096, 1, 4, 1),
+    # bench/sass_mix.py: with bf16 activations the K loop stays in registers only where block_k >= 256 x warps
+    # (a thread's 16-byte activation load must hold its weight columns); 8-16 rows x 1024 columns issue 3.8-4.0
+    # instructions per int8 byte at T = 1 (32-34 B/clk/SM, HBM needs ~18), 5.0-5.4 at T = 2, 7.3-7.9 at T = 4
+    # 256 columns a warp: one warp with 256-column tiles divides K = 5376 (whole tiles, no masks), 4 warps with 1024
+    # do not (a masked tail: 4.2-4.5 instructions per byte)
+    (16, 256, 1, 1, 1), (8, 256, 1, 1, 1), (16, 1024, 1, 4, 1), (8, 1024, 1, 4, 1), (8, 2048, 1, 8, 1),
+    (16, 512, 2, 2, 1),
 )
+GEMV_SWEEP_T4 = ((16, 256, 1, 1, 1), (16, 1024, 1, 4, 1))  # at 3-4 tokens the SASS bound is below HBM's: a check
 MAGIC_SWEEP = ((32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 256, 4, 4, 3), (128, 128, 1, 8, 3))
 
 
@@ -201,7 +206,7 @@ PATHS = ("dot", "magic", "gemv")
 
 def sweep_candidates(heuristic: Any, tokens: int, paths: tuple[str, ...] = PATHS) -> list[Any]:
     """The heuristic config first, then the sweep's tiles at its token tile ("dot"), the tensor-core kernel with
-    the exponent-trick dequantisation ("magic"), and (at 16 tokens or fewer) the CUDA-core GEMV with up to 8
+    the exponent-trick dequantisation ("magic"), and (at 4 tokens or fewer) the CUDA-core GEMV with up to 4
     tokens a program ("gemv")."""
     from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 
@@ -213,10 +218,10 @@ def sweep_candidates(heuristic: Any, tokens: int, paths: tuple[str, ...] = PATHS
     if "magic" in paths:
         configs += [Int8LinearConfig(bn, heuristic.block_t, bk, split, warps, stages, magic_dequant=1)
                     for bn, bk, split, warps, stages in MAGIC_SWEEP]
-    if tokens <= 16 and "gemv" in paths:
-        block_t = min(8, 1 << (tokens - 1).bit_length())
+    if tokens <= 4 and "gemv" in paths:  # the GEMV keeps one accumulator per token: at most 4 a program
+        block_t = 1 << (tokens - 1).bit_length()
         configs += [Int8LinearConfig(bn, block_t, bk, split, warps, stages)
-                    for bn, bk, split, warps, stages in GEMV_SWEEP]
+                    for bn, bk, split, warps, stages in (GEMV_SWEEP if tokens <= 2 else GEMV_SWEEP_T4)]
     for cfg in configs:
         if cfg not in found:
             found.append(cfg)
@@ -263,7 +268,7 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
 
     import triton
 
-    from inference_server.kernels.int8_linear_configs import config_file_name, config_to_json
+    from inference_server.kernels.int8_linear_configs import config_file_name, config_from_json, config_to_json
     from inference_server.kernels.moe_configs import device_name
 
     started = time.monotonic()
@@ -276,6 +281,9 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
             print(f"| {case.name} [{n}x{k}] | | skipped: past --budget-s {budget_s:.0f} |", flush=True)
             continue
         gen = torch.Generator(device).manual_seed(1)
+        path = (out_dir or kernel.config_dir) / config_file_name(device_name(device), n, k, torch.bfloat16)
+        old_body = json.loads(path.read_text()) if path.is_file() else {}
+        previous = {int(t): config_from_json(c) for t, c in old_body.get("configs", {}).items()}
         copies = rotation(n * k * kernel.weight_bytes, l2_bytes)
         weights = [kernel.make_weights(n, k, gen, device) for _ in range(copies)]
         best_configs: dict[str, dict[str, int]] = {}
@@ -286,7 +294,10 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
             expected = kernel.reference(x, *weights[0]).float()
             heuristic = kernel.heuristic(t, n, k)
             timed: dict[Any, float] = {}
-            for cfg in kernel.candidates(heuristic, t):
+            tuned = previous.get(t)  # the file's config for this count competes again
+            for cfg in kernel.candidates(heuristic, t) + ([tuned] if tuned is not None else []):
+                if cfg in timed:
+                    continue
                 try:
                     got = kernel.run(x, *weights[0], config=cfg).float()
                 except Exception as err:  # out of shared memory and the like: not a candidate
@@ -316,13 +327,17 @@ def sweep(kernel: SweptKernel, device: torch.device, reps: int, l2_bytes: int, c
         del weights
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if out_dir is not None:
+        if out_dir is not None:  # merged into the file: token counts not swept now keep their entries
             out_dir.mkdir(parents=True, exist_ok=True)
-            path = out_dir / config_file_name(device_name(device), n, k, torch.bfloat16)
             meta = dict(case=case.name, torch=torch.__version__, triton=triton.__version__)
-            body: dict[str, Any] = dict(meta=meta, configs=best_configs, sweep=records)
+            swept = {int(t) for t in best_configs}
+            configs = {t: c for t, c in old_body.get("configs", {}).items() if int(t) not in swept} | best_configs
+            records = [r for r in old_body.get("sweep", []) if r.get("tokens") not in swept] + records
+            body: dict[str, Any] = dict(meta=meta, configs=dict(sorted(configs.items(), key=lambda i: int(i[0]))),
+                                        sweep=sorted(records, key=lambda r: r["tokens"]))
             if kernel.baseline is not None:
-                body["baseline_faster"] = baseline_faster
+                kept = [t for t in old_body.get("baseline_faster", []) if t not in swept]
+                body["baseline_faster"] = sorted(kept + baseline_faster)
             path.write_text(json.dumps(body, indent=1) + "\n")
             print(f"  wrote {path}", flush=True)
 
@@ -345,12 +360,16 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=None, help="with --write; default: the engine's directory")
     parser.add_argument("--only", choices=("dense", "moe"), default=None)
     parser.add_argument("--paths", default=",".join(PATHS), help="with --sweep: kernel paths to try (dot,magic,gemv)")
+    parser.add_argument("--cases", default="", help="dense cases whose name holds one of these, comma separated "
+                        "(e.g. gemma-4-31b); default all")
     parser.add_argument("--budget-s", type=float, default=165.0,
                         help="start no new row after this many seconds (the rows left are listed as skipped)")
     args = parser.parse_args()
     device = torch.device(args.device)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     linear_cases = TINY_LINEAR_CASES if args.tiny else LINEAR_CASES
+    wanted = [c for c in args.cases.split(",") if c]
+    linear_cases = tuple(c for c in linear_cases if not wanted or any(w in c.name for w in wanted))
     moe_cases = TINY_MOE_CASES if args.tiny else MOE_CASES
     l2_bytes = device_l2_bytes(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -361,7 +380,7 @@ def main() -> int:
 
         sweep_tokens = tokens if args.tokens != parser.get_default("tokens") else [1, 16]
         sweep(int8_kernel(tuple(args.paths.split(","))), device, args.reps, l2_bytes, linear_cases, sweep_tokens,
-              (args.out_dir or CONFIG_DIR) if args.write else None)
+              (args.out_dir or CONFIG_DIR) if args.write else None, args.budget_s)
         return 0
     started = time.monotonic()
 

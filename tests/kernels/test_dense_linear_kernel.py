@@ -73,6 +73,28 @@ def test_dense_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dt
     assert_within_rounding(out, dense_linear_reference(x, w))
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        Int8LinearConfig(16, 1, 32),  # the CUDA-core GEMV: one token a program, masked K tail (K = 99)
+        Int8LinearConfig(8, 4, 16, split_k=3),  # four tokens a program (the last token tile ragged), split-K
+        Int8LinearConfig(32, 2, 128, num_warps=2),  # tiles wider and deeper than the whole weight
+        Int8LinearConfig(1, 1, 64, split_k=2),  # one weight row a program, two splits
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_dense_linear_cuda_core_gemv(config: Int8LinearConfig, dtype: torch.dtype, T: int) -> None:
+    """Float weights on the CUDA-core GEMV (``block_t`` < 16) at odd N and K, strided activation rows."""
+    gen = torch.Generator().manual_seed(config.block_k + T)
+    K = 99 if config.split_k == 1 else 96
+    w = _weight(37, K, dtype, gen)
+    x = torch.randn(T, K + 8, generator=gen).to(DEV, dtype)[:, 5 : 5 + K]
+    out = torch.full((T, 37), float("nan"), dtype=dtype, device=DEV)
+    assert dense_linear(x, w, config=config, out=out) is out
+    assert_within_rounding(out, dense_linear_reference(x, w))
+
+
 def test_dense_linear_fp16_and_strided_weight() -> None:
     gen = torch.Generator().manual_seed(9)
     w = _weight(24, 80, torch.float16, gen)[:, :72]  # row stride 80: a view of a wider weight
@@ -94,9 +116,11 @@ def test_dense_linear_empty_and_bad_inputs() -> None:
         dense_linear(x.double(), w.double())
     with pytest.raises(ValueError, match="out must be"):
         dense_linear(x, w, out=torch.empty(2, 8, dtype=torch.bfloat16, device=DEV))
-    for int8_only in (Int8LinearConfig(16, 1, 32), Int8LinearConfig(16, 16, 32, magic_dequant=1)):
-        with pytest.raises(ValueError, match="int8 weights only"):
-            dense_linear(x, w, config=int8_only)
+    with pytest.raises(ValueError, match="int8 weights only"):
+        dense_linear(x, w, config=Int8LinearConfig(16, 16, 32, magic_dequant=1))
+    for bad_gemv in (Int8LinearConfig(16, 8, 32), Int8LinearConfig(16, 1, 30)):  # > 4 tokens; K tile not 4k
+        with pytest.raises(ValueError, match="CUDA-core GEMV"):
+            dense_linear(x, w, config=bad_gemv)
 
 
 # Decode shapes of the presets as the CUDA runner runs them (q/k/v and gate/up fused): Qwen3-30B-A3B, Gemma-4-26B-A4B,
@@ -234,6 +258,18 @@ def test_dense_linear_gpu_real_shapes_match_cublas(name: str, T: int) -> None:
     out = dense_linear(x, w)
     _assert_close_to_cublas(out, x, w)  # as the engine ran before
     assert_gpu_close(out, dense_linear_reference(x, w))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("config", [Int8LinearConfig(8, 1, 1024), Int8LinearConfig(4, 2, 1024, split_k=2),
+                                    Int8LinearConfig(8, 4, 1024)])
+@pytest.mark.parametrize("T", [1, 3])
+def test_dense_linear_gpu_cuda_core_gemv(config: Int8LinearConfig, T: int) -> None:
+    """The CUDA-core GEMV with bf16 weights at Qwen3-30B-A3B's q/k/v and o shapes, against the reference."""
+    for n, k in ((5120, 2048), (2048, 4096)):
+        x, w = _real(n, k, T)
+        assert_gpu_close(dense_linear(x, w, config=config), dense_linear_reference(x, w))
 
 
 @gpu

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
-from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact, words_to_fp32_exact
+from inference_server.kernels.int8_gemv import gemv_weight_view
 from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
@@ -67,7 +68,7 @@ def test_int8_linear_matches_reference(T: int, dtype: torch.dtype) -> None:
         Int8LinearConfig(16, 16, 32, split_k=2, magic_dequant=1),  # bytes to floats by the exponent trick
         Int8LinearConfig(16, 1, 32),  # the CUDA-core GEMV: one token per program, masked K tail
         Int8LinearConfig(8, 4, 16, split_k=3),  # GEMV: 4 tokens per program (the last tile ragged), split-K
-        Int8LinearConfig(32, 8, 128, num_warps=2),  # GEMV: tiles wider and deeper than the whole weight
+        Int8LinearConfig(32, 4, 128, num_warps=2),  # GEMV: tiles wider and deeper than the whole weight
         Int8LinearConfig(1, 1, 64, split_k=2),  # GEMV: one weight row per program
     ],
 )
@@ -81,6 +82,62 @@ def test_int8_linear_explicit_configs(config: Int8LinearConfig, dtype: torch.dty
     out = torch.full((17, 37), float("nan"), dtype=dtype, device=DEV)
     assert int8_linear(x, q, scale, config=config, out=out) is out
     assert_within_rounding(out, int8_linear_reference(x, q, scale))
+
+
+@pytest.mark.parametrize("config", [Int8LinearConfig(16, 1, 32), Int8LinearConfig(8, 4, 16, split_k=3),
+                                    Int8LinearConfig(8, 2, 64, split_k=2)])
+@pytest.mark.parametrize("K", [99, 100])  # 99: single bytes; 100 with a row stride of 102: single bytes too
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5])
+def test_int8_gemv_byte_path(config: Int8LinearConfig, K: int, T: int) -> None:
+    """The CUDA-core GEMV where the weight cannot be read as 32-bit words (K not a multiple of 8, or rows not
+    4-byte aligned): it reads single bytes, with the same results."""
+    gen = torch.Generator().manual_seed(K + T)
+    q_big, scale = _quantized((37, 102), torch.bfloat16, gen)
+    q = q_big[:, :K]
+    assert gemv_weight_view(q) is None
+    x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
+    assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
+
+
+@pytest.mark.parametrize("config", [Int8LinearConfig(16, 1, 64), Int8LinearConfig(8, 2, 32, split_k=2),
+                                    Int8LinearConfig(4, 4, 8, split_k=3)])
+@pytest.mark.parametrize("K", [96, 104])  # 104: a K tail of 40 columns (five word pairs) on the word path
+@pytest.mark.parametrize("T", [1, 3, 6])
+def test_int8_gemv_word_path(config: Int8LinearConfig, K: int, T: int) -> None:
+    """The CUDA-core GEMV reading int8 weights as words, whole and ragged K tiles, tokens past a program's tile."""
+    gen = torch.Generator().manual_seed(K * T)
+    q, scale = _quantized((21, K), torch.bfloat16, gen)
+    assert gemv_weight_view(q) is not None
+    x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
+    assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
+
+
+def test_gemv_weight_view_is_little_endian_words() -> None:
+    """Column 4j + i of an int8 weight is byte i of word j: the kernel's word path reads it so."""
+    q = torch.arange(-8, 8, dtype=torch.int8).reshape(2, 8)
+    words = gemv_weight_view(q)
+    assert words is not None and words.shape == (2, 2)
+    assert words[0, 0].item() == int.from_bytes(bytes([248, 249, 250, 251]), "little", signed=True)
+    assert gemv_weight_view(q[:, 1:5]) is None  # start not 4-byte aligned
+
+
+@triton.jit
+def _convert_words(w_ptr, out_ptr):
+    offs = tl.arange(0, 64)
+    b0, b1, b2, b3 = words_to_fp32_exact(tl.load(w_ptr + offs), False)
+    tl.store(out_ptr + 4 * offs, b0)
+    tl.store(out_ptr + 4 * offs + 1, b1)
+    tl.store(out_ptr + 4 * offs + 2, b2)
+    tl.store(out_ptr + 4 * offs + 3, b3)
+
+
+def test_words_to_fp32_exact_is_the_conversion() -> None:
+    """Every int8 value packed four to a word comes out exactly (the shift-and-mask form the interpreter runs;
+    the PRMT form is compiled only: the GPU tests cover it)."""
+    w = torch.arange(-128, 128, dtype=torch.int8, device=DEV)
+    out = torch.empty(256, device=DEV)
+    _convert_words[(1,)](w.view(torch.int32), out)
+    assert torch.equal(out, w.float())
 
 
 @triton.jit
@@ -284,6 +341,7 @@ def test_int8_linear_gpu_real_shapes(name: str, T: int) -> None:
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("config", [Int8LinearConfig(16, 1, 256), Int8LinearConfig(32, 4, 512, split_k=2),
+                                    Int8LinearConfig(8, 1, 1024), Int8LinearConfig(8, 2, 1024, split_k=3),
                                     Int8LinearConfig(64, 16, 128, magic_dequant=1)])
 @pytest.mark.parametrize("T", [1, 3, 16])
 def test_int8_linear_gpu_gemv_and_magic_paths(config: Int8LinearConfig, T: int) -> None:

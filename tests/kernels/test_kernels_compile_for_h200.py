@@ -156,13 +156,24 @@ INT8_COMPILE = textwrap.dedent('''
                     else:  # dense_linear's model counts the stages' weight and x tiles
                         modelled = cfg.num_stages * (cfg.block_n + cfg.block_t) * cfg.block_k * 2
                         assert kernel.metadata.shared <= modelled, (cfg, kernel.metadata.shared, modelled)
-    # the CUDA-core GEMV (block_t < 16): one and four tokens per program, with and without split-K
-    for block_n, block_t, block_k, split in ((16, 1, 512, 1), (32, 4, 256, 2)):
-        types = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*bf16", "out_ptr": "*fp32" if split > 1 else "*bf16"}
-        constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split, "EVEN_K": True}
-        compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
-                   ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), 4, 3,
-                   pipelined=False)
+    # the CUDA-core GEMV (block_t < 16): int8 as words with the PTX byte permute, int8 as single bytes, bf16 and
+    # fp32 weights; one, two and four tokens per program, with and without split-K, ragged K.
+    for weight, act, block_n, block_t, block_k, split, even_k in (
+            ("words", "*bf16", 8, 1, 1024, 1, True), ("words", "*bf16", 16, 2, 1024, 2, True),
+            ("words", "*bf16", 4, 4, 2048, 1, False), ("words", "*bf16", 16, 1, 256, 1, True),
+            ("words", "*fp32", 8, 1, 512, 1, True), ("*i8", "*bf16", 16, 1, 512, 1, False),
+            ("*bf16", "*bf16", 8, 1, 1024, 1, True), ("*bf16", "*bf16", 4, 4, 1024, 2, False),
+            ("*fp32", "*fp32", 8, 2, 512, 1, True)):
+        num_warps = max(1, min(4, block_k // 256))
+        types = {"x_ptr": act, "w_ptr": "*i32" if weight == "words" else weight, "scale_ptr": "*bf16",
+                 "out_ptr": "*fp32" if split > 1 else act}
+        int8 = weight in ("words", "*i8")
+        constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split,
+                      "EVEN_K": even_k, "HAS_SCALE": int8, "W_WORDS": weight == "words", "PRMT": weight == "words"}
+        kernel = compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
+                            ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), num_warps,
+                            1, pipelined=False)
+        assert weight != "words" or "prmt.b32" in kernel.asm["ptx"], (weight, "no byte permute")
     for has_scale in (True, False):
         signature = {"part_ptr": "*fp32", "scale_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "N": "i32",
                      "stride_ps": "i32", "stride_pt": "i32", "stride_scale": "i32", "stride_ot": "i32",
@@ -286,8 +297,8 @@ PDL_COMPILE = textwrap.dedent('''
         (streamed_linear._streamed_linear_kernel, {"out_ptr": "*fp32"},
          dict(BLOCK_N=64, BLOCK_T=16, BLOCK_K=128, SPLIT_K=2, EVEN_K=True, HAS_SCALE=False, IEEE=False, UPCAST=False,
               MAGIC=False)),
-        (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i8"},
-         dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=512, SPLIT_K=1, EVEN_K=True)),
+        (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i32"},
+         dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=True, W_WORDS=True, PRMT=True)),
         (streamed_linear._split_k_reduce_kernel, {"part_ptr": "*fp32"}, dict(SPLIT_K=4, HAS_SCALE=False, BLOCK=1024)),
     ]
     # every kernel of the package that takes part in PDL is compiled here

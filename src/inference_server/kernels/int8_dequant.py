@@ -28,3 +28,37 @@ def int8_to_fp32_exact(w):
     unsigned = w.to(tl.uint8, bitcast=True).to(tl.int32)  # zero-extended byte in [0, 255]
     bits = unsigned ^ _MAGIC_BITS  # 0x4B000000 | (byte ^ 0x80) == bits of 2**23 + 128 + v
     return bits.to(tl.float32, bitcast=True) - _MAGIC_VALUE
+
+
+_SIGN_BITS = tl.constexpr(0x80808080)  # the top bit of each byte of a word
+_EXPONENT_BITS = tl.constexpr(0x4B000000)  # fp32 bits of 2**23
+# PTX for one word: flip the four sign bits (one logic op), then place each byte below the exponent of 2**23 (one
+# byte permute each: result byte 0 is byte i of the word, bytes 1-3 those of 0x4B000000).
+_PRMT_WORD = tl.constexpr("""{
+    .reg .b32 flipped;
+    xor.b32 flipped, $4, 0x80808080;
+    prmt.b32 $0, flipped, $5, 0x7650;
+    prmt.b32 $1, flipped, $5, 0x7651;
+    prmt.b32 $2, flipped, $5, 0x7652;
+    prmt.b32 $3, flipped, $5, 0x7653;
+}""")
+
+
+@triton.jit
+def words_to_fp32_exact(words, PRMT: tl.constexpr):
+    """Four int8 columns packed in each int32 of ``words`` (byte ``i`` = column ``4j + i``) as four fp32 tensors of
+    ``words``' shape, exactly, by the exponent trick: per byte one permute (``PRMT``, PTX; compiled kernels only,
+    the interpreter cannot run it) or a shift and a mask, one float add; per word one logic op."""
+    flipped = words.to(tl.uint32, bitcast=True) ^ _SIGN_BITS
+    if PRMT:
+        magic = tl.full(words.shape, _EXPONENT_BITS, tl.uint32)
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(_PRMT_WORD, "=r,=r,=r,=r,r,r", [words, magic],
+                                                   dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+                                                   is_pure=True, pack=1)
+    else:
+        b0 = (flipped & 0xFF) | _EXPONENT_BITS
+        b1 = ((flipped >> 8) & 0xFF) | _EXPONENT_BITS
+        b2 = ((flipped >> 16) & 0xFF) | _EXPONENT_BITS
+        b3 = (flipped >> 24) | _EXPONENT_BITS
+    return (b0.to(tl.float32, bitcast=True) - _MAGIC_VALUE, b1.to(tl.float32, bitcast=True) - _MAGIC_VALUE,
+            b2.to(tl.float32, bitcast=True) - _MAGIC_VALUE, b3.to(tl.float32, bitcast=True) - _MAGIC_VALUE)

@@ -1,93 +1,266 @@
-"""The CUDA-core path of ``int8_linear`` for a few tokens: an int8 weight GEMV with fp32 FMAs, no tensor cores.
+"""The CUDA-core path of ``streamed_linear`` for a few tokens: a weight-streaming GEMV with fp32 FMAs, no tensor
+cores, for int8 weights (``int8_linear``) and float weights (``dense_linear``).
 
-At decode (1-8 tokens) the tensor-core kernel of ``int8_linear`` pads the tokens to 16 and converts every weight
-byte to bf16 for the dot; the conversion instruction, not HBM, limits it (``int8_dequant``). This kernel dequantises
-with the exponent trick straight to fp32 and multiplies on the CUDA cores: per weight byte a zero-extend, a logic
-op, a float add and one FMA per token, all at full rate. It is selected by a config whose ``block_t`` is below 16
-(the dot's smallest token tile), so tuned config files choose between the two paths per shape and token count.
+At decode (1-4 tokens) the tensor-core kernel pads the tokens to 16 and, for int8, converts every weight byte to
+bf16 for the dot: its K loop issues ~6 instructions per weight byte, where streaming HBM at its limit leaves an
+H200 SM ~7 issue slots per byte (128 thread instructions a clock for ~18 bytes: ``bench/sass_mix.py``), so it
+tops out near 0.6 of the memory limit. This kernel spends per int8 weight byte one byte permute (the byte lands
+in the mantissa of ``2**23``: the exponent trick of ``int8_dequant``), one float add, one FMA per token, and a
+quarter of a logic op (the word's sign bits are flipped once per four bytes):
 
-Same contract and output layout as ``int8_linear._int8_linear_kernel`` (fp32 accumulation, the scale applied once
-after the reduction; with ``SPLIT_K > 1`` fp32 partial sums that ``int8_linear``'s reduce kernel adds in a fixed
-order), so the two paths differ only in the order of the fp32 sums.
+* int8 weights are read as 32-bit words, each giving four weight columns ``4j .. 4j+3``; the activations are
+  split the same way (``tl.split``), so no value crosses threads in the loop. A thread reads two words (8
+  columns) of each of its rows a load: its 16-byte activation load holds 8 bf16 columns, and Triton keeps the
+  two in one thread only when their column counts agree and the tile has at least ``256 x num_warps`` columns
+  (else it exchanges them through shared memory every tile: ``bench/sass_mix.py`` shows it);
+* one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per token (``BLOCK_T`` <= 4), summed over K once after the
+  loop: the loop has no shuffles and no shared memory;
+* the next tile's loads are issued before this tile's arithmetic (Triton pipelines only loads that feed a dot);
+  with whole K tiles (``EVEN_K``) no load is masked: tokens past ``T`` read the last token's row and the last
+  prefetch re-reads its own tile, so no predicates or zero fills.
+
+K-loop SASS on sm_90 (Triton 3.6): 3.8-4.0 instructions per int8 byte at one token (the first version of this
+kernel issued 10-15), 5.0-5.4 at two, 7.3-7.9 at four: past two tokens the tensor-core kernel (~6.1-6.5,
+independent of the token count) is the better choice.
+
+Float weights (bf16, fp16, fp32; ``HAS_SCALE`` False) take the same loop without the dequantisation: each
+element is widened to fp32 and multiplied exactly. Products are exact in fp32 (an FMA rounds only the sum), so
+the contract is the tensor-core kernel's: fp32 accumulation of exact products; the outputs differ from it only in
+the order of the fp32 sums. Output layout and split-K partial sums are ``store_streamed_tile``'s, so the same
+reduce kernel adds the splits.
+
+Selected by a config whose ``block_t`` is below 16 (the dot's smallest token tile), so tuned config files choose
+between the two paths per shape and token count.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_dequant import int8_to_fp32_exact
-from inference_server.kernels.pdl import pdl_release, pdl_wait
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact, words_to_fp32_exact
+from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
+
+__all__ = ["gemv_weight_view", "int8_gemv_kernel", "launch_gemv"]
+
+
+@triton.jit
+def _split4(t, ROWS: tl.constexpr, WORDS: tl.constexpr):
+    """``t [ROWS, 4 * WORDS]`` as four ``[ROWS, WORDS]`` tensors: columns ``4j``, ``4j+1``, ``4j+2``, ``4j+3``
+    (each thread's contiguous elements stay in its registers)."""
+    even, odd = tl.split(tl.reshape(t, (ROWS, WORDS, 2, 2)))  # last axis: column parity
+    t0, t2 = tl.split(even)
+    t1, t3 = tl.split(odd)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _split4_row(t, WORDS: tl.constexpr):
+    """``t [4 * WORDS]`` as four ``[WORDS]`` tensors: elements ``4j``, ``4j+1``, ``4j+2``, ``4j+3``."""
+    even, odd = tl.split(tl.reshape(t, (WORDS, 2, 2)))
+    t0, t2 = tl.split(even)
+    t1, t3 = tl.split(odd)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _weights_fp32(w, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, W_WORDS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                  PRMT: tl.constexpr):
+    """A loaded weight tile as four fp32 ``[BLOCK_N, WORDS]`` tensors (columns 4j+i), exactly."""
+    if W_WORDS:  # int8 packed four to an int32 word: [BN, WORDS]
+        w0, w1, w2, w3 = words_to_fp32_exact(w, PRMT)
+    else:  # one element per column: [BN, 4 * WORDS]
+        w0, w1, w2, w3 = _split4(w, BLOCK_N, WORDS)
+        if HAS_SCALE:  # int8 elements
+            w0, w1, w2, w3 = (int8_to_fp32_exact(w0), int8_to_fp32_exact(w1), int8_to_fp32_exact(w2),
+                              int8_to_fp32_exact(w3))
+        else:
+            w0, w1, w2, w3 = w0.to(tl.float32), w1.to(tl.float32), w2.to(tl.float32), w3.to(tl.float32)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _token_fma(acc, w0, w1, w2, w3, x, WORDS: tl.constexpr):
+    """acc [BN, WORDS] += the products of one token's columns ``x [4 * WORDS]`` with the weight columns ``w_i``
+    (``4j + i``): four FMAs per accumulator, each product exact."""
+    x0, x1, x2, x3 = _split4_row(x, WORDS)
+    acc = tl.fma(w0, x0.to(tl.float32)[None, :], acc)
+    acc = tl.fma(w1, x1.to(tl.float32)[None, :], acc)
+    acc = tl.fma(w2, x2.to(tl.float32)[None, :], acc)
+    acc = tl.fma(w3, x3.to(tl.float32)[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _token_row(x_ptrs, row, stride_xt, k_ok, EVEN_K: tl.constexpr):
+    """Row ``row`` of the activation tile at ``x_ptrs``: unmasked with ``EVEN_K`` (the caller keeps every address
+    in bounds), else zeros outside ``k_ok``."""
+    if EVEN_K:
+        return tl.load(x_ptrs + row * stride_xt)
+    return tl.load(x_ptrs + row * stride_xt, mask=k_ok, other=0.0)
 
 
 @triton.jit(do_not_specialize=["T"])
 def int8_gemv_kernel(
     x_ptr,  # [T, K] activations
-    w_ptr,  # [N, K] int8
-    scale_ptr,  # [N] per-output-channel scale
+    w_ptr,  # [N, K] int8 or float elements; W_WORDS: [N, K / 4] int32 words of four int8 columns
+    scale_ptr,  # [N] per-output-channel scale (HAS_SCALE; else any pointer, unread)
     out_ptr,  # SPLIT_K == 1: [T, N] in x's dtype; else [SPLIT_K, T, N] fp32 partial sums
     T,
     N,
-    K,
+    K,  # columns (elements, not words)
     k_per_split,  # K columns per split, a multiple of BLOCK_K (K when SPLIT_K == 1)
     stride_xt,
     stride_xk,
-    stride_wn,
-    stride_wk,
+    stride_wn,  # in w_ptr's elements (words when W_WORDS)
+    stride_wk,  # unused when W_WORDS (words are contiguous)
     stride_scale,
     stride_os,  # between splits of the partial sums (unused when SPLIT_K == 1)
     stride_ot,
     BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr,  # tokens per program: each dequantised weight tile is used BLOCK_T times
-    BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # tokens per program, 1 to 4: each dequantised weight tile is used BLOCK_T times
+    BLOCK_K: tl.constexpr,  # columns per tile, a multiple of 4
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
+    HAS_SCALE: tl.constexpr = True,  # int8 weights (times the row's scale); False: float weights
+    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (K % 8 == 0, contiguous rows)
+    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): as streamed_linear's kernel: x comes from the previous launch and the output may still be
     # read by an earlier one, so wait before the first load.
     pdl_wait(USE_PDL)
+    tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
+    WORDS: tl.constexpr = BLOCK_K // 4
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
-    t_ok = offs_t < T
+    t0 = pid_t * BLOCK_T  # this program's first token
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     offs_n_safe = offs_n % N  # in-bounds weight loads without masks; the store is masked
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * k_per_split
     k_len = tl.minimum(K - k_start, k_per_split)
-    w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start + offs_k)[None, :] * stride_wk
-    x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt + (k_start + offs_k)[None, :] * stride_xk
-    # Triton pipelines only the loads that feed a dot, so the loop prefetches by hand: the next tile's loads are
-    # issued before this tile's arithmetic, keeping two tiles of every program in flight.
-    n_tiles = tl.cdiv(k_len, BLOCK_K)
-    if EVEN_K:
-        w = tl.load(w_ptrs)  # [BN, BK] int8
-        x = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0)  # [BT, BK]
+    if W_WORDS:
+        # Two words (8 columns) per thread and load, not the four a 16-byte load would take: a thread's 16-byte
+        # load of bf16 activations holds 8 columns, and the weight columns must lie in the same thread as theirs.
+        offs_w = (tl.arange(0, WORDS) // 2) * 2 + tl.arange(0, WORDS) % 2
+        w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start // 4 + offs_w)[None, :]
+        w_step = WORDS
+        # The K-tail mask per pair of words (columns 8p .. 8p+7; K is a multiple of 8 on this path, so a pair is
+        # all in or all out): constant over each thread's two words, it keeps the masked loads 8 bytes wide.
+        first_col = (tl.arange(0, WORDS) // 2) * 8
     else:
-        k_ok = offs_k < k_len
-        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
-        x = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-    acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        offs_w = offs_k
+        w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start + offs_k)[None, :] * stride_wk
+        w_step = BLOCK_K * stride_wk
+        first_col = offs_k
+    x_ptrs = x_ptr + t0.to(tl.int64) * stride_xt + (k_start + offs_k) * stride_xk  # the first token's row
+    # Tokens past T read the last token's row (in bounds, no mask); their accumulators are never stored.
+    row1 = tl.minimum(t0 + 1, T - 1) - t0
+    row2 = tl.minimum(t0 + 2, T - 1) - t0
+    row3 = tl.minimum(t0 + 3, T - 1) - t0
+    n_tiles = tl.cdiv(k_len, BLOCK_K)
+    # Loads of tile 0; in the loop, the next tile's loads go out before this tile's arithmetic, so two tiles of
+    # every program are in flight. With EVEN_K no load is masked: the last iteration's prefetch re-reads its own
+    # tile (the pointers stop advancing), so no predicate or zero fill is spent per load.
+    w_ok = first_col < k_len
+    k_ok = offs_k < k_len
+    if EVEN_K:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=w_ok[None, :], other=0)
+    x0 = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
+    if BLOCK_T > 1:
+        x1 = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
+    if BLOCK_T > 2:
+        x2 = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
+    if BLOCK_T > 3:
+        x3 = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
+    acc0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     for kb in range(0, n_tiles):
-        w_ptrs += BLOCK_K * stride_wk
-        x_ptrs += BLOCK_K * stride_xk
-        if EVEN_K:  # a uniform mask keeps the loads vectorised
-            more = tl.zeros((1, BLOCK_K), tl.int32) + (kb + 1) < n_tiles  # uniform; False past the last tile
-            w_next = tl.load(w_ptrs, mask=more, other=0)
-            x_next = tl.load(x_ptrs, mask=t_ok[:, None] & more, other=0.0)
+        if EVEN_K:
+            more = (kb + 1 < n_tiles).to(tl.int32)  # 0 on the last iteration: the prefetch stays in bounds
+            w_ptrs += more * w_step
+            x_ptrs += more * (BLOCK_K * stride_xk)
+            w_next = tl.load(w_ptrs)
         else:
-            k_next = offs_k < k_len - (kb + 1) * BLOCK_K
-            w_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
-            x_next = tl.load(x_ptrs, mask=t_ok[:, None] & k_next[None, :], other=0.0)
-        wf = int8_to_fp32_exact(w)  # [BN, BK] fp32, exact
-        acc += tl.sum(wf[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)  # [BN, BT]
+            w_ptrs += w_step
+            x_ptrs += BLOCK_K * stride_xk
+            rest = k_len - (kb + 1) * BLOCK_K
+            k_ok = offs_k < rest
+            w_next = tl.load(w_ptrs, mask=(first_col < rest)[None, :], other=0)
+        x0_next = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
+        if BLOCK_T > 1:
+            x1_next = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
+        if BLOCK_T > 2:
+            x2_next = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
+        if BLOCK_T > 3:
+            x3_next = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
+        w0, w1, w2, w3 = _weights_fp32(w, BLOCK_N, WORDS, W_WORDS, HAS_SCALE, PRMT)
+        acc0 = _token_fma(acc0, w0, w1, w2, w3, x0, WORDS)
+        if BLOCK_T > 1:
+            acc1 = _token_fma(acc1, w0, w1, w2, w3, x1, WORDS)
+            x1 = x1_next
+        if BLOCK_T > 2:
+            acc2 = _token_fma(acc2, w0, w1, w2, w3, x2, WORDS)
+            x2 = x2_next
+        if BLOCK_T > 3:
+            acc3 = _token_fma(acc3, w0, w1, w2, w3, x3, WORDS)
+            x3 = x3_next
         w = w_next
-        x = x_next
+        x0 = x0_next
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
     # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
     pdl_release(USE_PDL)
-    store_streamed_tile(acc, out_ptr, scale_ptr, offs_t, t_ok, offs_n, N, pid_s, stride_os, stride_ot, stride_scale,
-                        SPLIT_K, True)
+    # [BN, BT]: token t's column is acc_t summed over the words (one cross-thread reduction per program)
+    offs_bt = tl.arange(0, BLOCK_T)[None, :]
+    out = tl.where(offs_bt == 0, tl.sum(acc0, axis=1)[:, None], 0.0)
+    if BLOCK_T > 1:
+        out = tl.where(offs_bt == 1, tl.sum(acc1, axis=1)[:, None], out)
+    if BLOCK_T > 2:
+        out = tl.where(offs_bt == 2, tl.sum(acc2, axis=1)[:, None], out)
+    if BLOCK_T > 3:
+        out = tl.where(offs_bt == 3, tl.sum(acc3, axis=1)[:, None], out)
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    store_streamed_tile(out, out_ptr, scale_ptr, offs_t, offs_t < T, offs_n, N, pid_s, stride_os, stride_ot,
+                        stride_scale, SPLIT_K, HAS_SCALE)
+
+
+def gemv_weight_view(weight: torch.Tensor) -> torch.Tensor | None:
+    """An int8 weight ``[N, K]`` as int32 words ``[N, K / 4]`` (four columns a word, little-endian: column
+    ``4j + i`` is byte ``i`` of word ``j``), or None where its layout does not allow it (K not a multiple of 8,
+    columns not contiguous, rows or start not 4-byte aligned): the kernel then reads single bytes."""
+    if weight.dtype != torch.int8 or weight.shape[1] % 8 or weight.stride(1) != 1 or weight.shape[1] == 0:
+        return None
+    if weight.stride(0) % 4 or weight.storage_offset() % 4:
+        return None
+    return weight.view(torch.int32)
+
+
+def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                dest: torch.Tensor, k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int,
+                split_k: int, num_warps: int, num_stages: int, interpreted: bool) -> None:
+    """Launch the GEMV of ``x [T, K] @ weight[N, K].T`` (int8 weights with ``scale``, else float weights of x's
+    dtype) into ``dest`` (``[T, N]`` in x's dtype, or ``[split_k, T, N]`` fp32 partial sums). ``block_k`` must be
+    a multiple of 4; int8 weights are read as words where ``gemv_weight_view`` allows it."""
+    T, K = x.shape
+    N = weight.shape[0]
+    if block_k % 4 or not 1 <= block_t <= 4:
+        raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
+                         f"block_k {block_k}, block_t {block_t}")
+    words = gemv_weight_view(weight) if scale is not None else None
+    w = words if words is not None else weight
+    scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
+    int8_gemv_kernel[grid](
+        x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2),
+        BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
+        HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+    )  # fmt: skip

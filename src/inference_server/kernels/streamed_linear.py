@@ -15,9 +15,9 @@ at decode: N = 5376 is 84 tiles of 64 rows for 132 SMs), K is split (``wave_spli
 writes fp32 partial sums, and a second small kernel adds the splits in a fixed order, applies the scale (int8)
 and casts (deterministic, no atomics, no zero-fill).
 
-int8 weights have two more paths, chosen by their config: ``magic_dequant`` converts the bytes by the exponent
-trick (``int8_dequant``) instead of the quarter-rate conversion instruction, and a ``block_t`` below 16 runs the
-CUDA-core GEMV of ``kernels/int8_gemv.py`` (same outputs and partial sums, so the same reduce kernel).
+A config's ``block_t`` below 16 runs the CUDA-core GEMV of ``kernels/int8_gemv.py`` (int8 or float weights;
+same outputs and partial sums, so the same reduce kernel). int8 weights have one more path: ``magic_dequant``
+converts the bytes by the exponent trick (``int8_dequant``) instead of the quarter-rate conversion instruction.
 
 No host syncs and the grid comes from shapes only, so calls are CUDA-graph capturable. The token count ``T``
 is not specialised (``do_not_specialize``): steps of every size share the compiled variants of their config,
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
-from inference_server.kernels.int8_gemv import int8_gemv_kernel
+from inference_server.kernels.int8_gemv import launch_gemv
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
@@ -46,7 +46,7 @@ __all__ = ["H200_SMS", "HBM_BYTES_PER_S", "REDUCE_LAUNCH_S", "Bucket", "bucket_c
            "dividing_block_k", "max_split_k", "pow2_clamp", "streamed_linear", "wave_split_k"]
 
 H200_SMS = 132
-_MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV (int8)
+_MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV
 _MIN_K_PER_SPLIT = 512  # a split streams at least this many K columns
 _MAX_SPLIT_K = 16
 HBM_BYTES_PER_S = 4.3e12  # measured on the H200 (bench/roofline.py)
@@ -263,8 +263,8 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
 
     ``config`` defaults to the tuned config for this GPU and shape in ``config_dir`` (``int8_linear_configs``;
     only while ``moe_configs.use_tuned_configs`` is on), else ``heuristic(T, N, K, x.element_size())``. A
-    config's ``block_t`` below 16 runs the CUDA-core int8 GEMV (``kernels/int8_gemv.py``, same outputs), else the
-    tensor-core kernel here."""
+    config's ``block_t`` below 16 runs the CUDA-core GEMV (``kernels/int8_gemv.py``, int8 or float weights, same
+    outputs), else the tensor-core kernel here."""
     T, K = x.shape
     N = weight.shape[0]
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -282,8 +282,8 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
         cfg = tuned_int8_linear_config(T, N, K, x.dtype, device_name(x.device), config_dir)
     cfg = cfg or heuristic(T, N, K, x.element_size())
     gemv = cfg.block_t < _MIN_DOT_TOKENS
-    if (gemv or cfg.magic_dequant) and scale is None:
-        raise ValueError(f"{cfg}: the CUDA-core GEMV and the exponent-trick dequantisation take int8 weights only")
+    if cfg.magic_dequant and scale is None and not gemv:
+        raise ValueError(f"{cfg}: the exponent-trick dequantisation takes int8 weights only")
     split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)  # no empty split
@@ -296,8 +296,10 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
             dest.stride(0) if split > 1 else 0, dest.stride(-2))
     tiles = dict(BLOCK_N=cfg.block_n, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, SPLIT_K=split,
                  EVEN_K=K % cfg.block_k == 0)
-    if gemv:  # the CUDA-core int8 GEMV (kernels/int8_gemv.py)
-        int8_gemv_kernel[grid](*args, **tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch())
+    if gemv:  # the CUDA-core GEMV (kernels/int8_gemv.py), int8 or float weights
+        launch_gemv(grid, x, weight, scale, dest, k_per_split, args[13], block_n=cfg.block_n,
+                    block_t=cfg.block_t, block_k=cfg.block_k, split_k=split, num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages, interpreted=_INTERPRETED)  # args[13]: stride_os
     else:
         _streamed_linear_kernel[grid](
             *args, **tiles, HAS_SCALE=scale is not None, IEEE=x.dtype == torch.float32,
