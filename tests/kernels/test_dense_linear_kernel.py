@@ -148,12 +148,15 @@ REAL_SHAPES = {  # name: (N, K)
 
 
 def test_dense_linear_config_heuristic() -> None:
-    for low, high in ((1, 16), (17, 32), (33, 64), (65, 128)):  # one config per bucket: shared compiled variants
+    for low, high in ((3, 16), (17, 32), (33, 64), (65, 128)):  # one config per bucket: shared compiled variants
         for N, K in REAL_SHAPES.values():
             assert len({dense_linear_config(t, N, K) for t in range(low, high + 1)}) == 1
     assert [b.max_tokens for b in BUCKETS][:4] == [16, 32, 64, 128]
     for N, K in [*REAL_SHAPES.values(), (262144, 2816), (37, 100)]:
-        for T in (1, 16, 17, 64, 100, 256, 2048):
+        for T in (1, 2):  # the CUDA-core GEMV (streamed_linear.gemv_config): T tokens a program, no split
+            cfg = dense_linear_config(T, N, K)
+            assert cfg.block_t == T and cfg.split_k == 1 and cfg.block_k % 4 == 0
+        for T in (3, 16, 17, 64, 100, 256, 2048):
             for element_size in (2, 4):
                 cfg = dense_linear_config(T, N, K, element_size)
                 for size in (cfg.block_n, cfg.block_t, cfg.block_k):
@@ -163,14 +166,16 @@ def test_dense_linear_config_heuristic() -> None:
                     assert cfg.split_k == 1  # several token tiles: a split would vary with T
                 shared = cfg.num_stages * (cfg.block_n + cfg.block_t) * cfg.block_k * element_size
                 assert shared <= 227 * 1024, (N, K, T, cfg)
-    # the routers' 128 rows: 16-row programs, and no second launch for a read shorter than it
-    router = dense_linear_config(1, 128, 2048)
+    # the routers' 128 rows at 16 tokens: 16-row programs, and no second launch for a read shorter than it
+    router = dense_linear_config(16, 128, 2048)
     assert (router.block_n, router.split_k) == (16, 1)
-    # Qwen3-30B-A3B's o_proj at decode: every SM gets a program (32 tiles of 64 rows would leave 100 idle)
-    o_proj = dense_linear_config(1, 2048, 4096)
+    # Qwen3-30B-A3B's o_proj at 16 tokens: every SM gets a program (32 tiles of 64 rows would leave 100 idle)
+    o_proj = dense_linear_config(16, 2048, 4096)
     assert -(-2048 // o_proj.block_n) * o_proj.split_k >= 128
+    # ... and at one token the GEMV the H200 sweep chose for it (bench/results/2026-12-01-h200/issue12)
+    assert dense_linear_config(1, 2048, 4096) == Int8LinearConfig(8, 1, 1024, 1, 4, 1)
     # Gemma-4-31B's gate_up has thousands of 64-row tiles: full tiles, no split
-    assert dense_linear_config(1, 43008, 5376) == Int8LinearConfig(64, 16, 128, 1, 4, 4)
+    assert dense_linear_config(16, 43008, 5376) == Int8LinearConfig(64, 16, 128, 1, 4, 4)
 
 
 def test_stream_model_rewards_bytes_in_flight() -> None:

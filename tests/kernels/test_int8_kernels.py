@@ -187,21 +187,30 @@ def test_int8_linear_empty_and_bad_inputs() -> None:
 
 
 def test_int8_linear_config_heuristic() -> None:
-    for bucket in ((1, 16), (17, 32), (33, 64), (65, 128)):  # one config per bucket: shared compiled variants
+    for bucket in ((3, 16), (17, 32), (33, 64), (65, 128)):  # one config per bucket: shared compiled variants
         assert len({int8_linear_config(t, 5376, 21504) for t in range(bucket[0], bucket[1] + 1)}) == 1
     for N, K in ((16384, 5376), (18432, 5376), (5376, 8192), (5376, 16384), (43008, 5376), (5376, 21504),
                  (5120, 2048), (2048, 4096), (2816, 2112), (37, 100)):
-        for T in (1, 16, 17, 64, 100, 256, 2048, 8192):
+        for T in (3, 16, 17, 64, 100, 256, 2048, 8192):
             cfg = int8_linear_config(T, N, K)
             for size in (cfg.block_n, cfg.block_t, cfg.block_k):
                 assert size >= 16 and size & (size - 1) == 0
             assert cfg.split_k == 1 or K // cfg.split_k >= 512
             if T > 128:
                 assert cfg.split_k == 1  # several token tiles: a split would vary with T
-    # Gemma-4-31B down_proj at decode: 84 tiles of 64 rows, split over K to cover every SM
-    down = int8_linear_config(1, 5376, 21504)
+        for T in (1, 2):  # the CUDA-core GEMV: T tokens a program, tiles of 256 columns a warp, whole where K allows
+            cfg = int8_linear_config(T, N, K)
+            assert cfg.block_t == T and cfg.split_k == 1 and cfg.block_k % 4 == 0
+            assert cfg.num_warps == max(1, min(4, cfg.block_k // 256))
+            assert K % cfg.block_k == 0 or cfg.block_k > K or K % 32
+    # Gemma-4-31B at one token: the configs the H200 sweep chose (bench/results/2026-12-01-h200/issue13)
+    assert int8_linear_config(1, 5376, 21504) == Int8LinearConfig(8, 1, 1024, 1, 4, 1)
+    assert int8_linear_config(1, 43008, 5376) == Int8LinearConfig(8, 1, 256, 1, 1, 1)
+    assert int8_linear_config(2, 5376, 8192) == Int8LinearConfig(16, 2, 1024, 1, 4, 1)
+    # Gemma-4-31B down_proj at 16 tokens: 84 tiles of 64 rows, split over K to cover every SM
+    down = int8_linear_config(16, 5376, 21504)
     assert down.split_k * (5376 // down.block_n) >= 132
-    assert int8_linear_config(1, 5376, 21504, element_size=4).block_k == down.block_k // 2
+    assert int8_linear_config(16, 5376, 21504, element_size=4).block_k == down.block_k // 2
 
 
 def test_split_k_wave_model() -> None:

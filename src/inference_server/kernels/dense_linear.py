@@ -23,6 +23,7 @@ import triton
 from inference_server.kernels.int8_linear_configs import DENSE_CONFIG_DIR, Int8LinearConfig, tuned_baseline_faster
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
 from inference_server.kernels.streamed_linear import (
+    GEMV_MAX_TOKENS,
     H200_SMS,
     HBM_BYTES_PER_S,
     REDUCE_LAUNCH_S,
@@ -30,6 +31,7 @@ from inference_server.kernels.streamed_linear import (
     bucket_config,
     bucket_of,
     dividing_block_k,
+    gemv_config,
     max_split_k,
     pow2_clamp,
     streamed_linear,
@@ -100,7 +102,10 @@ def dense_linear_config(num_tokens: int, out_features: int, in_features: int, el
     """Heuristic config of a token-count bucket (1-16, 17-32, 33-64, 65-128, larger). The buckets of one token
     tile choose rows, K depth and splits by ``_decode_config``'s model (it depends on the bucket, not on T, so
     steps of every size inside a bucket share compiled variants); larger steps are ordinary 128 x 128 GEMM
-    tiles. fp32 weights and activations get half the K depth."""
+    tiles. fp32 weights and activations get half the K depth. Steps of 1-2 tokens take the CUDA-core GEMV
+    (``streamed_linear.gemv_config``)."""
+    if num_tokens <= GEMV_MAX_TOKENS:
+        return gemv_config(num_tokens, in_features)
     bucket = bucket_of(BUCKETS, num_tokens)
     if not bucket.may_split:
         return bucket_config(BUCKETS, num_tokens, out_features, in_features, element_size, element_size, num_sms)

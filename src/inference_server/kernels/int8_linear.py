@@ -16,7 +16,14 @@ from __future__ import annotations
 import torch
 
 from inference_server.kernels.int8_linear_configs import CONFIG_DIR, Int8LinearConfig
-from inference_server.kernels.streamed_linear import H200_SMS, Bucket, bucket_config, streamed_linear
+from inference_server.kernels.streamed_linear import (
+    GEMV_MAX_TOKENS,
+    H200_SMS,
+    Bucket,
+    bucket_config,
+    gemv_config,
+    streamed_linear,
+)
 
 __all__ = ["BUCKETS", "Int8LinearConfig", "int8_linear", "int8_linear_config"]
 
@@ -42,7 +49,10 @@ def int8_linear_config(
     128-column tiles and 4 stages (4 and 2 programs an SM: many slots, short tails). K is split by
     ``streamed_linear.wave_split_k`` where the weight-row tiles are too few. Prefill buckets are ordinary 128x128
     GEMM tiles. Activations of 4 bytes (fp32) get half the K depth: the same shared memory as the 2-byte case.
+    Steps of 1-2 tokens take the CUDA-core GEMV instead (``streamed_linear.gemv_config``).
     """
+    if num_tokens <= GEMV_MAX_TOKENS:
+        return gemv_config(num_tokens, in_features)
     return bucket_config(BUCKETS, num_tokens, out_features, in_features, element_size, 1, num_sms)
 
 

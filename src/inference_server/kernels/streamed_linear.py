@@ -42,8 +42,8 @@ from inference_server.kernels.moe_configs import device_name, tuned_configs_enab
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["H200_SMS", "HBM_BYTES_PER_S", "REDUCE_LAUNCH_S", "Bucket", "bucket_config", "bucket_of",
-           "dividing_block_k", "max_split_k", "pow2_clamp", "streamed_linear", "wave_split_k"]
+__all__ = ["GEMV_MAX_TOKENS", "H200_SMS", "HBM_BYTES_PER_S", "REDUCE_LAUNCH_S", "Bucket", "bucket_config", "bucket_of",
+           "dividing_block_k", "gemv_config", "max_split_k", "pow2_clamp", "streamed_linear", "wave_split_k"]
 
 H200_SMS = 132
 _MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV
@@ -127,6 +127,23 @@ def bucket_config(buckets: tuple[Bucket, ...], num_tokens: int, out_features: in
                              block_k, bucket.programs_per_sm * num_sms, weight_bytes)
     return Int8LinearConfig(block_n, bucket.block_t, block_k, split, bucket.num_warps, bucket.num_stages,
                             magic_dequant=bucket.magic_dequant)
+
+
+GEMV_MAX_TOKENS = 2
+"""Steps of at most this many tokens take the CUDA-core GEMV in both fronts' heuristics (``gemv_config``)."""
+
+
+def gemv_config(num_tokens: int, in_features: int) -> Int8LinearConfig:
+    """The CUDA-core GEMV's heuristic config for 1-2 tokens (``kernels/int8_gemv.py``): 8 weight rows a program (16
+    at 2 tokens with 1024-column tiles), K tiles of up to 1024 columns dividing K, one warp per 256 columns (narrower
+    tiles make Triton exchange operands through shared memory every tile), no split. The H200 sweeps chose exactly
+    these at every Gemma-4-31B int8 shape (0.73-0.88 of 4.3 TB/s at one token against 0.48-0.62 for the
+    tensor-core kernel) and at Qwen3-30B-A3B's bf16 q/k/v and o_proj at one token (7.8 and 7.2 µs against cuBLAS's
+    8.2 and 8.7; ``bench/results/2026-12-01-h200``)."""
+    block_k = dividing_block_k(in_features, 1024)
+    tokens = max(1, min(num_tokens, GEMV_MAX_TOKENS))
+    block_n = 16 if tokens > 1 and block_k >= 1024 else 8
+    return Int8LinearConfig(block_n, tokens, block_k, 1, max(1, min(4, block_k // 256)), 1)
 
 
 def bucket_of(buckets: tuple[Bucket, ...], num_tokens: int) -> Bucket:
