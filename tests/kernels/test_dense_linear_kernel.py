@@ -311,3 +311,19 @@ def test_dense_linear_gpu_deterministic_and_graph_capturable(N: int, K: int, con
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, dense_linear(x, w, config=config))
+
+
+def test_triton_is_faster_only_where_the_sweep_timed_it_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checked-in H200 sweep of Qwen3-30B-A3B: o_proj at one and two tokens and q/k/v at one took the Triton
+    GEMV; q/k/v at two tokens is marked cuBLAS-faster; untimed token counts and shapes have no verdict."""
+    from inference_server.kernels import dense_linear as module
+
+    monkeypatch.setattr(module, "device_name", lambda device: "NVIDIA H200")
+    cpu = torch.device("cpu")
+    assert module.triton_is_faster(1, 2048, 4096, torch.bfloat16, cpu)
+    assert module.triton_is_faster(2, 2048, 4096, torch.bfloat16, cpu)
+    assert module.triton_is_faster(1, 5120, 2048, torch.bfloat16, cpu)
+    assert not module.triton_is_faster(2, 5120, 2048, torch.bfloat16, cpu)  # cuBLAS was faster
+    assert not module.triton_is_faster(3, 2048, 4096, torch.bfloat16, cpu)  # past the tuned counts
+    assert not module.triton_is_faster(1, 2048, 4096, torch.float32, cpu)  # no file for fp32
+    assert not module.triton_is_faster(1, 2816, 2112, torch.bfloat16, cpu)  # a shape the sweep did not time

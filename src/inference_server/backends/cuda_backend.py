@@ -43,7 +43,7 @@ from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVSto
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.decode_attention import paged_decode_attention
-from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear
+from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear, triton_is_faster
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
@@ -197,15 +197,18 @@ def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | N
 
 
 def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                        max_tokens: int) -> torch.Tensor:
+                        max_tokens: int, tuned_only: bool = False) -> torch.Tensor:
     """``ops.linear`` through the Triton weight-streaming GEMV (``kernels.dense_linear``) for steps of at most
     ``max_tokens`` tokens, where cuBLAS runs most of the models' projections well under the memory limit; cuBLAS
     (``F.linear``) for larger steps, biases, weights of another dtype than the activations, and the shapes and
-    step sizes where this GPU's tuning sweep timed cuBLAS faster (``dense_linear.cublas_is_faster``)."""
+    step sizes where this GPU's tuning sweep timed cuBLAS faster (``dense_linear.cublas_is_faster``). With
+    ``tuned_only``, also wherever the sweep did not time this shape and step size (``dense_linear.triton_is_faster``
+    is then False): only measured wins take the Triton kernel."""
     tokens = math.prod(x.shape[:-1])
     if (bias is not None or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= tokens <= max_tokens
             or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
-            or cublas_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)):
+            or cublas_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)
+            or (tuned_only and not triton_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device))):
         return torch.nn.functional.linear(x, weight, bias)
     return dense_linear(x.reshape(tokens, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
 
@@ -262,10 +265,14 @@ class CudaRunnerOptions:
     ``triton_norm`` and ``triton_rope``."""
     triton_dense_linear: bool = False
     """Float projections (q/k/v, o, dense MLP, routers, PLE, logits: ``ops.linear``) of steps of at most
-    ``dense_linear_max_tokens`` tokens as the Triton GEMV (``kernels.dense_linear``), cuBLAS above. Off by
-    default: on the H200 with its untuned heuristic configs it did not pay (Qwen3-30B-A3B B=1 232 vs 234 tok/s
-    on cuBLAS, its projections 973 vs 797 µs a step; Gemma-4-31B even, docs/benchmarks.md); tuned configs from
-    ``bench/dense_linear.py --sweep --write`` may change that."""
+    ``dense_linear_max_tokens`` tokens as the Triton GEMV (``kernels.dense_linear``) at every shape, cuBLAS above
+    (except where this GPU's sweep timed cuBLAS faster). Off by default: at shapes the H200 sweep did not tune it
+    won on Gemma-4-E4B (B=1 202 vs 175 tok/s) and lost on Gemma-4-26B-A4B (205 vs 216) and Gemma-4-31B (54.1 vs
+    55.1; docs/benchmarks.md)."""
+    triton_dense_linear_where_tuned: bool = True
+    """Float projections as the Triton GEMV only at the shapes and step sizes where this GPU's sweep
+    (``bench/dense_linear.py --sweep --write``) timed it faster than cuBLAS, cuBLAS elsewhere: the H200 files
+    cover Qwen3-30B-A3B at 1-2 tokens (B=1 260 vs 244 tok/s). Implied by ``triton_dense_linear``."""
     dense_linear_max_tokens: int = 16
     """The largest step that takes the Triton GEMV (``bench/dense_linear.py`` compares it with cuBLAS per T)."""
     moe_decode_max_tokens: int = 2
@@ -336,8 +343,10 @@ class CudaModelRunner(ModelRunner):
         self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
             else ops.torch_gated_activation
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
-        self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens) \
-            if options.triton_dense_linear and not options.compile else torch.nn.functional.linear
+        self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
+                                         tuned_only=not options.triton_dense_linear) \
+            if (options.triton_dense_linear or options.triton_dense_linear_where_tuned) and not options.compile \
+            else torch.nn.functional.linear
         if options.fused_weights:
             for module in model.modules():
                 if isinstance(module, SelfAttention):

@@ -20,7 +20,12 @@ from __future__ import annotations
 import torch
 import triton
 
-from inference_server.kernels.int8_linear_configs import DENSE_CONFIG_DIR, Int8LinearConfig, tuned_baseline_faster
+from inference_server.kernels.int8_linear_configs import (
+    DENSE_CONFIG_DIR,
+    Int8LinearConfig,
+    tuned_baseline_faster,
+    tuned_int8_linear_config,
+)
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
 from inference_server.kernels.streamed_linear import (
     GEMV_MAX_TOKENS,
@@ -37,7 +42,7 @@ from inference_server.kernels.streamed_linear import (
     streamed_linear,
 )
 
-__all__ = ["BUCKETS", "cublas_is_faster", "dense_linear", "dense_linear_config"]
+__all__ = ["BUCKETS", "cublas_is_faster", "dense_linear", "dense_linear_config", "triton_is_faster"]
 
 BUCKETS = (
     Bucket(16, 16, 64, 128, 4, 4, 2, True),  # decode GEMV: 16 KB weight + 4 KB x a stage, 4 stages: 80 KB shared
@@ -134,3 +139,14 @@ def cublas_is_faster(num_tokens: int, out_features: int, in_features: int, dtype
     of this shape at ``num_tokens``' tuned count; False without a tuned file (or with tuned configs off)."""
     return tuned_configs_enabled() and tuned_baseline_faster(num_tokens, out_features, in_features, dtype,
                                                              device_name(device), DENSE_CONFIG_DIR)
+
+
+def triton_is_faster(num_tokens: int, out_features: int, in_features: int, dtype: torch.dtype,
+                     device: torch.device) -> bool:
+    """Whether ``device``'s sweep timed a config of this shape faster than cuBLAS at ``num_tokens``' tuned count: a
+    tuned entry there and no ``baseline_faster`` mark; False without a tuned file (or with tuned configs off)."""
+    if not tuned_configs_enabled():
+        return False
+    name = device_name(device)
+    return (tuned_int8_linear_config(num_tokens, out_features, in_features, dtype, name, DENSE_CONFIG_DIR) is not None
+            and not tuned_baseline_faster(num_tokens, out_features, in_features, dtype, name, DENSE_CONFIG_DIR))
