@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
 LOG2E = 1.4426950408889634
@@ -50,9 +51,6 @@ _MAX_FUSED_HEADS = 4096
 """Most (sequence, kv head) programs the fused split merge takes (split-KV runs only below one per SM anyway)."""
 _MERGE_ELEMENTS = 8192
 """fp32 values of split accumulators the merging program loads at a time (32 KB)."""
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-"""One zeroed arrival-counter buffer per device for the fused split merge: each launch counts up per (sequence,
-kv head) and the last split resets it, so launches in stream order (eager or replayed in CUDA graphs) share it."""
 
 
 @triton.jit
@@ -278,12 +276,8 @@ def _decode_reduce_kernel(
 
 
 def _arrival_counters(device: torch.device) -> torch.Tensor:
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("paged_decode_attention must run once on this device before a CUDA graph captures it")
-        counters = _COUNTERS[device] = torch.zeros(_MAX_FUSED_HEADS, dtype=torch.int32, device=device)
-    return counters
+    """The fused split merge's counters, one per (sequence, kv head) (``kernels.arrival_counters``)."""
+    return arrival_counters("paged_decode_attention", _MAX_FUSED_HEADS, device)
 
 
 @functools.lru_cache(maxsize=8)

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.moe_configs import (
     MoeGemmConfig,
     MoeKernelConfig,
@@ -74,7 +75,6 @@ __all__ = [
     "moe_max_blocks",
 ]
 
-_ACT_CODES: dict[str, int] = {"silu": 0, "gelu_tanh": 1}
 _H200_SMS = 132
 
 
@@ -574,33 +574,11 @@ def fused_moe(
     ``reference_moe.fused_moe_int8_reference``. Tuned configs come from the files for ``dtype=int8``
     (bf16/fp16 activations; fp32 ones use the heuristic).
     """
-    T, H = hidden.shape
-    E, two_i, h_w = w_gate_up.shape
-    inter_size = two_i // 2
-    K = topk_ids.shape[1]
-    if h_w != H or two_i != 2 * inter_size or tuple(w_down.shape) != (E, H, inter_size):
-        raise ValueError(f"bad expert shapes {tuple(w_gate_up.shape)}, {tuple(w_down.shape)} for H={H}")
-    if tuple(topk_ids.shape) != (T, K) or tuple(topk_weights.shape) != (T, K):
-        raise ValueError("topk_ids and topk_weights must both be [T, K]")
-    w_int8 = w_gate_up_scale is not None or w_down_scale is not None
-    if w_int8:
-        if w_gate_up_scale is None or w_down_scale is None:
-            raise ValueError("int8 experts need both w_gate_up_scale and w_down_scale")
-        if w_gate_up.dtype != torch.int8 or w_down.dtype != torch.int8:
-            raise ValueError("with scales, the expert weights must be int8")
-        if tuple(w_gate_up_scale.shape) != (E, two_i) or tuple(w_down_scale.shape) != (E, H):
-            raise ValueError(f"scales must be [{E}, {two_i}] and [{E}, {H}], not "
-                             f"{tuple(w_gate_up_scale.shape)}, {tuple(w_down_scale.shape)}")
-        if not (w_gate_up_scale.is_floating_point() and w_down_scale.is_floating_point()):
-            raise ValueError("scales must be float tensors")
-    elif w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
-        raise ValueError("expert weights must have hidden's dtype")
-    if activation not in _ACT_CODES:
-        raise ValueError(f"unknown activation {activation!r}")
-    if out is None:
-        out = torch.empty(T, H, dtype=hidden.dtype, device=hidden.device)
-    elif tuple(out.shape) != (T, H) or out.dtype != hidden.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{T}, {H}] {hidden.dtype} with a contiguous last dim")
+    shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
+                                 w_down_scale)
+    T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
+                                      shapes.top_k, shapes.int8)
+    out = moe_output(hidden, out)
     if T == 0:
         return out
     cfg = config
@@ -629,7 +607,7 @@ def fused_moe(
         n_pairs, H, inter_size, max_blocks,
         hidden.stride(0), hidden.stride(1), w_gate_up.stride(0), w_gate_up.stride(1), w_gate_up.stride(2),
         inter.stride(0), gu_scale.stride(0), gu_scale.stride(1),
-        TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_M=bm, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
+        TOP_K=K, ACT=ACT_CODES[activation], BLOCK_M=bm, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
         GROUP_M=gu.group_m, EVEN_K=H % gu.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         MAGIC=w_int8 and bool(gu.magic_dequant),
         num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(),

@@ -38,7 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
@@ -49,9 +51,6 @@ MAX_TOKENS = 64
 """The most tokens one call takes (the arrival counters are sized for it)."""
 _MAX_ROW_TILES = 2048
 """Hidden-row tiles per token the counters hold (hidden sizes up to 32,768 at 16 rows a tile)."""
-_ACT_CODES: dict[str, int] = {"silu": 0, "gelu_tanh": 1}
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-"""One zeroed ``[MAX_TOKENS * _MAX_ROW_TILES]`` int32 arrival-counter buffer per device (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -272,12 +271,8 @@ def _down_kernel(
 
 
 def _arrival_counters(device: torch.device) -> torch.Tensor:
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("fused_moe_decode must run once on this device before a CUDA graph captures it")
-        counters = _COUNTERS[device] = torch.zeros(MAX_TOKENS * _MAX_ROW_TILES, dtype=torch.int32, device=device)
-    return counters
+    """The down kernel's ``[MAX_TOKENS * _MAX_ROW_TILES]`` counters (``kernels.arrival_counters``)."""
+    return arrival_counters("fused_moe_decode", MAX_TOKENS * _MAX_ROW_TILES, device)
 
 
 def fused_moe_decode(
@@ -296,35 +291,15 @@ def fused_moe_decode(
     """``fused_moe``'s contract (same arguments, shapes and rounding; see the module docstring) for at most
     ``MAX_TOKENS`` tokens, as two GEMV launches. The weights' last dims must be contiguous. ``config`` defaults to
     ``moe_decode_config``."""
-    T, H = hidden.shape
-    E, two_i, h_w = w_gate_up.shape
-    inter_size = two_i // 2
-    K = topk_ids.shape[1]
-    if h_w != H or two_i != 2 * inter_size or tuple(w_down.shape) != (E, H, inter_size):
-        raise ValueError(f"bad expert shapes {tuple(w_gate_up.shape)}, {tuple(w_down.shape)} for H={H}")
-    if tuple(topk_ids.shape) != (T, K) or tuple(topk_weights.shape) != (T, K):
-        raise ValueError("topk_ids and topk_weights must both be [T, K]")
+    shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
+                                 w_down_scale)
+    T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
+                                      shapes.top_k, shapes.int8)
     if T > MAX_TOKENS:
         raise ValueError(f"fused_moe_decode takes at most {MAX_TOKENS} tokens, got {T}")
     if w_gate_up.stride(2) != 1 or w_down.stride(2) != 1 or hidden.stride(1) != 1:
         raise ValueError("hidden and the expert weights need a contiguous last dim")
-    w_int8 = w_gate_up_scale is not None or w_down_scale is not None
-    if w_int8:
-        if w_gate_up_scale is None or w_down_scale is None:
-            raise ValueError("int8 experts need both w_gate_up_scale and w_down_scale")
-        if w_gate_up.dtype != torch.int8 or w_down.dtype != torch.int8:
-            raise ValueError("with scales, the expert weights must be int8")
-        if tuple(w_gate_up_scale.shape) != (E, two_i) or tuple(w_down_scale.shape) != (E, H):
-            raise ValueError(f"scales must be [{E}, {two_i}] and [{E}, {H}], not "
-                             f"{tuple(w_gate_up_scale.shape)}, {tuple(w_down_scale.shape)}")
-    elif w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
-        raise ValueError("expert weights must have hidden's dtype")
-    if activation not in _ACT_CODES:
-        raise ValueError(f"unknown activation {activation!r}")
-    if out is None:
-        out = torch.empty(T, H, dtype=hidden.dtype, device=hidden.device)
-    elif tuple(out.shape) != (T, H) or out.dtype != hidden.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{T}, {H}] {hidden.dtype} with a contiguous last dim")
+    out = moe_output(hidden, out)
     if T == 0:
         return out
     cfg = config or moe_decode_config(H, inter_size, hidden.element_size())
@@ -341,7 +316,7 @@ def fused_moe_decode(
     _gate_up_kernel[(triton.cdiv(inter_size, cfg.gate_up_block_n), n_pairs)](
         hidden, w_gate_up, ids, gu_scale, inter, E, H, inter_size,
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gu_scale.stride(0), gu_scale.stride(1),
-        TOP_K=K, ACT=_ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
+        TOP_K=K, ACT=ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
         EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, num_warps=cfg.gate_up_warps, **pdl_launch(),
     )  # fmt: skip
     pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
 __all__ = ["linear_route", "reference_linear_route", "triton_route"]
@@ -38,9 +39,6 @@ __all__ = ["linear_route", "reference_linear_route", "triton_route"]
 MAX_EXPERTS = 1024
 MAX_FUSED_ROWS = 64
 """Most token rows ``linear_route`` takes: the last program routes them all as one [rows, experts] tile."""
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-"""One zeroed arrival counter per device for ``linear_route``: each launch counts up and its last program resets
-it, so launches in stream order (eager or replayed in CUDA graphs) share it; two launches must not overlap."""
 
 
 @triton.jit
@@ -203,12 +201,8 @@ def triton_route(
 
 
 def _arrival_counter(device: torch.device) -> torch.Tensor:
-    counter = _COUNTERS.get(device)
-    if counter is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("linear_route must run once on this device before a CUDA graph captures it")
-        counter = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return counter
+    """``linear_route``'s one counter (``kernels.arrival_counters``)."""
+    return arrival_counters("linear_route", 1, device)
 
 
 def linear_route(
