@@ -21,6 +21,7 @@ from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 from inference_server.kernels.reference_moe import fused_moe_reference, route_softmax_topk
 
 from .test_kernels_compile_for_h200 import _compile_in_child
+from .test_moe_kernels import _REAL, _real_case
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -167,23 +168,6 @@ def test_kernels_compile_for_sm90_with_vectorised_weight_loads() -> None:
 
 
 # ------------------------------------------------------------------ GPU, real shapes
-
-_REAL = {  # E, H, I, K, activation, routing weights dtype
-    "qwen3-30b-a3b": (128, 2048, 768, 8, "silu", torch.bfloat16),
-    "gemma4-26b-a4b": (128, 2816, 704, 8, "gelu_tanh", torch.float32),
-}
-
-
-def _real_case(model: str, T: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> tuple:
-    E, H, inter, K, act, weights_dtype = _REAL[model]
-    gen = torch.Generator("cuda").manual_seed(seed)
-    kw = dict(generator=gen, device="cuda", dtype=dtype)
-    x = torch.randn(T, H, **kw)
-    w_gu = torch.randn(E, 2 * inter, H, **kw) / H**0.5
-    w_dn = torch.randn(E, H, inter, **kw) / inter**0.5
-    w, ids = route_softmax_topk(torch.randn(T, E, generator=gen, device="cuda") * 2, K, renormalize=True)
-    return x, w_gu, w_dn, w.to(weights_dtype if dtype != torch.float32 else dtype), ids, act
-
 
 @gpu
 @needs_cuda

@@ -326,16 +326,17 @@ _REAL = {
 }
 
 
-def _real_case(model: str, T: int, seed: int = 0):
+def _real_case(model: str, T: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
+    """Random experts, activations and routing at a model's real expert shape (fp32: fp32 routing weights too)."""
     p = _REAL[model]
     gen = torch.Generator("cuda").manual_seed(seed)
-    kw = dict(generator=gen, device="cuda", dtype=torch.bfloat16)
+    kw = dict(generator=gen, device="cuda", dtype=dtype)
     x = torch.randn(T, p["H"], **kw)
     w_gu = torch.randn(p["E"], 2 * p["I"], p["H"], **kw) / p["H"] ** 0.5  # [E, 2I, H]
     w_dn = torch.randn(p["E"], p["H"], p["I"], **kw) / p["I"] ** 0.5  # [E, H, I]
     logits = torch.randn(T, p["E"], generator=gen, device="cuda") * 2
     w, ids = route_softmax_topk(logits, p["K"], renormalize=True)
-    return x, w_gu, w_dn, w.to(p["weights_dtype"]), ids, p["activation"]
+    return x, w_gu, w_dn, w.to(p["weights_dtype"] if dtype != torch.float32 else dtype), ids, p["activation"]
 
 
 @gpu
