@@ -340,6 +340,22 @@ def _mma_w(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, W_INT8: tl.const
     return _mma(a, b, acc, IEEE, UPCAST)
 
 
+@triton.jit
+def act_times_up(gate, up, dt, ACT: tl.constexpr):
+    """``act(gate) * up`` from the fp32 results of the gate and up GEMMs, with torch's rounding points: each GEMM's
+    output rounded to the activation dtype ``dt``, then ``act(gate)`` rounded, then the product (fp32, for the
+    caller to store in ``dt``). ACT 0 is silu, 1 gelu_tanh. Shared by the grouped kernel here and
+    ``moe_decode``'s GEMV."""
+    gate = gate.to(dt).to(tl.float32)
+    up = up.to(dt).to(tl.float32)
+    if ACT == 0:
+        act = gate / (1.0 + tl.exp(-gate))  # silu
+    else:
+        # gelu_tanh: 0.5 g (1 + tanh(z)) == g * sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3)
+        act = gate / (1.0 + tl.exp(-1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)))
+    return act.to(dt).to(tl.float32) * up
+
+
 @triton.jit(do_not_specialize=['num_pairs', 'num_blocks_m'])
 def _moe_gate_up_kernel(
     x_ptr,  # [T, H] activations
@@ -421,14 +437,7 @@ def _moe_gate_up_kernel(
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
         acc_g = acc_g * tl.load(s_ptrs).to(tl.float32)[None, :]
         acc_u = acc_u * tl.load(s_ptrs + inter_size * stride_sn).to(tl.float32)[None, :]
-    gate = acc_g.to(dt).to(tl.float32)  # GEMM output rounded to the activation dtype, as torch does
-    up = acc_u.to(dt).to(tl.float32)
-    if ACT == 0:
-        act = gate / (1.0 + tl.exp(-gate))  # silu
-    else:
-        # gelu_tanh: 0.5 g (1 + tanh(z)) == g * sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3)
-        act = gate / (1.0 + tl.exp(-1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)))
-    h = act.to(dt).to(tl.float32) * up
+    h = act_times_up(acc_g, acc_u, dt, ACT)
     o_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_ot + offs_n[None, :]
     tl.store(o_ptrs, h.to(dt), mask=row_ok[:, None] & (offs_n < inter_size)[None, :])
 

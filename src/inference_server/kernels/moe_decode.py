@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
+from inference_server.kernels.fused_moe import act_times_up
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
@@ -192,14 +193,7 @@ def _gate_up_kernel(
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
         gate = gate * tl.load(s_ptrs).to(tl.float32)
         up = up * tl.load(s_ptrs + inter_size * stride_sn).to(tl.float32)
-    gate = gate.to(dt).to(tl.float32)  # each GEMM's output rounded to the activation dtype, as torch does
-    up = up.to(dt).to(tl.float32)
-    if ACT == 0:
-        act = gate / (1.0 + tl.exp(-gate))  # silu
-    else:
-        # gelu_tanh: 0.5 g (1 + tanh(z)) == g * sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3)
-        act = gate / (1.0 + tl.exp(-1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)))
-    h = act.to(dt).to(tl.float32) * up
+    h = act_times_up(gate, up, dt, ACT)  # fused_moe's rounding points
     tl.store(out_ptr + pair.to(tl.int64) * inter_size + offs_n, h.to(dt), mask=offs_n < inter_size)
 
 
