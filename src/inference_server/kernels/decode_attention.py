@@ -57,8 +57,9 @@ _MERGE_ELEMENTS = 8192
 def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, rows, out_offsets, row_mask, span, num_splits,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT_CHUNK: tl.constexpr):
-    """The reduce of ``_decode_reduce_kernel`` for a block of heads: ``rows [R]`` (split 0's row of each head in
-    the partials), written to ``out_ptr + out_offsets[R, None] + d``. ``span``: the visible keys, from which the
+    """Merge the split partials of a block of heads (the decode kernel's last split, or ``_decode_reduce_kernel``
+    with one head a program): ``rows [R]`` (split 0's row of each head in the partials), written to
+    ``out_ptr + out_offsets[R, None] + d``. ``span``: the visible keys, from which the
     active splits follow as in the decode kernel. ``SPLIT_CHUNK`` splits' accumulators are loaded at a time."""
     chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
     n_active = tl.cdiv(span, tl.maximum(chunk, 1))
@@ -250,29 +251,13 @@ def _decode_reduce_kernel(
     h = tl.program_id(1)
     num_heads = tl.num_programs(1)
 
-    # Same partition arithmetic as _paged_decode_kernel: which splits wrote something.
     ctx = tl.load(context_lens_ptr + b)
-    span = ctx - tl.maximum(ctx - window, 0)
-    chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
-    n_active = tl.cdiv(span, tl.maximum(chunk, 1))
-
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < n_active
-    d_mask = offs_d < D
-    base = (b * num_heads + h).to(tl.int64) * num_splits  # row of split 0
-    m = tl.load(part_m_ptr + base + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    l_part = tl.load(part_l_ptr + base + offs_s, mask=s_mask, other=0.0)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no active split: all weights 0
-    denom = tl.sum(tl.exp2(m - m_max) * l_part, 0)
-    # One split at a time keeps registers at O(D) even with 64 splits of D=512.
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for split in range(0, n_active):
-        w = tl.exp2(tl.load(part_m_ptr + base + split) - m_max)
-        acc += w * tl.load(part_acc_ptr + (base + split) * D + offs_d, mask=d_mask, other=0.0)
-    out = acc / tl.where(denom == 0.0, 1.0, denom)  # [BLOCK_D]
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    span = ctx - tl.maximum(ctx - window, 0)  # the visible keys, from which _merge_splits finds the active splits
+    # One head as a block of one row, one split at a time: registers stay O(D) even with 64 splits of D=512.
+    head = h + tl.zeros([1], dtype=tl.int32)
+    _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr + b * stride_ob,
+                  (b * num_heads + head).to(tl.int64) * num_splits, head * stride_oh, head >= 0, span, num_splits,
+                  D, BLOCK_D, BLOCK_S, BLOCK_N, 1)
 
 
 def _arrival_counters(device: torch.device) -> torch.Tensor:
