@@ -9,7 +9,8 @@ the kernel that reads or writes before its wait, or the one that releases its de
 
   python3 bench/pdl_bisect.py --model gemma-4-26b-a4b      # on the H200: ~1-2 min
 
-Prints one line per run: ``PDL_BISECT {"excluded": module, "first_mismatch_step": n or null}``.
+Prints one line per run: ``PDL_BISECT {"excluded": module, "first_mismatch_step": n or null}``; first a control
+with PDL off in both runners, and a run with every module kept off PDL (the runner's ``pdl`` option still on).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def _test_helpers():  # type: ignore[no-untyped-def]
     return module
 
 
-def first_mismatch(name: str, helpers, steps: int) -> int | None:  # type: ignore[no-untyped-def]
-    """The first step whose final hidden states differ between the pdl=False and pdl=True runners (None: none)."""
+def first_mismatch(name: str, helpers, steps: int, second_pdl: bool = True) -> int | None:  # type: ignore[no-untyped-def]
+    """The first step whose final hidden states differ between the pdl=False and pdl=``second_pdl`` runners (None:
+    none). ``second_pdl=False`` is the control: two runners without PDL must agree, or the difference is not PDL's."""
     from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
 
     dtype, device = torch.bfloat16, "cuda"
@@ -48,7 +50,7 @@ def first_mismatch(name: str, helpers, steps: int) -> int | None:  # type: ignor
     n, m = len(script.seqs), script.blocks_per_seq
     runners, seen = {}, {}
     for use_pdl in (False, True):
-        options = CudaRunnerOptions(max_model_len=m * helpers.BLOCK, max_batch_size=4, pdl=use_pdl)
+        options = CudaRunnerOptions(max_model_len=m * helpers.BLOCK, max_batch_size=4, pdl=use_pdl and second_pdl)
         runner = CudaModelRunner(model, spec, helpers.storage_for(spec, n, m, dtype, device), torch.device(device),
                                  options)
         seen[use_pdl] = []
@@ -82,10 +84,13 @@ def main() -> None:
         raise SystemExit("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
     helpers = _test_helpers()
     off_launch = {"USE_PDL": False}
-    for excluded in (None, *MODULES):
+    control = first_mismatch(args.model, helpers, args.steps, second_pdl=False)
+    print("PDL_BISECT " + json.dumps({"model": args.model, "excluded": "control: PDL off in both runners",
+                                      "first_mismatch_step": control}), flush=True)
+    for excluded in (None, "every module", *MODULES):
         patched = []
-        if excluded is not None:
-            module = importlib.import_module(f"inference_server.kernels.{excluded}")
+        for name in (MODULES if excluded == "every module" else () if excluded is None else (excluded,)):
+            module = importlib.import_module(f"inference_server.kernels.{name}")
             patched.append((module, module.pdl_launch))
             module.pdl_launch = lambda: dict(off_launch)  # type: ignore[attr-defined]
         try:
