@@ -210,7 +210,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
          gpu_gib=round(gpu_gib(), 2))
 
     warmup, bs = 3, 16
-    blocks_per_seq = -(-(context + warmup + steps + 2) // bs)
+    blocks_per_seq = -(-(context + warmup + 2 * steps + 2) // bs)  # serial steps, then as many overlapped
     groups = sorted({group_of(layer) for layer in spec.cache_layers})
     block_bytes = sum(PagedKVStorage.bytes_per_block(spec.cache_layers, bs, 2).values())
     free = torch.cuda.mem_get_info()[0] if device.type == "cuda" else 8 * GIB
@@ -256,7 +256,7 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
                    blocks_per_seq: int, context: int, steps: int, repeats: int, greedy, out: Path,
                    device: torch.device, quantization: str = "none") -> None:
     """Time ``repeats`` loops of ``steps`` full steps per batch (after warm-up), and the bare graph replays."""
-    from inference_server.records.steps import ScheduledSequence, StepPlan
+    from inference_server.records.steps import PENDING_TOKEN, ScheduledSequence, StepPlan
 
     warmup = 3
     gen = torch.Generator().manual_seed(0)
@@ -265,17 +265,32 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
         tables = [(tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),) * num_groups for i in range(batch)]
         last = list(first_ids)
 
-        def plan(k: int, batch: int = batch, tables: list = tables, last: list = last) -> StepPlan:
+        def plan(k: int, batch: int = batch, tables: list = tables, last: list = last,
+                 pending: bool = False) -> StepPlan:
+            # pending: the token is the one the step launched before this one sampled (the engine's overlap)
             return StepPlan(step_id=k, sequences=tuple(ScheduledSequence(
-                request_id=batch * 100_000 + i, token_ids=(last[i],), cached_len=context + k, block_tables=tables[i],
-                sample=True, sampling=greedy, reset=k == 0, prompt_len=1) for i in range(batch)))
+                request_id=batch * 100_000 + i, token_ids=(PENDING_TOKEN if pending else last[i],),
+                cached_len=context + k, block_tables=tables[i], sample=True, sampling=greedy, reset=k == 0,
+                prompt_len=1) for i in range(batch)))
 
         def step(k: int, last: list = last) -> None:
             result = runner.execute(plan(k))
             for i, token in enumerate(result.tokens):
                 last[i] = token.token_id
 
+        def overlapped(first: int, count: int, last: list = last) -> None:
+            """``count`` steps as the engine runs them with OVERLAP on (``actors/executor.RunnerPipeline``): step
+            k+1 is launched, its token ids pending on the device, before step k's tokens are collected."""
+            in_flight = runner.launch(plan(first))
+            for k in range(first + 1, first + count):
+                launched = runner.launch(plan(k, pending=True))
+                runner.collect(in_flight)
+                in_flight = launched
+            for i, token in enumerate(runner.collect(in_flight).tokens):
+                last[i] = token.token_id
+
         runs: list[float] = []
+        overlapped_runs: list[float] = []
         replays: list[float] = []
         bucket = runner.graphs.bucket_for(batch)
         for _ in range(repeats):
@@ -289,15 +304,23 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
                 step(k)
             sync()
             runs.append((time.perf_counter() - t0) / steps)
+            t0 = time.perf_counter()
+            overlapped(warmup + steps, steps)
+            sync()
+            overlapped_runs.append((time.perf_counter() - t0) / steps)
             replays.append(time_replays(runner.graphs, bucket, steps, device))
             runner.forget(tuple(batch * 100_000 + i for i in range(batch)))
         step_s, replay_s = statistics.median(runs), statistics.median(replays)
+        overlap_s = statistics.median(overlapped_runs)
         ctx_mid = context + warmup + steps // 2
         limit = roofline.decode_tok_s(name, batch, ctx_mid, *roofline.engine_weight_bytes(quantization))
         emit(out, kind="decode", model=name, variant=variant, batch=batch, bucket=bucket, context=ctx_mid,
              steps=steps, repeats=repeats, tok_s_runs=[round(batch / s, 1) for s in runs],
              step_ms=round(step_s * 1e3, 3), tok_s=round(batch / step_s, 1), replay_ms=round(replay_s * 1e3, 3),
-             replay_tok_s=round(batch / replay_s, 1), limit_tok_s=round(limit, 1),
+             replay_tok_s=round(batch / replay_s, 1), overlap_ms=round(overlap_s * 1e3, 3),
+             overlap_tok_s=round(batch / overlap_s, 1),
+             overlap_tok_s_runs=[round(batch / s, 1) for s in overlapped_runs],
+             overlap_fraction=round(batch / overlap_s / limit, 3), limit_tok_s=round(limit, 1),
              fraction=round(batch / step_s / limit, 3), replay_fraction=round(batch / replay_s / limit, 3),
              graph_steps=runner.graph_steps)
 
@@ -394,27 +417,29 @@ def table(out: Path, hf_logs: list[Path]) -> str:
             hf_decode[model], source[model] = values, "shared results of 2026-11-29"
     for model, value in HF_FALLBACK_OFFLINE.items():
         hf_offline.setdefault(model, value)
-    rows = ["| model | workload | ours tok/s | graph-replay tok/s | limit tok/s | fraction of limit | "
-            "transformers tok/s | ours / transformers |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | workload | ours tok/s (serial steps) | overlapped steps tok/s | graph-replay tok/s | "
+            "limit tok/s | fraction of limit | transformers tok/s | ours / transformers |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
         model = rec.get("model")
         if rec["kind"] == "decode" and "skipped" in rec:
-            rows.append(f"| {model} | decode B={rec['batch']} | skipped: {rec['skipped']} | | | | | |")
+            rows.append(f"| {model} | decode B={rec['batch']} | skipped: {rec['skipped']} | | | | | | |")
         elif rec["kind"] == "decode":
             hf = hf_decode.get(model, {}).get(rec["batch"])
             ratio = f"{rec['tok_s'] / hf:,.1f}x" if hf else "n/a"
             variant = f" ({rec['variant']})" if rec.get("variant", "after") != "after" else ""
             runs = f", median of {rec['repeats']}" if rec.get("repeats", 1) > 1 else ""
             rows.append(f"| {model} | decode B={rec['batch']} ctx {rec['context']}{variant}{runs} | "
-                        f"{rec['tok_s']:,.0f} | "
+                        f"{rec['tok_s']:,.0f} | {rec.get('overlap_tok_s', 0):,.0f} | "
                         f"{rec['replay_tok_s']:,.0f} | {rec['limit_tok_s']:,.0f} | {rec['fraction']:.2f} "
-                        f"(replay {rec['replay_fraction']:.2f}) | {hf if hf else 'n/a'} | {ratio} |")
+                        f"(overlapped {rec.get('overlap_fraction', 0):.2f}, replay {rec['replay_fraction']:.2f}) | "
+                        f"{hf if hf else 'n/a'} | {ratio} |")
         elif rec["kind"] == "offline":
             hf = hf_offline.get(model)
             ratio = f"{rec['tok_s'] / hf:,.1f}x (different workload)" if hf else "n/a"
             overlap = {True: ", overlap on", False: ", overlap off"}.get(rec.get("overlap"), "")
             rows.append(f"| {model} | offline{overlap} {rec['requests']} req, {rec['output_tokens']:,} out tok in "
-                        f"{rec['seconds']:.1f} s | {rec['tok_s']:,.0f} | | {rec['limit_tok_s']:,.0f} | "
+                        f"{rec['seconds']:.1f} s | {rec['tok_s']:,.0f} | | | {rec['limit_tok_s']:,.0f} | "
                         f"{rec['fraction']:.2f} | {hf if hf else 'n/a'} | {ratio} |")
     builds = [f"- {r['model']}: {r['kind']} {r['seconds']} s, GPU memory {r['gpu_gib']} GiB"
               + (f", graphs captured in {r['capture_seconds']} s" if "capture_seconds" in r else "")

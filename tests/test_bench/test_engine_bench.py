@@ -26,10 +26,12 @@ def engine_bench(out: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in (out / "engine_bench.jsonl").read_text().splitlines()]
 
 
-def test_decode_dry_run_emits_a_decode_record(tmp_path: Path) -> None:
-    records = engine_bench(tmp_path, "--skip-offline", "--batches", "1", "--steps", "1", "--context", "8")
+def test_decode_dry_run_emits_a_decode_record_with_serial_and_overlapped_steps(tmp_path: Path) -> None:
+    # 2 steps: the overlapped loop launches the second with its token pending on the device
+    records = engine_bench(tmp_path, "--skip-offline", "--batches", "1,2", "--steps", "2", "--context", "8")
     decode = [r for r in records if r["kind"] == "decode"]
-    assert len(decode) == 1 and decode[0]["batch"] == 1 and decode[0]["step_ms"] > 0
+    assert [r["batch"] for r in decode] == [1, 2]
+    assert all(r["step_ms"] > 0 and r["overlap_ms"] > 0 and len(r["overlap_tok_s_runs"]) == 1 for r in decode)
 
 
 def test_decode_variants_and_repeats_give_one_record_each_with_every_run(tmp_path: Path) -> None:
