@@ -65,7 +65,9 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
         on = tokens_of(runners[True])(plan)
         assert pdl.pdl_enabled()  # the runner set the switch for its step
         assert on == off, f"step {script.step}: tokens differ"
-        assert torch.equal(hidden[True][-1], hidden[False][-1]), f"step {script.step}: hidden states differ"
+        # only the plan's rows: a decode graph's padding rows are garbage nobody reads (backends/cuda_graphs.py)
+        rows = plan.num_tokens
+        assert torch.equal(hidden[True][-1][:rows], hidden[False][-1][:rows]), f"step {script.step}: hidden differ"
         script.advance(plan, off)
     assert runners[True].graph_steps == runners[False].graph_steps >= steps - 1
 

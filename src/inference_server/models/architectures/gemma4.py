@@ -45,8 +45,12 @@ class Gemma4Router(nn.Module):
         """Fold ``scale * H^-0.5`` into one fp32 norm weight, so the router's input is one norm launch instead
         of a norm and two multiplies (used while ``ops.fused_weights`` is on; the gemma4 norm multiplies by
         the weight in fp32 and rounds once, where the reference rounds after each multiply). Call once the
-        weights are loaded and on their device."""
-        self.norm_weight = self.scale.detach().float() * self.root_size
+        weights are loaded and on their device. Idempotent, like ``SelfAttention.fuse_qkv``: a second runner over
+        the same model must not replace the tensor, since the first runner's CUDA graphs read it by address (a
+        fresh tensor here freed the old one under them: garbage routing on the H200,
+        ``bench/runner_determinism.py``)."""
+        if self.norm_weight is None:
+            self.norm_weight = self.scale.detach().float() * self.root_size
 
     def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.norm_weight is not None and ops.fused_weights:
