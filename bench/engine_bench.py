@@ -154,32 +154,30 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
         return None
 
 
-# Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers
-# of issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual
-# add + norm, q/k norm + RoPE, Gemma's norm + add, router GEMV in the routing launch, KV store in the q/k norm +
-# RoPE launch, the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs) and
-# the tuned MoE configs; "untuned" is the default without the tuned MoE configs; "separate-launches" is the default
+# Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers of
+# issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual add +
+# norm, q/k norm + RoPE, Gemma's norm + add, router GEMV in the routing launch, KV store in the q/k norm + RoPE
+# launch, the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs) and the tuned
+# MoE configs, and PDL; "untuned" is the default without the tuned MoE configs; "separate-launches" is the default
 # with the router GEMV and the KV store in launches of their own (those two levers alone); "triton-gemv" is the
-# default with the float projections of small steps on the Triton GEMV at every shape (the default takes it only
-# where this GPU's sweep timed it faster than cuBLAS);
-# "grouped-moe" is the default with every step's routed experts on the grouped GEMMs (no decode MoE GEMVs);
-# "cublas-linear" is the default with every float projection on cuBLAS (not the Triton GEMV where the sweep tuned it);
-# "pdl" is the default with programmatic dependent launch of the Triton kernels (kernels/pdl.py, off by default until
-# measured), "pdl-triton-gemv" both (the float projections then are Triton kernels too, so fewer cuBLAS launches break
-# the chains of dependent launches); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
+# default with the float projections of small steps on the Triton GEMV at every shape (the default takes it only where
+# this GPU's sweep timed it faster than cuBLAS); "grouped-moe" is the default with every step's routed experts on the
+# grouped GEMMs (no decode MoE GEMVs); "cublas-linear" is the default with every float projection on cuBLAS (not the
+# Triton GEMV where the sweep tuned it); "no-pdl" is the default without programmatic dependent launch of the Triton
+# kernels (kernels/pdl.py, on by default since 2026-12-01); "compile" is the default with torch.compile
+# (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
                    triton_greedy_head=False, triton_dense_linear=False, triton_dense_linear_where_tuned=False,
-                   moe_decode_max_tokens=0),
+                   moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
     "triton-gemv": dict(triton_dense_linear=True),
     "grouped-moe": dict(moe_decode_max_tokens=0),
     "cublas-linear": dict(triton_dense_linear_where_tuned=False),
-    "pdl": dict(pdl=True),
-    "pdl-triton-gemv": dict(pdl=True, triton_dense_linear=True),
+    "no-pdl": dict(pdl=False),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

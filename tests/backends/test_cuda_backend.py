@@ -66,12 +66,16 @@ def restore_reference_ops() -> Iterator[None]:
 
 
 def model_config(name: str) -> dict:
-    """A preset's config; real presets are cut to 2 layers (Gemma keeps one sliding and one full layer)."""
+    """A preset's config; real presets are cut to 2 layers (Gemma keeps one sliding and one full layer), or to 4
+    where layers share KV (Gemma-4-E2B/E4B: a sliding and a full layer that compute KV, then one of each reusing it)."""
     config = preset_config(name)
     if not name.endswith("-tiny"):
         config["num_hidden_layers"] = 2
         if "layer_types" in config:
             config["layer_types"] = ["sliding_attention", "full_attention"]
+        if config.get("num_kv_shared_layers"):
+            config["num_hidden_layers"], config["num_kv_shared_layers"] = 4, 2
+            config["layer_types"] = ["sliding_attention", "full_attention"] * 2
     return config
 
 

@@ -3,8 +3,8 @@
 Two CUDA runners on one model, graphs captured, one with ``pdl=True``, run the same teacher-forced plans (three
 prompts prefilled together, a fourth joining at decode step 5 in an eager mixed step, then graphed decode steps of
 bucket 4): every step's tokens and final hidden states must be bitwise equal. Real configs cut to 2 layers
-(``test_cuda_backend.model_config``), bf16: Qwen3-MoE and Gemma 4's MoE model. On the CPU: the option sets the
-process-wide switch at every step, and PDL stays off under the interpreter.
+(``test_cuda_backend.model_config``), bf16: Qwen3-MoE and every Gemma 4 kind (MoE, PLE with shared KV, dense). On
+the CPU: the option sets the process-wide switch at every step, and PDL stays off under the interpreter.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def hidden_tap(runner: CudaModelRunner) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-4-26b-a4b"])
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-e4b", "gemma-4-31b"])
 def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
     if not pdl.pdl_supported():
         pytest.skip("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
