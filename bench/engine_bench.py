@@ -171,6 +171,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
+                   fused_norm_router=False,
                    triton_greedy_head=False, triton_dense_linear=False, triton_dense_linear_where_tuned=False,
                    moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),

@@ -4,7 +4,8 @@ context, on whole tiny models.
 A runner whose context has ``norm_rope_store`` must leave the paged caches bit for bit as the unfused path does
 (``triton_qk_norm_rope`` then the store), calling the separate store for no layer; KV-shared layers (Gemma-4-E2B),
 K = V layers (Gemma-4-26B-A4B's full layers) and Qwen's raw values included. On CPU the Triton kernels run in the
-interpreter (fp32); on a GPU compiled. Also: the CUDA runner's options pick the fused paths (KV store, router GEMV).
+interpreter (fp32); on a GPU compiled. Also: the CUDA runner's options pick the fused paths (KV store, router GEMV,
+the residual add and norm before the router).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if not torch.cuda.is_available():
 from inference_server.backends.cuda_backend import (
     CudaModelRunner,
     CudaRunnerOptions,
+    triton_add_norm_linear_route,
     triton_linear_route,
     triton_qk_norm_rope,
     triton_qk_norm_rope_store,
@@ -94,19 +96,53 @@ def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: 
     assert any(bool(c.abs().sum() > 0) for c in caches[1])
 
 
-@pytest.mark.parametrize(("options", "fused_store", "linear_route"), [
-    (dict(), triton_qk_norm_rope_store, triton_linear_route),
-    (dict(fused_kv_store=False, fused_router_gemv=False), None, ops.torch_linear_route),
-    (dict(triton_qk_norm_rope=False, triton_router=False), None, ops.torch_linear_route),
+@pytest.mark.parametrize(("options", "fused_store", "linear_route", "add_norm_route"), [
+    (dict(), triton_qk_norm_rope_store, triton_linear_route, triton_add_norm_linear_route),
+    (dict(fused_norm_router=False), triton_qk_norm_rope_store, triton_linear_route, ops.torch_add_norm_linear_route),
+    (dict(fused_kv_store=False, fused_router_gemv=False), None, ops.torch_linear_route,
+     ops.torch_add_norm_linear_route),
+    (dict(triton_qk_norm_rope=False, triton_router=False), None, ops.torch_linear_route,
+     ops.torch_add_norm_linear_route),
+    (dict(triton_add_norm=False), triton_qk_norm_rope_store, triton_linear_route, ops.torch_add_norm_linear_route),
 ])
-def test_runner_options_pick_the_fused_paths(options: dict, fused_store: object, linear_route: object) -> None:
+def test_runner_options_pick_the_fused_paths(options: dict, fused_store: object, linear_route: object,
+                                             add_norm_route: object) -> None:
     spec, model, storage = _build("qwen3-30b-a3b-tiny")
     runner = CudaModelRunner(model, spec, storage, torch.device(DEV),
                              CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
     assert runner.attention_kwargs["norm_rope_store"] is fused_store
     assert ops.linear_route is linear_route
+    assert ops.add_norm_linear_route is add_norm_route
     with ops.reference_ops():
         assert ops.linear_route is ops.torch_linear_route
+        assert ops.add_norm_linear_route is ops.torch_add_norm_linear_route
+
+
+def test_qwen_decode_runs_the_post_attention_norm_in_the_router_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny Qwen3-MoE: each MoE layer of a decode step calls the fused add + norm + router kernel once (a prefill
+    step of more than FUSED_ROUTER_MAX_TOKENS tokens takes the unfused path), and the tokens are those of a runner
+    with the fusion off."""
+    from inference_server.backends import cuda_backend
+
+    fused_rows: list[int] = []
+    real = cuda_backend.add_norm_linear_route
+
+    def recording(x: torch.Tensor, *args: object) -> tuple[torch.Tensor, ...]:
+        fused_rows.append(x.shape[0])
+        return real(x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "add_norm_linear_route", recording)
+    torch.set_num_threads(1)
+    tokens = []
+    for fused in (True, False):
+        spec, model, storage = _build("qwen3-30b-a3b-tiny")
+        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+            max_model_len=64, max_batch_size=2, cuda_graphs=False, fused_norm_router=fused))
+        tokens.append([[t.token_id for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+        if fused:
+            moe_layers = sum(layer.is_moe for layer in spec.layers)
+            assert fused_rows == [2] * moe_layers  # the decode step's two rows, once per MoE layer
+    assert tokens[0] == tokens[1]
 
 
 def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPatch) -> None:

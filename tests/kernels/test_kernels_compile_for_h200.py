@@ -79,14 +79,18 @@ COMPILE = textwrap.dedent('''
         triton.compile(source(fn=_route_kernel, signature=signature, constexprs=constexprs), target=target)
         # the router GEMV + routing: Qwen3-30B-A3B (bf16 weights out) and Gemma-4-26B-A4B (scale, fp32 out) at
         # T = 1 and 16
-        for rows in (1, 16):
+        # (and Qwen's with the residual add + norm before it, ADD_NORM)
+        for rows, add_norm in ((1, False), (16, False), (1, not has_scale)):
             signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32",
                          "scale_ptr": "*bf16", "weights_ptr": weights, "ids_ptr": "*i64",
-                         **dict.fromkeys(("n_rows", "E", "H", "stride_x", "stride_w"), "i32"),
+                         **dict.fromkeys(("res_ptr", "norm_w_ptr", "res_out_ptr", "normed_ptr"), "*bf16"),
+                         **dict.fromkeys(("n_rows", "E", "H", "stride_x", "stride_w", "stride_r", "stride_ro",
+                                          "stride_n"), "i32"), "eps": "fp32",
                          **dict.fromkeys(("K", "RENORMALIZE", "HAS_SCALE", "ROWS", "BLOCK_E", "BLOCK_K",
-                                          "EXPERTS_PER_PROGRAM", "BLOCK_H"), "constexpr")}
+                                          "EXPERTS_PER_PROGRAM", "BLOCK_H", "ADD_NORM", "GEMMA_NORM"), "constexpr")}
             constexprs = {"K": 8, "RENORMALIZE": True, "HAS_SCALE": has_scale, "ROWS": rows, "BLOCK_E": 128,
-                          "BLOCK_K": 8, "EXPERTS_PER_PROGRAM": 2, "BLOCK_H": 4096 if has_scale else 2048}
+                          "BLOCK_K": 8, "EXPERTS_PER_PROGRAM": 2, "BLOCK_H": 4096 if has_scale else 2048,
+                          "ADD_NORM": add_norm, "GEMMA_NORM": False}
             kernel = triton.compile(source(fn=_linear_route_kernel, signature=signature, constexprs=constexprs),
                                     target=target)
             ptx = kernel.asm["ptx"]
@@ -266,9 +270,9 @@ PDL_COMPILE = textwrap.dedent('''
          dict(D=128, BLOCK_D=128, BLOCK_S=64, BLOCK_N=64)),
         (router._route_kernel, {"ids_ptr": "*i64"},
          dict(K=8, RENORMALIZE=True, HAS_SCALE=False, BLOCK_E=128, BLOCK_K=8)),
-        (router._linear_route_kernel, {"counter_ptr": "*i32", "ids_ptr": "*i64"},
+        (router._linear_route_kernel, {"counter_ptr": "*i32", "ids_ptr": "*i64", "eps": "fp32"},
          dict(K=8, RENORMALIZE=True, HAS_SCALE=False, ROWS=1, BLOCK_E=128, BLOCK_K=8, EXPERTS_PER_PROGRAM=1,
-              BLOCK_H=2048)),
+              BLOCK_H=2048, ADD_NORM=True, GEMMA_NORM=False)),
         (fused_moe._moe_align_count_kernel, {"ids_ptr": "*i64", "chunk_counts_ptr": "*i32"},
          dict(E_PAD=128, CHUNK=128)),
         (fused_moe._moe_align_scatter_kernel,

@@ -22,7 +22,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
 from inference_server.kernels import router
-from inference_server.kernels.router import linear_route, reference_linear_route, triton_route
+from inference_server.kernels.rmsnorm import fused_add_rmsnorm
+from inference_server.kernels.router import (
+    add_norm_linear_route,
+    linear_route,
+    reference_add_norm_linear_route,
+    reference_linear_route,
+    triton_route,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -188,3 +195,90 @@ def test_replays_in_a_cuda_graph_as_it_runs_eagerly() -> None:
         for (weights, ids), (ref_weights, ref_ids) in zip(captured, eager, strict=True):
             assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
     assert int(router._arrival_counter(inputs[0][0].device).item()) == 0
+
+
+# -- the residual add and RMSNorm before the router, in the same launch (Qwen3-MoE's post-attention norm) ---------
+
+
+def _add_norm_inputs(T: int, H: int, E: int, dtype: torch.dtype,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An attention output, a residual stream, a norm weight near 1 and a router weight."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen).to(DEV, dtype)
+    residual = (4 * torch.randn(T, H, generator=gen)).to(DEV, dtype)
+    norm_weight = (1 + 0.2 * torch.randn(H, generator=gen)).to(DEV, dtype)
+    w = (0.02 * torch.randn(E, H, generator=gen) * (2048 / H) ** 0.5).to(DEV, dtype)
+    return x, residual, norm_weight, w
+
+
+@pytest.mark.parametrize(("T", "H", "E", "top_k", "block_h"), [(1, 64, 8, 2, None), (3, 72, 12, 4, 32),
+                                                               (16, 48, 32, 8, None)])
+@pytest.mark.parametrize("mode", ["qwen", "gemma"])
+def test_add_norm_fp32_matches_the_formula(T: int, H: int, E: int, top_k: int, block_h: int | None,
+                                           mode: str) -> None:
+    """fp32: the residual sum exactly, the normed rows within fp32 ulps (the sum of squares runs in tiles), the
+    same experts and close weights; both outputs are new tensors."""
+    x, residual, norm_weight, w = _add_norm_inputs(T, H, E, torch.float32, seed=T)
+    normed, summed, weights, ids = add_norm_linear_route(x, residual, norm_weight, 1e-6, mode, w, top_k, True,  # type: ignore[arg-type]
+                                                         None, None, block_h=block_h)
+    ref = reference_add_norm_linear_route(x, residual, norm_weight, 1e-6, mode, w, top_k, True)  # type: ignore[arg-type]
+    assert torch.equal(summed, ref[1]) and summed.data_ptr() not in (x.data_ptr(), residual.data_ptr())
+    torch.testing.assert_close(normed, ref[0], atol=1e-6, rtol=1e-6)
+    assert torch.equal(ids, ref[3])
+    torch.testing.assert_close(weights, ref[2], atol=2e-6, rtol=2e-6)
+    assert int(router._arrival_counter(x.device).item()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5])
+def test_add_norm_gives_the_unfused_launches_results(dtype: torch.dtype, T: int) -> None:
+    """With the row in one tile (the default up to 8,192 columns) the launch is bit for bit the two it replaces:
+    ``fused_add_rmsnorm`` then ``linear_route`` of its output."""
+    x, residual, norm_weight, w = _add_norm_inputs(T, 96, 16, dtype, seed=7)
+    normed, summed, weights, ids = add_norm_linear_route(x, residual, norm_weight, 1e-6, "qwen", w, 4, True, None,
+                                                         dtype)
+    ref_normed, ref_summed = fused_add_rmsnorm(x, residual, norm_weight, 1e-6, "qwen")
+    ref_weights, ref_ids = linear_route(ref_normed, w, 4, True, None, dtype)
+    assert torch.equal(summed, ref_summed) and torch.equal(normed, ref_normed)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+
+
+def test_add_norm_rejects_what_it_cannot_take() -> None:
+    x, residual, norm_weight, w = _add_norm_inputs(2, 32, 8, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="residual"):
+        add_norm_linear_route(x, residual[:1], norm_weight, 1e-6, "qwen", w, 2, True)
+    with pytest.raises(ValueError, match="norm_weight"):
+        add_norm_linear_route(x, residual, norm_weight[:16], 1e-6, "qwen", w, 2, True)
+    with pytest.raises(ValueError, match="norm mode"):
+        add_norm_linear_route(x, residual, norm_weight, 1e-6, "gemma3", w, 2, True)  # type: ignore[arg-type]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4, 16])
+def test_add_norm_at_qwen_shapes_matches_the_unfused_launches(T: int) -> None:
+    """Qwen3-30B-A3B (H=2048, E=128, top-8, bf16): the residual sum exactly; the normed rows equal the unfused
+    ``fused_add_rmsnorm``'s or an ulp apart (its fp32 sum of squares reduces in another order); the experts of
+    ``linear_route`` on those rows except near-ties, weights close; replayed in a CUDA graph as run eagerly."""
+    for seed in range(4):
+        x, residual, norm_weight, w = _add_norm_inputs(T, 2048, 128, torch.bfloat16, seed=100 * T + seed)
+        normed, summed, weights, ids = add_norm_linear_route(x, residual, norm_weight, 1e-6, "qwen", w, 8, True,
+                                                             None, torch.bfloat16)
+        ref_normed, ref_summed = fused_add_rmsnorm(x, residual, norm_weight, 1e-6, "qwen")
+        assert torch.equal(summed, ref_summed)
+        torch.testing.assert_close(normed.float(), ref_normed.float(), atol=0, rtol=2 ** -7)
+        ref_weights, ref_ids = linear_route(normed, w, 8, True, None, torch.bfloat16)
+        assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)  # same rows in: same routing
+        unfused_weights, unfused_ids = linear_route(ref_normed, w, 8, True, None, torch.bfloat16)
+        agree = assert_same_experts_except_near_ties(ids, unfused_ids, ref_normed, w, tol_ulps=4)
+        torch.testing.assert_close(_by_id(weights[agree], ids[agree]),
+                                   _by_id(unfused_weights[agree], unfused_ids[agree]), atol=1e-3, rtol=2 ** -5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = add_norm_linear_route(x, residual, norm_weight, 1e-6, "qwen", w, 8, True, None, torch.bfloat16)
+    for out in captured:
+        out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = add_norm_linear_route(x, residual, norm_weight, 1e-6, "qwen", w, 8, True, None, torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(captured, eager, strict=True))

@@ -60,7 +60,7 @@ from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rope import rope_qk_
-from inference_server.kernels.router import MAX_EXPERTS, linear_route, triton_route
+from inference_server.kernels.router import MAX_EXPERTS, add_norm_linear_route, linear_route, triton_route
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
@@ -180,6 +180,25 @@ def triton_linear_route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renor
     return linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
 
 
+def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor | None,
+                                  eps: float, style: NormStyle, weight: torch.Tensor, top_k: int, renormalize: bool,
+                                  per_expert_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ops.add_norm_linear_route`` in one Triton launch at decode sizes (``kernels.router.add_norm_linear_route``:
+    the residual add, the norm, the router GEMV and the routing); the installed ``add_rms_norm`` then
+    ``linear_route`` for larger steps and inputs the kernel does not take."""
+    mode = _TRITON_NORM_MODE.get(style)
+    if (mode is None or norm_weight is None or norm_weight.dtype != x.dtype or x.dim() != 2
+            or not 0 < x.shape[0] <= FUSED_ROUTER_MAX_TOKENS or residual.shape != x.shape
+            or residual.dtype != x.dtype or residual.stride(-1) != 1 or x.stride(-1) != 1 or weight.dim() != 2
+            or weight.shape[1] != x.shape[1] or weight.dtype != x.dtype or weight.stride(-1) != 1
+            or not 1 <= top_k <= weight.shape[0] <= MAX_EXPERTS):
+        return ops.torch_add_norm_linear_route(x, residual, norm_weight, eps, style, weight, top_k, renormalize,
+                                               per_expert_scale, out_dtype)
+    return add_norm_linear_route(x, residual, norm_weight, eps, mode, weight,  # type: ignore[arg-type]
+                                 top_k, renormalize, per_expert_scale, out_dtype)
+
+
 def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | None, b_norm: layers.RMSNorm | None,
                     residual: torch.Tensor | None, scale: torch.Tensor | None,
                     out_norm: layers.RMSNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -290,6 +309,10 @@ class CudaRunnerOptions:
     fused_router_gemv: bool = True
     """A MoE layer's router projection inside the routing launch at decode sizes (``ops.linear_route``, at most
     ``FUSED_ROUTER_MAX_TOKENS`` tokens): one launch fewer per MoE layer; needs ``triton_router``."""
+    fused_norm_router: bool = True
+    """A pre-norm MoE layer's residual add and FFN norm inside the routing launch at decode sizes
+    (``ops.add_norm_linear_route``; Qwen3-MoE): one launch fewer per MoE layer; needs ``fused_router_gemv`` and
+    ``triton_add_norm``."""
     fused_kv_store: bool = True
     """The KV store in the q/k norm + RoPE launch (``triton_qk_norm_rope_store``, through the attention context):
     one launch fewer per layer that computes K/V; needs ``triton_qk_norm_rope``."""
@@ -338,6 +361,10 @@ class CudaModelRunner(ModelRunner):
         # The router GEMV in the same launch at decode sizes (the GEMV is all launch cost there).
         self._linear_route = triton_linear_route if options.fused_router_gemv and options.triton_router \
             and not options.compile else ops.torch_linear_route
+        # ... and the residual add + norm before it (Qwen3-MoE's post-attention norm) too.
+        self._add_norm_route = triton_add_norm_linear_route if options.fused_norm_router \
+            and self._linear_route is triton_linear_route and self._add_norm is triton_add_rms_norm \
+            else ops.torch_add_norm_linear_route
         # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
         self._qk_norm = triton_qk_norm_rope if options.uses_triton_qk_norm_rope else ops.torch_qk_norm_rope
         # Gemma 4's sandwich norms: one launch instead of two to four per use.
@@ -428,7 +455,7 @@ class CudaModelRunner(ModelRunner):
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
-                    linear_router=self._linear_route, linear=self._linear)
+                    linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

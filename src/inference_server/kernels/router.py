@@ -33,8 +33,10 @@ import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.reference_norm import NormMode
 
-__all__ = ["linear_route", "reference_linear_route", "triton_route"]
+__all__ = ["add_norm_linear_route", "linear_route", "reference_add_norm_linear_route", "reference_linear_route",
+           "triton_route"]
 
 MAX_EXPERTS = 1024
 MAX_FUSED_ROWS = 64
@@ -109,20 +111,37 @@ def _route_kernel(
     tl.store(ids_ptr + row * K + slots, top_id.to(tl.int64), mask=in_k)
 
 
+@triton.jit
+def _summed_row_tile(a_ptr, res_ptr, row, stride_a, stride_r, cols, h_ok):
+    """``a + residual`` of one row's columns, added in fp32 and rounded to the activation dtype (torch's add, and
+    ``kernels.rmsnorm``'s)."""
+    a = tl.load(a_ptr + row * stride_a + cols, mask=h_ok, other=0.0)
+    r = tl.load(res_ptr + row * stride_r + cols, mask=h_ok, other=0.0)
+    return (a.to(tl.float32) + r.to(tl.float32)).to(a.dtype)
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _linear_route_kernel(
-    x_ptr,  # [T, H]
+    x_ptr,  # [T, H]: the router's input; with ADD_NORM the block output that is added to the residual first
     w_ptr,  # [E, H]
     logits_ptr,  # [T, E] scratch, x's dtype
     counter_ptr,  # int32 [1]: programs done; 0 between launches
     scale_ptr,  # [E] or a dummy
     weights_ptr,  # [T, K] out
     ids_ptr,  # [T, K] int64 out
+    res_ptr,  # ADD_NORM: [T, H] the residual stream (else a dummy)
+    norm_w_ptr,  # ADD_NORM: [H] the RMSNorm weight (else a dummy)
+    res_out_ptr,  # ADD_NORM: [T, H] out, x + residual (else a dummy)
+    normed_ptr,  # ADD_NORM: [T, H] out, the norm of it: the router's (and the experts') input (else a dummy)
     n_rows,
     E,
     H,
     stride_x,
     stride_w,
+    stride_r,
+    stride_ro,
+    stride_n,
+    eps,
     K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     HAS_SCALE: tl.constexpr,
@@ -131,22 +150,49 @@ def _linear_route_kernel(
     BLOCK_K: tl.constexpr,
     EXPERTS_PER_PROGRAM: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    ADD_NORM: tl.constexpr = False,  # the residual add and RMSNorm before the router, in this launch
+    GEMMA_NORM: tl.constexpr = False,  # the norm's convention (kernels.rmsnorm): gemma, else qwen
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    # PDL (kernels.pdl): x comes from the previous launch (the router weight rows are loaded in the same loop), the
-    # logit scratch may still be read by an earlier launch, and the arrival counter is reset by the previous
-    # linear_route launch's last program: wait before the first load, store or atomic. Every program waits, so a
-    # launch completes only after its predecessor did and launches in stream order still never overlap on the counter.
+    # PDL (kernels.pdl): x (and the residual) come from earlier launches (the router weight rows are loaded in the
+    # same loop), the logit scratch and the outputs may still be read by an earlier launch, and the arrival counter
+    # is reset by the previous linear_route launch's last program: wait before the first load, store or atomic.
+    # Every program waits, so a launch completes only after its predecessor did and launches in stream order still
+    # never overlap on the counter.
     pdl_wait(USE_PDL)
     group = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     experts = group * EXPERTS_PER_PROGRAM + tl.arange(0, EXPERTS_PER_PROGRAM)  # [PE]
     e_ok = experts < E
+    inv = 0.0
+    if ADD_NORM:
+        # Every program needs the whole normed row, so each computes the row's inverse root (a pass over 2 rows of
+        # H, from L2) before its GEMV; the norm is then applied tile by tile in the GEMV loop.
+        squares = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            summed = _summed_row_tile(x_ptr, res_ptr, row, stride_x, stride_r, cols, cols < H).to(tl.float32)
+            squares += summed * summed
+        inv = tl.rsqrt(tl.sum(squares, axis=0) / H + eps)
     acc = tl.zeros([EXPERTS_PER_PROGRAM], dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         h_ok = cols < H
-        x = tl.load(x_ptr + row * stride_x + cols, mask=h_ok, other=0.0).to(tl.float32)
+        if ADD_NORM:
+            summed = _summed_row_tile(x_ptr, res_ptr, row, stride_x, stride_r, cols, h_ok)
+            y = summed.to(tl.float32) * inv
+            if not GEMMA_NORM:
+                y = y.to(summed.dtype).to(tl.float32)  # qwen: cast to the input dtype, then * w
+            normed = (y * tl.load(norm_w_ptr + cols, mask=h_ok, other=0.0).to(tl.float32)).to(
+                normed_ptr.dtype.element_ty)
+            # the expert group 0 programs write the row's two outputs (a vector compare: the interpreter rejects
+            # a scalar & vector mask)
+            first = h_ok & (cols * 0 + group == 0)
+            tl.store(res_out_ptr + row * stride_ro + cols, summed, mask=first)
+            tl.store(normed_ptr + row * stride_n + cols, normed, mask=first)
+            x = normed.to(tl.float32)
+        else:
+            x = tl.load(x_ptr + row * stride_x + cols, mask=h_ok, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + experts[:, None].to(tl.int64) * stride_w + cols[None, :],
                     mask=e_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
@@ -226,6 +272,60 @@ def linear_route(
     (the last program's top-k rounds are then warp shuffles, no block barriers: 4.9 / 6.0 µs at one row against
     5.9 / 7.0 with 4 warps) and 4 beyond (at 16 rows 1 warp took 11.4 / 12.9 µs, 4 warps 7.9 / 8.9;
     ``bench/results/2026-12-01-h200/issue12/router_warps.log``)."""
+    return _launch(x, None, weight, top_k, renormalize, per_expert_scale, out_dtype,
+                   experts_per_program=experts_per_program, block_h=block_h, num_warps=num_warps)[2:]
+
+
+def add_norm_linear_route(
+    x: torch.Tensor,  # [T, H], T <= MAX_FUSED_ROWS: a block's output (Qwen3-MoE: the attention's)
+    residual: torch.Tensor,  # [T, H], x's dtype: the residual stream x is added to
+    norm_weight: torch.Tensor,  # [H], x's dtype: the RMSNorm before the router and the experts
+    eps: float,
+    mode: NormMode,
+    weight: torch.Tensor,  # [E, H], x's dtype: the router projection
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None = None,  # [E]
+    out_dtype: torch.dtype | None = None,
+    *,
+    experts_per_program: int | None = None,
+    block_h: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # normed, new residual, weights, ids
+    """``h = x + residual``, ``normed = rmsnorm(h)`` (``kernels.rmsnorm.fused_add_rmsnorm``'s convention and
+    roundings), then ``linear_route(normed, weight, ...)``, in one launch: the residual add and norm of a
+    pre-norm MoE layer's FFN input go into the router's launch. Returns ``(normed, h, weights, ids)``; ``normed``
+    and ``h`` are new tensors (the experts read ``normed``, the next layer adds to ``h``).
+
+    Each program recomputes the row's norm before its slice of the router GEMV (two reads of 2 rows of H, from
+    L2); the programs of expert group 0 store ``h`` and ``normed``. The inverse root's fp32 sum of squares runs in
+    ``block_h`` tiles, so ``normed`` can differ from ``fused_add_rmsnorm``'s by the rounding of that sum (an ulp
+    of the activation dtype now and then)."""
+    if mode not in ("gemma", "qwen"):
+        raise ValueError(f"unknown norm mode {mode!r}")
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        raise ValueError(f"residual must be {tuple(x.shape)} {x.dtype} with a contiguous last dim")
+    if tuple(norm_weight.shape) != (x.shape[-1],) or norm_weight.dtype != x.dtype or norm_weight.stride(-1) != 1:
+        raise ValueError(f"norm_weight must be [{x.shape[-1]}] of x's dtype, got {tuple(norm_weight.shape)} "
+                         f"{norm_weight.dtype}")
+    return _launch(x, (residual, norm_weight, eps, mode), weight, top_k, renormalize, per_expert_scale, out_dtype,
+                   experts_per_program=experts_per_program, block_h=block_h, num_warps=num_warps)
+
+
+def _launch(
+    x: torch.Tensor,
+    add_norm: tuple[torch.Tensor, torch.Tensor, float, NormMode] | None,  # residual, norm weight, eps, mode
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    *,
+    experts_per_program: int | None,
+    block_h: int | None,
+    num_warps: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # normed, new residual (x, x without add_norm),
+    # weights, ids
     tokens, hidden = x.shape
     if experts_per_program is None:
         experts_per_program = 1 if tokens <= 4 else 2
@@ -244,19 +344,25 @@ def linear_route(
     device = x.device
     weights = torch.empty((tokens, top_k), dtype=out_dtype or torch.float32, device=device)
     ids = torch.empty((tokens, top_k), dtype=torch.int64, device=device)
+    normed, summed = x, x
+    if add_norm is not None:
+        normed, summed = torch.empty_like(x), torch.empty_like(x)
     if tokens == 0:
-        return weights, ids
+        return normed, summed, weights, ids
     logits = torch.empty((tokens, experts), dtype=x.dtype, device=device)
     block_h = block_h or min(triton.next_power_of_2(hidden), max(64, 8192 // experts_per_program))
     scale = per_expert_scale if per_expert_scale is not None else weights  # a dummy pointer, never read
+    residual, norm_weight, eps, mode = add_norm if add_norm is not None else (x, x, 0.0, "qwen")
     _linear_route_kernel[(triton.cdiv(experts, experts_per_program), tokens)](
-        x, weight, logits, _arrival_counter(device), scale, weights, ids, tokens, experts, hidden, x.stride(0),
-        weight.stride(0),
+        x, weight, logits, _arrival_counter(device), scale, weights, ids, residual, norm_weight, summed, normed,
+        tokens, experts, hidden, x.stride(0), weight.stride(0), residual.stride(0), summed.stride(0),
+        normed.stride(0), eps,
         K=top_k, RENORMALIZE=renormalize, HAS_SCALE=per_expert_scale is not None, ROWS=triton.next_power_of_2(tokens),
         BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(top_k),
-        EXPERTS_PER_PROGRAM=experts_per_program, BLOCK_H=block_h, num_warps=num_warps, **pdl_launch(),
+        EXPERTS_PER_PROGRAM=experts_per_program, BLOCK_H=block_h, ADD_NORM=add_norm is not None,
+        GEMMA_NORM=mode == "gemma", num_warps=num_warps, **pdl_launch(),
     )
-    return weights, ids
+    return normed, summed, weights, ids
 
 
 def reference_linear_route(
@@ -269,3 +375,17 @@ def reference_linear_route(
 
     logits = (x.double() @ weight.double().T).float().to(x.dtype)
     return torch_route(logits, top_k, renormalize, per_expert_scale, out_dtype)
+
+
+def reference_add_norm_linear_route(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, mode: NormMode,
+    weight: torch.Tensor, top_k: int, renormalize: bool, per_expert_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``add_norm_linear_route``'s formula in PyTorch: the residual add rounded to x's dtype, the norm in the
+    ``kernels.reference_norm`` convention, then ``reference_linear_route`` of the normed rows."""
+    from inference_server.kernels.reference_norm import rmsnorm_reference
+
+    normed, summed = rmsnorm_reference(x, residual, norm_weight, eps, mode)
+    return (normed, summed, *reference_linear_route(normed, weight, top_k, renormalize, per_expert_scale,
+                                                     out_dtype))

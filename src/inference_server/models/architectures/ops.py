@@ -48,6 +48,10 @@ LinearRouteFn = Callable[[torch.Tensor, torch.Tensor, int, bool, "torch.Tensor |
                          tuple[torch.Tensor, torch.Tensor]]
 AddNormFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", float, NormStyle],
                      tuple[torch.Tensor, torch.Tensor]]
+AddNormLinearRouteFn = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", float, NormStyle, torch.Tensor, int, bool,
+     "torch.Tensor | None", "torch.dtype | None"],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def torch_add_rms_norm(
@@ -95,6 +99,25 @@ def torch_linear_route(
     CUDA backend installs one Triton launch for both at decode sizes (``kernels.router.linear_route``: fp32 dot
     products rounded to x's dtype, the same logits up to summation order)."""
     return route(linear(x, weight, None), top_k, renormalize, per_expert_scale, out_dtype)
+
+
+def torch_add_norm_linear_route(
+    x: torch.Tensor,  # [T, H]: a block's output
+    residual: torch.Tensor,  # [T, H]: the residual stream it is added to
+    norm_weight: torch.Tensor | None,  # the RMSNorm before the router and the experts
+    eps: float,
+    style: NormStyle,
+    weight: torch.Tensor,  # [E, H]: the router projection
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # normed, new residual, weights, ids
+    """A pre-norm MoE layer's FFN entry: the installed ``add_rms_norm`` (``h = residual + x``, ``normed =
+    norm(h)``), then the installed ``linear_route`` of ``normed``; returns ``(normed, h, weights, ids)``. The CUDA
+    backend installs one launch for all of it at decode sizes (``kernels.router.add_norm_linear_route``)."""
+    normed, h = add_rms_norm(x, residual, norm_weight, eps, style)
+    return (normed, h, *linear_route(normed, weight, top_k, renormalize, per_expert_scale, out_dtype))
 
 
 def torch_fused_moe(
@@ -211,6 +234,7 @@ route: RouteFn = torch_route
 linear_route: LinearRouteFn = torch_linear_route
 gated_activation: GatedActivationFn = torch_gated_activation
 add_rms_norm: AddNormFn = torch_add_rms_norm
+add_norm_linear_route: AddNormLinearRouteFn = torch_add_norm_linear_route
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
 int8_linear: Int8LinearFn = torch_int8_linear
@@ -227,12 +251,23 @@ def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> t
     return add_rms_norm(x, residual, norm.weight, norm.eps, norm.style)
 
 
+def add_norm_route(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, top_k: int,
+                   renormalize: bool, per_expert_scale: torch.Tensor | None = None,
+                   out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor]:
+    """The installed ``add_norm_linear_route`` with ``norm``'s weight, eps and style: ``(norm(residual + x),
+    residual + x, routing weights, expert ids)``."""
+    return add_norm_linear_route(x, residual, norm.weight, norm.eps, norm.style, weight, top_k, renormalize,
+                                 per_expert_scale, out_dtype)
+
+
 _REFERENCE: dict[str, object] = {
     "fused_moe": torch_fused_moe,
     "route": torch_route,
     "linear_route": torch_linear_route,
     "gated_activation": torch_gated_activation,
     "add_rms_norm": torch_add_rms_norm,
+    "add_norm_linear_route": torch_add_norm_linear_route,
     "qk_norm_rope": torch_qk_norm_rope,
     "norm_add": torch_norm_add,
     "int8_linear": torch_int8_linear,
@@ -247,10 +282,10 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
             int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
-            linear: LinearFn | None = None) -> None:
+            linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
-              "add_rms_norm": add_norm,
+              "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
               "fused_weights": weights_fused}
     assert chosen.keys() == _REFERENCE.keys()

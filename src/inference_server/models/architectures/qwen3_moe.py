@@ -34,6 +34,12 @@ class Qwen3MoeRouter(nn.Module):
         # logits [T, E] in x's dtype, then routing; weights cast to x's dtype
         return ops.linear_route(x, self.weight, self.top_k, self.normalize, None, x.dtype)  # [T, K] x2
 
+    def add_norm_route(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[
+            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``norm(residual + x)`` (the experts' input), ``residual + x`` and the routing of the normed rows, as
+        ``ops.add_norm`` then ``forward``: one launch on CUDA at decode sizes."""
+        return ops.add_norm_route(norm, x, residual, self.weight, self.top_k, self.normalize, None, x.dtype)
+
 
 class Qwen3MoeSparseBlock(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
@@ -77,6 +83,9 @@ class Qwen3MoeDecoderLayer(nn.Module):
         else:
             x, residual = ops.add_norm(self.input_layernorm, hidden, residual)
         attn = self.self_attn(x, cos, sin, ctx)
+        if isinstance(self.mlp, Qwen3MoeSparseBlock):  # the residual add and norm go into the router's launch
+            x, residual, weights, ids = self.mlp.gate.add_norm_route(self.post_attention_layernorm, attn, residual)
+            return self.mlp.experts(x, weights, ids), residual
         x, residual = ops.add_norm(self.post_attention_layernorm, attn, residual)
         return self.mlp(x), residual
 
