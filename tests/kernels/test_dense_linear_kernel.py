@@ -326,4 +326,4 @@ def test_triton_is_faster_only_where_the_sweep_timed_it_faster(monkeypatch: pyte
     assert not module.triton_is_faster(2, 5120, 2048, torch.bfloat16, cpu)  # cuBLAS was faster
     assert not module.triton_is_faster(3, 2048, 4096, torch.bfloat16, cpu)  # past the tuned counts
     assert not module.triton_is_faster(1, 2048, 4096, torch.float32, cpu)  # no file for fp32
-    assert not module.triton_is_faster(1, 2816, 2112, torch.bfloat16, cpu)  # a shape the sweep did not time
+    assert not module.triton_is_faster(1, 2816, 2112 + 64, torch.bfloat16, cpu)  # a shape the sweep did not time
