@@ -16,7 +16,8 @@ and that norm of it, so on CUDA a layer's norms take (``kernels.norm_add``, one 
 * PLE layer (E2B/E4B): the dense layer's two and the per-layer input's add (norm, add, scalar, next norm): 3.
 
 Only the first layer's input norm is a launch of its own (in ``Gemma4Model.forward``). Each launch keeps every
-rounding of the op-by-op PyTorch sequence (``ops.torch_norm_add``, the CPU path): the same hidden states.
+rounding of the op-by-op PyTorch sequence (``ops.torch_norm_add``, the CPU path): the same hidden states. Gemma 3's
+``1 + w`` norms have no kernel: there ``ops.norm_add`` is that op-by-op sequence on every device.
 """
 
 from __future__ import annotations
