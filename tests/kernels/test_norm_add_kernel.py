@@ -101,7 +101,7 @@ def test_reference_is_the_unfused_pytorch_sequence(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bf16_in_the_interpreter_is_the_unfused_sequence(case: str) -> None:
+def test_bf16_is_the_unfused_sequence(case: str) -> None:
     """bf16 at every rounding point: compiled, equal to the unfused ops but for a rare last bit (see the module
     docstring); the interpreter rounds fp32 -> bf16 by truncation (tests/backends/test_triton_add_norm.py), so there
     about half the elements are one ulp off at each rounding point: within a few ulps."""
