@@ -49,12 +49,17 @@ COMPILE = textwrap.dedent('''
         triton.compile(source(fn=_gated_activation_kernel, signature=signature,
                                  constexprs={"GELU_TANH": gelu, "BLOCK": 1024, "LIBDEVICE_TANH": True}),
                        target=target)
-    names = ("a_ptr", "b_ptr", "res_ptr", "wa_ptr", "wb_ptr", "wz_ptr", "scale_ptr", "y_ptr", "z_ptr")
-    for flags in ((False, True, False, True), (True, False, False, False), (False, True, True, True)):
-        signature = {**dict.fromkeys(names, "*bf16"), **dict.fromkeys(("n_cols", "sa", "sb", "sr", "sy", "sz"), "i32"),
-                     **dict.fromkeys(("eps_a", "eps_b", "eps_z"), "fp32"),
-                     **dict.fromkeys(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z", "BLOCK"), "constexpr")}
-        constexprs = dict(zip(("HAS_B", "HAS_RES", "HAS_SCALE", "HAS_Z"), flags, strict=True)) | {"BLOCK": 8192}
+    names = ("a_ptr", "b_ptr", "res_ptr", "wa_ptr", "wb_ptr", "ws_ptr", "scale_ptr", "y_ptr", "wz0_ptr", "wz1_ptr",
+             "z0_ptr", "z1_ptr", "z2_ptr")
+    flag_names = ("HAS_B", "HAS_SUM_NORM", "HAS_RES", "HAS_SCALE", "NUM_Z")
+    # a MoE layer after attention (three out norms, the router's fp32), the MoE tail, the dense tail, PLE's first add
+    for flags in ((False, False, True, False, 3), (True, True, True, True, 1), (False, False, True, True, 1),
+                  (False, False, True, False, 0)):
+        signature = {**dict.fromkeys(names, "*bf16"), "wz2_ptr": "*fp32",
+                     **dict.fromkeys(("n_cols", "sa", "sb", "sr", "sy", "sz0", "sz1", "sz2"), "i32"),
+                     **dict.fromkeys(("eps_a", "eps_b", "eps_s", "eps_z0", "eps_z1", "eps_z2"), "fp32"),
+                     **dict.fromkeys((*flag_names, "BLOCK"), "constexpr")}
+        constexprs = dict(zip(flag_names, flags, strict=True)) | {"BLOCK": 8192}
         triton.compile(source(fn=_norm_add_kernel, signature=signature, constexprs=constexprs),
                        target=target, options={"num_warps": 16})
     pointers = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "ko_ptr", "vo_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr",
@@ -253,8 +258,9 @@ PDL_COMPILE = textwrap.dedent('''
     cases = [
         (rmsnorm._rmsnorm_kernel, {"eps": "fp32"},
          dict(HAS_RES=True, HAS_W=True, GEMMA=False, BLOCK_R=1, BLOCK_D=2048)),
-        (norm_add._norm_add_kernel, dict.fromkeys(("eps_a", "eps_b", "eps_z"), "fp32"),
-         dict(HAS_B=False, HAS_RES=True, HAS_SCALE=False, HAS_Z=True, BLOCK=4096)),
+        (norm_add._norm_add_kernel,
+         {**dict.fromkeys(("eps_a", "eps_b", "eps_s", "eps_z0", "eps_z1", "eps_z2"), "fp32"), "wz2_ptr": "*fp32"},
+         dict(HAS_B=False, HAS_SUM_NORM=False, HAS_RES=True, HAS_SCALE=False, NUM_Z=3, BLOCK=4096)),
         (qk_norm_rope._qk_norm_rope_kernel, {"slot_ptr": "*i64", "eps": "fp32"},
          dict(NUM_Q=32, NUM_K=4, HALF=64, BLOCK_HALF=64, GEMMA=False, NORM_V=False, NUM_OUT=36, STORE=True,
               PAGE=16)),

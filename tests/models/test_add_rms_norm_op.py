@@ -1,5 +1,7 @@
-"""``ops.add_rms_norm`` (residual add folded into the next RMSNorm): the reference op is the plain math, bit for
-bit, and the decoders that use it give the logits of the unfused layer code they replaced, bit for bit (CPU)."""
+"""``ops.add_rms_norm`` (residual add folded into the next RMSNorm) and ``ops.norm_add`` (Gemma's sandwich norms, each
+layer ending with the next layer's input norm): the reference op is the plain math, bit for bit, and the decoders
+that use them give the hidden states of the unfused layer code they replaced, bit for bit (CPU), with the CUDA
+backend's dispatch too (``triton_norm_add``, its kernel stood in for by the kernel's PyTorch reference)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.attention import AttentionContext, ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.causal_lm import CausalLM
-from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer
+from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer, Gemma4Router
 from inference_server.models.architectures.layers import rope_cos_sin
 from inference_server.models.architectures.qwen3_moe import Qwen3MoeDecoderLayer
 from inference_server.models.loading.loader import build_model, init_dummy_weights
@@ -134,8 +136,12 @@ def run_steps(model: CausalLM, spec: ModelSpec, ids: torch.Tensor,
     return outputs
 
 
+GEMMA4_TINY = ["gemma-4-26b-a4b-tiny", "gemma-4-31b-tiny", "gemma-4-e2b-tiny", "gemma-4-e4b-tiny"]
+"""MoE (26B-A4B), dense (31B) and PLE (E2B, E4B; E2B also shares KV across layers) layers."""
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", *GEMMA4_TINY])
 def test_decoder_equals_its_unfused_layer_code(name: str, dtype: torch.dtype) -> None:
     spec = parse_model_spec(preset_config(name))
     model = build_model(spec, dtype, "cpu")
@@ -185,3 +191,48 @@ def test_qwen_layers_add_the_residual_only_inside_add_rms_norm() -> None:
     with torch.no_grad(), CountAdds():
         model(torch.tensor([5, 9, 11]), cache.context(batch, "cpu"))
     assert state == dict(inside=False, add_norms=2 * spec.num_layers, adds_outside=0, norms_outside=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", GEMMA4_TINY)
+def test_gemma4_norms_take_two_launches_a_layer(name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the CUDA runner's ops (folded router scale, ``triton_norm_add``): every hidden-size norm of a Gemma 4
+    layer runs inside a ``norm_add`` launch, two a layer (three with PLE), but the first layer's input norm; the
+    MoE layer's post-attention launch emits its three norms; the final norm is the last layer's. The hidden states
+    are those of the unfused layer code with the folded router norm, bit for bit."""
+    from inference_server.backends import cuda_backend
+    from inference_server.kernels.norm_add import norm_add_reference
+
+    spec = parse_model_spec(preset_config(name))
+    model = build_model(spec, dtype, "cpu")
+    init_dummy_weights(model, seed=3)
+    for module in model.modules():
+        if isinstance(module, Gemma4Router):
+            module.fold_scale()
+    ids = torch.randint(3, spec.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5))
+    ops.use_ops(weights_fused=True)  # the fixture's reference_ops() restores every op
+    theirs = run_steps(model, spec, ids, unfused_gemma4_forward)
+
+    launches: list[int] = []  # out norms of each norm_add launch
+    stray_norms = 0
+
+    def counting_kernel(*args: object, **kwargs: object) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        launches.append(len(kwargs["out_norms"]))  # type: ignore[arg-type]
+        return norm_add_reference(*args, **kwargs)  # type: ignore[arg-type]
+
+    def counting_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+        nonlocal stray_norms
+        stray_norms += x.shape[-1] == spec.hidden_size
+        return layers.rms_norm(x, weight, eps, style)
+
+    monkeypatch.setattr(cuda_backend, "norm_add", counting_kernel)
+    ops.use_ops(sandwich=cuda_backend.triton_norm_add, norm=counting_norm)
+    ours = run_steps(model, spec, ids, lambda m, t, ctx: m(t, ctx))
+    for our, their in zip(ours, theirs, strict=True):
+        assert our.dtype == dtype and torch.equal(our, their)
+
+    steps, moe_layers = len(ours), sum(layer.is_moe for layer in spec.layers)
+    per_layer = 3 if spec.ple_hidden_size else 2
+    assert stray_norms == steps  # the first layer's input norm, once a step
+    assert len(launches) == steps * per_layer * spec.num_layers
+    assert launches.count(3) == steps * moe_layers  # the MLP's, the experts' and the router's input norms

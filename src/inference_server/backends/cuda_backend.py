@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -54,6 +55,7 @@ from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.moe_decode import fused_moe_decode
+from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.pdl import use_pdl
 from inference_server.kernels.prefill_attention import paged_prefill_attention
@@ -199,23 +201,33 @@ def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_w
                                  top_k, renormalize, per_expert_scale, out_dtype)
 
 
-def triton_norm_add(a: torch.Tensor, a_norm: layers.RMSNorm, b: torch.Tensor | None, b_norm: layers.RMSNorm | None,
-                    residual: torch.Tensor | None, scale: torch.Tensor | None,
-                    out_norm: layers.RMSNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), residual add, layer
-    scale and next pre-norm; the unfused path for other norm styles (Gemma 3's ``1 + w``), weightless norms,
-    other dtypes or layouts."""
-    norms = [n for n in (a_norm, b_norm, out_norm) if n is not None]
+def triton_norm_add(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None = None,
+                    b_norm: layers.NormWeights | None = None, *, sum_norm: layers.NormWeights | None = None,
+                    residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                    out_norms: Sequence[layers.NormWeights] = ()) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), their sum's norm,
+    residual add, layer scale and up to three next norms; the unfused path for other norm styles (Gemma 3's
+    ``1 + w``), weightless norms, more out norms, other dtypes or layouts."""
+    norms = [n for n in (a_norm, b_norm, sum_norm, *out_norms) if n is not None]
     tensors = [t for t in (a, b, residual) if t is not None]
-    if (any(n.style != "gemma4" or n.weight is None or n.weight.dtype != a.dtype for n in norms)
+    if (any(n.style != "gemma4" or n.weight is None or n.weight.dtype not in (a.dtype, torch.float32)
+            or n.weight.device != a.device for n in norms)
+            or len(out_norms) > NORM_ADD_MAX_OUT_NORMS
             or a.dim() != 2 or any(t.shape != a.shape or t.dtype != a.dtype or t.stride(-1) != 1 for t in tensors)
             or (b is None) != (b_norm is None)
             or (scale is not None and (scale.numel() != 1 or scale.dtype != a.dtype))):
-        return ops.torch_norm_add(a, a_norm, b, b_norm, residual, scale, out_norm)
-    return norm_add(a, a_norm.weight, a_norm.eps,  # type: ignore[arg-type]
-                    b=b, wb=b_norm.weight if b_norm is not None else None, eps_b=b_norm.eps if b_norm else 0.0,
-                    residual=residual, scale=scale, wz=out_norm.weight if out_norm is not None else None,
-                    eps_z=out_norm.eps if out_norm is not None else 0.0)
+        return ops.torch_norm_add(a, a_norm, b, b_norm, sum_norm=sum_norm, residual=residual, scale=scale,
+                                  out_norms=out_norms)
+
+    def weight(norm: layers.NormWeights) -> torch.Tensor:
+        assert norm.weight is not None  # checked above
+        return norm.weight
+
+    return norm_add(a, weight(a_norm), a_norm.eps,
+                    b=b, wb=weight(b_norm) if b_norm is not None else None, eps_b=b_norm.eps if b_norm else 0.0,
+                    ws=weight(sum_norm) if sum_norm is not None else None,
+                    eps_s=sum_norm.eps if sum_norm is not None else 0.0,
+                    residual=residual, scale=scale, out_norms=[(weight(n), n.eps) for n in out_norms])
 
 
 def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -280,8 +292,8 @@ class CudaRunnerOptions:
     triton_router: bool = True
     triton_gated_activation: bool = True
     triton_norm_add: bool = True
-    """Gemma 4's post-norm + residual add + layer scale + next pre-norm in one launch (``ops.norm_add``); needs
-    ``triton_norm``."""
+    """Gemma 4's post-norm(s) + residual add + layer scale + the next norms (the FFN inputs' and the router's, or the
+    next layer's input norm) in one launch (``ops.norm_add``); needs ``triton_norm``."""
     triton_qk_norm_rope: bool = True
     """An attention layer's q/k norms, RoPE and value norm in one launch (``ops.qk_norm_rope``); needs
     ``triton_norm`` and ``triton_rope``."""

@@ -1,25 +1,31 @@
-"""Triton post-norm + residual add (+ layer scale) (+ the next norm) in one launch: Gemma 4's sandwich norms.
+"""Triton post-norm + residual add (+ layer scale) (+ up to three next norms) in one launch: Gemma 4's sandwich norms.
 
 A Gemma 4 decoder layer normalises each block's *output* before adding it to the residual stream, and normalises
 again before the next block: ``residual + post_norm(block_out)``, then ``pre_norm(...)``; MoE layers add two
-normalised branches (``post_norm_1(mlp) + post_norm_2(moe)``), and the layer ends with a scale
-(``h * layer_scalar``). As PyTorch ops (or one RMSNorm kernel each) that is 8 norm launches and 3 elementwise
-launches per 26B-A4B layer, each a few microseconds at decode. This kernel computes, per row of ``[T, H]``:
+normalised branches and normalise their sum (``post_norm(post_norm_1(mlp) + post_norm_2(moe))``), the layer ends
+with a scale (``h * layer_scalar``), and the next layer starts with its input norm. This kernel computes, per row
+of ``[T, H]``:
 
-    y = norm(a; wa) [+ norm(b; wb)]  [then residual + y]  [then y * scale]    -> stored (the new hidden/residual)
-    z = norm(y; wz)                                                            -> stored when ``wz`` is given
+    y = norm(a; wa) [+ norm(b; wb)]  [then norm(y; ws)]  [then residual + y]  [then y * scale] -> stored (new hidden)
+    z_i = norm(y; wz_i) for each of up to three (wz_i, eps_i)                                  -> stored
 
 with every rounding PyTorch makes on that path: each norm's output, the branch sum, the residual add and the
 scale product are rounded to the activation dtype, as bf16 tensor ops do (each computes in fp32 and rounds).
-Norms follow the Gemma 4 convention (``kernels.reference_norm``'s ``"gemma"``: fp32 throughout, ``* w`` before
-the one cast); the inverse root is ``rsqrt`` as in ``kernels.rmsnorm``.
+Norms follow the Gemma 4 convention (``kernels.reference_norm``'s ``"gemma"``: fp32 throughout, ``* w`` in fp32
+before the one cast, whatever the weight's float dtype); the inverse root is ``rsqrt`` as in ``kernels.rmsnorm``.
+
+A Gemma 4 MoE layer uses it twice (``models/architectures/gemma4.py``): after attention (``y`` the residual; ``z``
+the dense MLP's and the experts' input norms and the router's folded norm), and at the end (the two FFN branches,
+their sum's norm, the residual add, the layer scalar; ``z`` the next layer's input norm, or the model's final norm).
 
 Contract: ``a``, ``b``, ``residual`` are ``[T, H]`` of one dtype with a contiguous last dim (any row stride);
-weights ``[H]`` of that dtype; ``scale`` a one-element tensor (read on the device, so CUDA graphs see its
-value at replay). Returns new ``y`` and ``z`` (``z`` None without ``wz``).
+weights ``[H]`` of that dtype or fp32; ``scale`` a one-element tensor of the activation dtype (read on the device,
+so CUDA graphs see its value at replay). Returns new ``y`` and the tuple of ``z`` (one per given out norm).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -27,7 +33,10 @@ import triton.language as tl
 
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
-__all__ = ["norm_add", "norm_add_reference"]
+__all__ = ["MAX_OUT_NORMS", "norm_add", "norm_add_reference"]
+
+MAX_OUT_NORMS = 3
+"""Out norms one launch emits (Gemma 4's MoE layer after attention: the MLP's, the experts' and the router's)."""
 
 
 @triton.jit
@@ -38,11 +47,21 @@ def _gemma_norm(x, w, n_cols, eps):
 
 
 @triton.jit
+def _store_norm(yf, w_ptr, out_ptr, row, stride, cols, mask, n_cols, eps):
+    """``norm(yf; w)`` rounded to the output's dtype, stored in row ``row`` of ``out``."""
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    z = _gemma_norm(yf, w, n_cols, eps).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride + cols, z, mask=mask)
+
+
+@triton.jit
 def _norm_add_kernel(
-    a_ptr, b_ptr, res_ptr, wa_ptr, wb_ptr, wz_ptr, scale_ptr, y_ptr, z_ptr,
-    n_cols, sa, sb, sr, sy, sz,
-    eps_a, eps_b, eps_z,
-    HAS_B: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_Z: tl.constexpr,
+    a_ptr, b_ptr, res_ptr, wa_ptr, wb_ptr, ws_ptr, scale_ptr, y_ptr,
+    wz0_ptr, wz1_ptr, wz2_ptr, z0_ptr, z1_ptr, z2_ptr,
+    n_cols, sa, sb, sr, sy, sz0, sz1, sz2,
+    eps_a, eps_b, eps_s, eps_z0, eps_z1, eps_z2,
+    HAS_B: tl.constexpr, HAS_SUM_NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr,
+    NUM_Z: tl.constexpr,  # 0..3 out norms (z0 first)
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
@@ -62,6 +81,9 @@ def _norm_add_kernel(
         wb = tl.load(wb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         nb = _gemma_norm(b, wb, n_cols, eps_b).to(dtype)
         y = (y.to(tl.float32) + nb.to(tl.float32)).to(dtype)
+    if HAS_SUM_NORM:
+        ws = tl.load(ws_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = _gemma_norm(tl.where(mask, y.to(tl.float32), 0.0), ws, n_cols, eps_s).to(dtype)
     if HAS_RES:
         r = tl.load(res_ptr + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
         y = (r + y.to(tl.float32)).to(dtype)
@@ -69,17 +91,25 @@ def _norm_add_kernel(
         s = tl.load(scale_ptr).to(tl.float32)
         y = (y.to(tl.float32) * s).to(dtype)
     tl.store(y_ptr + row * sy + cols, y, mask=mask)
-    if HAS_Z:
-        wz = tl.load(wz_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        yf = tl.where(mask, y.to(tl.float32), 0.0)
-        z = _gemma_norm(yf, wz, n_cols, eps_z).to(dtype)
-        tl.store(z_ptr + row * sz + cols, z, mask=mask)
+    yf = tl.where(mask, y.to(tl.float32), 0.0)
+    if NUM_Z > 0:
+        _store_norm(yf, wz0_ptr, z0_ptr, row, sz0, cols, mask, n_cols, eps_z0)
+    if NUM_Z > 1:
+        _store_norm(yf, wz1_ptr, z1_ptr, row, sz1, cols, mask, n_cols, eps_z1)
+    if NUM_Z > 2:
+        _store_norm(yf, wz2_ptr, z2_ptr, row, sz2, cols, mask, n_cols, eps_z2)
 
 
 def _check(name: str, t: torch.Tensor | None, like: torch.Tensor) -> None:
     if t is not None and (t.shape != like.shape or t.dtype != like.dtype or t.stride(-1) != 1):
         raise ValueError(f"{name} must be {tuple(like.shape)} {like.dtype} with a contiguous last dim, "
                          f"got {tuple(t.shape)} {t.dtype}")
+
+
+def _check_weight(name: str, w: torch.Tensor | None, like: torch.Tensor) -> None:
+    hidden = like.shape[1]
+    if w is not None and (tuple(w.shape) != (hidden,) or w.dtype not in (like.dtype, torch.float32)):
+        raise ValueError(f"{name} must be [{hidden}] {like.dtype} or float32, got {tuple(w.shape)} {w.dtype}")
 
 
 def norm_add(
@@ -90,11 +120,12 @@ def norm_add(
     b: torch.Tensor | None = None,  # [T, H]
     wb: torch.Tensor | None = None,
     eps_b: float = 0.0,
+    ws: torch.Tensor | None = None,  # [H]: the norm of the branch sum, before the residual add
+    eps_s: float = 0.0,
     residual: torch.Tensor | None = None,  # [T, H]
     scale: torch.Tensor | None = None,  # one element
-    wz: torch.Tensor | None = None,  # [H]
-    eps_z: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # y [T, H], z [T, H] | None
+    out_norms: Sequence[tuple[torch.Tensor, float]] = (),  # up to MAX_OUT_NORMS (weight [H], eps)
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:  # y [T, H], one z [T, H] per out norm
     """One launch of the module docstring's formula (Gemma norm convention)."""
     if a.dim() != 2 or a.stride(-1) != 1:
         raise ValueError(f"a must be [T, H] with a contiguous last dim, got {tuple(a.shape)}")
@@ -103,42 +134,51 @@ def norm_add(
     _check("residual", residual, a)
     if (b is None) != (wb is None):
         raise ValueError("b and wb go together")
-    for name, w in (("wa", wa), ("wb", wb), ("wz", wz)):
-        if w is not None and (tuple(w.shape) != (hidden,) or w.dtype != a.dtype):
-            raise ValueError(f"{name} must be [{hidden}] {a.dtype}, got {tuple(w.shape)} {w.dtype}")
+    if len(out_norms) > MAX_OUT_NORMS:
+        raise ValueError(f"at most {MAX_OUT_NORMS} out norms, got {len(out_norms)}")
+    weights = {"wa": wa, "wb": wb, "ws": ws, **{f"out_norms[{i}]": w for i, (w, _) in enumerate(out_norms)}}
+    for name, w in weights.items():
+        _check_weight(name, w, a)
     if scale is not None and scale.numel() != 1:
         raise ValueError(f"scale must have one element, got {tuple(scale.shape)}")
     y = torch.empty((tokens, hidden), dtype=a.dtype, device=a.device)
-    z = torch.empty_like(y) if wz is not None else None
+    zs = tuple(torch.empty_like(y) for _ in out_norms)
     if tokens == 0:
-        return y, z
+        return y, zs
+    # absent inputs and outputs are dummies the kernel's constexpr flags never touch
+    z_ptrs = [*zs, *(y,) * (MAX_OUT_NORMS - len(zs))]
+    wz_ptrs = [*(w for w, _ in out_norms), *(wa,) * (MAX_OUT_NORMS - len(zs))]
+    eps_z = [*(eps for _, eps in out_norms), *(0.0,) * (MAX_OUT_NORMS - len(zs))]
     block = triton.next_power_of_2(hidden)
     _norm_add_kernel[(tokens,)](
         a, b if b is not None else a, residual if residual is not None else a,
-        wa, wb if wb is not None else wa, wz if wz is not None else wa, scale if scale is not None else wa,
-        y, z if z is not None else y,
+        wa, wb if wb is not None else wa, ws if ws is not None else wa, scale if scale is not None else wa, y,
+        *wz_ptrs, *z_ptrs,
         hidden, a.stride(0), (b if b is not None else a).stride(0), (residual if residual is not None else a).stride(0),
-        y.stride(0), (z if z is not None else y).stride(0),
-        eps_a, eps_b, eps_z,
-        HAS_B=b is not None, HAS_RES=residual is not None, HAS_SCALE=scale is not None, HAS_Z=wz is not None,
-        BLOCK=block, num_warps=max(4, min(16, block // 512)), **pdl_launch(),
+        y.stride(0), *(z.stride(0) for z in z_ptrs),
+        eps_a, eps_b, eps_s, *eps_z,
+        HAS_B=b is not None, HAS_SUM_NORM=ws is not None, HAS_RES=residual is not None, HAS_SCALE=scale is not None,
+        NUM_Z=len(zs), BLOCK=block, num_warps=max(4, min(16, block // 512)), **pdl_launch(),
     )  # fmt: skip
-    return y, z
+    return y, zs
 
 
 def norm_add_reference(
     a: torch.Tensor, wa: torch.Tensor, eps_a: float, *, b: torch.Tensor | None = None,
-    wb: torch.Tensor | None = None, eps_b: float = 0.0, residual: torch.Tensor | None = None,
-    scale: torch.Tensor | None = None, wz: torch.Tensor | None = None, eps_z: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    wb: torch.Tensor | None = None, eps_b: float = 0.0, ws: torch.Tensor | None = None, eps_s: float = 0.0,
+    residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+    out_norms: Sequence[tuple[torch.Tensor, float]] = (),
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The same as PyTorch tensor ops (``reference_norm``'s gemma norm, each op rounding to a's dtype)."""
     from inference_server.kernels.reference_norm import rmsnorm_reference
 
     y = rmsnorm_reference(a, None, wa, eps_a, "gemma")[0]
     if b is not None:
         y = y + rmsnorm_reference(b, None, wb, eps_b, "gemma")[0]
+    if ws is not None:
+        y = rmsnorm_reference(y, None, ws, eps_s, "gemma")[0]
     if residual is not None:
         y = residual + y
     if scale is not None:
         y = y * scale
-    return y, (rmsnorm_reference(y, None, wz, eps_z, "gemma")[0] if wz is not None else None)
+    return y, tuple(rmsnorm_reference(y, None, w, eps, "gemma")[0] for w, eps in out_norms)

@@ -3,9 +3,26 @@
 Parameter names follow ``Gemma4ForCausalLM`` (``model.layers.{i}...``); the loader strips the hub prefix
 ``model.language_model.``. Gemma 3 runs here with the switches carried by ``ModelSpec``: (1 + w) rsqrt
 norms, ``query_pre_attn_scalar ** -0.5`` attention scale, no value norm, no layer scalar.
+
+Norm launches (issue 12): each layer is handed its normed input and the norm that follows it (the next layer's
+input norm, or the model's final norm), and ends with one ``ops.norm_add`` that emits both the new hidden state
+and that norm of it, so on CUDA a layer's norms take (``kernels.norm_add``, one launch each):
+
+* dense layer (31B): after attention (post-attention norm, residual add, pre-FFN norm) and after the MLP
+  (post-FFN norm, residual add, layer scalar, next norm): 2 launches;
+* MoE layer (26B-A4B): after attention (the residual and three norms of it: the MLP's, the experts' and the
+  router's folded norm) and after the FFN (both branches' norms, their sum's norm, residual add, layer scalar,
+  next norm): 2 launches;
+* PLE layer (E2B/E4B): the dense layer's two and the per-layer input's add (norm, add, scalar, next norm): 3.
+
+Only the first layer's input norm is a launch of its own (in ``Gemma4Model.forward``). Each launch keeps every
+rounding of the op-by-op PyTorch sequence (``ops.torch_norm_add``, the CPU path): the same hidden states. Gemma 3's
+``1 + w`` norms have no kernel: there ``ops.norm_add`` is that op-by-op sequence on every device.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
@@ -15,7 +32,10 @@ from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
 from inference_server.models.architectures.layers import (
+    NormParams,
+    NormWeights,
     RMSNorm,
+    apply_norm,
     apply_rms_norm,
     rope_cos_sin,
     rope_inv_freq,
@@ -39,22 +59,32 @@ class Gemma4Router(nn.Module):
         self.proj = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(spec.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.ones(spec.num_experts))
-        self.norm_weight: torch.Tensor | None = None  # set by fold_scale (not a parameter)
+        self.folded_norm: NormParams | None = None  # set by fold_scale (not a parameter)
 
     def fold_scale(self) -> None:
-        """Fold ``scale * H^-0.5`` into one fp32 norm weight, so the router's input is one norm launch instead
-        of a norm and two multiplies (used while ``ops.fused_weights`` is on; the gemma4 norm multiplies by
-        the weight in fp32 and rounds once, where the reference rounds after each multiply). Call once the
-        weights are loaded and on their device. Idempotent, like ``SelfAttention.fuse_qkv``: a second runner over
-        the same model must not replace the tensor, since the first runner's CUDA graphs read it by address (a
-        fresh tensor here freed the old one under them: garbage routing on the H200,
-        ``bench/runner_determinism.py``)."""
-        if self.norm_weight is None:
-            self.norm_weight = self.scale.detach().float() * self.root_size
+        """Fold ``scale * H^-0.5`` into one fp32 norm weight, so the router's input is one norm (computed in the
+        decoder layer's post-attention launch, ``input_norm``) instead of a norm and two multiplies (used while
+        ``ops.fused_weights`` is on; the gemma4 norm multiplies by the weight in fp32 and rounds once, where the
+        reference rounds after each multiply). Call once the weights are loaded and on their device. Idempotent,
+        like ``SelfAttention.fuse_qkv``: a second runner over the same model must not replace the tensor, since the
+        first runner's CUDA graphs read it by address (a fresh tensor here freed the old one under them: garbage
+        routing on the H200, ``bench/runner_determinism.py``)."""
+        if self.folded_norm is None:
+            self.folded_norm = NormParams(self.scale.detach().float() * self.root_size, self.eps, "gemma4")
 
-    def forward(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.norm_weight is not None and ops.fused_weights:
-            x = apply_rms_norm(residual, self.norm_weight, self.eps, "gemma4").to(residual.dtype)  # [T, H]
+    @property
+    def input_norm(self) -> NormParams | None:
+        """The norm that gives the router's input from the residual in one go, when the scale is folded and in use:
+        the decoder layer computes it with its other norms of the residual and hands it to ``forward``."""
+        return self.folded_norm if ops.fused_weights else None
+
+    def forward(self, residual: torch.Tensor, normed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights (fp32) and expert ids [T, K] for ``residual`` [T, H]; ``normed`` is
+        ``input_norm(residual)`` when the caller computed it already."""
+        if normed is not None:
+            x = normed
+        elif self.input_norm is not None:
+            x = apply_norm(residual, self.input_norm)  # [T, H] in the residual's dtype
         else:
             x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
         # self.proj(x), then routing
@@ -95,36 +125,48 @@ class Gemma4DecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,  # [T, H]
+        h: torch.Tensor,  # [T, H]: the hidden state entering the layer
+        h_normed: torch.Tensor,  # [T, H]: input_layernorm(h), made by the previous layer's last launch
         per_layer_input: torch.Tensor | None,  # [T, P]
         cos: torch.Tensor,
         sin: torch.Tensor,
         ctx: AttentionContext,
-    ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        # residual = h + post_norm(attn), and its pre-FFN norm: one op (one launch on CUDA instead of three)
-        residual, x = ops.norm_add(attn, self.post_attention_layernorm, None, None, h, None,
-                                   self.pre_feedforward_layernorm)
-        assert x is not None
-        m = self.mlp(x)
+        next_norm: NormWeights,  # the norm after this layer: the next layer's input norm, or the model's final norm
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # the new hidden state [T, H] and next_norm of it [T, H]
+        attn = self.self_attn(h_normed, cos, sin, ctx)
+        # residual = h + post_norm(attn), and the FFN's norms of it: one op (one launch on CUDA)
+        residual_norms: list[NormWeights] = [self.pre_feedforward_layernorm]
+        router_norm = self.router.input_norm if self.is_moe else None
         if self.is_moe:
-            weights, ids = self.router(residual)
-            moe = self.experts(self.pre_feedforward_layernorm_2(residual), weights, ids)
-            # post_norm_1(mlp) + post_norm_2(moe): one op
-            m, _ = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
-                                None, None, None)
-        # the layer scalar comes last: here, or after the per-layer input's add
-        scale_now = self.layer_scalar if self.has_layer_scalar and not self.ple_size else None
-        h, _ = ops.norm_add(m, self.post_feedforward_layernorm, None, None, residual, scale_now, None)
+            residual_norms.append(self.pre_feedforward_layernorm_2)
+        if router_norm is not None:
+            residual_norms.append(router_norm)
+        residual, (x, *moe_inputs) = ops.norm_add(attn, self.post_attention_layernorm, residual=h,
+                                                  out_norms=residual_norms)
+        m = self.mlp(x)
+        # h = residual + post_norm(m) (MoE: residual + post_norm(post_norm_1(m) + post_norm_2(moe))), then the layer
+        # scalar and the next norm: one op (one launch on CUDA)
+        scalar = self.layer_scalar if self.has_layer_scalar else None
+        ends_here = not self.ple_size  # else the per-layer input's add is the last op, with the scalar and next norm
+        scale_now, next_norms = (scalar, (next_norm,)) if ends_here else (None, ())
+        if self.is_moe:
+            weights, ids = self.router(residual, moe_inputs[1] if router_norm is not None else None)
+            moe = self.experts(moe_inputs[0], weights, ids)
+            h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
+                                     sum_norm=self.post_feedforward_layernorm, residual=residual, scale=scale_now,
+                                     out_norms=next_norms)
+        else:
+            h, normed = ops.norm_add(m, self.post_feedforward_layernorm, residual=residual, scale=scale_now,
+                                     out_norms=next_norms)
 
         if self.ple_size:
             if per_layer_input is None:
                 raise ValueError("a layer with per-layer inputs (PLE) was called without them")
             # act(gate(h)) * per_layer_input: one op (one launch on CUDA instead of two), the same two roundings
             gate = ops.gated_activation(self.per_layer_input_gate(h), per_layer_input, self.act_name)  # [T, P]
-            h, _ = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, None, None, h,
-                                self.layer_scalar if self.has_layer_scalar else None, None)
-        return h
+            h, normed = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, residual=h,
+                                     scale=scalar, out_norms=(next_norm,))
+        return h, normed[0]
 
 
 class Gemma4Model(Decoder):
@@ -166,10 +208,15 @@ class Gemma4Model(Decoder):
         h = h * torch.tensor(self.spec.embed_scale).to(h.dtype)
         ple = self.per_layer_inputs(ids, h) if self.spec.ple_hidden_size else None  # [T, L, P]
         rope = {t: rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
-        for i, decoder_layer in enumerate(self.layers):
+        decoder_layers = cast(list[Gemma4DecoderLayer], list(self.layers))
+        # each layer ends with the norm that follows it: the next layer's input norm, after the last the final norm
+        next_norms: list[NormWeights] = [*(layer.input_layernorm for layer in decoder_layers[1:]), self.norm]
+        h_normed = decoder_layers[0].input_layernorm(h)
+        for i, (decoder_layer, next_norm) in enumerate(zip(decoder_layers, next_norms, strict=True)):
             cos, sin = rope[self.spec.layers[i].layer_type]
-            h = decoder_layer(h, ple[:, i, :] if ple is not None else None, cos, sin, ctx)
-        return self.norm(h)
+            h, h_normed = decoder_layer(h, h_normed, ple[:, i, :] if ple is not None else None, cos, sin, ctx,
+                                        next_norm)
+        return h_normed
 
 
 class Gemma4ForCausalLM(CausalLM):

@@ -7,7 +7,9 @@ parity tests compare fp32 logits bit for bit (see ../shared/reference/models.md 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,6 +56,35 @@ def set_norm_impl(fn: NormFn) -> NormFn:
     global _norm_impl
     previous, _norm_impl = _norm_impl, fn
     return previous
+
+
+class NormWeights(Protocol):
+    """What an RMSNorm applies, readable without running it (``RMSNorm`` modules, ``NormParams``): fused ops such as
+    ``ops.norm_add`` take norms in this form and apply them inside one launch."""
+
+    @property
+    def weight(self) -> torch.Tensor | None: ...
+
+    @property
+    def eps(self) -> float: ...
+
+    @property
+    def style(self) -> NormStyle: ...
+
+
+@attrs.frozen(eq=False)  # tensors do not compare to one bool
+class NormParams:
+    """A norm that is not a module: ``Gemma4Router``'s folded ``scale * H^-0.5`` weight (fp32), applied as any
+    ``NormWeights`` is (``apply_norm``)."""
+
+    weight: torch.Tensor | None
+    eps: float
+    style: NormStyle
+
+
+def apply_norm(x: torch.Tensor, norm: NormWeights) -> torch.Tensor:
+    """``norm(x)`` through the installed implementation: what ``RMSNorm.forward`` computes."""
+    return _norm_impl(x, norm.weight, norm.eps, norm.style)
 
 
 class RMSNorm(nn.Module):

@@ -2,7 +2,7 @@
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
 ``ops.gated_activation``, ``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add``
-(Gemma's post-norm + residual add + scale + next norm), ``ops.qk_norm_rope`` (an attention layer's per-head norms
+(Gemma's post-norm(s) + residual add + scale + next norms), ``ops.qk_norm_rope`` (an attention layer's per-head norms
 and RoPE), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float
 projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing
 launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
@@ -14,7 +14,7 @@ runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -200,33 +200,41 @@ def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> to
     return activation_fn(act)(gate) * up
 
 
-NormAddFn = Callable[
-    [torch.Tensor, layers.RMSNorm, "torch.Tensor | None", "layers.RMSNorm | None", "torch.Tensor | None",
-     "torch.Tensor | None", "layers.RMSNorm | None"],
-    tuple[torch.Tensor, "torch.Tensor | None"]]
+class NormAddFn(Protocol):
+    """The sandwich-norm op: ``ops.torch_norm_add``'s signature."""
+
+    def __call__(self, a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None = None,
+                 b_norm: layers.NormWeights | None = None, *, sum_norm: layers.NormWeights | None = None,
+                 residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                 out_norms: Sequence[layers.NormWeights] = ()) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
 
 
 def torch_norm_add(
     a: torch.Tensor,  # [T, H]: a block's output
-    a_norm: layers.RMSNorm,  # its post-norm
+    a_norm: layers.NormWeights,  # its post-norm
     b: torch.Tensor | None = None,  # [T, H]: a second branch (Gemma 4 MoE layers), added after its own norm
-    b_norm: layers.RMSNorm | None = None,
+    b_norm: layers.NormWeights | None = None,
+    *,
+    sum_norm: layers.NormWeights | None = None,  # a norm of the branch sum (Gemma 4 MoE: the post-FFN norm)
     residual: torch.Tensor | None = None,  # [T, H]: the residual stream the normed output is added to
     scale: torch.Tensor | None = None,  # one element: the layer scalar, applied last
-    out_norm: layers.RMSNorm | None = None,  # the next block's pre-norm of the result
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # y [T, H], out_norm(y) [T, H] | None
+    out_norms: Sequence[layers.NormWeights] = (),  # norms of the result: the next blocks' input norms
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:  # y [T, H], norm(y) [T, H] for each out norm
     """Gemma's sandwich-norm glue as the decoder layers wrote it: ``y = a_norm(a) [+ b_norm(b)]``, then
-    ``residual + y``, then ``y * scale``, and ``out_norm(y)``; each a tensor op rounding to the activation dtype.
-    The CUDA backend installs ``kernels.norm_add``: one launch for all of it."""
-    y = a_norm(a)
+    ``sum_norm(y)``, ``residual + y``, ``y * scale``, and each ``out_norm(y)``; each a tensor op rounding to the
+    activation dtype, each norm the installed one (``layers.apply_norm``). The CUDA backend installs
+    ``kernels.norm_add``: one launch for all of it (up to three out norms)."""
+    y = layers.apply_norm(a, a_norm)
     if b is not None:
         assert b_norm is not None
-        y = y + b_norm(b)
+        y = y + layers.apply_norm(b, b_norm)
+    if sum_norm is not None:
+        y = layers.apply_norm(y, sum_norm)
     if residual is not None:
         y = residual + y
     if scale is not None:
         y = y * scale
-    return y, (out_norm(y) if out_norm is not None else None)
+    return y, tuple(layers.apply_norm(y, norm) for norm in out_norms)
 
 
 fused_moe: MoEFn = torch_fused_moe
