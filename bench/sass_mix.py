@@ -15,6 +15,7 @@ reach the memory limit whatever its loads do, and one well above it is bound by 
 
   uv run python bench/sass_mix.py                        # the table: int8 and float configs at 31B and Qwen shapes
   uv run python bench/sass_mix.py --only gemv --dump 0   # one variant's loop SASS (row 0 of the table)
+  uv run python bench/sass_mix.py --only moe             # the MoE decode GEMVs (kernels.moe_decode), both models
 
 Triton's version changes the SASS: the H200 runs Triton 3.6 (``triton.__version__`` is printed).
 """
@@ -53,7 +54,7 @@ class Variant:
     """One compiled variant: which kernel, weight and activation types, tiles."""
 
     label: str
-    path: str  # "gemv" (CUDA-core) or "dot" (tensor-core streamed_linear)
+    path: str  # "gemv" (CUDA-core), "dot" (tensor-core streamed_linear), "moe_gate_up" or "moe_down" (moe_decode)
     weight: str  # "i8", "bf16", "fp16", "fp32"
     block_n: int
     block_t: int
@@ -80,7 +81,8 @@ class LoopMix:
     @property
     def weight_bytes(self) -> int:
         per_element = 1 if self.variant.weight == "i8" else (4 if self.variant.weight == "fp32" else 2)
-        return self.variant.block_n * self.variant.block_k * per_element
+        row_sets = 2 if self.variant.path == "moe_gate_up" else 1  # gate and up rows a program
+        return self.variant.block_n * self.variant.block_k * per_element * row_sets
 
     def per_byte(self, *opcodes: str) -> float:
         """Thread instructions per weight byte of the named opcodes (prefix match), all warps of the program."""
@@ -107,12 +109,49 @@ def _bin_dir() -> Path:
     return Path(triton.__file__).resolve().parent / "backends" / "nvidia" / "bin"
 
 
+def compile_moe_variant(v: Variant) -> Any:
+    """``moe_decode``'s gate/up or down kernel with the alignment facts of its launches (16-byte aligned pointers,
+    sizes and strides divisible by 16), top-8, whole K tiles unless ``extra`` says otherwise."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from inference_server.kernels import moe_decode
+
+    int8 = v.weight == "i8"
+    words = int8 and v.words
+    weight = "*i32" if words else f"*{v.weight}"
+    if v.path == "moe_gate_up":
+        fn = moe_decode._gate_up_kernel
+        types = {"x_ptr": f"*{v.act}", "w_ptr": weight, "ids_ptr": "*i64", "scale_ptr": "*bf16",
+                 "out_ptr": f"*{v.act}"}
+        constexprs: dict[str, Any] = {"TOP_K": 8, "ACT": 0}
+    else:
+        fn = moe_decode._down_kernel
+        types = {"inter_ptr": f"*{v.act}", "w_ptr": weight, "ids_ptr": "*i64", "topk_w_ptr": "*bf16",
+                 "scale_ptr": "*bf16", "pair_ptr": "*bf16", "counter_ptr": "*i32", "out_ptr": f"*{v.act}"}
+        constexprs = {"TOP_K": 8, "ROW_TILES_STRIDE": 2048}
+    constexprs.update(BLOCK_N=v.block_n, BLOCK_K=v.block_k, EVEN_K=True, W_INT8=int8)
+    optional = {"W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False}
+    constexprs.update({name: value for name, value in optional.items() if name in fn.arg_names})
+    constexprs.update(v.extra)
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+             if n.endswith("_ptr") or n.startswith("stride") or n in ("H", "inter_size")}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 64),
+                          options=dict(num_warps=v.num_warps, num_stages=v.num_stages))
+
+
 def compile_variant(v: Variant) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from inference_server.kernels import int8_gemv, streamed_linear
+
+    if v.path.startswith("moe_"):
+        return compile_moe_variant(v)
 
     fn = int8_gemv.int8_gemv_kernel if v.path == "gemv" else streamed_linear._streamed_linear_kernel
     constexprs: dict[str, Any] = {"BLOCK_N": v.block_n, "BLOCK_T": v.block_t, "BLOCK_K": v.block_k,
@@ -275,9 +314,30 @@ def gemv_variants() -> list[Variant]:
     return out
 
 
+MOE_MODELS = {"qwen3-30b-a3b": (2048, 768), "gemma-4-26b-a4b": (2816, 704)}  # H, I (E = 128, top-8)
+
+
+def moe_variants() -> list[Variant]:
+    """``moe_decode``'s two kernels at its heuristic tiles for both MoE models: bf16 experts, int8 experts read as
+    words (the default where the layout allows it) and as single bytes (the fallback, and the path before words)."""
+    from inference_server.kernels.moe_decode import moe_decode_config
+
+    out = []
+    for model, (hidden, inter) in MOE_MODELS.items():
+        cfg = moe_decode_config(hidden, inter, 2)
+        for path, block_n, block_k, warps in (("moe_gate_up", cfg.gate_up_block_n, cfg.gate_up_block_k,
+                                               cfg.gate_up_warps),
+                                              ("moe_down", cfg.down_block_n, cfg.down_block_k, cfg.down_warps)):
+            name = f"{model} {path[4:]}"
+            out.append(Variant(name, path, "bf16", block_n, 1, block_k, 1, warps, 1))
+            out.append(Variant(name, path, "i8", block_n, 1, block_k, 1, warps, 1))
+            out.append(Variant(f"{name} bytes", path, "i8", block_n, 1, block_k, 1, warps, 1, words=False))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("current", "gemv"), default=None)
+    parser.add_argument("--only", choices=("current", "gemv", "moe"), default=None)
     parser.add_argument("--dump", type=int, default=None, help="print the loop SASS of this table row")
     args = parser.parse_args()
     import triton
@@ -287,6 +347,8 @@ def main() -> int:
         variants += default_variants()
     if args.only in (None, "gemv"):
         variants += gemv_variants()
+    if args.only in (None, "moe"):
+        variants += moe_variants()
     print(f"# sm_90 SASS, Triton {triton.__version__}: K-loop instructions per weight byte (thread instructions, "
           f"all warps), and the weight bytes per SM clock the issue rate or the tightest pipe allows "
           f"(HBM needs ~{HBM_BYTES_PER_SM_CLK:.0f})\n\n{HEADER}")

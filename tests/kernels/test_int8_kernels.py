@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
-from inference_server.kernels.int8_dequant import int8_to_fp32_exact, words_to_fp32_exact
-from inference_server.kernels.int8_gemv import gemv_weight_view
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact, int8_words_view, words_to_fp32_exact
 from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
@@ -94,7 +93,7 @@ def test_int8_gemv_byte_path(config: Int8LinearConfig, K: int, T: int) -> None:
     gen = torch.Generator().manual_seed(K + T)
     q_big, scale = _quantized((37, 102), torch.bfloat16, gen)
     q = q_big[:, :K]
-    assert gemv_weight_view(q) is None
+    assert int8_words_view(q) is None
     x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
     assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
 
@@ -107,18 +106,18 @@ def test_int8_gemv_word_path(config: Int8LinearConfig, K: int, T: int) -> None:
     """The CUDA-core GEMV reading int8 weights as words, whole and ragged K tiles, tokens past a program's tile."""
     gen = torch.Generator().manual_seed(K * T)
     q, scale = _quantized((21, K), torch.bfloat16, gen)
-    assert gemv_weight_view(q) is not None
+    assert int8_words_view(q) is not None
     x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
     assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
 
 
-def test_gemv_weight_view_is_little_endian_words() -> None:
+def test_int8_words_view_is_little_endian_words() -> None:
     """Column 4j + i of an int8 weight is byte i of word j: the kernel's word path reads it so."""
     q = torch.arange(-8, 8, dtype=torch.int8).reshape(2, 8)
-    words = gemv_weight_view(q)
+    words = int8_words_view(q)
     assert words is not None and words.shape == (2, 2)
     assert words[0, 0].item() == int.from_bytes(bytes([248, 249, 250, 251]), "little", signed=True)
-    assert gemv_weight_view(q[:, 1:5]) is None  # start not 4-byte aligned
+    assert int8_words_view(q[:, 1:5]) is None  # start not 4-byte aligned
 
 
 @triton.jit

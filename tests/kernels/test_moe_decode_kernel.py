@@ -81,6 +81,78 @@ def test_int8_experts_follow_the_int8_reference(dtype: torch.dtype) -> None:
         torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
 
 
+def _int8_case(T: int, E: int, K: int, H: int, inter: int, dtype: torch.dtype, seed: int,
+               extremes: bool = False) -> tuple[torch.Tensor, ...]:
+    """``_case`` with int8 experts (``reference_int8``'s format) and their scales; ``extremes``: a quarter of the
+    bytes -128 and a quarter 127, the rest uniform (every sign-bit and byte-position case of the word path)."""
+    x, w_gu, w_dn, w, ids = _case(T, E, K, H, inter, dtype, seed)
+    q_gu, s_gu = quantize_int8_per_channel(w_gu)
+    q_dn, s_dn = quantize_int8_per_channel(w_dn)
+    if extremes:
+        gen = torch.Generator().manual_seed(seed + 1)
+        for q in (q_gu, q_dn):
+            draw = torch.randint(0, 4, q.shape, generator=gen).to(q.device)
+            q.copy_(torch.where(draw == 0, -128, torch.where(draw == 1, 127, q.long())).to(torch.int8))
+    return x, q_gu, q_dn, s_gu, s_dn, w, ids
+
+
+def _padded_rows(q: torch.Tensor, pad: int) -> torch.Tensor:
+    """``q`` stored with ``pad`` spare bytes after each row: same values, rows no longer 4-byte aligned."""
+    big = q.new_zeros(*q.shape[:-1], q.shape[-1] + pad)
+    big[..., : q.shape[-1]] = q
+    return big[..., : q.shape[-1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("T", "H", "inter", "extremes"), [
+    (1, 64, 48, True),  # whole K tiles (EVEN_K), -128 and 127 bytes
+    (2, 104, 40, True),  # K tails: 104 = 3 x 32 + 8 (gate/up), 40 = 2 x 16 + 8 (down), 8 columns: one word pair
+    (2, 96, 56, False),  # gate/up whole tiles, down tail of 8
+])
+def test_int8_word_path_follows_the_int8_reference(T: int, H: int, inter: int, extremes: bool,
+                                                    dtype: torch.dtype) -> None:
+    """int8 experts read as 32-bit words (both kernels): the int8 reference's result, whole and ragged K tiles."""
+    x, q_gu, q_dn, s_gu, s_dn, w, ids = _int8_case(T, 8, 4, H, inter, dtype, H + inter + T, extremes)
+    assert moe_decode._weight_operand(q_gu, True, SMALL.gate_up_block_k)[1]
+    assert moe_decode._weight_operand(q_dn, True, SMALL.down_block_k)[1]
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    out = fused_moe_decode(x, q_gu, q_dn, w, ids, "gelu_tanh", config=SMALL, **scales)
+    ref = fused_moe_reference(x, q_gu, q_dn, w, ids, "gelu_tanh", **scales)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    else:
+        torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
+
+
+@pytest.mark.parametrize(("H", "inter", "pad"), [(100, 44, 0), (64, 48, 1)])
+def test_int8_single_byte_fallback_gives_the_word_path_result(H: int, inter: int, pad: int) -> None:
+    """Rows of a multiple of 4 but not 8 bytes (100, 44), or rows not 4-byte aligned: single bytes, the same
+    result as words (fp32: only the order of the fp32 sums differs)."""
+    x, q_gu, q_dn, s_gu, s_dn, w, ids = _int8_case(2, 8, 3, H, inter, torch.float32, H + pad, extremes=True)
+    if pad:
+        q_gu, q_dn = _padded_rows(q_gu, pad), _padded_rows(q_dn, pad)
+    assert not moe_decode._weight_operand(q_gu, True, SMALL.gate_up_block_k)[1]
+    assert not moe_decode._weight_operand(q_dn, True, SMALL.down_block_k)[1]
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    out = fused_moe_decode(x, q_gu, q_dn, w, ids, "silu", config=SMALL, **scales)
+    torch.testing.assert_close(out, fused_moe_reference(x, q_gu, q_dn, w, ids, "silu", **scales), atol=2e-5,
+                               rtol=2e-5)
+    if not pad:  # 100 x 44 has no word layout; the padded 64 x 48 rows have one when contiguous: compare the paths
+        return
+    words = fused_moe_decode(x, q_gu.contiguous(), q_dn.contiguous(), w, ids, "silu", config=SMALL, **scales)
+    torch.testing.assert_close(out, words, atol=2e-5, rtol=2e-5)
+
+
+def test_int8_words_are_read_only_with_whole_word_pairs_a_tile() -> None:
+    """K tiles must hold whole word pairs (a multiple of 8 columns) and the weight's layout must allow words."""
+    q = torch.zeros(2, 8, 64, dtype=torch.int8, device=DEV)
+    operand, words = moe_decode._weight_operand(q, True, 32)
+    assert words and operand.dtype == torch.int32 and operand.shape == (2, 8, 16)
+    assert not moe_decode._weight_operand(q, True, 4)[1]
+    assert not moe_decode._weight_operand(q.float(), False, 32)[1]  # float weights: never words
+    assert not moe_decode._weight_operand(q[:, :, :60], True, 32)[1]  # 60 columns: not a multiple of 8
+
+
 def test_default_config_and_repeated_calls_leave_the_counters_zeroed() -> None:
     """The heuristic tiles give the reference's result; every launch resets the arrival counters it used, so a
     second call (in a CUDA graph: a replay) finds them at zero and gives the same result."""
@@ -137,11 +209,15 @@ _COMPILE = textwrap.dedent('''
     from inference_server.kernels import moe_decode
 
     target = GPUTarget("cuda", 90, 64)
-    # Qwen3-30B-A3B (H 2048, I 768) and Gemma-4-26B-A4B (H 2816, I 704), bf16 and int8 experts
+    # Qwen3-30B-A3B (H 2048, I 768) and Gemma-4-26B-A4B (H 2816, I 704), bf16 experts, int8 experts as int32
+    # words (with the byte permute) and as single bytes (the fallback)
     for hidden, inter, weight, act, topk_w in ((2048, 768, "*bf16", 0, "*bf16"), (2816, 704, "*bf16", 1, "*fp32"),
-                                               (2816, 704, "*i8", 1, "*fp32")):
+                                               (2816, 704, "*i8", 1, "*fp32"), (2048, 768, "words", 0, "*bf16"),
+                                               (2816, 704, "words", 1, "*fp32")):
         cfg = moe_decode.moe_decode_config(hidden, inter, 2)
-        int8 = weight == "*i8"
+        words = weight == "words"
+        int8 = words or weight == "*i8"
+        weight = "*i32" if words else weight
         for fn, block_n, block_k, warps, types, extra in (
                 (moe_decode._gate_up_kernel, cfg.gate_up_block_n, cfg.gate_up_block_k, cfg.gate_up_warps,
                  {"x_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "scale_ptr": "*bf16", "out_ptr": "*bf16"},
@@ -150,15 +226,19 @@ _COMPILE = textwrap.dedent('''
                  {"inter_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "topk_w_ptr": topk_w, "scale_ptr": "*bf16",
                   "pair_ptr": "*fp32" if topk_w == "*fp32" else "*bf16", "counter_ptr": "*i32", "out_ptr": "*bf16"},
                  {"TOP_K": 8, "ROW_TILES_STRIDE": 2048})):
-            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, W_INT8=int8, USE_PDL=False)
+            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, W_INT8=int8, W_WORDS=words,
+                              PRMT=words, USE_PDL=False)
             signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
             attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
                      if n.endswith("_ptr") or n.startswith("stride") or n in ("H", "inter_size")}
             kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                     target=target, options=dict(num_warps=warps, num_stages=1))
             ptx = kernel.asm["ptx"]
-            # the weight stream is vectorised: 16-byte loads (8 bf16 or 16 int8 values a thread)
-            assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx, (fn.__name__, hidden, weight)
+            if words:  # two words (8 columns) a load and thread, each byte placed by one permute
+                assert "ld.global.v2.b32" in ptx or "ld.global.nc.v2.b32" in ptx, (fn.__name__, hidden, "v2")
+                assert "prmt.b32" in ptx, (fn.__name__, hidden, "no byte permute")
+            else:  # the weight stream is vectorised: 16-byte loads (8 bf16 or 16 int8 values a thread)
+                assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx, (fn.__name__, hidden, weight)
     print("compiled")
 ''')
 

@@ -14,6 +14,7 @@ comes out bit-identical to ``v.to(float32)``.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -62,3 +63,51 @@ def words_to_fp32_exact(words, PRMT: tl.constexpr):
         b3 = (flipped >> 24) | _EXPONENT_BITS
     return (b0.to(tl.float32, bitcast=True) - _MAGIC_VALUE, b1.to(tl.float32, bitcast=True) - _MAGIC_VALUE,
             b2.to(tl.float32, bitcast=True) - _MAGIC_VALUE, b3.to(tl.float32, bitcast=True) - _MAGIC_VALUE)
+
+
+def int8_words_view(weight: torch.Tensor) -> torch.Tensor | None:
+    """An int8 weight ``[..., K]`` as int32 words ``[..., K / 4]`` (four columns a word, little-endian: column
+    ``4j + i`` is byte ``i`` of word ``j``), or None where its layout does not allow it (K not a multiple of 8,
+    columns not contiguous, other strides or the start not 4-byte aligned): the kernels then read single bytes.
+    K is a multiple of 8, not only of 4, so that the word kernels' K-tail masks can be per pair of words (8-byte
+    loads; ``word_pair_offsets``)."""
+    if weight.dtype != torch.int8 or weight.dim() == 0 or weight.shape[-1] % 8 or weight.shape[-1] == 0:
+        return None
+    if weight.stride(-1) != 1 or any(weight.stride(d) % 4 for d in range(weight.dim() - 1)):
+        return None
+    if weight.storage_offset() % 4:
+        return None
+    return weight.view(torch.int32)
+
+
+@triton.jit
+def word_pair_offsets(WORDS: tl.constexpr):
+    """``(offsets, first_column)`` of a tile of ``WORDS`` int32 words: the offsets are ``0 .. WORDS-1``, written so
+    that Triton sees runs of 2 (a thread reads two words, 8 columns, a load: the 8 bf16 columns its 16-byte
+    activation load holds), and ``first_column`` is the first int8 column of each word's pair (``8 * (j // 2)``),
+    constant over the pair: a K-tail mask ``first_column < rest`` keeps the masked loads 8 bytes wide (rows of a
+    multiple of 8 columns: a pair is all in or all out)."""
+    pair = tl.arange(0, WORDS) // 2
+    return pair * 2 + tl.arange(0, WORDS) % 2, pair * 8
+
+
+@triton.jit
+def split4_row(t, WORDS: tl.constexpr):
+    """``t [4 * WORDS]`` as four ``[WORDS]`` tensors: elements ``4j``, ``4j+1``, ``4j+2``, ``4j+3`` (each thread's
+    contiguous elements stay in its registers)."""
+    even, odd = tl.split(tl.reshape(t, (WORDS, 2, 2)))  # last axis: column parity
+    t0, t2 = tl.split(even)
+    t1, t3 = tl.split(odd)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def fma_words(acc, w0, w1, w2, w3, x, WORDS: tl.constexpr):
+    """acc [BN, WORDS] += the products of one token's columns ``x [4 * WORDS]`` with the weight columns ``w_i``
+    (``4j + i``, e.g. from ``words_to_fp32_exact``): four FMAs per accumulator, each rounding only the sum."""
+    x0, x1, x2, x3 = split4_row(x, WORDS)
+    acc = tl.fma(w0, x0.to(tl.float32)[None, :], acc)
+    acc = tl.fma(w1, x1.to(tl.float32)[None, :], acc)
+    acc = tl.fma(w2, x2.to(tl.float32)[None, :], acc)
+    acc = tl.fma(w3, x3.to(tl.float32)[None, :], acc)
+    return acc

@@ -39,11 +39,17 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_dequant import int8_to_fp32_exact, words_to_fp32_exact
+from inference_server.kernels.int8_dequant import (
+    fma_words,
+    int8_to_fp32_exact,
+    int8_words_view,
+    word_pair_offsets,
+    words_to_fp32_exact,
+)
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["gemv_weight_view", "int8_gemv_kernel", "launch_gemv"]
+__all__ = ["int8_gemv_kernel", "launch_gemv"]
 
 
 @triton.jit
@@ -51,15 +57,6 @@ def _split4(t, ROWS: tl.constexpr, WORDS: tl.constexpr):
     """``t [ROWS, 4 * WORDS]`` as four ``[ROWS, WORDS]`` tensors: columns ``4j``, ``4j+1``, ``4j+2``, ``4j+3``
     (each thread's contiguous elements stay in its registers)."""
     even, odd = tl.split(tl.reshape(t, (ROWS, WORDS, 2, 2)))  # last axis: column parity
-    t0, t2 = tl.split(even)
-    t1, t3 = tl.split(odd)
-    return t0, t1, t2, t3
-
-
-@triton.jit
-def _split4_row(t, WORDS: tl.constexpr):
-    """``t [4 * WORDS]`` as four ``[WORDS]`` tensors: elements ``4j``, ``4j+1``, ``4j+2``, ``4j+3``."""
-    even, odd = tl.split(tl.reshape(t, (WORDS, 2, 2)))
     t0, t2 = tl.split(even)
     t1, t3 = tl.split(odd)
     return t0, t1, t2, t3
@@ -79,18 +76,6 @@ def _weights_fp32(w, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, W_WORDS: tl.con
         else:
             w0, w1, w2, w3 = w0.to(tl.float32), w1.to(tl.float32), w2.to(tl.float32), w3.to(tl.float32)
     return w0, w1, w2, w3
-
-
-@triton.jit
-def _token_fma(acc, w0, w1, w2, w3, x, WORDS: tl.constexpr):
-    """acc [BN, WORDS] += the products of one token's columns ``x [4 * WORDS]`` with the weight columns ``w_i``
-    (``4j + i``): four FMAs per accumulator, each product exact."""
-    x0, x1, x2, x3 = _split4_row(x, WORDS)
-    acc = tl.fma(w0, x0.to(tl.float32)[None, :], acc)
-    acc = tl.fma(w1, x1.to(tl.float32)[None, :], acc)
-    acc = tl.fma(w2, x2.to(tl.float32)[None, :], acc)
-    acc = tl.fma(w3, x3.to(tl.float32)[None, :], acc)
-    return acc
 
 
 @triton.jit
@@ -146,12 +131,11 @@ def int8_gemv_kernel(
     if W_WORDS:
         # Two words (8 columns) per thread and load, not the four a 16-byte load would take: a thread's 16-byte
         # load of bf16 activations holds 8 columns, and the weight columns must lie in the same thread as theirs.
-        offs_w = (tl.arange(0, WORDS) // 2) * 2 + tl.arange(0, WORDS) % 2
+        offs_w, first_col = word_pair_offsets(WORDS)
         w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start // 4 + offs_w)[None, :]
         w_step = WORDS
-        # The K-tail mask per pair of words (columns 8p .. 8p+7; K is a multiple of 8 on this path, so a pair is
-        # all in or all out): constant over each thread's two words, it keeps the masked loads 8 bytes wide.
-        first_col = (tl.arange(0, WORDS) // 2) * 8
+        # The K-tail mask per pair of words (first_col; K is a multiple of 8 on this path, so a pair is all in or
+        # all out): constant over each thread's two words, it keeps the masked loads 8 bytes wide.
     else:
         offs_w = offs_k
         w_ptrs = w_ptr + offs_n_safe.to(tl.int64)[:, None] * stride_wn + (k_start + offs_k)[None, :] * stride_wk
@@ -203,15 +187,15 @@ def int8_gemv_kernel(
         if BLOCK_T > 3:
             x3_next = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
         w0, w1, w2, w3 = _weights_fp32(w, BLOCK_N, WORDS, W_WORDS, HAS_SCALE, PRMT)
-        acc0 = _token_fma(acc0, w0, w1, w2, w3, x0, WORDS)
+        acc0 = fma_words(acc0, w0, w1, w2, w3, x0, WORDS)
         if BLOCK_T > 1:
-            acc1 = _token_fma(acc1, w0, w1, w2, w3, x1, WORDS)
+            acc1 = fma_words(acc1, w0, w1, w2, w3, x1, WORDS)
             x1 = x1_next
         if BLOCK_T > 2:
-            acc2 = _token_fma(acc2, w0, w1, w2, w3, x2, WORDS)
+            acc2 = fma_words(acc2, w0, w1, w2, w3, x2, WORDS)
             x2 = x2_next
         if BLOCK_T > 3:
-            acc3 = _token_fma(acc3, w0, w1, w2, w3, x3, WORDS)
+            acc3 = fma_words(acc3, w0, w1, w2, w3, x3, WORDS)
             x3 = x3_next
         w = w_next
         x0 = x0_next
@@ -232,29 +216,18 @@ def int8_gemv_kernel(
                         stride_scale, SPLIT_K, HAS_SCALE)
 
 
-def gemv_weight_view(weight: torch.Tensor) -> torch.Tensor | None:
-    """An int8 weight ``[N, K]`` as int32 words ``[N, K / 4]`` (four columns a word, little-endian: column
-    ``4j + i`` is byte ``i`` of word ``j``), or None where its layout does not allow it (K not a multiple of 8,
-    columns not contiguous, rows or start not 4-byte aligned): the kernel then reads single bytes."""
-    if weight.dtype != torch.int8 or weight.shape[1] % 8 or weight.stride(1) != 1 or weight.shape[1] == 0:
-        return None
-    if weight.stride(0) % 4 or weight.storage_offset() % 4:
-        return None
-    return weight.view(torch.int32)
-
-
 def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                 dest: torch.Tensor, k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int,
                 split_k: int, num_warps: int, num_stages: int, interpreted: bool) -> None:
     """Launch the GEMV of ``x [T, K] @ weight[N, K].T`` (int8 weights with ``scale``, else float weights of x's
     dtype) into ``dest`` (``[T, N]`` in x's dtype, or ``[split_k, T, N]`` fp32 partial sums). ``block_k`` must be
-    a multiple of 4; int8 weights are read as words where ``gemv_weight_view`` allows it."""
+    a multiple of 4; int8 weights are read as words where ``int8_words_view`` allows it."""
     T, K = x.shape
     N = weight.shape[0]
     if block_k % 4 or not 1 <= block_t <= 4:
         raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
                          f"block_k {block_k}, block_t {block_t}")
-    words = gemv_weight_view(weight) if scale is not None else None
+    words = int8_words_view(weight) if scale is not None else None
     w = words if words is not None else weight
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
     int8_gemv_kernel[grid](

@@ -24,6 +24,14 @@ to the activation dtype, ``act(gate)`` and ``act * up`` rounded, the weighted pa
 dot product's fp32 sum differs. int8 experts (both scales given): the bytes go to fp32 by the exponent trick
 (``int8_dequant``, exact), the row's scale multiplies the fp32 sum before the rounding.
 
+int8 experts are read as 32-bit words where their layout allows it (``int8_words_view``: rows of a multiple of 8
+bytes, 4-byte aligned; every real shape), as ``int8_gemv`` reads them: a thread loads two words (8 columns) of a
+row, flips the word's four sign bits with one logic op and places each byte in the mantissa of ``2**23`` with one
+byte permute (``words_to_fp32_exact``), and the activations are split the same way (column ``4j + i`` with byte
+``i`` of word ``j``) into one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per row set. Single bytes were
+converted one at a time (~10 instructions each: the loop was bound by its instructions, not by HBM); other
+layouts still take that path.
+
 Pairs whose expert id is outside [0, E) contribute zeros (``fused_moe`` leaves their rows undefined). No host
 syncs; the scratch comes from the caching allocator and the counters are a zeroed buffer per device that each
 launch leaves zeroed, so calls are CUDA-graph capturable (the first call on a device must not be inside a capture)
@@ -40,7 +48,13 @@ import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.fused_moe import act_times_up
-from inference_server.kernels.int8_dequant import int8_to_fp32_exact
+from inference_server.kernels.int8_dequant import (
+    fma_words,
+    int8_to_fp32_exact,
+    int8_words_view,
+    word_pair_offsets,
+    words_to_fp32_exact,
+)
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
@@ -90,16 +104,19 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 
 @triton.jit
-def _stream_rows(w_ptrs, x_ptrs, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
+def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
-    """fp32 dot products of ``[BN, length]`` weight rows at ``w_ptrs`` (and, with ``TWO``, of the rows
-    ``row_stride`` further) with the vector at ``x_ptrs``: ``(sum_a [BN], sum_b [BN])``.
+    """fp32 dot products of the ``[BN, length]`` weight rows starting at ``rows [BN]`` (and, with ``TWO``, of the
+    rows ``row_stride`` further) with the vector at ``x_row``: ``(sum_a [BN], sum_b [BN])``. Float weights, or
+    int8 as single bytes (``_stream_word_rows`` reads them as words).
 
     Triton pipelines only loads that feed a ``tl.dot``, so the loop prefetches by hand: the next tile's loads are
     issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
     the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
     uniform mask, which keeps the loads vectorised."""
     offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
+    x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     if EVEN_K:
         a = tl.load(w_ptrs)
@@ -148,9 +165,79 @@ def _stream_rows(w_ptrs, x_ptrs, row_stride, length, TWO: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
+def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVEN_K: tl.constexpr, PRMT: tl.constexpr):
+    """``_stream_rows`` for int8 weights read as int32 words: ``rows [BN]`` point at each row's first word (an
+    ``int32`` pointer, ``row_stride`` in words), ``length`` counts int8 columns (a multiple of 8) and ``BLOCK_K``
+    columns a tile (a multiple of 8). Word ``j`` holds columns ``4j .. 4j+3`` (byte ``i`` is column ``4j + i``);
+    the activations are split into the same four column sets (``fma_words``), so no value crosses threads in the
+    loop and each accumulator ``[BN, BLOCK_K / 4]`` is summed once at the end. ``PRMT``: bytes placed by the PTX
+    byte permute (compiled kernels only; the interpreter takes shifts and masks).
+
+    The next tile's loads go out before this tile's arithmetic (as in ``_stream_rows``). EVEN_K: no load is
+    masked; the last iteration's prefetch re-reads its own tile (the pointers stop advancing, ``int8_gemv``'s
+    way). Else the K tail is masked per pair of words (8-byte loads: ``word_pair_offsets``)."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    offs_w, first_col = word_pair_offsets(WORDS)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
+    x_ptrs = x_row + offs_k  # [BK]
+    n_tiles = tl.cdiv(length, BLOCK_K)
+    if EVEN_K:
+        a = tl.load(w_ptrs)
+        x = tl.load(x_ptrs)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = a
+    else:
+        w_ok = (first_col < length)[None, :]
+        a = tl.load(w_ptrs, mask=w_ok, other=0)
+        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
+        else:
+            b = a
+    acc_a = tl.zeros(a.shape, dtype=tl.float32)
+    acc_b = tl.zeros(a.shape, dtype=tl.float32)
+    for kb in range(0, n_tiles):
+        if EVEN_K:
+            more = (kb + 1 < n_tiles).to(tl.int32)  # 0 on the last iteration: the prefetch stays in bounds
+            w_ptrs += more * WORDS
+            x_ptrs += more * BLOCK_K
+            a_next = tl.load(w_ptrs)
+            x_next = tl.load(x_ptrs)
+            if TWO:
+                b_next = tl.load(w_ptrs + row_stride)
+            else:
+                b_next = a_next
+        else:
+            w_ptrs += WORDS
+            x_ptrs += BLOCK_K
+            rest = length - (kb + 1) * BLOCK_K
+            w_next_ok = (first_col < rest)[None, :]
+            a_next = tl.load(w_ptrs, mask=w_next_ok, other=0)
+            x_next = tl.load(x_ptrs, mask=offs_k < rest, other=0.0)
+            if TWO:
+                b_next = tl.load(w_ptrs + row_stride, mask=w_next_ok, other=0)
+            else:
+                b_next = a_next
+        a0, a1, a2, a3 = words_to_fp32_exact(a, PRMT)
+        acc_a = fma_words(acc_a, a0, a1, a2, a3, x, WORDS)
+        if TWO:
+            b0, b1, b2, b3 = words_to_fp32_exact(b, PRMT)
+            acc_b = fma_words(acc_b, b0, b1, b2, b3, x, WORDS)
+        a = a_next
+        b = b_next
+        x = x_next
+    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, H] activations (last dim contiguous)
-    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8
+    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8, its int32
+    # words [E, 2I, H / 4] when W_WORDS (strides in words)
     ids_ptr,  # [T*K] expert of each pair, pair = t*K + k
     scale_ptr,  # [E, 2I] per-row scale of int8 weights (unused unless W_INT8)
     out_ptr,  # [T*K, I] act(gate) * up in x's dtype
@@ -168,6 +255,8 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     W_INT8: tl.constexpr,
+    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
+    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the expert ids and the activations come from earlier launches (which expert's rows to stream
@@ -181,10 +270,12 @@ def _gate_up_kernel(
     token = (pair // TOP_K).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n_safe = offs_n % inter_size  # in-bounds loads; the store is masked
-    rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn
-    w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]  # [BN, BK]
-    x_ptrs = x_ptr + token * stride_xt + tl.arange(0, BLOCK_K)  # [BK]
-    gate, up = _stream_rows(w_ptrs, x_ptrs, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
+    rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
+    x_row = x_ptr + token * stride_xt
+    if W_WORDS:
+        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT)
+    else:
+        gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)
@@ -200,7 +291,7 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     inter_ptr,  # [T*K, I] act(gate) * up (contiguous)
-    w_ptr,  # [E, H, I] (last dim contiguous); int8 when W_INT8
+    w_ptr,  # [E, H, I] (last dim contiguous); int8 when W_INT8, its int32 words [E, H, I / 4] when W_WORDS
     ids_ptr,  # [T*K]
     topk_w_ptr,  # [T*K] routing weights
     scale_ptr,  # [E, H] per-row scale of int8 weights (unused unless W_INT8)
@@ -221,6 +312,8 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     W_INT8: tl.constexpr,
+    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
+    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and the
@@ -235,10 +328,12 @@ def _down_kernel(
     expert = tl.where(valid, expert, 0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n_safe = offs_n % H
-    rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn
-    w_ptrs = rows + tl.arange(0, BLOCK_K)[None, :]
-    x_ptrs = inter_ptr + pair.to(tl.int64) * inter_size + tl.arange(0, BLOCK_K)
-    y, _ = _stream_rows(w_ptrs, x_ptrs, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+    rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
+    x_row = inter_ptr + pair.to(tl.int64) * inter_size
+    if W_WORDS:
+        y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT)
+    else:
+        y, _ = _stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)
@@ -264,6 +359,19 @@ def _down_kernel(
         tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
 
 
+_INTERPRETED = not isinstance(_gate_up_kernel, triton.runtime.JITFunction)
+"""Under ``TRITON_INTERPRET=1``: the word path places bytes by shifts and masks (the interpreter has no PTX)."""
+
+
+def _weight_operand(weight: torch.Tensor, w_int8: bool, block_k: int) -> tuple[torch.Tensor, bool]:
+    """The expert weight as the kernel reads it, and whether as int32 words: int8 weights whose layout allows it
+    (``int8_words_view``) with K tiles of whole word pairs; else the tensor itself (float, or int8 single bytes)."""
+    if not w_int8 or block_k % 8:
+        return weight, False
+    words = int8_words_view(weight)
+    return (weight, False) if words is None else (words, True)
+
+
 def _arrival_counters(device: torch.device) -> torch.Tensor:
     """The down kernel's ``[MAX_TOKENS * _MAX_ROW_TILES]`` counters (``kernels.arrival_counters``)."""
     return arrival_counters("fused_moe_decode", MAX_TOKENS * _MAX_ROW_TILES, device)
@@ -284,7 +392,8 @@ def fused_moe_decode(
 ) -> torch.Tensor:
     """``fused_moe``'s contract (same arguments, shapes and rounding; see the module docstring) for at most
     ``MAX_TOKENS`` tokens, as two GEMV launches. The weights' last dims must be contiguous. ``config`` defaults to
-    ``moe_decode_config``."""
+    ``moe_decode_config``. int8 weights are read as 32-bit words where ``int8_words_view`` allows it and the
+    config's K tiles are a multiple of 8 columns, else as single bytes (same results up to the fp32 sum order)."""
     shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
                                  w_down_scale)
     T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
@@ -307,18 +416,22 @@ def fused_moe_decode(
     weights = topk_weights.reshape(-1)
     inter = torch.empty(n_pairs, inter_size, dtype=hidden.dtype, device=dev)  # [T*K, I]
     gu_scale = w_gate_up_scale if w_gate_up_scale is not None else w_gate_up  # a pointer never read
+    gu_w, gu_words = _weight_operand(w_gate_up, w_int8, cfg.gate_up_block_k)
     _gate_up_kernel[(triton.cdiv(inter_size, cfg.gate_up_block_n), n_pairs)](
-        hidden, w_gate_up, ids, gu_scale, inter, E, H, inter_size,
-        hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), gu_scale.stride(0), gu_scale.stride(1),
+        hidden, gu_w, ids, gu_scale, inter, E, H, inter_size,
+        hidden.stride(0), gu_w.stride(0), gu_w.stride(1), gu_scale.stride(0), gu_scale.stride(1),
         TOP_K=K, ACT=ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
-        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, num_warps=cfg.gate_up_warps, **pdl_launch(),
+        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, W_WORDS=gu_words, PRMT=gu_words and not _INTERPRETED,
+        num_warps=cfg.gate_up_warps, **pdl_launch(),
     )  # fmt: skip
     pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
     dn_scale = w_down_scale if w_down_scale is not None else w_down
+    dn_w, dn_words = _weight_operand(w_down, w_int8, cfg.down_block_k)
     _down_kernel[(row_tiles, n_pairs)](
-        inter, w_down, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
-        w_down.stride(0), w_down.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
+        inter, dn_w, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
+        dn_w.stride(0), dn_w.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
-        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, num_warps=cfg.down_warps, **pdl_launch(),
+        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
+        PRMT=dn_words and not _INTERPRETED, num_warps=cfg.down_warps, **pdl_launch(),
     )  # fmt: skip
     return out
