@@ -318,20 +318,24 @@ MOE_MODELS = {"qwen3-30b-a3b": (2048, 768), "gemma-4-26b-a4b": (2816, 704)}  # H
 
 
 def moe_variants() -> list[Variant]:
-    """``moe_decode``'s two kernels at its heuristic tiles for both MoE models: bf16 experts, int8 experts read as
-    words (the default where the layout allows it) and as single bytes (the fallback, and the path before words)."""
+    """``moe_decode``'s two kernels for both MoE models at T = 1 (more tokens only add programs): bf16 experts at
+    the float tiles; int8 read as single bytes at the float tiles (the path before words; now the fallback); int8
+    words at the float tiles and at the int8 tiles (``moe_decode_config(..., int8=True)``: the default)."""
     from inference_server.kernels.moe_decode import moe_decode_config
 
     out = []
     for model, (hidden, inter) in MOE_MODELS.items():
-        cfg = moe_decode_config(hidden, inter, 2)
-        for path, block_n, block_k, warps in (("moe_gate_up", cfg.gate_up_block_n, cfg.gate_up_block_k,
-                                               cfg.gate_up_warps),
-                                              ("moe_down", cfg.down_block_n, cfg.down_block_k, cfg.down_warps)):
-            name = f"{model} {path[4:]}"
-            out.append(Variant(name, path, "bf16", block_n, 1, block_k, 1, warps, 1))
-            out.append(Variant(name, path, "i8", block_n, 1, block_k, 1, warps, 1))
-            out.append(Variant(f"{name} bytes", path, "i8", block_n, 1, block_k, 1, warps, 1, words=False))
+        float_cfg = moe_decode_config(hidden, inter, 2)
+        int8_cfg = moe_decode_config(hidden, inter, 2, int8=True)
+        for path, length in (("moe_gate_up", hidden), ("moe_down", inter)):
+            for label, cfg, weight, words in (("", float_cfg, "bf16", False), (" bytes", float_cfg, "i8", False),
+                                              (" words, float tiles", float_cfg, "i8", True),
+                                              (" words", int8_cfg, "i8", True)):
+                block_n, block_k, warps = ((cfg.gate_up_block_n, cfg.gate_up_block_k, cfg.gate_up_warps)
+                                           if path == "moe_gate_up" else
+                                           (cfg.down_block_n, cfg.down_block_k, cfg.down_warps))
+                out.append(Variant(f"{model} {path[4:]}{label}", path, weight, block_n, 1, block_k, 1, warps, 1,
+                                   words=words, extra={"EVEN_K": length % block_k == 0}))
     return out
 
 

@@ -124,6 +124,19 @@ def test_int8_word_path_follows_the_int8_reference(T: int, H: int, inter: int, e
         torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
 
 
+def test_int8_default_tiles_and_forced_single_bytes() -> None:
+    """The int8 heuristic tiles (one warp, K tiles cut to the dots: 64 and a masked 48 here) on the word path, and
+    ``int8_words=False`` (single bytes at the same tiles): the reference's result both ways."""
+    x, q_gu, q_dn, s_gu, s_dn, w, ids = _int8_case(2, 8, 4, 64, 48, torch.float32, 21, extremes=True)
+    cfg = moe_decode_config(64, 48, 4, int8=True)
+    assert moe_decode._weight_operand(q_gu, True, cfg.gate_up_block_k)[1]
+    assert moe_decode._weight_operand(q_dn, True, cfg.down_block_k)[1]
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    ref = fused_moe_reference(x, q_gu, q_dn, w, ids, "silu", **scales)
+    torch.testing.assert_close(fused_moe_decode(x, q_gu, q_dn, w, ids, "silu", **scales), ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(fused_moe_decode(x, q_gu, q_dn, w, ids, "silu", int8_words=False, **scales), ref,
+                               atol=2e-5, rtol=2e-5)
+
 @pytest.mark.parametrize(("H", "inter", "pad"), [(100, 44, 0), (64, 48, 1)])
 def test_int8_single_byte_fallback_gives_the_word_path_result(H: int, inter: int, pad: int) -> None:
     """Rows of a multiple of 4 but not 8 bytes (100, 44), or rows not 4-byte aligned: single bytes, the same
@@ -184,6 +197,17 @@ def test_heuristic_tiles_divide_the_real_shapes() -> None:
     assert moe_decode_config(2048, 768, 4).gate_up_block_k == 128  # fp32: the same bytes per tile
 
 
+def test_int8_tiles_give_each_warp_256_columns() -> None:
+    """int8 (words): one warp and 256 columns a K tile (whole word pairs), cut to short dots; Gemma's I = 704
+    takes a masked tail."""
+    qwen = moe_decode_config(2048, 768, 2, int8=True)
+    assert (qwen.gate_up_block_k, qwen.gate_up_warps, qwen.down_block_k, qwen.down_warps) == (256, 1, 256, 1)
+    gemma = moe_decode_config(2816, 704, 2, int8=True)
+    assert 2816 % gemma.gate_up_block_k == 0 and 704 % gemma.down_block_k == 192
+    tiny = moe_decode_config(64, 48, 2, int8=True)
+    assert (tiny.gate_up_block_k, tiny.down_block_k, tiny.gate_up_block_n) == (64, 64, 8)
+
+
 def test_bad_arguments_are_rejected() -> None:
     x, w_gu, w_dn, w, ids = _case(2, 8, 2, 64, 48, torch.float32, 6)
     with pytest.raises(ValueError, match="at most"):
@@ -214,20 +238,20 @@ _COMPILE = textwrap.dedent('''
     for hidden, inter, weight, act, topk_w in ((2048, 768, "*bf16", 0, "*bf16"), (2816, 704, "*bf16", 1, "*fp32"),
                                                (2816, 704, "*i8", 1, "*fp32"), (2048, 768, "words", 0, "*bf16"),
                                                (2816, 704, "words", 1, "*fp32")):
-        cfg = moe_decode.moe_decode_config(hidden, inter, 2)
         words = weight == "words"
         int8 = words or weight == "*i8"
         weight = "*i32" if words else weight
-        for fn, block_n, block_k, warps, types, extra in (
-                (moe_decode._gate_up_kernel, cfg.gate_up_block_n, cfg.gate_up_block_k, cfg.gate_up_warps,
+        cfg = moe_decode.moe_decode_config(hidden, inter, 2, int8=words)  # single bytes: the float tiles
+        for fn, length, block_n, block_k, warps, types, extra in (
+                (moe_decode._gate_up_kernel, hidden, cfg.gate_up_block_n, cfg.gate_up_block_k, cfg.gate_up_warps,
                  {"x_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "scale_ptr": "*bf16", "out_ptr": "*bf16"},
                  {"TOP_K": 8, "ACT": act}),
-                (moe_decode._down_kernel, cfg.down_block_n, cfg.down_block_k, cfg.down_warps,
+                (moe_decode._down_kernel, inter, cfg.down_block_n, cfg.down_block_k, cfg.down_warps,
                  {"inter_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "topk_w_ptr": topk_w, "scale_ptr": "*bf16",
                   "pair_ptr": "*fp32" if topk_w == "*fp32" else "*bf16", "counter_ptr": "*i32", "out_ptr": "*bf16"},
                  {"TOP_K": 8, "ROW_TILES_STRIDE": 2048})):
-            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, W_INT8=int8, W_WORDS=words,
-                              PRMT=words, USE_PDL=False)
+            constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=length % block_k == 0, W_INT8=int8,
+                              W_WORDS=words, PRMT=words, USE_PDL=False)
             signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
             attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
                      if n.endswith("_ptr") or n.startswith("stride") or n in ("H", "inter_size")}
@@ -237,6 +261,9 @@ _COMPILE = textwrap.dedent('''
             if words:  # two words (8 columns) a load and thread, each byte placed by one permute
                 assert "ld.global.v2.b32" in ptx or "ld.global.nc.v2.b32" in ptx, (fn.__name__, hidden, "v2")
                 assert "prmt.b32" in ptx, (fn.__name__, hidden, "no byte permute")
+                # at the int8 tiles the activations stay in the threads of their weight columns: no shared-memory
+                # tile of them (256 bf16 columns: 512 bytes) exchanged every K tile
+                assert kernel.metadata.shared < 2 * block_k, (fn.__name__, hidden, kernel.metadata.shared)
             else:  # the weight stream is vectorised: 16-byte loads (8 bf16 or 16 int8 values a thread)
                 assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx, (fn.__name__, hidden, weight)
     print("compiled")
@@ -276,6 +303,21 @@ def test_gpu_fp32_tight_and_int8(model: str) -> None:
     torch.testing.assert_close(fused_moe_decode(x, q_gu, q_dn, w, ids, act, **scales),
                                fused_moe_reference(x, q_gu, q_dn, w, ids, act, **scales), atol=1e-4, rtol=1e-4)
 
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("model", sorted(_REAL))
+def test_gpu_int8_words_match_the_reference_and_single_bytes(model: str, T: int) -> None:
+    """bf16 activations, int8 experts at the real shapes (the word path with the PTX byte permute, int8 tiles;
+    Gemma's I = 704 with its masked K tail): the int8 reference's result, and the single-byte path's."""
+    x, w_gu, w_dn, w, ids, act = _real_case(model, T)
+    q_gu, s_gu = quantize_int8_per_channel(w_gu)
+    q_dn, s_dn = quantize_int8_per_channel(w_dn)
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    out = fused_moe_decode(x, q_gu, q_dn, w, ids, act, **scales)
+    assert_bf16_moe_close(out, fused_moe_reference(x, q_gu, q_dn, w, ids, act, **scales))
+    assert_bf16_moe_close(out, fused_moe_decode(x, q_gu, q_dn, w, ids, act, int8_words=False, **scales))
 
 @gpu
 @needs_cuda

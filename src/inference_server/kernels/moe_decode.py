@@ -81,18 +81,41 @@ class MoeDecodeConfig:
     down_warps: int = 4
 
 
-def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: int) -> MoeDecodeConfig:
+def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: int, *,
+                      int8: bool = False) -> MoeDecodeConfig:
     """Heuristic tiles: 16 weight rows a program, K tiles of 512 bytes for gate/up (256 bf16 columns) and 256 for
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
     need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. On the H200 sweep
     (``bench/moe_decode.py``: 4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or within
-    2 % of it at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay."""
+    2 % of it at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay.
+
+    ``int8`` experts (read as words): one warp a program and 256 columns a K tile, 8 gate/up and 16 down rows
+    (``_INT8_WORD_TILES``)."""
+    if int8:
+        gu_n, gu_k, gu_w, dn_n, dn_k, dn_w = _INT8_WORD_TILES
+        return MoeDecodeConfig(
+            gate_up_block_n=min(gu_n, pow2_clamp(intermediate_size, 1, 1 << 30)),
+            gate_up_block_k=pow2_clamp(hidden_size, 16, gu_k), gate_up_warps=gu_w,
+            down_block_n=min(dn_n, pow2_clamp(hidden_size, 1, 1 << 30)),
+            down_block_k=pow2_clamp(intermediate_size, 16, dn_k), down_warps=dn_w,
+        )
     return MoeDecodeConfig(
         gate_up_block_n=min(16, pow2_clamp(intermediate_size, 1, 1 << 30)),
         gate_up_block_k=dividing_block_k(hidden_size, 512 // element_size),
         down_block_n=min(16, pow2_clamp(hidden_size, 1, 1 << 30)),
         down_block_k=dividing_block_k(intermediate_size, 256 // element_size),
     )
+
+
+_INT8_WORD_TILES = (8, 256, 1, 16, 256, 1)
+"""(rows, K columns, warps) of gate/up, then of down, for int8 experts read as words. The word path keeps its
+loop in registers only where the K tile has 256 columns a warp (a thread's 16-byte load of bf16 activations holds
+the 8 columns of its two weight words; fewer, and every tile's activations cross threads through shared memory,
+with two barriers): 3.8-4.0 sm_90 instructions per int8 byte (``bench/sass_mix.py --only moe``), where the
+float path's tiles (16 rows, 64-256 columns, 4 warps) issue 4.4-6.6. One warp and 256 columns (rather than 4 and
+1,024) because the MoE dots are short (H 2048-2816 for gate/up, I 704-768 for down); it is also what the H200
+sweep chose for the dense int8 GEMV at short K (``configs/int8_linear``: 8 x 256, one warp, K = 5376). A K not
+a multiple of 256 takes a masked tail (Gemma-4-26B-A4B's I = 704: 4.2 instructions a byte)."""
 
 
 @triton.jit
@@ -389,11 +412,13 @@ def fused_moe_decode(
     out: torch.Tensor | None = None,
     w_gate_up_scale: torch.Tensor | None = None,
     w_down_scale: torch.Tensor | None = None,
+    int8_words: bool = True,
 ) -> torch.Tensor:
     """``fused_moe``'s contract (same arguments, shapes and rounding; see the module docstring) for at most
     ``MAX_TOKENS`` tokens, as two GEMV launches. The weights' last dims must be contiguous. ``config`` defaults to
     ``moe_decode_config``. int8 weights are read as 32-bit words where ``int8_words_view`` allows it and the
-    config's K tiles are a multiple of 8 columns, else as single bytes (same results up to the fp32 sum order)."""
+    config's K tiles are a multiple of 8 columns, else as single bytes (same results up to the fp32 sum order);
+    ``int8_words=False`` always reads single bytes (the path before words: for comparisons)."""
     shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
                                  w_down_scale)
     T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
@@ -405,7 +430,7 @@ def fused_moe_decode(
     out = moe_output(hidden, out)
     if T == 0:
         return out
-    cfg = config or moe_decode_config(H, inter_size, hidden.element_size())
+    cfg = config or moe_decode_config(H, inter_size, hidden.element_size(), int8=w_int8)
     row_tiles = triton.cdiv(H, cfg.down_block_n)
     if row_tiles > _MAX_ROW_TILES:
         raise ValueError(f"hidden size {H} needs {row_tiles} row tiles of {cfg.down_block_n}; at most "
@@ -416,7 +441,7 @@ def fused_moe_decode(
     weights = topk_weights.reshape(-1)
     inter = torch.empty(n_pairs, inter_size, dtype=hidden.dtype, device=dev)  # [T*K, I]
     gu_scale = w_gate_up_scale if w_gate_up_scale is not None else w_gate_up  # a pointer never read
-    gu_w, gu_words = _weight_operand(w_gate_up, w_int8, cfg.gate_up_block_k)
+    gu_w, gu_words = _weight_operand(w_gate_up, w_int8 and int8_words, cfg.gate_up_block_k)
     _gate_up_kernel[(triton.cdiv(inter_size, cfg.gate_up_block_n), n_pairs)](
         hidden, gu_w, ids, gu_scale, inter, E, H, inter_size,
         hidden.stride(0), gu_w.stride(0), gu_w.stride(1), gu_scale.stride(0), gu_scale.stride(1),
@@ -426,7 +451,7 @@ def fused_moe_decode(
     )  # fmt: skip
     pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
     dn_scale = w_down_scale if w_down_scale is not None else w_down
-    dn_w, dn_words = _weight_operand(w_down, w_int8, cfg.down_block_k)
+    dn_w, dn_words = _weight_operand(w_down, w_int8 and int8_words, cfg.down_block_k)
     _down_kernel[(row_tiles, n_pairs)](
         inter, dn_w, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
         dn_w.stride(0), dn_w.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
