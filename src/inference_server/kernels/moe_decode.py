@@ -28,9 +28,10 @@ int8 experts are read as 32-bit words where their layout allows it (``int8_words
 bytes, 4-byte aligned; every real shape), as ``int8_gemv`` reads them: a thread loads two words (8 columns) of a
 row, flips the word's four sign bits with one logic op and places each byte in the mantissa of ``2**23`` with one
 byte permute (``words_to_fp32_exact``), and the activations are split the same way (column ``4j + i`` with byte
-``i`` of word ``j``) into one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per row set. Single bytes were
-converted one at a time (~10 instructions each: the loop was bound by its instructions, not by HBM); other
-layouts still take that path.
+``i`` of word ``j``) into one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per row set. At the int8 tiles
+(``_INT8_WORD_TILES``) the K loop issues 3.8-4.3 sm_90 instructions per int8 byte; single bytes, converted one at
+a time at the float tiles (the path before words; other layouts still take it), issued 5.1-7.6
+(``bench/sass_mix.py --only moe``, Triton 3.6).
 
 Pairs whose expert id is outside [0, E) contribute zeros (``fused_moe`` leaves their rows undefined). No host
 syncs; the scratch comes from the caching allocator and the counters are a zeroed buffer per device that each
@@ -111,8 +112,8 @@ _INT8_WORD_TILES = (8, 256, 1, 16, 256, 1)
 """(rows, K columns, warps) of gate/up, then of down, for int8 experts read as words. The word path keeps its
 loop in registers only where the K tile has 256 columns a warp (a thread's 16-byte load of bf16 activations holds
 the 8 columns of its two weight words; fewer, and every tile's activations cross threads through shared memory,
-with two barriers): 3.8-4.0 sm_90 instructions per int8 byte (``bench/sass_mix.py --only moe``), where the
-float path's tiles (16 rows, 64-256 columns, 4 warps) issue 4.4-6.6. One warp and 256 columns (rather than 4 and
+with two barriers): 3.8-3.9 sm_90 instructions per int8 byte (``bench/sass_mix.py --only moe``), where words at
+the float path's tiles (16 rows, 64-256 columns, 4 warps) issue 4.4-6.6. One warp and 256 columns (rather than 4 and
 1,024) because the MoE dots are short (H 2048-2816 for gate/up, I 704-768 for down); it is also what the H200
 sweep chose for the dense int8 GEMV at short K (``configs/int8_linear``: 8 x 256, one warp, K = 5376). A K not
 a multiple of 256 takes a masked tail (Gemma-4-26B-A4B's I = 704: 4.2 instructions a byte)."""
