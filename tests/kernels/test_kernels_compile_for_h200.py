@@ -293,9 +293,10 @@ PDL_COMPILE = textwrap.dedent('''
               MAGIC=False)),
         (fused_moe._moe_sum_kernel, {}, dict(TOP_K=8, BLOCK_H=1024)),
         (moe_decode._gate_up_kernel, {"ids_ptr": "*i64"},
-         dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False)),
-        (moe_decode._down_kernel, {"ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
-         dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False)),
+         dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, W_WORDS=False, PRMT=False)),
+        (moe_decode._down_kernel, {"w_ptr": "*i32", "ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
+         dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=True, W_WORDS=True,
+              PRMT=True)),  # int8 experts as words
         (gated_activation._gated_activation_kernel, {}, dict(GELU_TANH=True, BLOCK=1024, LIBDEVICE_TANH=True)),
         (greedy_head._greedy_head_slices_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
