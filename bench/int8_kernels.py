@@ -362,12 +362,19 @@ def main() -> int:
     parser.add_argument("--paths", default=",".join(PATHS), help="with --sweep: kernel paths to try (dot,magic,gemv)")
     parser.add_argument("--cases", default="", help="dense cases whose name holds one of these, comma separated "
                         "(e.g. gemma-4-31b); default all")
+    parser.add_argument("--models", default="", help="dense cases: these presets' projection shapes (comma "
+                        "separated; the lm_head stays bf16, so not its shape) instead of the built-in list")
     parser.add_argument("--budget-s", type=float, default=165.0,
                         help="start no new row after this many seconds (the rows left are listed as skipped)")
     args = parser.parse_args()
     device = torch.device(args.device)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     linear_cases = TINY_LINEAR_CASES if args.tiny else LINEAR_CASES
+    if args.models:
+        from dense_linear import sweep_cases  # bench/ is on the path
+
+        linear_cases = tuple(LinearCase(c.name, c.out_features, c.in_features)
+                             for c in sweep_cases(args.models.split(",")) if not c.name.endswith(" logits"))
     wanted = [c for c in args.cases.split(",") if c]
     linear_cases = tuple(c for c in linear_cases if not wanted or any(w in c.name for w in wanted))
     moe_cases = TINY_MOE_CASES if args.tiny else MOE_CASES
