@@ -17,61 +17,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from runner_determinism import compare, runner_test_helpers  # noqa: E402  (bench/ is on the path)
 
 MODULES = ("decode_attention", "fused_moe", "gated_activation", "greedy_head", "kv_store", "moe_decode",
            "norm_add", "qk_norm_rope", "rmsnorm", "rope", "router", "streamed_linear")
-
-
-def _test_helpers():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("cuda_backend_test", ROOT / "tests/backends/test_cuda_backend.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def first_mismatch(name: str, helpers, steps: int, second_pdl: bool = True) -> int | None:  # type: ignore[no-untyped-def]
-    """The first step whose final hidden states differ between the pdl=False and pdl=``second_pdl`` runners (None:
-    none). ``second_pdl=False`` is the control: two runners without PDL must agree, or the difference is not PDL's."""
-    from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
-
-    dtype, device = torch.bfloat16, "cuda"
-    spec, model = helpers.build(name, dtype, device)
-    script = helpers.Script(spec, helpers.num_groups(spec), steps, seed=3, num_seqs=4, join=5, prompt_lens=(20, 60))
-    n, m = len(script.seqs), script.blocks_per_seq
-    runners, seen = {}, {}
-    for use_pdl in (False, True):
-        options = CudaRunnerOptions(max_model_len=m * helpers.BLOCK, max_batch_size=4, pdl=use_pdl and second_pdl)
-        runner = CudaModelRunner(model, spec, helpers.storage_for(spec, n, m, dtype, device), torch.device(device),
-                                 options)
-        seen[use_pdl] = []
-        forward = runner._forward
-
-        def tapped(plan, forward=forward, out=seen[use_pdl]):  # type: ignore[no-untyped-def]
-            hidden = forward(plan)
-            out.append(hidden.detach().clone())
-            return hidden
-
-        runner._forward = tapped  # type: ignore[method-assign]
-        runners[use_pdl] = runner
-    for _ in range(steps + 1):
-        plan = script.plan()
-        off = helpers.tokens_of(runners[False])(plan)
-        helpers.tokens_of(runners[True])(plan)
-        rows = plan.num_tokens  # a decode graph's padding rows are garbage nobody reads (backends/cuda_graphs.py)
-        if not torch.equal(seen[True][-1][:rows], seen[False][-1][:rows]):
-            return int(script.step)
-        script.advance(plan, off)
-    return None
 
 
 def main() -> None:
@@ -83,9 +40,9 @@ def main() -> None:
 
     if not pdl.pdl_supported():
         raise SystemExit("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
-    helpers = _test_helpers()
+    helpers = runner_test_helpers()
     off_launch = {"USE_PDL": False}
-    control = first_mismatch(args.model, helpers, args.steps, second_pdl=False)
+    control = compare(args.model, helpers, args.steps, {"pdl": False})["first_mismatch_step"]
     print("PDL_BISECT " + json.dumps({"model": args.model, "excluded": "control: PDL off in both runners",
                                       "first_mismatch_step": control}), flush=True)
     for excluded in (None, "every module", *MODULES):
@@ -95,7 +52,7 @@ def main() -> None:
             patched.append((module, module.pdl_launch))
             module.pdl_launch = lambda: dict(off_launch)  # type: ignore[attr-defined]
         try:
-            step = first_mismatch(args.model, helpers, args.steps)
+            step = compare(args.model, helpers, args.steps, {"pdl": False}, {"pdl": True})["first_mismatch_step"]
         finally:
             for module, original in patched:
                 module.pdl_launch = original  # type: ignore[attr-defined]

@@ -44,7 +44,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _test_helpers():  # type: ignore[no-untyped-def]
+def runner_test_helpers():  # type: ignore[no-untyped-def]
+    """``tests/backends/test_cuda_backend.py`` as a module: its model builder, storage and teacher-forced
+    ``Script`` (also used by ``pdl_bisect.py``)."""
     spec = importlib.util.spec_from_file_location("cuda_backend_test", ROOT / "tests/backends/test_cuda_backend.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -52,8 +54,10 @@ def _test_helpers():  # type: ignore[no-untyped-def]
     return module
 
 
-def compare(name: str, helpers, steps: int, options: dict[str, Any]) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """Run two runners with ``options`` through the same plans; the first step whose plan rows differ."""
+def compare(name: str, helpers, steps: int, options: dict[str, Any],  # type: ignore[no-untyped-def]
+            second: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run two runners with ``options`` through the same plans (the second with ``second`` on top, e.g. PDL on);
+    the first step whose plan rows differ, or ``{"first_mismatch_step": None}``."""
     import functools
 
     from inference_server.backends import cuda_backend
@@ -71,9 +75,10 @@ def compare(name: str, helpers, steps: int, options: dict[str, Any]) -> dict[str
                                 prompt_lens=(20, 60))
         n, m = len(script.seqs), script.blocks_per_seq
         runners, seen = [], []
-        for _ in range(2):
+        for extra in ({}, second or {}):
             runner = CudaModelRunner(model, spec, helpers.storage_for(spec, n, m, dtype, device), torch.device(device),
-                                     CudaRunnerOptions(max_model_len=m * helpers.BLOCK, max_batch_size=4, **options))
+                                     CudaRunnerOptions(max_model_len=m * helpers.BLOCK, max_batch_size=4,
+                                                       **(options | extra)))
             out: list[torch.Tensor] = []
             forward = runner._forward
 
@@ -107,7 +112,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma separated names from VARIANTS")
     args = parser.parse_args()
-    helpers = _test_helpers()
+    helpers = runner_test_helpers()
     for variant in args.variants.split(","):
         result = compare(args.model, helpers, args.steps, VARIANTS[variant])
         print("DETERMINISM " + json.dumps({"model": args.model, "variant": variant, **result}), flush=True)
