@@ -24,7 +24,17 @@ import triton.language as tl
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_norm import NormMode
 
-__all__ = ["fused_add_rmsnorm", "rms_norm"]
+__all__ = ["fused_add_rmsnorm", "rms_norm", "times_norm_weight"]
+
+
+@triton.jit
+def times_norm_weight(y, w, dtype, GEMMA: tl.constexpr):
+    """The normed fp32 values ``y`` times the fp32 weight ``w`` in the convention's order, before the final cast:
+    gemma multiplies in fp32; qwen first casts to the input ``dtype`` (``kernels.reference_norm``). Also used by
+    ``kernels.router``'s add + norm before the router GEMV."""
+    if not GEMMA:
+        y = y.to(dtype).to(tl.float32)
+    return y * w
 
 
 @triton.jit(do_not_specialize=['n_rows'])
@@ -74,9 +84,7 @@ def _rmsnorm_kernel(
     y = xf * inv[:, None]
     if HAS_W:
         w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)  # [BD]
-        if not GEMMA:
-            y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # Qwen: cast to the input dtype, then * w
-        y = y * w[None, :]
+        y = times_norm_weight(y, w[None, :], x_ptr.dtype.element_ty, GEMMA)
     tl.store(y_ptr + (t * sy_t + hd * sy_h)[:, None] + d[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

@@ -34,6 +34,7 @@ import triton.language as tl
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_norm import NormMode
+from inference_server.kernels.rmsnorm import times_norm_weight
 
 __all__ = ["add_norm_linear_route", "linear_route", "reference_add_norm_linear_route", "reference_linear_route",
            "triton_route"]
@@ -180,10 +181,8 @@ def _linear_route_kernel(
         h_ok = cols < H
         if ADD_NORM:
             summed = _summed_row_tile(x_ptr, res_ptr, row, stride_x, stride_r, cols, h_ok)
-            y = summed.to(tl.float32) * inv
-            if not GEMMA_NORM:
-                y = y.to(summed.dtype).to(tl.float32)  # qwen: cast to the input dtype, then * w
-            normed = (y * tl.load(norm_w_ptr + cols, mask=h_ok, other=0.0).to(tl.float32)).to(
+            norm_w = tl.load(norm_w_ptr + cols, mask=h_ok, other=0.0).to(tl.float32)
+            normed = times_norm_weight(summed.to(tl.float32) * inv, norm_w, summed.dtype, GEMMA_NORM).to(
                 normed_ptr.dtype.element_ty)
             # the expert group 0 programs write the row's two outputs (a vector compare: the interpreter rejects
             # a scalar & vector mask)
