@@ -169,15 +169,21 @@ FUSED_ROUTER_MAX_TOKENS = 16
 larger ones run the router GEMM (cuBLAS), whose launch cost is then small against its work."""
 
 
+def _router_gemv_fits(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
+    """Whether ``kernels.router``'s fused router GEMV takes these inputs: a decode-sized step of [T, H] rows, a
+    float [E, H] weight of x's dtype, contiguous last dims, 1 <= top_k <= E <= MAX_EXPERTS."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= FUSED_ROUTER_MAX_TOKENS and weight.dim() == 2
+            and weight.shape[1] == x.shape[1] and weight.dtype == x.dtype and x.stride(-1) == 1
+            and weight.stride(-1) == 1 and 1 <= top_k <= weight.shape[0] <= MAX_EXPERTS)
+
+
 def triton_linear_route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
                         per_expert_scale: torch.Tensor | None = None,
                         out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``ops.linear_route`` in one Triton launch at decode sizes (``kernels.router.linear_route``: the router GEMV
     and the routing, one launch instead of two); the router GEMM then the installed ``ops.route`` for larger steps
     and for inputs the kernel does not take."""
-    if (x.dim() != 2 or not 0 < x.shape[0] <= FUSED_ROUTER_MAX_TOKENS or weight.dim() != 2
-            or weight.shape[1] != x.shape[1] or weight.dtype != x.dtype or x.stride(-1) != 1
-            or weight.stride(-1) != 1 or not 1 <= top_k <= weight.shape[0] <= MAX_EXPERTS):
+    if not _router_gemv_fits(x, weight, top_k):
         return ops.torch_linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
     return linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
 
@@ -190,11 +196,8 @@ def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_w
     the residual add, the norm, the router GEMV and the routing); the installed ``add_rms_norm`` then
     ``linear_route`` for larger steps and inputs the kernel does not take."""
     mode = _TRITON_NORM_MODE.get(style)
-    if (mode is None or norm_weight is None or norm_weight.dtype != x.dtype or x.dim() != 2
-            or not 0 < x.shape[0] <= FUSED_ROUTER_MAX_TOKENS or residual.shape != x.shape
-            or residual.dtype != x.dtype or residual.stride(-1) != 1 or x.stride(-1) != 1 or weight.dim() != 2
-            or weight.shape[1] != x.shape[1] or weight.dtype != x.dtype or weight.stride(-1) != 1
-            or not 1 <= top_k <= weight.shape[0] <= MAX_EXPERTS):
+    if (mode is None or norm_weight is None or norm_weight.dtype != x.dtype or residual.shape != x.shape
+            or residual.dtype != x.dtype or residual.stride(-1) != 1 or not _router_gemv_fits(x, weight, top_k)):
         return ops.torch_add_norm_linear_route(x, residual, norm_weight, eps, style, weight, top_k, renormalize,
                                                per_expert_scale, out_dtype)
     return add_norm_linear_route(x, residual, norm_weight, eps, mode, weight,  # type: ignore[arg-type]
