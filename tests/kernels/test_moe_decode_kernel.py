@@ -67,18 +67,6 @@ def test_fp16_matches_the_reference() -> None:
     torch.testing.assert_close(out.float(), ref.float(), atol=5e-3, rtol=5e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_experts_follow_the_int8_reference(dtype: torch.dtype) -> None:
-    x, w_gu, w_dn, w, ids = _case(3, 8, 4, 64, 48, dtype, 11)
-    q_gu, s_gu = quantize_int8_per_channel(w_gu)
-    q_dn, s_dn = quantize_int8_per_channel(w_dn)
-    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
-    out = fused_moe_decode(x, q_gu, q_dn, w, ids, "silu", config=SMALL, **scales)
-    ref = fused_moe_reference(x, q_gu, q_dn, w, ids, "silu", **scales)
-    if dtype == torch.float32:
-        torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
-    else:
-        torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
 
 
 def _int8_case(T: int, E: int, K: int, H: int, inter: int, dtype: torch.dtype, seed: int,
@@ -94,6 +82,22 @@ def _int8_case(T: int, E: int, K: int, H: int, inter: int, dtype: torch.dtype, s
             draw = torch.randint(0, 4, q.shape, generator=gen).to(q.device)
             q.copy_(torch.where(draw == 0, -128, torch.where(draw == 1, 127, q.long())).to(torch.int8))
     return x, q_gu, q_dn, s_gu, s_dn, w, ids
+
+
+def _assert_int8_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """int8 experts against the int8 reference: fp32 within summation order, bf16 within its rounding."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    else:
+        torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_experts_follow_the_int8_reference(dtype: torch.dtype) -> None:
+    x, q_gu, q_dn, s_gu, s_dn, w, ids = _int8_case(3, 8, 4, 64, 48, dtype, 11)
+    scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    out = fused_moe_decode(x, q_gu, q_dn, w, ids, "silu", config=SMALL, **scales)
+    _assert_int8_close(out, fused_moe_reference(x, q_gu, q_dn, w, ids, "silu", **scales), dtype)
 
 
 def _padded_rows(q: torch.Tensor, pad: int) -> torch.Tensor:
@@ -117,11 +121,7 @@ def test_int8_word_path_follows_the_int8_reference(T: int, H: int, inter: int, e
     assert moe_decode._weight_operand(q_dn, True, SMALL.down_block_k)[1]
     scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
     out = fused_moe_decode(x, q_gu, q_dn, w, ids, "gelu_tanh", config=SMALL, **scales)
-    ref = fused_moe_reference(x, q_gu, q_dn, w, ids, "gelu_tanh", **scales)
-    if dtype == torch.float32:
-        torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
-    else:
-        torch.testing.assert_close(out.float(), ref.float(), atol=6e-2, rtol=4e-2)
+    _assert_int8_close(out, fused_moe_reference(x, q_gu, q_dn, w, ids, "gelu_tanh", **scales), dtype)
 
 
 def test_int8_default_tiles_and_forced_single_bytes() -> None:
