@@ -114,9 +114,6 @@ def int8_gemv_kernel(
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    # PDL (kernels.pdl): as streamed_linear's kernel: x comes from the previous launch and the output may still be
-    # read by an earlier one, so wait before the first load.
-    pdl_wait(USE_PDL)
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
     WORDS: tl.constexpr = BLOCK_K // 4
     pid_t = tl.program_id(0)
@@ -156,6 +153,12 @@ def int8_gemv_kernel(
         w = tl.load(w_ptrs)
     else:
         w = tl.load(w_ptrs, mask=w_ok[None, :], other=0)
+    # PDL (kernels.pdl): the first weight tile is loaded before the wait, the one read the invariant allows there
+    # (weights are never written during a step; the load's address and mask depend on shapes only). A program
+    # made resident while its predecessor drains has its first tile on the way, so the HBM latency of the
+    # kernel's start overlaps the predecessor's tail. x comes from the previous launch and the output may still
+    # be read by an earlier one, so every other load and every store is after the wait.
+    pdl_wait(USE_PDL)
     x0 = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 1:
         x1 = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
