@@ -171,3 +171,32 @@ def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPat
     with pytest.raises(RuntimeError):  # another dtype: the GEMM path, which rejects the mix as F.linear does
         triton_linear_route(x[:2], w.double(), 4, True, None, None)
     assert fused_rows == [1, limit]
+
+
+@pytest.mark.parametrize("name", ["gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
+def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dense MLP's gate/up GEMV with the activation in its epilogue (``fused_gated_gemv``) against the GEMV and
+    the activation kernel apart: same tokens and logprobs, bit for bit, and the fused launch taken at decode."""
+    import inference_server.backends.cuda_backend as cuda_backend
+
+    torch.set_num_threads(1)
+    calls: list[int] = []
+    fused_launch = cuda_backend.gated_gemv
+
+    def counting(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return fused_launch(x, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "gated_gemv", counting)
+    results = []
+    for fused in (False, True):
+        spec, model, storage = _build(name)
+        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
+            fused_gated_gemv=fused))
+        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+        assert (len(calls) > 0) == fused
+    assert results[0] == results[1]
+    # every Gemma 4 layer has a dense MLP; only the decode step's two rows take the GEMV (the prefill's 29 tokens
+    # run the tensor-core GEMM, then the activation kernel)
+    assert calls == [2] * len(spec.layers)

@@ -51,6 +51,7 @@ from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
+from inference_server.kernels.gated_gemv import gated_gemv, gated_gemv_config
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
@@ -241,13 +242,39 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     step sizes where this GPU's tuning sweep timed cuBLAS faster (``dense_linear.cublas_is_faster``). With
     ``tuned_only``, also wherever the sweep did not time this shape and step size (``dense_linear.triton_is_faster``
     is then False): only measured wins take the Triton kernel."""
-    tokens = math.prod(x.shape[:-1])
-    if (bias is not None or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= tokens <= max_tokens
-            or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
-            or cublas_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)
-            or (tuned_only and not triton_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device))):
+    if not dense_linear_takes(x, weight, bias, max_tokens=max_tokens, tuned_only=tuned_only):
         return torch.nn.functional.linear(x, weight, bias)
+    tokens = math.prod(x.shape[:-1])
     return dense_linear(x.reshape(tokens, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def dense_linear_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, max_tokens: int,
+                       tuned_only: bool) -> bool:
+    """Whether ``triton_dense_linear`` runs this projection through the Triton kernel (else cuBLAS)."""
+    tokens = math.prod(x.shape[:-1])
+    return not (bias is not None or weight.dim() != 2 or x.dtype != weight.dtype or not 1 <= tokens <= max_tokens
+                or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+                or cublas_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)
+                or (tuned_only and not triton_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)))
+
+
+def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str, *,
+                            dense_max_tokens: int | None, tuned_only: bool = False) -> torch.Tensor:
+    """``ops.gated_projection`` in one launch (``kernels.gated_gemv``: the gated activation in the gate/up GEMV's
+    epilogue) where the installed ops would run the projection as a one-split CUDA-core GEMV and the activation
+    through ``triton_gated_activation``: int8 weights always (``triton_int8_linear``), float ones where
+    ``triton_dense_linear`` takes them (``dense_max_tokens`` its bound, None: cuBLAS is installed). The same bits
+    as those two launches; anywhere else it is those two (``ops.torch_gated_projection``)."""
+    canonical = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
+    flat = x.reshape(-1, x.shape[-1])
+    config = None
+    if canonical in GATED_ACTIVATIONS and x.stride(-1) == 1 and weight.stride(-1) == 1 and (
+            scale is not None or (dense_max_tokens is not None and dense_linear_takes(
+                flat, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only))):
+        config = gated_gemv_config(flat, weight, scale)
+    if config is None:
+        return ops.torch_gated_projection(x, weight, scale, act)
+    return gated_gemv(flat, weight, scale, canonical, config).reshape(*x.shape[:-1], weight.shape[0] // 2)
 
 
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -331,6 +358,10 @@ class CudaRunnerOptions:
     fused_kv_store: bool = True
     """The KV store in the q/k norm + RoPE launch (``triton_qk_norm_rope_store``, through the attention context):
     one launch fewer per layer that computes K/V; needs ``triton_qk_norm_rope``."""
+    fused_gated_gemv: bool = True
+    """A dense MLP's fused gate/up projection and its gated activation in one launch (``ops.gated_projection``,
+    ``kernels.gated_gemv``) where the projection is a one-split CUDA-core GEMV (1-4 tokens): one launch fewer per
+    dense MLP at decode, the same bits; needs ``fused_weights`` and ``triton_gated_activation``."""
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
@@ -388,6 +419,12 @@ class CudaModelRunner(ModelRunner):
         # act(gate) * up: one launch instead of two per dense MLP.
         self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
             else ops.torch_gated_activation
+        # The gate/up GEMV with the gated activation in its epilogue (same bits as the two launches it replaces).
+        dense_gemv = (options.triton_dense_linear or options.triton_dense_linear_where_tuned) and not options.compile
+        self._gated_projection = functools.partial(
+            triton_gated_projection, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
+            tuned_only=not options.triton_dense_linear) \
+            if options.fused_gated_gemv and self._gated is triton_gated_activation else ops.torch_gated_projection
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
         self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
                                          tuned_only=not options.triton_dense_linear) \
@@ -470,7 +507,8 @@ class CudaModelRunner(ModelRunner):
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
-                    linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route)
+                    linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
+                    gated_proj=self._gated_projection)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -25,7 +25,7 @@ from triton.language.extra import libdevice
 
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
-__all__ = ["SUPPORTED", "gated_activation"]
+__all__ = ["SUPPORTED", "gated_activation", "gated_product"]
 
 SUPPORTED = ("gelu_tanh", "silu")
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a compiled kernel reads only constexpr globals
@@ -50,6 +50,15 @@ def _gated_activation_kernel(
     mask = cols < width
     g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
+    y = gated_product(g, u, out_ptr.dtype.element_ty, GELU_TANH, LIBDEVICE_TANH)
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gated_product(g, u, OUT_DTYPE: tl.constexpr, GELU_TANH: tl.constexpr, LIBDEVICE_TANH: tl.constexpr):
+    """``act(g) * u`` in fp32 for fp32 ``g``/``u`` holding values of ``OUT_DTYPE``, with PyTorch's first rounding
+    (``act(g)`` to ``OUT_DTYPE``) done; the caller rounds the product when it stores it. Shared by this kernel and
+    the gate/up GEMV's gated epilogue (``int8_gemv``), so the two give the same bits."""
     if GELU_TANH:
         inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
         if LIBDEVICE_TANH:
@@ -60,8 +69,8 @@ def _gated_activation_kernel(
         a = 0.5 * g * (1.0 + tanh)
     else:
         a = g * tl.sigmoid(g)
-    a = a.to(out_ptr.dtype.element_ty).to(tl.float32)  # PyTorch rounds act(gate) before the product
-    tl.store(out_ptr + row * stride_out + cols, (a * u).to(out_ptr.dtype.element_ty), mask=mask)
+    a = a.to(OUT_DTYPE).to(tl.float32)  # PyTorch rounds act(gate) before the product
+    return a * u
 
 
 def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.gated_activation import gated_product
 from inference_server.kernels.int8_dequant import (
     fma_words,
     int8_to_fp32_exact,
@@ -49,7 +50,7 @@ from inference_server.kernels.int8_dequant import (
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["int8_gemv_kernel", "launch_gemv"]
+__all__ = ["GATED_ACTIVATIONS", "int8_gemv_kernel", "launch_gemv"]
 
 
 @triton.jit
@@ -104,6 +105,7 @@ def int8_gemv_kernel(
     stride_scale,
     stride_os,  # between splits of the partial sums (unused when SPLIT_K == 1)
     stride_ot,
+    half,  # GATED: the gate rows (I); the up rows start there (unused otherwise)
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,  # tokens per program, 1 to 4: each dequantised weight tile is used BLOCK_T times
     BLOCK_K: tl.constexpr,  # columns per tile, a multiple of 4
@@ -113,6 +115,8 @@ def int8_gemv_kernel(
     W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (K % 8 == 0, contiguous rows)
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+    GATED: tl.constexpr = 0,  # 0: y = x @ W.T; 1: act(gate) * up with gelu_tanh, 2: with silu (see gated_gemv)
+    LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
 ):
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
     WORDS: tl.constexpr = BLOCK_K // 4
@@ -120,8 +124,16 @@ def int8_gemv_kernel(
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     t0 = pid_t * BLOCK_T  # this program's first token
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    offs_n_safe = offs_n % N  # in-bounds weight loads without masks; the store is masked
+    HALF_N: tl.constexpr = BLOCK_N // 2  # GATED: outputs a program
+    if GATED:
+        # [gate; up] weight rows ([2I, K]): the program's first BLOCK_N / 2 rows are gate rows j, the rest the up
+        # rows I + j of the same outputs j, so the epilogue has both factors of its outputs.
+        r = tl.arange(0, BLOCK_N)
+        offs_n = pid_n * HALF_N + r % HALF_N  # [BN] the output column each row feeds
+        offs_n_safe = tl.minimum(offs_n, half - 1) + (r // HALF_N) * half  # in bounds; the store is masked
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+        offs_n_safe = offs_n % N  # in-bounds weight loads without masks; the store is masked
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_s * k_per_split
     k_len = tl.minimum(K - k_start, k_per_split)
@@ -215,28 +227,53 @@ def int8_gemv_kernel(
     if BLOCK_T > 3:
         out = tl.where(offs_bt == 3, tl.sum(acc3, axis=1)[:, None], out)
     offs_t = t0 + tl.arange(0, BLOCK_T)
-    store_streamed_tile(out, out_ptr, scale_ptr, offs_t, offs_t < T, offs_n, N, pid_s, stride_os, stride_ot,
-                        stride_scale, SPLIT_K, HAS_SCALE)
+    if GATED:
+        tl.static_assert(SPLIT_K == 1, "the gated epilogue needs whole sums")
+        # Each factor as the projection's output is rounded (store_streamed_tile's order: the scale after the
+        # reduction, then the cast), then the gated activation's two roundings (kernels.gated_activation).
+        if HAS_SCALE:
+            out = out * tl.load(scale_ptr + offs_n_safe * stride_scale).to(tl.float32)[:, None]
+        out = out.to(out_ptr.dtype.element_ty).to(tl.float32)
+        gate, up = tl.split(tl.permute(tl.reshape(out, (2, HALF_N, BLOCK_T)), (1, 2, 0)))  # [BN / 2, BT] each
+        y = gated_product(gate, up, out_ptr.dtype.element_ty, GATED == 1, LIBDEVICE_TANH)
+        offs_o = pid_n * HALF_N + tl.arange(0, HALF_N)
+        o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_o[:, None]
+        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=(offs_o < half)[:, None] & (offs_t < T)[None, :])
+    else:
+        store_streamed_tile(out, out_ptr, scale_ptr, offs_t, offs_t < T, offs_n, N, pid_s, stride_os, stride_ot,
+                            stride_scale, SPLIT_K, HAS_SCALE)
+
+
+GATED_ACTIVATIONS = {"gelu_tanh": 1, "silu": 2}
+"""The gated epilogue's activations and their ``GATED`` codes."""
 
 
 def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                 dest: torch.Tensor, k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int,
-                split_k: int, num_warps: int, num_stages: int, interpreted: bool) -> None:
+                split_k: int, num_warps: int, num_stages: int, interpreted: bool, gated: str | None = None) -> None:
     """Launch the GEMV of ``x [T, K] @ weight[N, K].T`` (int8 weights with ``scale``, else float weights of x's
     dtype) into ``dest`` (``[T, N]`` in x's dtype, or ``[split_k, T, N]`` fp32 partial sums). ``block_k`` must be
-    a multiple of 4; int8 weights are read as words where ``int8_words_view`` allows it."""
+    a multiple of 4; int8 weights are read as words where ``int8_words_view`` allows it.
+
+    ``gated`` (an activation of ``GATED_ACTIVATIONS``): ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and
+    ``dest`` ``[T, I]`` gets ``act(gate) * up`` (``kernels.gated_gemv``); then ``split_k`` must be 1, ``block_n``
+    even and the grid's second axis ``cdiv(I, block_n / 2)``."""
     T, K = x.shape
     N = weight.shape[0]
     if block_k % 4 or not 1 <= block_t <= 4:
         raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
                          f"block_k {block_k}, block_t {block_t}")
+    if gated is not None and (gated not in GATED_ACTIVATIONS or split_k != 1 or block_n < 2 or N % 2):
+        raise ValueError(f"the gated GEMV needs an activation of {tuple(GATED_ACTIVATIONS)}, one split, an even "
+                         f"block_n and an even row count; got {gated!r}, split {split_k}, block_n {block_n}, N {N}")
     words = int8_words_view(weight) if scale is not None else None
     w = words if words is not None else weight
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
     int8_gemv_kernel[grid](
         x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2),
+        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2,
         BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
+        GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, LIBDEVICE_TANH=not interpreted,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
     )  # fmt: skip

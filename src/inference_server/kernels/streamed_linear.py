@@ -42,11 +42,12 @@ from inference_server.kernels.moe_configs import device_name, tuned_configs_enab
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["GEMV_MAX_TOKENS", "H200_SMS", "HBM_BYTES_PER_S", "REDUCE_LAUNCH_S", "Bucket", "bucket_config", "bucket_of",
-           "dividing_block_k", "gemv_config", "max_split_k", "pow2_clamp", "streamed_linear", "wave_split_k"]
+__all__ = ["GEMV_MAX_TOKENS", "H200_SMS", "HBM_BYTES_PER_S", "MIN_DOT_TOKENS", "REDUCE_LAUNCH_S", "Bucket",
+           "bucket_config", "bucket_of", "dividing_block_k", "effective_split_k", "gemv_config", "max_split_k",
+           "pow2_clamp", "resolve_config", "streamed_linear", "wave_split_k"]
 
 H200_SMS = 132
-_MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV
+MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV
 _MIN_K_PER_SPLIT = 512  # a split streams at least this many K columns
 _MAX_SPLIT_K = 16
 HBM_BYTES_PER_S = 4.3e12  # measured on the H200 (bench/roofline.py)
@@ -272,6 +273,25 @@ def _split_k_reduce_kernel(
 _INTERPRETED = not isinstance(_streamed_linear_kernel, triton.runtime.JITFunction)
 
 
+def resolve_config(x: torch.Tensor, out_features: int, heuristic: Callable[[int, int, int, int], Int8LinearConfig],
+                   config_dir: Path) -> Int8LinearConfig:
+    """The config ``streamed_linear`` runs ``x [T, K]`` against ``out_features`` weight rows with when not given
+    one: the tuned config for this GPU and shape in ``config_dir`` (``int8_linear_configs``; only while
+    ``moe_configs.use_tuned_configs`` is on), else ``heuristic(T, N, K, x.element_size())``."""
+    T, K = x.shape
+    cfg = None
+    if tuned_configs_enabled():  # the switch fused_moe's tuned configs follow too
+        cfg = tuned_int8_linear_config(T, out_features, K, x.dtype, device_name(x.device), config_dir)
+    return cfg or heuristic(T, out_features, K, x.element_size())
+
+
+def effective_split_k(config: Int8LinearConfig, in_features: int) -> int:
+    """The K splits ``streamed_linear`` launches for ``config``: its ``split_k``, but no empty split."""
+    split = max(1, min(config.split_k, triton.cdiv(in_features, config.block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(in_features, split), config.block_k) * config.block_k
+    return triton.cdiv(in_features, k_per_split)
+
+
 def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
                     config: Int8LinearConfig | None, out: torch.Tensor | None,
                     heuristic: Callable[[int, int, int, int], Int8LinearConfig], config_dir: Path) -> torch.Tensor:
@@ -294,16 +314,12 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
         return out
     if K == 0:
         return out.zero_()
-    cfg = config
-    if cfg is None and tuned_configs_enabled():  # the switch fused_moe's tuned configs follow too
-        cfg = tuned_int8_linear_config(T, N, K, x.dtype, device_name(x.device), config_dir)
-    cfg = cfg or heuristic(T, N, K, x.element_size())
-    gemv = cfg.block_t < _MIN_DOT_TOKENS
+    cfg = config or resolve_config(x, N, heuristic, config_dir)
+    gemv = cfg.block_t < MIN_DOT_TOKENS
     if cfg.magic_dequant and scale is None and not gemv:
         raise ValueError(f"{cfg}: the exponent-trick dequantisation takes int8 weights only")
-    split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
+    split = effective_split_k(cfg, K)
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg.block_k) * cfg.block_k
-    split = triton.cdiv(K, k_per_split)  # no empty split
     grid = (triton.cdiv(T, cfg.block_t), triton.cdiv(N, cfg.block_n), split)
     dest = out if split == 1 else torch.empty(split, T, N, dtype=torch.float32, device=x.device)
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads

@@ -142,10 +142,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None and ops.fused_weights:
-            gate, up = project(x, self.gate_up_weight, self.gate_up_scale).chunk(2, dim=-1)  # [T, I] views
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(ops.gated_activation(gate, up, self.act_name))
+            return self.down_proj(ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name))
+        return self.down_proj(ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name))
 
 
 class FusedExperts(nn.Module):

@@ -1,7 +1,8 @@
 """Swappable compute ops used by model code: the PyTorch reference by default, Triton on CUDA.
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
-``ops.gated_activation``, ``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add``
+``ops.gated_activation``, ``ops.gated_projection`` (a fused gate/up projection and its gated activation),
+``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add``
 (Gemma's post-norm(s) + residual add + scale + next norms), ``ops.qk_norm_rope`` (an attention layer's per-head norms
 and RoPE), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float
 projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing
@@ -200,6 +201,24 @@ def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> to
     return activation_fn(act)(gate) * up
 
 
+GatedProjectionFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", str], torch.Tensor]
+"""``(x [..., K], weight [2I, K] = [gate; up], scale [2I] | None, act) -> act(x @ gate.T) * (x @ up.T) [..., I]``."""
+
+
+def torch_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                           act: str) -> torch.Tensor:
+    """A fused gate/up projection (``GatedMLP.fuse_gate_up``: float weights through the installed ``linear``, int8
+    ones with their ``scale`` through the installed ``int8_linear``), then the installed ``gated_activation`` of its
+    two halves. The CUDA backend installs one launch for both where the projection is a GEMV
+    (``kernels.gated_gemv``: the same bits)."""
+    if scale is None:
+        projected = linear(x, weight, None)
+    else:
+        projected = int8_linear(x.reshape(-1, x.shape[-1]), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+    gate, up = projected.chunk(2, dim=-1)  # [..., I] views
+    return gated_activation(gate, up, act)
+
+
 class NormAddFn(Protocol):
     """The sandwich-norm op: ``ops.torch_norm_add``'s signature."""
 
@@ -241,6 +260,7 @@ fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
 linear_route: LinearRouteFn = torch_linear_route
 gated_activation: GatedActivationFn = torch_gated_activation
+gated_projection: GatedProjectionFn = torch_gated_projection
 add_rms_norm: AddNormFn = torch_add_rms_norm
 add_norm_linear_route: AddNormLinearRouteFn = torch_add_norm_linear_route
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
@@ -274,6 +294,7 @@ _REFERENCE: dict[str, object] = {
     "route": torch_route,
     "linear_route": torch_linear_route,
     "gated_activation": torch_gated_activation,
+    "gated_projection": torch_gated_projection,
     "add_rms_norm": torch_add_rms_norm,
     "add_norm_linear_route": torch_add_norm_linear_route,
     "qk_norm_rope": torch_qk_norm_rope,
@@ -290,9 +311,11 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             gated: GatedActivationFn | None = None, add_norm: AddNormFn | None = None,
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
             int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
-            linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None) -> None:
+            linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None,
+            gated_proj: GatedProjectionFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
+              "gated_projection": gated_proj,
               "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
               "fused_weights": weights_fused}
