@@ -158,7 +158,8 @@ def compile_variant(v: Variant) -> Any:
                                   "SPLIT_K": v.split_k, "EVEN_K": True}
     words = v.path == "gemv" and v.weight == "i8" and "W_WORDS" in fn.arg_names and v.words
     optional = {"HAS_SCALE": v.weight == "i8", "IEEE": v.act == "fp32", "UPCAST": False, "MAGIC": v.magic,
-                "W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False, "GATED": 0, "LIBDEVICE_TANH": True}
+                "W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False, "GATED": 0,
+                "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True}
     constexprs.update({name: value for name, value in optional.items() if name in fn.arg_names})
     constexprs.update(v.extra)
     constexprs.update({n: 1 for n in ("stride_xk", "stride_wk", "stride_scale") if n in fn.arg_names})

@@ -175,8 +175,9 @@ def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("name", ["gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
 def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dense MLP's gate/up GEMV with the activation in its epilogue (``fused_gated_gemv``) against the GEMV and
-    the activation kernel apart: same tokens and logprobs, bit for bit, and the fused launch taken at decode."""
+    """The dense MLP's gate/up GEMV (and E2B's per-layer-input gate) with the activation in its epilogue
+    (``fused_gated_gemv``) against the GEMV and the activation kernel apart: same tokens and logprobs, bit for bit,
+    and the fused launch taken at decode."""
     import inference_server.backends.cuda_backend as cuda_backend
 
     torch.set_num_threads(1)
@@ -197,6 +198,6 @@ def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.M
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
     assert results[0] == results[1]
-    # every Gemma 4 layer has a dense MLP; only the decode step's two rows take the GEMV (the prefill's 29 tokens
-    # run the tensor-core GEMM, then the activation kernel)
-    assert calls == [2] * len(spec.layers)
+    # every Gemma 4 layer has a dense MLP, and E2B's a per-layer-input gate too; only the decode step's two rows
+    # take the GEMV (the prefill's 29 tokens run the tensor-core GEMM, then the activation kernel)
+    assert calls == [2] * len(spec.layers) * (2 if spec.ple_hidden_size else 1)

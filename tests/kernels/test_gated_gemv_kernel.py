@@ -79,6 +79,30 @@ def test_same_bits_as_the_two_launches(T: int, half: int, K: int, block_n: int, 
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2**-5)
 
 
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize(("dtype", "int8"), [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+@pytest.mark.parametrize(("T", "N", "K", "block_n", "block_t", "block_k"), [
+    (1, 24, 64, 8, 1, 32),
+    (3, 20, 72, 8, 4, 32),  # ragged outputs, a ragged K tail, three tokens in a four-token program
+])
+def test_up_from_memory_same_bits_as_the_two_launches(T: int, N: int, K: int, block_n: int, block_t: int,
+                                                      block_k: int, dtype: torch.dtype, int8: bool, act: str) -> None:
+    """``act(x @ W.T) * up`` with ``up`` a strided slice of a wider tensor (Gemma 4's per-layer inputs)."""
+    x, weight, scale = _case(T, N // 2, K, dtype, int8, seed=T + N + K)
+    gen = torch.Generator().manual_seed(7)
+    up = (torch.randn(T, 3, N, generator=gen) * 2).to(DEV, dtype)[:, 1]  # [T, N], row stride 3N
+    config = Int8LinearConfig(block_n, block_t, block_k, 1, 1, 1)
+    out = gated_gemv(x, weight, scale, act, config, up)
+    assert out.shape == (T, N) and out.dtype == dtype
+    projected = dense_linear(x, weight, config=config) if scale is None else int8_linear(x, weight, scale,
+                                                                                        config=config)
+    assert torch.equal(out, gated_activation(projected, up, act))
+    full = F.linear(x, weight) if scale is None else int8_linear_reference(x, weight, scale)
+    ref = (F.gelu(full, approximate="tanh") if act == "gelu_tanh" else F.silu(full)) * up
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2**-5)
+    torch.testing.assert_close(out.float(), ref.float(), **tol)
+
+
 def test_config_is_the_projections_when_it_is_a_one_split_gemv() -> None:
     x, weight, scale = _case(1, 32, 2048, torch.bfloat16, True, seed=1)
     config = gated_gemv_config(x, weight, scale)
@@ -86,6 +110,7 @@ def test_config_is_the_projections_when_it_is_a_one_split_gemv() -> None:
     x16 = torch.zeros(16, 2048, dtype=torch.bfloat16, device=DEV)
     assert gated_gemv_config(x16, weight, scale) is None  # 16 tokens: the tensor-core kernel
     assert gated_gemv_config(x, weight[:-1], scale[:-1]) is None  # an odd row count has no [gate; up] halves
+    assert gated_gemv_config(x, weight[:-1], scale[:-1], paired=False) is not None  # a gate alone needs none
 
 
 def test_rejects_what_it_does_not_compute() -> None:

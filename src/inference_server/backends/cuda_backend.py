@@ -258,23 +258,28 @@ def dense_linear_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                 or (tuned_only and not triton_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)))
 
 
-def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str, *,
-                            dense_max_tokens: int | None, tuned_only: bool = False) -> torch.Tensor:
-    """``ops.gated_projection`` in one launch (``kernels.gated_gemv``: the gated activation in the gate/up GEMV's
+def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
+                            up: torch.Tensor | None = None, *, dense_max_tokens: int | None,
+                            tuned_only: bool = False) -> torch.Tensor:
+    """``ops.gated_projection`` in one launch (``kernels.gated_gemv``: the gated activation in the GEMV's
     epilogue) where the installed ops would run the projection as a one-split CUDA-core GEMV and the activation
     through ``triton_gated_activation``: int8 weights always (``triton_int8_linear``), float ones where
     ``triton_dense_linear`` takes them (``dense_max_tokens`` its bound, None: cuBLAS is installed). The same bits
-    as those two launches; anywhere else it is those two (``ops.torch_gated_projection``)."""
+    as those launches; anywhere else it is those launches (``ops.torch_gated_projection``)."""
     canonical = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
     flat = x.reshape(-1, x.shape[-1])
+    flat_up = up.reshape(-1, up.shape[-1]) if up is not None else None
     config = None
-    if canonical in GATED_ACTIVATIONS and x.stride(-1) == 1 and weight.stride(-1) == 1 and (
-            scale is not None or (dense_max_tokens is not None and dense_linear_takes(
+    if canonical in GATED_ACTIVATIONS and x.stride(-1) == 1 and weight.stride(-1) == 1 \
+            and (flat_up is None or (flat_up.dtype == x.dtype and flat_up.stride(-1) == 1
+                                     and tuple(flat_up.shape) == (flat.shape[0], weight.shape[0]))) \
+            and (scale is not None or (dense_max_tokens is not None and dense_linear_takes(
                 flat, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only))):
-        config = gated_gemv_config(flat, weight, scale)
+        config = gated_gemv_config(flat, weight, scale, paired=up is None)
     if config is None:
-        return ops.torch_gated_projection(x, weight, scale, act)
-    return gated_gemv(flat, weight, scale, canonical, config).reshape(*x.shape[:-1], weight.shape[0] // 2)
+        return ops.torch_gated_projection(x, weight, scale, act, up)
+    out = gated_gemv(flat, weight, scale, canonical, config, flat_up)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

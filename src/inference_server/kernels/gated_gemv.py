@@ -10,6 +10,10 @@ not depend on which rows share its program, so with the config the unfused proje
 unfused path's, bit for bit. That is the rule of ``gated_gemv_config``: the fused launch is taken only where the
 projection alone would run the CUDA-core GEMV in one K split (1-4 tokens; ``streamed_linear.resolve_config``'s
 tuned or heuristic config), and with that config; anywhere else the caller runs the two launches.
+
+The same epilogue takes the up factor from memory instead (``up``): ``act(x @ W.T) * up`` for a gate projection
+whose other factor comes from elsewhere (Gemma 4's per-layer-input gate on E2B/E4B: ``act(gate(h)) *
+per_layer_input``); every program then streams ``block_n`` gate rows.
 """
 
 from __future__ import annotations
@@ -29,28 +33,31 @@ __all__ = ["gated_gemv", "gated_gemv_config"]
 _INTERPRETED = not isinstance(int8_gemv_kernel, triton.runtime.JITFunction)
 
 
-def gated_gemv_config(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> Int8LinearConfig | None:
-    """The config the projection ``x [T, K] @ weight[2I, K].T`` alone would run with (``int8_linear``'s for int8
-    weights with ``scale``, ``dense_linear``'s for float ones) when it is a one-split CUDA-core GEMV whose programs
-    can pair gate and up rows; None otherwise (the caller then runs the projection and the activation apart)."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or weight.shape[0] % 2 \
+def gated_gemv_config(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
+                      paired: bool = True) -> Int8LinearConfig | None:
+    """The config the projection ``x [T, K] @ weight.T`` alone would run with (``int8_linear``'s for int8 weights
+    with ``scale``, ``dense_linear``'s for float ones) when it is a one-split CUDA-core GEMV (and, with ``paired``
+    rows of a ``[gate; up]`` weight ``[2I, K]``, one whose programs can pair them); None otherwise (the caller then
+    runs the projection and the activation apart)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or (paired and weight.shape[0] % 2) \
             or x.shape[0] == 0 or weight.shape[0] == 0 or x.shape[1] == 0:
         return None
     if scale is None:
         config = resolve_config(x, weight.shape[0], dense_linear_config, DENSE_CONFIG_DIR)
     else:
         config = resolve_config(x, weight.shape[0], int8_linear_config, CONFIG_DIR)
-    if config.block_t >= MIN_DOT_TOKENS or config.block_n < 2 or config.block_n % 2 \
+    if config.block_t >= MIN_DOT_TOKENS or (paired and (config.block_n < 2 or config.block_n % 2)) \
             or effective_split_k(config, x.shape[1]) != 1:
         return None
     return config
 
 
 def gated_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
-               config: Int8LinearConfig) -> torch.Tensor:
+               config: Int8LinearConfig, up: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x @ gate.T) * (x @ up.T)`` ``[T, I]`` in x's dtype, for ``weight = [gate; up]`` ``[2I, K]`` (int8 with
-    ``scale [2I]``, else float of x's dtype) and a ``config`` from ``gated_gemv_config`` (see the module
-    docstring); ``act`` is ``gelu_tanh`` or ``silu``."""
+    ``scale [2I]``, else float of x's dtype); with ``up [T, N]`` given, ``act(x @ weight.T) * up`` ``[T, N]``.
+    ``config`` comes from ``gated_gemv_config`` (``paired`` when ``up`` is None; see the module docstring);
+    ``act`` is ``gelu_tanh`` or ``silu``."""
     if act not in GATED_ACTIVATIONS:
         raise ValueError(f"gated_gemv supports {tuple(GATED_ACTIVATIONS)}, not {act!r}")
     if scale is None and weight.dtype != x.dtype:
@@ -60,10 +67,13 @@ def gated_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     T, K = x.shape
     if config.block_t >= MIN_DOT_TOKENS or effective_split_k(config, K) != 1:
         raise ValueError(f"gated_gemv runs a CUDA-core GEMV config of one split, not {config}")
-    half = weight.shape[0] // 2
-    out = torch.empty(T, half, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(T, config.block_t), triton.cdiv(half, config.block_n // 2), 1)
+    if up is None:
+        width, rows_per_output = weight.shape[0] // 2, config.block_n // 2
+    else:
+        width, rows_per_output = weight.shape[0], config.block_n
+    out = torch.empty(T, width, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(T, config.block_t), triton.cdiv(width, rows_per_output), 1)
     launch_gemv(grid, x, weight, scale, out, K, 0, block_n=config.block_n, block_t=config.block_t,
                 block_k=config.block_k, split_k=1, num_warps=config.num_warps, num_stages=config.num_stages,
-                interpreted=_INTERPRETED, gated=act)
+                interpreted=_INTERPRETED, gated=act, up=up)
     return out

@@ -105,7 +105,9 @@ def int8_gemv_kernel(
     stride_scale,
     stride_os,  # between splits of the partial sums (unused when SPLIT_K == 1)
     stride_ot,
-    half,  # GATED: the gate rows (I); the up rows start there (unused otherwise)
+    half,  # GATED with paired rows: the gate rows (I); the up rows start there (unused otherwise)
+    up_ptr,  # GATED with UP_IN_MEMORY: [T, N] the up factor (else any pointer, unread)
+    stride_ut,
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,  # tokens per program, 1 to 4: each dequantised weight tile is used BLOCK_T times
     BLOCK_K: tl.constexpr,  # columns per tile, a multiple of 4
@@ -116,6 +118,7 @@ def int8_gemv_kernel(
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
     GATED: tl.constexpr = 0,  # 0: y = x @ W.T; 1: act(gate) * up with gelu_tanh, 2: with silu (see gated_gemv)
+    UP_IN_MEMORY: tl.constexpr = False,  # GATED: up read from up_ptr (W is the gate alone), not W's second half
     LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
 ):
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
@@ -124,8 +127,8 @@ def int8_gemv_kernel(
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     t0 = pid_t * BLOCK_T  # this program's first token
-    HALF_N: tl.constexpr = BLOCK_N // 2  # GATED: outputs a program
-    if GATED:
+    HALF_N: tl.constexpr = BLOCK_N // 2  # GATED with paired rows: outputs a program
+    if GATED and not UP_IN_MEMORY:
         # [gate; up] weight rows ([2I, K]): the program's first BLOCK_N / 2 rows are gate rows j, the rest the up
         # rows I + j of the same outputs j, so the epilogue has both factors of its outputs.
         r = tl.arange(0, BLOCK_N)
@@ -234,11 +237,20 @@ def int8_gemv_kernel(
         if HAS_SCALE:
             out = out * tl.load(scale_ptr + offs_n_safe * stride_scale).to(tl.float32)[:, None]
         out = out.to(out_ptr.dtype.element_ty).to(tl.float32)
-        gate, up = tl.split(tl.permute(tl.reshape(out, (2, HALF_N, BLOCK_T)), (1, 2, 0)))  # [BN / 2, BT] each
-        y = gated_product(gate, up, out_ptr.dtype.element_ty, GATED == 1, LIBDEVICE_TANH)
-        offs_o = pid_n * HALF_N + tl.arange(0, HALF_N)
-        o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_o[:, None]
-        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=(offs_o < half)[:, None] & (offs_t < T)[None, :])
+        if UP_IN_MEMORY:
+            t_ok = offs_t < T
+            o_mask = (offs_n < N)[:, None] & t_ok[None, :]
+            up = tl.load(up_ptr + offs_t.to(tl.int64)[None, :] * stride_ut + offs_n[:, None], mask=o_mask,
+                         other=0.0).to(tl.float32)
+            y = gated_product(out, up, out_ptr.dtype.element_ty, GATED == 1, LIBDEVICE_TANH)
+            o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_n[:, None]
+            tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            gate, up = tl.split(tl.permute(tl.reshape(out, (2, HALF_N, BLOCK_T)), (1, 2, 0)))  # [BN / 2, BT] each
+            y = gated_product(gate, up, out_ptr.dtype.element_ty, GATED == 1, LIBDEVICE_TANH)
+            offs_o = pid_n * HALF_N + tl.arange(0, HALF_N)
+            o_ptrs = out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_o[:, None]
+            tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=(offs_o < half)[:, None] & (offs_t < T)[None, :])
     else:
         store_streamed_tile(out, out_ptr, scale_ptr, offs_t, offs_t < T, offs_n, N, pid_s, stride_os, stride_ot,
                             stride_scale, SPLIT_K, HAS_SCALE)
@@ -250,30 +262,38 @@ GATED_ACTIVATIONS = {"gelu_tanh": 1, "silu": 2}
 
 def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                 dest: torch.Tensor, k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int,
-                split_k: int, num_warps: int, num_stages: int, interpreted: bool, gated: str | None = None) -> None:
+                split_k: int, num_warps: int, num_stages: int, interpreted: bool, gated: str | None = None,
+                up: torch.Tensor | None = None) -> None:
     """Launch the GEMV of ``x [T, K] @ weight[N, K].T`` (int8 weights with ``scale``, else float weights of x's
     dtype) into ``dest`` (``[T, N]`` in x's dtype, or ``[split_k, T, N]`` fp32 partial sums). ``block_k`` must be
     a multiple of 4; int8 weights are read as words where ``int8_words_view`` allows it.
 
-    ``gated`` (an activation of ``GATED_ACTIVATIONS``): ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and
-    ``dest`` ``[T, I]`` gets ``act(gate) * up`` (``kernels.gated_gemv``); then ``split_k`` must be 1, ``block_n``
+    ``gated`` (an activation of ``GATED_ACTIVATIONS``; ``kernels.gated_gemv``), one split only: with ``up``
+    (``[T, N]``, x's dtype, a contiguous last dim) ``dest [T, N]`` gets ``act(x @ weight.T) * up``; without it
+    ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and ``dest [T, I]`` gets ``act(gate) * up``, ``block_n``
     even and the grid's second axis ``cdiv(I, block_n / 2)``."""
     T, K = x.shape
     N = weight.shape[0]
     if block_k % 4 or not 1 <= block_t <= 4:
         raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
                          f"block_k {block_k}, block_t {block_t}")
-    if gated is not None and (gated not in GATED_ACTIVATIONS or split_k != 1 or block_n < 2 or N % 2):
-        raise ValueError(f"the gated GEMV needs an activation of {tuple(GATED_ACTIVATIONS)}, one split, an even "
-                         f"block_n and an even row count; got {gated!r}, split {split_k}, block_n {block_n}, N {N}")
+    paired = gated is not None and up is None
+    if gated is not None and (gated not in GATED_ACTIVATIONS or split_k != 1
+                              or (paired and (block_n < 2 or N % 2))):
+        raise ValueError(f"the gated GEMV needs an activation of {tuple(GATED_ACTIVATIONS)}, one split and, with "
+                         f"paired rows, an even block_n and row count; got {gated!r}, split {split_k}, block_n "
+                         f"{block_n}, N {N}")
+    if up is not None and (gated is None or tuple(up.shape) != (T, N) or up.dtype != x.dtype or up.stride(-1) != 1):
+        raise ValueError(f"up must come with an activation and be [{T}, {N}] {x.dtype} with a contiguous last dim")
     words = int8_words_view(weight) if scale is not None else None
     w = words if words is not None else weight
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
+    up_arg = up if up is not None else x  # a valid pointer the kernel never reads
     int8_gemv_kernel[grid](
         x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2,
+        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2, up_arg, up_arg.stride(0),
         BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
-        GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, LIBDEVICE_TANH=not interpreted,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+        GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, UP_IN_MEMORY=up is not None,
+        LIBDEVICE_TANH=not interpreted, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
     )  # fmt: skip

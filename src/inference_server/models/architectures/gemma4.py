@@ -42,6 +42,7 @@ from inference_server.models.architectures.layers import (
     uninitialised_embedding,
 )
 from inference_server.models.architectures.linear import Linear
+from inference_server.models.architectures.quantized import projection_weights
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -162,8 +163,9 @@ class Gemma4DecoderLayer(nn.Module):
         if self.ple_size:
             if per_layer_input is None:
                 raise ValueError("a layer with per-layer inputs (PLE) was called without them")
-            # act(gate(h)) * per_layer_input: one op (one launch on CUDA instead of two), the same two roundings
-            gate = ops.gated_activation(self.per_layer_input_gate(h), per_layer_input, self.act_name)  # [T, P]
+            # act(gate(h)) * per_layer_input: one op (one launch on CUDA instead of three), the same roundings
+            gate = ops.gated_projection(h, *projection_weights(self.per_layer_input_gate), self.act_name,
+                                        per_layer_input)  # [T, P]
             h, normed = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, residual=h,
                                      scale=scalar, out_norms=(next_norm,))
         return h, normed[0]

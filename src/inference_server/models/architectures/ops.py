@@ -201,22 +201,29 @@ def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> to
     return activation_fn(act)(gate) * up
 
 
-GatedProjectionFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", str], torch.Tensor]
-"""``(x [..., K], weight [2I, K] = [gate; up], scale [2I] | None, act) -> act(x @ gate.T) * (x @ up.T) [..., I]``."""
+class GatedProjectionFn(Protocol):
+    """The gated projection op: ``ops.torch_gated_projection``'s signature."""
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
+                 up: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
-def torch_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                           act: str) -> torch.Tensor:
-    """A fused gate/up projection (``GatedMLP.fuse_gate_up``: float weights through the installed ``linear``, int8
-    ones with their ``scale`` through the installed ``int8_linear``), then the installed ``gated_activation`` of its
-    two halves. The CUDA backend installs one launch for both where the projection is a GEMV
-    (``kernels.gated_gemv``: the same bits)."""
+def torch_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
+                           up: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(gate) * up`` of a projection ``x [..., K] @ weight.T`` (float weights through the installed
+    ``linear``, int8 ones with their ``scale`` through the installed ``int8_linear``), by the installed
+    ``gated_activation``. Without ``up`` the weight is a fused ``[gate; up]`` ``[2I, K]`` (``GatedMLP.fuse_gate_up``)
+    and the result ``[..., I]``; with ``up [..., N]`` the weight is the gate's alone (Gemma 4's per-layer-input
+    gate). The CUDA backend installs one launch for both where the projection is a GEMV (``kernels.gated_gemv``:
+    the same bits)."""
     if scale is None:
         projected = linear(x, weight, None)
     else:
         projected = int8_linear(x.reshape(-1, x.shape[-1]), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
-    gate, up = projected.chunk(2, dim=-1)  # [..., I] views
-    return gated_activation(gate, up, act)
+    if up is None:
+        gate, up = projected.chunk(2, dim=-1)  # [..., I] views
+        return gated_activation(gate, up, act)
+    return gated_activation(projected, up, act)
 
 
 class NormAddFn(Protocol):

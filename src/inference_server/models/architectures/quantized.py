@@ -120,6 +120,16 @@ class QuantizedWeight:
         self.scale.copy_(scale)
 
 
+def projection_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight, scale)`` of a bias-free projection, for ``project`` and the ops that take weights: an
+    ``Int8Linear``'s int8 values and scales, or a float ``nn.Linear``'s weight and None."""
+    if isinstance(module, Int8Linear):
+        return module.qweight, module.scale
+    if isinstance(module, nn.Linear) and module.bias is None:
+        return module.weight, None
+    raise TypeError(f"not a bias-free projection: {module!r}")
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T``: float weights through ``ops.linear``, int8 ones (``scale`` given) through
     ``ops.int8_linear``. Used by the fused projections (``SelfAttention.fuse_qkv``, ``GatedMLP.fuse_gate_up``)."""
