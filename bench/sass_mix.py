@@ -159,7 +159,8 @@ def compile_variant(v: Variant) -> Any:
     words = v.path == "gemv" and v.weight == "i8" and "W_WORDS" in fn.arg_names and v.words
     optional = {"HAS_SCALE": v.weight == "i8", "IEEE": v.act == "fp32", "UPCAST": False, "MAGIC": v.magic,
                 "W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False, "GATED": 0,
-                "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True}
+                "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True,
+                "DEEP": v.path == "gemv" and v.num_stages >= 2}
     constexprs.update({name: value for name, value in optional.items() if name in fn.arg_names})
     constexprs.update(v.extra)
     constexprs.update({n: 1 for n in ("stride_xk", "stride_wk", "stride_scale") if n in fn.arg_names})

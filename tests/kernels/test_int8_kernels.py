@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 import triton
 import triton.language as tl
 
+from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact, int8_words_view, words_to_fp32_exact
 from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
@@ -337,6 +338,27 @@ def _real_linear(N: int, K: int, T: int, seed: int = 0) -> tuple[torch.Tensor, t
     return x, q, scale
 
 
+@pytest.mark.parametrize("weights", ["int8", "bf16"])
+@pytest.mark.parametrize(("K", "block_k"), [(32, 32), (64, 32), (96, 32), (160, 32), (96, 64)])  # 1, 2, 3, 5 tiles
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_gemv_deep_prefetch_gives_the_same_bits(weights: str, K: int, block_k: int, T: int) -> None:
+    """``num_stages`` 2 on the CUDA-core GEMV (weight tiles two iterations ahead, ``DEEP``) reads the same tiles in
+    the same order: the outputs equal the one-ahead loop's bit for bit, at every tile count (the clamped prefetches
+    of the last two iterations included); a ragged K keeps the one-ahead loop."""
+    gen = torch.Generator().manual_seed(K * 10 + T)
+    q, scale = _quantized((21, K), torch.bfloat16, gen)
+    x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
+    block_t = 1 << (T - 1).bit_length()
+    one, two = (Int8LinearConfig(8, block_t, block_k, 1, 1, stages) for stages in (1, 2))
+    if weights == "int8":
+        deep = int8_linear(x, q, scale, config=two)
+        assert torch.equal(deep, int8_linear(x, q, scale, config=one))
+        assert_within_rounding(deep, int8_linear_reference(x, q, scale))
+    else:
+        w = dequantize_int8(q, scale, torch.bfloat16)
+        assert torch.equal(dense_linear(x, w, config=two), dense_linear(x, w, config=one))
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 7, 16, 64, 256, 2048])
@@ -350,6 +372,7 @@ def test_int8_linear_gpu_real_shapes(name: str, T: int) -> None:
 @needs_cuda
 @pytest.mark.parametrize("config", [Int8LinearConfig(16, 1, 256), Int8LinearConfig(32, 4, 512, split_k=2),
                                     Int8LinearConfig(8, 1, 1024), Int8LinearConfig(8, 2, 1024, split_k=3),
+                                    Int8LinearConfig(8, 1, 256, num_warps=1, num_stages=2),
                                     Int8LinearConfig(64, 16, 128, magic_dequant=1)])
 @pytest.mark.parametrize("T", [1, 3, 16])
 def test_int8_linear_gpu_gemv_and_magic_paths(config: Int8LinearConfig, T: int) -> None:

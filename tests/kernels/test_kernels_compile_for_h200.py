@@ -179,7 +179,7 @@ INT8_COMPILE = textwrap.dedent('''
         int8 = weight in ("words", "*i8")
         constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split,
                       "EVEN_K": even_k, "HAS_SCALE": int8, "W_WORDS": weight == "words", "PRMT": weight == "words",
-                      "GATED": 0, "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True}
+                      "GATED": 0, "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True, "DEEP": False}
         kernel = compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
                             ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), num_warps,
                             1, pipelined=False)
@@ -188,12 +188,13 @@ INT8_COMPILE = textwrap.dedent('''
     # and with the up factor read from memory (Gemma 4's per-layer-input gate)
     for weight, gated, up_in_memory, block_n, block_t, block_k in (
             ("words", 1, False, 8, 1, 256), ("*bf16", 2, False, 16, 2, 1024), ("*bf16", 1, True, 8, 1, 1024)):
+        deep = weight == "words"  # and weight tiles two iterations ahead (a num_stages 2 config)
         int8 = weight == "words"
         types = {"x_ptr": "*bf16", "w_ptr": "*i32" if int8 else weight, "scale_ptr": "*bf16", "out_ptr": "*bf16",
                  "up_ptr": "*bf16"}
         constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": 1, "EVEN_K": True,
                       "HAS_SCALE": int8, "W_WORDS": int8, "PRMT": int8, "GATED": gated,
-                      "UP_IN_MEMORY": up_in_memory, "LIBDEVICE_TANH": True}
+                      "UP_IN_MEMORY": up_in_memory, "LIBDEVICE_TANH": True, "DEEP": deep}
         compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
                    ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
                    max(1, min(4, block_k // 256)), 1, pipelined=False)
@@ -324,7 +325,7 @@ PDL_COMPILE = textwrap.dedent('''
               MAGIC=False)),
         (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i32"},
          dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=True, W_WORDS=True, PRMT=True,
-              GATED=1, UP_IN_MEMORY=False, LIBDEVICE_TANH=True)),
+              GATED=1, UP_IN_MEMORY=False, LIBDEVICE_TANH=True, DEEP=True)),
         (streamed_linear._split_k_reduce_kernel, {"part_ptr": "*fp32"}, dict(SPLIT_K=4, HAS_SCALE=False, BLOCK=1024)),
     ]
     # every kernel of the package that takes part in PDL is compiled here

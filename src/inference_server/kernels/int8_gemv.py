@@ -17,7 +17,10 @@ quarter of a logic op (the word's sign bits are flipped once per four bytes):
   loop: the loop has no shuffles and no shared memory;
 * the next tile's loads are issued before this tile's arithmetic (Triton pipelines only loads that feed a dot);
   with whole K tiles (``EVEN_K``) no load is masked: tokens past ``T`` read the last token's row and the last
-  prefetch re-reads its own tile, so no predicates or zero fills.
+  prefetch re-reads its own tile, so no predicates or zero fills. A config's ``num_stages`` of 2 (whole K tiles
+  only) loads the weight tiles two iterations ahead (``DEEP``): twice the bytes in flight a program, for shapes
+  whose programs an SM holds too few of to cover HBM's latency with one tile each (x, read from L2 by every
+  program, stays one tile ahead).
 
 K-loop SASS on sm_90 (Triton 3.6): 3.8-4.0 instructions per int8 byte at one token (the first version of this
 kernel issued 10-15), 5.0-5.4 at two, 7.3-7.9 at four: past two tokens the tensor-core kernel (~6.1-6.5,
@@ -120,6 +123,7 @@ def int8_gemv_kernel(
     GATED: tl.constexpr = 0,  # 0: y = x @ W.T; 1: act(gate) * up with gelu_tanh, 2: with silu (see gated_gemv)
     UP_IN_MEMORY: tl.constexpr = False,  # GATED: up read from up_ptr (W is the gate alone), not W's second half
     LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
+    DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
 ):
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
     WORDS: tl.constexpr = BLOCK_K // 4
@@ -168,11 +172,15 @@ def int8_gemv_kernel(
         w = tl.load(w_ptrs)
     else:
         w = tl.load(w_ptrs, mask=w_ok[None, :], other=0)
-    # PDL (kernels.pdl): the first weight tile is loaded before the wait, the one read the invariant allows there
-    # (weights are never written during a step; the load's address and mask depend on shapes only). A program
-    # made resident while its predecessor drains has its first tile on the way, so the HBM latency of the
-    # kernel's start overlaps the predecessor's tail. x comes from the previous launch and the output may still
-    # be read by an earlier one, so every other load and every store is after the wait.
+    w_ahead = w  # DEEP: the tile after the next one, loaded an iteration early (unused otherwise)
+    if DEEP:  # tile 1 (tile 0 again when there is one tile): w_ptrs then runs two tiles ahead of the arithmetic
+        w_ptrs += (n_tiles > 1).to(tl.int32) * w_step
+        w_ahead = tl.load(w_ptrs)
+    # PDL (kernels.pdl): the first weight tiles are loaded before the wait, the one read the invariant allows there
+    # (weights are never written during a step; the loads' addresses depend on shapes only). A program made
+    # resident while its predecessor drains has its first tiles on the way, so the HBM latency of the kernel's
+    # start overlaps the predecessor's tail. x comes from the previous launch and the output may still be read by
+    # an earlier one, so every other load and every store is after the wait.
     pdl_wait(USE_PDL)
     x0 = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 1:
@@ -188,9 +196,14 @@ def int8_gemv_kernel(
     for kb in range(0, n_tiles):
         if EVEN_K:
             more = (kb + 1 < n_tiles).to(tl.int32)  # 0 on the last iteration: the prefetch stays in bounds
-            w_ptrs += more * w_step
             x_ptrs += more * (BLOCK_K * stride_xk)
-            w_next = tl.load(w_ptrs)
+            if DEEP:  # tile kb + 2 (clamped to the last), two iterations before its arithmetic
+                w_ptrs += (kb + 2 < n_tiles).to(tl.int32) * w_step
+                w_next = w_ahead
+                w_ahead = tl.load(w_ptrs)
+            else:
+                w_ptrs += more * w_step
+                w_next = tl.load(w_ptrs)
         else:
             w_ptrs += w_step
             x_ptrs += BLOCK_K * stride_xk
@@ -295,5 +308,6 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
         BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
         GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, UP_IN_MEMORY=up is not None,
-        LIBDEVICE_TANH=not interpreted, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+        LIBDEVICE_TANH=not interpreted, DEEP=num_stages >= 2 and K % block_k == 0, num_warps=num_warps,
+        num_stages=num_stages, **pdl_launch(),
     )  # fmt: skip
