@@ -32,6 +32,7 @@ def test_precedence_dotenv_then_environment_then_overrides(tmp_path: Path) -> No
         ("DUMMY_WEIGHTS", "maybe", "expected true or false"),
         ("ADMISSION_TIMEOUT", "nan", "expected a finite number"),
         ("QUANTIZATION", "int4", "QUANTIZATION='int4' is invalid: accepted values are none, int8"),
+        ("INT8_EMBEDDINGS", "yes", "INT8_EMBEDDINGS='yes' is invalid: accepted values are auto, on, off"),
     ],
 )
 def test_invalid_values_name_the_setting_and_accepted_values(key: str, value: str, message: str) -> None:

@@ -53,6 +53,40 @@ def test_int8_is_refused_with_the_hf_backend() -> None:
     settings = load_settings(environ={"QUANTIZATION": "int8", "BACKEND": "hf", "DEVICE": "cpu"}, dotenv_path=None)
     with pytest.raises(SettingsError, match="QUANTIZATION='int8' is invalid with BACKEND='hf'"):
         resolve_backend(settings, torch.device("cpu"))
+    for value in ("on", "off"):  # with or without int8 embeddings
+        settings = load_settings(environ={"QUANTIZATION": "int8", "INT8_EMBEDDINGS": value, "BACKEND": "hf",
+                                          "DEVICE": "cpu"}, dotenv_path=None)
+        with pytest.raises(SettingsError, match="QUANTIZATION='int8' is invalid with BACKEND='hf'"):
+            resolve_backend(settings, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("value", ["auto", "on", "off", " on "])
+def test_int8_embeddings_setting_parses(value: str) -> None:
+    settings = load_settings(environ={"QUANTIZATION": "int8", "INT8_EMBEDDINGS": value}, dotenv_path=None)
+    assert settings.int8_embeddings == value.strip()
+    assert load_settings(environ={}, dotenv_path=None).int8_embeddings == "auto"
+
+
+def test_int8_embeddings_on_needs_int8_quantization() -> None:
+    settings = load_settings(environ={"INT8_EMBEDDINGS": "on", "DEVICE": "cpu"}, dotenv_path=None)
+    with pytest.raises(SettingsError, match="INT8_EMBEDDINGS='on' is invalid with QUANTIZATION='none'"):
+        resolve_backend(settings, torch.device("cpu"))
+    off = load_settings(environ={"INT8_EMBEDDINGS": "off", "DEVICE": "cpu"}, dotenv_path=None)
+    assert resolve_backend(off, torch.device("cpu")) == "reference"
+
+
+def test_int8_embeddings_off_keeps_the_cpu_head_float() -> None:
+    """``INT8_EMBEDDINGS=off`` on the CPU: every linear layer int8, the tied embedding / lm_head fp32; the engine
+    serves it (its greedy tokens are the model's own)."""
+    settings = load_settings(environ={"MODEL": "gemma-4-e2b-tiny", "DUMMY_WEIGHTS": "true", "DEVICE": "cpu",
+                                      "QUANTIZATION": "int8", "INT8_EMBEDDINGS": "off", "KV_CACHE_TOKENS": "512"},
+                             dotenv_path=None)
+    llm = LLM(settings)
+    model, spec = llm.built.loaded.model, llm.built.loaded.spec
+    assert isinstance(model.model.embed_tokens, torch.nn.Embedding) and model.head_weight() is not None
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int8Linear)
+    [completion] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert list(completion.token_ids) == _greedy(model, spec, PROMPT, 4)
 
 
 @pytest.mark.heavy

@@ -59,6 +59,10 @@ class Settings:
                                        "symmetric per-output-channel int8 with scales in the model dtype, "
                                        "quantized as each weight is loaded; on the CPU the embedding and lm_head "
                                        "too (docs/quantization.md).", ("none", "int8"))
+    int8_embeddings: str = _field("auto", "With QUANTIZATION=int8, whether the token embeddings and lm_head (tied "
+                                          "or not; Gemma 4's per-layer embeddings too) are int8 as well: auto "
+                                          "quantizes them on the CPU and keeps them in the model dtype on GPUs; on "
+                                          "and off force it (docs/quantization.md).", ("auto", "on", "off"))
     custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend.")
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
     overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "

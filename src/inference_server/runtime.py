@@ -34,7 +34,7 @@ def resolve_dtype(settings: Settings, device: torch.device) -> torch.dtype:
 def resolve_backend(settings: Settings, device: torch.device) -> str:
     """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``. KV eviction settings are
     checked here too: they need the hf backend, and a budget goes with a policy; QUANTIZATION needs our own
-    model classes (not the hf backend)."""
+    model classes (not the hf backend), and INT8_EMBEDDINGS=on needs QUANTIZATION=int8."""
     backend = settings.backend
     if backend == "auto":
         backend = "custom-cuda" if device.type == "cuda" else "reference"
@@ -47,6 +47,9 @@ def resolve_backend(settings: Settings, device: torch.device) -> str:
     if backend == "hf" and settings.quantization != "none":
         raise SettingsError(f"QUANTIZATION={settings.quantization!r} is invalid with BACKEND='hf': the hf baseline "
                             f"runs the stock transformers model (accepted with hf: none)")
+    if settings.int8_embeddings == "on" and settings.quantization != "int8":
+        raise SettingsError(f"INT8_EMBEDDINGS='on' is invalid with QUANTIZATION={settings.quantization!r}: int8 "
+                            f"embeddings are part of QUANTIZATION=int8 (accepted without it: auto, off)")
     if backend == "hf":
         from inference_server.backends.hf.eviction_config import EvictionConfig
 

@@ -3,7 +3,9 @@
 * Selection: ``_sample`` takes the fused head exactly when every sampled row is greedy and needs nothing else
   (``sampler.argmax_suffices``), and the tokens and logprobs it hands to the host copy equal the unfused
   path's (``compute_logits`` + ``sample``), for single rows and mixed batches, decode rows and prefill rows
-  (a gather of the last hidden row of each chunk), a tied soft-capped head and an untied plain one.
+  (a gather of the last hidden row of each chunk), a tied soft-capped head and an untied plain one, float and
+  int8 (the embeddings and lm_head quantized: ``INT8_EMBEDDINGS``; the unfused path is then the Triton
+  ``int8_linear``).
 * Whole steps: teacher-forced greedy decoding through the static decode path gives the unfused runner's tokens
   and logprobs, the fused head serving every step and ``compute_logits`` none.
 """
@@ -108,11 +110,14 @@ CASES = [  # (label, [(params, tokens output so far)], the fused head may serve 
 ]
 
 
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-31b-tiny"])  # untied / tied + soft-cap
 @pytest.mark.parametrize("chunk", [1, 3])  # decode rows (no gather) / prefill chunks (last row gathered)
-def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int) -> None:
+def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int, quantize: bool) -> None:
     torch.set_num_threads(1)
-    fused_runner, plain_runner = make_runner(name, fused=True), make_runner(name, fused=False)
+    fused_runner = make_runner(name, fused=True, quantize=quantize)
+    plain_runner = make_runner(name, fused=False, quantize=quantize)
+    assert (fused_runner.model.int8_head() is not None) == quantize
     spy, plain_spy = Spy.on(fused_runner), Spy.on(plain_runner)
     gen = torch.Generator().manual_seed(chunk)
     for label, rows, allowed in CASES:
@@ -129,12 +134,12 @@ def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int) 
     assert plain_spy.fused == 0 and plain_spy.logits == len(CASES)
 
 
-def test_int8_head_takes_the_unfused_path() -> None:
+def test_int8_head_without_the_fused_head_takes_the_unfused_path() -> None:
     torch.set_num_threads(1)
-    runner = make_runner("gemma-4-31b-tiny", fused=True, quantize=True)
+    runner = make_runner("gemma-4-31b-tiny", fused=False, quantize=True)
     spy = Spy.on(runner)
     hidden = torch.randn(1, runner.spec.hidden_size)
-    assert runner.model.head_weight() is None
+    assert runner.model.head_weight() is None and runner.model.int8_head() is not None
     sample_once(runner, [sequence(0, GREEDY, 0, 1)], hidden)
     assert (spy.fused, spy.logits) == (0, 1)
 

@@ -232,15 +232,21 @@ GREEDY_HEAD_COMPILE = textwrap.dedent('''
     aligned = ("vocab", "hidden_size", "stride_hn", "stride_wv")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
              if n.endswith("_ptr") or n in aligned}
-    variants = (("bf16", 1, False, True), ("bf16", 16, True, True), ("bf16", 64, True, True),
-                ("fp32", 16, True, True), ("bf16", 4, True, False))  # EVEN_K False: a hidden size like 96
-    for dtype, rows, softcap, even_k in variants:
-        cfg = gh.greedy_head_config(rows, 2 if dtype == "bf16" else 4)
+    # (activation dtype, weight dtype, rows, soft-cap, EVEN_K); EVEN_K False: a hidden size like 96
+    variants = (("bf16", "bf16", 1, False, True), ("bf16", "bf16", 16, True, True), ("bf16", "bf16", 64, True, True),
+                ("fp32", "fp32", 16, True, True), ("bf16", "bf16", 4, True, False),
+                ("bf16", "i8", 1, True, True), ("bf16", "i8", 32, True, True), ("bf16", "i8", 64, True, True),
+                ("bf16", "i8", 4, False, False), ("fp32", "i8", 64, True, True))  # int8 heads
+    for dtype, weight, rows, softcap, even_k in variants:
+        sizes = {"bf16": 2, "fp32": 4, "i8": 1}
+        cfg = gh.greedy_head_config(rows, sizes[weight], sizes[dtype])
+        int8 = weight == "i8"
         constexprs = {"BLOCK_V": cfg.block_v, "BLOCK_N": max(16, triton.next_power_of_2(rows)),
                       "BLOCK_K": cfg.block_k, "EVEN_K": even_k, "ROUND_BF16": dtype == "bf16", "SOFTCAP": softcap,
-                      "RECIPROCAL": True, "IEEE": dtype == "fp32", "UPCAST": False, "LIBDEVICE_TANH": True}
-        types = {"hidden_ptr": f"*{dtype}", "weight_ptr": f"*{dtype}", "max_ptr": "*fp32", "index_ptr": "*i32",
-                 "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"}
+                      "RECIPROCAL": True, "IEEE": dtype == "fp32", "UPCAST": False, "LIBDEVICE_TANH": True,
+                      "HAS_SCALE": int8, "MAGIC": int8 and cfg.magic_dequant}
+        types = {"hidden_ptr": f"*{dtype}", "weight_ptr": f"*{weight}", "scale_ptr": f"*{dtype}", "max_ptr": "*fp32",
+                 "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"}
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         kernel = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=target, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
@@ -316,7 +322,7 @@ PDL_COMPILE = textwrap.dedent('''
         (greedy_head._greedy_head_slices_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
          dict(BLOCK_V=64, BLOCK_N=16, BLOCK_K=128, EVEN_K=True, ROUND_BF16=True, SOFTCAP=False, RECIPROCAL=True,
-              IEEE=False, UPCAST=False, LIBDEVICE_TANH=True)),
+              IEEE=False, UPCAST=False, LIBDEVICE_TANH=True, HAS_SCALE=False, MAGIC=False)),
         (greedy_head._greedy_head_combine_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64", "logprobs_ptr": "*fp32"},
          dict(BLOCK_S=4096)),
@@ -371,8 +377,8 @@ def test_streamed_linear_and_int8_moe_compile_for_sm90_within_shared_memory() ->
 
 
 def test_greedy_head_compiles_for_sm90_pipelined() -> None:
-    """The greedy head's variants (bf16 with and without the soft-cap at 1, 16 and 64 rows; fp32 IEEE) compile
-    with pipelined weight loads, tensor-core dots in bf16, and fit the H200's shared memory."""
+    """The greedy head's variants (bf16 with and without the soft-cap at 1, 16 and 64 rows; fp32 IEEE; int8 heads
+    at 1-64 rows) compile with pipelined weight loads, tensor-core dots in bf16, and fit the H200's shared memory."""
     _compile_in_child(GREEDY_HEAD_COMPILE)
 
 

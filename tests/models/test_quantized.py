@@ -167,6 +167,35 @@ def test_int8_dummy_weights_are_the_quantized_float_dummy_weights(name: str) -> 
     _assert_same_weights(loaded, converted)
 
 
+@pytest.mark.parametrize(("device", "mode", "int8_head"), [("cpu", "auto", True), ("meta", "auto", False),
+                                                        ("cpu", "off", False), ("meta", "on", True),
+                                                        ("cpu", "on", True), ("meta", "off", False)])
+@pytest.mark.parametrize("name", ["gemma-4-31b-tiny", "qwen3-30b-a3b-tiny"])  # tied / untied head
+def test_int8_embeddings_mode_decides_the_embeddings_and_head(name: str, device: str, mode: str,
+                                                              int8_head: bool) -> None:
+    """``build_model(..., "int8", int8_embeddings)``: ``auto`` quantizes the embeddings and lm_head on the CPU only
+    (``meta`` stands in for a GPU: no CPU), ``on`` / ``off`` everywhere; the decoder's linear layers are int8 in
+    every case, and ``head_weight`` / ``int8_head`` give the head in its form."""
+    spec = _spec(name)
+    model = build_model(spec, torch.float32, device, "int8", mode)
+    assert isinstance(model.model.embed_tokens, Int8Embedding) == int8_head
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int8Linear)
+    if not spec.tie_word_embeddings:
+        assert isinstance(model.lm_head, Int8Linear) == int8_head
+    assert (model.head_weight() is None) == int8_head
+    head = model.int8_head()
+    assert (head is not None) == int8_head
+    if head is not None:
+        qweight, scale = head
+        assert qweight.dtype == torch.int8 and qweight.shape == (spec.vocab_size, spec.hidden_size)
+        assert scale.dtype == torch.float32 and scale.shape == (spec.vocab_size,)
+
+
+def test_unknown_int8_embeddings_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown INT8_EMBEDDINGS mode 'yes'"):
+        build_model(_spec("gemma-4-31b-tiny"), torch.float32, "meta", "int8", "yes")
+
+
 def _assert_same_weights(a: nn.Module, b: nn.Module) -> None:
     tensors_a, tensors_b = logical_tensors(a), logical_tensors(b)
     assert tensors_a.keys() == tensors_b.keys()

@@ -370,7 +370,7 @@ class CudaRunnerOptions:
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
-    by the sampler's chain. Float heads of up to ``greedy_head.MAX_ROWS`` rows; int8 heads take the unfused path."""
+    by the sampler's chain. Float and int8 heads (``INT8_EMBEDDINGS``), up to ``greedy_head.MAX_ROWS`` rows."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
@@ -486,26 +486,36 @@ class CudaModelRunner(ModelRunner):
         self.eager_steps = self.graph_steps = 0
         self.tokens_computed = 0
 
-    def _greedy_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The fused greedy head (``triton_greedy_head``) where it takes the head: a float weight and at most
-        ``MAX_ROWS`` rows; None (the unfused path) otherwise."""
+    def _head_operands(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``(weight [V, H], scale [V] or None)`` of the head for the fused greedy head: the float weight, or an
+        int8 head's (``CausalLM.int8_head``); None when ``triton_greedy_head`` is off."""
         if not self.options.triton_greedy_head:
             return None
         weight = self.model.head_weight()
-        if weight is None or not greedy_head_supports(hidden, weight):
+        return (weight, None) if weight is not None else self.model.int8_head()
+
+    def _greedy_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The fused greedy head (``triton_greedy_head``) where it takes the head: a float weight of the hidden
+        rows' dtype or an int8 one with its scales, and at most ``MAX_ROWS`` rows; None (the unfused path)
+        otherwise."""
+        head = self._head_operands()
+        if head is None or not greedy_head_supports(hidden, *head):
             return None
-        return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
+        weight, scale = head
+        return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping, scale=scale)
 
     def warm_up_greedy_head(self) -> None:
         """Compile the fused greedy head's variants (one per ``greedy_head.ROW_BLOCKS`` entry) that decode batches
         up to ``max_batch_size`` meet, so that none compiles mid-serving (a stall of a second or more)."""
-        weight = self.model.head_weight()
-        if not self.options.triton_greedy_head or weight is None:
+        head = self._head_operands()
+        if head is None:
             return
+        weight, scale = head
+        dtype = scale.dtype if scale is not None else weight.dtype  # the activations' (an int8 head's scale has it)
         for rows in (1, *(block + 1 for block in ROW_BLOCKS[:-1])):  # the fewest rows of each block
-            hidden = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            if rows <= self.options.max_batch_size and greedy_head_supports(hidden, weight):
-                greedy_head(hidden, weight, self.model.spec.final_logit_softcapping)
+            hidden = torch.zeros(rows, weight.shape[1], dtype=dtype, device=weight.device)
+            if rows <= self.options.max_batch_size and greedy_head_supports(hidden, weight, scale):
+                greedy_head(hidden, weight, self.model.spec.final_logit_softcapping, scale=scale)
 
     def _install_ops(self) -> None:
         use_pdl(self.options.pdl)  # kernels.pdl's switch is process-wide, like the ops

@@ -7,9 +7,10 @@ gather). Here:
 
 1. ``_greedy_head_slices_kernel``: one program per vocabulary slice of ``BLOCK_V`` rows of the head weight
    ``[V, H]`` (and per block of ``BLOCK_N`` hidden rows; the runner's rows fit one block) computes the slice's
-   logits in fp32 (``tl.dot``, IEEE products for fp32 weights: no TF32), rounds them to the weight dtype as
-   ``compute_logits``' GEMM output is rounded, applies the final soft-cap with ``layers.softcap``'s roundings
-   (``x / cap``, ``tanh``, ``* cap``, each rounded to the weight dtype; on CUDA ``x / cap`` is computed as
+   logits in fp32 (``tl.dot``, IEEE products for fp32 activations: no TF32), rounds them to the activation dtype
+   (the hidden rows'; a float head has the same) as ``compute_logits``' GEMM output is rounded, applies the final
+   soft-cap with ``layers.softcap``'s roundings
+   (``x / cap``, ``tanh``, ``* cap``, each rounded to the activation dtype; on CUDA ``x / cap`` is computed as
    ``x * (1 / cap)``, which is what PyTorch's CUDA division by a scalar does, and on CPU as a true division, as
    PyTorch's CPU kernel does), and writes three numbers per (slice, row): the slice's maximum logit, the first
    vocabulary index holding it, and ``sum(exp(logit - max))``.
@@ -17,6 +18,15 @@ gather). Here:
    maximum, the smallest index among the slices that reach it (``torch.argmax``'s rule: the first maximal
    index), ``lse = max + log(sum over slices of slice_sum * exp(slice_max - max))``, and the logprob
    ``max - lse`` in fp32, the sampler's ``logits.gather(token).float() - logsumexp(logits.float())``.
+
+**int8 heads** (``QUANTIZATION=int8`` with the embeddings quantized: ``Int8Embedding`` tied, or an ``Int8Linear``
+lm_head; ``reference_int8``'s format): the weight is int8 ``[V, H]`` with one scale per row, ``scale [V]``. Each
+int8 tile is dequantised in registers (int8 -> bf16 is exact for |q| <= 127, so ``tl.dot`` on bf16 tiles with fp32
+accumulation sums exact products; with the exponent trick of ``int8_dequant`` the bytes become fp32 first, also
+exactly), and the row scale is applied once after the reduction: ``logit = round(fp32 sum * fp32(scale))``, the
+order of operations of ``ops.int8_linear`` (``streamed_tile.store_streamed_tile`` and the split-K reduce: the fp32
+sum times the scale cast to fp32, then one rounding to the activation dtype) and of ``int8_linear_reference``. The
+soft-cap and the reductions follow as for a float head.
 
 The logit of the chosen token is exactly the rounded (and soft-capped) logit, so the token equals
 ``torch.argmax`` of the unfused logits whenever this kernel's fp32 sums round to the same values as cuBLAS's:
@@ -41,6 +51,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
 __all__ = ["MAX_ROWS", "ROW_BLOCKS", "GreedyHeadConfig", "greedy_head", "greedy_head_config", "greedy_head_supports",
@@ -60,12 +71,15 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 @attrs.frozen
 class GreedyHeadConfig:
     """Launch shape of the slices kernel: ``block_v`` vocabulary rows per program, ``block_k`` of the hidden
-    size per loop iteration (``block_n`` hidden rows per program is set by the row count)."""
+    size per loop iteration (``block_n`` hidden rows per program is set by the row count); ``magic_dequant``
+    (int8 heads, compiled kernels): int8 bytes to floats by the exponent trick (``int8_dequant``) instead of the
+    quarter-rate conversion instruction."""
 
     block_v: int = 64
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
+    magic_dequant: bool = False
 
 
 def row_block(n_rows: int) -> int:
@@ -73,9 +87,22 @@ def row_block(n_rows: int) -> int:
     return next((block for block in ROW_BLOCKS if n_rows <= block), MAX_ROWS)
 
 
-def greedy_head_config(n_rows: int, element_size: int) -> GreedyHeadConfig:
-    """A memory-bound streaming shape: 16 KB weight tiles, three in flight per program (two while the
-    64-row hidden tile takes shared memory too); fp32 weights take half the K depth."""
+def greedy_head_config(n_rows: int, element_size: int, hidden_element_size: int = 2) -> GreedyHeadConfig:
+    """A memory-bound streaming shape of ``element_size``-byte weights: 16 KB weight tiles, with about 96 KB of
+    weight and hidden tiles in flight per program (more stages at few rows, fewer once the hidden tile is large).
+
+    * bf16 (2 bytes): 64 x 128 tiles, four stages up to 32 rows, three at 64;
+    * fp32 (4 bytes): half the K depth (64 x 64), the same stages;
+    * int8 (1 byte): 64 x 256 tiles (16 KB: the same bytes in flight per stage as bf16, and the 256-column tiles
+      the int8 linear's decode bucket measured fastest on the H200), so the bf16 hidden tile is twice as deep:
+      four stages up to 16 rows, three up to 32, two at 64; the exponent-trick dequantisation, as that bucket.
+      Not yet timed on the H200: ``bench/greedy_head.py --int8 --sweep`` times it against other shapes. With
+      fp32 hidden rows (``hidden_element_size`` 4: an fp32 model) the tiles are 64 x 128 (8 KB), as deep as fp32's.
+    """
+    if element_size == 1:
+        stages = 4 if n_rows <= 16 else 3 if n_rows <= 32 else 2
+        return GreedyHeadConfig(block_v=64, block_k=256 if hidden_element_size <= 2 else 128, num_warps=4,
+                                num_stages=stages, magic_dequant=True)
     block_k = 128 if element_size <= 2 else 64
     stages = 4 if n_rows <= 32 else 3
     return GreedyHeadConfig(block_v=64, block_k=block_k, num_warps=4, num_stages=stages)
@@ -96,23 +123,43 @@ def _round(x, ROUND_BF16: tl.constexpr):
     return x
 
 
+@triton.jit
+def _head_dot(w, h, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr, MAGIC: tl.constexpr):
+    """acc [BV, BN] += w [BV, BK] @ h [BN, BK].T, the weight tile converted to h's dtype in registers (a float
+    head already has it: a no-op; int8 values are exact in every float type). IEEE: fp32 activations, exact fp32
+    products (no TF32). UPCAST: interpreter only (its numpy dot and int8 -> bf16 conversion mishandle bf16): both
+    sides in fp32. MAGIC (int8 only): the bytes go to fp32 by the exponent trick (``int8_dequant``) first."""
+    if MAGIC:
+        w = int8_to_fp32_exact(w)
+    if UPCAST:
+        acc = tl.dot(w.to(tl.float32), tl.trans(h.to(tl.float32)), acc, input_precision="ieee")
+    elif IEEE:
+        acc = tl.dot(w.to(tl.float32), tl.trans(h), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w.to(h.dtype), tl.trans(h), acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _greedy_head_slices_kernel(
     hidden_ptr,  # [N, H]
-    weight_ptr,  # [V, H]
+    weight_ptr,  # [V, H] hidden's dtype, or int8 (HAS_SCALE)
+    scale_ptr,  # [V] per-row scale of an int8 head (HAS_SCALE; else any pointer, unread)
     max_ptr,  # [S, N] fp32: each slice's maximum logit
     index_ptr,  # [S, N] int32: the first vocabulary index holding it
     sum_ptr,  # [S, N] fp32: sum(exp(logit - max)) over the slice
-    n_rows, vocab, hidden_size, stride_hn, stride_wv,
+    n_rows, vocab, hidden_size, stride_hn, stride_wv, stride_scale,
     inv_cap, cap,  # the final soft-cap (unused without SOFTCAP)
     BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K mask
-    ROUND_BF16: tl.constexpr,  # bf16 weights: round each stage as torch rounds its bf16 output
+    ROUND_BF16: tl.constexpr,  # bf16 activations: round each stage as torch rounds its bf16 output
     SOFTCAP: tl.constexpr,
     RECIPROCAL: tl.constexpr,  # x / cap as x * (1 / cap): PyTorch's CUDA kernel (CPU divides)
-    IEEE: tl.constexpr,  # fp32 weights: exact fp32 products (no TF32)
+    IEEE: tl.constexpr,  # fp32 activations: exact fp32 products (no TF32)
     UPCAST: tl.constexpr,  # interpreter only: bf16 tiles go to fp32 before the dot (its numpy dot needs it)
     LIBDEVICE_TANH: tl.constexpr,  # False only under the interpreter, which has no libdevice
+    HAS_SCALE: tl.constexpr,  # int8 weights: times the row scale after the reduction, before the first rounding
+    MAGIC: tl.constexpr,  # int8 weights: the exponent-trick dequantisation (int8_dequant)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the hidden rows come from the previous launch (the head weight is streamed in the same loop)
@@ -135,19 +182,16 @@ def _greedy_head_slices_kernel(
             h = tl.load(h_ptrs)
         else:
             k_mask = offs_k[None, :] < hidden_size - k * BLOCK_K
-            w = tl.load(w_ptrs, mask=k_mask, other=0.0)
+            w = tl.load(w_ptrs, mask=k_mask, other=0)
             h = tl.load(h_ptrs, mask=k_mask, other=0.0)
-        if UPCAST:
-            acc = tl.dot(w.to(tl.float32), tl.trans(h.to(tl.float32)), acc, input_precision="ieee")
-        elif IEEE:
-            acc = tl.dot(w, tl.trans(h), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(h), acc)
+        acc = _head_dot(w, h, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K
         h_ptrs += BLOCK_K
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
     # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
     pdl_release(USE_PDL)
+    if HAS_SCALE:  # ops.int8_linear's order: the fp32 sum times the fp32 scale, then one rounding
+        acc = acc * tl.load(scale_ptr + rows_v * stride_scale).to(tl.float32)[:, None]
     x = _round(acc, ROUND_BF16)  # [BLOCK_V, BLOCK_N] logits as compute_logits' GEMM returns them
     if SOFTCAP:
         if RECIPROCAL:
@@ -198,27 +242,46 @@ def _greedy_head_combine_kernel(
     tl.store(logprobs_ptr + row, best - lse)
 
 
-def greedy_head_supports(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``greedy_head`` takes these inputs: ``[N, H]`` rows (1 <= N <= ``MAX_ROWS``) and a ``[V, H]``
-    weight of one dtype, bf16 or fp32, each with a contiguous last dim."""
-    return (hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]
-            and 1 <= hidden.shape[0] <= MAX_ROWS and hidden.dtype == weight.dtype
-            and weight.dtype in (torch.bfloat16, torch.float32)
-            and hidden.stride(-1) == 1 and weight.stride(-1) == 1 and hidden.device == weight.device)
+def _operands_error(hidden: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> str | None:
+    """Why ``greedy_head`` cannot take these operands (shapes, dtypes, layout, devices), or None."""
+    if not (hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]):
+        return f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+    if hidden.dtype not in (torch.bfloat16, torch.float32):
+        return f"hidden must be bf16 or fp32, not {hidden.dtype}"
+    if scale is None and weight.dtype != hidden.dtype:
+        return f"hidden and weight must be both bf16 or both fp32, got {hidden.dtype}, {weight.dtype}"
+    if scale is not None:
+        if weight.dtype != torch.int8:
+            return f"a scale goes with an int8 weight, not {weight.dtype}"
+        if scale.dim() != 1 or scale.shape[0] != weight.shape[0] or not scale.is_floating_point():
+            return f"scale must be a float [V], got {scale.dtype} {tuple(scale.shape)} for weight {tuple(weight.shape)}"
+        if scale.device != weight.device:
+            return "scale and weight must be on one device"
+    if hidden.stride(-1) != 1 or weight.stride(-1) != 1:
+        return "hidden and weight need a contiguous last dim"
+    if hidden.device != weight.device:
+        return "hidden and weight must be on one device"
+    return None
+
+
+def greedy_head_supports(hidden: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> bool:
+    """Whether ``greedy_head`` takes these inputs: ``[N, H]`` rows (1 <= N <= ``MAX_ROWS``) in bf16 or fp32 and a
+    ``[V, H]`` weight of the same dtype, or (``scale`` given) an int8 weight with its per-row float scale ``[V]``;
+    each with a contiguous last dim, all on one device."""
+    return 1 <= hidden.shape[0] <= MAX_ROWS and _operands_error(hidden, weight, scale) is None
 
 
 def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | None,
-                config: GreedyHeadConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                config: GreedyHeadConfig | None = None, *,
+                scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(token_ids [N] int64, logprobs [N] fp32)`` of hidden rows ``[N, H]`` against the head ``[V, H]``
     with the final soft-cap ``softcap`` (None: none): ``reference_greedy_head.greedy_head_reference``'s
-    contract (see the module docstring). Any N >= 1 is computed (one weight pass per ``MAX_ROWS`` rows)."""
-    if not (hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]):
-        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
-                         f"{tuple(weight.shape)}")
-    if hidden.dtype != weight.dtype or weight.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"hidden and weight must be both bf16 or both fp32, got {hidden.dtype}, {weight.dtype}")
-    if hidden.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError("hidden and weight need a contiguous last dim")
+    contract (see the module docstring). With ``scale [V]`` the head is int8 (``reference_int8``'s format) and
+    its logits are ``ops.int8_linear``'s, rounded to hidden's dtype. Any N >= 1 is computed (one weight pass
+    per ``MAX_ROWS`` rows)."""
+    error = _operands_error(hidden, weight, scale)
+    if error is not None:
+        raise ValueError(error)
     n_rows, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
@@ -228,7 +291,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
         return ids, logprobs
     if vocab == 0 or hidden_size == 0:
         raise ValueError("an empty vocabulary or hidden size has no argmax")
-    cfg = config or greedy_head_config(n_rows, weight.element_size())
+    cfg = config or greedy_head_config(n_rows, weight.element_size(), hidden.element_size())
     block_n = row_block(n_rows)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden_size)))  # tiny test models: H = 64
     n_slices = triton.cdiv(vocab, cfg.block_v)
@@ -236,13 +299,17 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
     part_max, part_index, part_sum = parts[0], parts[1].view(torch.int32), parts[2]
     cap = float(softcap) if softcap is not None else 1.0
     inv_cap = float(np.float32(1.0) / np.float32(cap))  # PyTorch's opmath reciprocal: fp32 1 / fp32 cap
-    bf16 = weight.dtype == torch.bfloat16
+    bf16 = hidden.dtype == torch.bfloat16
+    int8 = scale is not None
+    scale_arg = scale if scale is not None else weight  # a float head: a valid pointer the kernel never reads
+    stride_scale = scale.stride(0) if scale is not None else 0
     _greedy_head_slices_kernel[(n_slices, triton.cdiv(n_rows, block_n))](
-        hidden, weight, part_max, part_index, part_sum,
-        n_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), inv_cap, cap,
+        hidden, weight, scale_arg, part_max, part_index, part_sum,
+        n_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), stride_scale, inv_cap, cap,
         BLOCK_V=cfg.block_v, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=hidden_size % block_k == 0,
         ROUND_BF16=bf16, SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda",
         IEEE=not bf16, UPCAST=_INTERPRETED and bf16, LIBDEVICE_TANH=not _INTERPRETED,
+        HAS_SCALE=int8, MAGIC=int8 and cfg.magic_dequant,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
     )
     _greedy_head_combine_kernel[(n_rows,)](

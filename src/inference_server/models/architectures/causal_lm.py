@@ -57,3 +57,12 @@ class CausalLM(nn.Module):
         if isinstance(head, Int8Linear | Int8Embedding):
             return None
         return head.weight
+
+    def int8_head(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The int8 counterpart of ``head_weight``: ``(qweight [V, H] int8, scale [V])`` of an int8 head (the tied
+        ``Int8Embedding`` or an ``Int8Linear`` lm_head, ``reference_int8``'s format: ``compute_logits`` is
+        ``ops.int8_linear(hidden, qweight, scale)`` then the soft-cap), or None when the head is float."""
+        head = self.lm_head if not self.spec.tie_word_embeddings else self.model.embed_tokens
+        if isinstance(head, Int8Linear | Int8Embedding):
+            return head.qweight, head.scale
+        return None

@@ -34,18 +34,27 @@ IGNORED_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_t
 QWEN_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def quantize_embeddings(device: torch.device | str) -> bool:
-    """Whether ``QUANTIZATION=int8`` also quantizes the embeddings and lm_head on ``device``: on the CPU, where
-    the embedded model's tied 262k x 640 table is most of every decode step's reads and the measured quality
-    holds (docs/quantization.md); not on GPUs, where they stay in the model dtype (the issue's default until
-    measured there)."""
+INT8_EMBEDDINGS = ("auto", "on", "off")
+"""Values of the ``INT8_EMBEDDINGS`` setting (``quantize_embeddings``)."""
+
+
+def quantize_embeddings(device: torch.device | str, mode: str = "auto") -> bool:
+    """Whether ``QUANTIZATION=int8`` also quantizes the embeddings and lm_head on ``device`` (``INT8_EMBEDDINGS``:
+    ``mode``). ``on`` / ``off`` decide. ``auto``: on the CPU, where the embedded model's tied 262k x 640 table is
+    most of every decode step's reads and the measured quality holds (docs/quantization.md); not on GPUs, where
+    they stay in the model dtype (the issue's default until measured there)."""
+    if mode not in INT8_EMBEDDINGS:
+        raise ValueError(f"unknown INT8_EMBEDDINGS mode {mode!r} (accepted: {', '.join(INT8_EMBEDDINGS)})")
+    if mode != "auto":
+        return mode == "on"
     return torch.device(device).type == "cpu"
 
 
 def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str,
-                quantization: str = "none") -> CausalLM:
+                quantization: str = "none", int8_embeddings: str = "auto") -> CausalLM:
     """An uninitialised model on ``device`` (parameters allocated, contents undefined); int8 layers
-    (``quantization="int8"``) hold int8 weights and scales in ``dtype``."""
+    (``quantization="int8"``) hold int8 weights and scales in ``dtype``, the embeddings and lm_head too where
+    ``quantize_embeddings(device, int8_embeddings)`` says so."""
     from inference_server.models.architectures.gemma4 import Gemma4ForCausalLM
     from inference_server.models.architectures.qwen3_moe import Qwen3MoeForCausalLM
 
@@ -53,7 +62,7 @@ def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str,
     with torch.device("meta"):
         model = cls(spec)
         if quantization == "int8":
-            quantize_model_int8_(model, embeddings=quantize_embeddings(device))
+            quantize_model_int8_(model, embeddings=quantize_embeddings(device, int8_embeddings))
         elif quantization != "none":
             raise ValueError(f"unknown quantization {quantization!r}")
     model = model.to(dtype=dtype).to_empty(device=device)
@@ -199,12 +208,12 @@ def _copy_expert(targets: dict[str, torch.Tensor | QuantizedWeight], filled: set
 
 
 def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str,
-                   quantization: str = "none") -> tuple[CausalLM, ModelSpec]:
+                   quantization: str = "none", int8_embeddings: str = "auto") -> tuple[CausalLM, ModelSpec]:
     """Model and spec from a Hugging Face checkpoint folder (config.json + safetensors, sharded or not)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder does not exist")
     spec = parse_model_spec(read_config(folder))
-    model = build_model(spec, dtype, device, quantization)
+    model = build_model(spec, dtype, device, quantization, int8_embeddings)
     load_weights(model, spec, iter_safetensors(folder), str(folder))
     return model, spec

@@ -81,17 +81,18 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
 
         path = embedded_gguf_path()
         root = str(path)
-        model, spec = _load_gguf(path, device, dtype, cache_dir, settings.quantization)
+        model, spec = _load_gguf(path, device, dtype, cache_dir, settings.quantization, settings.int8_embeddings)
         name = _served_name(settings, "gemma-3-270m")
     elif source.endswith(".gguf"):
         root = source
-        model, spec = _load_gguf(Path(source), device, dtype, cache_dir, settings.quantization)
+        model, spec = _load_gguf(Path(source), device, dtype, cache_dir, settings.quantization,
+                                 settings.int8_embeddings)
         name = _served_name(settings, Path(source).stem)
     elif Path(source).is_dir():
         folder = Path(source)
         root = str(folder)
         spec = parse_model_spec(read_config(folder))
-        model = build_model(spec, dtype, device, settings.quantization)
+        model = build_model(spec, dtype, device, settings.quantization, settings.int8_embeddings)
         if settings.dummy_weights:
             init_dummy_weights(model, settings.seed)
         else:
@@ -103,7 +104,7 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
             raise SettingsError(f"MODEL={source!r} is a preset: presets need DUMMY_WEIGHTS=true")
         root = source
         spec = parse_model_spec(preset_config(source))
-        model = build_model(spec, dtype, device, settings.quantization)
+        model = build_model(spec, dtype, device, settings.quantization, settings.int8_embeddings)
         init_dummy_weights(model, settings.seed)
         name = _served_name(settings, source)
     else:
@@ -117,12 +118,12 @@ def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> 
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, cache_dir: Path,
-               quantization: str = "none") -> tuple[CausalLM, ModelSpec]:
+               quantization: str = "none", int8_embeddings: str = "auto") -> tuple[CausalLM, ModelSpec]:
     from inference_server.models.loading.gguf_loader import open_gguf
 
     checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)
-    model = build_model(spec, dtype, device, quantization)
+    model = build_model(spec, dtype, device, quantization, int8_embeddings)
     names = checkpoint.parameter_names
     with phase("loading weights (dequantising GGUF blocks)", total=len(names), unit="tensors") as progress:
         load_weights(model, spec, progress.wrap(checkpoint.iter_tensors(torch.float32)), str(path))
