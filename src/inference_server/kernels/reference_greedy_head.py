@@ -3,8 +3,9 @@
 It is what the runner computes when it does not take the fused path: ``CausalLM.compute_logits`` (the head's
 GEMM in the activation dtype, then Gemma's final soft-cap ``tanh(x / cap) * cap`` in that dtype, as
 ``layers.softcap`` writes it; an int8 head's GEMM is ``ops.int8_linear``'s contract,
-``reference_int8.int8_linear_reference``: fp32 sums times the row scale, rounded once) and ``sampler.sample`` on an all-greedy batch (``log_softmax`` statistics of the
-logits in fp32, the first index of the maximum, and the chosen logit minus the log-sum-exp).
+``reference_int8.int8_linear_reference``: fp32 sums times the row scale, rounded once) and ``sampler.sample`` on
+an all-greedy batch (``log_softmax`` statistics of the logits in fp32, the first index of the maximum, and the
+chosen logit minus the log-sum-exp).
 """
 
 from __future__ import annotations
