@@ -1,7 +1,9 @@
 """Quality of QUANTIZATION=int8 on the embedded Gemma 3 270M (real weights, CPU, fp32 activations).
 
-Loads the model twice through the engine's loader (``QUANTIZATION=none`` and ``int8``: every linear layer and the
-tied embedding / lm_head int8) and prints, for the int8 model with each CPU matmul asked for:
+Loads the model through the engine's loader (``QUANTIZATION=none``; ``int8`` with ``INT8_EMBEDDINGS=on``: every
+linear layer and the tied embedding / lm_head int8; ``int8`` with ``INT8_EMBEDDINGS=off``: the body int8, the
+embedding / lm_head left fp32, so the head's own share of the error shows) and prints, for each int8 model
+(``--heads``) with each CPU matmul asked for (``--impls``):
 
 * greedy agreement over 20 fixed prompts x 64 new tokens, all prompts decoded as one batch through the reference
   contiguous KV cache: the mean fraction of tokens identical to fp32's until the first divergence, and the
@@ -11,9 +13,12 @@ tied embedding / lm_head int8) and prints, for the int8 model with each CPU matm
 
 ``--impls cpu reference``: ``cpu`` is the engine's CPU matmul (``kernels.cpu_int8``: fbgemm, activations also
 quantized per token to 7 bits), ``reference`` the weight-only reference (``int8_linear_reference``: float
-activations; slow, a quality yardstick). Takes ~2-4 minutes on 2 cores (``--tokens`` / ``--prompts`` cut it).
+activations; slow, a quality yardstick; the GPU's int8 matmul is weight-only too, so this is the row that
+predicts an int8 head on the GPU). ``--heads int8 float``: the head int8 (what the CPU engine runs) and/or float.
+Takes ~5-8 minutes on 2 cores with both heads (``--tokens`` / ``--prompts`` / ``--heads`` cut it).
 
     uv run python bench/int8_quality.py
+    uv run python bench/int8_quality.py --heads float --impls reference   # the body-only yardstick alone
 """
 
 from __future__ import annotations
@@ -107,10 +112,14 @@ def main() -> None:
     parser.add_argument("--impls", nargs="+", default=["cpu", "reference"], choices=["cpu", "reference"])
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--heads", nargs="+", default=["int8", "float"], choices=["int8", "float"],
+                        help="int8: the embedding / lm_head int8 too (INT8_EMBEDDINGS=on); float: left fp32 (off)")
     args = parser.parse_args()
     device = torch.device("cpu")
     base = load_model(Settings(device="cpu"), device, torch.float32)
-    int8 = load_model(Settings(device="cpu", quantization="int8"), device, torch.float32)
+    models = {head: load_model(Settings(device="cpu", quantization="int8",
+                                        int8_embeddings="on" if head == "int8" else "off"), device, torch.float32)
+              for head in args.heads}
     tokenizer = base.tokenizer
     assert tokenizer is not None
     prompts = [tokenizer.encode(p) for p in PROMPTS[:args.prompts]]
@@ -121,15 +130,17 @@ def main() -> None:
     reference_logprobs = token_logprobs(base.model, base.spec, text)
     print(f"{'fp32':<28} perplexity {math.exp(-reference_logprobs.mean().item()):8.3f}")
     impls = {"cpu": cpu_int8_linear, "reference": ops.torch_int8_linear}
-    for name in args.impls:
-        ops.use_ops(int8_linear=impls[name])
-        tokens = greedy(int8.model, int8.spec, prompts, args.tokens)
-        logprobs = token_logprobs(int8.model, int8.spec, text)
-        prefix, exact = agreement(reference_tokens, tokens)
-        delta = (logprobs - reference_logprobs).abs()
-        print(f"{'int8 (' + name + ' matmul)':<28} perplexity {math.exp(-logprobs.mean().item()):8.3f}   "
-              f"greedy: identical prefix {prefix:6.1%}, identical sequences {exact:6.1%}   "
-              f"|delta logprob| mean {delta.mean().item():.4f} max {delta.max().item():.3f}")
+    for head, int8 in models.items():
+        for name in args.impls:
+            ops.use_ops(int8_linear=impls[name])
+            tokens = greedy(int8.model, int8.spec, prompts, args.tokens)
+            logprobs = token_logprobs(int8.model, int8.spec, text)
+            prefix, exact = agreement(reference_tokens, tokens)
+            delta = (logprobs - reference_logprobs).abs()
+            label = f"int8 ({name} matmul)" if head == "int8" else f"int8 body, fp32 head ({name})"
+            print(f"{label:<28} perplexity {math.exp(-logprobs.mean().item()):8.3f}   "
+                  f"greedy: identical prefix {prefix:6.1%}, identical sequences {exact:6.1%}   "
+                  f"|delta logprob| mean {delta.mean().item():.4f} max {delta.max().item():.3f}", flush=True)
     ops.use_ops(int8_linear=ops.torch_int8_linear)
 
 
