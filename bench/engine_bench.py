@@ -188,7 +188,8 @@ UNTUNED = ("before", "untuned")
 
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
                  device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
-                 quantization: str = "none", profile_batches: tuple[int, ...] = (1,)) -> None:
+                 quantization: str = "none", profile_batches: tuple[int, ...] = (1,),
+                 int8_embeddings: str = "auto") -> None:
     """Per variant: build the runner (graphs captured), count the B=1 kernels and time each kernel of a step at
     ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
     listed)."""
@@ -202,8 +203,9 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     spec = parse_model_spec(preset_config(preset))
     free_gpu()
     started = time.perf_counter()
-    model = build_model(spec, torch.bfloat16, device, quantization)
+    model = build_model(spec, torch.bfloat16, device, quantization, int8_embeddings)
     init_dummy_weights(model, seed=0)
+    weight_bytes = roofline.engine_weight_bytes(quantization, model.int8_head() is not None)
     sync()
     load_s = time.perf_counter() - started
     params = sum(p.numel() for p in model.parameters())
@@ -241,12 +243,10 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
             times = kernel_times(runner, batch)
             if times is not None:
                 emit(out, kind="kernels", model=name, variant=variant, batch=batch,
-                     limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context,
-                                                                        *roofline.engine_weight_bytes(quantization)),
-                                    1),
+                     limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context, *weight_bytes), 1),
                      **times)
         decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
-                       steps, repeats, greedy, out, device, quantization)
+                       steps, repeats, greedy, out, device, weight_bytes)
         del runner
         free_gpu()
     del storage, model
@@ -255,7 +255,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 
 def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: int, num_groups: int,
                    blocks_per_seq: int, context: int, steps: int, repeats: int, greedy, out: Path,
-                   device: torch.device, quantization: str = "none") -> None:
+                   device: torch.device, weight_bytes: tuple[float, float] = (2.0, 2.0)) -> None:
     """Time ``repeats`` loops of ``steps`` full steps per batch (after warm-up), and the bare graph replays."""
     from inference_server.records.steps import PENDING_TOKEN, ScheduledSequence, StepPlan
 
@@ -316,7 +316,7 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
         step_s, replay_s = statistics.median(runs), statistics.median(replays)
         overlap_s = statistics.median(overlapped_runs)
         ctx_mid = context + warmup + steps // 2
-        limit = roofline.decode_tok_s(name, batch, ctx_mid, *roofline.engine_weight_bytes(quantization))
+        limit = roofline.decode_tok_s(name, batch, ctx_mid, *weight_bytes)
         emit(out, kind="decode", model=name, variant=variant, batch=batch, bucket=bucket, context=ctx_mid,
              steps=steps, repeats=repeats, tok_s_runs=[round(batch / s, 1) for s in runs],
              step_ms=round(step_s * 1e3, 3), tok_s=round(batch / step_s, 1), replay_ms=round(replay_s * 1e3, 3),
@@ -332,7 +332,8 @@ def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: i
 
 
 def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: bool, device: torch.device,
-                  overlaps: tuple[bool, ...] = (True,), quantization: str = "none") -> None:
+                  overlaps: tuple[bool, ...] = (True,), quantization: str = "none",
+                  int8_embeddings: str = "auto") -> None:
     from inference_server.config import Settings
     from inference_server.offline import LLM
     from inference_server.records.sampling_params import SamplingParams
@@ -341,7 +342,8 @@ def bench_offline(name: str, preset: str, num_requests: int, out: Path, smoke: b
     backend = "custom-cuda" if device.type == "cuda" else "reference"  # off-GPU: a dry run of the script
     settings = Settings(model=preset, dummy_weights=True, device=device.type, backend=backend, max_batch_size=256,
                         max_model_len=4096 if not smoke else 1024, kv_cache_memory_fraction=0.85, seed=0,
-                        kv_cache_tokens=65_536 if smoke else 0, quantization=quantization)
+                        kv_cache_tokens=65_536 if smoke else 0, quantization=quantization,
+                        int8_embeddings=int8_embeddings)
     started = time.perf_counter()
     llm = LLM(settings)
     runner = llm.built.runner
@@ -477,6 +479,8 @@ def main() -> None:
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: dry run of the script (tiny preset, interpreter)")
     ap.add_argument("--quantization", default="none", choices=("none", "int8"), help="QUANTIZATION of the model")
+    ap.add_argument("--int8-embeddings", default="auto", choices=("auto", "on", "off"),
+                    help="INT8_EMBEDDINGS of the model (on: the lm_head int8 too, and the fused int8 greedy head)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.what == "table":
@@ -486,16 +490,18 @@ def main() -> None:
 
     preset = a.model + ("-tiny" if a.smoke else "")
     device = torch.device(a.device)
-    emit(a.out, kind="env", model=a.model, quantization=a.quantization, torch=torch.__version__,
+    emit(a.out, kind="env", model=a.model, quantization=a.quantization, int8_embeddings=a.int8_embeddings,
+         torch=torch.__version__,
          triton=triton.__version__, device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
          date=time.strftime("%Y-%m-%d %H:%M"))
     if not a.skip_decode:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
                      tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization,
-                     tuple(int(b) for b in a.profile_batches.split(",") if b.strip()))
+                     tuple(int(b) for b in a.profile_batches.split(",") if b.strip()), a.int8_embeddings)
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
-        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization)
+        bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization,
+                      a.int8_embeddings)
 
 
 if __name__ == "__main__":

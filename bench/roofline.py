@@ -160,9 +160,12 @@ def decode_tok_s(model: str, batch: int, context: int, weight_bytes: float = 2.0
     return batch / decode_step_floor(MODELS[model], [context] * batch, weight_bytes, head_bytes).seconds
 
 
-def engine_weight_bytes(quantization: str) -> tuple[float, float]:
-    """(bytes per weight, bytes per lm_head weight) of the engine's ``QUANTIZATION`` on a GPU."""
-    return (1.0, 2.0) if quantization == "int8" else (2.0, 2.0)
+def engine_weight_bytes(quantization: str, int8_head: bool = False) -> tuple[float, float]:
+    """(bytes per weight, bytes per lm_head weight) of the engine's ``QUANTIZATION`` on a GPU; ``int8_head``: the
+    embeddings and lm_head int8 too (``INT8_EMBEDDINGS=on``; the GPU default keeps them bf16)."""
+    if quantization != "int8":
+        return (2.0, 2.0)
+    return (1.0, 1.0 if int8_head else 2.0)
 
 
 def offline_tok_s(model: str, num_requests: int = 256, seed: int = 0, weight_bytes: float = 2.0) -> float:
@@ -181,8 +184,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--int8", action="store_true",
                     help="int8 weight-only: 1 byte a weight, the lm_head in bf16 (QUANTIZATION=int8)")
+    ap.add_argument("--int8-head", action="store_true",
+                    help="with --int8: the lm_head int8 too (INT8_EMBEDDINGS=on)")
     a = ap.parse_args()
-    wb, hb = engine_weight_bytes("int8" if a.int8 else "none")
+    wb, hb = engine_weight_bytes("int8" if a.int8 else "none", a.int8_head)
     if a.what == "decode":
         step = decode_step_floor(MODELS[a.model], [a.context] * a.batch, wb, hb)
         print(f"{a.model} decode B={a.batch} ctx={a.context}: floor {step.seconds * 1e3:.2f} ms/step "
