@@ -144,12 +144,16 @@ def test_int8_head_without_the_fused_head_takes_the_unfused_path() -> None:
     assert (spy.fused, spy.logits) == (0, 1)
 
 
-def test_greedy_decoding_through_the_static_path() -> None:
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
+def test_greedy_decoding_through_the_static_path(quantize: bool) -> None:
     """Teacher-forced greedy decoding (three prompts, a fourth joining, then decode steps through the static
-    buffers, capture off): the fused runner's tokens and logprobs are the unfused runner's."""
+    buffers, capture off): the fused runner's tokens and logprobs are the unfused runner's, with a float head and
+    with an int8 one (every layer, the embedding and the tied lm_head int8)."""
     torch.set_num_threads(1)
     name, steps = "gemma-4-31b-tiny", 4
     spec, model = build(name, torch.float32, "cpu")
+    if quantize:
+        quantize_model_int8_(model, embeddings=True)
     script = Script(spec, num_groups(spec), steps, seed=1, join=2, prompt_lens=(5, 12))
     n, m = len(script.seqs), script.blocks_per_seq
     runners = [CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),

@@ -246,23 +246,27 @@ def test_real_shape_fp32(exact_reference_gemm: None) -> None:
 
 
 @gpu
-def test_captured_in_a_cuda_graph() -> None:
+@pytest.mark.parametrize("head", ["bf16", "int8"])
+def test_captured_in_a_cuda_graph(head: str) -> None:
     """Inside a CUDA graph (fresh inputs copied into the captured buffers), replay gives the eager result."""
     hidden, weight = real_head(262144, 2816, 8, torch.bfloat16)
+    scale = None
+    if head == "int8":
+        weight, scale = int8_head(weight, torch.bfloat16)
     static = hidden.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        greedy_head(static, weight, 30.0)  # compile outside the capture
+        greedy_head(static, weight, 30.0, scale=scale)  # compile outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ids, logprobs = greedy_head(static, weight, 30.0)
+        ids, logprobs = greedy_head(static, weight, 30.0, scale=scale)
     fresh = hidden.flip(0).contiguous()
     static.copy_(fresh)
     graph.replay()
     torch.cuda.synchronize()
-    eager_ids, eager_logprobs = greedy_head(fresh, weight, 30.0)
+    eager_ids, eager_logprobs = greedy_head(fresh, weight, 30.0, scale=scale)
     assert torch.equal(ids, eager_ids) and torch.equal(logprobs, eager_logprobs)
 
 
