@@ -1,6 +1,7 @@
 """The custom-cuda runner with an int8 model (QUANTIZATION=int8 layers and experts) against the reference runner
 on the same int8 model, with the Triton kernels (``kernels.int8_linear``, the int8 path of ``kernels.fused_moe``)
-in the CPU interpreter: fused q/k/v and gate/up over int8 weights, the static decode path, fp32."""
+in the CPU interpreter: fused q/k/v and gate/up over int8 weights, the static decode path, fp32; on a GPU
+(``gpu``) with the int8 head (``INT8_EMBEDDINGS=on``) and the fused int8 greedy head, graphs captured."""
 
 from __future__ import annotations
 
@@ -49,3 +50,25 @@ def test_int8_model_on_the_cuda_runner_matches_the_reference_runner(name: str) -
     comparison = compare(script, tokens_of(reference, reference=True), tokens_of(runner), tap, 4)
     assert comparison.agree == comparison.total
     assert max(comparison.errors) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-31b-tiny"])  # untied / tied + soft-cap
+def test_int8_head_on_the_gpu_runner_matches_the_reference_runner(name: str) -> None:
+    """An int8 model with the embeddings and lm_head int8 too (``INT8_EMBEDDINGS=on``) on the CUDA runner (GPU,
+    fp32, decode graphs captured): every greedy step goes through the fused int8 greedy head, and its tokens are
+    the reference runner's."""
+    spec, model = build(name, torch.float32, "cuda")
+    quantize_model_int8_(model, embeddings=True)
+    assert model.int8_head() is not None
+    tap = LogitsTap(model)
+    script = Script(spec, num_groups(spec), 32, seed=1, prompt_lens=(5, 40))
+    n, m = len(script.seqs), script.blocks_per_seq
+    reference = ModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cuda"), torch.device("cuda"))
+    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=True)
+    runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cuda"),
+                                       torch.device("cuda"), options))
+    comparison = compare(script, tokens_of(reference, reference=True), tokens_of(runner), tap, 32)
+    assert runner.graph_steps > 0
+    assert comparison.agree == comparison.total, comparison.stats()
+    assert max(comparison.errors) < 1e-3, comparison.stats()
