@@ -35,6 +35,8 @@ from inference_server.kernels.greedy_head import (
 from inference_server.kernels.reference_greedy_head import greedy_head_reference, logits_reference
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 
+from .rounding import assert_gpu_close
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
 
@@ -291,3 +293,18 @@ def test_real_shape_int8_gemma_4_31b(rows: int) -> None:
     top2 = unfused.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > ulp(top2[:, 0], torch.bfloat16)
     assert torch.equal(ids[clear], unfused.argmax(dim=-1)[clear])
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 2, 16, 100])
+def test_unfused_int8_head_logits_at_gemma_4_31b(tokens: int) -> None:
+    """The unfused path of an int8 head (sampling, logprobs, prompt logits: ``kernels.int8_linear`` on the
+    262144 x 5376 head, no tuned config file: the heuristic's GEMV at 1-2 tokens, tensor-core tiles above) gives
+    the reference's logits within one bf16 ulp plus summation-order noise."""
+    from inference_server.kernels.int8_linear import int8_linear
+    from inference_server.kernels.reference_int8 import int8_linear_reference
+
+    hidden, weight = real_head(262144, 5376, tokens, torch.bfloat16)
+    qweight, scale = int8_head(weight, torch.bfloat16)
+    del weight
+    assert_gpu_close(int8_linear(hidden, qweight, scale), int8_linear_reference(hidden, qweight, scale))
