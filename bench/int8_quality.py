@@ -128,7 +128,7 @@ def main() -> None:
           f"{TEXT.name}: {len(text)} tokens; torch {torch.__version__}, {torch.get_num_threads()} threads")
     reference_tokens = greedy(base.model, base.spec, prompts, args.tokens)
     reference_logprobs = token_logprobs(base.model, base.spec, text)
-    print(f"{'fp32':<28} perplexity {math.exp(-reference_logprobs.mean().item()):8.3f}")
+    print(f"{'fp32':<33} perplexity {math.exp(-reference_logprobs.mean().item()):8.3f}")
     impls = {"cpu": cpu_int8_linear, "reference": ops.torch_int8_linear}
     for head, int8 in models.items():
         for name in args.impls:
@@ -138,7 +138,7 @@ def main() -> None:
             prefix, exact = agreement(reference_tokens, tokens)
             delta = (logprobs - reference_logprobs).abs()
             label = f"int8 ({name} matmul)" if head == "int8" else f"int8 body, fp32 head ({name})"
-            print(f"{label:<28} perplexity {math.exp(-logprobs.mean().item()):8.3f}   "
+            print(f"{label:<33} perplexity {math.exp(-logprobs.mean().item()):8.3f}   "
                   f"greedy: identical prefix {prefix:6.1%}, identical sequences {exact:6.1%}   "
                   f"|delta logprob| mean {delta.mean().item():.4f} max {delta.max().item():.3f}", flush=True)
     ops.use_ops(int8_linear=ops.torch_int8_linear)
