@@ -34,3 +34,16 @@ def test_dry_run_row() -> None:
     weights = bench.make_head(head, device, bench.device_l2_bytes(device))
     row = bench.bench_head(head, 3, weights, device, reps=1)
     assert row["same"] == 3 and row["fused_us"] > 0 and row["unfused_us"] > 0
+
+
+def test_dry_run_row_int8() -> None:
+    """``--int8``: the int8 head (bf16 row scales) against the unfused int8 path, the same token; its bytes count
+    one per weight plus the scales."""
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    head = bench.TINY_HEADS[1]
+    [(qweight, scale)] = bench.make_head(head, device, bench.device_l2_bytes(device), int8=True)
+    assert qweight.dtype == torch.int8 and scale is not None and scale.dtype == torch.bfloat16
+    row = bench.bench_head(head, 3, [(qweight, scale)], device, reps=1)
+    assert row["same"] == 3 and row["fused_us"] > 0 and row["unfused_us"] > 0
+    assert bench.head_bytes(head, 1, int8=True) == 777 * 96 + 2 * 777 + 2 * 96
