@@ -21,6 +21,7 @@ from tests.backends.test_cuda_backend import BLOCK, Script, build, num_groups, s
 
 from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
 from inference_server.backends.sampler import argmax_suffices
+from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.quantized import quantize_model_int8_
 from inference_server.records.sampling_params import SamplingParams
@@ -127,7 +128,9 @@ def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int, 
         before = (spy.fused, spy.logits)
         ours = sample_once(fused_runner, seqs, hidden)
         theirs = sample_once(plain_runner, seqs, hidden)
-        assert (spy.fused - before[0], spy.logits - before[1]) == ((1, 0) if allowed else (0, 1)), label
+        # an int8 head's 1-2 rows take the unfused path's CUDA-core GEMV (faster there than the fused tiles)
+        fused = allowed and not (quantize and len(seqs) <= GEMV_MAX_TOKENS)
+        assert (spy.fused - before[0], spy.logits - before[1]) == ((1, 0) if fused else (0, 1)), label
         assert [t.token_id for t in ours] == [t.token_id for t in theirs], label
         assert [t.top_logprobs for t in ours] == [t.top_logprobs for t in theirs] or not allowed, label
         assert [t.logprob for t in ours] == pytest.approx([t.logprob for t in theirs], abs=1e-5), label

@@ -64,6 +64,7 @@ from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rope import rope_qk_
 from inference_server.kernels.router import MAX_EXPERTS, add_norm_linear_route, linear_route, triton_route
+from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
@@ -502,6 +503,11 @@ class CudaModelRunner(ModelRunner):
         if head is None or not greedy_head_supports(hidden, *head):
             return None
         weight, scale = head
+        if scale is not None and hidden.shape[0] <= GEMV_MAX_TOKENS:
+            # 1-2 rows of an int8 head: the unfused path's CUDA-core GEMV (int8_linear) streams the head at 0.76-0.88
+            # of the memory limit, the fused head's tensor-core tiles at 0.51-0.64 (Gemma-4-31B 371 against 512 µs
+            # at one row on the H200, 26B-A4B 225 against 338; bench/greedy_head.py --int8, 2026-12-01)
+            return None
         return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping, scale=scale)
 
     def warm_up_greedy_head(self) -> None:
