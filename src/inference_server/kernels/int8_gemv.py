@@ -126,6 +126,7 @@ def int8_gemv_kernel(
     DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
 ):
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
+    tl.static_assert(EVEN_K or not DEEP, "the two-ahead weight loads need whole K tiles")
     WORDS: tl.constexpr = BLOCK_K // 4
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
