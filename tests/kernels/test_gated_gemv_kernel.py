@@ -40,14 +40,17 @@ def _case(T: int, half: int, K: int, dtype: torch.dtype, int8: bool, seed: int):
 
 
 def _unfused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
-             config: Int8LinearConfig) -> torch.Tensor:
-    """The two launches the fused kernel replaces, with the same projection config."""
+             config: Int8LinearConfig, up: torch.Tensor | None = None) -> torch.Tensor:
+    """The two launches the fused kernel replaces, with the same projection config (``up`` given: the weight is
+    the gate's alone)."""
     if scale is None:
         projected = dense_linear(x, weight, config=config)
     else:
         projected = int8_linear(x, weight, scale, config=config)
-    gate, up = projected.chunk(2, dim=-1)
-    return gated_activation(gate, up, act)
+    if up is None:
+        gate, up = projected.chunk(2, dim=-1)
+        return gated_activation(gate, up, act)
+    return gated_activation(projected, up, act)
 
 
 def _pytorch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str) -> torch.Tensor:
@@ -94,9 +97,7 @@ def test_up_from_memory_same_bits_as_the_two_launches(T: int, N: int, K: int, bl
     config = Int8LinearConfig(block_n, block_t, block_k, 1, 1, 1)
     out = gated_gemv(x, weight, scale, act, config, up)
     assert out.shape == (T, N) and out.dtype == dtype
-    projected = dense_linear(x, weight, config=config) if scale is None else int8_linear(x, weight, scale,
-                                                                                        config=config)
-    assert torch.equal(out, gated_activation(projected, up, act))
+    assert torch.equal(out, _unfused(x, weight, scale, act, config, up))
     full = F.linear(x, weight) if scale is None else int8_linear_reference(x, weight, scale)
     ref = (F.gelu(full, approximate="tanh") if act == "gelu_tanh" else F.silu(full)) * up
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2**-5)

@@ -92,7 +92,7 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, st
 def triton_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     """``ops.GatedActivationFn`` in one Triton launch (``kernels.gated_activation``); the reference for the
     activations and layouts the kernel does not take (exact-erf gelu, a strided last dim, not [T, I])."""
-    canonical = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
+    canonical = layers.canonical_activation(act)
     if canonical not in GATED_ACTIVATIONS or gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype \
             or gate.stride(-1) != 1 or up.stride(-1) != 1:
         return ops.torch_gated_activation(gate, up, act)
@@ -267,7 +267,7 @@ def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.
     through ``triton_gated_activation``: int8 weights always (``triton_int8_linear``), float ones where
     ``triton_dense_linear`` takes them (``dense_max_tokens`` its bound, None: cuBLAS is installed). The same bits
     as those launches; anywhere else it is those launches (``ops.torch_gated_projection``)."""
-    canonical = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
+    canonical = layers.canonical_activation(act)
     flat = x.reshape(-1, x.shape[-1])
     flat_up = up.reshape(-1, up.shape[-1]) if up is not None else None
     config = None
@@ -425,8 +425,9 @@ class CudaModelRunner(ModelRunner):
         # act(gate) * up: one launch instead of two per dense MLP.
         self._gated = triton_gated_activation if options.triton_gated_activation and not options.compile \
             else ops.torch_gated_activation
-        # The gate/up GEMV with the gated activation in its epilogue (same bits as the two launches it replaces).
+        # Whether small-M float projections may take the Triton GEMV (ops.linear below, and the gated projection).
         dense_gemv = (options.triton_dense_linear or options.triton_dense_linear_where_tuned) and not options.compile
+        # The gate/up GEMV with the gated activation in its epilogue (same bits as the two launches it replaces).
         self._gated_projection = functools.partial(
             triton_gated_projection, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
             tuned_only=not options.triton_dense_linear) \
@@ -434,8 +435,7 @@ class CudaModelRunner(ModelRunner):
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
         self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
                                          tuned_only=not options.triton_dense_linear) \
-            if (options.triton_dense_linear or options.triton_dense_linear_where_tuned) and not options.compile \
-            else torch.nn.functional.linear
+            if dense_gemv else torch.nn.functional.linear
         if options.fused_weights:
             for module in model.modules():
                 if isinstance(module, SelfAttention):

@@ -16,7 +16,7 @@ from torch import nn
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
-from inference_server.models.architectures.layers import RMSNorm, activation
+from inference_server.models.architectures.layers import RMSNorm, activation, canonical_activation
 from inference_server.models.architectures.linear import Linear
 from inference_server.models.architectures.quantized import Int8Linear, project
 from inference_server.models.spec import LayerSpec, ModelSpec
@@ -162,7 +162,7 @@ class FusedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self.register_parameter("gate_up_proj_scale", None)  # set by quantize_
         self.register_parameter("down_proj_scale", None)
-        self.activation = "gelu_tanh" if act in ("gelu_pytorch_tanh", "gelu_tanh") else act
+        self.activation = canonical_activation(act)
 
     def quantize_(self) -> None:
         """Replace both expert tensors by int8 ones and their scales, one expert at a time (the float

@@ -53,7 +53,7 @@ class CausalLM(nn.Module):
         """The float ``[V, H]`` weight ``compute_logits`` multiplies by (the lm_head's, or the tied embedding's;
         the soft-cap ``spec.final_logit_softcapping`` follows), or None when the head is int8 (its scales are
         part of the product). For kernels that fuse the head with what reads its logits."""
-        head = self.lm_head if not self.spec.tie_word_embeddings else self.model.embed_tokens
+        head = self._head_module()
         if isinstance(head, Int8Linear | Int8Embedding):
             return None
         return head.weight
@@ -62,7 +62,11 @@ class CausalLM(nn.Module):
         """The int8 counterpart of ``head_weight``: ``(qweight [V, H] int8, scale [V])`` of an int8 head (the tied
         ``Int8Embedding`` or an ``Int8Linear`` lm_head, ``reference_int8``'s format: ``compute_logits`` is
         ``ops.int8_linear(hidden, qweight, scale)`` then the soft-cap), or None when the head is float."""
-        head = self.lm_head if not self.spec.tie_word_embeddings else self.model.embed_tokens
+        head = self._head_module()
         if isinstance(head, Int8Linear | Int8Embedding):
             return head.qweight, head.scale
         return None
+
+    def _head_module(self) -> Linear | Int8Linear | nn.Embedding | Int8Embedding:
+        """The module whose weight ``compute_logits`` multiplies by: the lm_head, or the tied embedding."""
+        return self.lm_head if not self.spec.tie_word_embeddings else self.model.embed_tokens

@@ -152,9 +152,14 @@ def set_rope_impl(fn: RopeFn) -> RopeFn:
     return previous
 
 
+def canonical_activation(name: str) -> str:
+    """An HF activation name with its aliases merged: ``gelu_pytorch_tanh`` is ``gelu_tanh`` (the kernels' name)."""
+    return "gelu_tanh" if name == "gelu_pytorch_tanh" else name
+
+
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The MLP activation by its HF name."""
-    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+    if canonical_activation(name) == "gelu_tanh":
         return lambda x: F.gelu(x, approximate="tanh")
     if name == "silu":
         return F.silu
