@@ -160,7 +160,7 @@ def compile_variant(v: Variant) -> Any:
     optional = {"HAS_SCALE": v.weight == "i8", "IEEE": v.act == "fp32", "UPCAST": False, "MAGIC": v.magic,
                 "W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False, "GATED": 0,
                 "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True,
-                "DEEP": v.path == "gemv" and v.num_stages >= 2}
+                "DEEP": v.path == "gemv" and v.num_stages >= 2, "INT_DOT": words and v.act == "bf16"}
     constexprs.update({name: value for name, value in optional.items() if name in fn.arg_names})
     constexprs.update(v.extra)
     constexprs.update({n: 1 for n in ("stride_xk", "stride_wk", "stride_scale") if n in fn.arg_names})
@@ -309,6 +309,9 @@ def gemv_variants() -> list[Variant]:
             out.append(Variant(f"gemv int8 T<={block_t}", "gemv", "i8", bn, block_t, bk, 1, warps, 1))
     out.append(Variant("gemv int8 K tail T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, extra={"EVEN_K": False}))
     out.append(Variant("gemv int8 bytes T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, words=False))
+    for block_n, block_k, warps in ((8, 256, 1), (8, 1024, 4)):  # the words' bytes as floats (before the integer dot)
+        out.append(Variant("gemv int8 float dequant T<=1", "gemv", "i8", block_n, 1, block_k, 1, warps, 1,
+                           extra={"INT_DOT": False}))
     out.append(Variant("gemv int8 shifts T<=1", "gemv", "i8", 8, 1, 1024, 1, 4, 1, prmt=False))
     for block_t in (1, 2, 4):
         for bn, bk, warps in ((8, 1024, 4), (16, 256, 1), (8, 256, 1)):

@@ -22,6 +22,7 @@ from inference_server.kernels.int8_dequant import int8_to_fp32_exact, int8_words
 from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
 from inference_server.kernels.reference_int8 import (
     dequantize_int8,
+    int8_gemv_fixed_point_reference,
     int8_linear_reference,
     quantize_int8_per_channel,
 )
@@ -104,12 +105,13 @@ def test_int8_gemv_byte_path(config: Int8LinearConfig, K: int, T: int) -> None:
 @pytest.mark.parametrize("K", [96, 104])  # 104: a K tail of 40 columns (five word pairs) on the word path
 @pytest.mark.parametrize("T", [1, 3, 6])
 def test_int8_gemv_word_path(config: Int8LinearConfig, K: int, T: int) -> None:
-    """The CUDA-core GEMV reading int8 weights as words, whole and ragged K tiles, tokens past a program's tile."""
+    """The CUDA-core GEMV reading int8 weights as words, whole and ragged K tiles, tokens past a program's tile
+    (bf16 activations: the integer dot's fixed point, ``tests/kernels/test_int8_fixed_dot.py``)."""
     gen = torch.Generator().manual_seed(K * T)
     q, scale = _quantized((21, K), torch.bfloat16, gen)
     assert int8_words_view(q) is not None
     x = torch.randn(T, K, generator=gen).to(DEV, torch.bfloat16)
-    assert_within_rounding(int8_linear(x, q, scale, config=config), int8_linear_reference(x, q, scale))
+    assert_within_rounding(int8_linear(x, q, scale, config=config), int8_gemv_fixed_point_reference(x, q, scale))
 
 
 def test_int8_words_view_is_little_endian_words() -> None:
@@ -353,7 +355,7 @@ def test_gemv_deep_prefetch_gives_the_same_bits(weights: str, K: int, block_k: i
     if weights == "int8":
         deep = int8_linear(x, q, scale, config=two)
         assert torch.equal(deep, int8_linear(x, q, scale, config=one))
-        assert_within_rounding(deep, int8_linear_reference(x, q, scale))
+        assert_within_rounding(deep, int8_gemv_fixed_point_reference(x, q, scale))
     else:
         w = dequantize_int8(q, scale, torch.bfloat16)
         assert torch.equal(dense_linear(x, w, config=two), dense_linear(x, w, config=one))

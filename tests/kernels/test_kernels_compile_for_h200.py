@@ -179,11 +179,14 @@ INT8_COMPILE = textwrap.dedent('''
         int8 = weight in ("words", "*i8")
         constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": split,
                       "EVEN_K": even_k, "HAS_SCALE": int8, "W_WORDS": weight == "words", "PRMT": weight == "words",
-                      "GATED": 0, "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True, "DEEP": False}
+                      "GATED": 0, "UP_IN_MEMORY": False, "LIBDEVICE_TANH": True, "DEEP": False,
+                      "INT_DOT": weight == "words" and act == "*bf16"}
         kernel = compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
                             ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"), num_warps,
                             1, pipelined=False)
         assert weight != "words" or "prmt.b32" in kernel.asm["ptx"], (weight, "no byte permute")
+        # int8 words with bf16 activations: integer dot products (kernels.int8_fixed_dot), fp32 ones: float FMAs
+        assert ("dp2a.lo.s32.s32" in kernel.asm["ptx"]) == constexprs["INT_DOT"], (weight, act, "integer dot")
     # the gated epilogue (kernels.gated_gemv): int8 words with gelu_tanh (libdevice tanh), bf16 weights with silu
     # and with the up factor read from memory (Gemma 4's per-layer-input gate)
     for weight, gated, up_in_memory, block_n, block_t, block_k in (
@@ -194,7 +197,7 @@ INT8_COMPILE = textwrap.dedent('''
                  "up_ptr": "*bf16"}
         constexprs = {"BLOCK_N": block_n, "BLOCK_T": block_t, "BLOCK_K": block_k, "SPLIT_K": 1, "EVEN_K": True,
                       "HAS_SCALE": int8, "W_WORDS": int8, "PRMT": int8, "GATED": gated,
-                      "UP_IN_MEMORY": up_in_memory, "LIBDEVICE_TANH": True, "DEEP": deep}
+                      "UP_IN_MEMORY": up_in_memory, "LIBDEVICE_TANH": True, "DEEP": deep, "INT_DOT": int8}
         compile_fn(int8_gemv.int8_gemv_kernel, types, constexprs,
                    ("N", "K", "k_per_split", "stride_xt", "stride_wn", "stride_os", "stride_ot"),
                    max(1, min(4, block_k // 256)), 1, pipelined=False)

@@ -26,6 +26,13 @@ K-loop SASS on sm_90 (Triton 3.6): 3.8-4.0 instructions per int8 byte at one tok
 kernel issued 10-15), 5.0-5.4 at two, 7.3-7.9 at four: past two tokens the tensor-core kernel (~6.1-6.5,
 independent of the token count) is the better choice.
 
+With bf16 activations (every GPU model) the int8 words skip that conversion (``INT_DOT``,
+``kernels/int8_fixed_dot.py``): each word of four activations becomes 16-bit fixed point once per program and
+tile, shared by all its weight rows, and a row's word costs two ``dp2a`` integer dot products, one conversion and
+one FMA: 2.0-2.5 instructions per byte at one token, 3.5-4.4 at two (Triton 3.9's SASS, ``bench/sass_mix.py``).
+The price is the fixed point's rounding of activations far below their word's largest (at most ``2**-16`` of it;
+``reference_int8.int8_gemv_fixed_point_reference`` is the oracle); fp32 activations keep the float products.
+
 Float weights (bf16, fp16, fp32; ``HAS_SCALE`` False) take the same loop without the dequantisation: each
 element is widened to fp32 and multiplied exactly. Products are exact in fp32 (an FMA rounds only the sum), so
 the contract is the tensor-core kernel's: fp32 accumulation of exact products; the outputs differ from it only in
@@ -43,6 +50,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.gated_activation import gated_product
+from inference_server.kernels.int8_fixed_dot import fixed_point_dot
 from inference_server.kernels.int8_dequant import (
     fma_words,
     int8_to_fp32_exact,
@@ -124,8 +132,10 @@ def int8_gemv_kernel(
     UP_IN_MEMORY: tl.constexpr = False,  # GATED: up read from up_ptr (W is the gate alone), not W's second half
     LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
     DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
+    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (int8_fixed_dot)
 ):
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
+    tl.static_assert(W_WORDS or not INT_DOT, "the integer dot reads int8 words")
     tl.static_assert(EVEN_K or not DEEP, "the two-ahead weight loads need whole K tiles")
     WORDS: tl.constexpr = BLOCK_K // 4
     pid_t = tl.program_id(0)
@@ -218,16 +228,28 @@ def int8_gemv_kernel(
             x2_next = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
         if BLOCK_T > 3:
             x3_next = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
-        w0, w1, w2, w3 = _weights_fp32(w, BLOCK_N, WORDS, W_WORDS, HAS_SCALE, PRMT)
-        acc0 = fma_words(acc0, w0, w1, w2, w3, x0, WORDS)
+        if INT_DOT:  # the weight words as they are; each token's activations as fixed point (int8_fixed_dot)
+            acc0 = fixed_point_dot(acc0, w, x0, WORDS, PRMT)
+            if BLOCK_T > 1:
+                acc1 = fixed_point_dot(acc1, w, x1, WORDS, PRMT)
+            if BLOCK_T > 2:
+                acc2 = fixed_point_dot(acc2, w, x2, WORDS, PRMT)
+            if BLOCK_T > 3:
+                acc3 = fixed_point_dot(acc3, w, x3, WORDS, PRMT)
+        else:
+            w0, w1, w2, w3 = _weights_fp32(w, BLOCK_N, WORDS, W_WORDS, HAS_SCALE, PRMT)
+            acc0 = fma_words(acc0, w0, w1, w2, w3, x0, WORDS)
+            if BLOCK_T > 1:
+                acc1 = fma_words(acc1, w0, w1, w2, w3, x1, WORDS)
+            if BLOCK_T > 2:
+                acc2 = fma_words(acc2, w0, w1, w2, w3, x2, WORDS)
+            if BLOCK_T > 3:
+                acc3 = fma_words(acc3, w0, w1, w2, w3, x3, WORDS)
         if BLOCK_T > 1:
-            acc1 = fma_words(acc1, w0, w1, w2, w3, x1, WORDS)
             x1 = x1_next
         if BLOCK_T > 2:
-            acc2 = fma_words(acc2, w0, w1, w2, w3, x2, WORDS)
             x2 = x2_next
         if BLOCK_T > 3:
-            acc3 = fma_words(acc3, w0, w1, w2, w3, x3, WORDS)
             x3 = x3_next
         w = w_next
         x0 = x0_next
@@ -309,6 +331,7 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
         BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
         GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, UP_IN_MEMORY=up is not None,
-        LIBDEVICE_TANH=not interpreted, DEEP=num_stages >= 2 and K % block_k == 0, num_warps=num_warps,
+        LIBDEVICE_TANH=not interpreted, DEEP=num_stages >= 2 and K % block_k == 0,
+        INT_DOT=words is not None and x.dtype == torch.bfloat16, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(),
     )  # fmt: skip
