@@ -198,6 +198,8 @@ GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k,
     (16, 512, 2, 2, 1),
     # num_stages 2: weight tiles two iterations ahead (whole K tiles only; a ragged K runs the stages-1 loop)
     (8, 256, 1, 1, 2), (16, 256, 1, 1, 2), (8, 512, 1, 2, 2), (8, 1024, 1, 4, 2),
+    # four rows a program: twice the programs for the narrow shapes (o, down: N = 5376 rows)
+    (4, 1024, 1, 2, 1), (4, 1024, 1, 2, 2),
 )
 GEMV_SWEEP_T4 = ((16, 256, 1, 1, 1), (16, 1024, 1, 4, 1))  # at 3-4 tokens the SASS bound is below HBM's: a check
 MAGIC_SWEEP = ((32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (64, 256, 4, 4, 3), (128, 128, 1, 8, 3))
