@@ -132,7 +132,7 @@ def compile_moe_variant(v: Variant) -> Any:
                  "scale_ptr": "*bf16", "pair_ptr": "*bf16", "counter_ptr": "*i32", "out_ptr": f"*{v.act}"}
         constexprs = {"TOP_K": 8, "ROW_TILES_STRIDE": 2048}
     constexprs.update(BLOCK_N=v.block_n, BLOCK_K=v.block_k, EVEN_K=True, W_INT8=int8)
-    optional = {"W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False}
+    optional = {"W_WORDS": words, "PRMT": words and v.prmt, "USE_PDL": False, "INT_DOT": words and v.act == "bf16"}
     constexprs.update({name: value for name, value in optional.items() if name in fn.arg_names})
     constexprs.update(v.extra)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}

@@ -317,10 +317,11 @@ PDL_COMPILE = textwrap.dedent('''
               MAGIC=False)),
         (fused_moe._moe_sum_kernel, {}, dict(TOP_K=8, BLOCK_H=1024)),
         (moe_decode._gate_up_kernel, {"ids_ptr": "*i64"},
-         dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, W_WORDS=False, PRMT=False)),
+         dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, W_WORDS=False, PRMT=False,
+              INT_DOT=False)),
         (moe_decode._down_kernel, {"w_ptr": "*i32", "ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
          dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=True, W_WORDS=True,
-              PRMT=True)),  # int8 experts as words
+              PRMT=True, INT_DOT=True)),  # int8 experts as words, bf16 activations as fixed point
         (gated_activation._gated_activation_kernel, {}, dict(GELU_TANH=True, BLOCK=1024, LIBDEVICE_TANH=True)),
         (greedy_head._greedy_head_slices_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
@@ -334,7 +335,7 @@ PDL_COMPILE = textwrap.dedent('''
               MAGIC=False)),
         (int8_gemv.int8_gemv_kernel, {"w_ptr": "*i32"},
          dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=True, W_WORDS=True, PRMT=True,
-              GATED=1, UP_IN_MEMORY=False, LIBDEVICE_TANH=True, DEEP=True)),
+              GATED=1, UP_IN_MEMORY=False, LIBDEVICE_TANH=True, DEEP=True, INT_DOT=True)),
         (streamed_linear._split_k_reduce_kernel, {"part_ptr": "*fp32"}, dict(SPLIT_K=4, HAS_SCALE=False, BLOCK=1024)),
     ]
     # every kernel of the package that takes part in PDL is compiled here

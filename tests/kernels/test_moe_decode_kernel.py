@@ -251,7 +251,7 @@ _COMPILE = textwrap.dedent('''
                   "pair_ptr": "*fp32" if topk_w == "*fp32" else "*bf16", "counter_ptr": "*i32", "out_ptr": "*bf16"},
                  {"TOP_K": 8, "ROW_TILES_STRIDE": 2048})):
             constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=length % block_k == 0, W_INT8=int8,
-                              W_WORDS=words, PRMT=words, USE_PDL=False)
+                              W_WORDS=words, PRMT=words, USE_PDL=False, INT_DOT=words)
             signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
             attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
                      if n.endswith("_ptr") or n.startswith("stride") or n in ("H", "inter_size")}
@@ -261,6 +261,7 @@ _COMPILE = textwrap.dedent('''
             if words:  # two words (8 columns) a load and thread, each byte placed by one permute
                 assert "ld.global.v2.b32" in ptx or "ld.global.nc.v2.b32" in ptx, (fn.__name__, hidden, "v2")
                 assert "prmt.b32" in ptx, (fn.__name__, hidden, "no byte permute")
+                assert "dp2a.lo.s32.s32" in ptx, (fn.__name__, hidden, "bf16 activations: the integer dot")
                 # at the int8 tiles the activations stay in the threads of their weight columns: no shared-memory
                 # tile of them (256 bf16 columns: 512 bytes) exchanged every K tile
                 assert kernel.metadata.shared < 2 * block_k, (fn.__name__, hidden, kernel.metadata.shared)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["fixed_point_dot"]
+__all__ = ["fixed_point_accumulate", "fixed_point_dot", "fixed_point_tile"]
 
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: |v| < 2**22 plus this rounds v to an integer, kept in the bits
 _EXPONENT_FLOOR = tl.constexpr(15)  # the smallest word exponent: step = 2**(15 - 141) = 2**-126, a normal fp32
@@ -88,13 +88,27 @@ def _dp2a_word(lo, hi, w, PTX: tl.constexpr):
 
 
 @triton.jit
-def fixed_point_dot(acc, w, x, WORDS: tl.constexpr, PTX: tl.constexpr):
-    """``acc [BN, WORDS]`` += one token's products with a tile of int8 words ``w [BN, WORDS]`` (four columns a word,
-    byte ``i`` = column ``4j + i``), ``x [4 * WORDS]`` bf16 the tile's activations: per word the fixed point's
-    exact integer sum times its unit (one rounding, in the FMA)."""
+def fixed_point_tile(x, WORDS: tl.constexpr, PTX: tl.constexpr):
+    """One token's activation tile ``x [4 * WORDS]`` (bf16) as the fixed point of the module docstring, ready for
+    ``fixed_point_accumulate``: ``(lo, hi, step)``, each ``[WORDS]``. Compute it once per tile and token and share
+    it across every weight tile it multiplies."""
     even, odd = tl.split(tl.reshape(x, (WORDS, 2, 2)))  # columns 4j+i: the thread's contiguous elements
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
-    lo, hi, step = _fixed_point_word(x0, x1, x2, x3, PTX)
+    return _fixed_point_word(x0, x1, x2, x3, PTX)
+
+
+@triton.jit
+def fixed_point_accumulate(acc, w, lo, hi, step, PTX: tl.constexpr):
+    """``acc [BN, WORDS]`` += the products of the int8 words ``w [BN, WORDS]`` (byte ``i`` = column ``4j + i``)
+    with a ``fixed_point_tile``: per word the exact integer sum times its unit (one rounding, in the FMA)."""
     dots = _dp2a_word(tl.broadcast_to(lo[None, :], w.shape), tl.broadcast_to(hi[None, :], w.shape), w, PTX)
     return tl.fma(dots.to(tl.float32), step[None, :], acc)
+
+
+@triton.jit
+def fixed_point_dot(acc, w, x, WORDS: tl.constexpr, PTX: tl.constexpr):
+    """``fixed_point_accumulate`` of ``w`` with ``fixed_point_tile(x)``: one token's bf16 tile ``x [4 * WORDS]``
+    times a tile of int8 words ``w [BN, WORDS]``, added to ``acc [BN, WORDS]``."""
+    lo, hi, step = fixed_point_tile(x, WORDS, PTX)
+    return fixed_point_accumulate(acc, w, lo, hi, step, PTX)

@@ -31,7 +31,10 @@ byte permute (``words_to_fp32_exact``), and the activations are split the same w
 ``i`` of word ``j``) into one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per row set. At the int8 tiles
 (``_INT8_WORD_TILES``) the K loop issues 3.8-4.3 sm_90 instructions per int8 byte; single bytes, converted one at
 a time at the float tiles (the path before words; other layouts still take it), issued 5.1-7.6
-(``bench/sass_mix.py --only moe``, Triton 3.6).
+(``bench/sass_mix.py --only moe``, Triton 3.6). With bf16 activations the words skip the conversion: each
+activation tile becomes 16-bit fixed point once, shared by the gate and up rows, and the products are integer dot
+products (``kernels/int8_fixed_dot.py``; activations far below their word's largest are rounded, at most
+``2**-16`` of it).
 
 Pairs whose expert id is outside [0, E) contribute zeros (``fused_moe`` leaves their rows undefined). No host
 syncs; the scratch comes from the caching allocator and the counters are a zeroed buffer per device that each
@@ -49,6 +52,7 @@ import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.fused_moe import act_times_up
+from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile
 from inference_server.kernels.int8_dequant import (
     fma_words,
     int8_to_fp32_exact,
@@ -190,13 +194,15 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
 
 @triton.jit
 def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EVEN_K: tl.constexpr, PRMT: tl.constexpr):
+                      EVEN_K: tl.constexpr, PRMT: tl.constexpr, INT_DOT: tl.constexpr):
     """``_stream_rows`` for int8 weights read as int32 words: ``rows [BN]`` point at each row's first word (an
     ``int32`` pointer, ``row_stride`` in words), ``length`` counts int8 columns (a multiple of 8) and ``BLOCK_K``
     columns a tile (a multiple of 8). Word ``j`` holds columns ``4j .. 4j+3`` (byte ``i`` is column ``4j + i``);
     the activations are split into the same four column sets (``fma_words``), so no value crosses threads in the
     loop and each accumulator ``[BN, BLOCK_K / 4]`` is summed once at the end. ``PRMT``: bytes placed by the PTX
-    byte permute (compiled kernels only; the interpreter takes shifts and masks).
+    byte permute (compiled kernels only; the interpreter takes shifts and masks). ``INT_DOT`` (bf16 activations):
+    the words stay integers and each activation tile becomes fixed point once for both row sets
+    (``kernels/int8_fixed_dot.py``, as in ``int8_gemv``).
 
     The next tile's loads go out before this tile's arithmetic (as in ``_stream_rows``). EVEN_K: no load is
     masked; the last iteration's prefetch re-reads its own tile (the pointers stop advancing, ``int8_gemv``'s
@@ -246,11 +252,17 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
                 b_next = tl.load(w_ptrs + row_stride, mask=w_next_ok, other=0)
             else:
                 b_next = a_next
-        a0, a1, a2, a3 = words_to_fp32_exact(a, PRMT)
-        acc_a = fma_words(acc_a, a0, a1, a2, a3, x, WORDS)
-        if TWO:
-            b0, b1, b2, b3 = words_to_fp32_exact(b, PRMT)
-            acc_b = fma_words(acc_b, b0, b1, b2, b3, x, WORDS)
+        if INT_DOT:
+            lo, hi, step = fixed_point_tile(x, WORDS, PRMT)
+            acc_a = fixed_point_accumulate(acc_a, a, lo, hi, step, PRMT)
+            if TWO:
+                acc_b = fixed_point_accumulate(acc_b, b, lo, hi, step, PRMT)
+        else:
+            a0, a1, a2, a3 = words_to_fp32_exact(a, PRMT)
+            acc_a = fma_words(acc_a, a0, a1, a2, a3, x, WORDS)
+            if TWO:
+                b0, b1, b2, b3 = words_to_fp32_exact(b, PRMT)
+                acc_b = fma_words(acc_b, b0, b1, b2, b3, x, WORDS)
         a = a_next
         b = b_next
         x = x_next
@@ -281,6 +293,7 @@ def _gate_up_kernel(
     W_INT8: tl.constexpr,
     W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
+    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the expert ids and the activations come from earlier launches (which expert's rows to stream
@@ -297,7 +310,7 @@ def _gate_up_kernel(
     rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
     x_row = x_ptr + token * stride_xt
     if W_WORDS:
-        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT)
+        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
         gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
@@ -338,6 +351,7 @@ def _down_kernel(
     W_INT8: tl.constexpr,
     W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
+    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and the
@@ -355,7 +369,7 @@ def _down_kernel(
     rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
     x_row = inter_ptr + pair.to(tl.int64) * inter_size
     if W_WORDS:
-        y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT)
+        y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
         y, _ = _stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
@@ -432,6 +446,7 @@ def fused_moe_decode(
     if T == 0:
         return out
     cfg = config or moe_decode_config(H, inter_size, hidden.element_size(), int8=w_int8)
+    int_dot = hidden.dtype == torch.bfloat16  # int8 words meet bf16 activations as fixed point (int8_fixed_dot)
     row_tiles = triton.cdiv(H, cfg.down_block_n)
     if row_tiles > _MAX_ROW_TILES:
         raise ValueError(f"hidden size {H} needs {row_tiles} row tiles of {cfg.down_block_n}; at most "
@@ -448,7 +463,7 @@ def fused_moe_decode(
         hidden.stride(0), gu_w.stride(0), gu_w.stride(1), gu_scale.stride(0), gu_scale.stride(1),
         TOP_K=K, ACT=ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
         EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, W_WORDS=gu_words, PRMT=gu_words and not _INTERPRETED,
-        num_warps=cfg.gate_up_warps, **pdl_launch(),
+        INT_DOT=gu_words and int_dot, num_warps=cfg.gate_up_warps, **pdl_launch(),
     )  # fmt: skip
     pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
     dn_scale = w_down_scale if w_down_scale is not None else w_down
@@ -458,6 +473,6 @@ def fused_moe_decode(
         dn_w.stride(0), dn_w.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
         EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
-        PRMT=dn_words and not _INTERPRETED, num_warps=cfg.down_warps, **pdl_launch(),
+        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot, num_warps=cfg.down_warps, **pdl_launch(),
     )  # fmt: skip
     return out
