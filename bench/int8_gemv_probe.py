@@ -7,13 +7,19 @@ the next tile's loads before this tile's arithmetic, whole K tiles), with two sw
 * ``MODE`` 0: the engine's arithmetic (byte permute into 2**23's mantissa, float add, FMA); 1: no arithmetic, the
   words XORed into an integer accumulator (the same loads, the same registers in flight): the read pattern's own
   ceiling.
+* ``MODE`` 2: the activations pre-quantized on the host to a 16-bit fixed point with one scale, split in two int8
+  limbs, and the products as ``dp4a`` integer dot products: no weight conversion at all (the measurement that led
+  to ``kernels/int8_fixed_dot.py``, whose fixed point is per word and computed in the kernel);
+* ``RUN`` 2: two words a thread and load (8-byte loads, the engine's); 4: four (16-byte loads);
 * ``TILED`` 0: the engine's row-major ``[N, K]`` weights (a program reads ``BLOCK_N`` rows' ``BLOCK_K``-byte
   segments each tile, far apart); 1: the weights repacked ``[N / BLOCK_N, K / BLOCK_K, BLOCK_N, BLOCK_K]`` so a
-  program's tile is one contiguous ``BLOCK_N x BLOCK_K`` chunk and its tiles follow each other in memory.
+  program's tile is one contiguous ``BLOCK_N x BLOCK_K`` chunk and its tiles follow each other in memory (measured
+  in the first call of 2026-12-01's fourth session: no gain; the table below no longer times it).
 
 Each cell is the median per-call time of ``--reps`` replays of a CUDA graph of consecutive calls over enough
 weight copies that no call finds its weights in L2 (``graph_timing``), as a fraction of 4.3 TB/s. The engine's
-kernel with its tuned config is timed beside, as the check that the probe's MODE 0 / TILED 0 cell is the engine's.
+kernel with its tuned config is timed beside (since the integer dot, the engine's kernel is that path).
+Results: ``bench/results/2026-12-01-h200/session4/probe_and_sweep.md``.
 
 Usage (on the GPU, ~1 min): ``python3 bench/int8_gemv_probe.py [--reps 20]``
 """
