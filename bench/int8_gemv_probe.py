@@ -27,6 +27,7 @@ Usage (on the GPU, ~1 min): ``python3 bench/int8_gemv_probe.py [--reps 20]``
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -37,9 +38,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # noqa: E402
-
-from inference_server.kernels.int8_dequant import fma_words, word_pair_offsets, words_to_fp32_exact  # noqa: E402
+from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls
+from inference_server.kernels.int8_dequant import fma_words, word_pair_offsets, words_to_fp32_exact
 
 HBM_BYTES_PER_S = 4.3e12
 SHAPES = (("31b qkv", 16384, 5376), ("31b o", 5376, 8192), ("31b gate_up", 43008, 5376), ("31b down", 5376, 21504))
@@ -121,6 +121,15 @@ def tiled(q: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
     return q.view(n // block_n, block_n, k // block_k, block_k).permute(0, 2, 1, 3).contiguous().view(n, k)
 
 
+def launch_probe(w: torch.Tensor, scale: torch.Tensor, *, x: torch.Tensor, out: torch.Tensor,
+                 limbs: tuple[torch.Tensor, torch.Tensor, float], n: int, k: int, block_n: int, block_k: int,
+                 warps: int, mode: int, run: int) -> None:
+    """One probe launch over ``w`` (int32 words of an ``[n, k]`` int8 weight) into ``out``."""
+    x_hi, x_lo, x_scale = limbs
+    probe_kernel[(n // block_n,)](x, w, scale, out, k, x_hi, x_lo, x_scale, BLOCK_N=block_n, BLOCK_K=block_k,
+                                  TILED=0, MODE=mode, RUN=run, num_warps=warps)
+
+
 def limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     """x [K] as a 16-bit fixed point with one scale, split in two int8 limbs packed four to an int32 word: the
     high limb signed, the low one unsigned (``q = 256 * hi + lo``)."""
@@ -154,7 +163,7 @@ def main() -> None:
         x_hi, x_lo, x_scale = limbs(x.view(-1))
         out = torch.empty(n, device=device, dtype=torch.bfloat16)
         nbytes = n * k + 2 * k + 4 * n
-        engine = [lambda q=q, s=s: int8_linear(x, q, s) for q, s in quantized]
+        engine = [functools.partial(int8_linear, x, q, s) for q, s in quantized]
         engine_s = time_calls([engine[i % copies] for i in range(calls_per_graph(copies))], device, a.reps)
         expected = int8_linear(x, *quantized[0]).float().view(-1)
         print(f"| {name} [{n}x{k}] | engine (tuned) | {engine_s * 1e6:.1f} ({nbytes / engine_s / HBM_BYTES_PER_S:.2f})"
@@ -165,16 +174,16 @@ def main() -> None:
                 continue
             cells = []
             for mode, run in ((0, 2), (1, 2), (2, 2), (2, 4), (1, 4)):
-                def call(w: torch.Tensor, s: torch.Tensor, mode: int = mode, run: int = run) -> None:
-                    probe_kernel[(n // block_n,)](x, w, s, out, k, x_hi, x_lo, x_scale, BLOCK_N=block_n,
-                                                  BLOCK_K=block_k, TILED=0, MODE=mode, RUN=run, num_warps=warps)
+                launch = dict(x=x, out=out, limbs=(x_hi, x_lo, x_scale), n=n, k=k, block_n=block_n, block_k=block_k,
+                              warps=warps, mode=mode, run=run)
                 if mode != 1:
-                    call(weights[0], quantized[0][1])
+                    launch_probe(weights[0], quantized[0][1], **launch)
                     err = (out.float() - expected).abs().max().item()
                     if err > 2**-6 * expected.abs().max().item():
                         raise SystemExit(f"probe output differs on {name} ({block_n}, {block_k}, {warps}) mode "
                                          f"{mode}: {err}")
-                calls = [lambda w=w, s=s[1]: call(w, s) for w, s in zip(weights, quantized)]
+                calls = [functools.partial(launch_probe, w, q[1], **launch)
+                         for w, q in zip(weights, quantized, strict=True)]
                 secs = time_calls([calls[i % copies] for i in range(calls_per_graph(copies))], device, a.reps)
                 cells.append(f"{secs * 1e6:.1f} ({nbytes / secs / HBM_BYTES_PER_S:.2f})")
             print(f"| {name} | {block_n}, {block_k}, {warps} | " + " | ".join(cells) + " |", flush=True)

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from inference_server.kernels.int8_linear_configs import (  # noqa: E402
+from inference_server.kernels.int8_linear_configs import (
     CONFIG_DIR,
     DENSE_CONFIG_DIR,
     config_file_name,

@@ -50,7 +50,6 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.gated_activation import gated_product
-from inference_server.kernels.int8_fixed_dot import fixed_point_dot
 from inference_server.kernels.int8_dequant import (
     fma_words,
     int8_to_fp32_exact,
@@ -58,6 +57,7 @@ from inference_server.kernels.int8_dequant import (
     word_pair_offsets,
     words_to_fp32_exact,
 )
+from inference_server.kernels.int8_fixed_dot import fixed_point_dot
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 

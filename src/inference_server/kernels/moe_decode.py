@@ -52,7 +52,6 @@ import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.fused_moe import act_times_up
-from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile
 from inference_server.kernels.int8_dequant import (
     fma_words,
     int8_to_fp32_exact,
@@ -60,6 +59,7 @@ from inference_server.kernels.int8_dequant import (
     word_pair_offsets,
     words_to_fp32_exact,
 )
+from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation

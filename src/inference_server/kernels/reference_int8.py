@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["dequantize_int8", "fixed_point_activations", "int8_gemv_fixed_point_reference", "int8_linear_reference", "quantize_int8_per_channel"]
+__all__ = ["dequantize_int8", "fixed_point_activations", "int8_gemv_fixed_point_reference", "int8_linear_reference",
+           "quantize_int8_per_channel"]
 
 INT8_MAX = 127
 
