@@ -29,10 +29,19 @@ cannot run inline assembly, shifts and int32 products compute the same integers.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fixed_point_accumulate", "fixed_point_dot", "fixed_point_tile"]
+from inference_server.kernels.int8_dequant import split4_row
+
+__all__ = ["fixed_point_accumulate", "fixed_point_dot", "fixed_point_tile", "takes_fixed_point"]
+
+def takes_fixed_point(activation_dtype: torch.dtype) -> bool:
+    """Whether GEMVs over int8 words take these activations as fixed point: bf16 only (8 significant bits, so the
+    bound above holds); other dtypes keep the exact float products."""
+    return activation_dtype == torch.bfloat16
+
 
 _ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: |v| < 2**22 plus this rounds v to an integer, kept in the bits
 _EXPONENT_FLOOR = tl.constexpr(15)  # the smallest word exponent: step = 2**(15 - 141) = 2**-126, a normal fp32
@@ -92,9 +101,7 @@ def fixed_point_tile(x, WORDS: tl.constexpr, PTX: tl.constexpr):
     """One token's activation tile ``x [4 * WORDS]`` (bf16) as the fixed point of the module docstring, ready for
     ``fixed_point_accumulate``: ``(lo, hi, step)``, each ``[WORDS]``. Compute it once per tile and token and share
     it across every weight tile it multiplies."""
-    even, odd = tl.split(tl.reshape(x, (WORDS, 2, 2)))  # columns 4j+i: the thread's contiguous elements
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
+    x0, x1, x2, x3 = split4_row(x, WORDS)  # columns 4j+i: the thread's contiguous elements
     return _fixed_point_word(x0, x1, x2, x3, PTX)
 
 

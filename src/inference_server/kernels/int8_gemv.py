@@ -57,7 +57,7 @@ from inference_server.kernels.int8_dequant import (
     word_pair_offsets,
     words_to_fp32_exact,
 )
-from inference_server.kernels.int8_fixed_dot import fixed_point_dot
+from inference_server.kernels.int8_fixed_dot import fixed_point_dot, takes_fixed_point
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
@@ -332,6 +332,6 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
         GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, UP_IN_MEMORY=up is not None,
         LIBDEVICE_TANH=not interpreted, DEEP=num_stages >= 2 and K % block_k == 0,
-        INT_DOT=words is not None and x.dtype == torch.bfloat16, num_warps=num_warps,
+        INT_DOT=words is not None and takes_fixed_point(x.dtype), num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(),
     )  # fmt: skip

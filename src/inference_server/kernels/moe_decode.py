@@ -59,7 +59,7 @@ from inference_server.kernels.int8_dequant import (
     word_pair_offsets,
     words_to_fp32_exact,
 )
-from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile
+from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile, takes_fixed_point
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
@@ -446,7 +446,7 @@ def fused_moe_decode(
     if T == 0:
         return out
     cfg = config or moe_decode_config(H, inter_size, hidden.element_size(), int8=w_int8)
-    int_dot = hidden.dtype == torch.bfloat16  # int8 words meet bf16 activations as fixed point (int8_fixed_dot)
+    int_dot = takes_fixed_point(hidden.dtype)  # int8 words meet bf16 activations as fixed point (int8_fixed_dot)
     row_tiles = triton.cdiv(H, cfg.down_block_n)
     if row_tiles > _MAX_ROW_TILES:
         raise ValueError(f"hidden size {H} needs {row_tiles} row tiles of {cfg.down_block_n}; at most "
