@@ -189,10 +189,11 @@ UNTUNED = ("before", "untuned")
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
                  device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
                  quantization: str = "none", profile_batches: tuple[int, ...] = (1,),
-                 int8_embeddings: str = "auto") -> None:
+                 int8_embeddings: str = "auto", max_model_len: int | None = None) -> None:
     """Per variant: build the runner (graphs captured), count the B=1 kernels and time each kernel of a step at
     ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
-    listed)."""
+    listed). ``max_model_len``: the runner's model length (default: just what the timed steps need); the decode
+    attention's split count follows it, so a server's length (e.g. 8192) times the splits it would run."""
     from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
     from inference_server.backends.paged_kv import PagedKVStorage, group_of
     from inference_server.models.loading.loader import build_model, init_dummy_weights
@@ -233,7 +234,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 
     for variant in variants:
         moe_configs.use_tuned_configs(variant not in UNTUNED)
-        options = CudaRunnerOptions(max_model_len=blocks_per_seq * bs, max_batch_size=max_b,
+        options = CudaRunnerOptions(max_model_len=max(max_model_len or 0, blocks_per_seq * bs), max_batch_size=max_b,
                                     capture=device.type == "cuda", **VARIANTS[variant])
         runner = CudaModelRunner(model, spec, storage, device, options)
         emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
@@ -479,6 +480,9 @@ def main() -> None:
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: dry run of the script (tiny preset, interpreter)")
     ap.add_argument("--quantization", default="none", choices=("none", "int8"), help="QUANTIZATION of the model")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="decode: the runner's model length (default: what the timed steps need); the decode "
+                         "attention's split count follows it")
     ap.add_argument("--int8-embeddings", default="auto", choices=("auto", "on", "off"),
                     help="INT8_EMBEDDINGS of the model (on: the lm_head int8 too, and the fused int8 greedy head)")
     a = ap.parse_args()
@@ -497,7 +501,8 @@ def main() -> None:
     if not a.skip_decode:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
                      tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization,
-                     tuple(int(b) for b in a.profile_batches.split(",") if b.strip()), a.int8_embeddings)
+                     tuple(int(b) for b in a.profile_batches.split(",") if b.strip()), a.int8_embeddings,
+                     a.max_model_len)
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
         bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization,

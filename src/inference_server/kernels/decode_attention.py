@@ -305,6 +305,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,  # [B, nH, D], e.g. a static CUDA-graph buffer
     block_n: int | None = None,
     fused_reduce: bool = True,
+    num_stages: int = 2,
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
@@ -344,7 +345,7 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
         num_warps=num_warps,
-        num_stages=2,
+        num_stages=num_stages,
         **pdl_launch(),
     )
     win = NO_WINDOW if window is None else window

@@ -47,11 +47,20 @@ def _gemma_norm(x, w, n_cols, eps):
 
 
 @triton.jit
-def _store_norm(yf, w_ptr, out_ptr, row, stride, cols, mask, n_cols, eps):
-    """``norm(yf; w)`` rounded to the output's dtype, stored in row ``row`` of ``out``."""
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+def _store_norm(yf, w, out_ptr, row, stride, cols, mask, n_cols, eps):
+    """``norm(yf; w)`` (w loaded in fp32) rounded to the output's dtype, stored in row ``row`` of ``out``."""
     z = _gemma_norm(yf, w, n_cols, eps).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride + cols, z, mask=mask)
+
+
+@triton.jit
+def _load_row(ptr, cols, mask, PRESENT: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``ptr[cols]`` in fp32 when ``PRESENT``, zeros (nothing read) otherwise."""
+    if PRESENT:
+        out = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        out = tl.zeros([BLOCK], dtype=tl.float32)
+    return out
 
 
 @triton.jit
@@ -65,39 +74,48 @@ def _norm_add_kernel(
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    # PDL (kernels.pdl): every input but the weights comes from earlier kernels, so wait first; one short program
-    # per row, so release the next launch at once (its CTAs get resident and wait while this one runs).
-    pdl_wait(USE_PDL)
-    pdl_release(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    a = tl.load(a_ptr + row * sa + cols, mask=mask, other=0.0)
-    dtype = a.dtype
+    # Every norm weight and the layer scale are model weights (never written in a step): loaded before the PDL wait,
+    # so their DRAM latency overlaps the predecessor's tail (kernels.pdl's invariant allows weights there only).
     wa = tl.load(wa_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    wb = _load_row(wb_ptr, cols, mask, HAS_B, BLOCK)
+    ws = _load_row(ws_ptr, cols, mask, HAS_SUM_NORM, BLOCK)
+    wz0 = _load_row(wz0_ptr, cols, mask, NUM_Z > 0, BLOCK)
+    wz1 = _load_row(wz1_ptr, cols, mask, NUM_Z > 1, BLOCK)
+    wz2 = _load_row(wz2_ptr, cols, mask, NUM_Z > 2, BLOCK)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr).to(tl.float32)
+    else:
+        s = 1.0
+    # PDL: every other input comes from earlier kernels, so wait here; one short program per row, so release the next
+    # launch at once (its CTAs get resident and wait while this one runs). The activations are all loaded right after
+    # the wait: one memory round trip, not one per input.
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
+    a = tl.load(a_ptr + row * sa + cols, mask=mask, other=0.0)
+    b = _load_row(b_ptr + row * sb, cols, mask, HAS_B, BLOCK)
+    r = _load_row(res_ptr + row * sr, cols, mask, HAS_RES, BLOCK)
+    dtype = a.dtype
     y = _gemma_norm(a.to(tl.float32), wa, n_cols, eps_a).to(dtype)
     if HAS_B:
-        b = tl.load(b_ptr + row * sb + cols, mask=mask, other=0.0).to(tl.float32)
-        wb = tl.load(wb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         nb = _gemma_norm(b, wb, n_cols, eps_b).to(dtype)
         y = (y.to(tl.float32) + nb.to(tl.float32)).to(dtype)
     if HAS_SUM_NORM:
-        ws = tl.load(ws_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         y = _gemma_norm(tl.where(mask, y.to(tl.float32), 0.0), ws, n_cols, eps_s).to(dtype)
     if HAS_RES:
-        r = tl.load(res_ptr + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
         y = (r + y.to(tl.float32)).to(dtype)
     if HAS_SCALE:
-        s = tl.load(scale_ptr).to(tl.float32)
         y = (y.to(tl.float32) * s).to(dtype)
     tl.store(y_ptr + row * sy + cols, y, mask=mask)
     yf = tl.where(mask, y.to(tl.float32), 0.0)
     if NUM_Z > 0:
-        _store_norm(yf, wz0_ptr, z0_ptr, row, sz0, cols, mask, n_cols, eps_z0)
+        _store_norm(yf, wz0, z0_ptr, row, sz0, cols, mask, n_cols, eps_z0)
     if NUM_Z > 1:
-        _store_norm(yf, wz1_ptr, z1_ptr, row, sz1, cols, mask, n_cols, eps_z1)
+        _store_norm(yf, wz1, z1_ptr, row, sz1, cols, mask, n_cols, eps_z1)
     if NUM_Z > 2:
-        _store_norm(yf, wz2_ptr, z2_ptr, row, sz2, cols, mask, n_cols, eps_z2)
+        _store_norm(yf, wz2, z2_ptr, row, sz2, cols, mask, n_cols, eps_z2)
 
 
 def _check(name: str, t: torch.Tensor | None, like: torch.Tensor) -> None:

@@ -60,11 +60,6 @@ def _qk_norm_rope_kernel(
     GEMMA: tl.constexpr, NORM_V: tl.constexpr, NUM_OUT: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    # PDL (kernels.pdl): q/k/v, cos/sin and the slot mapping come from earlier launches, and the outputs and KV-cache
-    # rows must not be written before they have completed: wait first. One short program per (token, head), so
-    # release the next launch at once (its CTAs get resident and wait while this one runs).
-    pdl_wait(USE_PDL)
-    pdl_release(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_HALF)
@@ -84,8 +79,27 @@ def _qk_norm_rope_kernel(
     else:
         src = v_ptr + token * v_st + (head - NUM_Q - NUM_K) * v_sh
         dst = vo_ptr + token * vo_st + (head - NUM_Q - NUM_K) * (2 * HALF)
-        w_ptr = qw_ptr  # not read: v has no weight
+        w_ptr = qw_ptr  # read, never used: v has no weight
         cache, c_sb, c_st = vc_ptr + (head - NUM_Q - NUM_K) * vc_sh, vc_sb, vc_st
+    # The norm weights are model weights (never written in a step): loaded before the PDL wait, so their DRAM
+    # latency overlaps the predecessor's tail (kernels.pdl's invariant allows weights there, nothing else).
+    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    # PDL: q/k/v, cos/sin and the slot mapping come from earlier launches, and the outputs and KV-cache rows must not
+    # be written before they have completed: wait here. One short program per (token, head), so release the next
+    # launch at once (its CTAs get resident and wait while this one runs). Every read that needs the wait is issued
+    # right after it, so the program pays one memory round trip instead of one per dependent load.
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
+    cs = token * cs_st
+    cos1 = tl.load(cos_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    if STORE:
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+    else:
+        slot = token * 0 - 1  # never read: nothing is stored
     x1 = tl.load(src + offs, mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
     dtype = x1.dtype
@@ -95,8 +109,6 @@ def _qk_norm_rope_kernel(
     y1 = x1f * inv
     y2 = x2f * inv
     if has_weight:
-        w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
         if not GEMMA:  # Qwen: cast to the input dtype, then times the weight
             y1 = y1.to(dtype).to(tl.float32)
             y2 = y2.to(dtype).to(tl.float32)
@@ -105,11 +117,6 @@ def _qk_norm_rope_kernel(
     n1 = y1.to(dtype)  # the norm's output, rounded as rmsnorm stores it
     n2 = y2.to(dtype)
     if rotate:
-        cs = token * cs_st
-        cos1 = tl.load(cos_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
-        cos2 = tl.load(cos_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-        sin1 = tl.load(sin_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
-        sin2 = tl.load(sin_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
         # out1 = n1 * cos1 + (-n2) * sin1 ; out2 = n2 * cos2 + n1 * sin2, each product and sum rounded to dtype
         a1 = (n1.to(tl.float32) * cos1).to(dtype)
         b1 = (-(n2.to(tl.float32)) * sin1).to(dtype)  # negation is exact; the interpreter cannot negate bf16
@@ -127,7 +134,6 @@ def _qk_norm_rope_kernel(
     tl.store(dst + HALF + offs, n2, mask=out_mask)
     if STORE:  # noqa: SIM102 (a compile-time branch: Triton does not `and` a constexpr with a tensor)
         if head >= NUM_Q:  # k and v rows: kernels.kv_store's write of this row, from the same registers
-            slot = tl.load(slot_ptr + token).to(tl.int64)
             cache_mask = mask & (offs * 0 + slot >= 0)
             safe = tl.maximum(slot, 0)
             row = cache + (safe // PAGE) * c_sb + (safe % PAGE) * c_st
