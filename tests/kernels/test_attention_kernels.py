@@ -335,8 +335,10 @@ def test_fused_split_merge_equals_the_reduce_kernel(num_heads: int, num_kv_heads
 
 def test_choose_num_splits() -> None:
     assert choose_num_splits(64, 8, 8192) == 1  # 512 programs already fill the GPU
-    assert choose_num_splits(1, 4, 8192) == 32  # 4 programs: up to 2 waves, >= 256 keys per split
-    assert choose_num_splits(1, 4, 300) == 1  # too short to split
+    assert choose_num_splits(1, 4, 8192) == 64  # 4 programs: up to 2 waves (66), capped
+    assert choose_num_splits(1, 16, 8192) == 17  # 16 programs: 2 waves
+    assert choose_num_splits(1, 16, 600) == 9  # >= 64 keys per split of the longest range
+    assert choose_num_splits(1, 4, 60) == 1  # too short to split
     assert choose_num_splits(1, 1, 1 << 20) == 64  # capped
     assert choose_num_splits(1, 4, 8192, num_sms=H200_NUM_SMS) == choose_num_splits(1, 4, 8192)
 
@@ -484,10 +486,10 @@ _DECODE_COMPILE = textwrap.dedent('''
 
     target = GPUTarget("cuda", 90, 64)
     # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits
-    for group, head_dim, block_n, warps, chunk in ((8, 128, 64, 4, 4), (2, 256, 64, 8, 2), (8, 512, 32, 8, 1)):
+    for group, head_dim, block_n, warps, chunk in ((8, 128, 64, 4, 16), (2, 256, 64, 8, 16), (8, 512, 32, 8, 4)):
         constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
                           DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk,
-                          USE_PDL=False)
+                          BLOCK_R=group, USE_PDL=False)
         types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
                  "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
                  "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"}

@@ -294,7 +294,7 @@ PDL_COMPILE = textwrap.dedent('''
          {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
           "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"},
          dict(PAGE=16, G=8, BLOCK_G=16, D=128, BLOCK_D=128, BLOCK_N=64, SPLIT=True, DOT_PRECISION="tf32",
-              UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=4)),
+              UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=16, BLOCK_R=8)),
         (decode_attention._decode_reduce_kernel,
          {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "context_lens_ptr": "*i32"},
          dict(D=128, BLOCK_D=128, BLOCK_S=64, BLOCK_N=64)),

@@ -44,13 +44,16 @@ LOG2E = 1.4426950408889634
 # kernels upcast bf16 tiles to fp32 before each dot. Compiled kernels never take that branch.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 NO_WINDOW = 1 << 30  # "window" passed to the kernels when there is none
-MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 64
+"""A split of the longest visible range holds at least one key tile: more splits than that would stay empty. (Each
+sequence shares its own range out at run time, so at a short context the splits hold a tile each.)"""
 MAX_SPLITS = 64
 H200_NUM_SMS = 132
 _MAX_FUSED_HEADS = 4096
 """Most (sequence, kv head) programs the fused split merge takes (split-KV runs only below one per SM anyway)."""
-_MERGE_ELEMENTS = 8192
-"""fp32 values of split accumulators the merging program loads at a time (32 KB)."""
+_MERGE_ELEMENTS = 16384
+"""fp32 values of split accumulators the merging program loads at a time (64 KB: with G <= 2 heads of D = 256, or
+G = 8 of D = 128, the 16 splits of a short context at decode in one load)."""
 
 
 @triton.jit
@@ -67,14 +70,20 @@ def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, rows, out_offse
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
     sm = row_mask[:, None] & (offs_s < n_active)[None, :]  # [R, BLOCK_S]
+    offs_c = tl.arange(0, SPLIT_CHUNK)
+    # Every load the first chunk of splits needs is issued at once, before any of them is used: when the active
+    # splits fit one chunk (a short context at decode) the merge costs one L2 round trip, not two.
     m = tl.load(part_m_ptr + rows[:, None] + offs_s[None, :], mask=sm, other=float("-inf"), cache_modifier=".cg")
     l_part = tl.load(part_l_ptr + rows[:, None] + offs_s[None, :], mask=sm, other=0.0, cache_modifier=".cg")
+    cm = row_mask[:, None] & (offs_c < n_active)[None, :]  # [R, C]
+    m_first = tl.load(part_m_ptr + rows[:, None] + offs_c[None, :], mask=cm, other=float("-inf"), cache_modifier=".cg")
+    part = tl.load(part_acc_ptr + (rows[:, None, None] + offs_c[None, :, None]) * D + offs_d[None, None, :],
+                   mask=cm[:, :, None] & d_mask[None, None, :], other=0.0, cache_modifier=".cg")  # [R, C, BLOCK_D]
     m_max = tl.max(m, 1)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no active split: all weights 0
     denom = tl.sum(tl.exp2(m - m_max[:, None]) * l_part, 1)  # [R]
-    acc = tl.zeros([rows.shape[0], BLOCK_D], dtype=tl.float32)
-    offs_c = tl.arange(0, SPLIT_CHUNK)
-    for s0 in range(0, n_active, SPLIT_CHUNK):
+    acc = tl.sum(tl.exp2(m_first - m_max[:, None])[:, :, None] * part, 1)  # [R, BLOCK_D]
+    for s0 in range(SPLIT_CHUNK, n_active, SPLIT_CHUNK):
         s = s0 + offs_c  # [C]
         cm = row_mask[:, None] & (s < n_active)[None, :]  # [R, C]
         w = tl.exp2(tl.load(part_m_ptr + rows[:, None] + s[None, :], mask=cm, other=float("-inf"),
@@ -125,6 +134,7 @@ def _paged_decode_kernel(
     FUSED_REDUCE: tl.constexpr = False,  # SPLIT: the kv head's last split to finish merges the partials
     BLOCK_S: tl.constexpr = 1,  # num_splits padded to a power of two (FUSED_REDUCE)
     SPLIT_CHUNK: tl.constexpr = 1,  # splits merged per load (FUSED_REDUCE)
+    BLOCK_R: tl.constexpr = 16,  # G padded to a power of two: the merged rows (FUSED_REDUCE)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from earlier
@@ -167,26 +177,27 @@ def _paged_decode_kernel(
         valid = pos < end
         blk = tl.load(bt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
         tok = pos % PAGE
+        # K and V are both issued before the scores need K: at decode a program runs one or two tiles, and V's HBM
+        # round trip then overlaps K's instead of following the softmax.
         k = tl.load(  # [BLOCK_D, BLOCK_N]
             k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
             mask=valid[None, :] & d_mask[:, None],
             other=0.0,
         )
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(  # [BLOCK_N, BLOCK_D]
             v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
             mask=valid[:, None] & d_mask[None, :],
             other=0.0,
         )
         if UPCAST:
+            k = k.to(tl.float32)
             v = v.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
@@ -212,9 +223,13 @@ def _paged_decode_kernel(
             counter = counter_ptr + b * tl.num_programs(1) + kvh
             arrived = tl.atomic_add(counter, 1)
             if arrived == num_splits - 1:
-                rows = (b * num_heads + heads).to(tl.int64) * num_splits  # [BLOCK_G] row of split 0
-                _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr + b * stride_ob, rows, heads * stride_oh,
-                              g_mask, ctx - lo, num_splits, D, BLOCK_D, BLOCK_S, BLOCK_N, SPLIT_CHUNK)
+                # the G real heads only (not the dot's 16 padded rows), so a chunk holds more splits
+                offs_r = tl.arange(0, BLOCK_R)
+                heads_r = kvh * G + offs_r
+                rows = (b * num_heads + heads_r).to(tl.int64) * num_splits  # [BLOCK_R] row of split 0
+                _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr + b * stride_ob, rows,
+                              heads_r * stride_oh, offs_r < G, ctx - lo, num_splits, D, BLOCK_D, BLOCK_S, BLOCK_N,
+                              SPLIT_CHUNK)
                 tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
     else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -273,7 +288,10 @@ def _num_sms(device_index: int | None) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int = H200_NUM_SMS) -> int:
-    """Split count for the decode grid: enough programs to fill ~2 waves of SMs, ≥256 keys per split."""
+    """Split count for the decode grid: enough programs to fill ~2 waves of SMs, >= 64 keys per split of the
+    longest range. At batch 1 the attention is latency-bound: on the H200, Gemma-4-31B int8's B=1 graph (60 layers,
+    context 527) took 9.52 / 8.79 / 8.57 / 8.34 ms with 1 / 2 / 4 / 16 splits (``bench/ablate_decode.py``), and 7.58
+    with the attention an empty launch."""
     programs = batch * num_kv_heads
     if programs >= num_sms:
         return 1
@@ -370,12 +388,11 @@ def paged_decode_attention(
     grid = (batch, num_kv_heads, num_splits)
     block_s = triton.next_power_of_2(num_splits)
     if fused_reduce and batch * num_kv_heads <= _MAX_FUSED_HEADS:
-        block_g = common["BLOCK_G"]
-        assert isinstance(block_g, int)
-        chunk = max(1, min(block_s, _MERGE_ELEMENTS // (block_g * block_d)))
+        block_r = triton.next_power_of_2(group)
+        chunk = max(1, min(block_s, _MERGE_ELEMENTS // (block_r * block_d)))
         _paged_decode_kernel[grid](
             *args, out, part_m, part_l, part_acc, _arrival_counters(q.device), scale * LOG2E, win, num_splits,
-            *strides, SPLIT=True, FUSED_REDUCE=True, BLOCK_S=block_s, SPLIT_CHUNK=chunk, **common,
+            *strides, SPLIT=True, FUSED_REDUCE=True, BLOCK_S=block_s, SPLIT_CHUNK=chunk, BLOCK_R=block_r, **common,
         )
         return out
     _paged_decode_kernel[grid](
