@@ -23,8 +23,13 @@ to finish, found by an arrival counter, merges its G heads: one launch a layer f
 choice in :func:`choose_num_splits`.
 
 Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is read as ``[D, BLOCK_N]`` and V
-as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers). Compiled ahead of time for sm_90
-with Triton 3.6 in bf16: 80-112 registers, no spills, 38/74/81 KiB smem for D = 128/256/512.
+as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K.
+Compiled for sm_90 in bf16 (Triton 3.9): 36/72/80 KiB smem for D = 128/256/512.
+
+At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (Gemma-4-31B, 527 keys: ~10 µs a
+layer against 2 µs of K/V reads; docs/benchmarks.md, "The decode attention at its real context"). Hence the many
+splits at small batch (one key tile each at a short context) and a merge that loads the partials of the kv head's G
+real heads, up to ``_MERGE_ELEMENTS`` at a time, with the maxima and normalisers in the same round trip.
 """
 
 from __future__ import annotations
