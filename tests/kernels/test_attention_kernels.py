@@ -333,6 +333,22 @@ def test_fused_split_merge_equals_the_reduce_kernel(num_heads: int, num_kv_heads
     assert int(decode_attention._arrival_counters(q.device).count_nonzero()) == 0
 
 
+@pytest.mark.parametrize("merge_elements", [128, 256])
+def test_fused_merge_in_several_chunks(monkeypatch: pytest.MonkeyPatch, merge_elements: int) -> None:
+    """With the merge's load capped below the active splits (G = 4 heads of D = 32: one or two splits a load), the
+    first chunk loaded with the maxima and the rest in the loop give the reduce kernel's result and the
+    reference's."""
+    monkeypatch.setattr(decode_attention, "_MERGE_ELEMENTS", merge_elements)
+    ctx_lens = [64, 37, 0, 5]  # 4, 3, 0 and 1 active splits of 16 keys
+    q, case = decode_setup(ctx_lens, 8, 2, 32, 4, torch.float32, None, qk_std=32**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, None)
+    fused = paged_decode_attention(*args, 5, block_n=16)
+    separate = paged_decode_attention(*args, 5, block_n=16, fused_reduce=False)
+    torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
+    assert_close(fused, ref_paged_decode_attention(*args), torch.float32)
+    assert torch.all(fused[2] == 0)
+
+
 def test_choose_num_splits() -> None:
     assert choose_num_splits(64, 8, 8192) == 1  # 512 programs already fill the GPU
     assert choose_num_splits(1, 4, 8192) == 64  # 4 programs: up to 2 waves (66), capped
