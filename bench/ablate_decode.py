@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quantization", default="none", choices=("none", "int8"))
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset on the CPU interpreter (checks the script)")
     a = ap.parse_args()
     device = torch.device("cpu" if a.smoke else "cuda")
@@ -147,7 +149,7 @@ def main() -> None:
         engine_bench.VARIANTS.setdefault(name, {})
         with ablated(name):
             engine_bench.bench_decode(a.model, a.model + ("-tiny" if a.smoke else ""),
-                                      [int(b) for b in a.batches.split(",")], 512, 24,
+                                      [int(b) for b in a.batches.split(",")], a.context, a.steps,
                                       a.out, device, (name,), a.repeats, a.quantization, (1,),
                                       max_model_len=a.max_model_len)
 

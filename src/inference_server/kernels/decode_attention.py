@@ -336,7 +336,8 @@ def paged_decode_attention(
     given, else ``max_blocks * block_size``, capped by the window); 1 runs the single-pass kernel; >1 runs
     split-KV and merges the splits: inside the same launch with ``fused_reduce`` (each kv head's last split to
     finish, by an arrival counter: one launch instead of two), else in ``_decode_reduce_kernel``. The two merges
-    differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles).
+    differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles),
+    ``num_stages`` the key loop's pipeline depth (``bench/ablate_decode.py`` times both).
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
