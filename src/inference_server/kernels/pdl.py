@@ -16,9 +16,10 @@ Invariant that makes it safe (every kernel taking part keeps it):
   (or atomic). Write-after-read counts too: a kernel must not overwrite a buffer (its output, a workspace the
   caching allocator hands out again, a counter) that its predecessor may still be reading.
 * Only weights (never written during a step) may be read before the wait, at addresses that depend on shapes
-  alone. The CUDA-core GEMV (``int8_gemv``) loads its first weight tile there, so that the DRAM latency of its
-  start overlaps its predecessor's tail; the other kernels' weight loads share loops (or depend on indices, e.g.
-  the routed expert) with data of earlier kernels.
+  alone. The CUDA-core GEMV (``int8_gemv``) loads its first weight tile there, and ``norm_add`` and
+  ``qk_norm_rope`` their norm weights (and the layer scale), so that the DRAM latency of their start overlaps the
+  predecessor's tail; the other kernels' weight loads share loops (or depend on indices, e.g. the routed expert)
+  with data of earlier kernels.
 
 A new kernel takes part by taking ``USE_PDL: tl.constexpr = False``, keeping the invariant, launching with
 ``**pdl_launch()``, and joining the cases of ``tests/kernels/test_kernels_compile_for_h200.py``'s PDL test (which
