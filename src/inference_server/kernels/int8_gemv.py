@@ -308,7 +308,7 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
     (``[T, N]``, x's dtype, a contiguous last dim) ``dest [T, N]`` gets ``act(x @ weight.T) * up``; without it
     ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and ``dest [T, I]`` gets ``act(gate) * up``, ``block_n``
     even and the grid's second axis ``cdiv(I, block_n / 2)``."""
-    T, K = x.shape
+    T = x.shape[0]
     N = weight.shape[0]
     if block_k % 4 or not 1 <= block_t <= 4:
         raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
