@@ -165,16 +165,14 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # grouped GEMMs (no decode MoE GEMVs); "cublas-linear" is the default with every float projection on cuBLAS (not the
 # Triton GEMV where the sweep tuned it); "no-pdl" is the default without programmatic dependent launch of the Triton
 # kernels (kernels/pdl.py, on by default since 2026-12-01); "unfused-gated" is the default with a dense MLP's gated
-# activation in a launch of its own (not in the gate/up GEMV's epilogue: kernels/gated_gemv.py); "unfused-norm" is the
-# default with Gemma 4's sandwich norms in launches of their own (not in the last program of the projection before
-# them: kernels/gemv_norm_add.py); "compile" is the
+# activation in a launch of its own (not in the gate/up GEMV's epilogue: kernels/gated_gemv.py); "compile" is the
 # default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
-                   fused_norm_router=False, fused_gated_gemv=False, fused_gemv_norm_add=False,
+                   fused_norm_router=False, fused_gated_gemv=False,
                    triton_greedy_head=False, triton_dense_linear=False, triton_dense_linear_where_tuned=False,
                    moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
@@ -183,7 +181,6 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "cublas-linear": dict(triton_dense_linear_where_tuned=False),
     "no-pdl": dict(pdl=False),
     "unfused-gated": dict(fused_gated_gemv=False),
-    "unfused-norm": dict(fused_gemv_norm_add=False),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

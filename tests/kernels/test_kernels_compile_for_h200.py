@@ -272,9 +272,9 @@ PDL_COMPILE = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
 
     import inference_server.kernels as package
-    from inference_server.kernels import (decode_attention, fused_moe, gated_activation, gemv_norm_add, greedy_head,
-                                          int8_gemv, kv_store, moe_decode, norm_add, qk_norm_rope, rmsnorm, rope,
-                                          router, streamed_linear)
+    from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
+                                          kv_store, moe_decode, norm_add, qk_norm_rope, rmsnorm, rope, router,
+                                          streamed_linear)
 
     target = GPUTarget("cuda", 90, 64)
     BF16 = "*bf16"
@@ -337,19 +337,6 @@ PDL_COMPILE = textwrap.dedent('''
          dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=True, W_WORDS=True, PRMT=True,
               GATED=1, UP_IN_MEMORY=False, LIBDEVICE_TANH=True, DEEP=True, INT_DOT=True)),
         (streamed_linear._split_k_reduce_kernel, {"part_ptr": "*fp32"}, dict(SPLIT_K=4, HAS_SCALE=False, BLOCK=1024)),
-        # the GEMV with the sandwich norm in its last program: int8 words, 26B-A4B's o_proj after attention
-        (gemv_norm_add._gemv_norm_add_kernel,
-         {"w_ptr": "*i32", "counter_ptr": "*i32", "wz2_ptr": "*fp32",
-          **dict.fromkeys(("eps_a", "eps_b", "eps_s", "eps_z0", "eps_z1", "eps_z2"), "fp32")},
-         dict(BLOCK_N=16, BLOCK_T=1, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=True, W_WORDS=True, PRMT=True,
-              GATED=0, UP_IN_MEMORY=False, LIBDEVICE_TANH=True, DEEP=False, INT_DOT=True, HAS_B=False,
-              HAS_SUM_NORM=False, HAS_RES=True, HAS_LAYER_SCALE=False, NUM_Z=3, BLOCK=4096)),
-        # ... and bf16 weights at a MoE layer's end (two branches, their sum's norm, residual, scalar, next norm)
-        (gemv_norm_add._gemv_norm_add_kernel,
-         {"counter_ptr": "*i32", **dict.fromkeys(("eps_a", "eps_b", "eps_s", "eps_z0", "eps_z1", "eps_z2"), "fp32")},
-         dict(BLOCK_N=8, BLOCK_T=2, BLOCK_K=1024, SPLIT_K=1, EVEN_K=True, HAS_SCALE=False, W_WORDS=False, PRMT=False,
-              GATED=0, UP_IN_MEMORY=False, LIBDEVICE_TANH=True, DEEP=True, INT_DOT=False, HAS_B=True,
-              HAS_SUM_NORM=True, HAS_RES=True, HAS_LAYER_SCALE=True, NUM_Z=1, BLOCK=8192)),
     ]
     # every kernel of the package that takes part in PDL is compiled here
     with_pdl = set()

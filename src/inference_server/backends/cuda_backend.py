@@ -52,7 +52,6 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.gated_gemv import gated_gemv, gated_gemv_config
-from inference_server.kernels.gemv_norm_add import gemv_norm_add, gemv_norm_add_config
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
@@ -207,38 +206,6 @@ def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_w
                                  top_k, renormalize, per_expert_scale, out_dtype)
 
 
-def _norm_add_takes(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, a_norm: layers.NormWeights,
-                    b: torch.Tensor | None, b_norm: layers.NormWeights | None, sum_norm: layers.NormWeights | None,
-                    residual: torch.Tensor | None, scale: torch.Tensor | None,
-                    out_norms: Sequence[layers.NormWeights]) -> bool:
-    """Whether ``kernels.norm_add`` takes a call whose ``a`` is ``shape`` ``dtype`` on ``device`` (contiguous last
-    dim): Gemma 4 norms with weights, at most its out norms, inputs of a's shape and dtype, a one-element scale."""
-    norms = [n for n in (a_norm, b_norm, sum_norm, *out_norms) if n is not None]
-    tensors = [t for t in (b, residual) if t is not None]
-    return not (any(n.style != "gemma4" or n.weight is None or n.weight.dtype not in (dtype, torch.float32)
-                    or n.weight.device != device for n in norms)
-                or len(out_norms) > NORM_ADD_MAX_OUT_NORMS
-                or len(shape) != 2 or any(tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1
-                                          for t in tensors)
-                or (b is None) != (b_norm is None)
-                or (scale is not None and (scale.numel() != 1 or scale.dtype != dtype)))
-
-
-def _norm_weight(norm: layers.NormWeights) -> torch.Tensor:
-    assert norm.weight is not None  # _norm_add_takes checked it
-    return norm.weight
-
-
-def _norm_add_kwargs(b: torch.Tensor | None, b_norm: layers.NormWeights | None, sum_norm: layers.NormWeights | None,
-                     out_norms: Sequence[layers.NormWeights]) -> dict[str, object]:
-    """``kernels.norm_add``'s keyword arguments for the branch, the sum norm and the out norms of an ``ops.norm_add``
-    call that ``_norm_add_takes``."""
-    return dict(b=b, wb=_norm_weight(b_norm) if b_norm is not None else None, eps_b=b_norm.eps if b_norm else 0.0,
-                ws=_norm_weight(sum_norm) if sum_norm is not None else None,
-                eps_s=sum_norm.eps if sum_norm is not None else 0.0,
-                out_norms=[(_norm_weight(n), n.eps) for n in out_norms])
-
-
 def triton_norm_add(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None = None,
                     b_norm: layers.NormWeights | None = None, *, sum_norm: layers.NormWeights | None = None,
                     residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
@@ -246,39 +213,26 @@ def triton_norm_add(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor
     """``ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), their sum's norm,
     residual add, layer scale and up to three next norms; the unfused path for other norm styles (Gemma 3's
     ``1 + w``), weightless norms, more out norms, other dtypes or layouts."""
-    if a.stride(-1) != 1 or not _norm_add_takes(tuple(a.shape), a.dtype, a.device, a_norm, b, b_norm, sum_norm,
-                                                residual, scale, out_norms):
+    norms = [n for n in (a_norm, b_norm, sum_norm, *out_norms) if n is not None]
+    tensors = [t for t in (a, b, residual) if t is not None]
+    if (any(n.style != "gemma4" or n.weight is None or n.weight.dtype not in (a.dtype, torch.float32)
+            or n.weight.device != a.device for n in norms)
+            or len(out_norms) > NORM_ADD_MAX_OUT_NORMS
+            or a.dim() != 2 or any(t.shape != a.shape or t.dtype != a.dtype or t.stride(-1) != 1 for t in tensors)
+            or (b is None) != (b_norm is None)
+            or (scale is not None and (scale.numel() != 1 or scale.dtype != a.dtype))):
         return ops.torch_norm_add(a, a_norm, b, b_norm, sum_norm=sum_norm, residual=residual, scale=scale,
                                   out_norms=out_norms)
-    return norm_add(a, _norm_weight(a_norm), a_norm.eps, residual=residual, scale=scale,
-                    **_norm_add_kwargs(b, b_norm, sum_norm, out_norms))  # type: ignore[arg-type]
 
+    def weight(norm: layers.NormWeights) -> torch.Tensor:
+        assert norm.weight is not None  # checked above
+        return norm.weight
 
-def triton_projection_norm_add(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, a_norm: layers.NormWeights,
-    b: torch.Tensor | None = None, b_norm: layers.NormWeights | None = None, *,
-    sum_norm: layers.NormWeights | None = None, residual: torch.Tensor | None = None,
-    scale: torch.Tensor | None = None, out_norms: Sequence[layers.NormWeights] = (),
-    dense_max_tokens: int | None, tuned_only: bool = False,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """``ops.projection_norm_add`` in one launch (``kernels.gemv_norm_add``: the GEMV, then the norm chain in its
-    last program) where the installed ops would run the projection as a one-split CUDA-core GEMV of at most
-    ``gemv_norm_add.MAX_TOKENS`` tokens and the norms through ``triton_norm_add``: int8 weights always
-    (``triton_int8_linear``), float ones where ``triton_dense_linear`` takes them (``dense_max_tokens`` its bound,
-    None: cuBLAS is installed). Anywhere else it is those two launches (``ops.torch_projection_norm_add``)."""
-    flat = x.reshape(-1, x.shape[-1])
-    config = None
-    if x.stride(-1) == 1 and weight.dim() == 2 and weight.stride(-1) == 1 \
-            and _norm_add_takes((flat.shape[0], weight.shape[0]), x.dtype, x.device, a_norm, b, b_norm, sum_norm,
-                                residual, scale, out_norms) \
-            and (weight_scale is not None or (dense_max_tokens is not None and dense_linear_takes(
-                flat, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only))):
-        config = gemv_norm_add_config(flat, weight, weight_scale)
-    if config is None:
-        return ops.torch_projection_norm_add(x, weight, weight_scale, a_norm, b, b_norm, sum_norm=sum_norm,
-                                             residual=residual, scale=scale, out_norms=out_norms)
-    return gemv_norm_add(flat, weight, weight_scale, config, _norm_weight(a_norm), a_norm.eps, residual=residual,
-                         layer_scale=scale, **_norm_add_kwargs(b, b_norm, sum_norm, out_norms))  # type: ignore[arg-type]
+    return norm_add(a, weight(a_norm), a_norm.eps,
+                    b=b, wb=weight(b_norm) if b_norm is not None else None, eps_b=b_norm.eps if b_norm else 0.0,
+                    ws=weight(sum_norm) if sum_norm is not None else None,
+                    eps_s=sum_norm.eps if sum_norm is not None else 0.0,
+                    residual=residual, scale=scale, out_norms=[(weight(n), n.eps) for n in out_norms])
 
 
 def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -414,11 +368,6 @@ class CudaRunnerOptions:
     """A dense MLP's fused gate/up projection and its gated activation in one launch (``ops.gated_projection``,
     ``kernels.gated_gemv``) where the projection is a one-split CUDA-core GEMV (1-4 tokens): one launch fewer per
     dense MLP at decode, the same bits; needs ``fused_weights`` and ``triton_gated_activation``."""
-    fused_gemv_norm_add: bool = True
-    """Gemma 4's block-ending projections (``o_proj``, the MLP's ``down_proj``, ``per_layer_projection``) and the
-    sandwich norm after each in one launch (``ops.projection_norm_add``, ``kernels.gemv_norm_add``) where the
-    projection is a one-split CUDA-core GEMV of 1-2 tokens: two to three launches fewer per layer at decode; needs
-    ``triton_norm_add``. The projection's bits are kept; the norms' sums may round otherwise (warps)."""
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
@@ -483,11 +432,6 @@ class CudaModelRunner(ModelRunner):
             triton_gated_projection, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
             tuned_only=not options.triton_dense_linear) \
             if options.fused_gated_gemv and self._gated is triton_gated_activation else ops.torch_gated_projection
-        # A block's last GEMV with the sandwich norm after it in its last program (one launch instead of two).
-        self._projection_norm_add = functools.partial(
-            triton_projection_norm_add, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
-            tuned_only=not options.triton_dense_linear) \
-            if options.fused_gemv_norm_add and self._norm_add is triton_norm_add else ops.torch_projection_norm_add
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
         self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
                                          tuned_only=not options.triton_dense_linear) \
@@ -585,7 +529,7 @@ class CudaModelRunner(ModelRunner):
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
                     linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
-                    gated_proj=self._gated_projection, projection_sandwich=self._projection_norm_add)
+                    gated_proj=self._gated_projection)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

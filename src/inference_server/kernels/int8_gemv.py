@@ -61,7 +61,7 @@ from inference_server.kernels.int8_fixed_dot import fixed_point_dot, takes_fixed
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["GATED_ACTIVATIONS", "gemv_arguments", "int8_gemv_kernel", "launch_gemv"]
+__all__ = ["GATED_ACTIVATIONS", "int8_gemv_kernel", "launch_gemv"]
 
 
 @triton.jit
@@ -308,7 +308,7 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
     (``[T, N]``, x's dtype, a contiguous last dim) ``dest [T, N]`` gets ``act(x @ weight.T) * up``; without it
     ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and ``dest [T, I]`` gets ``act(gate) * up``, ``block_n``
     even and the grid's second axis ``cdiv(I, block_n / 2)``."""
-    T = x.shape[0]
+    T, K = x.shape
     N = weight.shape[0]
     if block_k % 4 or not 1 <= block_t <= 4:
         raise ValueError(f"the CUDA-core GEMV needs block_k a multiple of 4 and 1-4 tokens a program, not "
@@ -321,31 +321,17 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
                          f"{block_n}, N {N}")
     if up is not None and (gated is None or tuple(up.shape) != (T, N) or up.dtype != x.dtype or up.stride(-1) != 1):
         raise ValueError(f"up must come with an activation and be [{T}, {N}] {x.dtype} with a contiguous last dim")
-    args, constexprs = gemv_arguments(x, weight, scale, dest, k_per_split, stride_os, block_n=block_n,
-                                      block_t=block_t, block_k=block_k, split_k=split_k, num_stages=num_stages,
-                                      interpreted=interpreted, gated=gated, up=up)
-    int8_gemv_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **pdl_launch())
-
-
-def gemv_arguments(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, dest: torch.Tensor,
-                   k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int, split_k: int,
-                   num_stages: int, interpreted: bool, gated: str | None = None, up: torch.Tensor | None = None,
-                   ) -> tuple[tuple[object, ...], dict[str, object]]:
-    """``int8_gemv_kernel``'s positional arguments and constexprs for ``launch_gemv``'s call (checked there), so a
-    kernel that runs this GEMV as its first part (``kernels.gemv_norm_add``) passes the same ones."""
-    T, K = x.shape
-    N = weight.shape[0]
     words = int8_words_view(weight) if scale is not None else None
     w = words if words is not None else weight
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
     up_arg = up if up is not None else x  # a valid pointer the kernel never reads
-    args = (x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-            scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2, up_arg, up_arg.stride(0))
-    constexprs: dict[str, object] = dict(
+    int8_gemv_kernel[grid](
+        x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2, up_arg, up_arg.stride(0),
         BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
         GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, UP_IN_MEMORY=up is not None,
         LIBDEVICE_TANH=not interpreted, DEEP=num_stages >= 2 and K % block_k == 0,
-        INT_DOT=words is not None and takes_fixed_point(x.dtype),
-    )
-    return args, constexprs
+        INT_DOT=words is not None and takes_fixed_point(x.dtype), num_warps=num_warps,
+        num_stages=num_stages, **pdl_launch(),
+    )  # fmt: skip

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
 import torch
 import triton
 import triton.language as tl
 
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
-__all__ = ["MAX_OUT_NORMS", "NormAddOperands", "load_norm_add_weights", "norm_add", "norm_add_operands",
-           "norm_add_reference", "norm_add_row"]
+__all__ = ["MAX_OUT_NORMS", "norm_add", "norm_add_reference"]
 
 MAX_OUT_NORMS = 3
 """Out norms one launch emits (Gemma 4's MoE layer after attention: the MLP's, the experts' and the router's)."""
@@ -66,11 +64,21 @@ def _load_row(ptr, cols, mask, PRESENT: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def load_norm_add_weights(wa_ptr, wb_ptr, ws_ptr, wz0_ptr, wz1_ptr, wz2_ptr, scale_ptr, cols, mask,
-                          HAS_B: tl.constexpr, HAS_SUM_NORM: tl.constexpr, HAS_SCALE: tl.constexpr,
-                          NUM_Z: tl.constexpr, BLOCK: tl.constexpr):
-    """Every norm weight of one ``norm_add`` in fp32 (zeros where absent) and the layer scale (1.0 without one),
-    all issued in one memory round trip: model weights, never written in a step."""
+def _norm_add_kernel(
+    a_ptr, b_ptr, res_ptr, wa_ptr, wb_ptr, ws_ptr, scale_ptr, y_ptr,
+    wz0_ptr, wz1_ptr, wz2_ptr, z0_ptr, z1_ptr, z2_ptr,
+    n_cols, sa, sb, sr, sy, sz0, sz1, sz2,
+    eps_a, eps_b, eps_s, eps_z0, eps_z1, eps_z2,
+    HAS_B: tl.constexpr, HAS_SUM_NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr,
+    NUM_Z: tl.constexpr,  # 0..3 out norms (z0 first)
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    # Every norm weight and the layer scale are model weights (never written in a step): loaded before the PDL wait,
+    # so their DRAM latency overlaps the predecessor's tail (kernels.pdl's invariant allows weights there only).
     wa = tl.load(wa_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     wb = _load_row(wb_ptr, cols, mask, HAS_B, BLOCK)
     ws = _load_row(ws_ptr, cols, mask, HAS_SUM_NORM, BLOCK)
@@ -81,26 +89,12 @@ def load_norm_add_weights(wa_ptr, wb_ptr, ws_ptr, wz0_ptr, wz1_ptr, wz2_ptr, sca
         s = tl.load(scale_ptr).to(tl.float32)
     else:
         s = 1.0
-    return wa, wb, ws, wz0, wz1, wz2, s
-
-
-@triton.jit
-def norm_add_row(
-    row, a_ptr, b_ptr, res_ptr, y_ptr, z0_ptr, z1_ptr, z2_ptr,
-    sa, sb, sr, sy, sz0, sz1, sz2,
-    wa, wb, ws, wz0, wz1, wz2, s,  # load_norm_add_weights' results
-    eps_a, eps_b, eps_s, eps_z0, eps_z1, eps_z2, cols, mask, n_cols,
-    HAS_B: tl.constexpr, HAS_SUM_NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr,
-    NUM_Z: tl.constexpr, BLOCK: tl.constexpr,
-    A_BYPASS_L1: tl.constexpr = False,  # a written by other programs of this launch: read it past L1 (.cg)
-):
-    """The module docstring's formula for row ``row``: loads its activations (one memory round trip), stores ``y``
-    and the ``z`` norms. Shared by ``_norm_add_kernel`` and the GEMV whose epilogue it is
-    (``kernels.gemv_norm_add``), so both round alike."""
-    if A_BYPASS_L1:
-        a = tl.load(a_ptr + row * sa + cols, mask=mask, other=0.0, cache_modifier=".cg")
-    else:
-        a = tl.load(a_ptr + row * sa + cols, mask=mask, other=0.0)
+    # PDL: every other input comes from earlier kernels, so wait here; one short program per row, so release the next
+    # launch at once (its CTAs get resident and wait while this one runs). The activations are all loaded right after
+    # the wait: one memory round trip, not one per input.
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
+    a = tl.load(a_ptr + row * sa + cols, mask=mask, other=0.0)
     b = _load_row(b_ptr + row * sb, cols, mask, HAS_B, BLOCK)
     r = _load_row(res_ptr + row * sr, cols, mask, HAS_RES, BLOCK)
     dtype = a.dtype
@@ -124,96 +118,16 @@ def norm_add_row(
         _store_norm(yf, wz2, z2_ptr, row, sz2, cols, mask, n_cols, eps_z2)
 
 
-@triton.jit
-def _norm_add_kernel(
-    a_ptr, b_ptr, res_ptr, wa_ptr, wb_ptr, ws_ptr, scale_ptr, y_ptr,
-    wz0_ptr, wz1_ptr, wz2_ptr, z0_ptr, z1_ptr, z2_ptr,
-    n_cols, sa, sb, sr, sy, sz0, sz1, sz2,
-    eps_a, eps_b, eps_s, eps_z0, eps_z1, eps_z2,
-    HAS_B: tl.constexpr, HAS_SUM_NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr,
-    NUM_Z: tl.constexpr,  # 0..3 out norms (z0 first)
-    BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    # Every norm weight and the layer scale are model weights (never written in a step): loaded before the PDL wait,
-    # so their DRAM latency overlaps the predecessor's tail (kernels.pdl's invariant allows weights there only).
-    wa, wb, ws, wz0, wz1, wz2, s = load_norm_add_weights(wa_ptr, wb_ptr, ws_ptr, wz0_ptr, wz1_ptr, wz2_ptr,
-                                                         scale_ptr, cols, mask, HAS_B, HAS_SUM_NORM, HAS_SCALE,
-                                                         NUM_Z, BLOCK)
-    # PDL: every other input comes from earlier kernels, so wait here; one short program per row, so release the next
-    # launch at once (its CTAs get resident and wait while this one runs). The activations are all loaded right after
-    # the wait: one memory round trip, not one per input.
-    pdl_wait(USE_PDL)
-    pdl_release(USE_PDL)
-    norm_add_row(row, a_ptr, b_ptr, res_ptr, y_ptr, z0_ptr, z1_ptr, z2_ptr, sa, sb, sr, sy, sz0, sz1, sz2,
-                 wa, wb, ws, wz0, wz1, wz2, s, eps_a, eps_b, eps_s, eps_z0, eps_z1, eps_z2, cols, mask, n_cols,
-                 HAS_B, HAS_SUM_NORM, HAS_RES, HAS_SCALE, NUM_Z, BLOCK)
+def _check(name: str, t: torch.Tensor | None, like: torch.Tensor) -> None:
+    if t is not None and (t.shape != like.shape or t.dtype != like.dtype or t.stride(-1) != 1):
+        raise ValueError(f"{name} must be {tuple(like.shape)} {like.dtype} with a contiguous last dim, "
+                         f"got {tuple(t.shape)} {t.dtype}")
 
 
-def _check(name: str, t: torch.Tensor | None, shape: tuple[int, int], dtype: torch.dtype) -> None:
-    if t is not None and (tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1):
-        raise ValueError(f"{name} must be {shape} {dtype} with a contiguous last dim, got {tuple(t.shape)} {t.dtype}")
-
-
-def _check_weight(name: str, w: torch.Tensor | None, hidden: int, dtype: torch.dtype) -> None:
-    if w is not None and (tuple(w.shape) != (hidden,) or w.dtype not in (dtype, torch.float32)):
-        raise ValueError(f"{name} must be [{hidden}] {dtype} or float32, got {tuple(w.shape)} {w.dtype}")
-
-
-@attrs.frozen
-class NormAddOperands:
-    """A checked ``norm_add`` call but for its ``a``: the outputs, and the kernel arguments that follow ``a``'s
-    pointer in ``norm_add_row``'s order (for ``_norm_add_kernel`` and ``kernels.gemv_norm_add``)."""
-
-    y: torch.Tensor  # [T, H]
-    zs: tuple[torch.Tensor, ...]  # one [T, H] per out norm
-    pointers: tuple[torch.Tensor, ...]  # b, residual, y, z0, z1, z2 (dummies where absent: never touched)
-    weights: tuple[torch.Tensor, ...]  # wa, wb, ws, wz0, wz1, wz2, scale (dummies where absent)
-    strides: tuple[int, ...]  # sb, sr, sy, sz0, sz1, sz2
-    eps: tuple[float, ...]  # eps_a, eps_b, eps_s, eps_z0, eps_z1, eps_z2
-    flags: dict[str, int | bool]  # HAS_B, HAS_SUM_NORM, HAS_RES, HAS_SCALE, NUM_Z, BLOCK
-
-
-def norm_add_operands(
-    tokens: int, hidden: int, dtype: torch.dtype, device: torch.device, wa: torch.Tensor, eps_a: float, *,
-    b: torch.Tensor | None = None, wb: torch.Tensor | None = None, eps_b: float = 0.0,
-    ws: torch.Tensor | None = None, eps_s: float = 0.0, residual: torch.Tensor | None = None,
-    scale: torch.Tensor | None = None, out_norms: Sequence[tuple[torch.Tensor, float]] = (),
-) -> NormAddOperands:
-    """Check ``norm_add``'s operands for an ``a`` of ``[tokens, hidden]`` ``dtype`` and allocate its outputs."""
-    shape = (tokens, hidden)
-    _check("b", b, shape, dtype)
-    _check("residual", residual, shape, dtype)
-    if (b is None) != (wb is None):
-        raise ValueError("b and wb go together")
-    if len(out_norms) > MAX_OUT_NORMS:
-        raise ValueError(f"at most {MAX_OUT_NORMS} out norms, got {len(out_norms)}")
-    weights = {"wa": wa, "wb": wb, "ws": ws, **{f"out_norms[{i}]": w for i, (w, _) in enumerate(out_norms)}}
-    for name, w in weights.items():
-        _check_weight(name, w, hidden, dtype)
-    if scale is not None and scale.numel() != 1:
-        raise ValueError(f"scale must have one element, got {tuple(scale.shape)}")
-    y = torch.empty(shape, dtype=dtype, device=device)
-    zs = tuple(torch.empty_like(y) for _ in out_norms)
-    # absent inputs and outputs are dummies the kernel's constexpr flags never touch
-    z_ptrs = [*zs, *(y,) * (MAX_OUT_NORMS - len(zs))]
-    wz_ptrs = [*(w for w, _ in out_norms), *(wa,) * (MAX_OUT_NORMS - len(zs))]
-    eps_z = [*(eps for _, eps in out_norms), *(0.0,) * (MAX_OUT_NORMS - len(zs))]
-    b_arg = b if b is not None else y
-    res_arg = residual if residual is not None else y
-    block = triton.next_power_of_2(hidden)
-    return NormAddOperands(
-        y=y, zs=zs, pointers=(b_arg, res_arg, y, *z_ptrs),
-        weights=(wa, wb if wb is not None else wa, ws if ws is not None else wa, *wz_ptrs,
-                 scale if scale is not None else wa),
-        strides=(b_arg.stride(0), res_arg.stride(0), y.stride(0), *(z.stride(0) for z in z_ptrs)),
-        eps=(eps_a, eps_b, eps_s, *eps_z),
-        flags={"HAS_B": b is not None, "HAS_SUM_NORM": ws is not None, "HAS_RES": residual is not None,
-               "HAS_SCALE": scale is not None, "NUM_Z": len(zs), "BLOCK": block},
-    )
+def _check_weight(name: str, w: torch.Tensor | None, like: torch.Tensor) -> None:
+    hidden = like.shape[1]
+    if w is not None and (tuple(w.shape) != (hidden,) or w.dtype not in (like.dtype, torch.float32)):
+        raise ValueError(f"{name} must be [{hidden}] {like.dtype} or float32, got {tuple(w.shape)} {w.dtype}")
 
 
 def norm_add(
@@ -234,20 +148,37 @@ def norm_add(
     if a.dim() != 2 or a.stride(-1) != 1:
         raise ValueError(f"a must be [T, H] with a contiguous last dim, got {tuple(a.shape)}")
     tokens, hidden = a.shape
-    ops = norm_add_operands(tokens, hidden, a.dtype, a.device, wa, eps_a, b=b, wb=wb, eps_b=eps_b, ws=ws,
-                            eps_s=eps_s, residual=residual, scale=scale, out_norms=out_norms)
+    _check("b", b, a)
+    _check("residual", residual, a)
+    if (b is None) != (wb is None):
+        raise ValueError("b and wb go together")
+    if len(out_norms) > MAX_OUT_NORMS:
+        raise ValueError(f"at most {MAX_OUT_NORMS} out norms, got {len(out_norms)}")
+    weights = {"wa": wa, "wb": wb, "ws": ws, **{f"out_norms[{i}]": w for i, (w, _) in enumerate(out_norms)}}
+    for name, w in weights.items():
+        _check_weight(name, w, a)
+    if scale is not None and scale.numel() != 1:
+        raise ValueError(f"scale must have one element, got {tuple(scale.shape)}")
+    y = torch.empty((tokens, hidden), dtype=a.dtype, device=a.device)
+    zs = tuple(torch.empty_like(y) for _ in out_norms)
     if tokens == 0:
-        return ops.y, ops.zs
-    b_arg, res_arg, y, *z_ptrs = ops.pointers
-    wa_arg, wb_arg, ws_arg, *wz_ptrs, scale_arg = ops.weights
-    sb, sr, sy, *sz = ops.strides
-    block = int(ops.flags["BLOCK"])
+        return y, zs
+    # absent inputs and outputs are dummies the kernel's constexpr flags never touch
+    z_ptrs = [*zs, *(y,) * (MAX_OUT_NORMS - len(zs))]
+    wz_ptrs = [*(w for w, _ in out_norms), *(wa,) * (MAX_OUT_NORMS - len(zs))]
+    eps_z = [*(eps for _, eps in out_norms), *(0.0,) * (MAX_OUT_NORMS - len(zs))]
+    block = triton.next_power_of_2(hidden)
     _norm_add_kernel[(tokens,)](
-        a, b_arg, res_arg, wa_arg, wb_arg, ws_arg, scale_arg, y, *wz_ptrs, *z_ptrs,
-        hidden, a.stride(0), sb, sr, sy, *sz, *ops.eps,
-        **ops.flags, num_warps=max(4, min(16, block // 512)), **pdl_launch(),
+        a, b if b is not None else a, residual if residual is not None else a,
+        wa, wb if wb is not None else wa, ws if ws is not None else wa, scale if scale is not None else wa, y,
+        *wz_ptrs, *z_ptrs,
+        hidden, a.stride(0), (b if b is not None else a).stride(0), (residual if residual is not None else a).stride(0),
+        y.stride(0), *(z.stride(0) for z in z_ptrs),
+        eps_a, eps_b, eps_s, *eps_z,
+        HAS_B=b is not None, HAS_SUM_NORM=ws is not None, HAS_RES=residual is not None, HAS_SCALE=scale is not None,
+        NUM_Z=len(zs), BLOCK=block, num_warps=max(4, min(16, block // 512)), **pdl_launch(),
     )  # fmt: skip
-    return ops.y, ops.zs
+    return y, zs
 
 
 def norm_add_reference(

@@ -109,12 +109,6 @@ class SelfAttention(nn.Module):
         return q, k, self.v_proj(x).view(tokens, -1, d) if self.v_proj is not None else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        return self.o_proj(self.heads_output(x, cos, sin, ctx))
-
-    def heads_output(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     ctx: AttentionContext) -> torch.Tensor:
-        """The attention's output before ``o_proj``: ``[T, nH * D]`` (a caller that fuses ``o_proj`` with what
-        follows it, Gemma 4's post-attention norm, takes this and ``o_proj``'s weights)."""
         tokens = x.shape[0]
         q_raw, k_raw, v_raw = self._project(x)
         computes_kv = k_raw is not None
@@ -123,7 +117,7 @@ class SelfAttention(nn.Module):
                                    self.k_norm if computes_kv else None, self.v_norm if computes_kv else None,
                                    cos, sin)  # [T, nH, D], [T, nKV, D] x2
         out = ctx.attend(self.layer, q, k, v, self.scale, self.logit_softcap)  # [T, nH, D]
-        return out.reshape(tokens, -1)
+        return self.o_proj(out.reshape(tokens, -1))
 
 
 class GatedMLP(nn.Module):
@@ -147,14 +141,9 @@ class GatedMLP(nn.Module):
             self.gate_up_weight, self.gate_up_scale = fuse_projections([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.activated(x))
-
-    def activated(self, x: torch.Tensor) -> torch.Tensor:
-        """``act(gate(x)) * up(x)`` ``[..., I]``: ``down_proj``'s input (a caller that fuses ``down_proj`` with what
-        follows it, Gemma 4's post-FFN norm, takes this and ``down_proj``'s weights)."""
         if self.gate_up_weight is not None and ops.fused_weights:
-            return ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name)
-        return ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name)
+            return self.down_proj(ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name))
+        return self.down_proj(ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name))
 
 
 class FusedExperts(nn.Module):

@@ -15,12 +15,6 @@ and that norm of it, so on CUDA a layer's norms take (``kernels.norm_add``, one 
   next norm): 2 launches;
 * PLE layer (E2B/E4B): the dense layer's two and the per-layer input's add (norm, add, scalar, next norm): 3.
 
-Each of these follows a projection (``o_proj``, the dense MLP's ``down_proj``, ``per_layer_projection``), so the
-layer calls them as ``ops.projection_norm_add``: at decode the CUDA backend runs the projection's GEMV and the norm
-chain in one launch (``kernels.gemv_norm_add``), and none of the norms above is a launch of its own. A MoE layer runs
-its dense MLP after the routed experts, so that the MLP's ``down_proj`` is the launch whose norm chain needs both
-branches.
-
 Only the first layer's input norm is a launch of its own (in ``Gemma4Model.forward``). Each launch keeps every
 rounding of the op-by-op PyTorch sequence (``ops.torch_norm_add``, the CPU path): the same hidden states. Gemma 3's
 ``1 + w`` norms have no kernel: there ``ops.norm_add`` is that op-by-op sequence on every device.
@@ -140,35 +134,31 @@ class Gemma4DecoderLayer(nn.Module):
         ctx: AttentionContext,
         next_norm: NormWeights,  # the norm after this layer: the next layer's input norm, or the model's final norm
     ) -> tuple[torch.Tensor, torch.Tensor]:  # the new hidden state [T, H] and next_norm of it [T, H]
-        heads = self.self_attn.heads_output(h_normed, cos, sin, ctx)  # [T, nH * D], before o_proj
-        # residual = h + post_norm(o_proj(heads)), and the FFN's norms of it: one op (one launch on CUDA)
+        attn = self.self_attn(h_normed, cos, sin, ctx)
+        # residual = h + post_norm(attn), and the FFN's norms of it: one op (one launch on CUDA)
         residual_norms: list[NormWeights] = [self.pre_feedforward_layernorm]
         router_norm = self.router.input_norm if self.is_moe else None
         if self.is_moe:
             residual_norms.append(self.pre_feedforward_layernorm_2)
         if router_norm is not None:
             residual_norms.append(router_norm)
-        residual, (x, *moe_inputs) = ops.projection_norm_add(
-            heads, *projection_weights(self.self_attn.o_proj), self.post_attention_layernorm, residual=h,
-            out_norms=residual_norms)
-        # h = residual + post_norm(down(m)) (MoE: residual + post_norm(post_norm_1(down(m)) + post_norm_2(moe))), then
-        # the layer scalar and the next norm: one op with the down projection (one launch on CUDA)
+        residual, (x, *moe_inputs) = ops.norm_add(attn, self.post_attention_layernorm, residual=h,
+                                                  out_norms=residual_norms)
+        m = self.mlp(x)
+        # h = residual + post_norm(m) (MoE: residual + post_norm(post_norm_1(m) + post_norm_2(moe))), then the layer
+        # scalar and the next norm: one op (one launch on CUDA)
         scalar = self.layer_scalar if self.has_layer_scalar else None
         ends_here = not self.ple_size  # else the per-layer input's add is the last op, with the scalar and next norm
         scale_now, next_norms = (scalar, (next_norm,)) if ends_here else (None, ())
-        down = projection_weights(self.mlp.down_proj)
         if self.is_moe:
             weights, ids = self.router(residual, moe_inputs[1] if router_norm is not None else None)
             moe = self.experts(moe_inputs[0], weights, ids)
-            # the dense MLP after the experts (the branches are independent), so that its down projection carries
-            # the norm chain that needs both
-            h, normed = ops.projection_norm_add(
-                self.mlp.activated(x), *down, self.post_feedforward_layernorm_1, moe,
-                self.post_feedforward_layernorm_2, sum_norm=self.post_feedforward_layernorm, residual=residual,
-                scale=scale_now, out_norms=next_norms)
+            h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
+                                     sum_norm=self.post_feedforward_layernorm, residual=residual, scale=scale_now,
+                                     out_norms=next_norms)
         else:
-            h, normed = ops.projection_norm_add(self.mlp.activated(x), *down, self.post_feedforward_layernorm,
-                                                residual=residual, scale=scale_now, out_norms=next_norms)
+            h, normed = ops.norm_add(m, self.post_feedforward_layernorm, residual=residual, scale=scale_now,
+                                     out_norms=next_norms)
 
         if self.ple_size:
             if per_layer_input is None:
@@ -176,9 +166,8 @@ class Gemma4DecoderLayer(nn.Module):
             # act(gate(h)) * per_layer_input: one op (one launch on CUDA instead of three), the same roundings
             gate = ops.gated_projection(h, *projection_weights(self.per_layer_input_gate), self.act_name,
                                         per_layer_input)  # [T, P]
-            h, normed = ops.projection_norm_add(gate, *projection_weights(self.per_layer_projection),
-                                                self.post_per_layer_input_norm, residual=h, scale=scalar,
-                                                out_norms=(next_norm,))
+            h, normed = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, residual=h,
+                                     scale=scalar, out_norms=(next_norm,))
         return h, normed[0]
 
 

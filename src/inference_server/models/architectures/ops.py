@@ -3,8 +3,7 @@
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
 ``ops.gated_activation``, ``ops.gated_projection`` (a fused gate/up projection and its gated activation),
 ``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add``
-(Gemma's post-norm(s) + residual add + scale + next norms), ``ops.projection_norm_add`` (a block's last projection
-and the ``norm_add`` of its output), ``ops.qk_norm_rope`` (an attention layer's per-head norms
+(Gemma's post-norm(s) + residual add + scale + next norms), ``ops.qk_norm_rope`` (an attention layer's per-head norms
 and RoPE), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float
 projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing
 launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
@@ -264,40 +263,6 @@ def torch_norm_add(
     return y, tuple(layers.apply_norm(y, norm) for norm in out_norms)
 
 
-class ProjectionNormAddFn(Protocol):
-    """The projection-then-sandwich-norm op: ``ops.torch_projection_norm_add``'s signature."""
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
-                 a_norm: layers.NormWeights, b: torch.Tensor | None = None,
-                 b_norm: layers.NormWeights | None = None, *, sum_norm: layers.NormWeights | None = None,
-                 residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                 out_norms: Sequence[layers.NormWeights] = ()) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
-
-
-def torch_projection_norm_add(
-    x: torch.Tensor,  # [..., K]: a block's last projection's input
-    weight: torch.Tensor,  # [N, K]: float, or int8 with weight_scale
-    weight_scale: torch.Tensor | None,  # [N]
-    a_norm: layers.NormWeights,
-    b: torch.Tensor | None = None,
-    b_norm: layers.NormWeights | None = None,
-    *,
-    sum_norm: layers.NormWeights | None = None,
-    residual: torch.Tensor | None = None,
-    scale: torch.Tensor | None = None,
-    out_norms: Sequence[layers.NormWeights] = (),
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:  # as norm_add's
-    """``norm_add(x @ weight.T, a_norm, ...)``: a block's last projection (float weights through the installed
-    ``linear``, int8 ones through the installed ``int8_linear``) and the installed ``norm_add`` of its output (the
-    rest as ``torch_norm_add``). The CUDA backend installs one launch for both where the projection is a GEMV of a
-    few tokens (``kernels.gemv_norm_add``)."""
-    if weight_scale is None:
-        a = linear(x, weight, None)
-    else:
-        a = int8_linear(x.reshape(-1, x.shape[-1]), weight, weight_scale).reshape(*x.shape[:-1], weight.shape[0])
-    return norm_add(a, a_norm, b, b_norm, sum_norm=sum_norm, residual=residual, scale=scale, out_norms=out_norms)
-
-
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
 linear_route: LinearRouteFn = torch_linear_route
@@ -307,7 +272,6 @@ add_rms_norm: AddNormFn = torch_add_rms_norm
 add_norm_linear_route: AddNormLinearRouteFn = torch_add_norm_linear_route
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
-projection_norm_add: ProjectionNormAddFn = torch_projection_norm_add
 int8_linear: Int8LinearFn = torch_int8_linear
 linear: LinearFn = torch.nn.functional.linear
 """Float-weight projections (the CUDA backend installs a Triton GEMV for small token counts, cuBLAS above)."""
@@ -342,7 +306,6 @@ _REFERENCE: dict[str, object] = {
     "add_norm_linear_route": torch_add_norm_linear_route,
     "qk_norm_rope": torch_qk_norm_rope,
     "norm_add": torch_norm_add,
-    "projection_norm_add": torch_projection_norm_add,
     "int8_linear": torch_int8_linear,
     "linear": torch.nn.functional.linear,
     "fused_weights": False,
@@ -356,14 +319,12 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
             int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
             linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None,
-            gated_proj: GatedProjectionFn | None = None,
-            projection_sandwich: ProjectionNormAddFn | None = None) -> None:
+            gated_proj: GatedProjectionFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
               "gated_projection": gated_proj,
               "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
-              "qk_norm_rope": qk_norm, "norm_add": sandwich, "projection_norm_add": projection_sandwich,
-              "int8_linear": int8_linear, "linear": linear,
+              "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
               "fused_weights": weights_fused}
     assert chosen.keys() == _REFERENCE.keys()
     globals().update({name: value for name, value in chosen.items() if value is not None})
