@@ -102,24 +102,6 @@ def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, rows, out_offse
 
 
 @triton.jit
-def _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One key tile of the online softmax: scores of ``q [BLOCK_G, BLOCK_D]`` against ``k [BLOCK_D, BLOCK_N]``
-    (keys outside ``valid`` masked), then the running max ``m_i``, normaliser ``l_i`` and output ``acc`` rescaled and
-    updated with ``v [BLOCK_N, BLOCK_D]`` (log2 domain; fp32)."""
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, nH, D]
     k_cache_ptr,  # [num_blocks, PAGE, nKV, D]
@@ -160,19 +142,15 @@ def _paged_decode_kernel(
     BLOCK_R: tl.constexpr = 16,  # G padded to a power of two: the merged rows (FUSED_REDUCE)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from earlier
+    # launches (nothing here is a weight), so wait before the first load.
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     num_heads = tl.num_programs(1) * G
 
-    # PDL (kernels.pdl): the context lengths and block tables are the step's inputs, written before this kernel's
-    # predecessor, so the invariant's second rule lets them be read before the wait, past L1: the first two round
-    # trips of the chain (context length, then the first tile's block-table entries) overlap the predecessor's run.
-    # The query and the newest K/V row come from the predecessor (the q/k norm + RoPE launch that stores it), and the
-    # older rows are loaded with it in the same tiles: after the wait. (Loading the older rows of the first tile
-    # before the wait too keeps two tiles in registers, not in the loop's shared-memory stages: 0.3-1.4 KB of spills
-    # a thread at sm_90.)
-    ctx = tl.load(context_lens_ptr + b, cache_modifier=".cg")
+    ctx = tl.load(context_lens_ptr + b)
     lo = tl.maximum(ctx - window, 0)  # first visible key
     chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
@@ -184,11 +162,7 @@ def _paged_decode_kernel(
     g_mask = offs_g < G
     d_mask = offs_d < D
     heads = kvh * G + offs_g  # [BLOCK_G]
-    bt_row = block_tables_ptr + b * stride_btb
-    blk = tl.load(bt_row + (start + offs_n) // PAGE, mask=start + offs_n < end, other=0,
-                  cache_modifier=".cg").to(tl.int64)  # the first tile's blocks [BLOCK_N]
 
-    pdl_wait(USE_PDL)
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=g_mask[:, None] & d_mask[None, :],
@@ -202,9 +176,11 @@ def _paged_decode_kernel(
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    bt_row = block_tables_ptr + b * stride_btb
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n  # [BLOCK_N]
         valid = pos < end
+        blk = tl.load(bt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
         tok = pos % PAGE
         # K and V are both issued before the scores need K: at decode a program runs one or two tiles, and V's HBM
         # round trip then overlaps K's instead of following the softmax.
@@ -218,9 +194,17 @@ def _paged_decode_kernel(
             mask=valid[:, None] & d_mask[None, :],
             other=0.0,
         )
-        nxt = pos + BLOCK_N  # the next tile's blocks, while this one computes
-        blk = tl.load(bt_row + nxt // PAGE, mask=nxt < end, other=0).to(tl.int64)
-        m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
     # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
     pdl_release(USE_PDL)

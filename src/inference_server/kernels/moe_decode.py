@@ -132,36 +132,8 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 
 @triton.jit
-def _first_row_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     W_WORDS: tl.constexpr):
-    """The first K tile of the weight rows at ``rows [BN]`` (and, with ``TWO``, of the rows ``row_stride`` further;
-    else the same tile twice), as ``_stream_rows`` (elements) or ``_stream_word_rows`` (``W_WORDS``: int32 words of
-    four int8 columns) take it: issued apart from the stream, so a caller may load it before its PDL wait."""
-    if W_WORDS:
-        offs_w, first_col = word_pair_offsets(BLOCK_K // 4)
-        w_ok = (first_col < length)[None, :]
-    else:
-        offs_w = tl.arange(0, BLOCK_K)
-        w_ok = (offs_w < length)[None, :]
-    w_ptrs = rows[:, None] + offs_w[None, :]
-    if EVEN_K:
-        a = tl.load(w_ptrs)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride)
-        else:
-            b = a
-    else:
-        a = tl.load(w_ptrs, mask=w_ok, other=0)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
-        else:
-            b = a
-    return a, b
-
-
-@triton.jit
 def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, W_INT8: tl.constexpr, a, b):
+                 EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """fp32 dot products of the ``[BN, length]`` weight rows starting at ``rows [BN]`` (and, with ``TWO``, of the
     rows ``row_stride`` further) with the vector at ``x_row``: ``(sum_a [BN], sum_b [BN])``. Float weights, or
     int8 as single bytes (``_stream_word_rows`` reads them as words).
@@ -175,9 +147,20 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     if EVEN_K:
+        a = tl.load(w_ptrs)
         x = tl.load(x_ptrs).to(tl.float32)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = a
     else:
-        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0).to(tl.float32)
+        k_ok = offs_k < length
+        a = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
+        x = tl.load(x_ptrs, mask=k_ok, other=0.0).to(tl.float32)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
+        else:
+            b = a
     acc_a = tl.zeros(a.shape, dtype=tl.float32)
     acc_b = tl.zeros(a.shape, dtype=tl.float32)
     for kb in range(0, n_tiles):
@@ -211,7 +194,7 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
 
 @triton.jit
 def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EVEN_K: tl.constexpr, PRMT: tl.constexpr, INT_DOT: tl.constexpr, a, b):
+                      EVEN_K: tl.constexpr, PRMT: tl.constexpr, INT_DOT: tl.constexpr):
     """``_stream_rows`` for int8 weights read as int32 words: ``rows [BN]`` point at each row's first word (an
     ``int32`` pointer, ``row_stride`` in words), ``length`` counts int8 columns (a multiple of 8) and ``BLOCK_K``
     columns a tile (a multiple of 8). Word ``j`` holds columns ``4j .. 4j+3`` (byte ``i`` is column ``4j + i``);
@@ -231,9 +214,20 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     if EVEN_K:
+        a = tl.load(w_ptrs)
         x = tl.load(x_ptrs)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = a
     else:
+        w_ok = (first_col < length)[None, :]
+        a = tl.load(w_ptrs, mask=w_ok, other=0)
         x = tl.load(x_ptrs, mask=offs_k < length, other=0.0)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
+        else:
+            b = a
     acc_a = tl.zeros(a.shape, dtype=tl.float32)
     acc_b = tl.zeros(a.shape, dtype=tl.float32)
     for kb in range(0, n_tiles):
@@ -315,13 +309,10 @@ def _gate_up_kernel(
     offs_n_safe = offs_n % inter_size  # in-bounds loads; the store is masked
     rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
     x_row = x_ptr + token * stride_xt
-    w_gate, w_up = _first_row_tiles(rows, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_WORDS)
     if W_WORDS:
-        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT,
-                                     w_gate, w_up)
+        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
-        gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8, w_gate,
-                                w_up)
+        gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)
@@ -363,28 +354,24 @@ def _down_kernel(
     INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and the
+    # output may still be read by an earlier one, and the arrival counters are reset by the previous launch: wait
+    # before the first load, store or atomic.
+    pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     token = pair // TOP_K
-    # PDL (kernels.pdl): the expert ids come from the router, the launch before the gate/up kernel that precedes this
-    # one, so they may be read before the wait (the invariant's second rule), and with them the expert's first weight
-    # tile: its HBM latency overlaps the gate/up kernel's tail. The ids are read past L1 (.cg): an earlier launch may
-    # have left the recycled address there. The act * up rows come from the gate/up kernel, the scratch and the output
-    # may still be read by an earlier one, and the arrival counters are reset by the previous launch: everything else
-    # is after the wait.
-    expert = tl.load(ids_ptr + pair, cache_modifier=".cg").to(tl.int32)
+    expert = tl.load(ids_ptr + pair).to(tl.int32)
     valid = (expert >= 0) & (expert < num_experts)
     expert = tl.where(valid, expert, 0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n_safe = offs_n % H
     rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
-    w_first, _ = _first_row_tiles(rows, 0, inter_size, False, BLOCK_K, EVEN_K, W_WORDS)
-    pdl_wait(USE_PDL)
     x_row = inter_ptr + pair.to(tl.int64) * inter_size
     if W_WORDS:
-        y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT, w_first, w_first)
+        y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
-        y, _ = _stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8, w_first, w_first)
+        y, _ = _stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)

@@ -15,15 +15,11 @@ Invariant that makes it safe (every kernel taking part keeps it):
   return), before its first global read of data that a predecessor may write and before its first global write
   (or atomic). Write-after-read counts too: a kernel must not overwrite a buffer (its output, a workspace the
   caching allocator hands out again, a counter) that its predecessor may still be reading.
-* Before the wait a kernel may read only (1) weights (never written during a step), and (2) data written by a
-  kernel *before its predecessor*, read past L1 (``.cg``: an earlier launch may have left a recycled address there).
-  (2) holds because every kernel here releases after its wait (below): the kernel's programs get resident only once
-  every program of its predecessor has passed its own wait, i.e. once every launch before the predecessor has
-  completed with its memory visible. The CUDA-core GEMV (``int8_gemv``) loads its first weight tile there, and
-  ``norm_add`` and ``qk_norm_rope`` their norm weights (and the layer scale), so that the DRAM latency of their start
-  overlaps the predecessor's tail; the MoE decode down GEMV (``moe_decode``) reads its expert ids (the router's,
-  two launches back) and its expert's first weight tile there. The other kernels' weight loads share loops (or
-  depend on indices from their predecessor, e.g. the gate/up GEMV's routed expert) with data of earlier kernels.
+* Only weights (never written during a step) may be read before the wait, at addresses that depend on shapes
+  alone. The CUDA-core GEMV (``int8_gemv``) loads its first weight tile there, and ``norm_add`` and
+  ``qk_norm_rope`` their norm weights (and the layer scale), so that the DRAM latency of their start overlaps the
+  predecessor's tail; the other kernels' weight loads share loops (or depend on indices, e.g. the routed expert)
+  with data of earlier kernels.
 
 A new kernel takes part by taking ``USE_PDL: tl.constexpr = False``, keeping the invariant, launching with
 ``**pdl_launch()``, and joining the cases of ``tests/kernels/test_kernels_compile_for_h200.py``'s PDL test (which
