@@ -273,8 +273,8 @@ PDL_COMPILE = textwrap.dedent('''
 
     import inference_server.kernels as package
     from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
-                                          kv_store, moe_decode, norm_add, qk_norm_rope, rmsnorm, rope, router,
-                                          streamed_linear)
+                                          kv_store, moe_decode, norm_add, qk_norm_rope, rmsnorm, rope, rope_tables,
+                                          router, streamed_linear)
 
     target = GPUTarget("cuda", 90, 64)
     BF16 = "*bf16"
@@ -290,6 +290,7 @@ PDL_COMPILE = textwrap.dedent('''
               PAGE=16)),
         (kv_store._store_kv_kernel, {"slot_mapping_ptr": "*i64"}, dict(PAGE=16, H=4, D=128, BLOCK_H=4, BLOCK_D=128)),
         (rope._rope_kernel, {}, dict(NUM_Q_HEADS=32, HALF=64, BLOCK_HALF=64)),
+        (rope_tables._rope_tables_kernel, {"pos_ptr": "*i64", "inv_ptr": "*fp32"}, dict(BLOCK=128, LIBDEVICE=True)),
         (decode_attention._paged_decode_kernel,
          {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
           "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"},
@@ -356,6 +357,8 @@ PDL_COMPILE = textwrap.dedent('''
             kernel = triton.compile(source(fn, signature, constexprs, use_pdl=use_pdl), target=target,
                                     options={"launch_pdl": use_pdl})
             ptx = kernel.asm["ptx"]
+            # the RoPE tables take CUDA's cosf / sinf (as PyTorch's kernels), not the approximate instructions
+            assert fn is not rope_tables._rope_tables_kernel or not ("cos.approx" in ptx or "sin.approx" in ptx)
             if use_pdl:
                 assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx, fn.__name__
                 assert kernel.metadata.launch_pdl, fn.__name__

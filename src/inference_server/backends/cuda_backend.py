@@ -63,6 +63,7 @@ from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rope import rope_qk_
+from inference_server.kernels.rope_tables import rope_tables
 from inference_server.kernels.router import MAX_EXPERTS, add_norm_linear_route, linear_route, triton_route
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
 from inference_server.models.architectures import layers, ops
@@ -235,6 +236,17 @@ def triton_norm_add(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor
                     residual=residual, scale=scale, out_norms=[(weight(n), n.eps) for n in out_norms])
 
 
+def triton_rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``ops.rope_cos_sin`` in one Triton launch (``kernels.rope_tables``: the reference's arithmetic, CUDA's cosf /
+    sinf) for fp32 inverse frequencies on the positions' device; the reference for anything else."""
+    if inv_freq.dim() != 1 or inv_freq.dtype != torch.float32 or inv_freq.device != positions.device \
+            or positions.dim() != 1 or positions.dtype.is_floating_point \
+            or dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return layers.rope_cos_sin(inv_freq, positions, dtype)
+    return rope_tables(positions, inv_freq, dtype)
+
+
 def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                         max_tokens: int, tuned_only: bool = False) -> torch.Tensor:
     """``ops.linear`` through the Triton weight-streaming GEMV (``kernels.dense_linear``) for steps of at most
@@ -330,6 +342,9 @@ class CudaRunnerOptions:
     triton_norm_add: bool = True
     """Gemma 4's post-norm(s) + residual add + layer scale + the next norms (the FFN inputs' and the router's, or the
     next layer's input norm) in one launch (``ops.norm_add``); needs ``triton_norm``."""
+    triton_rope_tables: bool = True
+    """A step's RoPE tables (cos and sin of each attention layer type) in one Triton launch each
+    (``ops.rope_cos_sin``, ``kernels.rope_tables``) instead of seven PyTorch kernels."""
     triton_qk_norm_rope: bool = True
     """An attention layer's q/k norms, RoPE and value norm in one launch (``ops.qk_norm_rope``); needs
     ``triton_norm`` and ``triton_rope``."""
@@ -419,6 +434,9 @@ class CudaModelRunner(ModelRunner):
             else ops.torch_add_norm_linear_route
         # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
         self._qk_norm = triton_qk_norm_rope if options.uses_triton_qk_norm_rope else ops.torch_qk_norm_rope
+        # RoPE tables: one launch a layer type instead of seven.
+        self._rope_tables = triton_rope_cos_sin if options.triton_rope_tables and not options.compile \
+            else layers.rope_cos_sin
         # Gemma 4's sandwich norms: one launch instead of two to four per use.
         self._norm_add = triton_norm_add if options.triton_norm_add and options.triton_norm and not options.compile \
             else ops.torch_norm_add
@@ -529,7 +547,7 @@ class CudaModelRunner(ModelRunner):
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
                     linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
-                    gated_proj=self._gated_projection)
+                    gated_proj=self._gated_projection, rope_tables=self._rope_tables)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -37,7 +37,6 @@ from inference_server.models.architectures.layers import (
     RMSNorm,
     apply_norm,
     apply_rms_norm,
-    rope_cos_sin,
     rope_inv_freq,
     uninitialised_embedding,
 )
@@ -209,7 +208,7 @@ class Gemma4Model(Decoder):
         h = self.embed_tokens(ids)  # [T, H] in the table's dtype (dequantized rows when int8)
         h = h * torch.tensor(self.spec.embed_scale).to(h.dtype)
         ple = self.per_layer_inputs(ids, h) if self.spec.ple_hidden_size else None  # [T, L, P]
-        rope = {t: rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
+        rope = {t: ops.rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
         decoder_layers = cast(list[Gemma4DecoderLayer], list(self.layers))
         # each layer ends with the norm that follows it: the next layer's input norm, after the last the final norm
         next_norms: list[NormWeights] = [*(layer.input_layernorm for layer in decoder_layers[1:]), self.norm]

@@ -2,13 +2,13 @@
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
 ``ops.gated_activation``, ``ops.gated_projection`` (a fused gate/up projection and its gated activation),
-``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add``
-(Gemma's post-norm(s) + residual add + scale + next norms), ``ops.qk_norm_rope`` (an attention layer's per-head norms
-and RoPE), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float
-projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing
-launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster
-implementations with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch
-here means model code reads the same on every device. The choice is process-wide: a test that runs a reference
+``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm(s) + residual
+add + scale + next norms), ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.rope_cos_sin``
+(a step's RoPE tables), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear``
+(float projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused
+routing launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations
+with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch here means model
+code reads the same on every device. The choice is process-wide: a test that runs a reference
 runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
 """
 
@@ -40,6 +40,8 @@ class MoEFn(Protocol):
 
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+RopeTablesFn = Callable[[torch.Tensor, torch.Tensor, torch.dtype], tuple[torch.Tensor, ...]]
+"""``(inv_freq [D/2], positions [T], dtype) -> (cos, sin)`` ``[T, D]``: ``layers.rope_cos_sin``'s contract."""
 """``(x [..., K], weight [N, K], bias [N] | None) -> [..., N]``: ``torch.nn.functional.linear``'s contract."""
 Int8LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(x [T, K], qweight [N, K] int8, scale [N]) -> [T, N]`` in x's dtype (``int8_linear_reference``'s contract)."""
@@ -279,6 +281,9 @@ fused_weights = False
 """Whether layers whose weights were fused or folded at start-up use them: one GEMM for q/k/v
 (``SelfAttention.fuse_qkv``) and for a dense MLP's gate/up (``GatedMLP.fuse_gate_up``), Gemma 4's router
 scale folded into its norm (``Gemma4Router.fold_scale``). Same math, other rounding; off for the reference."""
+rope_cos_sin: RopeTablesFn = layers.rope_cos_sin
+"""A step's RoPE tables ``cos, sin [T, D]`` for its positions (``layers.rope_cos_sin``'s contract; the CUDA backend
+installs ``kernels.rope_tables``, one launch a table instead of seven)."""
 
 
 def add_norm(norm: layers.RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,6 +314,7 @@ _REFERENCE: dict[str, object] = {
     "int8_linear": torch_int8_linear,
     "linear": torch.nn.functional.linear,
     "fused_weights": False,
+    "rope_cos_sin": layers.rope_cos_sin,
 }
 """Every swappable attribute of this module and its reference value (what ``reference_ops`` installs)."""
 
@@ -319,13 +325,13 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
             int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
             linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None,
-            gated_proj: GatedProjectionFn | None = None) -> None:
+            gated_proj: GatedProjectionFn | None = None, rope_tables: RopeTablesFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
               "gated_projection": gated_proj,
               "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
-              "fused_weights": weights_fused}
+              "fused_weights": weights_fused, "rope_cos_sin": rope_tables}
     assert chosen.keys() == _REFERENCE.keys()
     globals().update({name: value for name, value in chosen.items() if value is not None})
     if norm is not None:

@@ -15,7 +15,7 @@ from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
-from inference_server.models.architectures.layers import RMSNorm, rope_cos_sin, rope_inv_freq, uninitialised_embedding
+from inference_server.models.architectures.layers import RMSNorm, rope_inv_freq, uninitialised_embedding
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -107,7 +107,7 @@ class Qwen3MoeModel(Decoder):
     def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Final-normed hidden states [T, H] for the packed token ids [T]."""
         h = self.embed_tokens(ids)  # [T, H]
-        cos, sin = rope_cos_sin(self.inv_freq, ctx.positions, h.dtype)
+        cos, sin = ops.rope_cos_sin(self.inv_freq, ctx.positions, h.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, cos, sin, ctx)
