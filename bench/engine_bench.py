@@ -157,22 +157,23 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers of
 # issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual add +
 # norm, q/k norm + RoPE, Gemma's norm + add, router GEMV in the routing launch, KV store in the q/k norm + RoPE
-# launch, the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs) and the tuned
-# MoE configs, and PDL; "untuned" is the default without the tuned MoE configs; "separate-launches" is the default
-# with the router GEMV and the KV store in launches of their own (those two levers alone); "triton-gemv" is the
-# default with the float projections of small steps on the Triton GEMV at every shape (the default takes it only where
-# this GPU's sweep timed it faster than cuBLAS); "grouped-moe" is the default with every step's routed experts on the
-# grouped GEMMs (no decode MoE GEMVs); "cublas-linear" is the default with every float projection on cuBLAS (not the
-# Triton GEMV where the sweep tuned it); "no-pdl" is the default without programmatic dependent launch of the Triton
-# kernels (kernels/pdl.py, on by default since 2026-12-01); "unfused-gated" is the default with a dense MLP's gated
-# activation in a launch of its own (not in the gate/up GEMV's epilogue: kernels/gated_gemv.py); "compile" is the
-# default with torch.compile (CUSTOM_BACKEND_COMPILE).
+# launch, the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs, the RoPE
+# tables in one launch) and the tuned MoE configs, and PDL; "untuned" is the default without the tuned MoE configs;
+# "separate-launches" is the default with the router GEMV and the KV store in launches of their own (those two levers
+# alone); "triton-gemv" is the default with the float projections of small steps on the Triton GEMV at every shape
+# (the default takes it only where this GPU's sweep timed it faster than cuBLAS); "grouped-moe" is the default with
+# every step's routed experts on the grouped GEMMs (no decode MoE GEMVs); "cublas-linear" is the default with every
+# float projection on cuBLAS (not the Triton GEMV where the sweep tuned it); "no-pdl" is the default without
+# programmatic dependent launch of the Triton kernels (kernels/pdl.py, on by default since 2026-12-01);
+# "unfused-gated" is the default with a dense MLP's gated activation in a launch of its own (not in the gate/up GEMV's
+# epilogue: kernels/gated_gemv.py); "torch-rope-tables" is the default with each step's RoPE tables built by PyTorch's
+# seven kernels (not kernels/rope_tables.py); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
-                   fused_norm_router=False, fused_gated_gemv=False,
+                   fused_norm_router=False, fused_gated_gemv=False, triton_rope_tables=False,
                    triton_greedy_head=False, triton_dense_linear=False, triton_dense_linear_where_tuned=False,
                    moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
@@ -181,6 +182,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "cublas-linear": dict(triton_dense_linear_where_tuned=False),
     "no-pdl": dict(pdl=False),
     "unfused-gated": dict(fused_gated_gemv=False),
+    "torch-rope-tables": dict(triton_rope_tables=False),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")
