@@ -40,9 +40,9 @@ class MoEFn(Protocol):
 
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""``(x [..., K], weight [N, K], bias [N] | None) -> [..., N]``: ``torch.nn.functional.linear``'s contract."""
 RopeTablesFn = Callable[[torch.Tensor, torch.Tensor, torch.dtype], tuple[torch.Tensor, ...]]
 """``(inv_freq [D/2], positions [T], dtype) -> (cos, sin)`` ``[T, D]``: ``layers.rope_cos_sin``'s contract."""
-"""``(x [..., K], weight [N, K], bias [N] | None) -> [..., N]``: ``torch.nn.functional.linear``'s contract."""
 Int8LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(x [T, K], qweight [N, K] int8, scale [N]) -> [T, N]`` in x's dtype (``int8_linear_reference``'s contract)."""
 RouteFn = Callable[[torch.Tensor, int, bool, "torch.Tensor | None", "torch.dtype | None"],
