@@ -45,6 +45,8 @@ between the two paths per shape and token count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -61,7 +63,7 @@ from inference_server.kernels.int8_fixed_dot import fixed_point_dot, takes_fixed
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["GATED_ACTIVATIONS", "int8_gemv_kernel", "launch_gemv"]
+__all__ = ["GATED_ACTIVATIONS", "GemvLaunch", "gemv_arguments", "gemv_program", "int8_gemv_kernel", "launch_gemv"]
 
 
 @triton.jit
@@ -99,8 +101,11 @@ def _token_row(x_ptrs, row, stride_xt, k_ok, EVEN_K: tl.constexpr):
     return tl.load(x_ptrs + row * stride_xt, mask=k_ok, other=0.0)
 
 
-@triton.jit(do_not_specialize=["T"])
-def int8_gemv_kernel(
+@triton.jit
+def gemv_program(
+    pid_t,  # this program's token block
+    pid_n,  # its row block
+    pid_s,  # its K split
     x_ptr,  # [T, K] activations
     w_ptr,  # [N, K] int8 or float elements; W_WORDS: [N, K / 4] int32 words of four int8 columns
     scale_ptr,  # [N] per-output-channel scale (HAS_SCALE; else any pointer, unread)
@@ -134,13 +139,13 @@ def int8_gemv_kernel(
     DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
     INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (int8_fixed_dot)
 ):
+    """One program of ``int8_gemv_kernel`` (the module docstring's loop), at the given program coordinates: the
+    kernel runs it at its grid's, and kernels that share a launch with other work (``kernels.mlp_beside_experts``)
+    at coordinates of their own."""
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
     tl.static_assert(W_WORDS or not INT_DOT, "the integer dot reads int8 words")
     tl.static_assert(EVEN_K or not DEEP, "the two-ahead weight loads need whole K tiles")
     WORDS: tl.constexpr = BLOCK_K // 4
-    pid_t = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_s = tl.program_id(2)
     t0 = pid_t * BLOCK_T  # this program's first token
     HALF_N: tl.constexpr = BLOCK_N // 2  # GATED with paired rows: outputs a program
     if GATED and not UP_IN_MEMORY:
@@ -292,22 +297,70 @@ def int8_gemv_kernel(
                             stride_scale, SPLIT_K, HAS_SCALE)
 
 
+@triton.jit(do_not_specialize=["T"])
+def int8_gemv_kernel(
+    x_ptr,  # [T, K] activations
+    w_ptr,  # [N, K] int8 or float elements; W_WORDS: [N, K / 4] int32 words of four int8 columns
+    scale_ptr,  # [N] per-output-channel scale (HAS_SCALE; else any pointer, unread)
+    out_ptr,  # SPLIT_K == 1: [T, N] in x's dtype; else [SPLIT_K, T, N] fp32 partial sums
+    T,
+    N,
+    K,  # columns (elements, not words)
+    k_per_split,  # K columns per split, a multiple of BLOCK_K (K when SPLIT_K == 1)
+    stride_xt,
+    stride_xk,
+    stride_wn,  # in w_ptr's elements (words when W_WORDS)
+    stride_wk,  # unused when W_WORDS (words are contiguous)
+    stride_scale,
+    stride_os,  # between splits of the partial sums (unused when SPLIT_K == 1)
+    stride_ot,
+    half,  # GATED with paired rows: the gate rows (I); the up rows start there (unused otherwise)
+    up_ptr,  # GATED with UP_IN_MEMORY: [T, N] the up factor (else any pointer, unread)
+    stride_ut,
+    BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # tokens per program, 1 to 4: each dequantised weight tile is used BLOCK_T times
+    BLOCK_K: tl.constexpr,  # columns per tile, a multiple of 4
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
+    HAS_SCALE: tl.constexpr = True,  # int8 weights (times the row's scale); False: float weights
+    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (K % 8 == 0, contiguous rows)
+    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+    GATED: tl.constexpr = 0,  # 0: y = x @ W.T; 1: act(gate) * up with gelu_tanh, 2: with silu (see gated_gemv)
+    UP_IN_MEMORY: tl.constexpr = False,  # GATED: up read from up_ptr (W is the gate alone), not W's second half
+    LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
+    DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
+    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (int8_fixed_dot)
+):
+    gemv_program(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2),
+        x_ptr, w_ptr, scale_ptr, out_ptr, T, N, K, k_per_split, stride_xt, stride_xk, stride_wn, stride_wk,
+        stride_scale, stride_os, stride_ot, half, up_ptr, stride_ut, BLOCK_N, BLOCK_T, BLOCK_K, SPLIT_K, EVEN_K,
+        HAS_SCALE, W_WORDS, PRMT, USE_PDL, GATED, UP_IN_MEMORY, LIBDEVICE_TANH, DEEP, INT_DOT,
+    )  # fmt: skip
+
+
 GATED_ACTIVATIONS = {"gelu_tanh": 1, "silu": 2}
 """The gated epilogue's activations and their ``GATED`` codes."""
 
 
-def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                dest: torch.Tensor, k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int,
-                split_k: int, num_warps: int, num_stages: int, interpreted: bool, gated: str | None = None,
-                up: torch.Tensor | None = None) -> None:
-    """Launch the GEMV of ``x [T, K] @ weight[N, K].T`` (int8 weights with ``scale``, else float weights of x's
-    dtype) into ``dest`` (``[T, N]`` in x's dtype, or ``[split_k, T, N]`` fp32 partial sums). ``block_k`` must be
-    a multiple of 4; int8 weights are read as words where ``int8_words_view`` allows it.
+@dataclass(frozen=True)
+class GemvLaunch:
+    """The arguments of one ``int8_gemv_kernel`` launch (``gemv_arguments``): ``args`` in the order of the kernel's
+    runtime parameters, ``constexprs`` by name, and the launch options. Kernels that run ``gemv_program`` beside
+    other work (``kernels.mlp_beside_experts``) take the same parameters under the same names."""
 
-    ``gated`` (an activation of ``GATED_ACTIVATIONS``; ``kernels.gated_gemv``), one split only: with ``up``
-    (``[T, N]``, x's dtype, a contiguous last dim) ``dest [T, N]`` gets ``act(x @ weight.T) * up``; without it
-    ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and ``dest [T, I]`` gets ``act(gate) * up``, ``block_n``
-    even and the grid's second axis ``cdiv(I, block_n / 2)``."""
+    args: tuple[object, ...]
+    constexprs: dict[str, object]
+    num_warps: int
+    num_stages: int
+
+
+def gemv_arguments(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, dest: torch.Tensor,
+                   k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int, split_k: int,
+                   num_warps: int, num_stages: int, interpreted: bool, gated: str | None = None,
+                   up: torch.Tensor | None = None) -> GemvLaunch:
+    """The arguments of the GEMV launch ``launch_gemv`` describes, checked (see there)."""
     T, K = x.shape
     N = weight.shape[0]
     if block_k % 4 or not 1 <= block_t <= 4:
@@ -325,13 +378,32 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
     w = words if words is not None else weight
     scale_arg = scale if scale is not None else weight  # a valid pointer the kernel never reads
     up_arg = up if up is not None else x  # a valid pointer the kernel never reads
-    int8_gemv_kernel[grid](
-        x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-        scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2, up_arg, up_arg.stride(0),
+    args = (x, w, scale_arg, dest, T, N, K, k_per_split, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+            scale.stride(0) if scale is not None else 0, stride_os, dest.stride(-2), N // 2, up_arg, up_arg.stride(0))
+    constexprs: dict[str, object] = dict(
         BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         HAS_SCALE=scale is not None, W_WORDS=words is not None, PRMT=words is not None and not interpreted,
         GATED=GATED_ACTIVATIONS[gated] if gated is not None else 0, UP_IN_MEMORY=up is not None,
         LIBDEVICE_TANH=not interpreted, DEEP=num_stages >= 2 and K % block_k == 0,
-        INT_DOT=words is not None and takes_fixed_point(x.dtype), num_warps=num_warps,
-        num_stages=num_stages, **pdl_launch(),
-    )  # fmt: skip
+        INT_DOT=words is not None and takes_fixed_point(x.dtype),
+    )
+    return GemvLaunch(args, constexprs, num_warps, num_stages)
+
+
+def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                dest: torch.Tensor, k_per_split: int, stride_os: int, *, block_n: int, block_t: int, block_k: int,
+                split_k: int, num_warps: int, num_stages: int, interpreted: bool, gated: str | None = None,
+                up: torch.Tensor | None = None) -> None:
+    """Launch the GEMV of ``x [T, K] @ weight[N, K].T`` (int8 weights with ``scale``, else float weights of x's
+    dtype) into ``dest`` (``[T, N]`` in x's dtype, or ``[split_k, T, N]`` fp32 partial sums). ``block_k`` must be
+    a multiple of 4; int8 weights are read as words where ``int8_words_view`` allows it.
+
+    ``gated`` (an activation of ``GATED_ACTIVATIONS``; ``kernels.gated_gemv``), one split only: with ``up``
+    (``[T, N]``, x's dtype, a contiguous last dim) ``dest [T, N]`` gets ``act(x @ weight.T) * up``; without it
+    ``weight`` is a fused ``[gate; up]`` of ``2I`` rows and ``dest [T, I]`` gets ``act(gate) * up``, ``block_n``
+    even and the grid's second axis ``cdiv(I, block_n / 2)``."""
+    launch = gemv_arguments(x, weight, scale, dest, k_per_split, stride_os, block_n=block_n, block_t=block_t,
+                            block_k=block_k, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
+                            interpreted=interpreted, gated=gated, up=up)
+    int8_gemv_kernel[grid](*launch.args, **launch.constexprs, num_warps=launch.num_warps,
+                           num_stages=launch.num_stages, **pdl_launch())

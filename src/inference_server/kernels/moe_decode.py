@@ -65,7 +65,8 @@ from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
-__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "fused_moe_decode", "moe_decode_config"]
+__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "fused_moe_decode", "gate_up_program", "launch_down",
+           "moe_decode_config", "moe_decode_launches"]
 
 MAX_TOKENS = 64
 """The most tokens one call takes (the arrival counters are sized for it)."""
@@ -270,6 +271,63 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def gate_up_program(
+    pid_n,  # this program's block of intermediate rows
+    pair,  # its (token, k) pair, t * K + k
+    x_ptr,  # [T, H] activations (last dim contiguous)
+    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8, its int32
+    # words [E, 2I, H / 4] when W_WORDS (strides in words)
+    ids_ptr,  # [T*K] expert of each pair, pair = t*K + k
+    scale_ptr,  # [E, 2I] per-row scale of int8 weights (unused unless W_INT8)
+    out_ptr,  # [T*K, I] act(gate) * up in x's dtype
+    num_experts,
+    H,
+    inter_size,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    TOP_K: tl.constexpr,
+    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    W_INT8: tl.constexpr,
+    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
+    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
+    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+):
+    """One program of ``_gate_up_kernel`` (step 1 of the module docstring), at the given coordinates; kernels that
+    share a launch with other work (``kernels.mlp_beside_experts``) run it at coordinates of their own."""
+    # PDL (kernels.pdl): the expert ids and the activations come from earlier launches (which expert's rows to stream
+    # is known only from them), so wait before the first load, in every program (also those that return at once).
+    pdl_wait(USE_PDL)
+    expert = tl.load(ids_ptr + pair).to(tl.int32)
+    if (expert < 0) | (expert >= num_experts):
+        return  # the down kernel gives this pair zeros
+    token = (pair // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n_safe = offs_n % inter_size  # in-bounds loads; the store is masked
+    rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
+    x_row = x_ptr + token * stride_xt
+    if W_WORDS:
+        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT)
+    else:
+        gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
+    # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
+    # on, waiting) do not hold registers while this kernel's programs still stream.
+    pdl_release(USE_PDL)
+    dt = out_ptr.dtype.element_ty
+    if W_INT8:  # gate row n, up row I + n
+        s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
+        gate = gate * tl.load(s_ptrs).to(tl.float32)
+        up = up * tl.load(s_ptrs + inter_size * stride_sn).to(tl.float32)
+    h = act_times_up(gate, up, dt, ACT)  # fused_moe's rounding points
+    tl.store(out_ptr + pair.to(tl.int64) * inter_size + offs_n, h.to(dt), mask=offs_n < inter_size)
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, H] activations (last dim contiguous)
     w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8, its int32
@@ -296,33 +354,11 @@ def _gate_up_kernel(
     INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    # PDL (kernels.pdl): the expert ids and the activations come from earlier launches (which expert's rows to stream
-    # is known only from them), so wait before the first load, in every program (also those that return at once).
-    pdl_wait(USE_PDL)
-    pid_n = tl.program_id(0)
-    pair = tl.program_id(1)
-    expert = tl.load(ids_ptr + pair).to(tl.int32)
-    if (expert < 0) | (expert >= num_experts):
-        return  # the down kernel gives this pair zeros
-    token = (pair // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_n_safe = offs_n % inter_size  # in-bounds loads; the store is masked
-    rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
-    x_row = x_ptr + token * stride_xt
-    if W_WORDS:
-        gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT)
-    else:
-        gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
-    # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
-    # on, waiting) do not hold registers while this kernel's programs still stream.
-    pdl_release(USE_PDL)
-    dt = out_ptr.dtype.element_ty
-    if W_INT8:  # gate row n, up row I + n
-        s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
-        gate = gate * tl.load(s_ptrs).to(tl.float32)
-        up = up * tl.load(s_ptrs + inter_size * stride_sn).to(tl.float32)
-    h = act_times_up(gate, up, dt, ACT)  # fused_moe's rounding points
-    tl.store(out_ptr + pair.to(tl.int64) * inter_size + offs_n, h.to(dt), mask=offs_n < inter_size)
+    gate_up_program(
+        tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, ids_ptr, scale_ptr, out_ptr, num_experts, H, inter_size,
+        stride_xt, stride_we, stride_wn, stride_se, stride_sn, TOP_K, ACT, BLOCK_N, BLOCK_K, EVEN_K, W_INT8,
+        W_WORDS, PRMT, INT_DOT, USE_PDL,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -415,6 +451,92 @@ def _arrival_counters(device: torch.device) -> torch.Tensor:
     return arrival_counters("fused_moe_decode", MAX_TOKENS * _MAX_ROW_TILES, device)
 
 
+@dataclass(frozen=True)
+class MoeDecodeLaunches:
+    """One ``fused_moe_decode`` call's checked arguments (``moe_decode_launches``): the gate/up launch's ``args``
+    in the order of ``_gate_up_kernel``'s runtime parameters with its ``constexprs`` and grid ``(row tiles,
+    pairs)``, and the down launch, which ``launch_down`` runs. Kernels that run ``gate_up_program`` beside other
+    work (``kernels.mlp_beside_experts``) take the gate/up launch's parameters."""
+
+    gate_up_args: tuple[object, ...]
+    gate_up_constexprs: dict[str, object]
+    gate_up_grid: tuple[int, int]
+    gate_up_warps: int
+    down_args: tuple[object, ...]
+    down_constexprs: dict[str, object]
+    down_grid: tuple[int, int]
+    down_warps: int
+
+
+def moe_decode_launches(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: Activation,
+    *,
+    config: MoeDecodeConfig | None = None,
+    out: torch.Tensor | None = None,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
+    int8_words: bool = True,
+) -> tuple[MoeDecodeLaunches | None, torch.Tensor]:
+    """``fused_moe_decode``'s checks, buffers and launch arguments (None for zero tokens: nothing to launch) and
+    its output ``[T, H]`` (written by the down launch)."""
+    shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
+                                 w_down_scale)
+    T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
+                                      shapes.top_k, shapes.int8)
+    if T > MAX_TOKENS:
+        raise ValueError(f"fused_moe_decode takes at most {MAX_TOKENS} tokens, got {T}")
+    if w_gate_up.stride(2) != 1 or w_down.stride(2) != 1 or hidden.stride(1) != 1:
+        raise ValueError("hidden and the expert weights need a contiguous last dim")
+    out = moe_output(hidden, out)
+    if T == 0:
+        return None, out
+    cfg = config or moe_decode_config(H, inter_size, hidden.element_size(), int8=w_int8)
+    int_dot = takes_fixed_point(hidden.dtype)  # int8 words meet bf16 activations as fixed point (int8_fixed_dot)
+    row_tiles = triton.cdiv(H, cfg.down_block_n)
+    if row_tiles > _MAX_ROW_TILES:
+        raise ValueError(f"hidden size {H} needs {row_tiles} row tiles of {cfg.down_block_n}; at most "
+                         f"{_MAX_ROW_TILES}")
+    n_pairs = T * K
+    dev = hidden.device
+    ids = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1)
+    inter = torch.empty(n_pairs, inter_size, dtype=hidden.dtype, device=dev)  # [T*K, I]
+    gu_scale = w_gate_up_scale if w_gate_up_scale is not None else w_gate_up  # a pointer never read
+    gu_w, gu_words = _weight_operand(w_gate_up, w_int8 and int8_words, cfg.gate_up_block_k)
+    gate_up_args = (hidden, gu_w, ids, gu_scale, inter, E, H, inter_size, hidden.stride(0), gu_w.stride(0),
+                    gu_w.stride(1), gu_scale.stride(0), gu_scale.stride(1))
+    gate_up_constexprs: dict[str, object] = dict(
+        TOP_K=K, ACT=ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
+        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, W_WORDS=gu_words, PRMT=gu_words and not _INTERPRETED,
+        INT_DOT=gu_words and int_dot,
+    )
+    pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
+    dn_scale = w_down_scale if w_down_scale is not None else w_down
+    dn_w, dn_words = _weight_operand(w_down, w_int8 and int8_words, cfg.down_block_k)
+    down_args = (inter, dn_w, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
+                 dn_w.stride(0), dn_w.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0))
+    down_constexprs: dict[str, object] = dict(
+        TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
+        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
+        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot,
+    )
+    launches = MoeDecodeLaunches(gate_up_args, gate_up_constexprs, (triton.cdiv(inter_size, cfg.gate_up_block_n),
+                                                                     n_pairs), cfg.gate_up_warps,
+                                 down_args, down_constexprs, (row_tiles, n_pairs), cfg.down_warps)
+    return launches, out
+
+
+def launch_down(launches: MoeDecodeLaunches) -> None:
+    """The down launch of a ``moe_decode_launches`` call (after its gate/up launch, in stream order)."""
+    _down_kernel[launches.down_grid](*launches.down_args, **launches.down_constexprs, num_warps=launches.down_warps,
+                                     **pdl_launch())
+
+
 def fused_moe_decode(
     hidden: torch.Tensor,
     w_gate_up: torch.Tensor,
@@ -434,45 +556,11 @@ def fused_moe_decode(
     ``moe_decode_config``. int8 weights are read as 32-bit words where ``int8_words_view`` allows it and the
     config's K tiles are a multiple of 8 columns, else as single bytes (same results up to the fp32 sum order);
     ``int8_words=False`` always reads single bytes (the path before words: for comparisons)."""
-    shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
-                                 w_down_scale)
-    T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
-                                      shapes.top_k, shapes.int8)
-    if T > MAX_TOKENS:
-        raise ValueError(f"fused_moe_decode takes at most {MAX_TOKENS} tokens, got {T}")
-    if w_gate_up.stride(2) != 1 or w_down.stride(2) != 1 or hidden.stride(1) != 1:
-        raise ValueError("hidden and the expert weights need a contiguous last dim")
-    out = moe_output(hidden, out)
-    if T == 0:
-        return out
-    cfg = config or moe_decode_config(H, inter_size, hidden.element_size(), int8=w_int8)
-    int_dot = takes_fixed_point(hidden.dtype)  # int8 words meet bf16 activations as fixed point (int8_fixed_dot)
-    row_tiles = triton.cdiv(H, cfg.down_block_n)
-    if row_tiles > _MAX_ROW_TILES:
-        raise ValueError(f"hidden size {H} needs {row_tiles} row tiles of {cfg.down_block_n}; at most "
-                         f"{_MAX_ROW_TILES}")
-    n_pairs = T * K
-    dev = hidden.device
-    ids = topk_ids.reshape(-1)
-    weights = topk_weights.reshape(-1)
-    inter = torch.empty(n_pairs, inter_size, dtype=hidden.dtype, device=dev)  # [T*K, I]
-    gu_scale = w_gate_up_scale if w_gate_up_scale is not None else w_gate_up  # a pointer never read
-    gu_w, gu_words = _weight_operand(w_gate_up, w_int8 and int8_words, cfg.gate_up_block_k)
-    _gate_up_kernel[(triton.cdiv(inter_size, cfg.gate_up_block_n), n_pairs)](
-        hidden, gu_w, ids, gu_scale, inter, E, H, inter_size,
-        hidden.stride(0), gu_w.stride(0), gu_w.stride(1), gu_scale.stride(0), gu_scale.stride(1),
-        TOP_K=K, ACT=ACT_CODES[activation], BLOCK_N=cfg.gate_up_block_n, BLOCK_K=cfg.gate_up_block_k,
-        EVEN_K=H % cfg.gate_up_block_k == 0, W_INT8=w_int8, W_WORDS=gu_words, PRMT=gu_words and not _INTERPRETED,
-        INT_DOT=gu_words and int_dot, num_warps=cfg.gate_up_warps, **pdl_launch(),
-    )  # fmt: skip
-    pair_out = torch.empty(n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev)
-    dn_scale = w_down_scale if w_down_scale is not None else w_down
-    dn_w, dn_words = _weight_operand(w_down, w_int8 and int8_words, cfg.down_block_k)
-    _down_kernel[(row_tiles, n_pairs)](
-        inter, dn_w, ids, weights, dn_scale, pair_out, _arrival_counters(dev), out, E, H, inter_size,
-        dn_w.stride(0), dn_w.stride(1), dn_scale.stride(0), dn_scale.stride(1), out.stride(0),
-        TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
-        EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
-        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot, num_warps=cfg.down_warps, **pdl_launch(),
-    )  # fmt: skip
+    launches, out = moe_decode_launches(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, config=config,
+                                        out=out, w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale,
+                                        int8_words=int8_words)
+    if launches is not None:
+        _gate_up_kernel[launches.gate_up_grid](*launches.gate_up_args, **launches.gate_up_constexprs,
+                                               num_warps=launches.gate_up_warps, **pdl_launch())
+        launch_down(launches)
     return out

@@ -27,6 +27,8 @@ of a tie.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -36,8 +38,8 @@ from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rmsnorm import times_norm_weight
 
-__all__ = ["add_norm_linear_route", "linear_route", "reference_add_norm_linear_route", "reference_linear_route",
-           "triton_route"]
+__all__ = ["RouteLaunch", "add_norm_linear_route", "linear_route", "linear_route_program",
+           "reference_add_norm_linear_route", "reference_linear_route", "route_arguments", "triton_route"]
 
 MAX_EXPERTS = 1024
 MAX_FUSED_ROWS = 64
@@ -121,8 +123,11 @@ def _summed_row_tile(a_ptr, res_ptr, row, stride_a, stride_r, cols, h_ok):
     return (a.to(tl.float32) + r.to(tl.float32)).to(a.dtype)
 
 
-@triton.jit(do_not_specialize=["n_rows"])
-def _linear_route_kernel(
+@triton.jit
+def linear_route_program(
+    group,  # this program's expert group
+    row,  # its token row (int64)
+    n_programs,  # the programs of this routing launch (the arrival count the last one sees)
     x_ptr,  # [T, H]: the router's input; with ADD_NORM the block output that is added to the residual first
     w_ptr,  # [E, H]
     logits_ptr,  # [T, E] scratch, x's dtype
@@ -155,14 +160,15 @@ def _linear_route_kernel(
     GEMMA_NORM: tl.constexpr = False,  # the norm's convention (kernels.rmsnorm): gemma, else qwen
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
+    """One program of ``_linear_route_kernel`` (the module docstring's router GEMV and routing), at the given
+    coordinates; kernels that share a launch with other work (``kernels.mlp_beside_experts``) run it at coordinates
+    of their own, with ``n_programs`` their routing programs."""
     # PDL (kernels.pdl): x (and the residual) come from earlier launches (the router weight rows are loaded in the
     # same loop), the logit scratch and the outputs may still be read by an earlier launch, and the arrival counter
     # is reset by the previous linear_route launch's last program: wait before the first load, store or atomic.
     # Every program waits, so a launch completes only after its predecessor did and launches in stream order still
     # never overlap on the counter.
     pdl_wait(USE_PDL)
-    group = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
     experts = group * EXPERTS_PER_PROGRAM + tl.arange(0, EXPERTS_PER_PROGRAM)  # [PE]
     e_ok = experts < E
     inv = 0.0
@@ -204,7 +210,7 @@ def _linear_route_kernel(
     # its loads bypass L1 (.cg), which may hold this scratch from an earlier launch.
     tl.debug_barrier()
     arrived = tl.atomic_add(counter_ptr, 1)
-    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
+    if arrived == n_programs - 1:
         rows = tl.arange(0, ROWS)
         all_e = tl.arange(0, BLOCK_E)
         row_ok = rows < n_rows
@@ -217,6 +223,48 @@ def _linear_route_kernel(
         tl.store(weights_ptr + out, top_w.to(weights_ptr.dtype.element_ty), mask=out_ok)
         tl.store(ids_ptr + out, top_id.to(tl.int64), mask=out_ok)
         tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch (stream order keeps launches apart)
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _linear_route_kernel(
+    x_ptr,  # [T, H]: the router's input; with ADD_NORM the block output that is added to the residual first
+    w_ptr,  # [E, H]
+    logits_ptr,  # [T, E] scratch, x's dtype
+    counter_ptr,  # int32 [1]: programs done; 0 between launches
+    scale_ptr,  # [E] or a dummy
+    weights_ptr,  # [T, K] out
+    ids_ptr,  # [T, K] int64 out
+    res_ptr,  # ADD_NORM: [T, H] the residual stream (else a dummy)
+    norm_w_ptr,  # ADD_NORM: [H] the RMSNorm weight (else a dummy)
+    res_out_ptr,  # ADD_NORM: [T, H] out, x + residual (else a dummy)
+    normed_ptr,  # ADD_NORM: [T, H] out, the norm of it: the router's (and the experts') input (else a dummy)
+    n_rows,
+    E,
+    H,
+    stride_x,
+    stride_w,
+    stride_r,
+    stride_ro,
+    stride_n,
+    eps,
+    K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROWS: tl.constexpr,  # T padded to a power of two
+    BLOCK_E: tl.constexpr,  # E padded to a power of two
+    BLOCK_K: tl.constexpr,
+    EXPERTS_PER_PROGRAM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ADD_NORM: tl.constexpr = False,  # the residual add and RMSNorm before the router, in this launch
+    GEMMA_NORM: tl.constexpr = False,  # the norm's convention (kernels.rmsnorm): gemma, else qwen
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+):
+    linear_route_program(
+        tl.program_id(0), tl.program_id(1).to(tl.int64), tl.num_programs(0) * tl.num_programs(1), x_ptr, w_ptr,
+        logits_ptr, counter_ptr, scale_ptr, weights_ptr, ids_ptr, res_ptr, norm_w_ptr, res_out_ptr, normed_ptr,
+        n_rows, E, H, stride_x, stride_w, stride_r, stride_ro, stride_n, eps, K, RENORMALIZE, HAS_SCALE, ROWS,
+        BLOCK_E, BLOCK_K, EXPERTS_PER_PROGRAM, BLOCK_H, ADD_NORM, GEMMA_NORM, USE_PDL,
+    )  # fmt: skip
+
 
 
 def triton_route(
@@ -311,7 +359,21 @@ def add_norm_linear_route(
                    experts_per_program=experts_per_program, block_h=block_h, num_warps=num_warps)
 
 
-def _launch(
+@dataclass(frozen=True)
+class RouteLaunch:
+    """The arguments of one ``_linear_route_kernel`` launch (``route_arguments``): ``args`` in the order of the
+    kernel's runtime parameters, ``constexprs`` by name, the grid ``(expert groups, token rows)`` and the warps.
+    Kernels that run ``linear_route_program`` beside other work (``kernels.mlp_beside_experts``) take the same
+    parameters."""
+
+    args: tuple[object, ...]
+    constexprs: dict[str, object]
+    groups: int
+    rows: int
+    num_warps: int
+
+
+def route_arguments(
     x: torch.Tensor,
     add_norm: tuple[torch.Tensor, torch.Tensor, float, NormMode] | None,  # residual, norm weight, eps, mode
     weight: torch.Tensor,
@@ -323,8 +385,10 @@ def _launch(
     experts_per_program: int | None,
     block_h: int | None,
     num_warps: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # normed, new residual (x, x without add_norm),
-    # weights, ids
+) -> tuple[RouteLaunch | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The checked arguments of ``linear_route`` / ``add_norm_linear_route``'s launch (None for zero tokens: nothing
+    to launch) and its outputs: normed rows and the new residual (``x``, ``x`` without ``add_norm``), routing
+    weights and expert ids (written by the launch)."""
     tokens, hidden = x.shape
     if experts_per_program is None:
         experts_per_program = 1 if tokens <= 4 else 2
@@ -347,21 +411,44 @@ def _launch(
     if add_norm is not None:
         normed, summed = torch.empty_like(x), torch.empty_like(x)
     if tokens == 0:
-        return normed, summed, weights, ids
+        return None, (normed, summed, weights, ids)
     logits = torch.empty((tokens, experts), dtype=x.dtype, device=device)
     block_h = block_h or min(triton.next_power_of_2(hidden), max(64, 8192 // experts_per_program))
     scale = per_expert_scale if per_expert_scale is not None else weights  # a dummy pointer, never read
     residual, norm_weight, eps, mode = add_norm if add_norm is not None else (x, x, 0.0, "qwen")
-    _linear_route_kernel[(triton.cdiv(experts, experts_per_program), tokens)](
-        x, weight, logits, _arrival_counter(device), scale, weights, ids, residual, norm_weight, summed, normed,
-        tokens, experts, hidden, x.stride(0), weight.stride(0), residual.stride(0), summed.stride(0),
-        normed.stride(0), eps,
+    args = (x, weight, logits, _arrival_counter(device), scale, weights, ids, residual, norm_weight, summed, normed,
+            tokens, experts, hidden, x.stride(0), weight.stride(0), residual.stride(0), summed.stride(0),
+            normed.stride(0), eps)
+    constexprs: dict[str, object] = dict(
         K=top_k, RENORMALIZE=renormalize, HAS_SCALE=per_expert_scale is not None, ROWS=triton.next_power_of_2(tokens),
         BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(top_k),
         EXPERTS_PER_PROGRAM=experts_per_program, BLOCK_H=block_h, ADD_NORM=add_norm is not None,
-        GEMMA_NORM=mode == "gemma", num_warps=num_warps, **pdl_launch(),
+        GEMMA_NORM=mode == "gemma",
     )
-    return normed, summed, weights, ids
+    launch = RouteLaunch(args, constexprs, triton.cdiv(experts, experts_per_program), tokens, num_warps)
+    return launch, (normed, summed, weights, ids)
+
+
+def _launch(
+    x: torch.Tensor,
+    add_norm: tuple[torch.Tensor, torch.Tensor, float, NormMode] | None,  # residual, norm weight, eps, mode
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    per_expert_scale: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    *,
+    experts_per_program: int | None,
+    block_h: int | None,
+    num_warps: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # normed, new residual (x, x without add_norm),
+    # weights, ids
+    launch, outputs = route_arguments(x, add_norm, weight, top_k, renormalize, per_expert_scale, out_dtype,
+                                      experts_per_program=experts_per_program, block_h=block_h, num_warps=num_warps)
+    if launch is not None:
+        _linear_route_kernel[(launch.groups, launch.rows)](*launch.args, **launch.constexprs,
+                                                           num_warps=launch.num_warps, **pdl_launch())
+    return outputs
 
 
 def reference_linear_route(
