@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import attrs
 import pytest
 import torch
 
@@ -194,10 +195,103 @@ def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.M
         spec, model, storage = _build(name)
         runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
             max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
-            fused_gated_gemv=fused))
+            fused_gated_gemv=fused, fused_mlp_beside_experts=False))
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
     assert results[0] == results[1]
     # every Gemma 4 layer has a dense MLP, and E2B's a per-layer-input gate too; only the decode step's two rows
     # take the GEMV (the prefill's 29 tokens run the tensor-core GEMM, then the activation kernel)
     assert calls == [2] * len(spec.layers) * (2 if spec.ple_hidden_size else 1)
+
+
+def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-4-26B-A4B's dense MLP beside its routed experts (``fused_mlp_beside_experts``: the gate/up GEMV with
+    the router, the down GEMV with the experts' gate/up) against the same runner with the branches' launches
+    apart: same tokens and logprobs, bit for bit (the interpreter has no warps; on the GPU the router's logits may
+    differ in fp32 summation order), and both paired launches taken once per MoE layer at decode only."""
+    import inference_server.backends.cuda_backend as cuda_backend
+
+    torch.set_num_threads(1)
+    calls: dict[str, list[int]] = {"route": [], "experts": []}
+    pair_route, pair_experts = cuda_backend.gated_gemv_and_route, cuda_backend.expert_gate_up_beside_gemv
+
+    def counting_route(x: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        calls["route"].append(x.shape[0])
+        return pair_route(x, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counting_experts(x: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        calls["experts"].append(x.shape[0])
+        return pair_experts(x, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "gated_gemv_and_route", counting_route)
+    monkeypatch.setattr(cuda_backend, "expert_gate_up_beside_gemv", counting_experts)
+    results = []
+    for fused in (False, True):
+        spec, model, storage = _build("gemma-4-26b-a4b-tiny")
+        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
+            fused_mlp_beside_experts=fused))
+        assert (ops.mlp_beside_experts is ops.torch_mlp_beside_experts) == (not fused)
+        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+    assert results[0] == results[1]
+    moe_layers = sum(layer.is_moe for layer in spec.layers)
+    assert moe_layers > 0
+    # the decode step's two rows, once per MoE layer; the prefill's 29 tokens take the separate launches. The tiny
+    # model's down GEMV takes one warp (K tiles of 64 columns) and its experts' gate/up four: not paired
+    # (shares_warps), the next test pairs them at shapes where the warps agree
+    assert calls == {"route": [2] * moe_layers, "experts": []}
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``triton_mlp_beside_experts`` on a Gemma 4 MoE FFN whose down GEMV takes four warps (K = 1024) as the
+    experts' gate/up does: both paired launches, and the separate launches' bits (the installed ops of a CUDA
+    runner, called as ``ops.torch_mlp_beside_experts`` calls them)."""
+    import functools
+
+    import inference_server.backends.cuda_backend as cuda_backend
+    from inference_server.models.architectures.blocks import FusedExperts, GatedMLP
+    from inference_server.models.architectures.gemma4 import Gemma4Router
+
+    torch.set_num_threads(1)
+    calls: list[str] = []
+    pair_route, pair_experts = cuda_backend.gated_gemv_and_route, cuda_backend.expert_gate_up_beside_gemv
+    monkeypatch.setattr(cuda_backend, "gated_gemv_and_route",
+                        lambda *a, **k: calls.append("route") or pair_route(*a, **k))
+    monkeypatch.setattr(cuda_backend, "expert_gate_up_beside_gemv",
+                        lambda *a, **k: calls.append("experts") or pair_experts(*a, **k))
+    spec = parse_model_spec(preset_config("gemma-4-26b-a4b-tiny"))
+    hidden, dense, experts_n, inter = 256, 1024, 8, 32
+    spec = attrs.evolve(spec, hidden_size=hidden, num_experts=experts_n, moe_intermediate_size=inter,
+                        experts_top_k=2)
+    gen = torch.Generator().manual_seed(tokens)
+    mlp, router = GatedMLP(hidden, dense, "gelu_pytorch_tanh"), Gemma4Router(spec)
+    experts = FusedExperts(experts_n, hidden, inter, "gelu_pytorch_tanh")
+    for module in (mlp, router, experts):
+        for p in module.parameters():
+            p.data = (torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5).to(DEV)
+    mlp.fuse_gate_up()
+    router.fold_scale()
+    ops.use_ops(linear=functools.partial(cuda_backend.triton_dense_linear, max_tokens=16),
+                gated_proj=functools.partial(cuda_backend.triton_gated_projection, dense_max_tokens=16),
+                gated=cuda_backend.triton_gated_activation, linear_router=cuda_backend.triton_linear_route,
+                moe=functools.partial(cuda_backend.triton_fused_moe, decode_max_tokens=2), weights_fused=True)
+    x, residual, router_in, expert_in = (torch.randn(tokens, hidden, generator=gen).to(DEV) for _ in range(4))
+    want = ops.torch_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in)
+    assert calls == []
+    got = cuda_backend.triton_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in,
+                                                 decode_max_tokens=2, dense_max_tokens=16)
+    assert calls == ["route", "experts"]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(fused_router_gemv=False),
+                                     dict(moe_decode_max_tokens=0), dict(fused_mlp_beside_experts=False)])
+def test_mlp_beside_experts_needs_its_parts(options: dict) -> None:
+    """The paired launches run the gated GEMV, the fused router and the MoE decode GEMVs' programs: without any
+    of them the runner keeps the modules' calls."""
+    spec, model, storage = _build("gemma-4-26b-a4b-tiny")
+    CudaModelRunner(model, spec, storage, torch.device(DEV),
+                    CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
+    assert ops.mlp_beside_experts is ops.torch_mlp_beside_experts

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import attrs
 import torch
+from torch import nn
 
 from inference_server.backends.cuda_graphs import DecodeGraphs
 from inference_server.backends.model_runner import LaunchedStep, ModelRunner
@@ -54,7 +55,9 @@ from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.gated_gemv import gated_gemv, gated_gemv_config
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
+from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.kv_store import store_kv
+from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_gemv, gated_gemv_and_route, shares_warps
 from inference_server.kernels.moe_decode import fused_moe_decode
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
@@ -67,9 +70,10 @@ from inference_server.kernels.rope_tables import rope_tables
 from inference_server.kernels.router import MAX_EXPERTS, add_norm_linear_route, linear_route, triton_route
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
 from inference_server.models.architectures import layers, ops
-from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
+from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4Router
+from inference_server.models.architectures.quantized import projection_weights
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import LayerSpec, ModelSpec, NormStyle
 from inference_server.records.sampling_params import SamplingParams
@@ -271,6 +275,20 @@ def dense_linear_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                 or (tuned_only and not triton_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)))
 
 
+def _gated_projection_config(flat: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, canonical: str,
+                             flat_up: torch.Tensor | None, *, dense_max_tokens: int | None,
+                             tuned_only: bool) -> Int8LinearConfig | None:
+    """The one-launch gated GEMV's config for ``triton_gated_projection``'s inputs (2-D), or None where the
+    installed ops would not run the projection as a one-split CUDA-core GEMV (then no fused launch)."""
+    if canonical in GATED_ACTIVATIONS and flat.stride(-1) == 1 and weight.stride(-1) == 1 \
+            and (flat_up is None or (flat_up.dtype == flat.dtype and flat_up.stride(-1) == 1
+                                     and tuple(flat_up.shape) == (flat.shape[0], weight.shape[0]))) \
+            and (scale is not None or (dense_max_tokens is not None and dense_linear_takes(
+                flat, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only))):
+        return gated_gemv_config(flat, weight, scale, paired=flat_up is None)
+    return None
+
+
 def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
                             up: torch.Tensor | None = None, *, dense_max_tokens: int | None,
                             tuned_only: bool = False) -> torch.Tensor:
@@ -282,17 +300,69 @@ def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.
     canonical = layers.canonical_activation(act)
     flat = x.reshape(-1, x.shape[-1])
     flat_up = up.reshape(-1, up.shape[-1]) if up is not None else None
-    config = None
-    if canonical in GATED_ACTIVATIONS and x.stride(-1) == 1 and weight.stride(-1) == 1 \
-            and (flat_up is None or (flat_up.dtype == x.dtype and flat_up.stride(-1) == 1
-                                     and tuple(flat_up.shape) == (flat.shape[0], weight.shape[0]))) \
-            and (scale is not None or (dense_max_tokens is not None and dense_linear_takes(
-                flat, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only))):
-        config = gated_gemv_config(flat, weight, scale, paired=up is None)
+    config = _gated_projection_config(flat, weight, scale, canonical, flat_up, dense_max_tokens=dense_max_tokens,
+                                      tuned_only=tuned_only)
     if config is None:
         return ops.torch_gated_projection(x, weight, scale, act, up)
     out = gated_gemv(flat, weight, scale, canonical, config, flat_up)
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _projection_gemv_config(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
+                            dense_max_tokens: int | None, tuned_only: bool) -> Int8LinearConfig | None:
+    """The config the installed ops run ``x [T, K] @ weight.T`` with when it is a one-split CUDA-core GEMV (int8
+    weights: ``triton_int8_linear`` always; float ones where ``triton_dense_linear`` takes them), else None."""
+    if scale is None and (dense_max_tokens is None or not dense_linear_takes(
+            x, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only)):
+        return None
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        return None
+    return gated_gemv_config(x, weight, scale, paired=False)
+
+
+def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
+                              residual: torch.Tensor, router_input: torch.Tensor | None, expert_input: torch.Tensor,
+                              *, decode_max_tokens: int, dense_max_tokens: int | None,
+                              tuned_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.mlp_beside_experts`` at decode in two launches of paired work and the experts' down launch
+    (``kernels.mlp_beside_experts``), where the installed ops would run the pieces as one-launch GEMVs: steps of
+    at most ``decode_max_tokens`` tokens (the MoE decode GEMVs'), the fused weights in use, the router's input
+    normed by the caller. Each pairing is taken on its own: the dense gate/up with the router where the gated
+    projection is a one-split CUDA-core GEMV (``triton_gated_projection``'s rule) and the fused router GEMV takes
+    the router; the dense down with the experts' gate/up where the down projection is a one-split CUDA-core GEMV
+    of the experts' warps. The rest runs through the installed ops (``ops.torch_mlp_beside_experts``' calls)."""
+    tokens = x.shape[0]
+    if not (isinstance(mlp, GatedMLP) and isinstance(router, Gemma4Router) and isinstance(experts, FusedExperts)
+            and ops.fused_weights and mlp.gate_up_weight is not None and router_input is not None
+            and x.dim() == 2 and 0 < tokens <= decode_max_tokens and x.stride(-1) == 1
+            and expert_input.stride(-1) == 1 and experts.gate_up_proj.stride(-1) == 1
+            and experts.down_proj.stride(-1) == 1):
+        return ops.torch_mlp_beside_experts(mlp, router, experts, x, residual, router_input, expert_input)
+    act = layers.canonical_activation(mlp.act_name)
+    gate_config = _gated_projection_config(x, mlp.gate_up_weight, mlp.gate_up_scale, act, None,
+                                           dense_max_tokens=dense_max_tokens, tuned_only=tuned_only)
+    router_weight = router.proj.weight
+    if gate_config is not None and _router_gemv_fits(router_input, router_weight, router.top_k):
+        activated, weights, ids = gated_gemv_and_route(x, mlp.gate_up_weight, mlp.gate_up_scale, act, gate_config,
+                                                       router_input, router_weight, router.top_k, True,
+                                                       router.per_expert_scale)
+    else:
+        activated = ops.gated_projection(x, mlp.gate_up_weight, mlp.gate_up_scale, mlp.act_name)
+        weights, ids = router(residual, router_input)
+    down_weight, down_scale = projection_weights(mlp.down_proj)
+    down_config = _projection_gemv_config(activated, down_weight, down_scale, dense_max_tokens=dense_max_tokens,
+                                          tuned_only=tuned_only)
+    w_gate_up, w_down = experts.gate_up_proj, experts.down_proj
+    if down_config is not None and shares_warps(down_config, w_gate_up.shape[2], w_down.shape[2],
+                                                expert_input.element_size(),
+                                                int8_experts=experts.gate_up_proj_scale is not None):
+        moe, m = expert_gate_up_beside_gemv(expert_input, w_gate_up, w_down, weights, ids,
+                                            experts.activation,  # type: ignore[arg-type]
+                                            activated, down_weight, down_scale, down_config,
+                                            w_gate_up_scale=experts.gate_up_proj_scale,
+                                            w_down_scale=experts.down_proj_scale)
+        return m, moe
+    return mlp.down_proj(activated), experts(expert_input, weights, ids)
 
 
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -383,6 +453,12 @@ class CudaRunnerOptions:
     """A dense MLP's fused gate/up projection and its gated activation in one launch (``ops.gated_projection``,
     ``kernels.gated_gemv``) where the projection is a one-split CUDA-core GEMV (1-4 tokens): one launch fewer per
     dense MLP at decode, the same bits; needs ``fused_weights`` and ``triton_gated_activation``."""
+    fused_mlp_beside_experts: bool = True
+    """A Gemma 4 MoE layer's dense MLP beside its routed experts at decode (``ops.mlp_beside_experts``,
+    ``kernels.mlp_beside_experts``): the dense gate/up with the router in one launch, the dense down with the
+    experts' gate/up in the next, where each would be a one-launch GEMV; two launches fewer per MoE layer, and the
+    router's latency behind the GEMV's stream. Needs ``fused_gated_gemv``, ``fused_router_gemv`` and the MoE
+    decode GEMVs (``moe_decode_max_tokens``)."""
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
@@ -450,6 +526,14 @@ class CudaModelRunner(ModelRunner):
             triton_gated_projection, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
             tuned_only=not options.triton_dense_linear) \
             if options.fused_gated_gemv and self._gated is triton_gated_activation else ops.torch_gated_projection
+        # Gemma 4's dense MLP and routed experts: two launches of paired work instead of four in a chain.
+        self._mlp_beside_experts = functools.partial(
+            triton_mlp_beside_experts, decode_max_tokens=options.moe_decode_max_tokens,
+            dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
+            tuned_only=not options.triton_dense_linear) \
+            if options.fused_mlp_beside_experts and self._gated_projection is not ops.torch_gated_projection \
+            and self._linear_route is triton_linear_route and options.moe_decode_max_tokens > 0 \
+            else ops.torch_mlp_beside_experts
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
         self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
                                          tuned_only=not options.triton_dense_linear) \
@@ -547,7 +631,8 @@ class CudaModelRunner(ModelRunner):
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
                     linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
-                    gated_proj=self._gated_projection, rope_tables=self._rope_tables)
+                    gated_proj=self._gated_projection, rope_tables=self._rope_tables,
+                    mlp_experts=self._mlp_beside_experts)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

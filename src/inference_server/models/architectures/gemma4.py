@@ -143,15 +143,17 @@ class Gemma4DecoderLayer(nn.Module):
             residual_norms.append(router_norm)
         residual, (x, *moe_inputs) = ops.norm_add(attn, self.post_attention_layernorm, residual=h,
                                                   out_norms=residual_norms)
-        m = self.mlp(x)
+        if self.is_moe:  # the dense MLP and the routed experts: independent branches, one op
+            m, moe = ops.mlp_beside_experts(self.mlp, self.router, self.experts, x, residual,
+                                            moe_inputs[1] if router_norm is not None else None, moe_inputs[0])
+        else:
+            m = self.mlp(x)
         # h = residual + post_norm(m) (MoE: residual + post_norm(post_norm_1(m) + post_norm_2(moe))), then the layer
         # scalar and the next norm: one op (one launch on CUDA)
         scalar = self.layer_scalar if self.has_layer_scalar else None
         ends_here = not self.ple_size  # else the per-layer input's add is the last op, with the scalar and next norm
         scale_now, next_norms = (scalar, (next_norm,)) if ends_here else (None, ())
         if self.is_moe:
-            weights, ids = self.router(residual, moe_inputs[1] if router_norm is not None else None)
-            moe = self.experts(moe_inputs[0], weights, ids)
             h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
                                      sum_norm=self.post_feedforward_layernorm, residual=residual, scale=scale_now,
                                      out_norms=next_norms)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from inference_server.kernels.reference_int8 import int8_linear_reference
 from inference_server.kernels.reference_moe import route_softmax_topk
@@ -265,6 +266,32 @@ def torch_norm_add(
     return y, tuple(layers.apply_norm(y, norm) for norm in out_norms)
 
 
+class MlpBesideExpertsFn(Protocol):
+    """The op of a MoE layer's FFN with a dense MLP beside the routed experts: ``torch_mlp_beside_experts``'s
+    signature."""
+
+    def __call__(self, mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
+                 residual: torch.Tensor, router_input: torch.Tensor | None,
+                 expert_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def torch_mlp_beside_experts(
+    mlp: nn.Module,  # x [T, H] -> [T, H]: the dense MLP (blocks.GatedMLP)
+    router: nn.Module,  # (residual, router_input) -> routing weights, expert ids [T, K] (gemma4.Gemma4Router)
+    experts: nn.Module,  # (expert_input, weights, ids) -> [T, H] (blocks.FusedExperts)
+    x: torch.Tensor,  # [T, H]: the dense MLP's input
+    residual: torch.Tensor,  # [T, H]: the residual stream the router norms itself when router_input is None
+    router_input: torch.Tensor | None,  # [T, H]: the router's normed input, when the caller computed it
+    expert_input: torch.Tensor,  # [T, H]: the experts' input
+) -> tuple[torch.Tensor, torch.Tensor]:  # the dense MLP's output [T, H], the experts' [T, H]
+    """Gemma 4's two FFN branches as the modules compute them: ``mlp(x)``, then the router and the routed
+    experts. The branches do not depend on each other; the CUDA backend installs a version that runs them in
+    two launches of paired work at decode (``kernels.mlp_beside_experts``) and these calls elsewhere."""
+    m = mlp(x)
+    weights, ids = router(residual, router_input)
+    return m, experts(expert_input, weights, ids)
+
+
 fused_moe: MoEFn = torch_fused_moe
 route: RouteFn = torch_route
 linear_route: LinearRouteFn = torch_linear_route
@@ -274,6 +301,7 @@ add_rms_norm: AddNormFn = torch_add_rms_norm
 add_norm_linear_route: AddNormLinearRouteFn = torch_add_norm_linear_route
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
+mlp_beside_experts: MlpBesideExpertsFn = torch_mlp_beside_experts
 int8_linear: Int8LinearFn = torch_int8_linear
 linear: LinearFn = torch.nn.functional.linear
 """Float-weight projections (the CUDA backend installs a Triton GEMV for small token counts, cuBLAS above)."""
@@ -311,6 +339,7 @@ _REFERENCE: dict[str, object] = {
     "add_norm_linear_route": torch_add_norm_linear_route,
     "qk_norm_rope": torch_qk_norm_rope,
     "norm_add": torch_norm_add,
+    "mlp_beside_experts": torch_mlp_beside_experts,
     "int8_linear": torch_int8_linear,
     "linear": torch.nn.functional.linear,
     "fused_weights": False,
@@ -325,13 +354,14 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             qk_norm: QkNormRopeFn | None = None, sandwich: NormAddFn | None = None,
             int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
             linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None,
-            gated_proj: GatedProjectionFn | None = None, rope_tables: RopeTablesFn | None = None) -> None:
+            gated_proj: GatedProjectionFn | None = None, rope_tables: RopeTablesFn | None = None,
+            mlp_experts: MlpBesideExpertsFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
               "gated_projection": gated_proj,
               "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
-              "fused_weights": weights_fused, "rope_cos_sin": rope_tables}
+              "fused_weights": weights_fused, "rope_cos_sin": rope_tables, "mlp_beside_experts": mlp_experts}
     assert chosen.keys() == _REFERENCE.keys()
     globals().update({name: value for name, value in chosen.items() if value is not None})
     if norm is not None:
