@@ -62,10 +62,10 @@ def _gemv_config(T: int, K: int, block_n: int, warps: int, stages: int = 1) -> I
 @pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
 def test_gated_gemv_and_route_equals_the_two_launches(T: int, dtype: torch.dtype, int8: bool, act: str) -> None:
     gen = torch.Generator().manual_seed(T * 7 + int8)
-    H, I, E, top_k = 256, 48, 16, 4
+    H, inter, E, top_k = 256, 48, 16, 4
     x = torch.randn(T, H, generator=gen).to(DEV, dtype)
     router_x = torch.randn(T, H, generator=gen).to(DEV, dtype)
-    gate_up, gate_up_scale = _weights(2 * I, H, gen, dtype, int8)
+    gate_up, gate_up_scale = _weights(2 * inter, H, gen, dtype, int8)
     router_w = (torch.randn(E, H, generator=gen) / H**0.5).to(DEV, dtype)
     per_expert = (torch.rand(E, generator=gen) + 0.5).to(DEV)
     config = _gemv_config(T, H, 8, 1)
@@ -86,17 +86,17 @@ def test_gated_gemv_and_route_equals_the_two_launches(T: int, dtype: torch.dtype
 @pytest.mark.parametrize("dtype,int8", [(torch.bfloat16, False), (torch.float32, False), (torch.bfloat16, True)])
 def test_expert_gate_up_beside_gemv_equals_the_standalone_launches(T: int, dtype: torch.dtype, int8: bool) -> None:
     gen = torch.Generator().manual_seed(11 * T + int8)
-    H, I_dense, I, E, top_k = 128, 96, 32, 8, 2
+    H, I_dense, inter, E, top_k = 128, 96, 32, 8, 2
     expert_x = torch.randn(T, H, generator=gen).to(DEV, dtype)
     dense_x = torch.randn(T, I_dense, generator=gen).to(DEV, dtype)
-    w_gate_up, w_down, gu_scale, dn_scale = _experts(E, H, I, gen, dtype, int8)
+    w_gate_up, w_down, gu_scale, dn_scale = _experts(E, H, inter, gen, dtype, int8)
     dense_w, dense_scale = _weights(H, I_dense, gen, dtype, int8)
     ids = torch.stack([torch.randperm(E, generator=gen)[:top_k] for _ in range(T)]).to(DEV)
     ids[-1, -1] = E  # an id outside [0, E): its pair contributes zeros (fused_moe's rule for invalid ids)
     weights = torch.rand(T, top_k, generator=gen).to(DEV)
-    moe_cfg = moe_decode_config(H, I, expert_x.element_size(), int8=int8)
+    moe_cfg = moe_decode_config(H, inter, expert_x.element_size(), int8=int8)
     config = _gemv_config(T, I_dense, 8, moe_cfg.gate_up_warps)
-    assert shares_warps(config, H, I, expert_x.element_size(), int8_experts=int8)
+    assert shares_warps(config, H, inter, expert_x.element_size(), int8_experts=int8)
     moe, m = expert_gate_up_beside_gemv(expert_x, w_gate_up, w_down, weights, ids, "gelu_tanh", dense_x, dense_w,
                                         dense_scale, config, w_gate_up_scale=gu_scale, w_down_scale=dn_scale)
     want_moe = fused_moe_decode(expert_x, w_gate_up, w_down, weights, ids, "gelu_tanh", w_gate_up_scale=gu_scale,
@@ -116,9 +116,9 @@ def test_expert_gate_up_beside_gemv_equals_the_standalone_launches(T: int, dtype
 
 def test_launches_reject_configs_that_would_change_the_bits() -> None:
     gen = torch.Generator().manual_seed(3)
-    H, I, E = 128, 32, 8
+    H, inter, E = 128, 32, 8
     x = torch.randn(1, H, generator=gen).to(DEV, torch.bfloat16)
-    gate_up, _ = _weights(2 * I, H, gen, torch.bfloat16, False)
+    gate_up, _ = _weights(2 * inter, H, gen, torch.bfloat16, False)
     router_w = torch.randn(E, H, generator=gen).to(DEV, torch.bfloat16)
     split = Int8LinearConfig(8, 1, 64, 2, 1, 1)  # two K splits: partial sums, not one GEMV
     with pytest.raises(ValueError, match="one-split"):
@@ -126,26 +126,26 @@ def test_launches_reject_configs_that_would_change_the_bits() -> None:
     dot = Int8LinearConfig(64, 16, 64, 1, 4, 3)  # the tensor-core kernel
     with pytest.raises(ValueError, match="one-split"):
         gated_gemv_and_route(x, gate_up, None, "silu", dot, x, router_w, 2, True)
-    w_gate_up, w_down, _, _ = _experts(E, H, I, gen, torch.bfloat16, False)
+    w_gate_up, w_down, _, _ = _experts(E, H, inter, gen, torch.bfloat16, False)
     ids = torch.zeros(1, 2, dtype=torch.int64, device=DEV)
     weights = torch.ones(1, 2, device=DEV)
-    dense_w, _ = _weights(H, 2 * I, gen, torch.bfloat16, False)
-    warps = moe_decode_config(H, I, 2).gate_up_warps
+    dense_w, _ = _weights(H, 2 * inter, gen, torch.bfloat16, False)
+    warps = moe_decode_config(H, inter, 2).gate_up_warps
     other = Int8LinearConfig(8, 1, 64, 1, 8 if warps != 8 else 4, 1)
-    assert not shares_warps(other, H, I, 2, int8_experts=False)
+    assert not shares_warps(other, H, inter, 2, int8_experts=False)
     with pytest.raises(ValueError, match="warps"):
-        expert_gate_up_beside_gemv(x, w_gate_up, w_down, weights, ids, "silu", torch.randn(1, 2 * I).to(DEV, x.dtype),
-                                   dense_w, None, other)
+        expert_gate_up_beside_gemv(x, w_gate_up, w_down, weights, ids, "silu",
+                                   torch.randn(1, 2 * inter).to(DEV, x.dtype), dense_w, None, other)
 
 
 def test_zero_tokens_launch_nothing() -> None:
-    H, I, E = 64, 16, 4
+    H, inter, E = 64, 16, 4
     x = torch.empty(0, H, dtype=torch.bfloat16, device=DEV)
     gen = torch.Generator().manual_seed(0)
-    gate_up, _ = _weights(2 * I, H, gen, torch.bfloat16, False)
+    gate_up, _ = _weights(2 * inter, H, gen, torch.bfloat16, False)
     router_w = torch.randn(E, H, generator=gen).to(DEV, torch.bfloat16)
     a, weights, ids = gated_gemv_and_route(x, gate_up, None, "silu", _gemv_config(1, H, 8, 1), x, router_w, 2, True)
-    assert a.shape == (0, I) and weights.shape == (0, 2) and ids.shape == (0, 2)
+    assert a.shape == (0, inter) and weights.shape == (0, 2) and ids.shape == (0, 2)
 
 
 @gpu
@@ -157,7 +157,7 @@ def test_real_gemma4_26b_shapes_on_the_gpu(T: int, int8: bool) -> None:
     the standalone launches bit for bit; the router's weights agree to fp32 rounding and its ids wherever the
     k-th and (k+1)-th probabilities are apart."""
     gen = torch.Generator().manual_seed(26 + T + int8)
-    H, I_dense, I, E, top_k = 2816, 2112, 704, 128, 8
+    H, I_dense, inter, E, top_k = 2816, 2112, 704, 128, 8
     dtype = torch.bfloat16
     x = torch.randn(T, H, generator=gen).to(DEV, dtype)
     router_x = torch.randn(T, H, generator=gen).to(DEV, dtype)
@@ -174,9 +174,9 @@ def test_real_gemma4_26b_shapes_on_the_gpu(T: int, int8: bool) -> None:
     torch.testing.assert_close(weights[same], want_w[same], rtol=1e-5, atol=1e-6)
     torch.cuda.synchronize()
 
-    w_gate_up, w_down, gu_scale, dn_scale = _experts(E, H, I, gen, dtype, int8)
+    w_gate_up, w_down, gu_scale, dn_scale = _experts(E, H, inter, gen, dtype, int8)
     dense_w, dense_scale = _weights(H, I_dense, gen, dtype, int8)
-    moe_cfg = moe_decode_config(H, I, 2, int8=int8)
+    moe_cfg = moe_decode_config(H, inter, 2, int8=int8)
     down_config = Int8LinearConfig(8, T, 1024 if not int8 else 256, 1, moe_cfg.gate_up_warps, 1)
     down_config = Int8LinearConfig(8, T, 64 if I_dense % 1024 else 1024, 1, moe_cfg.gate_up_warps, 1) \
         if not int8 else down_config
