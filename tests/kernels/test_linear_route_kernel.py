@@ -232,15 +232,22 @@ def test_add_norm_fp32_matches_the_formula(T: int, H: int, E: int, top_k: int, b
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 5])
 def test_add_norm_gives_the_unfused_launches_results(dtype: torch.dtype, T: int) -> None:
-    """With the row in one tile (the default up to 8,192 columns) the launch is bit for bit the two it replaces:
-    ``fused_add_rmsnorm`` then ``linear_route`` of its output."""
+    """With the row in one tile (the default up to 8,192 columns) the launch is the two it replaces:
+    ``fused_add_rmsnorm`` then ``linear_route`` of its output. Bit for bit under the interpreter and in bf16. On the
+    GPU an fp32 row's sum of squares is reduced in another order than ``fused_add_rmsnorm``'s (each kernel's own
+    warps and layout), so fp32 ``normed`` may differ in the last ulp there (seen on the H200), and the routing
+    downstream of it by as little."""
     x, residual, norm_weight, w = _add_norm_inputs(T, 96, 16, dtype, seed=7)
     normed, summed, weights, ids = add_norm_linear_route(x, residual, norm_weight, 1e-6, "qwen", w, 4, True, None,
                                                          dtype)
     ref_normed, ref_summed = fused_add_rmsnorm(x, residual, norm_weight, 1e-6, "qwen")
     ref_weights, ref_ids = linear_route(ref_normed, w, 4, True, None, dtype)
-    assert torch.equal(summed, ref_summed) and torch.equal(normed, ref_normed)
-    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+    assert torch.equal(summed, ref_summed) and torch.equal(ids, ref_ids)
+    if os.environ.get("TRITON_INTERPRET") == "1" or dtype == torch.bfloat16:
+        assert torch.equal(normed, ref_normed) and torch.equal(weights, ref_weights)
+    else:
+        torch.testing.assert_close(normed, ref_normed, rtol=2.4e-7, atol=1e-7)
+        torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
 
 
 def test_add_norm_rejects_what_it_cannot_take() -> None:
