@@ -35,6 +35,7 @@ LAYERS = (
     ("gemma-4-26b-a4b sliding", 8, 2, 256, 1024),
     ("gemma-4-26b-a4b full", 2, 8, 512, None),
     ("gemma-4-e4b sliding", 2, 4, 256, 512),
+    ("gemma-4-e4b full", 2, 4, 512, None),
     ("qwen3-30b-a3b", 4, 8, 128, None),
 )
 
@@ -74,15 +75,24 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=32768, help="the split choice's bound (a server's length)")
     ap.add_argument("--splits", default="auto", help="auto (choose_num_splits) and/or fixed counts, e.g. auto,1,16")
     ap.add_argument("--launches", type=int, default=60)
+    ap.add_argument("--layers", default="", help="comma-separated layer names of LAYERS (default: all)")
+    ap.add_argument("--block-n", default="auto", help="key tiles to sweep: auto (the kernel's) and/or sizes")
+    ap.add_argument("--stages", default="2", help="key-loop pipeline depths to sweep")
+    ap.add_argument("--warps", default="auto", help="warps to sweep: auto (the kernel's) and/or counts")
     ap.add_argument("--old", type=Path, default=None)
     a = ap.parse_args()
     use_pdl(False)
     modules = [("new", decode_attention)] + ([("old", load_module(a.old))] if a.old else [])
     gen = torch.Generator(device="cuda").manual_seed(0)
     page = 16
-    print(f"{'layer':<24} {'B':>3} {'ctx':>5} {'splits':>6} {'limit µs':>8} "
+    print(f"{'layer':<24} {'B':>3} {'ctx':>5} {'splits':>6} {'tile':>4} {'st':>2} {'w':>2} {'limit µs':>8} "
           + " ".join(f"{name + ' µs':>9}" for name, _ in modules) + "   max |new - old|")
+    chosen = {n.strip() for n in a.layers.split(",") if n.strip()}
+    tunings = [(None if n == "auto" else int(n), int(st), None if w == "auto" else int(w))
+               for n in a.block_n.split(",") for st in a.stages.split(",") for w in a.warps.split(",")]
     for name, kv_heads, group, head_dim, window in LAYERS:
+        if chosen and name not in chosen:
+            continue
         for batch in (int(b) for b in a.batches.split(",")):
             for ctx in (int(c) for c in a.contexts.split(",")):
                 blocks = -(-ctx // page)
@@ -98,19 +108,30 @@ def main() -> None:
                 limit_us = 2 * batch * visible * kv_heads * head_dim * 2 / HBM_BYTES_PER_S * 1e6
                 for splits in a.splits.split(","):
                     count = None if splits == "auto" else int(splits)
-                    times, outs = [], []
-                    for _, module in modules:
-                        out = torch.empty_like(q)
-                        call = functools.partial(module.paged_decode_attention, q, k_cache, v_cache, tables, lens,
-                                                 head_dim ** -0.5, window, count, max_context_len=a.max_model_len,
-                                                 out=out)
-                        times.append(time_launches(call, a.launches))
-                        outs.append(out)
-                    bound = min(a.max_model_len, window) if window else a.max_model_len
-                    shown = count or decode_attention.choose_num_splits(batch, kv_heads, bound)
-                    diff = (outs[0].float() - outs[1].float()).abs().max().item() if len(outs) > 1 else float("nan")
-                    print(f"{name:<24} {batch:>3} {ctx:>5} {shown:>6} {limit_us:>8.2f} "
-                          + " ".join(f"{t:>9.2f}" for t in times) + f"   {diff:.2e}", flush=True)
+                    for block_n, stages, warps in tunings:
+                        times, outs = [], []
+                        for _, module in modules:
+                            out = torch.empty_like(q)
+                            tuning = dict(block_n=block_n, num_stages=stages)
+                            if warps is not None:
+                                tuning["num_warps"] = warps
+                            call = functools.partial(module.paged_decode_attention, q, k_cache, v_cache, tables, lens,
+                                                     head_dim ** -0.5, window, count, max_context_len=a.max_model_len,
+                                                     out=out, **tuning)
+                            try:
+                                times.append(time_launches(call, a.launches))
+                            except Exception as err:  # e.g. a tile and depth past the shared memory: skip it
+                                times.append(float("nan"))
+                                print(f"# {name} B={batch} splits={splits} tile={block_n} st={stages} w={warps}: "
+                                      f"{type(err).__name__}", flush=True)
+                            outs.append(out)
+                        bound = min(a.max_model_len, window) if window else a.max_model_len
+                        shown = count or decode_attention.choose_num_splits(batch, kv_heads, bound)
+                        diff = (outs[0].float() - outs[1].float()).abs().max().item() if len(outs) > 1 \
+                            else float("nan")
+                        print(f"{name:<24} {batch:>3} {ctx:>5} {shown:>6} {block_n or 'auto':>4} {stages:>2} "
+                              f"{warps or 'a':>2} {limit_us:>8.2f} " + " ".join(f"{t:>9.2f}" for t in times)
+                              + f"   {diff:.2e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -329,6 +329,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     fused_reduce: bool = True,
     num_stages: int = 2,
+    num_warps: int | None = None,
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
@@ -337,7 +338,8 @@ def paged_decode_attention(
     split-KV and merges the splits: inside the same launch with ``fused_reduce`` (each kv head's last split to
     finish, by an arrival counter: one launch instead of two), else in ``_decode_reduce_kernel``. The two merges
     differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles),
-    ``num_stages`` the key loop's pipeline depth (``bench/ablate_decode.py`` times both).
+    ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch
+    (``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -355,8 +357,9 @@ def paged_decode_attention(
             bound = min(bound, window)
         num_sms = _num_sms(q.device.index if q.is_cuda else None)
         num_splits = choose_num_splits(batch, num_kv_heads, bound, num_sms)
-    cfg_block_n, num_warps = _decode_config(head_dim)
+    cfg_block_n, cfg_warps = _decode_config(head_dim)
     block_n = block_n or cfg_block_n
+    num_warps = num_warps or cfg_warps
     block_d = max(16, triton.next_power_of_2(head_dim))
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
     common = dict(
