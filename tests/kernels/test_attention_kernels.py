@@ -26,6 +26,7 @@ from inference_server.kernels import decode_attention
 from inference_server.kernels.decode_attention import (
     H200_NUM_SMS,
     choose_num_splits,
+    decode_config,
     paged_decode_attention,
 )
 from inference_server.kernels.kv_store import store_kv
@@ -357,6 +358,24 @@ def test_choose_num_splits() -> None:
     assert choose_num_splits(1, 4, 60) == 1  # too short to split
     assert choose_num_splits(1, 1, 1 << 20) == 64  # capped
     assert choose_num_splits(1, 4, 8192, num_sms=H200_NUM_SMS) == choose_num_splits(1, 4, 8192)
+
+
+def test_decode_config_by_batch_regime() -> None:
+    """(key tile, warps, stages): batch 1-2 unpipelined on 8 warps; a wave of programs before splitting (64 E4B
+    sequences, 2 kv heads) 32-key tiles for D >= 256, 4 warps, 3 stages; in between the kernel's earlier choice. K and
+    V tiles stay within 32 KiB each in bf16 everywhere."""
+    assert decode_config(128, 1, 4) == (64, 8, 1)
+    assert decode_config(256, 2, 8) == (64, 8, 1)
+    assert decode_config(512, 1, 2) == (32, 8, 1)
+    assert decode_config(128, 16, 4) == (64, 4, 2)
+    assert decode_config(256, 16, 2) == (64, 8, 2)
+    assert decode_config(256, 64, 2) == (32, 4, 3)
+    assert decode_config(512, 64, 2) == (32, 4, 3)
+    assert decode_config(128, 64, 4) == (64, 4, 3)
+    for head_dim in (64, 128, 256, 512):
+        for batch in (1, 2, 3, 16, 64, 256):
+            block_n, _, _ = decode_config(head_dim, batch, 4)
+            assert block_n * head_dim * 2 <= 32 * 1024
 
 
 # ---------------------------------------------------------------------------------------- prefill

@@ -305,13 +305,29 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_s
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
 
-def _decode_config(head_dim: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) per head dim: K and V tiles of BLOCK_N x D stay <= 32 KiB each in bf16."""
-    if head_dim <= 128:
-        return 64, 4
-    if head_dim <= 256:
-        return 64, 8
-    return 32, 8
+WAVE_PROGRAMS = 128
+"""``batch * kv heads`` from which a decode grid is a wave of the H200's 132 SMs before any split: each program then
+streams several key tiles, where at small batch a split holds one or two."""
+
+
+def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel: K and V tiles of ``BLOCK_N x D`` stay <= 32 KiB each
+    in bf16. From the H200 sweep (``bench/decode_attention_bench.py``, context 527, model length 32768,
+    ``bench/results/2026-12-02-h200/session7/call2``):
+
+    * batch 1-2: no pipelining (``num_stages`` 1; the splits hold a tile or two each) and 8 warps: µs a launch
+      against 2 stages, Qwen3-30B-A3B 6.0 vs 6.5 (4 warps before), Gemma-4-26B-A4B sliding / full 7.8 / 11.3 vs 8.0 /
+      11.7, Gemma-4-E4B sliding 6.7 vs 6.9 (full 10.3, level);
+    * from ``WAVE_PROGRAMS`` programs before splitting (Gemma-4-E4B at 64 sequences): 32-key tiles for D >= 256, 3
+      stages, 4 warps (more programs an SM, each streaming its tiles deeper): E4B sliding / full 25.7 / 56.7 vs 29.9 /
+      61.1 µs, Qwen3-30B-A3B 29.4 vs 30.3;
+    * between: 64-key tiles (32 for D = 512), 2 stages, 4 warps for D <= 128 and 8 above (the kernel before)."""
+    if batch * num_kv_heads >= WAVE_PROGRAMS:
+        return (64 if head_dim <= 128 else 32), 4, 3
+    block_n = 64 if head_dim <= 256 else 32
+    if batch <= 2:
+        return block_n, 8, 1
+    return block_n, 4 if head_dim <= 128 else 8, 2
 
 
 def paged_decode_attention(
@@ -328,7 +344,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,  # [B, nH, D], e.g. a static CUDA-graph buffer
     block_n: int | None = None,
     fused_reduce: bool = True,
-    num_stages: int = 2,
+    num_stages: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
@@ -338,8 +354,8 @@ def paged_decode_attention(
     split-KV and merges the splits: inside the same launch with ``fused_reduce`` (each kv head's last split to
     finish, by an arrival counter: one launch instead of two), else in ``_decode_reduce_kernel``. The two merges
     differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles),
-    ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch
-    (``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
+    ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch (defaults:
+    :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -357,9 +373,10 @@ def paged_decode_attention(
             bound = min(bound, window)
         num_sms = _num_sms(q.device.index if q.is_cuda else None)
         num_splits = choose_num_splits(batch, num_kv_heads, bound, num_sms)
-    cfg_block_n, cfg_warps = _decode_config(head_dim)
+    cfg_block_n, cfg_warps, cfg_stages = decode_config(head_dim, batch, num_kv_heads)
     block_n = block_n or cfg_block_n
     num_warps = num_warps or cfg_warps
+    num_stages = num_stages or cfg_stages
     block_d = max(16, triton.next_power_of_2(head_dim))
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
     common = dict(
