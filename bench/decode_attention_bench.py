@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=60)
     ap.add_argument("--layers", default="", help="comma-separated layer names of LAYERS (default: all)")
     ap.add_argument("--block-n", default="auto", help="key tiles to sweep: auto (the kernel's) and/or sizes")
-    ap.add_argument("--stages", default="2", help="key-loop pipeline depths to sweep")
+    ap.add_argument("--stages", default="auto", help="key-loop pipeline depths to sweep: auto (the kernel's) and/or depths")
     ap.add_argument("--warps", default="auto", help="warps to sweep: auto (the kernel's) and/or counts")
     ap.add_argument("--old", type=Path, default=None)
     a = ap.parse_args()
@@ -88,7 +88,7 @@ def main() -> None:
     print(f"{'layer':<24} {'B':>3} {'ctx':>5} {'splits':>6} {'tile':>4} {'st':>2} {'w':>2} {'limit µs':>8} "
           + " ".join(f"{name + ' µs':>9}" for name, _ in modules) + "   max |new - old|")
     chosen = {n.strip() for n in a.layers.split(",") if n.strip()}
-    tunings = [(None if n == "auto" else int(n), int(st), None if w == "auto" else int(w))
+    tunings = [(None if n == "auto" else int(n), None if st == "auto" else int(st), None if w == "auto" else int(w))
                for n in a.block_n.split(",") for st in a.stages.split(",") for w in a.warps.split(",")]
     for name, kv_heads, group, head_dim, window in LAYERS:
         if chosen and name not in chosen:
@@ -112,7 +112,9 @@ def main() -> None:
                         times, outs = [], []
                         for _, module in modules:
                             out = torch.empty_like(q)
-                            tuning = dict(block_n=block_n, num_stages=stages)
+                            tuning: dict[str, int | None] = dict(block_n=block_n)
+                            if stages is not None:  # else the kernel's (an older tree's may not take None)
+                                tuning["num_stages"] = stages
                             if warps is not None:
                                 tuning["num_warps"] = warps
                             call = functools.partial(module.paged_decode_attention, q, k_cache, v_cache, tables, lens,
@@ -129,7 +131,7 @@ def main() -> None:
                         shown = count or decode_attention.choose_num_splits(batch, kv_heads, bound)
                         diff = (outs[0].float() - outs[1].float()).abs().max().item() if len(outs) > 1 \
                             else float("nan")
-                        print(f"{name:<24} {batch:>3} {ctx:>5} {shown:>6} {block_n or 'auto':>4} {stages:>2} "
+                        print(f"{name:<24} {batch:>3} {ctx:>5} {shown:>6} {block_n or 'auto':>4} {stages or 'a':>2} "
                               f"{warps or 'a':>2} {limit_us:>8.2f} " + " ".join(f"{t:>9.2f}" for t in times)
                               + f"   {diff:.2e}", flush=True)
 
