@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=60)
     ap.add_argument("--layers", default="", help="comma-separated layer names of LAYERS (default: all)")
     ap.add_argument("--block-n", default="auto", help="key tiles to sweep: auto (the kernel's) and/or sizes")
-    ap.add_argument("--stages", default="auto", help="key-loop pipeline depths to sweep: auto (the kernel's) and/or depths")
+    ap.add_argument("--stages", default="auto", help="pipeline depths to sweep: auto (the kernel's) and/or depths")
     ap.add_argument("--warps", default="auto", help="warps to sweep: auto (the kernel's) and/or counts")
     ap.add_argument("--old", type=Path, default=None)
     a = ap.parse_args()
