@@ -9,14 +9,14 @@ export PYTHONUNBUFFERED=1
 date +%T
 PYTHONPATH=/tmp/site:$PWD/src timeout 150 python3 -m pytest -q tests/kernels/test_attention_kernels.py 2>&1 \
   | grep -v "Warn\|warn" | tail -3 | tee $OUT/attention.log
-PYTHONPATH=/tmp/site:$PWD/src timeout 120 python3 bench/decode_attention_bench.py --batches 1,16,64 --contexts 527 \
+PYTHONPATH=/tmp/site:$PWD/src timeout 90 python3 bench/decode_attention_bench.py --batches 1,64 --contexts 527 \
   --old .old --launches 40 2>&1 | grep -v Warn >> $OUT/attention.log
 date +%T
 for m in gemma-4-e4b gemma-4-26b-a4b qwen3-30b-a3b gemma-4-31b; do
   for tree in old new; do
     if [ $m = gemma-4-31b ] && [ $tree = old ]; then continue; fi
     if [ $tree = old ]; then root=$PWD/.old; else root=$PWD; fi
-    PYTHONPATH=/tmp/site:$root/src python3 $root/bench/engine_bench.py run --model $m --batches 1,16,64 --repeats 3 \
+    PYTHONPATH=/tmp/site:$root/src timeout 110 python3 $root/bench/engine_bench.py run --model $m --batches 1,16,64 --repeats 3 \
       --skip-offline --out /tmp/eb-$tree 2>&1 | grep -v Warn > $OUT/eb-$m-$tree.log
     grep -o '"kernels_b1": [0-9]*\|"batch": [0-9]*, .*"replay_ms": [0-9.]*\|"overlap_tok_s_runs": \[[^]]*\]' \
       $OUT/eb-$m-$tree.log | sed 's/, "bucket.*"replay_ms"/ "replay_ms"/' | paste -sd' ' | sed "s/^/$m $tree: /"
