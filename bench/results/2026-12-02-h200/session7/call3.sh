@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 7, device call 3: the session's tree against its start (.old = 0b65a4f) in one call: the decode attention's
 # GPU tests and the attention alone at the new launch parameters against the old kernel, then Gemma-4-E4B,
-# Gemma-4-26B-A4B and Qwen3-30B-A3B bf16 at B = 1 / 16 / 64 on both trees, and Gemma-4-31B bf16 on the new one,
+# Gemma-4-26B-A4B and Qwen3-30B-A3B bf16 at B = 1 / 16 / 64 on both trees,
 # median of 3 each.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -12,7 +12,7 @@ PYTHONPATH=/tmp/site:$PWD/src timeout 150 python3 -m pytest -q tests/kernels/tes
 PYTHONPATH=/tmp/site:$PWD/src timeout 90 python3 bench/decode_attention_bench.py --batches 1,64 --contexts 527 \
   --old .old --launches 40 2>&1 | grep -v Warn >> $OUT/attention.log
 date +%T
-for m in gemma-4-e4b gemma-4-26b-a4b qwen3-30b-a3b gemma-4-31b; do
+for m in gemma-4-e4b gemma-4-26b-a4b qwen3-30b-a3b; do
   for tree in old new; do
     if [ $m = gemma-4-31b ] && [ $tree = old ]; then continue; fi
     if [ $tree = old ]; then root=$PWD/.old; else root=$PWD; fi
