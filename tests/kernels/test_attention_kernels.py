@@ -361,12 +361,12 @@ def test_choose_num_splits() -> None:
 
 
 def test_decode_config_by_batch_regime() -> None:
-    """(key tile, warps, stages): batch 1-2 unpipelined on 8 warps; a wave of programs before splitting (64 E4B
-    sequences, 2 kv heads) 32-key tiles for D >= 256, 4 warps, 3 stages; in between the kernel's earlier choice. K and
-    V tiles stay within 32 KiB each in bf16 everywhere."""
+    """(key tile, warps, stages): batch 1-2 at D <= 128 unpipelined on 8 warps; a wave of programs before splitting
+    (64 E4B sequences, 2 kv heads) 32-key tiles for D >= 256, 4 warps, 3 stages; elsewhere the kernel's earlier
+    choice. K and V tiles stay within 32 KiB each in bf16 everywhere."""
     assert decode_config(128, 1, 4) == (64, 8, 1)
-    assert decode_config(256, 2, 8) == (64, 8, 1)
-    assert decode_config(512, 1, 2) == (32, 8, 1)
+    assert decode_config(256, 2, 8) == (64, 8, 2)
+    assert decode_config(512, 1, 2) == (32, 8, 2)
     assert decode_config(128, 16, 4) == (64, 4, 2)
     assert decode_config(256, 16, 2) == (64, 8, 2)
     assert decode_config(256, 64, 2) == (32, 4, 3)

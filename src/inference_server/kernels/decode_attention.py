@@ -315,17 +315,18 @@ def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, in
     in bf16. From the H200 sweep (``bench/decode_attention_bench.py``, context 527, model length 32768,
     ``bench/results/2026-12-02-h200/session7/call2``):
 
-    * batch 1-2: no pipelining (``num_stages`` 1; the splits hold a tile or two each) and 8 warps: µs a launch
-      against 2 stages, Qwen3-30B-A3B 6.0 vs 6.5 (4 warps before), Gemma-4-26B-A4B sliding / full 7.8 / 11.3 vs 8.0 /
-      11.7, Gemma-4-E4B sliding 6.7 vs 6.9 (full 10.3, level);
+    * batch 1-2 with D <= 128: no pipelining (``num_stages`` 1; the splits hold a tile or two each) and 8 warps:
+      Qwen3-30B-A3B 5.8 vs 6.5 µs a launch. Alone the same paid for D = 256 and 512 too (Gemma-4-26B-A4B sliding /
+      full 7.8 / 11.6 vs 8.1 / 12.4 µs), but in the step's graph it lost: B=1 Gemma-4-E4B 298.2 vs 300.0 tok/s,
+      26B-A4B 359.6 vs 361.5 (``session7/call4``), so those keep 2 stages;
     * from ``WAVE_PROGRAMS`` programs before splitting (Gemma-4-E4B at 64 sequences): 32-key tiles for D >= 256, 3
-      stages, 4 warps (more programs an SM, each streaming its tiles deeper): E4B sliding / full 25.7 / 56.7 vs 29.9 /
-      61.1 µs, Qwen3-30B-A3B 29.4 vs 30.3;
+      stages, 4 warps (more programs an SM, each streaming its tiles deeper): E4B sliding / full 24.9 / 56.1 vs 29.9 /
+      61.3 µs, Qwen3-30B-A3B 29.4 vs 29.7, 26B-A4B sliding 73.4 vs 83.8 (``session7/call3``);
     * between: 64-key tiles (32 for D = 512), 2 stages, 4 warps for D <= 128 and 8 above (the kernel before)."""
     if batch * num_kv_heads >= WAVE_PROGRAMS:
         return (64 if head_dim <= 128 else 32), 4, 3
     block_n = 64 if head_dim <= 256 else 32
-    if batch <= 2:
+    if batch <= 2 and head_dim <= 128:
         return block_n, 8, 1
     return block_n, 4 if head_dim <= 128 else 8, 2
 
