@@ -10,8 +10,10 @@ What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> S
   and graphed steps of the same batch run identical kernels.
 * Weights and KV stay in the dtype they were built with (bf16 on CUDA); rope tables move to the device once.
 * Steps of 1-2 tokens run the routed experts as the MoE decode GEMVs (``kernels.moe_decode``, two launches), larger
-  ones as the grouped GEMMs. Float projections of small steps take the Triton GEMV where this GPU's tuning sweep
-  timed it faster than cuBLAS (tuned files in ``kernels/configs/dense_linear``), cuBLAS elsewhere.
+  ones as the grouped GEMMs. A Gemma 4 MoE layer's dense MLP runs beside them at those sizes: its gate/up GEMV in the
+  router's launch, its down GEMV in the experts' gate/up launch (``kernels.mlp_beside_experts``). Float projections
+  of small steps take the Triton GEMV where this GPU's tuning sweep timed it faster than cuBLAS (tuned files in
+  ``kernels/configs/dense_linear``), cuBLAS elsewhere.
 * Greedy sampling: when every sampled row takes the argmax and asks for nothing else, the lm_head and the
   greedy choice run as one fused GEMV (``kernels.greedy_head``, ``triton_greedy_head``) instead of the full
   logits and the sampler; prompt logprobs and every other sampling request keep the full logits.
