@@ -34,7 +34,7 @@ a time at the float tiles (the path before words; other layouts still take it), 
 (``bench/sass_mix.py --only moe``, Triton 3.6). With bf16 activations the words skip the conversion: each
 activation tile becomes 16-bit fixed point once, shared by the gate and up rows, and the products are integer dot
 products (``kernels/int8_fixed_dot.py``; activations far below their word's largest are rounded, at most
-``2**-16`` of it).
+``2**-15`` of it).
 
 Pairs whose expert id is outside [0, E) contribute zeros (``fused_moe`` leaves their rows undefined). No host
 syncs; the scratch comes from the caching allocator and the counters are a zeroed buffer per device that each

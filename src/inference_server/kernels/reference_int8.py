@@ -75,7 +75,7 @@ def int8_gemv_fixed_point_reference(
 ) -> torch.Tensor:  # [T, N] x.dtype
     """What the CUDA-core GEMV computes from int8 words and bf16 activations: ``fixed_point_activations(x) @
     qweight.T`` (summed in fp64 here; the kernel's fp32 sums differ by their order and rounding), times ``scale``,
-    rounded to ``x.dtype``. Against ``int8_linear_reference`` each activation moves by at most ``2**-16`` of its
+    rounded to ``x.dtype``. Against ``int8_linear_reference`` each activation moves by at most ``2**-15`` of its
     word's largest magnitude (or ``2**-127`` in words below ``2**-112``), and not at all where it lies within
     ``2**7`` of it."""
     dot = fixed_point_activations(x) @ qweight.double().t()
