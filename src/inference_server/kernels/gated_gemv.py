@@ -25,7 +25,7 @@ from inference_server.kernels.dense_linear import DENSE_CONFIG_DIR, dense_linear
 from inference_server.kernels.int8_gemv import GATED_ACTIVATIONS, int8_gemv_kernel, launch_gemv
 from inference_server.kernels.int8_linear import CONFIG_DIR, int8_linear_config
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
-from inference_server.kernels.streamed_linear import MIN_DOT_TOKENS, effective_split_k, resolve_config
+from inference_server.kernels.streamed_linear import is_one_split_gemv, resolve_config
 
 __all__ = ["gated_gemv", "gated_gemv_config"]
 
@@ -46,8 +46,7 @@ def gated_gemv_config(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         config = resolve_config(x, weight.shape[0], dense_linear_config, DENSE_CONFIG_DIR)
     else:
         config = resolve_config(x, weight.shape[0], int8_linear_config, CONFIG_DIR)
-    if config.block_t >= MIN_DOT_TOKENS or (paired and (config.block_n < 2 or config.block_n % 2)) \
-            or effective_split_k(config, x.shape[1]) != 1:
+    if not is_one_split_gemv(config, x.shape[1]) or (paired and (config.block_n < 2 or config.block_n % 2)):
         return None
     return config
 
@@ -65,7 +64,7 @@ def gated_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     if scale is not None and (weight.dtype != torch.int8 or tuple(scale.shape) != (weight.shape[0],)):
         raise ValueError("int8 weights need int8 values and one scale per row")
     T, K = x.shape
-    if config.block_t >= MIN_DOT_TOKENS or effective_split_k(config, K) != 1:
+    if not is_one_split_gemv(config, K):
         raise ValueError(f"gated_gemv runs a CUDA-core GEMV config of one split, not {config}")
     if up is None:
         width, rows_per_output = weight.shape[0] // 2, config.block_n // 2

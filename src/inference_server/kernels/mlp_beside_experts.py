@@ -47,7 +47,7 @@ from inference_server.kernels.moe_decode import (
 from inference_server.kernels.pdl import pdl_launch
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.router import linear_route_program, route_arguments
-from inference_server.kernels.streamed_linear import MIN_DOT_TOKENS, effective_split_k
+from inference_server.kernels.streamed_linear import is_one_split_gemv
 
 __all__ = ["expert_gate_up_beside_gemv", "gated_gemv_and_route", "shares_warps"]
 
@@ -136,7 +136,7 @@ def _expert_gate_up_and_gemv_kernel(
 
 
 def _check_gemv_config(config: Int8LinearConfig, in_features: int) -> None:
-    if config.block_t >= MIN_DOT_TOKENS or effective_split_k(config, in_features) != 1:
+    if not is_one_split_gemv(config, in_features):
         raise ValueError(f"a GEMV beside other work must be a one-split CUDA-core GEMV config, not {config}")
 
 

@@ -43,8 +43,8 @@ from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
 __all__ = ["GEMV_MAX_TOKENS", "H200_SMS", "HBM_BYTES_PER_S", "MIN_DOT_TOKENS", "REDUCE_LAUNCH_S", "Bucket",
-           "bucket_config", "bucket_of", "dividing_block_k", "effective_split_k", "gemv_config", "max_split_k",
-           "pow2_clamp", "resolve_config", "streamed_linear", "wave_split_k"]
+           "bucket_config", "bucket_of", "dividing_block_k", "effective_split_k", "gemv_config", "is_one_split_gemv",
+           "max_split_k", "pow2_clamp", "resolve_config", "streamed_linear", "wave_split_k"]
 
 H200_SMS = 132
 MIN_DOT_TOKENS = 16  # tl.dot's smallest token tile; configs with a smaller block_t run the CUDA-core GEMV
@@ -290,6 +290,12 @@ def effective_split_k(config: Int8LinearConfig, in_features: int) -> int:
     split = max(1, min(config.split_k, triton.cdiv(in_features, config.block_k)))
     k_per_split = triton.cdiv(triton.cdiv(in_features, split), config.block_k) * config.block_k
     return triton.cdiv(in_features, k_per_split)
+
+
+def is_one_split_gemv(config: Int8LinearConfig, in_features: int) -> bool:
+    """Whether ``config`` runs ``in_features`` columns as the CUDA-core GEMV in one K split (whole fp32 sums in one
+    program: what an epilogue or a launch shared with other work needs)."""
+    return config.block_t < MIN_DOT_TOKENS and effective_split_k(config, in_features) == 1
 
 
 def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
