@@ -277,16 +277,25 @@ def dense_linear_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                 or (tuned_only and not triton_is_faster(tokens, weight.shape[0], weight.shape[1], x.dtype, x.device)))
 
 
+def _installed_gemv_takes(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
+                          dense_max_tokens: int | None, tuned_only: bool) -> bool:
+    """Whether the installed ops run the projection ``x [T, K] @ weight.T`` through the Triton GEMV kernels (int8
+    weights: ``triton_int8_linear`` always; float ones where ``triton_dense_linear`` takes them), with contiguous
+    last dims; their config then decides whether it is a one-split CUDA-core GEMV (``gated_gemv_config``)."""
+    return x.stride(-1) == 1 and weight.stride(-1) == 1 and (scale is not None or (
+        dense_max_tokens is not None and dense_linear_takes(x, weight, None, max_tokens=dense_max_tokens,
+                                                            tuned_only=tuned_only)))
+
+
 def _gated_projection_config(flat: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, canonical: str,
                              flat_up: torch.Tensor | None, *, dense_max_tokens: int | None,
                              tuned_only: bool) -> Int8LinearConfig | None:
     """The one-launch gated GEMV's config for ``triton_gated_projection``'s inputs (2-D), or None where the
     installed ops would not run the projection as a one-split CUDA-core GEMV (then no fused launch)."""
-    if canonical in GATED_ACTIVATIONS and flat.stride(-1) == 1 and weight.stride(-1) == 1 \
+    if canonical in GATED_ACTIVATIONS \
             and (flat_up is None or (flat_up.dtype == flat.dtype and flat_up.stride(-1) == 1
                                      and tuple(flat_up.shape) == (flat.shape[0], weight.shape[0]))) \
-            and (scale is not None or (dense_max_tokens is not None and dense_linear_takes(
-                flat, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only))):
+            and _installed_gemv_takes(flat, weight, scale, dense_max_tokens=dense_max_tokens, tuned_only=tuned_only):
         return gated_gemv_config(flat, weight, scale, paired=flat_up is None)
     return None
 
@@ -308,18 +317,6 @@ def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.
         return ops.torch_gated_projection(x, weight, scale, act, up)
     out = gated_gemv(flat, weight, scale, canonical, config, flat_up)
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _projection_gemv_config(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
-                            dense_max_tokens: int | None, tuned_only: bool) -> Int8LinearConfig | None:
-    """The config the installed ops run ``x [T, K] @ weight.T`` with when it is a one-split CUDA-core GEMV (int8
-    weights: ``triton_int8_linear`` always; float ones where ``triton_dense_linear`` takes them), else None."""
-    if scale is None and (dense_max_tokens is None or not dense_linear_takes(
-            x, weight, None, max_tokens=dense_max_tokens, tuned_only=tuned_only)):
-        return None
-    if x.stride(-1) != 1 or weight.stride(-1) != 1:
-        return None
-    return gated_gemv_config(x, weight, scale, paired=False)
 
 
 def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
@@ -346,14 +343,15 @@ def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Mod
     router_weight = router.proj.weight
     if gate_config is not None and _router_gemv_fits(router_input, router_weight, router.top_k):
         activated, weights, ids = gated_gemv_and_route(x, mlp.gate_up_weight, mlp.gate_up_scale, act, gate_config,
-                                                       router_input, router_weight, router.top_k, True,
-                                                       router.per_expert_scale)
+                                                       router_input, router_weight, router.top_k,
+                                                       router.renormalize, router.per_expert_scale)
     else:
-        activated = ops.gated_projection(x, mlp.gate_up_weight, mlp.gate_up_scale, mlp.act_name)
+        activated = mlp.activated(x)
         weights, ids = router(residual, router_input)
     down_weight, down_scale = projection_weights(mlp.down_proj)
-    down_config = _projection_gemv_config(activated, down_weight, down_scale, dense_max_tokens=dense_max_tokens,
-                                          tuned_only=tuned_only)
+    down_config = gated_gemv_config(activated, down_weight, down_scale, paired=False) \
+        if _installed_gemv_takes(activated, down_weight, down_scale, dense_max_tokens=dense_max_tokens,
+                                 tuned_only=tuned_only) else None
     w_gate_up, w_down = experts.gate_up_proj, experts.down_proj
     if down_config is not None and shares_warps(down_config, w_gate_up.shape[2], w_down.shape[2],
                                                 expert_input.element_size(),

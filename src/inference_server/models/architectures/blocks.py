@@ -140,10 +140,15 @@ class GatedMLP(nn.Module):
         if self.gate_up_weight is None:
             self.gate_up_weight, self.gate_up_scale = fuse_projections([self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def activated(self, x: torch.Tensor) -> torch.Tensor:
+        """``act(gate(x)) * up(x)`` ``[..., I]``, the down projection's input: the fused gate/up while
+        ``ops.fused_weights`` is on and the weights are fused, else the two projections apart."""
         if self.gate_up_weight is not None and ops.fused_weights:
-            return self.down_proj(ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name))
-        return self.down_proj(ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name))
+            return ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name)
+        return ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.activated(x))
 
 
 class FusedExperts(nn.Module):

@@ -50,6 +50,7 @@ class Gemma4Router(nn.Module):
     renormalised top-k weights times ``per_expert_scale`` (weights stay fp32)."""
 
     keeps_float_weights = True  # QUANTIZATION=int8 leaves the router float: its error would flip top-k choices
+    renormalize = True  # the top-k weights are renormalised (read by the CUDA runner's paired FFN launch too)
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -88,7 +89,8 @@ class Gemma4Router(nn.Module):
         else:
             x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
         # self.proj(x), then routing
-        return ops.linear_route(x, self.proj.weight, self.top_k, True, self.per_expert_scale, None)  # fp32, ids
+        return ops.linear_route(x, self.proj.weight, self.top_k, self.renormalize, self.per_expert_scale,
+                                None)  # fp32, ids
 
 
 class Gemma4DecoderLayer(nn.Module):
