@@ -195,7 +195,7 @@ def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.M
         spec, model, storage = _build(name)
         runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
             max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
-            fused_gated_gemv=fused, fused_mlp_beside_experts=False))
+            fused_gated_gemv=fused, fused_mlp_beside_experts=False, fused_norm_gemv=False))
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
     assert results[0] == results[1]
@@ -284,6 +284,52 @@ def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: in
                                                  decode_max_tokens=2, dense_max_tokens=16)
     assert calls == ["route", "experts"]
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-4-E2B's post-FFN norm add inside the per-layer-input gate's GEMV (``fused_norm_gemv``) against the
+    ``norm_add`` launch and the gated GEMV apart: the same tokens and logprobs (bit for bit under the interpreter,
+    whose sums of squares run in the same order; on the GPU within fp32 rounding), and the fused launch taken once a
+    layer at decode only."""
+    import inference_server.backends.cuda_backend as cuda_backend
+
+    torch.set_num_threads(1)
+    calls: list[int] = []
+    fused_launch = cuda_backend.norm_add_gemv
+
+    def counting(a: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(a.shape[0])
+        return fused_launch(a, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "norm_add_gemv", counting)
+    results = []
+    for fused in (False, True):
+        spec, model, storage = _build("gemma-4-e2b-tiny")
+        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
+            fused_norm_gemv=fused))
+        assert (ops.norm_add_gated_projection is ops.torch_norm_add_gated_projection) == (not fused)
+        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+    if DEV == "cpu":
+        assert results[0] == results[1]
+    else:
+        assert [[t for t, _ in step] for step in results[0]] == [[t for t, _ in step] for step in results[1]]
+        for step, ref_step in zip(results[1], results[0], strict=True):
+            torch.testing.assert_close(torch.tensor([p for _, p in step]), torch.tensor([p for _, p in ref_step]),
+                                       atol=1e-4, rtol=1e-4)
+    # the decode step's two rows, once per layer (every E2B layer has a per-layer input); the prefill's 29 tokens
+    # run the norm_add launch and the tensor-core GEMM
+    assert calls == [2] * len(spec.layers)
+
+
+@pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(triton_norm_add=False)])
+def test_norm_add_gemv_needs_its_parts(options: dict) -> None:
+    """The fused launch runs the gated GEMV's programs and computes ``norm_add``'s add: without either kernel the
+    runner keeps the two ops."""
+    spec, model, storage = _build("gemma-4-e2b-tiny")
+    CudaModelRunner(model, spec, storage, torch.device(DEV),
+                    CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
+    assert ops.norm_add_gated_projection is ops.torch_norm_add_gated_projection
 
 
 @pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(fused_router_gemv=False),

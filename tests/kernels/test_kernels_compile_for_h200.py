@@ -273,8 +273,8 @@ PDL_COMPILE = textwrap.dedent('''
 
     import inference_server.kernels as package
     from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
-                                          kv_store, mlp_beside_experts, moe_decode, norm_add, qk_norm_rope, rmsnorm,
-                                          rope, rope_tables, router, streamed_linear)
+                                          kv_store, mlp_beside_experts, moe_decode, norm_add, norm_add_gemv,
+                                          qk_norm_rope, rmsnorm, rope, rope_tables, router, streamed_linear)
 
     target = GPUTarget("cuda", 90, 64)
     BF16 = "*bf16"
@@ -350,9 +350,12 @@ PDL_COMPILE = textwrap.dedent('''
         (mlp_beside_experts._expert_gate_up_and_gemv_kernel, {"e_ids_ptr": "*i64"},
          dict(**GEMV_1024, GATED=0, E_TOP_K=8, E_ACT=1, E_BLOCK_N=16, E_BLOCK_K=256, E_EVEN_K=True, E_W_INT8=False,
               E_W_WORDS=False, E_PRMT=False, E_INT_DOT=False)),
+        # Gemma-4-E4B's post-FFN add inside the per-layer-input gate's GEMV (kernels.norm_add_gemv)
+        (norm_add_gemv._norm_add_gemv_kernel, {"eps_a": "fp32"},
+         {**GEMV_1024, "GATED": 1, "UP_IN_MEMORY": True, "HAS_S": False, "NORM_BLOCK": 4096}),
     ]
     # kernels.pdl's invariant: only these read (weights) before the wait
-    EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel"}
+    EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel", "_norm_add_gemv_kernel"}
     # kernels whose programs run one of two kernels' programs (kernels.mlp_beside_experts): each branch is the code
     # of a kernel checked here (the GEMV's loads early, the other's not), so the PTX's first load says nothing
     BRANCHED = {"_gated_gemv_and_route_kernel", "_expert_gate_up_and_gemv_kernel"}

@@ -63,6 +63,7 @@ from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_ge
 from inference_server.kernels.moe_decode import fused_moe_decode
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
+from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, norm_add_gemv
 from inference_server.kernels.pdl import use_pdl
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
@@ -319,6 +320,32 @@ def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def triton_norm_add_gated_projection(a: torch.Tensor, a_norm: layers.NormWeights, residual: torch.Tensor,
+                                     weight: torch.Tensor, weight_scale: torch.Tensor | None, act: str,
+                                     up: torch.Tensor | None = None, *, scale: torch.Tensor | None = None,
+                                     dense_max_tokens: int | None, tuned_only: bool = False,
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.norm_add_gated_projection`` in one launch (``kernels.norm_add_gemv``: the sandwich norm's residual add
+    in the gated GEMV's prologue and K loop) where ``triton_norm_add`` would take the norm (a weighted gemma norm)
+    and ``triton_gated_projection`` would run one launch (a one-split CUDA-core GEMV at its config), with rows of at
+    most ``MAX_NORM_COLUMNS``; anywhere else the installed ``norm_add`` and ``gated_projection``
+    (``ops.torch_norm_add_gated_projection``)."""
+    weight_ok = a_norm.weight is not None and a_norm.style == "gemma4" \
+        and a_norm.weight.dtype in (a.dtype, torch.float32) and a_norm.weight.device == a.device
+    config = None
+    if weight_ok and a.dim() == 2 and a.shape[1] <= MAX_NORM_COLUMNS and residual.shape == a.shape \
+            and residual.dtype == a.dtype and a.stride(-1) == 1 and residual.stride(-1) == 1 \
+            and (scale is None or (scale.numel() == 1 and scale.dtype == a.dtype)):
+        config = _gated_projection_config(a, weight, weight_scale, layers.canonical_activation(act),
+                                          up.reshape(-1, up.shape[-1]) if up is not None else None,
+                                          dense_max_tokens=dense_max_tokens, tuned_only=tuned_only)
+    if config is None or a_norm.weight is None:
+        return ops.torch_norm_add_gated_projection(a, a_norm, residual, weight, weight_scale, act, up, scale=scale)
+    return norm_add_gemv(a, a_norm.weight, a_norm.eps, residual, scale, weight, weight_scale, config,
+                         gated=layers.canonical_activation(act), up=up.reshape(-1, up.shape[-1]) if up is not None
+                         else None)
+
+
 def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
                               residual: torch.Tensor, router_input: torch.Tensor | None, expert_input: torch.Tensor,
                               *, decode_max_tokens: int, dense_max_tokens: int | None,
@@ -459,6 +486,11 @@ class CudaRunnerOptions:
     experts' gate/up in the next, where each would be a one-launch GEMV; two launches fewer per MoE layer, and the
     router's latency behind the GEMV's stream. Needs ``fused_gated_gemv``, ``fused_router_gemv`` and the MoE
     decode GEMVs (``moe_decode_max_tokens``)."""
+    fused_norm_gemv: bool = True
+    """Gemma 4 E2B/E4B's post-FFN norm and residual add inside the per-layer-input gate's GEMV at decode
+    (``ops.norm_add_gated_projection``, ``kernels.norm_add_gemv``) where that projection is a one-split CUDA-core
+    GEMV: one launch fewer per layer, the same values up to the order of the norm's fp32 sum of squares. Needs
+    ``triton_norm_add`` and ``fused_gated_gemv``."""
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
@@ -534,6 +566,13 @@ class CudaModelRunner(ModelRunner):
             if options.fused_mlp_beside_experts and self._gated_projection is not ops.torch_gated_projection \
             and self._linear_route is triton_linear_route and options.moe_decode_max_tokens > 0 \
             else ops.torch_mlp_beside_experts
+        # Gemma 4 PLE layers' post-FFN add feeding the per-layer-input gate: one launch instead of two at decode.
+        self._norm_add_gated_projection = functools.partial(
+            triton_norm_add_gated_projection,
+            dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
+            tuned_only=not options.triton_dense_linear) \
+            if options.fused_norm_gemv and self._norm_add is triton_norm_add \
+            and self._gated_projection is not ops.torch_gated_projection else ops.torch_norm_add_gated_projection
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
         self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
                                          tuned_only=not options.triton_dense_linear) \
@@ -632,7 +671,7 @@ class CudaModelRunner(ModelRunner):
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
                     linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
                     gated_proj=self._gated_projection, rope_tables=self._rope_tables,
-                    mlp_experts=self._mlp_beside_experts)
+                    mlp_experts=self._mlp_beside_experts, norm_add_gated=self._norm_add_gated_projection)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -102,6 +102,27 @@ def _token_row(x_ptrs, row, stride_xt, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _inverse_root(a_ptr, cols, mask, K, eps):
+    """NORM_IN's prologue for one token: ``rsqrt(mean(a * a) + eps)`` of its row ``a_ptr[:K]``, in fp32 (the inverse
+    root of ``kernels.norm_add``'s gemma norm)."""
+    a = tl.load(a_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(a * a, axis=0) / K + eps)
+
+
+@triton.jit
+def _sandwich(a, r, wa, inv, s, NORM_IN: tl.constexpr, HAS_S: tl.constexpr):
+    """An activation tile as the GEMV reads it: ``a`` as loaded, or with ``NORM_IN`` the tile of ``y = residual +
+    norm(a; wa) [* s]`` from a's and the residual's tiles (``r``), the norm weight's (``wa``, fp32) and the token's
+    inverse root ``inv``, with ``kernels.norm_add``'s arithmetic and roundings (each op rounded to a's dtype)."""
+    if NORM_IN:
+        y = (r.to(tl.float32) + (a.to(tl.float32) * inv * wa).to(a.dtype).to(tl.float32)).to(a.dtype)
+        if HAS_S:
+            y = (y.to(tl.float32) * s).to(a.dtype)
+        return y
+    return a
+
+
+@triton.jit
 def gemv_program(
     pid_t,  # this program's token block
     pid_n,  # its row block
@@ -138,10 +159,25 @@ def gemv_program(
     LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
     DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
     INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (int8_fixed_dot)
+    NORM_IN: tl.constexpr = False,  # x's rows are y = residual + norm(x; wa) [* s] (kernels.norm_add_gemv)
+    res_ptr=None,  # NORM_IN: [T, K] the residual stream (contiguous last dim)
+    stride_rt=0,
+    wa_ptr=None,  # NORM_IN: [K] the post-norm's weight (gemma convention: x * inv * w in fp32, one rounding)
+    s_ptr=None,  # NORM_IN with HAS_S: one element, the scale applied last
+    y_ptr=None,  # NORM_IN: [T, K] y, stored by the programs of the first row block and K split
+    stride_yt=0,
+    eps_a=0.0,
+    HAS_S: tl.constexpr = False,
+    NORM_BLOCK: tl.constexpr = 1,  # NORM_IN: K padded to a power of two (the prologue's whole rows)
 ):
     """One program of ``int8_gemv_kernel`` (the module docstring's loop), at the given program coordinates: the
     kernel runs it at its grid's, and kernels that share a launch with other work (``kernels.mlp_beside_experts``)
-    at coordinates of their own."""
+    at coordinates of their own.
+
+    With ``NORM_IN`` the activations are a Gemma sandwich norm's output, computed here instead of in a launch of
+    its own: ``y = residual + norm(x; wa) [* s]`` per token row. Every program first reduces its tokens' whole rows
+    of x to their inverse roots (L2-resident rows, a few KB), the first row block's programs of split 0 store y, and
+    the K loop builds each activation tile from the x, residual and weight tiles with the same arithmetic."""
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
     tl.static_assert(W_WORDS or not INT_DOT, "the integer dot reads int8 words")
     tl.static_assert(EVEN_K or not DEEP, "the two-ahead weight loads need whole K tiles")
@@ -192,12 +228,42 @@ def gemv_program(
     if DEEP:  # tile 1 (tile 0 again when there is one tile): w_ptrs then runs two tiles ahead of the arithmetic
         w_ptrs += (n_tiles > 1).to(tl.int32) * w_step
         w_ahead = tl.load(w_ptrs)
+    # NORM_IN: the norm weight's first tile and the scale are weights too, loaded here; without NORM_IN these names
+    # are placeholders the compiler drops.
+    r_ptrs = x_ptrs  # NORM_IN: the residual's tile, advanced with x's
+    wa_ptrs = x_ptrs
+    y_ptrs = x_ptrs  # NORM_IN: y's tile of the current iteration
+    wa_t = 1.0
+    s = 1.0
+    if NORM_IN:
+        r_ptrs = res_ptr + t0.to(tl.int64) * stride_rt + (k_start + offs_k)
+        y_ptrs = y_ptr + t0.to(tl.int64) * stride_yt + (k_start + offs_k)
+        wa_ptrs = wa_ptr + (k_start + offs_k)
+        wa_t = _token_row(wa_ptrs, 0, 0, k_ok, EVEN_K).to(tl.float32)
+        if HAS_S:
+            s = tl.load(s_ptr).to(tl.float32)
     # PDL (kernels.pdl): the first weight tiles are loaded before the wait, the one read the invariant allows there
     # (weights are never written during a step; the loads' addresses depend on shapes only). A program made
     # resident while its predecessor drains has its first tiles on the way, so the HBM latency of the kernel's
     # start overlaps the predecessor's tail. x comes from the previous launch and the output may still be read by
     # an earlier one, so every other load and every store is after the wait.
     pdl_wait(USE_PDL)
+    inv0 = 1.0  # NORM_IN: each token's inverse root of mean(x * x) + eps_a
+    inv1 = 1.0
+    inv2 = 1.0
+    inv3 = 1.0
+    if NORM_IN:
+        # Every program reduces its tokens' whole rows of x (its sums need all of K; the rows come from L2).
+        norm_cols = tl.arange(0, NORM_BLOCK)
+        norm_mask = norm_cols < K
+        a_row = x_ptr + t0.to(tl.int64) * stride_xt
+        inv0 = _inverse_root(a_row, norm_cols, norm_mask, K, eps_a)
+        if BLOCK_T > 1:
+            inv1 = _inverse_root(a_row + row1 * stride_xt, norm_cols, norm_mask, K, eps_a)
+        if BLOCK_T > 2:
+            inv2 = _inverse_root(a_row + row2 * stride_xt, norm_cols, norm_mask, K, eps_a)
+        if BLOCK_T > 3:
+            inv3 = _inverse_root(a_row + row3 * stride_xt, norm_cols, norm_mask, K, eps_a)
     x0 = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 1:
         x1 = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
@@ -205,6 +271,20 @@ def gemv_program(
         x2 = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 3:
         x3 = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
+    # NORM_IN: the residual's tiles, loaded (and prefetched) beside x's; y's tile is built where the arithmetic
+    # reads it, so the prefetches stay loads in flight
+    r0 = x0
+    r1 = x0
+    r2 = x0
+    r3 = x0
+    if NORM_IN:
+        r0 = _token_row(r_ptrs, 0, stride_rt, k_ok, EVEN_K)
+        if BLOCK_T > 1:
+            r1 = _token_row(r_ptrs, row1, stride_rt, k_ok, EVEN_K)
+        if BLOCK_T > 2:
+            r2 = _token_row(r_ptrs, row2, stride_rt, k_ok, EVEN_K)
+        if BLOCK_T > 3:
+            r3 = _token_row(r_ptrs, row3, stride_rt, k_ok, EVEN_K)
     acc0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
@@ -213,6 +293,9 @@ def gemv_program(
         if EVEN_K:
             more = (kb + 1 < n_tiles).to(tl.int32)  # 0 on the last iteration: the prefetch stays in bounds
             x_ptrs += more * (BLOCK_K * stride_xk)
+            if NORM_IN:
+                r_ptrs += more * BLOCK_K
+                wa_ptrs += more * BLOCK_K
             if DEEP:  # tile kb + 2 (clamped to the last), two iterations before its arithmetic
                 w_ptrs += (kb + 2 < n_tiles).to(tl.int32) * w_step
                 w_next = w_ahead
@@ -223,6 +306,9 @@ def gemv_program(
         else:
             w_ptrs += w_step
             x_ptrs += BLOCK_K * stride_xk
+            if NORM_IN:
+                r_ptrs += BLOCK_K
+                wa_ptrs += BLOCK_K
             rest = k_len - (kb + 1) * BLOCK_K
             k_ok = offs_k < rest
             w_next = tl.load(w_ptrs, mask=(first_col < rest)[None, :], other=0)
@@ -233,6 +319,30 @@ def gemv_program(
             x2_next = _token_row(x_ptrs, row2, stride_xt, k_ok, EVEN_K)
         if BLOCK_T > 3:
             x3_next = _token_row(x_ptrs, row3, stride_xt, k_ok, EVEN_K)
+        if NORM_IN:
+            wa_next = _token_row(wa_ptrs, 0, 0, k_ok, EVEN_K).to(tl.float32)
+            r0_next = _token_row(r_ptrs, 0, stride_rt, k_ok, EVEN_K)
+            if BLOCK_T > 1:
+                r1_next = _token_row(r_ptrs, row1, stride_rt, k_ok, EVEN_K)
+            if BLOCK_T > 2:
+                r2_next = _token_row(r_ptrs, row2, stride_rt, k_ok, EVEN_K)
+            if BLOCK_T > 3:
+                r3_next = _token_row(r_ptrs, row3, stride_rt, k_ok, EVEN_K)
+            # this tile of y; the first row block's split-0 programs store it (vector predicates: the interpreter
+            # rejects a scalar bool combined with a vector mask)
+            y_ok = ((kb * BLOCK_K + offs_k) < k_len) & ((offs_k * 0 + pid_n + pid_s) == 0)
+            x0 = _sandwich(x0, r0, wa_t, inv0, s, NORM_IN, HAS_S)
+            tl.store(y_ptrs, x0, mask=y_ok)
+            if BLOCK_T > 1:
+                x1 = _sandwich(x1, r1, wa_t, inv1, s, NORM_IN, HAS_S)
+                tl.store(y_ptrs + row1 * stride_yt, x1, mask=y_ok & (offs_k * 0 + t0 + 1 < T))
+            if BLOCK_T > 2:
+                x2 = _sandwich(x2, r2, wa_t, inv2, s, NORM_IN, HAS_S)
+                tl.store(y_ptrs + row2 * stride_yt, x2, mask=y_ok & (offs_k * 0 + t0 + 2 < T))
+            if BLOCK_T > 3:
+                x3 = _sandwich(x3, r3, wa_t, inv3, s, NORM_IN, HAS_S)
+                tl.store(y_ptrs + row3 * stride_yt, x3, mask=y_ok & (offs_k * 0 + t0 + 3 < T))
+            y_ptrs += BLOCK_K
         if INT_DOT:  # the weight words as they are; each token's activations as fixed point (int8_fixed_dot)
             acc0 = fixed_point_dot(acc0, w, x0, WORDS, PRMT)
             if BLOCK_T > 1:
@@ -256,6 +366,15 @@ def gemv_program(
             x2 = x2_next
         if BLOCK_T > 3:
             x3 = x3_next
+        if NORM_IN:
+            wa_t = wa_next
+            r0 = r0_next
+            if BLOCK_T > 1:
+                r1 = r1_next
+            if BLOCK_T > 2:
+                r2 = r2_next
+            if BLOCK_T > 3:
+                r3 = r3_next
         w = w_next
         x0 = x0_next
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,

@@ -13,7 +13,9 @@ and that norm of it, so on CUDA a layer's norms take (``kernels.norm_add``, one 
 * MoE layer (26B-A4B): after attention (the residual and three norms of it: the MLP's, the experts' and the
   router's folded norm) and after the FFN (both branches' norms, their sum's norm, residual add, layer scalar,
   next norm): 2 launches;
-* PLE layer (E2B/E4B): the dense layer's two and the per-layer input's add (norm, add, scalar, next norm): 3.
+* PLE layer (E2B/E4B): the dense layer's two and the per-layer input's add (norm, add, scalar, next norm): 3; at
+  decode the post-FFN add runs inside the per-layer-input gate's GEMV (``ops.norm_add_gated_projection``,
+  ``kernels.norm_add_gemv``), so 2 launches of their own.
 
 Only the first layer's input norm is a launch of its own (in ``Gemma4Model.forward``). Each launch keeps every
 rounding of the op-by-op PyTorch sequence (``ops.torch_norm_add``, the CPU path): the same hidden states. Gemma 3's
@@ -151,26 +153,32 @@ class Gemma4DecoderLayer(nn.Module):
         else:
             m = self.mlp(x)
         # h = residual + post_norm(m) (MoE: residual + post_norm(post_norm_1(m) + post_norm_2(moe))), then the layer
-        # scalar and the next norm: one op (one launch on CUDA)
+        # scalar and the next norm: one op (one launch on CUDA); on a PLE layer the per-layer input's add is the last
+        # op, with the scalar and the next norm
         scalar = self.layer_scalar if self.has_layer_scalar else None
-        ends_here = not self.ple_size  # else the per-layer input's add is the last op, with the scalar and next norm
-        scale_now, next_norms = (scalar, (next_norm,)) if ends_here else (None, ())
-        if self.is_moe:
-            h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
-                                     sum_norm=self.post_feedforward_layernorm, residual=residual, scale=scale_now,
-                                     out_norms=next_norms)
-        else:
-            h, normed = ops.norm_add(m, self.post_feedforward_layernorm, residual=residual, scale=scale_now,
-                                     out_norms=next_norms)
-
         if self.ple_size:
             if per_layer_input is None:
                 raise ValueError("a layer with per-layer inputs (PLE) was called without them")
-            # act(gate(h)) * per_layer_input: one op (one launch on CUDA instead of three), the same roundings
-            gate = ops.gated_projection(h, *projection_weights(self.per_layer_input_gate), self.act_name,
-                                        per_layer_input)  # [T, P]
+            gate_weights = projection_weights(self.per_layer_input_gate)
+            if self.is_moe:
+                h, _ = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
+                                    sum_norm=self.post_feedforward_layernorm, residual=residual)
+                gate = ops.gated_projection(h, *gate_weights, self.act_name, per_layer_input)  # [T, P]
+            else:
+                # h = residual + post_norm(m), then act(gate(h)) * per_layer_input: one op (one launch on CUDA at
+                # decode instead of two), the same roundings
+                h, gate = ops.norm_add_gated_projection(m, self.post_feedforward_layernorm, residual, *gate_weights,
+                                                        self.act_name, per_layer_input)  # [T, H], [T, P]
             h, normed = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, residual=h,
                                      scale=scalar, out_norms=(next_norm,))
+            return h, normed[0]
+        if self.is_moe:
+            h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
+                                     sum_norm=self.post_feedforward_layernorm, residual=residual, scale=scalar,
+                                     out_norms=(next_norm,))
+        else:
+            h, normed = ops.norm_add(m, self.post_feedforward_layernorm, residual=residual, scale=scalar,
+                                     out_norms=(next_norm,))
         return h, normed[0]
 
 

@@ -3,7 +3,7 @@
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
 ``ops.gated_activation``, ``ops.gated_projection`` (a fused gate/up projection and its gated activation),
 ``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm(s) + residual
-add + scale + next norms), ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.rope_cos_sin``
+add + scale + next norms), ``ops.norm_add_gated_projection`` (such an add feeding a gated projection), ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.rope_cos_sin``
 (a step's RoPE tables), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear``
 (float projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused
 routing launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations
@@ -266,6 +266,33 @@ def torch_norm_add(
     return y, tuple(layers.apply_norm(y, norm) for norm in out_norms)
 
 
+class NormAddGatedProjectionFn(Protocol):
+    """The op of a sandwich norm's residual add feeding a gated projection: ``torch_norm_add_gated_projection``'s
+    signature."""
+
+    def __call__(self, a: torch.Tensor, a_norm: layers.NormWeights, residual: torch.Tensor,
+                 weight: torch.Tensor, weight_scale: torch.Tensor | None, act: str, up: torch.Tensor | None = None, *,
+                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def torch_norm_add_gated_projection(
+    a: torch.Tensor,  # [T, H]: a block's output
+    a_norm: layers.NormWeights,  # its post-norm
+    residual: torch.Tensor,  # [T, H]
+    weight: torch.Tensor,  # [N, H]: the gate's (with up) or a fused [gate; up] (float, or int8 with weight_scale)
+    weight_scale: torch.Tensor | None,
+    act: str,
+    up: torch.Tensor | None = None,  # [T, N]: the other factor, from memory
+    *,
+    scale: torch.Tensor | None = None,  # one element, applied to y last
+) -> tuple[torch.Tensor, torch.Tensor]:  # y [T, H], the gated projection of y
+    """``y = residual + a_norm(a) [* scale]`` (the installed ``norm_add``), then the installed ``gated_projection``
+    of ``y``: Gemma 4's E2B/E4B MLP end feeding the per-layer-input gate. The CUDA backend installs one launch for
+    both where the projection is a one-split CUDA-core GEMV (``kernels.norm_add_gemv``)."""
+    y, _ = norm_add(a, a_norm, residual=residual, scale=scale)
+    return y, gated_projection(y, weight, weight_scale, act, up)
+
+
 class MlpBesideExpertsFn(Protocol):
     """The op of a MoE layer's FFN with a dense MLP beside the routed experts: ``torch_mlp_beside_experts``'s
     signature."""
@@ -302,6 +329,7 @@ add_norm_linear_route: AddNormLinearRouteFn = torch_add_norm_linear_route
 qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
 mlp_beside_experts: MlpBesideExpertsFn = torch_mlp_beside_experts
+norm_add_gated_projection: NormAddGatedProjectionFn = torch_norm_add_gated_projection
 int8_linear: Int8LinearFn = torch_int8_linear
 linear: LinearFn = torch.nn.functional.linear
 """Float-weight projections (the CUDA backend installs a Triton GEMV for small token counts, cuBLAS above)."""
@@ -340,6 +368,7 @@ _REFERENCE: dict[str, object] = {
     "qk_norm_rope": torch_qk_norm_rope,
     "norm_add": torch_norm_add,
     "mlp_beside_experts": torch_mlp_beside_experts,
+    "norm_add_gated_projection": torch_norm_add_gated_projection,
     "int8_linear": torch_int8_linear,
     "linear": torch.nn.functional.linear,
     "fused_weights": False,
@@ -355,13 +384,15 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             int8_linear: Int8LinearFn | None = None, linear_router: LinearRouteFn | None = None,
             linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None,
             gated_proj: GatedProjectionFn | None = None, rope_tables: RopeTablesFn | None = None,
-            mlp_experts: MlpBesideExpertsFn | None = None) -> None:
+            mlp_experts: MlpBesideExpertsFn | None = None,
+            norm_add_gated: NormAddGatedProjectionFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
               "gated_projection": gated_proj,
               "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
-              "fused_weights": weights_fused, "rope_cos_sin": rope_tables, "mlp_beside_experts": mlp_experts}
+              "fused_weights": weights_fused, "rope_cos_sin": rope_tables, "mlp_beside_experts": mlp_experts,
+              "norm_add_gated_projection": norm_add_gated}
     assert chosen.keys() == _REFERENCE.keys()
     globals().update({name: value for name, value in chosen.items() if value is not None})
     if norm is not None:

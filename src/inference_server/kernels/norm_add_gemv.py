@@ -1,0 +1,116 @@
+"""A Gemma sandwich norm and the GEMV that reads its output in one launch: ``y = residual + norm(a; wa) [* s]``,
+then ``y @ W.T`` (or a gated projection of y), where the unfused path takes a ``norm_add`` launch and the GEMV's.
+
+Gemma 4's E2B/E4B layers end their MLP with ``h = residual + post_ffn_norm(mlp_out)`` and feed ``h`` as it is to
+the per-layer-input gate (``act(h @ G.T) * per_layer_input``). At decode both are latency: the norm is one row of
+a few thousand elements, the gate GEMV reads 1.3 MB with 32 programs, and the launch boundary between them costs
+about a microsecond (docs/benchmarks.md). Here every program of the CUDA-core GEMV (``int8_gemv.gemv_program``
+with ``NORM_IN``) reduces its tokens' rows of ``a`` to their inverse roots itself (the rows are a few KB, read
+from L2 by each program), the first row block's programs store ``y``, and the K loop builds each activation tile
+from the tiles of ``a``, the residual and ``wa`` with the same arithmetic. The norm weight and the scale are
+weights, loaded before the PDL wait with the first weight tiles.
+
+Numerics: ``y`` is ``kernels.norm_add``'s (every rounding of the op-by-op PyTorch path) up to the order of the
+fp32 sum of squares, which here runs over the GEMV's warps; the GEMV is the one its config runs alone (one K
+split, the same row sums). So against the two launches the result can differ only where that last fp32 bit of the
+inverse root moves a bf16 rounding of y; under the interpreter (numpy sums of the same padded row) it is equal.
+
+Contract: ``a`` and ``residual`` ``[T, K]`` of one float dtype with contiguous rows; ``wa [K]`` of that dtype or
+fp32; ``scale`` a one-element tensor of the activation dtype (read on the device) or None; the projection's
+weight and config as ``gated_gemv`` / ``streamed_linear`` take them, the config a one-split CUDA-core GEMV
+(``streamed_linear.is_one_split_gemv``). K at most ``MAX_NORM_COLUMNS``: each program holds its rows whole.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inference_server.kernels.int8_gemv import GATED_ACTIVATIONS, gemv_arguments, gemv_program
+from inference_server.kernels.int8_linear_configs import Int8LinearConfig
+from inference_server.kernels.pdl import pdl_launch
+from inference_server.kernels.streamed_linear import is_one_split_gemv
+
+__all__ = ["MAX_NORM_COLUMNS", "norm_add_gemv"]
+
+MAX_NORM_COLUMNS = 4096
+"""The widest row the prologue reduces: 32 elements a thread at the GEMV's 4 warps (Gemma-4-E2B/E4B: 1536/2560)."""
+
+# TRITON_INTERPRET=1 is read when a kernel is decorated: the kernel is then an interpreter object.
+_INTERPRETED = not isinstance(gemv_program, triton.runtime.JITFunction)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _norm_add_gemv_kernel(
+    # int8_gemv.gemv_program's parameters, in its order (GemvLaunch.args); x_ptr is the block output a
+    x_ptr, w_ptr, scale_ptr, out_ptr, T, N, K, k_per_split, stride_xt, stride_xk, stride_wn, stride_wk,
+    stride_scale, stride_os, stride_ot, half, up_ptr, stride_ut,
+    # the sandwich norm's
+    res_ptr, stride_rt, wa_ptr, s_ptr, y_ptr, stride_yt, eps_a,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, W_WORDS: tl.constexpr, PRMT: tl.constexpr,
+    GATED: tl.constexpr, UP_IN_MEMORY: tl.constexpr, LIBDEVICE_TANH: tl.constexpr, DEEP: tl.constexpr,
+    INT_DOT: tl.constexpr, HAS_S: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+):
+    gemv_program(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2),
+        x_ptr, w_ptr, scale_ptr, out_ptr, T, N, K, k_per_split, stride_xt, stride_xk, stride_wn, stride_wk,
+        stride_scale, stride_os, stride_ot, half, up_ptr, stride_ut, BLOCK_N, BLOCK_T, BLOCK_K, SPLIT_K, EVEN_K,
+        HAS_SCALE, W_WORDS, PRMT, USE_PDL, GATED, UP_IN_MEMORY, LIBDEVICE_TANH, DEEP, INT_DOT,
+        True, res_ptr, stride_rt, wa_ptr, s_ptr, y_ptr, stride_yt, eps_a, HAS_S, NORM_BLOCK,
+    )  # fmt: skip
+
+
+def norm_add_gemv(
+    a: torch.Tensor,  # [T, K]: a block's output
+    wa: torch.Tensor,  # [K]: its post-norm's weight (gemma convention)
+    eps_a: float,
+    residual: torch.Tensor,  # [T, K]
+    scale: torch.Tensor | None,  # one element, applied last (Gemma 4's layer scalar), or None
+    weight: torch.Tensor,  # [N, K]: int8 with w_scale, else float of a's dtype
+    w_scale: torch.Tensor | None,  # [N]
+    config: Int8LinearConfig,  # a one-split CUDA-core GEMV config
+    *,
+    gated: str | None = None,  # an activation of int8_gemv.GATED_ACTIVATIONS: the gated epilogue (gated_gemv)
+    up: torch.Tensor | None = None,  # [T, N] with gated: act(y @ weight.T) * up; else weight is [gate; up]
+) -> tuple[torch.Tensor, torch.Tensor]:  # y [T, K], the projection of y: [T, N], or [T, N / 2] gated and paired
+    """``y = residual + norm(a; wa) [* scale]`` and its projection ``y @ weight.T`` (gated with ``gated``, as
+    ``gated_gemv``) in one launch; see the module docstring."""
+    if a.dim() != 2 or residual.shape != a.shape or residual.dtype != a.dtype or a.stride(-1) != 1 \
+            or residual.stride(-1) != 1:
+        raise ValueError(f"a and residual must be [T, K] of one dtype with contiguous rows, got {tuple(a.shape)} "
+                         f"{a.dtype} and {tuple(residual.shape)} {residual.dtype}")
+    tokens, k = a.shape
+    if tuple(wa.shape) != (k,) or wa.dtype not in (a.dtype, torch.float32) or wa.stride(0) != 1:
+        raise ValueError(f"wa must be [{k}] {a.dtype} or float32, got {tuple(wa.shape)} {wa.dtype}")
+    if scale is not None and (scale.numel() != 1 or scale.dtype != a.dtype):
+        raise ValueError(f"scale must be one {a.dtype} element, got {tuple(scale.shape)} {scale.dtype}")
+    if k > MAX_NORM_COLUMNS:
+        raise ValueError(f"rows of at most {MAX_NORM_COLUMNS} columns, got {k}")
+    if not is_one_split_gemv(config, k):
+        raise ValueError(f"norm_add_gemv runs a CUDA-core GEMV config of one split, not {config}")
+    if gated is not None and gated not in GATED_ACTIVATIONS:
+        raise ValueError(f"gated must be one of {tuple(GATED_ACTIVATIONS)}, not {gated!r}")
+    if w_scale is None and weight.dtype != a.dtype:
+        raise ValueError(f"float weights must have a's dtype {a.dtype}, not {weight.dtype}")
+    if w_scale is not None and (weight.dtype != torch.int8 or tuple(w_scale.shape) != (weight.shape[0],)):
+        raise ValueError("int8 weights need int8 values and one scale per row")
+    paired = gated is not None and up is None
+    width = weight.shape[0] // 2 if paired else weight.shape[0]
+    rows_per_program = config.block_n // 2 if paired else config.block_n
+    y = torch.empty_like(a)
+    out = torch.empty(tokens, width, dtype=a.dtype, device=a.device)
+    if tokens == 0:
+        return y, out
+    launch = gemv_arguments(a, weight, w_scale, out, k, 0, block_n=config.block_n, block_t=config.block_t,
+                            block_k=config.block_k, split_k=1, num_warps=config.num_warps,
+                            num_stages=config.num_stages, interpreted=_INTERPRETED, gated=gated, up=up)
+    grid = (triton.cdiv(tokens, config.block_t), triton.cdiv(width, rows_per_program), 1)
+    _norm_add_gemv_kernel[grid](
+        *launch.args, residual, residual.stride(0), wa, scale if scale is not None else wa, y, y.stride(0), eps_a,
+        **launch.constexprs, HAS_S=scale is not None, NORM_BLOCK=triton.next_power_of_2(k),
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(),
+    )  # fmt: skip
+    return y, out
