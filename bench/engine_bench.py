@@ -156,29 +156,30 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 
 # Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers of
 # issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual add +
-# norm, q/k norm + RoPE, Gemma's norm + add, router GEMV in the routing launch, KV store in the q/k norm + RoPE
-# launch, the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs, the RoPE
-# tables in one launch, the dense MLP paired with the routed experts) and the tuned MoE configs, and PDL; "untuned" is
-# the default without the tuned MoE configs; "separate-launches" is the default with the router GEMV and the KV store
-# in launches of their own (those two levers alone); "triton-gemv" is the default with the float projections of small
-# steps on the Triton GEMV at every shape (the default takes it only where this GPU's sweep timed it faster than
-# cuBLAS); "grouped-moe" is the default with every step's routed experts on the grouped GEMMs (no decode MoE GEMVs);
-# "cublas-linear" is the default with every float projection on cuBLAS (not the Triton GEMV where the sweep tuned
-# it); "no-pdl" is the default without programmatic dependent launch of the Triton kernels (kernels/pdl.py, on by
-# default since 2026-12-01); "unfused-gated" is the default with a dense MLP's gated activation in a launch of its own
-# (not in the gate/up GEMV's epilogue: kernels/gated_gemv.py); "torch-rope-tables" is the default with each step's
-# RoPE tables built by PyTorch's seven kernels (not kernels/rope_tables.py); "separate-ffn" is the default with a
-# Gemma 4 MoE layer's dense MLP and routed experts in launches of their own (not paired:
-# kernels/mlp_beside_experts.py); "separate-norm-gemv" is the default with Gemma 4 E2B/E4B's post-FFN norm add in a
-# launch of its own (not in the per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
+# norm, q/k norm + RoPE, Gemma's norm + add, router GEMV in the routing launch, KV store in the q/k norm + RoPE launch,
+# the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs, the RoPE tables in one
+# launch, the dense MLP paired with the routed experts) and the tuned MoE configs, and PDL; "untuned" is the default
+# without the tuned MoE configs; "separate-launches" is the default with the router GEMV and the KV store in launches of
+# their own (those two levers alone); "triton-gemv" is the default with the float projections of small steps on the
+# Triton GEMV at every shape (the default takes it only where this GPU's sweep timed it faster than cuBLAS);
+# "grouped-moe" is the default with every step's routed experts on the grouped GEMMs (no decode MoE GEMVs);
+# "cublas-linear" is the default with every float projection on cuBLAS (not the Triton GEMV where the sweep tuned it);
+# "no-pdl" is the default without programmatic dependent launch of the Triton kernels (kernels/pdl.py, on by default
+# since 2026-12-01); "unfused-gated" is the default with a dense MLP's gated activation in a launch of its own (not in
+# the gate/up GEMV's epilogue: kernels/gated_gemv.py); "torch-rope-tables" is the default with each step's RoPE tables
+# built by PyTorch's seven kernels (not kernels/rope_tables.py); "separate-ffn" is the default with a Gemma 4 MoE
+# layer's dense MLP and routed experts in launches of their own (not paired: kernels/mlp_beside_experts.py);
+# "separate-norm-gemv" is the default with Gemma 4 E2B/E4B's post-FFN norm add in a launch of its own (not in the
+# per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "compile" is the default with torch.compile
+# (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
                    fused_norm_router=False, fused_gated_gemv=False, triton_rope_tables=False,
-                   fused_mlp_beside_experts=False, fused_norm_gemv=False, triton_greedy_head=False, triton_dense_linear=False,
-                   triton_dense_linear_where_tuned=False,
+                   fused_mlp_beside_experts=False, fused_norm_gemv=False, triton_greedy_head=False,
+                   triton_dense_linear=False, triton_dense_linear_where_tuned=False,
                    moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
     "triton-gemv": dict(triton_dense_linear=True),

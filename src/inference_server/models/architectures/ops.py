@@ -2,14 +2,15 @@
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
 ``ops.gated_activation``, ``ops.gated_projection`` (a fused gate/up projection and its gated activation),
-``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm(s) + residual
-add + scale + next norms), ``ops.norm_add_gated_projection`` (such an add feeding a gated projection), ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.rope_cos_sin``
-(a step's RoPE tables), ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear``
-(float projections: ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused
-routing launch) and (through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations
-with ``use_ops`` at start-up (the CUDA backend installs the Triton kernels). Keeping the switch here means model
-code reads the same on every device. The choice is process-wide: a test that runs a reference
-runner beside a CUDA runner wraps the reference steps in ``reference_ops()``.
+``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm(s) + residual add
++ scale + next norms), ``ops.norm_add_gated_projection`` (such an add feeding a gated projection),
+``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.rope_cos_sin`` (a step's RoPE tables),
+``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float projections:
+``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing launch) and
+(through ``layers.RMSNorm``) the installed RMSNorm; a backend installs faster implementations with ``use_ops`` at
+start-up (the CUDA backend installs the Triton kernels). Keeping the switch here means model code reads the same on
+every device. The choice is process-wide: a test that runs a reference runner beside a CUDA runner wraps the
+reference steps in ``reference_ops()``.
 """
 
 from __future__ import annotations
