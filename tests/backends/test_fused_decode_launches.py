@@ -322,6 +322,39 @@ def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
     assert calls == [2] * len(spec.layers)
 
 
+def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-4-E2B's KV-shared layers with their q norm and RoPE inside the decode attention launch
+    (``fused_q_norm_rope_attention``) against ``qk_norm_rope``'s launch and the attention apart: the same tokens, and
+    logprobs within fp32 rounding (the norm's sum of squares runs over the whole row, not two halves), taken once
+    per KV-shared layer at the decode step only."""
+    import inference_server.backends.cuda_backend as cuda_backend
+
+    torch.set_num_threads(1)
+    calls: list[int] = []
+    attention = cuda_backend.paged_decode_attention
+
+    def counting(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if kwargs.get("q_norm_rope") is not None:
+            calls.append(q.shape[0])
+        return attention(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cuda_backend, "paged_decode_attention", counting)
+    results = []
+    for fused in (False, True):
+        spec, model, storage = _build("gemma-4-e2b-tiny")
+        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+            max_model_len=32, max_batch_size=2, cuda_graphs=False, fused_q_norm_rope_attention=fused))
+        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+        assert (len(calls) > 0) == fused
+    assert [[t for t, _ in step] for step in results[0]] == [[t for t, _ in step] for step in results[1]]
+    for step, ref_step in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(torch.tensor([p for _, p in step]), torch.tensor([p for _, p in ref_step]),
+                                   atol=1e-4, rtol=1e-4)
+    shared = sum(not layer.computes_kv for layer in spec.layers)
+    assert shared > 0 and calls == [2] * shared
+
+
 @pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(triton_norm_add=False)])
 def test_norm_add_gemv_needs_its_parts(options: dict) -> None:
     """The fused launch runs the gated GEMV's programs and computes ``norm_add``'s add: without either kernel the

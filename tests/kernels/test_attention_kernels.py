@@ -540,3 +540,39 @@ def test_decode_kernel_with_the_fused_split_merge_compiles_for_sm90() -> None:
     from .test_kernels_compile_for_h200 import _compile_in_child
 
     _compile_in_child(_DECODE_COMPILE)
+
+
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "num_splits"),
+                         [(8, 2, 32, 1), (6, 2, 64, 3), (4, 1, 16, None)])
+def test_decode_kernel_norms_and_rotates_a_raw_query(num_heads: int, num_kv_heads: int, head_dim: int,
+                                                     num_splits: int | None, dtype: torch.dtype, gemma: bool) -> None:
+    """``q_norm_rope``: the attention of a raw q, normed and rotated in the launch (a KV-shared layer's whole
+    ``qk_norm_rope``), equals ``qk_norm_rope``'s q attended: bit for bit under the interpreter's bf16 (the same
+    roundings; the sum of squares in another order moves no bit at these sizes), within fp32 rounding in fp32."""
+    from inference_server.kernels.decode_attention import QueryNormRope
+    from inference_server.kernels.qk_norm_rope import qk_norm_rope
+    from inference_server.models.architectures.layers import rope_cos_sin, rope_inv_freq
+    from inference_server.models.spec import RopeSpec
+
+    ctx_lens = [3, 17, 8, 0]
+    q_raw, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 4, dtype, None, seed=head_dim)
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    q_raw = (q_raw.float() * 3).to(dtype)
+    weight = (1 + randn((head_dim,), gen) / 4).to(dtype)
+    positions = torch.tensor([c - 1 if c else 0 for c in ctx_lens], device=DEVICE)
+    cos, sin = rope_cos_sin(rope_inv_freq(RopeSpec(theta=10_000.0, head_dim=head_dim)).to(DEVICE), positions, dtype)
+    q, _, _ = qk_norm_rope(q_raw, None, None, weight, None, 1e-6, "gemma" if gemma else "qwen", cos, sin)
+    args = (case.k_cache, case.v_cache, case.block_tables, case.context_lens, head_dim**-0.5, None, num_splits)
+    want = paged_decode_attention(q, *args, max_context_len=64, block_n=16)
+    got = paged_decode_attention(q_raw, *args, max_context_len=64, block_n=16,
+                                 q_norm_rope=QueryNormRope(weight, 1e-6, gemma, cos, sin))
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 2e-2,
+                                   rtol=1e-5 if dtype == torch.float32 else 2e-2)
+    assert_close(got, ref_paged_decode_attention(q.float().to(dtype), *args[:-1]), dtype)
+    with pytest.raises(ValueError, match="cos and sin"):
+        paged_decode_attention(q_raw, *args, q_norm_rope=QueryNormRope(weight, 1e-6, gemma, cos[:2], sin[:2]))

@@ -49,7 +49,7 @@ from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
-from inference_server.kernels.decode_attention import paged_decode_attention
+from inference_server.kernels.decode_attention import QueryNormRope, paged_decode_attention
 from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear, triton_is_faster
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
@@ -172,6 +172,29 @@ def triton_qk_norm_rope_store(q_raw: torch.Tensor, k_raw: torch.Tensor, v_raw: t
     assert q_norm.weight is not None and k_norm.weight is not None  # checked by the mode
     q, k, v = qk_norm_rope(q_raw, k_raw, v_in, q_norm.weight, k_norm.weight, q_norm.eps, mode, cos, sin, cache=write)
     return q, k, v if v_norm is not None else value
+
+
+@attrs.frozen
+class TritonNormRopeDecode:
+    """``paged_kv.NormRopeDecodeFn``: the Triton decode attention that norms and rotates a raw q in its own launch
+    (``decode_attention.QueryNormRope``), at the runner's ``max_context_len`` (its split choice, as the plain
+    decode's), where ``kernels.qk_norm_rope`` would take q: the gemma4 or qwen norm style with a weight of q's
+    dtype, an even head_dim, contiguous rows, RoPE tables of one layout with a row per sequence."""
+
+    max_context_len: int
+
+    def accepts(self, q_raw: torch.Tensor, q_norm: layers.RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        return (q_raw.dim() == 3 and _qk_norm_rope_kernel_mode(q_raw, None, None, q_norm, None, None) is not None
+                and cos.shape == (q_raw.shape[0], q_raw.shape[2]) and sin.shape == cos.shape
+                and cos.stride() == sin.stride() and cos.stride(-1) == 1 and cos.dtype == q_raw.dtype)
+
+    def __call__(self, q_raw: torch.Tensor, q_norm: layers.RMSNorm, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+        assert q_norm.weight is not None  # accepts() checked it
+        norm = QueryNormRope(q_norm.weight, q_norm.eps, q_norm.style == "gemma4", cos, sin)
+        return paged_decode_attention(q_raw, k_cache, v_cache, block_tables, context_lens, scale, window,
+                                      max_context_len=self.max_context_len, q_norm_rope=norm)
 
 
 FUSED_ROUTER_MAX_TOKENS = 16
@@ -476,6 +499,11 @@ class CudaRunnerOptions:
     fused_kv_store: bool = True
     """The KV store in the q/k norm + RoPE launch (``triton_qk_norm_rope_store``, through the attention context):
     one launch fewer per layer that computes K/V; needs ``triton_qk_norm_rope``."""
+    fused_q_norm_rope_attention: bool = True
+    """At decode, a layer that reads another layer's KV (Gemma 4 E2B/E4B's KV-shared layers) norms and rotates its q
+    inside the decode attention launch (``paged_kv.NormRopeDecodeFn``, ``decode_attention.QueryNormRope``): one
+    launch fewer per such layer, the same q up to the order of the norm's fp32 sum of squares. Needs
+    ``triton_qk_norm_rope``."""
     fused_gated_gemv: bool = True
     """A dense MLP's fused gate/up projection and its gated activation in one launch (``ops.gated_projection``,
     ``kernels.gated_gemv``) where the projection is a one-split CUDA-core GEMV (1-4 tokens): one launch fewer per
@@ -515,9 +543,11 @@ class CudaModelRunner(ModelRunner):
                  options: CudaRunnerOptions) -> None:
         decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
         fused_store = options.fused_kv_store and options.uses_triton_qk_norm_rope
+        fused_q_rope = options.fused_q_norm_rope_attention and options.uses_triton_qk_norm_rope
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
             store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
-            norm_rope_store=triton_qk_norm_rope_store if fused_store else None))
+            norm_rope_store=triton_qk_norm_rope_store if fused_store else None,
+            norm_rope_decode=TritonNormRopeDecode(options.max_model_len) if fused_q_rope else None))
         self.options = options
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.

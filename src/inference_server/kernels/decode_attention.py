@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import os
 
+import attrs
 import torch
 import triton
 import triton.language as tl
@@ -102,6 +103,38 @@ def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, rows, out_offse
 
 
 @triton.jit
+def _norm_rope_rows(x, q_rows, offs_d, d_mask, g_mask, w_ptr, cos_row, sin_row, eps, D: tl.constexpr,
+                    GEMMA: tl.constexpr):
+    """Raw query rows ``x [BLOCK_G, BLOCK_D]`` (loaded from ``q_rows [BLOCK_G]`` pointers) normed over D and rotated
+    (NeoX half split), with ``kernels.qk_norm_rope``'s arithmetic and roundings: the norm (``gemma``: ``x * inv *
+    w``; ``qwen``: ``x * inv`` rounded, then ``* w``) rounded to x's dtype, each RoPE product and their sum rounded.
+    The partner half of each element (``d +- D/2``) is a second load of the same rows."""
+    HALF: tl.constexpr = D // 2
+    partner = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+    xp = tl.load(q_rows[:, None] + partner[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)
+    cos = tl.load(cos_row + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    sin = tl.load(sin_row + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    dtype = x.dtype
+    xf = x.to(tl.float32)
+    xpf = xp.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]  # [BLOCK_G, 1]
+    n = xf * inv
+    npart = xpf * inv
+    if not GEMMA:  # Qwen: cast to the input dtype, then times the weight
+        n = n.to(dtype).to(tl.float32)
+        npart = npart.to(dtype).to(tl.float32)
+    n = (n * w[None, :]).to(dtype).to(tl.float32)
+    npart = (npart * wp[None, :]).to(dtype).to(tl.float32)
+    # first half: n * cos - partner * sin; second half: n * cos + partner * sin (each product rounded, then the sum)
+    signed = tl.where((offs_d < HALF)[None, :], -npart, npart)
+    a = (n * cos[None, :]).to(dtype).to(tl.float32)
+    b = (signed * sin[None, :]).to(dtype).to(tl.float32)
+    return (a + b).to(dtype)
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, nH, D]
     k_cache_ptr,  # [num_blocks, PAGE, nKV, D]
@@ -127,6 +160,11 @@ def _paged_decode_kernel(
     stride_btb,
     stride_ob,
     stride_oh,
+    qw_ptr,  # Q_NORM_ROPE: [D] the q norm's weight (else any pointer, unread)
+    cos_ptr,  # Q_NORM_ROPE: [B, D] this step's RoPE tables (row b for sequence b)
+    sin_ptr,
+    stride_cs,
+    q_eps,
     PAGE: tl.constexpr,
     G: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -141,6 +179,7 @@ def _paged_decode_kernel(
     SPLIT_CHUNK: tl.constexpr = 1,  # splits merged per load (FUSED_REDUCE)
     BLOCK_R: tl.constexpr = 16,  # G padded to a power of two: the merged rows (FUSED_REDUCE)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+    Q_NORM_ROPE: tl.constexpr = 0,  # q is raw: normed (1: gemma, 2: qwen convention) and rotated here first
 ):
     # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from earlier
     # launches (nothing here is a weight), so wait before the first load.
@@ -163,11 +202,11 @@ def _paged_decode_kernel(
     d_mask = offs_d < D
     heads = kvh * G + offs_g  # [BLOCK_G]
 
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [BLOCK_G, BLOCK_D]
+    q_rows = q_ptr + b * stride_qb + heads * stride_qh  # [BLOCK_G]
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BG, BD]
+    if Q_NORM_ROPE:  # padded heads (rows past G) stay zero: x = 0 normalises to 0
+        q = _norm_rope_rows(q, q_rows, offs_d, d_mask, g_mask, qw_ptr, cos_ptr + b * stride_cs,
+                            sin_ptr + b * stride_cs, q_eps, D, Q_NORM_ROPE == 1)
     if UPCAST:
         q = q.to(tl.float32)
     else:
@@ -331,6 +370,20 @@ def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, in
     return block_n, 4 if head_dim <= 128 else 8, 2
 
 
+@attrs.frozen
+class QueryNormRope:
+    """The per-head q norm and RoPE that ``paged_decode_attention`` applies to a raw q before attending, as
+    ``kernels.qk_norm_rope`` computes them for q (a layer that reads another layer's KV has nothing else to norm or
+    rotate): ``weight [D]`` of q's dtype, ``eps``, the ``gemma`` or ``qwen`` norm convention, this step's RoPE
+    tables ``cos``/``sin [B, D]`` (half-split layout, one layout, contiguous rows)."""
+
+    weight: torch.Tensor
+    eps: float
+    gemma: bool
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, nH, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
@@ -347,6 +400,7 @@ def paged_decode_attention(
     fused_reduce: bool = True,
     num_stages: int | None = None,
     num_warps: int | None = None,
+    q_norm_rope: QueryNormRope | None = None,  # q is raw: normed and rotated in the attention launch first
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
@@ -357,6 +411,8 @@ def paged_decode_attention(
     differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles),
     ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch (defaults:
     :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
+    With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
+    ``qk_norm_rope``'s up to the order of the fp32 sum of squares, one launch fewer a layer.
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -364,6 +420,8 @@ def paged_decode_attention(
     assert k_cache.shape[-1] == head_dim and v_cache.shape == k_cache.shape
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     group = num_heads // num_kv_heads
+    if q_norm_rope is not None:
+        _check_query_norm_rope(q_norm_rope, q)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -389,6 +447,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
+        Q_NORM_ROPE=0 if q_norm_rope is None else 1 if q_norm_rope.gemma else 2,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(),
@@ -403,6 +462,8 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
+        *((q_norm_rope.weight, q_norm_rope.cos, q_norm_rope.sin, q_norm_rope.cos.stride(0), q_norm_rope.eps)
+          if q_norm_rope is not None else (q, q, q, 0, 0.0)),
     )
     if num_splits <= 1:
         grid = (batch, num_kv_heads, 1)
@@ -443,3 +504,14 @@ def paged_decode_attention(
         **pdl_launch(),
     )
     return out
+
+
+def _check_query_norm_rope(norm: QueryNormRope, q: torch.Tensor) -> None:
+    batch, _, head_dim = q.shape
+    if head_dim % 2 or tuple(norm.weight.shape) != (head_dim,) or norm.weight.dtype != q.dtype \
+            or norm.weight.stride(0) != 1:
+        raise ValueError(f"the q norm needs an even head_dim and a [{head_dim}] {q.dtype} weight, got {head_dim} and "
+                         f"{tuple(norm.weight.shape)} {norm.weight.dtype}")
+    if norm.cos.shape != (batch, head_dim) or norm.sin.shape != norm.cos.shape \
+            or norm.cos.stride() != norm.sin.stride() or norm.cos.stride(-1) != 1:
+        raise ValueError(f"cos and sin must be [{batch}, {head_dim}] with one layout and contiguous rows")

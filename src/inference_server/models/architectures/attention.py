@@ -59,7 +59,9 @@ class AttentionContext(Protocol):
         sin: torch.Tensor,  # [T, D]
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # q, k, v for ``attend``
         """``ops.qk_norm_rope``'s values for ``layer``. A context may also write k and v into its cache in the same
-        pass (one kernel instead of two); its ``attend`` of the returned k and v then does not write them again."""
+        pass (one kernel instead of two); its ``attend`` of the returned k and v then does not write them again. For
+        a layer without K/V it may return q raw, when its ``attend`` of that q norms and rotates it (in the attention
+        kernel: one kernel instead of two); model code hands the returned q to ``attend`` and reads it nowhere else."""
         ...
 
     def attend(
