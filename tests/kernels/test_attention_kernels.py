@@ -520,14 +520,18 @@ _DECODE_COMPILE = textwrap.dedent('''
     from inference_server.kernels.decode_attention import _paged_decode_kernel as fn
 
     target = GPUTarget("cuda", 90, 64)
-    # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits
-    for group, head_dim, block_n, warps, chunk in ((8, 128, 64, 4, 16), (2, 256, 64, 8, 16), (8, 512, 32, 8, 4)):
+    # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits, and
+    # Gemma-4-E4B's KV-shared sliding and full layers (G 4) with the raw q normed and rotated in the launch
+    for group, head_dim, block_n, warps, chunk, q_norm in ((8, 128, 64, 4, 16, 0), (2, 256, 64, 8, 16, 0),
+                                                           (8, 512, 32, 8, 4, 0), (4, 256, 64, 8, 16, 1),
+                                                           (4, 512, 32, 8, 4, 1)):
         constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
                           DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk,
-                          BLOCK_R=group, USE_PDL=False)
+                          BLOCK_R=group, USE_PDL=False, Q_NORM_ROPE=q_norm)
         types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
                  "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
-                 "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"}
+                 "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32", "qw_ptr": "*bf16",
+                 "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_eps": "fp32"}
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
                                 options=dict(num_warps=warps, num_stages=2))

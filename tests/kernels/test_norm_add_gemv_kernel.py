@@ -45,11 +45,14 @@ def _case(T: int, K: int, N: int, dtype: torch.dtype, int8: bool, scaled: bool, 
     return a, residual, wa, scale, qweight, w_scale
 
 
-def _assert_within_one_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Each element of ``got`` within one unit in the last place of ``want``'s dtype (relative, normal range)."""
-    mantissa = {torch.float32: 23, torch.bfloat16: 7}[want.dtype]
-    ulp = want.float().abs().clamp_min(2**-100) * 2.0**-mantissa
-    assert ((got.float() - want.float()).abs() <= ulp).all()
+def _assert_within_one_rounding(got: torch.Tensor, want: torch.Tensor, residual: torch.Tensor) -> None:
+    """Each element of ``got`` (``y = residual + n``) within a rounding of ``n`` and one of the sum: the sum of
+    squares in another order moves the fp32 inverse root by a few bits, so ``n`` by a few fp32 ulps or one bf16
+    rounding, which the residual add may not absorb."""
+    mantissa, ulps = {torch.float32: (23, 4), torch.bfloat16: (7, 1)}[want.dtype]
+    normed = (want.float() - residual.float()).abs()
+    bound = (want.float().abs() + normed).clamp_min(2**-100) * 2.0**-mantissa * ulps
+    assert ((got.float() - want.float()).abs() <= bound).all()
 
 
 def _two_launches(a, residual, wa, scale, weight, w_scale, config, gated, up):
@@ -93,7 +96,7 @@ def test_same_bits_as_the_two_launches(T: int, K: int, N: int, block_n: int, blo
     if DEV == "cpu":
         assert torch.equal(y, want_y) and torch.equal(out, want_out)
     else:  # the sums of squares in another order: y within one rounding of the dtype, carried through the GEMV
-        _assert_within_one_rounding(y, want_y)
+        _assert_within_one_rounding(y, want_y, residual)
         torch.testing.assert_close(out, want_out, atol=2**-6 * want_out.abs().max().item(), rtol=2**-6)
     ref_y, ref_out = _pytorch(a, residual, wa, scale, weight, w_scale, gated, up)
     # bf16: a few roundings (the interpreter truncates its casts), carried through the projection's sums
@@ -139,7 +142,7 @@ def test_per_layer_input_gate_at_real_shapes(hidden: int, int8: bool, tokens: in
     assert config is not None
     y, out = norm_add_gemv(a, wa, EPS, residual, None, weight, w_scale, config, gated="gelu_tanh", up=up)
     want_y, want_out = _two_launches(a, residual, wa, None, weight, w_scale, config, "gelu_tanh", up)
-    _assert_within_one_rounding(y, want_y)
+    _assert_within_one_rounding(y, want_y, residual)
     torch.testing.assert_close(out.float(), want_out.float(), atol=2e-2, rtol=2**-6)
     ref_y, ref_out = _pytorch(a, residual, wa, None, weight, w_scale, "gelu_tanh", up)
     torch.testing.assert_close(y.float(), ref_y.float(), atol=6e-2, rtol=2**-6)
