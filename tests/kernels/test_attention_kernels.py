@@ -556,7 +556,7 @@ def test_decode_kernel_norms_and_rotates_a_raw_query(num_heads: int, num_kv_head
     ``qk_norm_rope``), equals ``qk_norm_rope``'s q attended: bit for bit under the interpreter's bf16 (the same
     roundings; the sum of squares in another order moves no bit at these sizes), within fp32 rounding in fp32."""
     from inference_server.kernels.decode_attention import QueryNormRope
-    from inference_server.kernels.qk_norm_rope import qk_norm_rope
+    from inference_server.kernels.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
     from inference_server.models.architectures.layers import rope_cos_sin, rope_inv_freq
     from inference_server.models.spec import RopeSpec
 
@@ -577,6 +577,7 @@ def test_decode_kernel_norms_and_rotates_a_raw_query(num_heads: int, num_kv_head
     else:
         torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 2e-2,
                                    rtol=1e-5 if dtype == torch.float32 else 2e-2)
-    assert_close(got, ref_paged_decode_attention(q.float().to(dtype), *args[:-1]), dtype)
+    q_ref, _, _ = reference_qk_norm_rope(q_raw, None, None, weight, None, 1e-6, "gemma" if gemma else "qwen", cos, sin)
+    assert_close(got, ref_paged_decode_attention(q_ref, *args[:-1]), dtype)  # the PyTorch references
     with pytest.raises(ValueError, match="cos and sin"):
         paged_decode_attention(q_raw, *args, q_norm_rope=QueryNormRope(weight, 1e-6, gemma, cos[:2], sin[:2]))

@@ -12,7 +12,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
@@ -21,9 +20,9 @@ from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.gated_gemv import gated_gemv, gated_gemv_config
 from inference_server.kernels.int8_linear import int8_linear
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
-from inference_server.kernels.norm_add import norm_add, norm_add_reference
-from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, norm_add_gemv
-from inference_server.kernels.reference_int8 import int8_linear_reference, quantize_int8_per_channel
+from inference_server.kernels.norm_add import norm_add
+from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, norm_add_gemv, norm_add_gemv_reference
+from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -64,18 +63,6 @@ def _two_launches(a, residual, wa, scale, weight, w_scale, config, gated, up):
     return y, int8_linear(y, weight, w_scale, config=config)
 
 
-def _pytorch(a, residual, wa, scale, weight, w_scale, gated, up):
-    y, _ = norm_add_reference(a, wa, EPS, residual=residual, scale=scale)
-    projected = F.linear(y, weight) if w_scale is None else int8_linear_reference(y, weight, w_scale)
-    if gated is None:
-        return y, projected
-    act = (lambda t: F.gelu(t, approximate="tanh")) if gated == "gelu_tanh" else F.silu
-    if up is None:
-        gate, up_half = projected.chunk(2, dim=-1)
-        return y, act(gate) * up_half
-    return y, act(projected) * up
-
-
 @pytest.mark.parametrize("form", ["up_in_memory", "paired", "plain"])
 @pytest.mark.parametrize(("dtype", "int8"), [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 @pytest.mark.parametrize(("T", "K", "N", "block_n", "block_t", "block_k", "scaled"), [
@@ -98,7 +85,7 @@ def test_same_bits_as_the_two_launches(T: int, K: int, N: int, block_n: int, blo
     else:  # the sums of squares in another order: y within one rounding of the dtype, carried through the GEMV
         _assert_within_one_rounding(y, want_y, residual)
         torch.testing.assert_close(out, want_out, atol=2**-6 * want_out.abs().max().item(), rtol=2**-6)
-    ref_y, ref_out = _pytorch(a, residual, wa, scale, weight, w_scale, gated, up)
+    ref_y, ref_out = norm_add_gemv_reference(a, wa, EPS, residual, scale, weight, w_scale, gated=gated, up=up)
     # bf16: a few roundings (the interpreter truncates its casts), carried through the projection's sums
     for got, ref in ((y, ref_y), (out, ref_out)):
         scale_of = ref.float().abs().max().item()
@@ -144,6 +131,6 @@ def test_per_layer_input_gate_at_real_shapes(hidden: int, int8: bool, tokens: in
     want_y, want_out = _two_launches(a, residual, wa, None, weight, w_scale, config, "gelu_tanh", up)
     _assert_within_one_rounding(y, want_y, residual)
     torch.testing.assert_close(out.float(), want_out.float(), atol=2e-2, rtol=2**-6)
-    ref_y, ref_out = _pytorch(a, residual, wa, None, weight, w_scale, "gelu_tanh", up)
+    ref_y, ref_out = norm_add_gemv_reference(a, wa, EPS, residual, None, weight, w_scale, gated="gelu_tanh", up=up)
     torch.testing.assert_close(y.float(), ref_y.float(), atol=6e-2, rtol=2**-6)
     torch.testing.assert_close(out.float(), ref_out.float(), atol=3e-2, rtol=2**-5)

@@ -32,7 +32,7 @@ from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.pdl import pdl_launch
 from inference_server.kernels.streamed_linear import is_one_split_gemv
 
-__all__ = ["MAX_NORM_COLUMNS", "norm_add_gemv"]
+__all__ = ["MAX_NORM_COLUMNS", "norm_add_gemv", "norm_add_gemv_reference"]
 
 MAX_NORM_COLUMNS = 4096
 """The widest row the prologue reduces: 32 elements a thread at the GEMV's 4 warps (Gemma-4-E2B/E4B: 1536/2560)."""
@@ -114,3 +114,25 @@ def norm_add_gemv(
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(),
     )  # fmt: skip
     return y, out
+
+
+def norm_add_gemv_reference(
+    a: torch.Tensor, wa: torch.Tensor, eps_a: float, residual: torch.Tensor, scale: torch.Tensor | None,
+    weight: torch.Tensor, w_scale: torch.Tensor | None, *, gated: str | None = None, up: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same as PyTorch ops: ``norm_add_reference``'s y, then ``F.linear`` (or the int8 reference with
+    ``w_scale``) of y, and with ``gated`` the activation of the gate times up (the second half of the rows when
+    ``up`` is None), each op rounding to a's dtype."""
+    from inference_server.kernels.norm_add import norm_add_reference
+    from inference_server.kernels.reference_int8 import int8_linear_reference
+    from inference_server.models.architectures.layers import activation
+
+    y, _ = norm_add_reference(a, wa, eps_a, residual=residual, scale=scale)
+    projected = torch.nn.functional.linear(y, weight) if w_scale is None else int8_linear_reference(y, weight, w_scale)
+    if gated is None:
+        return y, projected
+    act = activation(gated)
+    if up is None:
+        gate, up_half = projected.chunk(2, dim=-1)
+        return y, act(gate) * up_half
+    return y, act(projected) * up
