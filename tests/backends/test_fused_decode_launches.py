@@ -70,6 +70,15 @@ def _plans(spec: ModelSpec) -> list[StepPlan]:
     return [StepPlan(step_id=0, sequences=prefill), StepPlan(step_id=1, sequences=decode)]
 
 
+def _assert_same_tokens_close_logprobs(got: list[list[tuple[int, float]]],
+                                       want: list[list[tuple[int, float]]]) -> None:
+    """Per step, the same sampled tokens and their logprobs within fp32 rounding (1e-4)."""
+    assert [[t for t, _ in step] for step in got] == [[t for t, _ in step] for step in want]
+    for step, want_step in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.tensor([p for _, p in step]), torch.tensor([p for _, p in want_step]),
+                                   atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
 def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: str) -> None:
     torch.set_num_threads(1)
@@ -313,10 +322,7 @@ def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
     if DEV == "cpu":
         assert results[0] == results[1]
     else:
-        assert [[t for t, _ in step] for step in results[0]] == [[t for t, _ in step] for step in results[1]]
-        for step, ref_step in zip(results[1], results[0], strict=True):
-            torch.testing.assert_close(torch.tensor([p for _, p in step]), torch.tensor([p for _, p in ref_step]),
-                                       atol=1e-4, rtol=1e-4)
+        _assert_same_tokens_close_logprobs(results[1], results[0])
     # the decode step's two rows, once per layer (every E2B layer has a per-layer input); the prefill's 29 tokens
     # run the norm_add launch and the tensor-core GEMM
     assert calls == [2] * len(spec.layers)
@@ -347,10 +353,7 @@ def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
             max_model_len=32, max_batch_size=2, cuda_graphs=False, fused_q_norm_rope_attention=fused))
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
-    assert [[t for t, _ in step] for step in results[0]] == [[t for t, _ in step] for step in results[1]]
-    for step, ref_step in zip(results[1], results[0], strict=True):
-        torch.testing.assert_close(torch.tensor([p for _, p in step]), torch.tensor([p for _, p in ref_step]),
-                                   atol=1e-4, rtol=1e-4)
+    _assert_same_tokens_close_logprobs(results[1], results[0])
     shared = sum(not layer.computes_kv for layer in spec.layers)
     assert shared > 0 and calls == [2] * shared
 
