@@ -358,6 +358,57 @@ def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
     assert shared > 0 and calls == [2] * shared
 
 
+@pytest.mark.parametrize("decode_only", [True, False])
+def test_context_hands_back_a_raw_q_only_to_its_own_attention(decode_only: bool) -> None:
+    """``PagedAttentionContext`` with ``norm_rope_decode``: at a decode-only step a layer without K/V gets q back raw
+    and ``attend`` of that q calls the fused decode once, with the norm and the RoPE tables; a layer with K/V, a
+    prefill-carrying step and inputs the fused decode does not accept take ``qk_norm_rope``'s normed q."""
+    from inference_server.backends.paged_kv import PagedAttentionContext, StepTensors
+    from inference_server.models.architectures.layers import RMSNorm
+
+    spec, _, storage = _build("gemma-4-e2b-tiny")
+    shared = next(layer for layer in spec.layers if not layer.computes_kv)
+    owner = next(layer for layer in spec.layers if layer.computes_kv and layer.head_dim == shared.head_dim)
+    calls: list[tuple[torch.Tensor, RMSNorm]] = []
+    fused_out = torch.full((1, spec.num_attention_heads, shared.head_dim), 7.0, device=DEV)
+
+    class FakeNormRopeDecode:
+        accepted = True
+
+        def accepts(self, q_raw: torch.Tensor, q_norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+            return self.accepted
+
+        def __call__(self, q_raw: torch.Tensor, q_norm: RMSNorm, *args: object) -> torch.Tensor:
+            calls.append((q_raw, q_norm))
+            return fused_out
+
+    fake = FakeNormRopeDecode()
+    groups = {group_of(layer) for layer in spec.cache_layers}
+    step = StepTensors(positions=torch.tensor([4], device=DEV), cu_seqlens_q=torch.tensor([0, 1], device=DEV),
+                       context_lens=torch.tensor([5], dtype=torch.int32, device=DEV),
+                       block_tables={g: torch.zeros(1, 2, dtype=torch.int32, device=DEV) for g in groups},
+                       slot_mappings={g: torch.tensor([4], device=DEV) for g in groups}, is_decode_only=decode_only)
+    ctx = PagedAttentionContext(storage, step, decode_attention=lambda *args: torch.zeros_like(args[0]),
+                                norm_rope_decode=fake)
+    d = shared.head_dim
+    q_raw = torch.randn(1, spec.num_attention_heads, d, device=DEV)
+    norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style).to(DEV)
+    cos, sin = torch.ones(1, d, device=DEV), torch.zeros(1, d, device=DEV)
+    q, k, v = ctx.qk_norm_rope(shared, q_raw, None, None, norm, None, None, cos, sin)
+    assert k is None and v is None and (q is q_raw) == decode_only
+    out = ctx.attend(shared, q, None, None, 1.0, None)
+    assert [(c[0] is q_raw, c[1] is norm) for c in calls] == ([(True, True)] if decode_only else [])
+    assert (out is fused_out) == decode_only
+    # a layer with its own K/V, and a q the fused decode does not accept: the normed q, the plain attention
+    k_raw = torch.randn(1, owner.num_kv_heads, d, device=DEV)
+    q, k, _ = ctx.qk_norm_rope(owner, q_raw, k_raw, k_raw, norm, norm, None, cos, sin)
+    assert q is not q_raw and k is not None
+    fake.accepted = False
+    q, _, _ = ctx.qk_norm_rope(shared, q_raw, None, None, norm, None, None, cos, sin)
+    assert q is not q_raw and ctx.attend(shared, q, None, None, 1.0, None) is not fused_out
+    assert len(calls) == (1 if decode_only else 0)
+
+
 @pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(triton_norm_add=False)])
 def test_norm_add_gemv_needs_its_parts(options: dict) -> None:
     """The fused launch runs the gated GEMV's programs and computes ``norm_add``'s add: without either kernel the
