@@ -237,21 +237,31 @@ def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_w
                                  top_k, renormalize, per_expert_scale, out_dtype)
 
 
+def _norm_add_kernel_takes(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None,
+                           b_norm: layers.NormWeights | None, sum_norm: layers.NormWeights | None,
+                           residual: torch.Tensor | None, scale: torch.Tensor | None,
+                           out_norms: Sequence[layers.NormWeights]) -> bool:
+    """Whether ``kernels.norm_add`` computes ``ops.norm_add`` of these inputs: weighted gemma4 norms (weights of a's
+    dtype or fp32, on its device), at most ``MAX_OUT_NORMS`` out norms, 2-D tensors of a's shape and dtype with
+    contiguous rows, ``b`` with its norm, a one-element scale of a's dtype."""
+    norms = [n for n in (a_norm, b_norm, sum_norm, *out_norms) if n is not None]
+    tensors = [t for t in (a, b, residual) if t is not None]
+    return not (any(n.style != "gemma4" or n.weight is None or n.weight.dtype not in (a.dtype, torch.float32)
+                    or n.weight.device != a.device for n in norms)
+                or len(out_norms) > NORM_ADD_MAX_OUT_NORMS
+                or a.dim() != 2 or any(t.shape != a.shape or t.dtype != a.dtype or t.stride(-1) != 1 for t in tensors)
+                or (b is None) != (b_norm is None)
+                or (scale is not None and (scale.numel() != 1 or scale.dtype != a.dtype)))
+
+
 def triton_norm_add(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None = None,
                     b_norm: layers.NormWeights | None = None, *, sum_norm: layers.NormWeights | None = None,
                     residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
                     out_norms: Sequence[layers.NormWeights] = ()) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """``ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), their sum's norm,
     residual add, layer scale and up to three next norms; the unfused path for other norm styles (Gemma 3's
-    ``1 + w``), weightless norms, more out norms, other dtypes or layouts."""
-    norms = [n for n in (a_norm, b_norm, sum_norm, *out_norms) if n is not None]
-    tensors = [t for t in (a, b, residual) if t is not None]
-    if (any(n.style != "gemma4" or n.weight is None or n.weight.dtype not in (a.dtype, torch.float32)
-            or n.weight.device != a.device for n in norms)
-            or len(out_norms) > NORM_ADD_MAX_OUT_NORMS
-            or a.dim() != 2 or any(t.shape != a.shape or t.dtype != a.dtype or t.stride(-1) != 1 for t in tensors)
-            or (b is None) != (b_norm is None)
-            or (scale is not None and (scale.numel() != 1 or scale.dtype != a.dtype))):
+    ``1 + w``), weightless norms, more out norms, other dtypes or layouts (``_norm_add_kernel_takes``)."""
+    if not _norm_add_kernel_takes(a, a_norm, b, b_norm, sum_norm, residual, scale, out_norms):
         return ops.torch_norm_add(a, a_norm, b, b_norm, sum_norm=sum_norm, residual=residual, scale=scale,
                                   out_norms=out_norms)
 
@@ -353,20 +363,16 @@ def triton_norm_add_gated_projection(a: torch.Tensor, a_norm: layers.NormWeights
     and ``triton_gated_projection`` would run one launch (a one-split CUDA-core GEMV at its config), with rows of at
     most ``MAX_NORM_COLUMNS``; anywhere else the installed ``norm_add`` and ``gated_projection``
     (``ops.torch_norm_add_gated_projection``)."""
-    weight_ok = a_norm.weight is not None and a_norm.style == "gemma4" \
-        and a_norm.weight.dtype in (a.dtype, torch.float32) and a_norm.weight.device == a.device
+    canonical = layers.canonical_activation(act)
+    flat_up = up.reshape(-1, up.shape[-1]) if up is not None else None
     config = None
-    if weight_ok and a.dim() == 2 and a.shape[1] <= MAX_NORM_COLUMNS and residual.shape == a.shape \
-            and residual.dtype == a.dtype and a.stride(-1) == 1 and residual.stride(-1) == 1 \
-            and (scale is None or (scale.numel() == 1 and scale.dtype == a.dtype)):
-        config = _gated_projection_config(a, weight, weight_scale, layers.canonical_activation(act),
-                                          up.reshape(-1, up.shape[-1]) if up is not None else None,
+    if _norm_add_kernel_takes(a, a_norm, None, None, None, residual, scale, ()) and a.shape[1] <= MAX_NORM_COLUMNS:
+        config = _gated_projection_config(a, weight, weight_scale, canonical, flat_up,
                                           dense_max_tokens=dense_max_tokens, tuned_only=tuned_only)
-    if config is None or a_norm.weight is None:
+    if config is None or a_norm.weight is None:  # (the weight is there when the kernel takes the norm)
         return ops.torch_norm_add_gated_projection(a, a_norm, residual, weight, weight_scale, act, up, scale=scale)
     return norm_add_gemv(a, a_norm.weight, a_norm.eps, residual, scale, weight, weight_scale, config,
-                         gated=layers.canonical_activation(act), up=up.reshape(-1, up.shape[-1]) if up is not None
-                         else None)
+                         gated=canonical, up=flat_up)
 
 
 def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
