@@ -22,7 +22,13 @@ import torch
 import triton
 
 from inference_server.kernels.dense_linear import DENSE_CONFIG_DIR, dense_linear_config
-from inference_server.kernels.int8_gemv import GATED_ACTIVATIONS, int8_gemv_kernel, launch_gemv
+from inference_server.kernels.int8_gemv import (
+    GATED_ACTIVATIONS,
+    check_gemv_weight,
+    gemv_outputs,
+    int8_gemv_kernel,
+    launch_gemv,
+)
 from inference_server.kernels.int8_linear import CONFIG_DIR, int8_linear_config
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.streamed_linear import is_one_split_gemv, resolve_config
@@ -59,17 +65,11 @@ def gated_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     ``act`` is ``gelu_tanh`` or ``silu``."""
     if act not in GATED_ACTIVATIONS:
         raise ValueError(f"gated_gemv supports {tuple(GATED_ACTIVATIONS)}, not {act!r}")
-    if scale is None and weight.dtype != x.dtype:
-        raise ValueError(f"float weights must have x's dtype {x.dtype}, not {weight.dtype}")
-    if scale is not None and (weight.dtype != torch.int8 or tuple(scale.shape) != (weight.shape[0],)):
-        raise ValueError("int8 weights need int8 values and one scale per row")
+    check_gemv_weight(x, weight, scale)
     T, K = x.shape
     if not is_one_split_gemv(config, K):
         raise ValueError(f"gated_gemv runs a CUDA-core GEMV config of one split, not {config}")
-    if up is None:
-        width, rows_per_output = weight.shape[0] // 2, config.block_n // 2
-    else:
-        width, rows_per_output = weight.shape[0], config.block_n
+    width, rows_per_output = gemv_outputs(weight.shape[0], config.block_n, paired=up is None)
     out = torch.empty(T, width, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(T, config.block_t), triton.cdiv(width, rows_per_output), 1)
     launch_gemv(grid, x, weight, scale, out, K, 0, block_n=config.block_n, block_t=config.block_t,

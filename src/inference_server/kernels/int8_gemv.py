@@ -63,7 +63,8 @@ from inference_server.kernels.int8_fixed_dot import fixed_point_dot, takes_fixed
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["GATED_ACTIVATIONS", "GemvLaunch", "gemv_arguments", "gemv_program", "int8_gemv_kernel", "launch_gemv"]
+__all__ = ["GATED_ACTIVATIONS", "GemvLaunch", "check_gemv_weight", "gemv_arguments", "gemv_outputs", "gemv_program",
+           "int8_gemv_kernel", "launch_gemv"]
 
 
 @triton.jit
@@ -473,6 +474,20 @@ class GemvLaunch:
     constexprs: dict[str, object]
     num_warps: int
     num_stages: int
+
+
+def check_gemv_weight(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """The weights the GEMV takes for activations ``x``: float ones of x's dtype, or int8 ones with a scale per row."""
+    if scale is None and weight.dtype != x.dtype:
+        raise ValueError(f"float weights must have x's dtype {x.dtype}, not {weight.dtype}")
+    if scale is not None and (weight.dtype != torch.int8 or tuple(scale.shape) != (weight.shape[0],)):
+        raise ValueError("int8 weights need int8 values and one scale per row")
+
+
+def gemv_outputs(rows: int, block_n: int, paired: bool) -> tuple[int, int]:
+    """``(outputs, outputs a program)`` of a GEMV over ``rows`` weight rows: with ``paired`` gate/up rows (the gated
+    epilogue without ``up``) half of each, else all of them."""
+    return (rows // 2, block_n // 2) if paired else (rows, block_n)
 
 
 def gemv_arguments(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, dest: torch.Tensor,

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_gemv import GemvLaunch, gemv_arguments, gemv_program
+from inference_server.kernels.int8_gemv import GemvLaunch, gemv_arguments, gemv_outputs, gemv_program
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.moe_decode import (
     MoeDecodeConfig,
@@ -146,8 +146,8 @@ def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
     launch = gemv_arguments(x, weight, scale, out, x.shape[1], 0, block_n=config.block_n, block_t=config.block_t,
                             block_k=config.block_k, split_k=1, num_warps=config.num_warps,
                             num_stages=config.num_stages, interpreted=_INTERPRETED, gated=gated)
-    rows_per_program = config.block_n // 2 if gated is not None else config.block_n
-    return launch, triton.cdiv(out.shape[1], rows_per_program)
+    width, rows_per_program = gemv_outputs(weight.shape[0], config.block_n, paired=gated is not None)
+    return launch, triton.cdiv(width, rows_per_program)
 
 
 def gated_gemv_and_route(

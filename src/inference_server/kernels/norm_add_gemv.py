@@ -27,7 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_server.kernels.int8_gemv import GATED_ACTIVATIONS, gemv_arguments, gemv_program
+from inference_server.kernels.int8_gemv import (
+    GATED_ACTIVATIONS,
+    check_gemv_weight,
+    gemv_arguments,
+    gemv_outputs,
+    gemv_program,
+)
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.pdl import pdl_launch
 from inference_server.kernels.streamed_linear import is_one_split_gemv
@@ -93,13 +99,8 @@ def norm_add_gemv(
         raise ValueError(f"norm_add_gemv runs a CUDA-core GEMV config of one split, not {config}")
     if gated is not None and gated not in GATED_ACTIVATIONS:
         raise ValueError(f"gated must be one of {tuple(GATED_ACTIVATIONS)}, not {gated!r}")
-    if w_scale is None and weight.dtype != a.dtype:
-        raise ValueError(f"float weights must have a's dtype {a.dtype}, not {weight.dtype}")
-    if w_scale is not None and (weight.dtype != torch.int8 or tuple(w_scale.shape) != (weight.shape[0],)):
-        raise ValueError("int8 weights need int8 values and one scale per row")
-    paired = gated is not None and up is None
-    width = weight.shape[0] // 2 if paired else weight.shape[0]
-    rows_per_program = config.block_n // 2 if paired else config.block_n
+    check_gemv_weight(a, weight, w_scale)
+    width, rows_per_program = gemv_outputs(weight.shape[0], config.block_n, paired=gated is not None and up is None)
     y = torch.empty_like(a)
     out = torch.empty(tokens, width, dtype=a.dtype, device=a.device)
     if tokens == 0:
