@@ -153,32 +153,32 @@ class Gemma4DecoderLayer(nn.Module):
         else:
             m = self.mlp(x)
         # h = residual + post_norm(m) (MoE: residual + post_norm(post_norm_1(m) + post_norm_2(moe))), then the layer
-        # scalar and the next norm: one op (one launch on CUDA); on a PLE layer the per-layer input's add is the last
-        # op, with the scalar and the next norm
+        # scalar and the next norm: one op (one launch on CUDA)
         scalar = self.layer_scalar if self.has_layer_scalar else None
-        if self.ple_size:
-            if per_layer_input is None:
-                raise ValueError("a layer with per-layer inputs (PLE) was called without them")
-            gate_weights = projection_weights(self.per_layer_input_gate)
+        if self.ple_size and per_layer_input is None:
+            raise ValueError("a layer with per-layer inputs (PLE) was called without them")
+        gate_weights = projection_weights(self.per_layer_input_gate) if self.ple_size else None
+        if gate_weights is not None and not self.is_moe:
+            # h = residual + post_norm(m), then act(gate(h)) * per_layer_input: one op (one launch on CUDA at decode
+            # instead of two), the same roundings
+            h, gate = ops.norm_add_gated_projection(m, self.post_feedforward_layernorm, residual, *gate_weights,
+                                                    self.act_name, per_layer_input)  # [T, H], [T, P]
+        else:
+            ends_here = gate_weights is None  # else the per-layer input's add is the last op, with scalar and norm
+            scale_now, next_norms = (scalar, (next_norm,)) if ends_here else (None, ())
             if self.is_moe:
-                h, _ = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
-                                    sum_norm=self.post_feedforward_layernorm, residual=residual)
-                gate = ops.gated_projection(h, *gate_weights, self.act_name, per_layer_input)  # [T, P]
+                h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
+                                         sum_norm=self.post_feedforward_layernorm, residual=residual,
+                                         scale=scale_now, out_norms=next_norms)
             else:
-                # h = residual + post_norm(m), then act(gate(h)) * per_layer_input: one op (one launch on CUDA at
-                # decode instead of two), the same roundings
-                h, gate = ops.norm_add_gated_projection(m, self.post_feedforward_layernorm, residual, *gate_weights,
-                                                        self.act_name, per_layer_input)  # [T, H], [T, P]
+                h, normed = ops.norm_add(m, self.post_feedforward_layernorm, residual=residual, scale=scale_now,
+                                         out_norms=next_norms)
+            if gate_weights is not None:
+                # act(gate(h)) * per_layer_input: one op (one launch on CUDA instead of three), the same roundings
+                gate = ops.gated_projection(h, *gate_weights, self.act_name, per_layer_input)  # [T, P]
+        if gate_weights is not None:
             h, normed = ops.norm_add(self.per_layer_projection(gate), self.post_per_layer_input_norm, residual=h,
                                      scale=scalar, out_norms=(next_norm,))
-            return h, normed[0]
-        if self.is_moe:
-            h, normed = ops.norm_add(m, self.post_feedforward_layernorm_1, moe, self.post_feedforward_layernorm_2,
-                                     sum_norm=self.post_feedforward_layernorm, residual=residual, scale=scalar,
-                                     out_norms=(next_norm,))
-        else:
-            h, normed = ops.norm_add(m, self.post_feedforward_layernorm, residual=residual, scale=scalar,
-                                     out_norms=(next_norm,))
         return h, normed[0]
 
 
