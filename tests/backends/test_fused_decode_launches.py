@@ -70,6 +70,22 @@ def _plans(spec: ModelSpec) -> list[StepPlan]:
     return [StepPlan(step_id=0, sequences=prefill), StepPlan(step_id=1, sequences=decode)]
 
 
+def _count_rows(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Wrap ``cuda_backend``'s launch ``name`` so that each call records its first argument's row count; returns
+    the list it appends to."""
+    import inference_server.backends.cuda_backend as cuda_backend
+
+    rows: list[int] = []
+    launch = getattr(cuda_backend, name)
+
+    def counting(x: torch.Tensor, *args: object, **kwargs: object) -> object:
+        rows.append(x.shape[0])
+        return launch(x, *args, **kwargs)
+
+    monkeypatch.setattr(cuda_backend, name, counting)
+    return rows
+
+
 def _assert_same_tokens_close_logprobs(got: list[list[tuple[int, float]]],
                                        want: list[list[tuple[int, float]]]) -> None:
     """Per step, the same sampled tokens and their logprobs within fp32 rounding (1e-4)."""
@@ -188,17 +204,8 @@ def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.M
     """The dense MLP's gate/up GEMV (and E2B's per-layer-input gate) with the activation in its epilogue
     (``fused_gated_gemv``) against the GEMV and the activation kernel apart: same tokens and logprobs, bit for bit,
     and the fused launch taken at decode."""
-    import inference_server.backends.cuda_backend as cuda_backend
-
     torch.set_num_threads(1)
-    calls: list[int] = []
-    fused_launch = cuda_backend.gated_gemv
-
-    def counting(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(x.shape[0])
-        return fused_launch(x, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(cuda_backend, "gated_gemv", counting)
+    calls = _count_rows(monkeypatch, "gated_gemv")
     results = []
     for fused in (False, True):
         spec, model, storage = _build(name)
@@ -300,17 +307,8 @@ def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
     ``norm_add`` launch and the gated GEMV apart: the same tokens and logprobs (bit for bit under the interpreter,
     whose sums of squares run in the same order; on the GPU within fp32 rounding), and the fused launch taken once a
     layer at decode only."""
-    import inference_server.backends.cuda_backend as cuda_backend
-
     torch.set_num_threads(1)
-    calls: list[int] = []
-    fused_launch = cuda_backend.norm_add_gemv
-
-    def counting(a: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(a.shape[0])
-        return fused_launch(a, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(cuda_backend, "norm_add_gemv", counting)
+    calls = _count_rows(monkeypatch, "norm_add_gemv")
     results = []
     for fused in (False, True):
         spec, model, storage = _build("gemma-4-e2b-tiny")
