@@ -171,7 +171,9 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # layer's dense MLP and routed experts in launches of their own (not paired: kernels/mlp_beside_experts.py);
 # "separate-norm-gemv" is the default with Gemma 4 E2B/E4B's post-FFN norm add in a launch of its own (not in the
 # per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "separate-q-rope" is the default with the q norm and RoPE
-# of layers that read another layer's KV in a launch of their own (not in the decode attention's); "compile" is the
+# of layers that read another layer's KV in a launch of their own (not in the decode attention's);
+# "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
+# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "compile" is the
 # default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
@@ -180,7 +182,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
                    fused_norm_router=False, fused_gated_gemv=False, triton_rope_tables=False,
                    fused_mlp_beside_experts=False, fused_norm_gemv=False, fused_q_norm_rope_attention=False,
-                   triton_greedy_head=False,
+                   fused_add_norm_gemv=False, triton_greedy_head=False,
                    triton_dense_linear=False, triton_dense_linear_where_tuned=False,
                    moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
@@ -192,6 +194,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "torch-rope-tables": dict(triton_rope_tables=False),
     "separate-ffn": dict(fused_mlp_beside_experts=False),
     "separate-norm-gemv": dict(fused_norm_gemv=False),
+    "separate-add-norm-gemv": dict(fused_add_norm_gemv=False),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "compile": dict(compile=True),
 }

@@ -326,6 +326,29 @@ def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
     assert calls == [2] * len(spec.layers)
 
 
+def test_add_norm_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3-MoE's input add + norm inside the fused q/k/v projection's GEMV (``fused_add_norm_gemv``) against the
+    ``fused_add_rmsnorm`` launch and the GEMV apart: the same tokens and logprobs (bit for bit under the interpreter;
+    on the GPU within fp32 rounding), and the fused launch taken once a layer after the first (whose input is the
+    embedding, with no residual to add) at decode only."""
+    torch.set_num_threads(1)
+    calls = _count_rows(monkeypatch, "add_norm_gemv")
+    results = []
+    for fused in (False, True):
+        spec, model, storage = _build("qwen3-30b-a3b-tiny")
+        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
+            fused_add_norm_gemv=fused))
+        assert (ops.add_norm_projection is ops.torch_add_norm_projection) == (not fused)
+        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
+    if DEV == "cpu":
+        assert results[0] == results[1]
+    else:
+        _assert_same_tokens_close_logprobs(results[1], results[0])
+    # the decode step's two rows; the prefill's 29 tokens run the norm launch and the tensor-core GEMM
+    assert calls == [2] * (len(spec.layers) - 1)
+
+
 def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma-4-E2B's KV-shared layers with their q norm and RoPE inside the decode attention launch

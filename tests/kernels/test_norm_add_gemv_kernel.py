@@ -103,7 +103,7 @@ def test_rejects_what_it_does_not_compute() -> None:
         norm_add_gemv(a, wa, EPS, residual, scale, weight, w_scale, Int8LinearConfig(64, 16, 32, 1, 4, 2))
     with pytest.raises(ValueError, match="residual"):
         norm_add_gemv(a, wa, EPS, residual[:, :32], scale, weight, w_scale, one_split)
-    with pytest.raises(ValueError, match="wa"):
+    with pytest.raises(ValueError, match="norm weight"):
         norm_add_gemv(a, wa[:32], EPS, residual, scale, weight, w_scale, one_split)
     with pytest.raises(ValueError, match="scale"):
         norm_add_gemv(a, wa, EPS, residual, torch.ones(2, device=DEV), weight, w_scale, one_split)

@@ -63,7 +63,7 @@ from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_ge
 from inference_server.kernels.moe_decode import fused_moe_decode
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
-from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, norm_add_gemv
+from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, add_norm_gemv, norm_add_gemv
 from inference_server.kernels.pdl import use_pdl
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
@@ -375,6 +375,28 @@ def triton_norm_add_gated_projection(a: torch.Tensor, a_norm: layers.NormWeights
                          gated=canonical, up=flat_up)
 
 
+def triton_add_norm_projection(x: torch.Tensor, residual: torch.Tensor, norm: layers.NormWeights,
+                               weight: torch.Tensor, weight_scale: torch.Tensor | None, *,
+                               dense_max_tokens: int | None, tuned_only: bool = False,
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.add_norm_projection`` in one launch (``kernels.norm_add_gemv.add_norm_gemv``: the residual add and the
+    qwen norm in the GEMV's prologue and K loop) where ``triton_add_rms_norm`` would take the norm (a weighted qwen
+    norm of x's dtype, [T, H] rows) and the installed ops would run the projection as a one-split CUDA-core GEMV
+    (``gated_gemv_config``), with rows of at most ``MAX_NORM_COLUMNS``; anywhere else the installed
+    ``add_rms_norm`` and projection (``ops.torch_add_norm_projection``)."""
+    config = None
+    if norm.style == "qwen" and norm.weight is not None and norm.weight.dtype == x.dtype and x.dim() == 2 \
+            and residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1 \
+            and x.shape[1] <= MAX_NORM_COLUMNS \
+            and _installed_gemv_takes(x, weight, weight_scale, dense_max_tokens=dense_max_tokens,
+                                      tuned_only=tuned_only):
+        config = gated_gemv_config(x, weight, weight_scale, paired=False)
+    if config is None or norm.weight is None:  # (the weight is there when the config is)
+        return ops.torch_add_norm_projection(x, residual, norm, weight, weight_scale)
+    h, projected = add_norm_gemv(x, norm.weight, norm.eps, residual, weight, weight_scale, config)
+    return projected, h
+
+
 def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
                               residual: torch.Tensor, router_input: torch.Tensor | None, expert_input: torch.Tensor,
                               *, decode_max_tokens: int, dense_max_tokens: int | None,
@@ -525,6 +547,11 @@ class CudaRunnerOptions:
     (``ops.norm_add_gated_projection``, ``kernels.norm_add_gemv``) where that projection is a one-split CUDA-core
     GEMV: one launch fewer per layer, the same values up to the order of the norm's fp32 sum of squares. Needs
     ``triton_norm_add`` and ``fused_gated_gemv``."""
+    fused_add_norm_gemv: bool = True
+    """A pre-norm layer's residual add and input norm inside its fused q/k/v projection's GEMV at decode
+    (``ops.add_norm_projection``, ``kernels.norm_add_gemv.add_norm_gemv``; Qwen3-MoE) where that projection is a
+    one-split CUDA-core GEMV: one launch fewer per layer, the same values up to the order of the norm's fp32 sum of
+    squares. Needs ``triton_add_norm`` and ``fused_weights``."""
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
@@ -609,6 +636,11 @@ class CudaModelRunner(ModelRunner):
             tuned_only=not options.triton_dense_linear) \
             if options.fused_norm_gemv and self._norm_add is triton_norm_add \
             and self._gated_projection is not ops.torch_gated_projection else ops.torch_norm_add_gated_projection
+        # Qwen3-MoE's input add + norm feeding the fused q/k/v GEMV: one launch instead of two at decode.
+        self._add_norm_projection = functools.partial(
+            triton_add_norm_projection, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
+            tuned_only=not options.triton_dense_linear) \
+            if options.fused_add_norm_gemv and self._add_norm is triton_add_rms_norm else ops.torch_add_norm_projection
         # Small-M float projections: the weight-streaming Triton GEMV; cuBLAS under torch.compile and past the bound.
         self._linear = functools.partial(triton_dense_linear, max_tokens=options.dense_linear_max_tokens,
                                          tuned_only=not options.triton_dense_linear) \
@@ -707,7 +739,8 @@ class CudaModelRunner(ModelRunner):
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
                     linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
                     gated_proj=self._gated_projection, rope_tables=self._rope_tables,
-                    mlp_experts=self._mlp_beside_experts, norm_add_gated=self._norm_add_gated_projection)
+                    mlp_experts=self._mlp_beside_experts, norm_add_gated=self._norm_add_gated_projection,
+                    add_norm_proj=self._add_norm_projection)
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         self._install_ops()

@@ -63,8 +63,8 @@ from inference_server.kernels.int8_fixed_dot import fixed_point_dot, takes_fixed
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
-__all__ = ["GATED_ACTIVATIONS", "GemvLaunch", "check_gemv_weight", "gemv_arguments", "gemv_outputs", "gemv_program",
-           "int8_gemv_kernel", "launch_gemv"]
+__all__ = ["GATED_ACTIVATIONS", "NORM_ADD_FIRST", "NORM_SANDWICH", "GemvLaunch", "check_gemv_weight", "gemv_arguments",
+           "gemv_outputs", "gemv_program", "int8_gemv_kernel", "launch_gemv"]
 
 
 @triton.jit
@@ -102,25 +102,43 @@ def _token_row(x_ptrs, row, stride_xt, k_ok, EVEN_K: tl.constexpr):
     return tl.load(x_ptrs + row * stride_xt, mask=k_ok, other=0.0)
 
 
+NORM_SANDWICH = 1
+"""``gemv_program``'s ``NORM_IN`` for a Gemma sandwich norm's ``y = residual + norm(x; wa) [* s]``
+(``kernels.norm_add``)."""
+NORM_ADD_FIRST = 2
+"""``gemv_program``'s ``NORM_IN`` for a pre-norm after the residual add: ``norm(residual + x; wa)``, qwen convention
+(``kernels.rmsnorm.fused_add_rmsnorm``)."""
+
+
 @triton.jit
-def _inverse_root(a_ptr, cols, mask, K, eps):
-    """NORM_IN's prologue for one token: ``rsqrt(mean(a * a) + eps)`` of its row ``a_ptr[:K]``, in fp32 (the inverse
-    root of ``kernels.norm_add``'s gemma norm)."""
-    a = tl.load(a_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+def _inverse_root(a_ptr, r_ptr, cols, mask, K, eps, NORM_IN: tl.constexpr):
+    """NORM_IN's prologue for one token: ``rsqrt(mean(v * v) + eps)`` in fp32 of the row the norm reads: the row
+    ``a_ptr[:K]`` itself (``NORM_SANDWICH``, ``kernels.norm_add``'s gemma norm), or ``h = a + r`` of its row and the
+    residual's ``r_ptr[:K]``, rounded to a's dtype (``NORM_ADD_FIRST``, ``kernels.rmsnorm.fused_add_rmsnorm``)."""
+    a = tl.load(a_ptr + cols, mask=mask, other=0.0)
+    if NORM_IN == 2:
+        a = (a.to(tl.float32) + tl.load(r_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(a.dtype)
+    a = a.to(tl.float32)
     return tl.rsqrt(tl.sum(a * a, axis=0) / K + eps)
 
 
 @triton.jit
-def _sandwich(a, r, wa, inv, s, NORM_IN: tl.constexpr, HAS_S: tl.constexpr):
-    """An activation tile as the GEMV reads it: ``a`` as loaded, or with ``NORM_IN`` the tile of ``y = residual +
-    norm(a; wa) [* s]`` from a's and the residual's tiles (``r``), the norm weight's (``wa``, fp32) and the token's
-    inverse root ``inv``, with ``kernels.norm_add``'s arithmetic and roundings (each op rounded to a's dtype)."""
-    if NORM_IN:
-        y = (r.to(tl.float32) + (a.to(tl.float32) * inv * wa).to(a.dtype).to(tl.float32)).to(a.dtype)
-        if HAS_S:
-            y = (y.to(tl.float32) * s).to(a.dtype)
-        return y
-    return a
+def _norm_tile(a, r, wa, inv, s, NORM_IN: tl.constexpr, HAS_S: tl.constexpr):
+    """NORM_IN's activation tile, as ``(stored, read)``: the tile of the residual stream's new value the first row
+    block stores, and the tile the GEMV multiplies, each built from a's and the residual's tiles (``r``), the norm
+    weight's (``wa``, fp32) and the token's inverse root ``inv`` with the unfused kernels' arithmetic and roundings:
+
+    * ``NORM_SANDWICH`` (1): ``y = residual + norm(a; wa) [* s]`` both stored and read (``kernels.norm_add``'s
+      gemma norm, each op rounded to a's dtype);
+    * ``NORM_ADD_FIRST`` (2): ``h = residual + a`` stored, ``wa * (h * inv).to(dtype)`` read
+      (``kernels.rmsnorm.fused_add_rmsnorm``'s add, then its qwen norm: cast first, then the weight)."""
+    if NORM_IN == 2:
+        h = (a.to(tl.float32) + r.to(tl.float32)).to(a.dtype)
+        return h, ((h.to(tl.float32) * inv).to(a.dtype).to(tl.float32) * wa).to(a.dtype)
+    y = (r.to(tl.float32) + (a.to(tl.float32) * inv * wa).to(a.dtype).to(tl.float32)).to(a.dtype)
+    if HAS_S:
+        y = (y.to(tl.float32) * s).to(a.dtype)
+    return y, y
 
 
 @triton.jit
@@ -160,12 +178,12 @@ def gemv_program(
     LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
     DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
     INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (int8_fixed_dot)
-    NORM_IN: tl.constexpr = False,  # x's rows are y = residual + norm(x; wa) [* s] (kernels.norm_add_gemv)
+    NORM_IN: tl.constexpr = 0,  # 1 (NORM_SANDWICH) or 2 (NORM_ADD_FIRST): x's rows are normed here (_norm_tile)
     res_ptr=None,  # NORM_IN: [T, K] the residual stream (contiguous last dim)
     stride_rt=0,
-    wa_ptr=None,  # NORM_IN: [K] the post-norm's weight (gemma convention: x * inv * w in fp32, one rounding)
-    s_ptr=None,  # NORM_IN with HAS_S: one element, the scale applied last
-    y_ptr=None,  # NORM_IN: [T, K] y, stored by the programs of the first row block and K split
+    wa_ptr=None,  # NORM_IN: [K] the norm's weight (fp32 or x's dtype)
+    s_ptr=None,  # NORM_SANDWICH with HAS_S: one element, the scale applied last
+    y_ptr=None,  # NORM_IN: [T, K] the residual stream's new value, stored by the first row block's programs
     stride_yt=0,
     eps_a=0.0,
     HAS_S: tl.constexpr = False,
@@ -175,13 +193,16 @@ def gemv_program(
     kernel runs it at its grid's, and kernels that share a launch with other work (``kernels.mlp_beside_experts``)
     at coordinates of their own.
 
-    With ``NORM_IN`` the activations are a Gemma sandwich norm's output, computed here instead of in a launch of
-    its own: ``y = residual + norm(x; wa) [* s]`` per token row. Every program first reduces its tokens' whole rows
-    of x to their inverse roots (L2-resident rows, a few KB), the first row block's programs of split 0 store y, and
-    the K loop builds each activation tile from the x, residual and weight tiles with the same arithmetic."""
+    With ``NORM_IN`` the activations are a norm's output, computed here instead of in a launch of its own: a Gemma
+    sandwich norm's ``y = residual + norm(x; wa) [* s]`` (``NORM_SANDWICH``, read and stored), or a pre-norm's
+    ``norm(residual + x; wa)`` (``NORM_ADD_FIRST``, read; ``residual + x`` stored), per token row. Every program
+    first reduces its tokens' whole rows to their inverse roots (L2-resident rows, a few KB), the first row block's
+    programs of split 0 store the residual stream's new value, and the K loop builds each activation tile from the
+    x, residual and weight tiles with the same arithmetic (``_norm_tile``)."""
     tl.static_assert(BLOCK_T <= 4, "the CUDA-core GEMV keeps one accumulator per token, at most 4")
     tl.static_assert(W_WORDS or not INT_DOT, "the integer dot reads int8 words")
     tl.static_assert(EVEN_K or not DEEP, "the two-ahead weight loads need whole K tiles")
+    tl.static_assert(NORM_IN == 1 or not HAS_S, "the scale is the sandwich norm's")
     WORDS: tl.constexpr = BLOCK_K // 4
     t0 = pid_t * BLOCK_T  # this program's first token
     HALF_N: tl.constexpr = BLOCK_N // 2  # GATED with paired rows: outputs a program
@@ -258,13 +279,17 @@ def gemv_program(
         norm_cols = tl.arange(0, NORM_BLOCK)
         norm_mask = norm_cols < K
         a_row = x_ptr + t0.to(tl.int64) * stride_xt
-        inv0 = _inverse_root(a_row, norm_cols, norm_mask, K, eps_a)
+        r_row = res_ptr + t0.to(tl.int64) * stride_rt
+        inv0 = _inverse_root(a_row, r_row, norm_cols, norm_mask, K, eps_a, NORM_IN)
         if BLOCK_T > 1:
-            inv1 = _inverse_root(a_row + row1 * stride_xt, norm_cols, norm_mask, K, eps_a)
+            inv1 = _inverse_root(a_row + row1 * stride_xt, r_row + row1 * stride_rt, norm_cols, norm_mask, K, eps_a,
+                                 NORM_IN)
         if BLOCK_T > 2:
-            inv2 = _inverse_root(a_row + row2 * stride_xt, norm_cols, norm_mask, K, eps_a)
+            inv2 = _inverse_root(a_row + row2 * stride_xt, r_row + row2 * stride_rt, norm_cols, norm_mask, K, eps_a,
+                                 NORM_IN)
         if BLOCK_T > 3:
-            inv3 = _inverse_root(a_row + row3 * stride_xt, norm_cols, norm_mask, K, eps_a)
+            inv3 = _inverse_root(a_row + row3 * stride_xt, r_row + row3 * stride_rt, norm_cols, norm_mask, K, eps_a,
+                                 NORM_IN)
     x0 = _token_row(x_ptrs, 0, stride_xt, k_ok, EVEN_K)
     if BLOCK_T > 1:
         x1 = _token_row(x_ptrs, row1, stride_xt, k_ok, EVEN_K)
@@ -329,20 +354,20 @@ def gemv_program(
                 r2_next = _token_row(r_ptrs, row2, stride_rt, k_ok, EVEN_K)
             if BLOCK_T > 3:
                 r3_next = _token_row(r_ptrs, row3, stride_rt, k_ok, EVEN_K)
-            # this tile of y; the first row block's split-0 programs store it (vector predicates: the interpreter
-            # rejects a scalar bool combined with a vector mask)
+            # this tile of the residual stream's new value; the first row block's split-0 programs store it (vector
+            # predicates: the interpreter rejects a scalar bool combined with a vector mask)
             y_ok = ((kb * BLOCK_K + offs_k) < k_len) & ((offs_k * 0 + pid_n + pid_s) == 0)
-            x0 = _sandwich(x0, r0, wa_t, inv0, s, NORM_IN, HAS_S)
-            tl.store(y_ptrs, x0, mask=y_ok)
+            y0, x0 = _norm_tile(x0, r0, wa_t, inv0, s, NORM_IN, HAS_S)
+            tl.store(y_ptrs, y0, mask=y_ok)
             if BLOCK_T > 1:
-                x1 = _sandwich(x1, r1, wa_t, inv1, s, NORM_IN, HAS_S)
-                tl.store(y_ptrs + row1 * stride_yt, x1, mask=y_ok & (offs_k * 0 + t0 + 1 < T))
+                y1, x1 = _norm_tile(x1, r1, wa_t, inv1, s, NORM_IN, HAS_S)
+                tl.store(y_ptrs + row1 * stride_yt, y1, mask=y_ok & (offs_k * 0 + t0 + 1 < T))
             if BLOCK_T > 2:
-                x2 = _sandwich(x2, r2, wa_t, inv2, s, NORM_IN, HAS_S)
-                tl.store(y_ptrs + row2 * stride_yt, x2, mask=y_ok & (offs_k * 0 + t0 + 2 < T))
+                y2, x2 = _norm_tile(x2, r2, wa_t, inv2, s, NORM_IN, HAS_S)
+                tl.store(y_ptrs + row2 * stride_yt, y2, mask=y_ok & (offs_k * 0 + t0 + 2 < T))
             if BLOCK_T > 3:
-                x3 = _sandwich(x3, r3, wa_t, inv3, s, NORM_IN, HAS_S)
-                tl.store(y_ptrs + row3 * stride_yt, x3, mask=y_ok & (offs_k * 0 + t0 + 3 < T))
+                y3, x3 = _norm_tile(x3, r3, wa_t, inv3, s, NORM_IN, HAS_S)
+                tl.store(y_ptrs + row3 * stride_yt, y3, mask=y_ok & (offs_k * 0 + t0 + 3 < T))
             y_ptrs += BLOCK_K
         if INT_DOT:  # the weight words as they are; each token's activations as fixed point (int8_fixed_dot)
             acc0 = fixed_point_dot(acc0, w, x0, WORDS, PRMT)

@@ -100,17 +100,42 @@ class SelfAttention(nn.Module):
         if not self.layer.computes_kv:
             return self.q_proj(x).view(tokens, -1, d), None, None
         if self.qkv_weight is not None and ops.fused_weights:
-            qkv = project(x, self.qkv_weight, self.qkv_scale)  # [T, (nH + nKV (+ nKV)) * D]
-            parts = qkv.split(self.qkv_rows, dim=-1)
-            heads = [part.unflatten(-1, (-1, d)) for part in parts]  # strided views, last dim contiguous
-            return heads[0], heads[1], heads[2] if len(heads) == 3 else None
+            return self._split_qkv(project(x, self.qkv_weight, self.qkv_scale))
         q = self.q_proj(x).view(tokens, -1, d)
         k = self.k_proj(x).view(tokens, -1, d)
         return q, k, self.v_proj(x).view(tokens, -1, d) if self.v_proj is not None else None
 
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q [T, nH, D], k [T, nKV, D] and v (or None) as strided views (last dim contiguous) of the fused
+        projection's output ``qkv [T, (nH + nKV (+ nKV)) * D]``."""
+        heads = [part.unflatten(-1, (-1, self.head_dim)) for part in qkv.split(self.qkv_rows, dim=-1)]
+        return heads[0], heads[1], heads[2] if len(heads) == 3 else None
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        tokens = x.shape[0]
-        q_raw, k_raw, v_raw = self._project(x)
+        return self._attend(*self._project(x), cos, sin, ctx)
+
+    def add_norm_forward(
+        self,
+        norm: RMSNorm,  # the layer's input norm
+        hidden: torch.Tensor,  # [T, H]: the previous layer's output, not yet added to the residual stream
+        residual: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # the attention's output [T, H], residual + hidden
+        """``forward(norm(residual + hidden))`` and ``residual + hidden``, as ``ops.add_norm`` then ``forward``. With
+        the fused q/k/v weight the add, the norm and the projection go through ``ops.add_norm_projection`` (one
+        launch on CUDA at decode sizes), since only that GEMM reads the normed rows."""
+        if self.qkv_weight is None or not ops.fused_weights:
+            x, residual = ops.add_norm(norm, hidden, residual)
+            return self.forward(x, cos, sin, ctx), residual
+        qkv, residual = ops.add_norm_projection(hidden, residual, norm, self.qkv_weight, self.qkv_scale)
+        return self._attend(*self._split_qkv(qkv), cos, sin, ctx), residual
+
+    def _attend(self, q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """The rest of ``forward`` after the projections: norms and RoPE, attention, the output projection."""
+        tokens = q_raw.shape[0]
         computes_kv = k_raw is not None
         # ops.qk_norm_rope through the context, which may store k and v in the same pass
         q, k, v = ctx.qk_norm_rope(self.layer, q_raw, k_raw, v_raw, self.q_norm,

@@ -2,8 +2,9 @@
 
 Model files call ``ops.fused_moe``, ``ops.route``, ``ops.linear_route`` (a router projection and its routing),
 ``ops.gated_activation``, ``ops.gated_projection`` (a fused gate/up projection and its gated activation),
-``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.norm_add`` (Gemma's post-norm(s) + residual add
-+ scale + next norms), ``ops.norm_add_gated_projection`` (such an add feeding a gated projection),
+``ops.add_rms_norm`` (a residual add and the RMSNorm after it), ``ops.add_norm_projection`` (the two feeding a
+projection), ``ops.norm_add`` (Gemma's post-norm(s) + residual add + scale + next norms),
+``ops.norm_add_gated_projection`` (such an add feeding a gated projection),
 ``ops.qk_norm_rope`` (an attention layer's per-head norms and RoPE), ``ops.rope_cos_sin`` (a step's RoPE tables),
 ``ops.int8_linear`` (int8 weight-only layers, ``quantized.Int8Linear``), ``ops.linear`` (float projections:
 ``linear.Linear``, the fused q/k/v and gate/up, the logits, the router GEMM outside the fused routing launch) and
@@ -205,6 +206,37 @@ def torch_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> to
     return activation_fn(act)(gate) * up
 
 
+def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., K] @ weight.T``: float weights through the installed ``linear``, int8 ones (``scale`` given) through
+    the installed ``int8_linear``. Used by the fused projections (``SelfAttention.fuse_qkv``, ``GatedMLP.fuse_gate_up``)
+    and the ops that end in a projection."""
+    if scale is None:
+        return linear(x, weight, None)
+    return int8_linear(x.reshape(-1, x.shape[-1]), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+
+
+class AddNormProjectionFn(Protocol):
+    """The op of a residual add and the pre-norm feeding a projection: ``torch_add_norm_projection``'s signature."""
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, norm: layers.NormWeights, weight: torch.Tensor,
+                 weight_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def torch_add_norm_projection(
+    x: torch.Tensor,  # [T, H]: a block's output
+    residual: torch.Tensor,  # [T, H]: the residual stream it is added to
+    norm: layers.NormWeights,  # the next block's pre-norm
+    weight: torch.Tensor,  # [N, H]: float, or int8 with weight_scale
+    weight_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # norm(residual + x) @ weight.T [T, N], residual + x [T, H]
+    """The installed ``add_rms_norm`` (``h = residual + x`` and its norm), then the projection of the normed rows
+    (``project``): Qwen3-MoE's input norm feeding the fused q/k/v projection, whose GEMM alone reads the normed rows.
+    The CUDA backend installs one launch for both where the projection is a one-split CUDA-core GEMV
+    (``kernels.norm_add_gemv.add_norm_gemv``)."""
+    normed, h = add_rms_norm(x, residual, norm.weight, norm.eps, norm.style)
+    return project(normed, weight, weight_scale), h
+
+
 class GatedProjectionFn(Protocol):
     """The gated projection op: ``ops.torch_gated_projection``'s signature."""
 
@@ -220,10 +252,7 @@ def torch_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.T
     and the result ``[..., I]``; with ``up [..., N]`` the weight is the gate's alone (Gemma 4's per-layer-input
     gate). The CUDA backend installs one launch for both where the projection is a GEMV (``kernels.gated_gemv``:
     the same bits)."""
-    if scale is None:
-        projected = linear(x, weight, None)
-    else:
-        projected = int8_linear(x.reshape(-1, x.shape[-1]), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+    projected = project(x, weight, scale)
     if up is None:
         gate, up = projected.chunk(2, dim=-1)  # [..., I] views
         return gated_activation(gate, up, act)
@@ -331,6 +360,7 @@ qk_norm_rope: QkNormRopeFn = torch_qk_norm_rope
 norm_add: NormAddFn = torch_norm_add
 mlp_beside_experts: MlpBesideExpertsFn = torch_mlp_beside_experts
 norm_add_gated_projection: NormAddGatedProjectionFn = torch_norm_add_gated_projection
+add_norm_projection: AddNormProjectionFn = torch_add_norm_projection
 int8_linear: Int8LinearFn = torch_int8_linear
 linear: LinearFn = torch.nn.functional.linear
 """Float-weight projections (the CUDA backend installs a Triton GEMV for small token counts, cuBLAS above)."""
@@ -370,6 +400,7 @@ _REFERENCE: dict[str, object] = {
     "norm_add": torch_norm_add,
     "mlp_beside_experts": torch_mlp_beside_experts,
     "norm_add_gated_projection": torch_norm_add_gated_projection,
+    "add_norm_projection": torch_add_norm_projection,
     "int8_linear": torch_int8_linear,
     "linear": torch.nn.functional.linear,
     "fused_weights": False,
@@ -386,14 +417,15 @@ def use_ops(*, moe: MoEFn | None = None, norm: NormFn | None = None, rope: layer
             linear: LinearFn | None = None, add_norm_router: AddNormLinearRouteFn | None = None,
             gated_proj: GatedProjectionFn | None = None, rope_tables: RopeTablesFn | None = None,
             mlp_experts: MlpBesideExpertsFn | None = None,
-            norm_add_gated: NormAddGatedProjectionFn | None = None) -> None:
+            norm_add_gated: NormAddGatedProjectionFn | None = None,
+            add_norm_proj: AddNormProjectionFn | None = None) -> None:
     """Install faster implementations (process-wide; a backend calls it at start-up); None leaves one as is."""
     chosen = {"fused_moe": moe, "route": router, "linear_route": linear_router, "gated_activation": gated,
               "gated_projection": gated_proj,
               "add_rms_norm": add_norm, "add_norm_linear_route": add_norm_router,
               "qk_norm_rope": qk_norm, "norm_add": sandwich, "int8_linear": int8_linear, "linear": linear,
               "fused_weights": weights_fused, "rope_cos_sin": rope_tables, "mlp_beside_experts": mlp_experts,
-              "norm_add_gated_projection": norm_add_gated}
+              "norm_add_gated_projection": norm_add_gated, "add_norm_projection": add_norm_proj}
     assert chosen.keys() == _REFERENCE.keys()
     globals().update({name: value for name, value in chosen.items() if value is not None})
     if norm is not None:

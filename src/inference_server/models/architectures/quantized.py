@@ -130,13 +130,8 @@ def projection_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | 
     raise TypeError(f"not a bias-free projection: {module!r}")
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T``: float weights through ``ops.linear``, int8 ones (``scale`` given) through
-    ``ops.int8_linear``. Used by the fused projections (``SelfAttention.fuse_qkv``, ``GatedMLP.fuse_gate_up``)."""
-    if scale is None:
-        return ops.linear(x, weight, None)
-    flat = x.reshape(-1, x.shape[-1])
-    return ops.int8_linear(flat, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+project = ops.project
+"""``x @ weight.T`` for float weights or int8 ones with their scales (``ops.project``)."""
 
 
 def quantize_model_int8_(model: nn.Module, *, embeddings: bool = False) -> nn.Module:

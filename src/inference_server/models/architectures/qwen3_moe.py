@@ -56,7 +56,8 @@ class Qwen3MoeSparseBlock(nn.Module):
 class Qwen3MoeDecoderLayer(nn.Module):
     """Pre-norm attention and pre-norm FFN (sparse MoE or dense MLP), each added to the residual.
 
-    The residual adds are folded into the norm after them (``ops.add_rms_norm``, one launch on CUDA): the
+    The residual adds are folded into the norm after them (``ops.add_rms_norm``, one launch on CUDA, and at decode
+    one with the router GEMV or the q/k/v GEMV after that norm as well): the
     layer takes ``(hidden, residual)``, where the residual stream is ``residual + hidden``, and returns the
     FFN output as the next ``hidden`` with the residual not yet added; the next layer's input norm (or the
     final norm) adds it. The values are those of ``h = h + attn(norm(h)); h = h + mlp(norm(h))``: the same
@@ -79,10 +80,9 @@ class Qwen3MoeDecoderLayer(nn.Module):
         ctx: AttentionContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # this layer's FFN output, the residual it is to be added to
         if residual is None:
-            residual, x = hidden, self.input_layernorm(hidden)
-        else:
-            x, residual = ops.add_norm(self.input_layernorm, hidden, residual)
-        attn = self.self_attn(x, cos, sin, ctx)
+            residual, attn = hidden, self.self_attn(self.input_layernorm(hidden), cos, sin, ctx)
+        else:  # the residual add and norm go into the q/k/v projection's launch where the backend can
+            attn, residual = self.self_attn.add_norm_forward(self.input_layernorm, hidden, residual, cos, sin, ctx)
         if isinstance(self.mlp, Qwen3MoeSparseBlock):  # the residual add and norm go into the router's launch
             x, residual, weights, ids = self.mlp.gate.add_norm_route(self.post_attention_layernorm, attn, residual)
             return self.mlp.experts(x, weights, ids), residual
