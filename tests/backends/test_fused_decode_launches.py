@@ -349,6 +349,34 @@ def test_add_norm_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
     assert calls == [2] * (len(spec.layers) - 1)
 
 
+def test_add_norm_projection_takes_the_fused_launch_for_float_weights_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``triton_add_norm_projection`` runs one launch for a float projection at one token and keeps int8 weights on
+    the two launches (measured faster for them), each with the unfused op's values."""
+    import functools
+
+    import inference_server.backends.cuda_backend as cuda_backend
+    from inference_server.kernels.reference_int8 import quantize_int8_per_channel
+    from inference_server.models.architectures.layers import RMSNorm
+
+    calls = _count_rows(monkeypatch, "add_norm_gemv")
+    ops.use_ops(add_norm=cuda_backend.triton_add_rms_norm, int8_linear=cuda_backend.triton_int8_linear,
+                linear=functools.partial(cuda_backend.triton_dense_linear, max_tokens=16))
+    gen = torch.Generator().manual_seed(7)
+    x, residual = ((torch.randn(1, 64, generator=gen) * 3).to(DEV) for _ in range(2))
+    norm = RMSNorm(64, 1e-6, "qwen").to(DEV)
+    weight = (torch.randn(32, 64, generator=gen) / 8).to(DEV)
+    for w, scale, fused in ((weight, None, True), (*quantize_int8_per_channel(weight), False)):
+        calls.clear()
+        got = cuda_backend.triton_add_norm_projection(x, residual, norm, w, scale, dense_max_tokens=16)
+        want = ops.torch_add_norm_projection(x, residual, norm, w, scale)
+        assert calls == ([1] if fused else [])
+        assert torch.equal(got[1], want[1])
+        if DEV == "cpu":  # the interpreter sums the row as the norm kernel does
+            assert torch.equal(got[0], want[0])
+        else:
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+
+
 def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma-4-E2B's KV-shared layers with their q norm and RoPE inside the decode attention launch

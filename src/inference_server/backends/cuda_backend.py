@@ -381,19 +381,20 @@ def triton_add_norm_projection(x: torch.Tensor, residual: torch.Tensor, norm: la
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ops.add_norm_projection`` in one launch (``kernels.norm_add_gemv.add_norm_gemv``: the residual add and the
     qwen norm in the GEMV's prologue and K loop) where ``triton_add_rms_norm`` would take the norm (a weighted qwen
-    norm of x's dtype, [T, H] rows) and the installed ops would run the projection as a one-split CUDA-core GEMV
+    norm of x's dtype, [T, H] rows) and the installed ops would run a float projection as a one-split CUDA-core GEMV
     (``gated_gemv_config``), with rows of at most ``MAX_NORM_COLUMNS``; anywhere else the installed
-    ``add_rms_norm`` and projection (``ops.torch_add_norm_projection``)."""
+    ``add_rms_norm`` and projection (``ops.torch_add_norm_projection``). int8 weights keep the two launches: their
+    GEMV reads half the bytes, and the prologue cost more than the launch it saves (Qwen3-30B-A3B int8 on the H200:
+    B=1 462.8 against 468.5 tok/s, docs/benchmarks.md)."""
     config = None
-    if norm.style == "qwen" and norm.weight is not None and norm.weight.dtype == x.dtype and x.dim() == 2 \
-            and residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1 \
-            and x.shape[1] <= MAX_NORM_COLUMNS \
-            and _installed_gemv_takes(x, weight, weight_scale, dense_max_tokens=dense_max_tokens,
-                                      tuned_only=tuned_only):
-        config = gated_gemv_config(x, weight, weight_scale, paired=False)
+    if weight_scale is None and norm.style == "qwen" and norm.weight is not None and norm.weight.dtype == x.dtype \
+            and x.dim() == 2 and residual.shape == x.shape and residual.dtype == x.dtype \
+            and residual.stride(-1) == 1 and x.shape[1] <= MAX_NORM_COLUMNS \
+            and _installed_gemv_takes(x, weight, None, dense_max_tokens=dense_max_tokens, tuned_only=tuned_only):
+        config = gated_gemv_config(x, weight, None, paired=False)
     if config is None or norm.weight is None:  # (the weight is there when the config is)
         return ops.torch_add_norm_projection(x, residual, norm, weight, weight_scale)
-    h, projected = add_norm_gemv(x, norm.weight, norm.eps, residual, weight, weight_scale, config)
+    h, projected = add_norm_gemv(x, norm.weight, norm.eps, residual, weight, None, config)
     return projected, h
 
 
@@ -550,8 +551,9 @@ class CudaRunnerOptions:
     fused_add_norm_gemv: bool = True
     """A pre-norm layer's residual add and input norm inside its fused q/k/v projection's GEMV at decode
     (``ops.add_norm_projection``, ``kernels.norm_add_gemv.add_norm_gemv``; Qwen3-MoE) where that projection is a
-    one-split CUDA-core GEMV: one launch fewer per layer, the same values up to the order of the norm's fp32 sum of
-    squares. Needs ``triton_add_norm`` and ``fused_weights``."""
+    one-split CUDA-core GEMV of float weights (int8 ones keep the two launches, which were faster): one launch fewer
+    per layer, the same values up to the order of the norm's fp32 sum of squares. Needs ``triton_add_norm`` and
+    ``fused_weights``."""
     triton_greedy_head: bool = True
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
