@@ -302,25 +302,32 @@ def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: in
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Gemma-4-E2B's post-FFN norm add inside the per-layer-input gate's GEMV (``fused_norm_gemv``) against the
-    ``norm_add`` launch and the gated GEMV apart: the same tokens and logprobs (bit for bit under the interpreter,
-    whose sums of squares run in the same order; on the GPU within fp32 rounding), and the fused launch taken once a
-    layer at decode only."""
+def _fused_against_separate(preset: str, option: str, op: str) -> ModelSpec:
+    """Run ``_plans`` on the tiny ``preset`` with the runner ``option`` off, then on (the float projections on the
+    Triton GEMV): the installed ``ops.<op>`` is its reference exactly when the option is off, and the two runs give
+    the same tokens and logprobs (bit for bit under the interpreter, whose sums of squares run in the same order; on
+    the GPU within fp32 rounding). Returns the model's spec."""
     torch.set_num_threads(1)
-    calls = _count_rows(monkeypatch, "norm_add_gemv")
     results = []
     for fused in (False, True):
-        spec, model, storage = _build("gemma-4-e2b-tiny")
+        spec, model, storage = _build(preset)
         runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
-            fused_norm_gemv=fused))
-        assert (ops.norm_add_gated_projection is ops.torch_norm_add_gated_projection) == (not fused)
+            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True, **{option: fused}))
+        assert (getattr(ops, op) is getattr(ops, f"torch_{op}")) == (not fused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
     if DEV == "cpu":
         assert results[0] == results[1]
     else:
         _assert_same_tokens_close_logprobs(results[1], results[0])
+    return spec
+
+
+def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-4-E2B's post-FFN norm add inside the per-layer-input gate's GEMV (``fused_norm_gemv``) against the
+    ``norm_add`` launch and the gated GEMV apart (``_fused_against_separate``), the fused launch taken once a layer
+    at decode only."""
+    calls = _count_rows(monkeypatch, "norm_add_gemv")
+    spec = _fused_against_separate("gemma-4-e2b-tiny", "fused_norm_gemv", "norm_add_gated_projection")
     # the decode step's two rows, once per layer (every E2B layer has a per-layer input); the prefill's 29 tokens
     # run the norm_add launch and the tensor-core GEMM
     assert calls == [2] * len(spec.layers)
@@ -328,23 +335,10 @@ def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
 
 def test_add_norm_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """Qwen3-MoE's input add + norm inside the fused q/k/v projection's GEMV (``fused_add_norm_gemv``) against the
-    ``fused_add_rmsnorm`` launch and the GEMV apart: the same tokens and logprobs (bit for bit under the interpreter;
-    on the GPU within fp32 rounding), and the fused launch taken once a layer after the first (whose input is the
-    embedding, with no residual to add) at decode only."""
-    torch.set_num_threads(1)
+    ``fused_add_rmsnorm`` launch and the GEMV apart (``_fused_against_separate``), the fused launch taken once a layer
+    after the first (whose input is the embedding, with no residual to add) at decode only."""
     calls = _count_rows(monkeypatch, "add_norm_gemv")
-    results = []
-    for fused in (False, True):
-        spec, model, storage = _build("qwen3-30b-a3b-tiny")
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
-            fused_add_norm_gemv=fused))
-        assert (ops.add_norm_projection is ops.torch_add_norm_projection) == (not fused)
-        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
-    if DEV == "cpu":
-        assert results[0] == results[1]
-    else:
-        _assert_same_tokens_close_logprobs(results[1], results[0])
+    spec = _fused_against_separate("qwen3-30b-a3b-tiny", "fused_add_norm_gemv", "add_norm_projection")
     # the decode step's two rows; the prefill's 29 tokens run the norm launch and the tensor-core GEMM
     assert calls == [2] * (len(spec.layers) - 1)
 
