@@ -358,7 +358,10 @@ PDL_COMPILE = textwrap.dedent('''
               E_W_WORDS=False, E_PRMT=False, E_INT_DOT=False)),
         # Gemma-4-E4B's post-FFN add inside the per-layer-input gate's GEMV (kernels.norm_add_gemv)
         (norm_add_gemv._norm_add_gemv_kernel, {"eps_a": "fp32"},
-         {**GEMV_1024, "GATED": 1, "UP_IN_MEMORY": True, "HAS_S": False, "NORM_BLOCK": 4096}),
+         {**GEMV_1024, "GATED": 1, "UP_IN_MEMORY": True, "NORM_IN": 1, "HAS_S": False, "NORM_BLOCK": 4096}),
+        # Qwen3-MoE's input add + norm inside the q/k/v GEMV (kernels.norm_add_gemv.add_norm_gemv)
+        (norm_add_gemv._norm_add_gemv_kernel, {"eps_a": "fp32"},
+         {**GEMV_1024, "GATED": 0, "UP_IN_MEMORY": False, "NORM_IN": 2, "HAS_S": False, "NORM_BLOCK": 2048}),
     ]
     # kernels.pdl's invariant: only these read (weights) before the wait
     EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel", "_norm_add_gemv_kernel"}
