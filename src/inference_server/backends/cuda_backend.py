@@ -107,15 +107,25 @@ def triton_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> t
     return gated_activation(gate, up, canonical)
 
 
+def _add_norm_kernel_mode(x: torch.Tensor, residual: torch.Tensor, style: NormStyle) -> NormMode | None:
+    """The ``kernels.rmsnorm`` mode in which ``fused_add_rmsnorm`` takes ``residual + x`` and its norm of ``style``,
+    or None where it does not: the gemma3 style, x of more than 3 dims, a residual of another shape or dtype, strided
+    last dims. Shared by the launches that fold this add and norm into their own (router, q/k/v GEMV)."""
+    mode = _TRITON_NORM_MODE.get(style)
+    if (mode is None or x.dim() > 3 or x.stride(-1) != 1 or residual.shape != x.shape
+            or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        return None
+    return mode
+
+
 def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
                         style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
     """``ops.add_rms_norm`` through the Triton kernel: the residual add and the norm in one launch (the add in
     fp32 rounded to the activation dtype, torch's value); the reference for the gemma3 style and odd inputs."""
-    mode = _TRITON_NORM_MODE.get(style)
-    if (mode is None or x.dim() > 3 or x.stride(-1) != 1 or residual.shape != x.shape
-            or residual.dtype != x.dtype or residual.stride(-1) != 1):
+    mode = _add_norm_kernel_mode(x, residual, style)
+    if mode is None:
         return ops.torch_add_rms_norm(x, residual, weight, eps, style)
-    return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)  # type: ignore[arg-type]
+    return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)
 
 
 def _qk_norm_rope_kernel_mode(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_in: torch.Tensor | None,
@@ -228,13 +238,12 @@ def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_w
     """``ops.add_norm_linear_route`` in one Triton launch at decode sizes (``kernels.router.add_norm_linear_route``:
     the residual add, the norm, the router GEMV and the routing); the installed ``add_rms_norm`` then
     ``linear_route`` for larger steps and inputs the kernel does not take."""
-    mode = _TRITON_NORM_MODE.get(style)
-    if (mode is None or norm_weight is None or norm_weight.dtype != x.dtype or residual.shape != x.shape
-            or residual.dtype != x.dtype or residual.stride(-1) != 1 or not _router_gemv_fits(x, weight, top_k)):
+    mode = _add_norm_kernel_mode(x, residual, style)
+    if mode is None or norm_weight is None or norm_weight.dtype != x.dtype or not _router_gemv_fits(x, weight, top_k):
         return ops.torch_add_norm_linear_route(x, residual, norm_weight, eps, style, weight, top_k, renormalize,
                                                per_expert_scale, out_dtype)
-    return add_norm_linear_route(x, residual, norm_weight, eps, mode, weight,  # type: ignore[arg-type]
-                                 top_k, renormalize, per_expert_scale, out_dtype)
+    return add_norm_linear_route(x, residual, norm_weight, eps, mode, weight, top_k, renormalize, per_expert_scale,
+                                 out_dtype)
 
 
 def _norm_add_kernel_takes(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None,
@@ -387,9 +396,8 @@ def triton_add_norm_projection(x: torch.Tensor, residual: torch.Tensor, norm: la
     GEMV reads half the bytes, and the prologue cost more than the launch it saves (Qwen3-30B-A3B int8 on the H200:
     B=1 462.8 against 468.5 tok/s, docs/benchmarks.md)."""
     config = None
-    if weight_scale is None and norm.style == "qwen" and norm.weight is not None and norm.weight.dtype == x.dtype \
-            and x.dim() == 2 and residual.shape == x.shape and residual.dtype == x.dtype \
-            and residual.stride(-1) == 1 and x.shape[1] <= MAX_NORM_COLUMNS \
+    if weight_scale is None and _add_norm_kernel_mode(x, residual, norm.style) == "qwen" and norm.weight is not None \
+            and norm.weight.dtype == x.dtype and x.dim() == 2 and x.shape[1] <= MAX_NORM_COLUMNS \
             and _installed_gemv_takes(x, weight, None, dense_max_tokens=dense_max_tokens, tuned_only=tuned_only):
         config = gated_gemv_config(x, weight, None, paired=False)
     if config is None or norm.weight is None:  # (the weight is there when the config is)
