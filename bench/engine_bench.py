@@ -173,7 +173,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "separate-q-rope" is the default with the q norm and RoPE
 # of layers that read another layer's KV in a launch of their own (not in the decode attention's);
 # "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
-# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "compile" is the
+# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "two-launch-experts" is the default with the
+# decode step's routed experts as two launches (gate/up, then down; not kernels/moe_decode_one_launch.py); "compile" is the
 # default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
@@ -195,6 +196,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "separate-ffn": dict(fused_mlp_beside_experts=False),
     "separate-norm-gemv": dict(fused_norm_gemv=False),
     "separate-add-norm-gemv": dict(fused_add_norm_gemv=False),
+    "two-launch-experts": dict(moe_one_launch=False),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "compile": dict(compile=True),
 }

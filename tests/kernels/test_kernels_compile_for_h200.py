@@ -273,8 +273,8 @@ PDL_COMPILE = textwrap.dedent('''
 
     import inference_server.kernels as package
     from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
-                                          kv_store, mlp_beside_experts, moe_decode, norm_add, norm_add_gemv,
-                                          qk_norm_rope, rmsnorm, rope, rope_tables, router, streamed_linear)
+                                          kv_store, mlp_beside_experts, moe_decode, moe_decode_one_launch,
+                                          norm_add, norm_add_gemv, qk_norm_rope, rmsnorm, rope, rope_tables, router, streamed_linear)
 
     target = GPUTarget("cuda", 90, 64)
     BF16 = "*bf16"
@@ -331,6 +331,10 @@ PDL_COMPILE = textwrap.dedent('''
         (moe_decode._down_kernel, {"w_ptr": "*i32", "ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
          dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=True, W_WORDS=True,
               PRMT=True, INT_DOT=True)),  # int8 experts as words, bf16 activations as fixed point
+        # Qwen3-30B-A3B's routed experts at one token in one launch (gate/up and down programs side by side)
+        (moe_decode_one_launch._one_launch_kernel, {"ids_ptr": "*i64", "counter_ptr": "*i32"},
+         dict(TOP_K=8, ACT=0, MAX_PAIRS_=256, ROW_TILES_STRIDE=2048, GU_BLOCK_N=16, GU_BLOCK_K=256, GU_EVEN_K=True,
+              DN_BLOCK_N=16, DN_BLOCK_I=1024, DN_EVEN_I=False)),
         (gated_activation._gated_activation_kernel, {}, dict(GELU_TANH=True, BLOCK=1024, LIBDEVICE_TANH=True)),
         (greedy_head._greedy_head_slices_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},

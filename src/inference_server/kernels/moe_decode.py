@@ -362,6 +362,33 @@ def _gate_up_kernel(
 
 
 @triton.jit
+def weighted_pair_and_k_sum(y, valid, pair, token, pid_n, offs_n, inter_ptr, topk_w_ptr, pair_ptr, counter_ptr,
+                            out_ptr, H, stride_ot, TOP_K: tl.constexpr, ROW_TILES_STRIDE: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    """The down program's epilogue (step 2 of the module docstring): the fp32 dot products ``y [BLOCK_N]`` of its
+    rows rounded to the activation dtype, times the pair's routing weight (zeros for an invalid pair), stored as the
+    pair's scratch row; then the (token, row tile) arrival counter, and the token's last program adds the K rows."""
+    route_w = tl.load(topk_w_ptr + pair).to(tl.float32)
+    y = y.to(inter_ptr.dtype.element_ty).to(tl.float32) * route_w
+    y = tl.where(valid, y, 0.0)
+    n_ok = offs_n < H
+    tl.store(pair_ptr + pair.to(tl.int64) * H + offs_n, y.to(pair_ptr.dtype.element_ty), mask=n_ok)
+    # The token's last program to arrive adds its K pairs. The barrier puts all of this program's stores before
+    # the counter's release (acq_rel, GPU scope); the last program's acquire makes the other programs' stores
+    # visible, and its loads bypass L1 (.cg), which may hold this scratch from an earlier launch.
+    tl.debug_barrier()
+    counter = counter_ptr + token * ROW_TILES_STRIDE + pid_n
+    arrived = tl.atomic_add(counter, 1)
+    if arrived == TOP_K - 1:
+        first = pair_ptr + (token * TOP_K).to(tl.int64) * H + offs_n
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k in tl.static_range(TOP_K):  # fixed order k = 0..K-1: deterministic
+            total += tl.load(first + k * H, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + token.to(tl.int64) * stride_ot + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+        tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
+
+
+@triton.jit
 def _down_kernel(
     inter_ptr,  # [T*K, I] act(gate) * up (contiguous)
     w_ptr,  # [E, H, I] (last dim contiguous); int8 when W_INT8, its int32 words [E, H, I / 4] when W_WORDS
@@ -413,24 +440,8 @@ def _down_kernel(
     pdl_release(USE_PDL)
     if W_INT8:
         y = y * tl.load(scale_ptr + expert * stride_se + offs_n_safe * stride_sn).to(tl.float32)
-    route_w = tl.load(topk_w_ptr + pair).to(tl.float32)
-    y = y.to(inter_ptr.dtype.element_ty).to(tl.float32) * route_w
-    y = tl.where(valid, y, 0.0)
-    n_ok = offs_n < H
-    tl.store(pair_ptr + pair.to(tl.int64) * H + offs_n, y.to(pair_ptr.dtype.element_ty), mask=n_ok)
-    # The token's last program to arrive adds its K pairs. The barrier puts all of this program's stores before
-    # the counter's release (acq_rel, GPU scope); the last program's acquire makes the other programs' stores
-    # visible, and its loads bypass L1 (.cg), which may hold this scratch from an earlier launch.
-    tl.debug_barrier()
-    counter = counter_ptr + token * ROW_TILES_STRIDE + pid_n
-    arrived = tl.atomic_add(counter, 1)
-    if arrived == TOP_K - 1:
-        first = pair_ptr + (token * TOP_K).to(tl.int64) * H + offs_n
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k in tl.static_range(TOP_K):  # fixed order k = 0..K-1: deterministic
-            total += tl.load(first + k * H, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + token.to(tl.int64) * stride_ot + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-        tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
+    weighted_pair_and_k_sum(y, valid, pair, token, pid_n, offs_n, inter_ptr, topk_w_ptr, pair_ptr, counter_ptr,
+                            out_ptr, H, stride_ot, TOP_K, ROW_TILES_STRIDE, BLOCK_N)
 
 
 _INTERPRETED = not isinstance(_gate_up_kernel, triton.runtime.JITFunction)
