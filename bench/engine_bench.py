@@ -174,8 +174,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # of layers that read another layer's KV in a launch of their own (not in the decode attention's);
 # "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
 # q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "two-launch-experts" is the default with the
-# decode step's routed experts as two launches (gate/up, then down; not kernels/moe_decode_one_launch.py); "compile" is the
-# default with torch.compile (CUSTOM_BACKEND_COMPILE).
+# decode step's routed experts as two launches (gate/up, then down; not kernels/moe_decode_one_launch.py);
+# "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
     "untuned": {},

@@ -133,8 +133,9 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
             f"{cell(best_s)} | {tiles} | {grouped_s / best_s:.2f} | {heuristic_err:.1e} | {one_cell} |")
 
 
-ONE_LAUNCH_DOWN = ((16, 4), (8, 4), (32, 8), (16, 8), (8, 2))
-"""(down rows per program, warps of the launch) tried for the one-launch kernel, gate/up at the heuristic tiles."""
+ONE_LAUNCH_DOWN = ((16, 4, 0), (8, 4, 0), (16, 4, 128), (32, 4, 128), (16, 4, 256), (16, 8, 0))
+"""(down rows per program, warps of the launch, down K tile: 0 = the whole row in registers before the wait) tried
+for the one-launch kernel, gate/up at the heuristic tiles."""
 
 
 def one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, limit_s, model, tokens) -> str:
@@ -151,7 +152,8 @@ def one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, lim
     if not fits_one_launch(T, ids.shape[1], H, w_dn.shape[2], False):
         return "does not fit"
     base = one_launch_config(H, w_dn.shape[2], x.element_size())
-    configs = [base] + [OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k, n, w) for n, w in ONE_LAUNCH_DOWN]
+    configs = [base] + [OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k, n, w, k)
+                        for n, w, k in ONE_LAUNCH_DOWN]
     found = []
     for config in dict.fromkeys(configs):
         try:
@@ -168,7 +170,7 @@ def one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, lim
     base_s, _, base_err = found[0]
     best_s, best, _ = min(found, key=lambda item: item[0])
     return (f"{base_s * 1e6:.1f} ({limit_s / base_s:.2f}); best {best_s * 1e6:.1f} ({limit_s / best_s:.2f}) at dn "
-            f"{best.down_block_n} rows/{best.warps}w; err {base_err:.1e}")
+            f"{best.down_block_n} rows/{best.warps}w/k {best.down_stream_k}; err {base_err:.1e}")
 
 
 def main() -> None:

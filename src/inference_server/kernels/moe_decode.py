@@ -133,8 +133,8 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 
 @triton.jit
-def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
+def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
+                EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
     """fp32 dot products of the ``[BN, length]`` weight rows starting at ``rows [BN]`` (and, with ``TWO``, of the
     rows ``row_stride`` further) with the vector at ``x_row``: ``(sum_a [BN], sum_b [BN])``. Float weights, or
     int8 as single bytes (``_stream_word_rows`` reads them as words).
@@ -142,14 +142,15 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
     Triton pipelines only loads that feed a ``tl.dot``, so the loop prefetches by hand: the next tile's loads are
     issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
     the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
-    uniform mask, which keeps the loads vectorised."""
+    uniform mask, which keeps the loads vectorised. X_CG: the vector's loads bypass L1 (it was written in this
+    launch, by other programs: ``moe_decode_one_launch``)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     if EVEN_K:
         a = tl.load(w_ptrs)
-        x = tl.load(x_ptrs).to(tl.float32)
+        x = tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "").to(tl.float32)
         if TWO:
             b = tl.load(w_ptrs + row_stride)
         else:
@@ -157,7 +158,7 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
     else:
         k_ok = offs_k < length
         a = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
-        x = tl.load(x_ptrs, mask=k_ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptrs, mask=k_ok, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
         if TWO:
             b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
         else:
@@ -171,7 +172,7 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
             more_x = (tl.zeros((BLOCK_K,), tl.int32) + (kb + 1)) < n_tiles  # uniform; False past the last tile
             more = more_x[None, :]
             a_next = tl.load(w_ptrs, mask=more, other=0)
-            x_next = tl.load(x_ptrs, mask=more_x, other=0.0).to(tl.float32)
+            x_next = tl.load(x_ptrs, mask=more_x, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
             if TWO:
                 b_next = tl.load(w_ptrs + row_stride, mask=more, other=0)
             else:
@@ -179,7 +180,7 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
         else:
             k_next = offs_k < length - (kb + 1) * BLOCK_K
             a_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
-            x_next = tl.load(x_ptrs, mask=k_next, other=0.0).to(tl.float32)
+            x_next = tl.load(x_ptrs, mask=k_next, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
             if TWO:
                 b_next = tl.load(w_ptrs + row_stride, mask=k_next[None, :], other=0)
             else:
@@ -196,7 +197,7 @@ def _stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl
 @triton.jit
 def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
                       EVEN_K: tl.constexpr, PRMT: tl.constexpr, INT_DOT: tl.constexpr):
-    """``_stream_rows`` for int8 weights read as int32 words: ``rows [BN]`` point at each row's first word (an
+    """``stream_rows`` for int8 weights read as int32 words: ``rows [BN]`` point at each row's first word (an
     ``int32`` pointer, ``row_stride`` in words), ``length`` counts int8 columns (a multiple of 8) and ``BLOCK_K``
     columns a tile (a multiple of 8). Word ``j`` holds columns ``4j .. 4j+3`` (byte ``i`` is column ``4j + i``);
     the activations are split into the same four column sets (``fma_words``), so no value crosses threads in the
@@ -205,7 +206,7 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
     the words stay integers and each activation tile becomes fixed point once for both row sets
     (``kernels/int8_fixed_dot.py``, as in ``int8_gemv``).
 
-    The next tile's loads go out before this tile's arithmetic (as in ``_stream_rows``). EVEN_K: no load is
+    The next tile's loads go out before this tile's arithmetic (as in ``stream_rows``). EVEN_K: no load is
     masked; the last iteration's prefetch re-reads its own tile (the pointers stop advancing, ``int8_gemv``'s
     way). Else the K tail is masked per pair of words (8-byte loads: ``word_pair_offsets``)."""
     WORDS: tl.constexpr = BLOCK_K // 4
@@ -315,7 +316,7 @@ def gate_up_program(
     if W_WORDS:
         gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
-        gate, up = _stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
+        gate, up = stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)
@@ -434,7 +435,7 @@ def _down_kernel(
     if W_WORDS:
         y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
-        y, _ = _stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+        y, _ = stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)

@@ -48,8 +48,13 @@ import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
-from inference_server.kernels.moe_decode import MoeDecodeConfig, gate_up_program, moe_decode_config, \
-    weighted_pair_and_k_sum
+from inference_server.kernels.moe_decode import (
+    MoeDecodeConfig,
+    gate_up_program,
+    moe_decode_config,
+    stream_rows,
+    weighted_pair_and_k_sum,
+)
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import pow2_clamp
@@ -76,6 +81,9 @@ class OneLaunchConfig:
     gate_up_block_k: int = 256
     down_block_n: int = 16
     warps: int = 4
+    down_stream_k: int = 0
+    """0: a down program holds its whole ``[down_block_n, I]`` block in registers, loaded before its wait; else it
+    waits first and then streams its rows in K tiles of this many columns (a power of two)."""
 
 
 def one_launch_config(hidden_size: int, intermediate_size: int, element_size: int) -> OneLaunchConfig:
@@ -103,9 +111,10 @@ def _down_program(
     pid_n, pair, inter_ptr, w_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr, out_ptr, ready_ptr, consumed_ptr,
     num_experts, H, inter_size, stride_we, stride_wn, stride_ot, gate_up_row_tiles, down_row_tiles,
     TOP_K: tl.constexpr, ROW_TILES_STRIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-    EVEN_I: tl.constexpr, USE_PDL: tl.constexpr,
+    EVEN_I: tl.constexpr, STREAM_K: tl.constexpr, STREAM_EVEN: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Step 2 of the module docstring for the down program at (``pid_n``, ``pair``)."""
+    """Step 2 of the module docstring for the down program at (``pid_n``, ``pair``). ``STREAM_K`` > 0: no block in
+    registers; after the wait the rows stream in K tiles of that many columns (``moe_decode.stream_rows``)."""
     token = pair // TOP_K
     expert = tl.load(ids_ptr + pair).to(tl.int32)
     valid = (expert >= 0) & (expert < num_experts)
@@ -113,24 +122,32 @@ def _down_program(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n_safe = offs_n % H
     offs_i = tl.arange(0, BLOCK_I)
-    w_ptrs = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn + offs_i[None, :]
-    # The whole weight block goes out now: these loads are what overlaps gate/up's stream.
-    if EVEN_I:
-        w = tl.load(w_ptrs)  # [BN, BI]
-    else:
-        w = tl.load(w_ptrs, mask=(offs_i < inter_size)[None, :], other=0.0)
-    # Wait for the pair's act * up row: every gate/up row tile of the pair counted in (their stores precede their
-    # release; this acquire, then the barrier Triton puts after a scalar atomic, orders the loads below).
     ready = ready_ptr + pair
-    seen = tl.atomic_add(ready, 0, sem="acquire")
-    while seen < gate_up_row_tiles:
+    if STREAM_K > 0:
         seen = tl.atomic_add(ready, 0, sem="acquire")
-    x_row = inter_ptr + pair.to(tl.int64) * inter_size + offs_i
-    if EVEN_I:
-        x = tl.load(x_row, cache_modifier=".cg")
+        while seen < gate_up_row_tiles:
+            seen = tl.atomic_add(ready, 0, sem="acquire")
+        rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
+        y, _ = stream_rows(rows, inter_ptr + pair.to(tl.int64) * inter_size, 0, inter_size, False, STREAM_K,
+                           STREAM_EVEN, False, True)
     else:
-        x = tl.load(x_row, mask=offs_i < inter_size, other=0.0, cache_modifier=".cg")
-    y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)  # [BN]
+        w_ptrs = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64)[:, None] * stride_wn + offs_i[None, :]
+        # The whole weight block goes out now: these loads are what overlaps gate/up's stream.
+        if EVEN_I:
+            w = tl.load(w_ptrs)  # [BN, BI]
+        else:
+            w = tl.load(w_ptrs, mask=(offs_i < inter_size)[None, :], other=0.0)
+        # Wait for the pair's act * up row: every gate/up row tile of the pair counted in (their stores precede
+        # their release; this acquire, then the barrier Triton puts after a scalar atomic, orders the loads below).
+        seen = tl.atomic_add(ready, 0, sem="acquire")
+        while seen < gate_up_row_tiles:
+            seen = tl.atomic_add(ready, 0, sem="acquire")
+        x_row = inter_ptr + pair.to(tl.int64) * inter_size + offs_i
+        if EVEN_I:
+            x = tl.load(x_row, cache_modifier=".cg")
+        else:
+            x = tl.load(x_row, mask=offs_i < inter_size, other=0.0, cache_modifier=".cg")
+        y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)  # [BN]
     # PDL: release after the weight stream (as moe_decode's down kernel).
     pdl_release(USE_PDL)
     weighted_pair_and_k_sum(y, valid, pair, token, pid_n, offs_n, inter_ptr, topk_w_ptr, pair_ptr, ksum_ptr,
@@ -177,6 +194,8 @@ def _one_launch_kernel(
     DN_BLOCK_N: tl.constexpr,
     DN_BLOCK_I: tl.constexpr,
     DN_EVEN_I: tl.constexpr,
+    DN_STREAM_K: tl.constexpr = 0,
+    DN_STREAM_EVEN: tl.constexpr = False,  # DN_STREAM_K divides I
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the ids and activations come from earlier launches and the counters and scratch are
@@ -205,7 +224,8 @@ def _one_launch_kernel(
         _down_program(
             d % down_row_tiles, d // down_row_tiles, inter_ptr, w_dn_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr,
             out_ptr, ready_ptr, consumed_ptr, num_experts, H, inter_size, stride_dn_e, stride_dn_n, stride_ot,
-            gate_up_row_tiles, down_row_tiles, TOP_K, ROW_TILES_STRIDE, DN_BLOCK_N, DN_BLOCK_I, DN_EVEN_I, USE_PDL,
+            gate_up_row_tiles, down_row_tiles, TOP_K, ROW_TILES_STRIDE, DN_BLOCK_N, DN_BLOCK_I, DN_EVEN_I,
+            DN_STREAM_K, DN_STREAM_EVEN, USE_PDL,
         )  # fmt: skip
 
 
@@ -239,7 +259,7 @@ def moe_decode_one_launch(
         return out
     cfg = config or one_launch_config(H, inter_size, hidden.element_size())
     block_i = triton.next_power_of_2(inter_size)
-    if cfg.down_block_n * block_i > MAX_DOWN_BLOCK_ELEMENTS:
+    if not cfg.down_stream_k and cfg.down_block_n * block_i > MAX_DOWN_BLOCK_ELEMENTS:
         raise ValueError(f"a down block of {cfg.down_block_n} x {block_i} is over {MAX_DOWN_BLOCK_ELEMENTS}")
     gate_up_row_tiles = triton.cdiv(inter_size, cfg.gate_up_block_n)
     down_row_tiles = triton.cdiv(H, cfg.down_block_n)
@@ -256,7 +276,8 @@ def moe_decode_one_launch(
         w_down.stride(1), out.stride(0), gate_up_row_tiles, down_row_tiles, n_pairs,
         TOP_K=K, ACT=ACT_CODES[activation], MAX_PAIRS_=MAX_PAIRS, ROW_TILES_STRIDE=_MAX_ROW_TILES,
         GU_BLOCK_N=cfg.gate_up_block_n, GU_BLOCK_K=cfg.gate_up_block_k, GU_EVEN_K=H % cfg.gate_up_block_k == 0,
-        DN_BLOCK_N=cfg.down_block_n, DN_BLOCK_I=block_i, DN_EVEN_I=block_i == inter_size,
+        DN_BLOCK_N=cfg.down_block_n, DN_BLOCK_I=block_i, DN_EVEN_I=block_i == inter_size, DN_STREAM_K=cfg.down_stream_k,
+        DN_STREAM_EVEN=bool(cfg.down_stream_k) and inter_size % cfg.down_stream_k == 0,
         num_warps=cfg.warps, **pdl_launch(),
     )  # fmt: skip
     return out
