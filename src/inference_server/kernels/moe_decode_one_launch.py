@@ -82,6 +82,8 @@ class OneLaunchConfig:
     down_block_n: int = 16
     warps: int = 4
     down_stream_k: int = 0
+    spin_load: bool = False
+    tickets: bool = True
     """0: a down program holds its whole ``[down_block_n, I]`` block in registers, loaded before its wait; else it
     waits first and then streams its rows in K tiles of this many columns (a power of two)."""
 
@@ -107,11 +109,22 @@ def fits_one_launch(tokens: int, top_k: int, hidden_size: int, intermediate_size
 
 
 @triton.jit
+def _ready_count(ready, SPIN_LOAD: tl.constexpr):
+    """The pair's ready count with acquire semantics: a plain ``ld.acquire`` (SPIN_LOAD; compiled kernels only),
+    else an atomic add of zero (every spinning program then queues at the counter's L2 slice)."""
+    if SPIN_LOAD:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ready], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    return tl.atomic_add(ready, 0, sem="acquire")
+
+
+@triton.jit
 def _down_program(
     pid_n, pair, inter_ptr, w_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr, out_ptr, ready_ptr, consumed_ptr,
     num_experts, H, inter_size, stride_we, stride_wn, stride_ot, gate_up_row_tiles, down_row_tiles,
     TOP_K: tl.constexpr, ROW_TILES_STRIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-    EVEN_I: tl.constexpr, STREAM_K: tl.constexpr, STREAM_EVEN: tl.constexpr, USE_PDL: tl.constexpr,
+    EVEN_I: tl.constexpr, STREAM_K: tl.constexpr, STREAM_EVEN: tl.constexpr, SPIN_LOAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Step 2 of the module docstring for the down program at (``pid_n``, ``pair``). ``STREAM_K`` > 0: no block in
     registers; after the wait the rows stream in K tiles of that many columns (``moe_decode.stream_rows``)."""
@@ -124,9 +137,9 @@ def _down_program(
     offs_i = tl.arange(0, BLOCK_I)
     ready = ready_ptr + pair
     if STREAM_K > 0:
-        seen = tl.atomic_add(ready, 0, sem="acquire")
+        seen = _ready_count(ready, SPIN_LOAD)
         while seen < gate_up_row_tiles:
-            seen = tl.atomic_add(ready, 0, sem="acquire")
+            seen = _ready_count(ready, SPIN_LOAD)
         rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
         y, _ = stream_rows(rows, inter_ptr + pair.to(tl.int64) * inter_size, 0, inter_size, False, STREAM_K,
                            STREAM_EVEN, False, True)
@@ -139,9 +152,9 @@ def _down_program(
             w = tl.load(w_ptrs, mask=(offs_i < inter_size)[None, :], other=0.0)
         # Wait for the pair's act * up row: every gate/up row tile of the pair counted in (their stores precede
         # their release; this acquire, then the barrier Triton puts after a scalar atomic, orders the loads below).
-        seen = tl.atomic_add(ready, 0, sem="acquire")
+        seen = _ready_count(ready, SPIN_LOAD)
         while seen < gate_up_row_tiles:
-            seen = tl.atomic_add(ready, 0, sem="acquire")
+            seen = _ready_count(ready, SPIN_LOAD)
         x_row = inter_ptr + pair.to(tl.int64) * inter_size + offs_i
         if EVEN_I:
             x = tl.load(x_row, cache_modifier=".cg")
@@ -196,15 +209,20 @@ def _one_launch_kernel(
     DN_EVEN_I: tl.constexpr,
     DN_STREAM_K: tl.constexpr = 0,
     DN_STREAM_EVEN: tl.constexpr = False,  # DN_STREAM_K divides I
+    SPIN_LOAD: tl.constexpr = False,  # spin on ld.acquire (compiled only), not on atomics
+    TICKETS: tl.constexpr = True,  # EXPERIMENT: False takes the program id (relies on in-order dispatch)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the ids and activations come from earlier launches and the counters and scratch are
     # shared with the previous launch: wait before the ticket (the first atomic) in every program.
     pdl_wait(USE_PDL)
     n_gate_up = gate_up_row_tiles * n_pairs
-    ticket = tl.atomic_add(counter_ptr, 1)
-    if ticket == n_gate_up + down_row_tiles * n_pairs - 1:
-        tl.atomic_xchg(counter_ptr, 0)  # every ticket is taken: ready for the next launch
+    if TICKETS:
+        ticket = tl.atomic_add(counter_ptr, 1)
+        if ticket == n_gate_up + down_row_tiles * n_pairs - 1:
+            tl.atomic_xchg(counter_ptr, 0)  # every ticket is taken: ready for the next launch
+    else:
+        ticket = tl.program_id(0)
     ready_ptr = counter_ptr + 1
     consumed_ptr = counter_ptr + 1 + MAX_PAIRS_
     ksum_ptr = counter_ptr + 1 + 2 * MAX_PAIRS_
@@ -225,8 +243,11 @@ def _one_launch_kernel(
             d % down_row_tiles, d // down_row_tiles, inter_ptr, w_dn_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr,
             out_ptr, ready_ptr, consumed_ptr, num_experts, H, inter_size, stride_dn_e, stride_dn_n, stride_ot,
             gate_up_row_tiles, down_row_tiles, TOP_K, ROW_TILES_STRIDE, DN_BLOCK_N, DN_BLOCK_I, DN_EVEN_I,
-            DN_STREAM_K, DN_STREAM_EVEN, USE_PDL,
+            DN_STREAM_K, DN_STREAM_EVEN, SPIN_LOAD, USE_PDL,
         )  # fmt: skip
+
+
+_INTERPRETED = not isinstance(_one_launch_kernel, triton.runtime.JITFunction)
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -278,6 +299,7 @@ def moe_decode_one_launch(
         GU_BLOCK_N=cfg.gate_up_block_n, GU_BLOCK_K=cfg.gate_up_block_k, GU_EVEN_K=H % cfg.gate_up_block_k == 0,
         DN_BLOCK_N=cfg.down_block_n, DN_BLOCK_I=block_i, DN_EVEN_I=block_i == inter_size, DN_STREAM_K=cfg.down_stream_k,
         DN_STREAM_EVEN=bool(cfg.down_stream_k) and inter_size % cfg.down_stream_k == 0,
+        SPIN_LOAD=cfg.spin_load and not _INTERPRETED, TICKETS=cfg.tickets,
         num_warps=cfg.warps, **pdl_launch(),
     )  # fmt: skip
     return out
