@@ -133,8 +133,8 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
             f"{cell(best_s)} | {tiles} | {grouped_s / best_s:.2f} | {heuristic_err:.1e} | {one_cell} |")
 
 
-ONE_LAUNCH_DOWN = ((16, 4, 0, False, True), (16, 4, 0, True, True), (16, 4, 0, True, False), (32, 4, 128, False, True),
-                   (32, 4, 128, True, True), (32, 4, 128, True, False), (64, 4, 128, True, True))
+ONE_LAUNCH_DOWN = ((16, 4, 0, True, True), (32, 4, 128, True, False), (64, 4, 128, True, True), (128, 4, 128, True, True),
+                   (256, 4, 128, True, True), (128, 8, 128, True, True), (64, 8, 128, True, True))
 """(down rows per program, warps of the launch, down K tile: 0 = the whole row in registers before the wait, spin on
 loads, tickets) tried for the one-launch kernel, gate/up at the heuristic tiles."""
 
