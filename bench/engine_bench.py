@@ -173,8 +173,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "separate-q-rope" is the default with the q norm and RoPE
 # of layers that read another layer's KV in a launch of their own (not in the decode attention's);
 # "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
-# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "two-launch-experts" is the default with the
-# decode step's routed experts as two launches (gate/up, then down; not kernels/moe_decode_one_launch.py);
+# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "one-launch-experts" is the default with the
+# decode step's float routed experts in one launch (kernels/moe_decode_one_launch.py; slower on the H200);
 # "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
@@ -196,7 +196,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "separate-ffn": dict(fused_mlp_beside_experts=False),
     "separate-norm-gemv": dict(fused_norm_gemv=False),
     "separate-add-norm-gemv": dict(fused_add_norm_gemv=False),
-    "two-launch-experts": dict(moe_one_launch=False),
+    "one-launch-experts": dict(moe_one_launch=True),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "compile": dict(compile=True),
 }

@@ -133,10 +133,9 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
             f"{cell(best_s)} | {tiles} | {grouped_s / best_s:.2f} | {heuristic_err:.1e} | {one_cell} |")
 
 
-ONE_LAUNCH_DOWN = ((16, 4, 0, True, True), (32, 4, 128, True, False), (64, 4, 128, True, True), (128, 4, 128, True, True),
-                   (256, 4, 128, True, True), (128, 8, 128, True, True), (64, 8, 128, True, True))
-"""(down rows per program, warps of the launch, down K tile: 0 = the whole row in registers before the wait, spin on
-loads, tickets) tried for the one-launch kernel, gate/up at the heuristic tiles."""
+ONE_LAUNCH_DOWN = ((16, 4, 0), (32, 4, 128), (64, 4, 128), (128, 4, 128), (64, 8, 128))
+"""(down rows per program, warps of the launch, down K tile: 0 = the whole row in registers before the wait) tried
+for the one-launch kernel, gate/up at the heuristic tiles."""
 
 
 def one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, limit_s, model, tokens) -> str:
@@ -153,8 +152,8 @@ def one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, lim
     if not fits_one_launch(T, ids.shape[1], H, w_dn.shape[2], False):
         return "does not fit"
     base = one_launch_config(H, w_dn.shape[2], x.element_size())
-    configs = [base] + [OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k, n, w, k, spin, tickets)
-                        for n, w, k, spin, tickets in ONE_LAUNCH_DOWN]
+    configs = [base] + [OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k, n, w, k)
+                        for n, w, k in ONE_LAUNCH_DOWN]
     found = []
     for config in dict.fromkeys(configs):
         try:

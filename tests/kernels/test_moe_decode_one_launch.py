@@ -31,7 +31,10 @@ from .test_moe_kernels import _REAL, _real_case, assert_bf16_moe_close
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SMALL = OneLaunchConfig(gate_up_block_n=16, gate_up_block_k=32, down_block_n=16, warps=4)
-"""Tiles that give the tiny shapes several gate/up row tiles and K tiles, and several down row tiles."""
+"""Tiles that give the tiny shapes several gate/up row tiles and K tiles, and several down row tiles (each holding
+its whole row block in registers)."""
+STREAMED = OneLaunchConfig(gate_up_block_n=16, gate_up_block_k=32, down_block_n=16, warps=4, down_stream_k=16)
+"""The same with the down rows streamed after the wait in 16-column K tiles (I = 40 and 48 leave a masked tail)."""
 
 
 def _counters_zeroed(device: torch.device) -> bool:
@@ -40,12 +43,13 @@ def _counters_zeroed(device: torch.device) -> bool:
 
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize(("T", "E", "K", "H", "inter"), [(1, 8, 8, 64, 48), (3, 8, 2, 64, 32), (5, 6, 3, 96, 40)])
+@pytest.mark.parametrize("config", [SMALL, STREAMED], ids=["whole-rows", "streamed"])
 def test_fp32_matches_the_reference_and_the_two_launches(T: int, E: int, K: int, H: int, inter: int,
-                                                         activation: str) -> None:
+                                                         activation: str, config: OneLaunchConfig) -> None:
     """fp32: the reference's products, summed in another order; I = 48 and 40 are not powers of two (masked down
     rows), I = 32 is (no mask); H = 96 leaves gate/up a masked K tail."""
     x, w_gu, w_dn, w, ids = _case(T, E, K, H, inter, torch.float32, T * 31 + E)
-    out = moe_decode_one_launch(x, w_gu, w_dn, w, ids, activation, config=SMALL)
+    out = moe_decode_one_launch(x, w_gu, w_dn, w, ids, activation, config=config)
     torch.testing.assert_close(out, fused_moe_reference(x, w_gu, w_dn, w, ids, activation), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(out, fused_moe_decode(x, w_gu, w_dn, w, ids, activation), atol=2e-5, rtol=2e-5)
     assert _counters_zeroed(x.device)
@@ -86,9 +90,11 @@ def test_pairs_with_out_of_range_experts_add_nothing_and_release_their_down_prog
     kept = w.clone()
     kept[0, 1] = 0.0
     kept[1, 2] = 0.0
-    out = moe_decode_one_launch(x, w_gu, w_dn, w, bad, "silu", config=SMALL)
-    torch.testing.assert_close(out, fused_moe_reference(x, w_gu, w_dn, kept, ids, "silu"), atol=2e-5, rtol=2e-5)
-    assert _counters_zeroed(x.device)
+    for config in (SMALL, STREAMED):
+        out = moe_decode_one_launch(x, w_gu, w_dn, w, bad, "silu", config=config)
+        torch.testing.assert_close(out, fused_moe_reference(x, w_gu, w_dn, kept, ids, "silu"), atol=2e-5,
+                                   rtol=2e-5)
+        assert _counters_zeroed(x.device)
 
 
 def test_zero_tokens_launch_nothing() -> None:
@@ -103,11 +109,12 @@ def test_which_calls_fit_and_the_default_config() -> None:
     assert not fits_one_launch(1, 8, 2048, 768, int8=True)  # int8 experts: moe_decode's two launches
     assert not fits_one_launch(0, 8, 2048, 768, int8=False)
     assert not fits_one_launch(33, 8, 2048, 768, int8=False)  # 264 pairs: over MAX_PAIRS
-    assert not fits_one_launch(1, 8, 2048, 32 * 1024, int8=False)  # a down row over the register budget
-    qwen = one_launch_config(2048, 768, 2)
-    assert (qwen.gate_up_block_n, qwen.gate_up_block_k, qwen.down_block_n, qwen.warps) == (16, 256, 16, 4)
-    wide = one_launch_config(2048, 4096, 2)  # I = 4096: 4 down rows of 4,096 a program
-    assert wide.down_block_n * 4096 <= one.MAX_DOWN_BLOCK_ELEMENTS
+    assert not fits_one_launch(1, 8, 64 * 2048 + 64, 768, int8=False)  # more row tiles than the k-sum counters
+    qwen = one_launch_config(2048, 768, 2)  # the H200 sweep's best: 64 down rows streamed in 128-column tiles
+    assert (qwen.gate_up_block_n, qwen.gate_up_block_k, qwen.down_block_n, qwen.warps, qwen.down_stream_k) == \
+        (16, 256, 64, 4, 128)
+    assert 704 % one_launch_config(2816, 704, 2).down_stream_k == 0  # Gemma-4-26B-A4B: a K tile dividing I
+    assert one_launch_config(2048, 768, 4).down_stream_k == 64  # fp32: the same bytes per tile
 
 
 def test_bad_arguments_are_rejected() -> None:

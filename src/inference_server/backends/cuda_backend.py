@@ -529,11 +529,13 @@ class CudaRunnerOptions:
     launches, no alignment or k-sum launch, each pair streams its expert's rows); larger ones as the grouped GEMMs,
     which read an expert shared by several tokens once. 0 turns the decode path off. On the H200
     (``bench/moe_decode.py``, docs/benchmarks.md) the decode path is faster at 1 and 2 tokens and slower from 4."""
-    moe_one_launch: bool = True
+    moe_one_launch: bool = False
     """Those decode steps' routed experts, where they are float and fit (``moe_decode_one_launch.fits_one_launch``),
-    as ONE launch: gate/up and down programs side by side, the down programs loading their weights while gate/up
-    streams and waiting on per-pair counters (``kernels.moe_decode_one_launch``); int8 experts keep the two
-    launches. Measured on the H200 in docs/benchmarks.md (engine_bench variant ``two-launch-experts``)."""
+    as ONE launch: gate/up and down programs side by side, the down programs waiting on per-pair counters
+    (``kernels.moe_decode_one_launch``); int8 experts keep the two launches. Off: on the H200 it was slower than the
+    two launches (Qwen3-30B-A3B at one token 27.2 against 24.8 µs a layer at its best config, B=1 334.9 against 376
+    tok/s at its first; docs/benchmarks.md). For measuring it on other GPUs (engine_bench variant
+    ``one-launch-experts``)."""
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):

@@ -1,24 +1,34 @@
 """The routed experts of a decode step in ONE launch: ``moe_decode``'s gate/up and down programs side by side,
-the down programs loading their weights while gate/up still streams.
+the down programs starting while gate/up still streams. Measured slower than the two launches on the H200, so the
+runner takes it only when asked (``CudaRunnerOptions.moe_one_launch``, off); kept as the measured alternative.
 
 ``moe_decode`` runs two launches, gate/up then down. Each streams its experts' weights with a few loads in flight
 per program, so each spends a ramp and a tail of a few µs below the memory limit, and the down launch cannot
 load a byte before gate/up has completed (PDL lets it get resident only for gate/up's epilogue). On the H200 at
 one token on Qwen3-30B-A3B that is ~17 µs for gate/up's 50 MB and ~11 µs for down's 25 MB, against ~12 and ~6 at
-the limit (docs/benchmarks.md). Here both kinds of program share one grid, so while gate/up's programs stream, the
-down programs resident beside them have already issued the loads of their whole weight block: the two weight
-streams overlap and the SMs keep more bytes in flight.
+the limit (docs/benchmarks.md). Here both kinds of program share one grid, so that down programs resident beside
+gate/up's could overlap the two weight streams.
+
+What the H200 measured (``bench/moe_decode.py``, session 10 calls 1-4; Qwen3-30B-A3B at one token): two launches
+24.8-25.4 µs; one launch 31.0-31.5 µs with 16-row down programs holding their whole row block in registers, 27.2
+µs at the best config (64 rows streamed after the wait, now the default), 37 µs at 128 rows. Gemma-4-26B-A4B:
+31.2 against 32.3. In the engine (Qwen, B=1) the 16-row form ran 334.9 tok/s against 376 with two launches. The
+down programs that spin hold SM slots that gate/up's programs would stream in, the tickets cost ~1 µs (the
+experiment without them, which relies on in-order dispatch and so is not kept, gained 1-2 µs), and spinning on
+plain acquire loads rather than atomics changed nothing; fewer, wider down programs got closest.
 
 Programs and their order:
 
 1. Every program first takes a ticket (an atomic add on a counter; the last ticket puts it back to zero). Tickets
    ``[0, n_gate_up)`` run ``moe_decode.gate_up_program`` at (row tile, pair) = divmod-ordered coordinates, then
    count themselves into their pair's *ready* counter (after a barrier, with release semantics).
-2. Tickets from ``n_gate_up`` run a down program: for (``BLOCK_N`` hidden rows, pair) it loads the expert's
-   whole ``[BLOCK_N, I]`` weight block into registers, spins (acquire) until the pair's ready counter has all
-   ``gate_up`` row tiles, loads the pair's ``act * up`` row (bypassing L1) and does ``moe_decode``'s epilogue
-   (``weighted_pair_and_k_sum``: routing weight, scratch row, per-token arrival counter, k-sum in ascending k).
-   It then counts itself into the pair's *consumed* counter; the pair's last down program zeroes both.
+2. Tickets from ``n_gate_up`` run a down program for (``BLOCK_N`` hidden rows, pair). With ``down_stream_k`` 0
+   it loads the expert's whole ``[BLOCK_N, I]`` weight block into registers, then spins (acquire) until the
+   pair's ready counter has all gate/up row tiles and loads the pair's ``act * up`` row (bypassing L1); else it
+   spins first and then streams its rows in K tiles (``moe_decode.stream_rows``, the activations bypassing L1).
+   Then ``moe_decode``'s epilogue (``weighted_pair_and_k_sum``: routing weight, scratch row, per-token arrival
+   counter, k-sum in ascending k), and it counts itself into the pair's *consumed* counter; the pair's last down
+   program zeroes both.
 
 Why tickets rather than program ids: a down program spins, so it may occupy an SM only once every gate/up program
 it waits for is resident or done. Tickets are taken by programs already running, so every ticket below a down
@@ -26,11 +36,10 @@ program's has a running (or finished) program, whatever order the hardware dispa
 deadlock (the scheme of stream-K's and decoupled look-back's forward-progress arguments). Under the interpreter
 programs run one after another in program-id order, so the tickets equal the ids and no spin ever waits.
 
-Rounding is ``moe_decode``'s (hence ``fused_moe``'s): only the order of each down dot product's fp32 sum differs
-(one ``tl.sum`` over the whole row, where ``moe_decode`` sums K tiles lane-wise). Float experts only: int8 experts
-run ``moe_decode``'s two launches (their word path streams with a K loop; a whole int8 block in registers is not
-what they were tuned for). ``fits_one_launch`` says which shapes fit: the down block ``BLOCK_N x next_pow2(I)``
-must stay within ``MAX_DOWN_BLOCK_ELEMENTS`` registers' worth, and the pairs within the counters.
+Rounding is ``moe_decode``'s (hence ``fused_moe``'s): only the order of each down dot product's fp32 sum differs.
+Float experts only: int8 experts run ``moe_decode``'s two launches. ``fits_one_launch`` says which calls fit (the
+pairs and tokens within the counters); a whole-row config must keep ``BLOCK_N x next_pow2(I)`` within
+``MAX_DOWN_BLOCK_ELEMENTS`` registers' worth.
 
 PDL (``kernels.pdl``): every program waits before its first load (the ids and activations come from earlier
 launches, the counters and scratch are shared with the previous launch) and releases after its weight stream, as
@@ -57,7 +66,7 @@ from inference_server.kernels.moe_decode import (
 )
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
-from inference_server.kernels.streamed_linear import pow2_clamp
+from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
 __all__ = ["MAX_DOWN_BLOCK_ELEMENTS", "MAX_PAIRS", "OneLaunchConfig", "fits_one_launch", "moe_decode_one_launch",
            "one_launch_config"]
@@ -82,40 +91,27 @@ class OneLaunchConfig:
     down_block_n: int = 16
     warps: int = 4
     down_stream_k: int = 0
-    spin_load: bool = False
-    tickets: bool = True
     """0: a down program holds its whole ``[down_block_n, I]`` block in registers, loaded before its wait; else it
     waits first and then streams its rows in K tiles of this many columns (a power of two)."""
 
 
 def one_launch_config(hidden_size: int, intermediate_size: int, element_size: int) -> OneLaunchConfig:
-    """``moe_decode_config``'s gate/up tiles and warps, 16 down rows a program (halved until the block fits)."""
+    """``moe_decode_config``'s gate/up tiles and warps; 64 down rows a program, streamed after the wait in K tiles
+    of 256 bytes (128 bf16 columns, cut to divide I): the best of the H200 sweep (``bench/moe_decode.py``, 16-256
+    rows, whole rows in registers or streamed), whose fewer down programs spin less and hold fewer SM slots."""
     base: MoeDecodeConfig = moe_decode_config(hidden_size, intermediate_size, element_size)
-    down_n = min(16, pow2_clamp(hidden_size, 1, 1 << 30))
-    while down_n > 1 and down_n * triton.next_power_of_2(intermediate_size) > MAX_DOWN_BLOCK_ELEMENTS:
-        down_n //= 2
-    return OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k, down_n, base.gate_up_warps)
+    return OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k,
+                           down_block_n=min(64, pow2_clamp(hidden_size, 1, 1 << 30)), warps=base.gate_up_warps,
+                           down_stream_k=dividing_block_k(intermediate_size, 256 // element_size))
 
 
 def fits_one_launch(tokens: int, top_k: int, hidden_size: int, intermediate_size: int, int8: bool) -> bool:
-    """Whether ``moe_decode_one_launch`` takes this call: float experts, at most ``MAX_PAIRS`` pairs and
-    ``_TOKENS`` tokens, a whole down row (``next_pow2(I)`` columns) within ``MAX_DOWN_BLOCK_ELEMENTS`` and the
-    hidden rows within the k-sum counters at ``one_launch_config``'s down rows."""
-    if int8 or not 0 < tokens <= _TOKENS or tokens * top_k > MAX_PAIRS \
-            or triton.next_power_of_2(intermediate_size) > MAX_DOWN_BLOCK_ELEMENTS:
+    """Whether ``moe_decode_one_launch`` takes this call at ``one_launch_config``: float experts, at most
+    ``MAX_PAIRS`` pairs and ``_TOKENS`` tokens, and the hidden rows within the k-sum counters."""
+    if int8 or not 0 < tokens <= _TOKENS or tokens * top_k > MAX_PAIRS:
         return False
     config = one_launch_config(hidden_size, intermediate_size, 2)
     return triton.cdiv(hidden_size, config.down_block_n) <= _MAX_ROW_TILES
-
-
-@triton.jit
-def _ready_count(ready, SPIN_LOAD: tl.constexpr):
-    """The pair's ready count with acquire semantics: a plain ``ld.acquire`` (SPIN_LOAD; compiled kernels only),
-    else an atomic add of zero (every spinning program then queues at the counter's L2 slice)."""
-    if SPIN_LOAD:
-        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ready], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    return tl.atomic_add(ready, 0, sem="acquire")
 
 
 @triton.jit
@@ -123,8 +119,7 @@ def _down_program(
     pid_n, pair, inter_ptr, w_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr, out_ptr, ready_ptr, consumed_ptr,
     num_experts, H, inter_size, stride_we, stride_wn, stride_ot, gate_up_row_tiles, down_row_tiles,
     TOP_K: tl.constexpr, ROW_TILES_STRIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-    EVEN_I: tl.constexpr, STREAM_K: tl.constexpr, STREAM_EVEN: tl.constexpr, SPIN_LOAD: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    EVEN_I: tl.constexpr, STREAM_K: tl.constexpr, STREAM_EVEN: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Step 2 of the module docstring for the down program at (``pid_n``, ``pair``). ``STREAM_K`` > 0: no block in
     registers; after the wait the rows stream in K tiles of that many columns (``moe_decode.stream_rows``)."""
@@ -137,9 +132,9 @@ def _down_program(
     offs_i = tl.arange(0, BLOCK_I)
     ready = ready_ptr + pair
     if STREAM_K > 0:
-        seen = _ready_count(ready, SPIN_LOAD)
+        seen = tl.atomic_add(ready, 0, sem="acquire")
         while seen < gate_up_row_tiles:
-            seen = _ready_count(ready, SPIN_LOAD)
+            seen = tl.atomic_add(ready, 0, sem="acquire")
         rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
         y, _ = stream_rows(rows, inter_ptr + pair.to(tl.int64) * inter_size, 0, inter_size, False, STREAM_K,
                            STREAM_EVEN, False, True)
@@ -152,9 +147,9 @@ def _down_program(
             w = tl.load(w_ptrs, mask=(offs_i < inter_size)[None, :], other=0.0)
         # Wait for the pair's act * up row: every gate/up row tile of the pair counted in (their stores precede
         # their release; this acquire, then the barrier Triton puts after a scalar atomic, orders the loads below).
-        seen = _ready_count(ready, SPIN_LOAD)
+        seen = tl.atomic_add(ready, 0, sem="acquire")
         while seen < gate_up_row_tiles:
-            seen = _ready_count(ready, SPIN_LOAD)
+            seen = tl.atomic_add(ready, 0, sem="acquire")
         x_row = inter_ptr + pair.to(tl.int64) * inter_size + offs_i
         if EVEN_I:
             x = tl.load(x_row, cache_modifier=".cg")
@@ -209,20 +204,15 @@ def _one_launch_kernel(
     DN_EVEN_I: tl.constexpr,
     DN_STREAM_K: tl.constexpr = 0,
     DN_STREAM_EVEN: tl.constexpr = False,  # DN_STREAM_K divides I
-    SPIN_LOAD: tl.constexpr = False,  # spin on ld.acquire (compiled only), not on atomics
-    TICKETS: tl.constexpr = True,  # EXPERIMENT: False takes the program id (relies on in-order dispatch)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
     # PDL (kernels.pdl): the ids and activations come from earlier launches and the counters and scratch are
     # shared with the previous launch: wait before the ticket (the first atomic) in every program.
     pdl_wait(USE_PDL)
     n_gate_up = gate_up_row_tiles * n_pairs
-    if TICKETS:
-        ticket = tl.atomic_add(counter_ptr, 1)
-        if ticket == n_gate_up + down_row_tiles * n_pairs - 1:
-            tl.atomic_xchg(counter_ptr, 0)  # every ticket is taken: ready for the next launch
-    else:
-        ticket = tl.program_id(0)
+    ticket = tl.atomic_add(counter_ptr, 1)
+    if ticket == n_gate_up + down_row_tiles * n_pairs - 1:
+        tl.atomic_xchg(counter_ptr, 0)  # every ticket is taken: ready for the next launch
     ready_ptr = counter_ptr + 1
     consumed_ptr = counter_ptr + 1 + MAX_PAIRS_
     ksum_ptr = counter_ptr + 1 + 2 * MAX_PAIRS_
@@ -243,11 +233,8 @@ def _one_launch_kernel(
             d % down_row_tiles, d // down_row_tiles, inter_ptr, w_dn_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr,
             out_ptr, ready_ptr, consumed_ptr, num_experts, H, inter_size, stride_dn_e, stride_dn_n, stride_ot,
             gate_up_row_tiles, down_row_tiles, TOP_K, ROW_TILES_STRIDE, DN_BLOCK_N, DN_BLOCK_I, DN_EVEN_I,
-            DN_STREAM_K, DN_STREAM_EVEN, SPIN_LOAD, USE_PDL,
+            DN_STREAM_K, DN_STREAM_EVEN, USE_PDL,
         )  # fmt: skip
-
-
-_INTERPRETED = not isinstance(_one_launch_kernel, triton.runtime.JITFunction)
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -299,7 +286,6 @@ def moe_decode_one_launch(
         GU_BLOCK_N=cfg.gate_up_block_n, GU_BLOCK_K=cfg.gate_up_block_k, GU_EVEN_K=H % cfg.gate_up_block_k == 0,
         DN_BLOCK_N=cfg.down_block_n, DN_BLOCK_I=block_i, DN_EVEN_I=block_i == inter_size, DN_STREAM_K=cfg.down_stream_k,
         DN_STREAM_EVEN=bool(cfg.down_stream_k) and inter_size % cfg.down_stream_k == 0,
-        SPIN_LOAD=cfg.spin_load and not _INTERPRETED, TICKETS=cfg.tickets,
         num_warps=cfg.warps, **pdl_launch(),
     )  # fmt: skip
     return out
