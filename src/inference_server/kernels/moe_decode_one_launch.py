@@ -115,6 +115,16 @@ def fits_one_launch(tokens: int, top_k: int, hidden_size: int, intermediate_size
 
 
 @triton.jit
+def _wait_for_pair(ready, gate_up_row_tiles):
+    """Spin until the pair's act * up row is complete: every gate/up row tile of the pair counted in (their stores
+    precede their release; this acquire, then the barrier Triton puts after a scalar atomic, orders the loads that
+    follow)."""
+    seen = tl.atomic_add(ready, 0, sem="acquire")
+    while seen < gate_up_row_tiles:
+        seen = tl.atomic_add(ready, 0, sem="acquire")
+
+
+@triton.jit
 def _down_program(
     pid_n, pair, inter_ptr, w_ptr, ids_ptr, topk_w_ptr, pair_ptr, ksum_ptr, out_ptr, ready_ptr, consumed_ptr,
     num_experts, H, inter_size, stride_we, stride_wn, stride_ot, gate_up_row_tiles, down_row_tiles,
@@ -132,9 +142,7 @@ def _down_program(
     offs_i = tl.arange(0, BLOCK_I)
     ready = ready_ptr + pair
     if STREAM_K > 0:
-        seen = tl.atomic_add(ready, 0, sem="acquire")
-        while seen < gate_up_row_tiles:
-            seen = tl.atomic_add(ready, 0, sem="acquire")
+        _wait_for_pair(ready, gate_up_row_tiles)
         rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
         y, _ = stream_rows(rows, inter_ptr + pair.to(tl.int64) * inter_size, 0, inter_size, False, STREAM_K,
                            STREAM_EVEN, False, True)
@@ -145,11 +153,7 @@ def _down_program(
             w = tl.load(w_ptrs)  # [BN, BI]
         else:
             w = tl.load(w_ptrs, mask=(offs_i < inter_size)[None, :], other=0.0)
-        # Wait for the pair's act * up row: every gate/up row tile of the pair counted in (their stores precede
-        # their release; this acquire, then the barrier Triton puts after a scalar atomic, orders the loads below).
-        seen = tl.atomic_add(ready, 0, sem="acquire")
-        while seen < gate_up_row_tiles:
-            seen = tl.atomic_add(ready, 0, sem="acquire")
+        _wait_for_pair(ready, gate_up_row_tiles)
         x_row = inter_ptr + pair.to(tl.int64) * inter_size + offs_i
         if EVEN_I:
             x = tl.load(x_row, cache_modifier=".cg")
