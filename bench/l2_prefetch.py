@@ -1,0 +1,137 @@
+"""The attention output projection's weights prefetched into L2 while the decode attention runs
+(``kernels.l2_prefetch``): µs per layer of [attention -> o GEMV], with and without the
+prefetch, at batch 1 and the real shapes.
+
+At one token the decode attention is latency (a few µs for ~1 MB of K/V) and HBM idles under it; the o projection
+after it streams 10-90 MB. Each row times one CUDA graph of ``--layers`` layers over distinct weight copies (so no
+copy is in L2 from its previous read), PDL on as in the engine, median of ``--reps`` replays:
+
+* ``gemv``: the o GEMV alone, from HBM; ``gemv L2``: the same weight every call (in L2: the ceiling);
+* ``attn``: the attention alone;
+* ``attn+gemv``: the two in a chain, as the engine runs them;
+* ``pf+attn+gemv``: a prefetch launch of the layer's o weight (its first ``--max-mb`` MB) before the attention, at
+  each ``--chunks`` size (bytes a thread asks for);
+* ``pf+gemv``: the prefetch right before the GEMV (no window: what the launch itself costs).
+
+  python3 bench/l2_prefetch.py                      # on the H200: every layer shape; ~1 min
+  python3 bench/l2_prefetch.py --only qwen3-30b-a3b --chunks 4096,16384,65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from inference_server.backends.cuda_backend import triton_dense_linear
+from inference_server.kernels import decode_attention
+from inference_server.kernels.l2_prefetch import l2_prefetch
+from inference_server.kernels.pdl import use_pdl
+
+HBM_BYTES_PER_S = 4.3e12
+# (name, kv heads, query heads per kv head, head dim, window, hidden size): the attention layers at their configs
+SHAPES = (
+    ("qwen3-30b-a3b", 4, 8, 128, None, 2048),
+    ("gemma-4-26b-a4b sliding", 8, 2, 256, 1024, 2816),
+    ("gemma-4-26b-a4b full", 2, 8, 512, None, 2816),
+    ("gemma-4-e4b sliding", 2, 4, 256, 512, 2560),
+    ("gemma-4-e4b full", 2, 4, 512, None, 2560),
+    ("gemma-4-31b sliding", 16, 2, 256, 1024, 5376),
+)
+
+
+def time_graph(calls: list, reps: int) -> float:
+    """Median µs per entry of ``calls`` (each a list of thunks run in order), all captured in one graph."""
+    for group in calls[:2]:
+        for call in group:
+            call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for group in calls:
+            for call in group:
+                call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=527)
+    ap.add_argument("--max-model-len", type=int, default=1024, help="the attention's split bound")
+    ap.add_argument("--layers", type=int, default=24, help="distinct weight copies in a graph")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--chunks", default="4096,16384,65536")
+    ap.add_argument("--max-mb", type=float, default=32.0, help="prefetch at most this much of a weight")
+    ap.add_argument("--only", default="", help="comma-separated names of SHAPES (prefixes)")
+    ap.add_argument("--no-pdl", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU (sm_90: the prefetch instruction)")
+    use_pdl(not a.no_pdl)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    page, dev, bf16 = 16, torch.device("cuda"), torch.bfloat16
+    chunks = [int(c) for c in a.chunks.split(",") if c]
+    print("| layer | o weight MB | gemv | gemv L2 | attn | attn+gemv | pf+gemv | "
+          + " | ".join(f"pf+attn+gemv {c // 1024} KB" for c in chunks) + " | best saving |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(chunks) + "---|")
+    wanted = [w.strip() for w in a.only.split(",") if w.strip()]
+    for name, kv_heads, group, head_dim, window, hidden in SHAPES:
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
+        blocks = -(-a.context // page)
+        k_cache = torch.randn(blocks + 1, page, kv_heads, head_dim, device=dev, dtype=bf16, generator=gen)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.zeros(1, -(-a.max_model_len // page) + 1, dtype=torch.int32, device=dev)
+        tables[0, :blocks] = torch.randperm(blocks, device=dev, generator=gen).to(torch.int32)
+        lens = torch.full((1,), a.context, dtype=torch.int32, device=dev)
+        q = torch.randn(1, kv_heads * group, head_dim, device=dev, dtype=bf16, generator=gen)
+        attn_out = torch.empty_like(q)
+        width = kv_heads * group * head_dim
+        weights = [torch.randn(hidden, width, device=dev, dtype=bf16, generator=gen) * 0.02 for _ in range(a.layers)]
+        x = attn_out.view(1, width)
+        max_bytes = int(a.max_mb * 2**20)
+        attend = functools.partial(decode_attention.paged_decode_attention, q, k_cache, v_cache, tables, lens,
+                                   head_dim ** -0.5, window, None, max_context_len=a.max_model_len, out=attn_out)
+
+        def gemv(w: torch.Tensor, x: torch.Tensor = x) -> None:
+            triton_dense_linear(x, w, max_tokens=2, tuned_only=True)
+
+        def prefetch(w: torch.Tensor, chunk: int, max_bytes: int = max_bytes) -> None:
+            l2_prefetch(w, max_bytes, chunk)
+
+        row = {
+            "gemv": time_graph([[functools.partial(gemv, w)] for w in weights], a.reps),
+            "gemv L2": time_graph([[functools.partial(gemv, weights[0])] for _ in weights], a.reps),
+            "attn": time_graph([[attend] for _ in weights], a.reps),
+            "attn+gemv": time_graph([[attend, functools.partial(gemv, w)] for w in weights], a.reps),
+            "pf+gemv": time_graph([[functools.partial(prefetch, w, chunks[0]), functools.partial(gemv, w)]
+                                   for w in weights], a.reps),
+        }
+        with_pf = [time_graph([[functools.partial(prefetch, w, c), attend, functools.partial(gemv, w)]
+                               for w in weights], a.reps) for c in chunks]
+        mb = weights[0].numel() * 2 / 2**20
+        print(f"| {name} | {mb:.1f} | " + " | ".join(f"{row[k]:.2f}" for k in row) + " | "
+              + " | ".join(f"{t:.2f}" for t in with_pf) + f" | {row['attn+gemv'] - min(with_pf):.2f} |", flush=True)
+        del weights, k_cache, v_cache
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
