@@ -8,6 +8,12 @@ on. This script profiles a few replays of the B=``--batch`` graph and, for the m
 its own start (negative: it started while the predecessor still ran), plus the replay's wall time, the union of
 the spans (the device busy) and the idle time between them.
 
+``--overlapped``: also the device timeline of whole steps as the engine runs them with OVERLAP on (stage inputs,
+resolve the pending tokens, graph replay, head and sampling, token read-back; step k+1 launched before step k is
+collected): per step, the graph's span, every device operation outside the graph (name, µs, the gap before it) and
+the device's idle time, from the profiler's trace (a kernel belongs to the graph when its launch is the
+``cudaGraphLaunch``). A line ``BENCH {"kind": "step_timeline", ...}`` each.
+
 Each ``--ablations`` entry (``bench/ablate_decode.py``'s names, ``none`` for the engine as it is) and each
 ``--variants`` entry (``engine_bench.VARIANTS``) is one runner; a line ``BENCH {"kind": "timeline", ...}`` each.
 
@@ -17,8 +23,11 @@ Each ``--ablations`` entry (``bench/ablate_decode.py``'s names, ``none`` for the
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -26,6 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ablate_decode
 import engine_bench
+
+CONTEXT, STEPS = 512, 24
+"""The decode benchmark's context and timed steps (``engine_bench.bench_decode``'s arguments)."""
 
 
 def replay_timeline(runner, batch: int, replays: int = 3) -> dict | None:
@@ -68,6 +80,86 @@ def replay_timeline(runner, batch: int, replays: int = 3) -> dict | None:
                       for name, r in rows.items()])
 
 
+def overlapped_timeline(runner, batch: int, context: int, blocks_per_seq: int, steps: int = 8) -> dict | None:
+    """The device timeline of ``steps`` overlapped decode steps at ``batch`` (module docstring), summarised over the
+    middle steps: the mean step period, the graph's span, the device time outside the graph by operation, and the
+    idle time. Sequences restart at ``context`` with block tables of ``blocks_per_seq`` blocks each (as
+    ``engine_bench.decode_batches``)."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    from inference_server.records.sampling_params import SamplingParams
+    from inference_server.records.steps import PENDING_TOKEN, ScheduledSequence, StepPlan
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20)
+    groups = runner.num_groups
+    tables = [(tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),) * groups for i in range(batch)]
+
+    def plan(k: int) -> StepPlan:
+        return StepPlan(step_id=10_000 + k, sequences=tuple(ScheduledSequence(
+            request_id=7_000_000 + i, token_ids=(PENDING_TOKEN if k else 100 + i,), cached_len=context + k,
+            block_tables=tables[i], sample=True, sampling=greedy, reset=k == 0, prompt_len=1) for i in range(batch)))
+
+    def run(count: int) -> None:
+        in_flight = runner.launch(plan(0))
+        for k in range(1, count):
+            launched = runner.launch(plan(k))
+            runner.collect(in_flight)
+            in_flight = launched
+        runner.collect(in_flight)
+        runner.forget(tuple(7_000_000 + i for i in range(batch)))
+
+    run(4)  # warm
+    torch.cuda.synchronize()
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run(steps)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.loads(Path(f.name).read_text())["traceEvents"]
+    graph_launches = {e["args"]["correlation"] for e in trace
+                      if e.get("name") == "cudaGraphLaunch" and "correlation" in e.get("args", {})}
+    device = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e),
+                    key=lambda e: e["ts"])
+    if not device or not graph_launches:
+        return None
+    starts: list[int] = []  # index in ``device`` of each graph's first kernel
+    for i, e in enumerate(device):
+        in_graph = e["args"].get("correlation") in graph_launches
+        e["in_graph"] = in_graph
+        if in_graph and (i == 0 or not device[i - 1]["in_graph"]):
+            starts.append(i)
+    if len(starts) < 4:
+        return None
+    periods, spans, idles, outside = [], [], [], {}
+    for a, b in itertools.pairwise(starts[1:-1]):  # the middle steps, graph start to graph start
+        window = device[a:b]
+        periods.append(device[b]["ts"] - window[0]["ts"])
+        graph = [e for e in window if e["in_graph"]]
+        spans.append(max(e["ts"] + e["dur"] for e in graph) - graph[0]["ts"])
+        covered, idle = window[0]["ts"], 0.0
+        for e in window:
+            if e["ts"] > covered:
+                idle += e["ts"] - covered
+                if not e["in_graph"]:
+                    outside.setdefault(e["name"][:70], {"us": [], "gap_before": []})["gap_before"].append(
+                        e["ts"] - covered)
+            elif not e["in_graph"]:
+                outside.setdefault(e["name"][:70], {"us": [], "gap_before": []})["gap_before"].append(0.0)
+            if not e["in_graph"]:
+                outside[e["name"][:70]]["us"].append(e["dur"])
+            covered = max(covered, e["ts"] + e["dur"])
+        idle += max(0.0, device[b]["ts"] - covered)
+        idles.append(idle)
+    n = len(periods)
+    return dict(batch=batch, steps=n, period_us=round(statistics.mean(periods), 1),
+                graph_span_us=round(statistics.mean(spans), 1), idle_us=round(statistics.mean(idles), 1),
+                outside_us=round(sum(sum(r["us"]) for r in outside.values()) / n, 1),
+                outside=[dict(name=name, per_step=round(len(r["us"]) / n, 2), us=round(sum(r["us"]) / n, 2),
+                              gap_before_us=round(sum(r["gap_before"]) / n, 2)) for name, r in outside.items()])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -77,6 +169,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--quantization", default="none", choices=("none", "int8"))
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--overlapped", action="store_true", help="also the timeline of whole overlapped steps")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     original = engine_bench.kernel_times
@@ -85,6 +178,10 @@ def main() -> None:
         timeline = replay_timeline(runner, batch)
         if timeline is not None:
             engine_bench.emit(a.out, kind="timeline", model=a.model, variant=current[0], batch=batch, **timeline)
+        if a.overlapped:
+            steps = overlapped_timeline(runner, batch, CONTEXT, -(-(CONTEXT + 2 * (3 + STEPS) + 2) // 16))
+            if steps is not None:
+                engine_bench.emit(a.out, kind="step_timeline", model=a.model, variant=current[0], **steps)
         return original(runner, batch, *args, **kwargs)
 
     engine_bench.kernel_times = with_timeline
@@ -96,7 +193,7 @@ def main() -> None:
         current[0] = name
         engine_bench.VARIANTS.setdefault(name, {})
         with ablate_decode.ablated(name if kind == "ablation" else "none"):
-            engine_bench.bench_decode(a.model, a.model, [a.batch], 512, 24, a.out, device, (name,), 3,
+            engine_bench.bench_decode(a.model, a.model, [a.batch], CONTEXT, STEPS, a.out, device, (name,), 3,
                                       a.quantization, (a.batch,), max_model_len=a.max_model_len)
 
 
