@@ -175,6 +175,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
 # q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "one-launch-experts" is the default with the
 # decode step's float routed experts in one launch (kernels/moe_decode_one_launch.py; slower on the H200);
+# "tensor-core-head" is the default with 1-2 row greedy steps on the fused head's tensor-core slices (not the head's
+# CUDA-core GEMV and greedy_head_of_logits);
 # "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
@@ -197,6 +199,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "separate-norm-gemv": dict(fused_norm_gemv=False),
     "separate-add-norm-gemv": dict(fused_add_norm_gemv=False),
     "one-launch-experts": dict(moe_one_launch=True),
+    "tensor-core-head": dict(greedy_head_gemv=False),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "compile": dict(compile=True),
 }

@@ -128,13 +128,45 @@ def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int, 
         before = (spy.fused, spy.logits)
         ours = sample_once(fused_runner, seqs, hidden)
         theirs = sample_once(plain_runner, seqs, hidden)
-        # an int8 head's 1-2 rows take the unfused path's CUDA-core GEMV (faster there than the fused tiles)
-        fused = allowed and not (quantize and len(seqs) <= GEMV_MAX_TOKENS)
-        assert (spy.fused - before[0], spy.logits - before[1]) == ((1, 0) if fused else (0, 1)), label
+        # an int8 head's 1-2 rows take its CUDA-core GEMV and greedy_head_of_logits: still the runner's greedy head
+        assert (spy.fused - before[0], spy.logits - before[1]) == ((1, 0) if allowed else (0, 1)), label
         assert [t.token_id for t in ours] == [t.token_id for t in theirs], label
         assert [t.top_logprobs for t in ours] == [t.top_logprobs for t in theirs] or not allowed, label
         assert [t.logprob for t in ours] == pytest.approx([t.logprob for t in theirs], abs=1e-5), label
     assert plain_spy.fused == 0 and plain_spy.logits == len(CASES)
+
+
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("gemv", [True, False])
+def test_one_or_two_rows_take_the_head_gemv(quantize: bool, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1-2 greedy rows: with ``greedy_head_gemv`` the head's CUDA-core GEMV writes the logits (an int8 head always;
+    a float head where the sweep tuned its GEMV, here forced, as no tuned file matches the CPU) and
+    ``greedy_head_of_logits`` reduces them; without it a float head takes the fused slices and an int8 head the
+    unfused path. Three rows take the fused slices either way. Tokens equal the unfused runner's throughout."""
+    torch.set_num_threads(1)
+    import inference_server.backends.cuda_backend as backend
+
+    reduced = []
+    of_logits = backend.greedy_head_of_logits
+    monkeypatch.setattr(backend, "greedy_head_of_logits", lambda logits, cap: reduced.append(logits.shape) or
+                        of_logits(logits, cap))
+    monkeypatch.setattr(backend, "dense_linear_takes", lambda *args, **kwargs: True)
+    runner = make_runner("gemma-4-31b-tiny", fused=True, quantize=quantize)
+    runner.options = attrs.evolve(runner.options, greedy_head_gemv=gemv)
+    plain = make_runner("gemma-4-31b-tiny", fused=False, quantize=quantize)
+    spy = Spy.on(runner)
+    gen = torch.Generator().manual_seed(4)
+    for rows in (1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1):
+        seqs = [sequence(i, GREEDY, 0, 1) for i in range(rows)]
+        hidden = torch.randn(rows, runner.spec.hidden_size, generator=gen) * 3
+        before, logits_before = len(reduced), spy.logits
+        ours, theirs = sample_once(runner, seqs, hidden), sample_once(plain, seqs, hidden)
+        assert [t.token_id for t in ours] == [t.token_id for t in theirs], rows
+        assert [t.logprob for t in ours] == pytest.approx([t.logprob for t in theirs], abs=1e-5), rows
+        through_gemv = gemv and rows <= GEMV_MAX_TOKENS
+        assert len(reduced) - before == int(through_gemv), rows
+        assert spy.logits - logits_before == int(quantize and not gemv and rows <= GEMV_MAX_TOKENS), rows
+    assert all(shape[1] == runner.spec.vocab_size for shape in reduced)
 
 
 def test_int8_head_without_the_fused_head_takes_the_unfused_path() -> None:

@@ -344,6 +344,10 @@ PDL_COMPILE = textwrap.dedent('''
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
          dict(BLOCK_V=64, BLOCK_N=16, BLOCK_K=128, EVEN_K=True, ROUND_BF16=True, SOFTCAP=False, RECIPROCAL=True,
               IEEE=False, UPCAST=False, LIBDEVICE_TANH=True, HAS_SCALE=False, MAGIC=False)),
+        # 1-2 rows: the logits of the head's CUDA-core GEMV reduced as the fused head would (greedy_head_of_logits)
+        (greedy_head._logit_slices_kernel,
+         {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
+         dict(BLOCK_V=1024, BLOCK_N=1, ROUND_BF16=True, SOFTCAP=True, RECIPROCAL=True, LIBDEVICE_TANH=True)),
         (greedy_head._greedy_head_combine_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64", "logprobs_ptr": "*fp32"},
          dict(BLOCK_S=4096)),

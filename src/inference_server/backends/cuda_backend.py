@@ -55,7 +55,7 @@ from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
 from inference_server.kernels.gated_activation import gated_activation
 from inference_server.kernels.gated_gemv import gated_gemv, gated_gemv_config
-from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_supports
+from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_of_logits, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.kv_store import store_kv
@@ -580,6 +580,11 @@ class CudaRunnerOptions:
     """When every sampled row is greedy and needs nothing else (``sampler.argmax_suffices``), the lm_head GEMV
     with the argmax and its logprob fused (``kernels.greedy_head``): no [N, V] logits written and re-read
     by the sampler's chain. Float and int8 heads (``INT8_EMBEDDINGS``), up to ``greedy_head.MAX_ROWS`` rows."""
+    greedy_head_gemv: bool = True
+    """With ``triton_greedy_head``, steps of 1-2 sampled rows run the head as its CUDA-core GEMV (the int8 linear's
+    for an int8 head, the tuned Triton GEMV for a float one where this GPU's sweep timed it faster than cuBLAS) and
+    reduce the logits with the fused head's soft-cap and statistics in two short launches
+    (``greedy_head.greedy_head_of_logits``): the same token and logprob as the fused head on the same logits."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
@@ -737,12 +742,33 @@ class CudaModelRunner(ModelRunner):
         if head is None or not greedy_head_supports(hidden, *head):
             return None
         weight, scale = head
-        if scale is not None and hidden.shape[0] <= GEMV_MAX_TOKENS:
-            # 1-2 rows of an int8 head: the unfused path's CUDA-core GEMV (int8_linear) streams the head at 0.76-0.88
-            # of the memory limit, the fused head's tensor-core tiles at 0.51-0.64 (Gemma-4-31B 371 against 512 µs
-            # at one row on the H200, 26B-A4B 225 against 338; bench/greedy_head.py --int8, 2026-12-01)
+        softcap = self.model.spec.final_logit_softcapping
+        if hidden.shape[0] <= GEMV_MAX_TOKENS:
+            # 1-2 rows: the head's CUDA-core GEMV streams the weight faster than the fused head's tensor-core tiles
+            # (int8: 0.76-0.88 of the memory limit against 0.51-0.64, bench/greedy_head.py --int8, 2026-12-01; bf16
+            # where this GPU's sweep tuned the logits GEMV, e.g. Gemma-4-E4B 297 µs against the fused 326-368), so
+            # the GEMV writes the logits and two short launches reduce them as the fused head would.
+            logits = self._head_gemv_logits(hidden, weight, scale)
+            if logits is not None:
+                return greedy_head_of_logits(logits, softcap)
+            if scale is not None:
+                return None  # the unfused path's int8 GEMV and the sampler
+        return greedy_head(hidden, weight, softcap, scale=scale)
+
+    def _head_gemv_logits(self, hidden: torch.Tensor, weight: torch.Tensor,
+                          scale: torch.Tensor | None) -> torch.Tensor | None:
+        """The raw logits ``[N, V]`` of 1-2 hidden rows through the head's CUDA-core GEMV (``greedy_head_gemv``):
+        ``ops.int8_linear``'s kernel for an int8 head, the Triton GEMV for a float head where this GPU's sweep
+        timed it faster than cuBLAS (``dense_linear_takes``, tuned shapes only); None where neither applies."""
+        if not self.options.greedy_head_gemv:
             return None
-        return greedy_head(hidden, weight, self.model.spec.final_logit_softcapping, scale=scale)
+        if scale is not None:
+            return triton_int8_linear(hidden, weight, scale)
+        dense = (self.options.triton_dense_linear or self.options.triton_dense_linear_where_tuned) \
+            and not self.options.compile
+        if dense and dense_linear_takes(hidden, weight, None, max_tokens=GEMV_MAX_TOKENS, tuned_only=True):
+            return dense_linear(hidden, weight)
+        return None
 
     def warm_up_greedy_head(self) -> None:
         """Compile the fused greedy head's variants (one per ``greedy_head.ROW_BLOCKS`` entry) that decode batches
@@ -752,10 +778,11 @@ class CudaModelRunner(ModelRunner):
             return
         weight, scale = head
         dtype = scale.dtype if scale is not None else weight.dtype  # the activations' (an int8 head's scale has it)
-        for rows in (1, *(block + 1 for block in ROW_BLOCKS[:-1])):  # the fewest rows of each block
+        # the fewest rows of each block, and 1-2 rows (the GEMV path where it applies), through the serving path
+        for rows in sorted({1, GEMV_MAX_TOKENS, *(block + 1 for block in ROW_BLOCKS[:-1])}):
             hidden = torch.zeros(rows, weight.shape[1], dtype=dtype, device=weight.device)
-            if rows <= self.options.max_batch_size and greedy_head_supports(hidden, weight, scale):
-                greedy_head(hidden, weight, self.model.spec.final_logit_softcapping, scale=scale)
+            if rows <= self.options.max_batch_size:
+                self._greedy_head(hidden)
 
     def _install_ops(self) -> None:
         use_pdl(self.options.pdl)  # kernels.pdl's switch is process-wide, like the ops

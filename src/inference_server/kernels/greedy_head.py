@@ -54,8 +54,8 @@ from triton.language.extra import libdevice
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
-__all__ = ["MAX_ROWS", "ROW_BLOCKS", "GreedyHeadConfig", "greedy_head", "greedy_head_config", "greedy_head_supports",
-           "row_block"]
+__all__ = ["LOGIT_SLICE", "MAX_ROWS", "ROW_BLOCKS", "GreedyHeadConfig", "greedy_head", "greedy_head_config",
+           "greedy_head_of_logits", "greedy_head_supports", "row_block"]
 
 MAX_ROWS = 64
 """Most hidden rows one weight pass serves (``BLOCK_N``): more rows re-read the weight once per 64, where
@@ -63,6 +63,9 @@ cuBLAS reads it once, so the runner takes the fused path only up to here."""
 ROW_BLOCKS = (16, 32, MAX_ROWS)
 """Hidden rows per program (``BLOCK_N``): a call takes the smallest block that holds its rows (``MAX_ROWS`` past
 it); each block is one compiled variant of the slices kernel."""
+
+LOGIT_SLICE = 1024
+"""Vocabulary entries per program of ``greedy_head_of_logits``' slices launch (262,144 logits: 256 slices)."""
 
 _NO_INDEX = tl.constexpr(2**31 - 1)  # a compiled kernel reads only constexpr globals
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -192,6 +195,17 @@ def _greedy_head_slices_kernel(
     pdl_release(USE_PDL)
     if HAS_SCALE:  # ops.int8_linear's order: the fp32 sum times the fp32 scale, then one rounding
         acc = acc * tl.load(scale_ptr + rows_v * stride_scale).to(tl.float32)[:, None]
+    _store_slice_stats(acc, slice_id, offs_v, offs_n, n_rows, vocab, max_ptr, index_ptr, sum_ptr, inv_cap, cap,
+                       ROUND_BF16, SOFTCAP, RECIPROCAL, LIBDEVICE_TANH)
+
+
+@triton.jit
+def _store_slice_stats(acc, slice_id, offs_v, offs_n, n_rows, vocab, max_ptr, index_ptr, sum_ptr, inv_cap, cap,
+                       ROUND_BF16: tl.constexpr, SOFTCAP: tl.constexpr, RECIPROCAL: tl.constexpr,
+                       LIBDEVICE_TANH: tl.constexpr):
+    """Step 1's epilogue (module docstring) for the fp32 logits ``acc [BLOCK_V, BLOCK_N]`` of vocabulary rows
+    ``offs_v`` and hidden rows ``offs_n``: the rounding to the activation dtype, the soft-cap's roundings, then the
+    slice's maximum, its first index and ``sum(exp(logit - max))`` per hidden row, stored at ``slice_id``."""
     x = _round(acc, ROUND_BF16)  # [BLOCK_V, BLOCK_N] logits as compute_logits' GEMM returns them
     if SOFTCAP:
         if RECIPROCAL:
@@ -213,6 +227,33 @@ def _greedy_head_slices_kernel(
     tl.store(max_ptr + out, best, mask=row_ok)
     tl.store(index_ptr + out, first, mask=row_ok)
     tl.store(sum_ptr + out, total, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _logit_slices_kernel(
+    logits_ptr,  # [N, V] the head GEMV's logits, in the activation dtype (contiguous last dim)
+    max_ptr, index_ptr, sum_ptr,  # [S, N] as the slices kernel's
+    n_rows, vocab, stride_ln,
+    inv_cap, cap,  # the final soft-cap (unused without SOFTCAP)
+    BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROUND_BF16: tl.constexpr, SOFTCAP: tl.constexpr, RECIPROCAL: tl.constexpr, LIBDEVICE_TANH: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+):
+    """Step 1's epilogue over logits a GEMV already wrote (``greedy_head_of_logits``): one program per slice of
+    ``BLOCK_V`` vocabulary entries and block of hidden rows. The logits are values of the activation dtype, so
+    the first rounding keeps them; the soft-cap and the statistics are the slices kernel's."""
+    # PDL (kernels.pdl): the logits come from the previous launch and the partials may still be read by an earlier
+    # one, so wait first; a short kernel, so release the next launch at once.
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
+    slice_id = tl.program_id(0)
+    offs_v = slice_id * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_v < vocab)[:, None] & (offs_n < n_rows)[None, :]
+    acc = tl.load(logits_ptr + offs_n.to(tl.int64)[None, :] * stride_ln + offs_v[:, None], mask=mask,
+                  other=0.0).to(tl.float32)  # [BLOCK_V, BLOCK_N]
+    _store_slice_stats(acc, slice_id, offs_v, offs_n, n_rows, vocab, max_ptr, index_ptr, sum_ptr, inv_cap, cap,
+                       ROUND_BF16, SOFTCAP, RECIPROCAL, LIBDEVICE_TANH)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_slices"])
@@ -311,6 +352,44 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
         IEEE=not bf16, UPCAST=_INTERPRETED and bf16, LIBDEVICE_TANH=not _INTERPRETED,
         HAS_SCALE=int8, MAGIC=int8 and cfg.magic_dequant,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
+    )
+    _greedy_head_combine_kernel[(n_rows,)](
+        part_max, part_index, part_sum, ids, logprobs, n_rows, n_slices,
+        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4, **pdl_launch(),
+    )
+    return ids, logprobs
+
+
+def greedy_head_of_logits(logits: torch.Tensor, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``greedy_head``'s ``(token_ids [N] int64, logprobs [N] fp32)`` from logits a head GEMV already computed,
+    ``[N, V]`` in the activation dtype (bf16 or fp32; contiguous last dim), before the soft-cap ``softcap``: the
+    same soft-cap roundings, statistics and combine, in two short launches (one read of the logits).
+
+    For the rows where the head's CUDA-core GEMV streams the weight faster than the slices kernel's tensor-core
+    tiles (1-2 rows: the runner's ``greedy_head_gemv``); the token and logprob are those of ``greedy_head`` on the
+    same logits."""
+    if logits.dim() != 2 or logits.dtype not in (torch.bfloat16, torch.float32) or logits.stride(-1) != 1:
+        raise ValueError(f"want logits [N, V] in bf16 or fp32 with a contiguous last dim, got {logits.dtype} "
+                         f"{tuple(logits.shape)}")
+    n_rows, vocab = logits.shape
+    device = logits.device
+    ids = torch.empty(n_rows, dtype=torch.int64, device=device)
+    logprobs = torch.empty(n_rows, dtype=torch.float32, device=device)
+    if n_rows == 0:
+        return ids, logprobs
+    if vocab == 0:
+        raise ValueError("an empty vocabulary has no argmax")
+    block_n = min(triton.next_power_of_2(n_rows), 16)
+    n_slices = triton.cdiv(vocab, LOGIT_SLICE)
+    parts = torch.empty(3, n_slices, n_rows, dtype=torch.float32, device=device)
+    part_max, part_index, part_sum = parts[0], parts[1].view(torch.int32), parts[2]
+    cap = float(softcap) if softcap is not None else 1.0
+    inv_cap = float(np.float32(1.0) / np.float32(cap))
+    _logit_slices_kernel[(n_slices, triton.cdiv(n_rows, block_n))](
+        logits, part_max, part_index, part_sum, n_rows, vocab, logits.stride(0), inv_cap, cap,
+        BLOCK_V=LOGIT_SLICE, BLOCK_N=block_n, ROUND_BF16=logits.dtype == torch.bfloat16,
+        SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda", LIBDEVICE_TANH=not _INTERPRETED,
+        num_warps=4, **pdl_launch(),
     )
     _greedy_head_combine_kernel[(n_rows,)](
         part_max, part_index, part_sum, ids, logprobs, n_rows, n_slices,
