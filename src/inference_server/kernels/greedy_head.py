@@ -312,6 +312,35 @@ def greedy_head_supports(hidden: torch.Tensor, weight: torch.Tensor, scale: torc
     return 1 <= hidden.shape[0] <= MAX_ROWS and _operands_error(hidden, weight, scale) is None
 
 
+def _no_rows(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(0, dtype=torch.int64, device=device), torch.empty(0, dtype=torch.float32, device=device)
+
+
+def _partials(n_slices: int, n_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The slices' ``(max, index, sum)`` buffers ``[S, N]`` (fp32, int32, fp32), from one allocation."""
+    parts = torch.empty(3, n_slices, n_rows, dtype=torch.float32, device=device)
+    return parts[0], parts[1].view(torch.int32), parts[2]
+
+
+def _cap_arguments(softcap: float | None) -> tuple[float, float]:
+    """``(inv_cap, cap)`` of the kernels: ``1 / cap`` as PyTorch's opmath reciprocal computes it (fp32 1 / fp32 cap)."""
+    cap = float(softcap) if softcap is not None else 1.0
+    return float(np.float32(1.0) / np.float32(cap)), cap
+
+
+def _combine(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], n_rows: int,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2 (the combine launch) over the slices' partials: ``(token_ids [N] int64, logprobs [N] fp32)``."""
+    ids = torch.empty(n_rows, dtype=torch.int64, device=device)
+    logprobs = torch.empty(n_rows, dtype=torch.float32, device=device)
+    n_slices = parts[0].shape[0]
+    _greedy_head_combine_kernel[(n_rows,)](
+        *parts, ids, logprobs, n_rows, n_slices,
+        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4, **pdl_launch(),
+    )
+    return ids, logprobs
+
+
 def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | None,
                 config: GreedyHeadConfig | None = None, *,
                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,26 +355,22 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
     n_rows, hidden_size = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
-    ids = torch.empty(n_rows, dtype=torch.int64, device=device)
-    logprobs = torch.empty(n_rows, dtype=torch.float32, device=device)
     if n_rows == 0:
-        return ids, logprobs
+        return _no_rows(device)
     if vocab == 0 or hidden_size == 0:
         raise ValueError("an empty vocabulary or hidden size has no argmax")
     cfg = config or greedy_head_config(n_rows, weight.element_size(), hidden.element_size())
     block_n = row_block(n_rows)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(hidden_size)))  # tiny test models: H = 64
     n_slices = triton.cdiv(vocab, cfg.block_v)
-    parts = torch.empty(3, n_slices, n_rows, dtype=torch.float32, device=device)  # one allocation for the three
-    part_max, part_index, part_sum = parts[0], parts[1].view(torch.int32), parts[2]
-    cap = float(softcap) if softcap is not None else 1.0
-    inv_cap = float(np.float32(1.0) / np.float32(cap))  # PyTorch's opmath reciprocal: fp32 1 / fp32 cap
+    parts = _partials(n_slices, n_rows, device)
+    inv_cap, cap = _cap_arguments(softcap)
     bf16 = hidden.dtype == torch.bfloat16
     int8 = scale is not None
     scale_arg = scale if scale is not None else weight  # a float head: a valid pointer the kernel never reads
     stride_scale = scale.stride(0) if scale is not None else 0
     _greedy_head_slices_kernel[(n_slices, triton.cdiv(n_rows, block_n))](
-        hidden, weight, scale_arg, part_max, part_index, part_sum,
+        hidden, weight, scale_arg, *parts,
         n_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), stride_scale, inv_cap, cap,
         BLOCK_V=cfg.block_v, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=hidden_size % block_k == 0,
         ROUND_BF16=bf16, SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda",
@@ -353,11 +378,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
         HAS_SCALE=int8, MAGIC=int8 and cfg.magic_dequant,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
     )
-    _greedy_head_combine_kernel[(n_rows,)](
-        part_max, part_index, part_sum, ids, logprobs, n_rows, n_slices,
-        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4, **pdl_launch(),
-    )
-    return ids, logprobs
+    return _combine(parts, n_rows, device)
 
 
 def greedy_head_of_logits(logits: torch.Tensor, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -373,26 +394,18 @@ def greedy_head_of_logits(logits: torch.Tensor, softcap: float | None) -> tuple[
                          f"{tuple(logits.shape)}")
     n_rows, vocab = logits.shape
     device = logits.device
-    ids = torch.empty(n_rows, dtype=torch.int64, device=device)
-    logprobs = torch.empty(n_rows, dtype=torch.float32, device=device)
     if n_rows == 0:
-        return ids, logprobs
+        return _no_rows(device)
     if vocab == 0:
         raise ValueError("an empty vocabulary has no argmax")
     block_n = min(triton.next_power_of_2(n_rows), 16)
     n_slices = triton.cdiv(vocab, LOGIT_SLICE)
-    parts = torch.empty(3, n_slices, n_rows, dtype=torch.float32, device=device)
-    part_max, part_index, part_sum = parts[0], parts[1].view(torch.int32), parts[2]
-    cap = float(softcap) if softcap is not None else 1.0
-    inv_cap = float(np.float32(1.0) / np.float32(cap))
+    parts = _partials(n_slices, n_rows, device)
+    inv_cap, cap = _cap_arguments(softcap)
     _logit_slices_kernel[(n_slices, triton.cdiv(n_rows, block_n))](
-        logits, part_max, part_index, part_sum, n_rows, vocab, logits.stride(0), inv_cap, cap,
+        logits, *parts, n_rows, vocab, logits.stride(0), inv_cap, cap,
         BLOCK_V=LOGIT_SLICE, BLOCK_N=block_n, ROUND_BF16=logits.dtype == torch.bfloat16,
         SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda", LIBDEVICE_TANH=not _INTERPRETED,
         num_warps=4, **pdl_launch(),
     )
-    _greedy_head_combine_kernel[(n_rows,)](
-        part_max, part_index, part_sum, ids, logprobs, n_rows, n_slices,
-        BLOCK_S=triton.next_power_of_2(n_slices), num_warps=4, **pdl_launch(),
-    )
-    return ids, logprobs
+    return _combine(parts, n_rows, device)
