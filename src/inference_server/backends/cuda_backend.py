@@ -736,8 +736,9 @@ class CudaModelRunner(ModelRunner):
 
     def _greedy_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The fused greedy head (``triton_greedy_head``) where it takes the head: a float weight of the hidden
-        rows' dtype or an int8 one with its scales, and at most ``MAX_ROWS`` rows; None (the unfused path)
-        otherwise."""
+        rows' dtype or an int8 one with its scales, and at most ``MAX_ROWS`` rows; at 1-2 rows, with
+        ``greedy_head_gemv``, the head's CUDA-core GEMV and ``greedy_head_of_logits`` instead. None (the unfused
+        path) otherwise, and for an int8 head's 1-2 rows with ``greedy_head_gemv`` off."""
         head = self._head_operands()
         if head is None or not greedy_head_supports(hidden, *head):
             return None
