@@ -118,42 +118,45 @@ def overlapped_timeline(runner, batch: int, context: int, blocks_per_seq: int, s
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.loads(Path(f.name).read_text())["traceEvents"]
+    summary = summarize_step_trace(trace)
+    return None if summary is None else dict(batch=batch, **summary)
+
+
+def summarize_step_trace(trace: list[dict]) -> dict | None:
+    """The step summary of a Chrome trace's events (``torch.profiler``'s export) of overlapped steps: graph kernels
+    are those whose ``correlation`` is a ``cudaGraphLaunch``'s; each step runs from one graph's first kernel to the
+    next one's; the first and last steps are dropped (warm-up, drain). Per step (means over the middle steps): the
+    period, the graph's span, each operation outside the graph by name (launches, µs, the device's idle time just
+    before it) and the idle time. None with fewer than four graph replays in the trace. The events are not changed."""
     graph_launches = {e["args"]["correlation"] for e in trace
                       if e.get("name") == "cudaGraphLaunch" and "correlation" in e.get("args", {})}
     device = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e),
                     key=lambda e: e["ts"])
     if not device or not graph_launches:
         return None
-    starts: list[int] = []  # index in ``device`` of each graph's first kernel
-    for i, e in enumerate(device):
-        in_graph = e["args"].get("correlation") in graph_launches
-        e["in_graph"] = in_graph
-        if in_graph and (i == 0 or not device[i - 1]["in_graph"]):
-            starts.append(i)
+    in_graph = [e.get("args", {}).get("correlation") in graph_launches for e in device]
+    starts = [i for i, inside in enumerate(in_graph) if inside and (i == 0 or not in_graph[i - 1])]
     if len(starts) < 4:
         return None
     periods, spans, idles, outside = [], [], [], {}
     for a, b in itertools.pairwise(starts[1:-1]):  # the middle steps, graph start to graph start
-        window = device[a:b]
-        periods.append(device[b]["ts"] - window[0]["ts"])
-        graph = [e for e in window if e["in_graph"]]
+        window = list(zip(device[a:b], in_graph[a:b], strict=True))
+        periods.append(device[b]["ts"] - device[a]["ts"])
+        graph = [e for e, inside in window if inside]
         spans.append(max(e["ts"] + e["dur"] for e in graph) - graph[0]["ts"])
-        covered, idle = window[0]["ts"], 0.0
-        for e in window:
-            if e["ts"] > covered:
-                idle += e["ts"] - covered
-                if not e["in_graph"]:
-                    outside.setdefault(e["name"][:70], {"us": [], "gap_before": []})["gap_before"].append(
-                        e["ts"] - covered)
-            elif not e["in_graph"]:
-                outside.setdefault(e["name"][:70], {"us": [], "gap_before": []})["gap_before"].append(0.0)
-            if not e["in_graph"]:
-                outside[e["name"][:70]]["us"].append(e["dur"])
+        covered, idle = device[a]["ts"], 0.0
+        for e, inside in window:
+            gap = max(0.0, e["ts"] - covered)
+            idle += gap
+            if not inside:
+                row = outside.setdefault(e["name"][:70], {"us": [], "gap_before": []})
+                row["us"].append(e["dur"])
+                row["gap_before"].append(gap)
             covered = max(covered, e["ts"] + e["dur"])
         idle += max(0.0, device[b]["ts"] - covered)
         idles.append(idle)
     n = len(periods)
-    return dict(batch=batch, steps=n, period_us=round(statistics.mean(periods), 1),
+    return dict(steps=n, period_us=round(statistics.mean(periods), 1),
                 graph_span_us=round(statistics.mean(spans), 1), idle_us=round(statistics.mean(idles), 1),
                 outside_us=round(sum(sum(r["us"]) for r in outside.values()) / n, 1),
                 outside=[dict(name=name, per_step=round(len(r["us"]) / n, 2), us=round(sum(r["us"]) / n, 2),
