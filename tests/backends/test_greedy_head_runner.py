@@ -204,3 +204,23 @@ def test_greedy_decoding_through_the_static_path(quantize: bool) -> None:
     assert runners[0].graph_steps >= 2
     assert (spies[0].fused, spies[0].logits) == (steps + 1, 0)
     assert (spies[1].fused, spies[1].logits) == (0, steps + 1)
+
+
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
+def test_warm_up_compiles_every_head_path_a_decode_batch_meets(quantize: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm_up_greedy_head`` runs the serving path at 1 and 2 rows (an int8 head's GEMV path; a float head without
+    a tuned GEMV takes the fused head there) and at the fewest rows of each fused block: 3, 17 and 33."""
+    import inference_server.backends.cuda_backend as backend
+
+    fused: list[int] = []
+    reduced: list[int] = []
+    monkeypatch.setattr(backend, "greedy_head", lambda hidden, *a, **k: fused.append(hidden.shape[0]) or (None, None))
+    monkeypatch.setattr(backend, "greedy_head_of_logits", lambda logits, cap: reduced.append(logits.shape[0]) or
+                        (None, None))
+    runner = make_runner("gemma-4-31b-tiny", fused=True, quantize=quantize, seqs=40)
+    runner.warm_up_greedy_head()
+    if quantize:
+        assert (reduced, fused) == ([1, 2], [3, 17, 33])
+    else:
+        assert (reduced, fused) == ([], [1, 2, 3, 17, 33])

@@ -772,15 +772,17 @@ class CudaModelRunner(ModelRunner):
         return None
 
     def warm_up_greedy_head(self) -> None:
-        """Compile the fused greedy head's variants (one per ``greedy_head.ROW_BLOCKS`` entry) that decode batches
-        up to ``max_batch_size`` meet, so that none compiles mid-serving (a stall of a second or more)."""
+        """Compile the greedy head's variants that decode batches up to ``max_batch_size`` meet (the fused head's, one
+        per ``greedy_head.ROW_BLOCKS`` entry, and the 1-2 row GEMV path's), so that none compiles mid-serving (a
+        stall of a second or more)."""
         head = self._head_operands()
         if head is None:
             return
         weight, scale = head
         dtype = scale.dtype if scale is not None else weight.dtype  # the activations' (an int8 head's scale has it)
-        # the fewest rows of each block, and 1-2 rows (the GEMV path where it applies), through the serving path
-        for rows in sorted({1, GEMV_MAX_TOKENS, *(block + 1 for block in ROW_BLOCKS[:-1])}):
+        # through the serving path: 1 and 2 rows (the GEMV path where it applies, each its own GEMV config), then the
+        # fewest rows of each fused block (3 rows: the first block's, which 1-2 rows no longer reach)
+        for rows in sorted({1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, *(block + 1 for block in ROW_BLOCKS[:-1])}):
             hidden = torch.zeros(rows, weight.shape[1], dtype=dtype, device=weight.device)
             if rows <= self.options.max_batch_size:
                 self._greedy_head(hidden)
