@@ -646,6 +646,7 @@ class CudaModelRunner(ModelRunner):
             else ops.torch_gated_activation
         # Whether small-M float projections may take the Triton GEMV (ops.linear below, and the gated projection).
         dense_gemv = (options.triton_dense_linear or options.triton_dense_linear_where_tuned) and not options.compile
+        self._dense_gemv = dense_gemv  # also the greedy head's 1-2 row GEMV path (_head_gemv_logits)
         # The gate/up GEMV with the gated activation in its epilogue (same bits as the two launches it replaces).
         self._gated_projection = functools.partial(
             triton_gated_projection, dense_max_tokens=options.dense_linear_max_tokens if dense_gemv else None,
@@ -765,9 +766,7 @@ class CudaModelRunner(ModelRunner):
             return None
         if scale is not None:
             return triton_int8_linear(hidden, weight, scale)
-        dense = (self.options.triton_dense_linear or self.options.triton_dense_linear_where_tuned) \
-            and not self.options.compile
-        if dense and dense_linear_takes(hidden, weight, None, max_tokens=GEMV_MAX_TOKENS, tuned_only=True):
+        if self._dense_gemv and dense_linear_takes(hidden, weight, None, max_tokens=GEMV_MAX_TOKENS, tuned_only=True):
             return dense_linear(hidden, weight)
         return None
 
