@@ -65,8 +65,8 @@ from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
-__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "fused_moe_decode", "gate_up_program", "launch_down",
-           "moe_decode_config", "moe_decode_launches"]
+__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows", "fused_moe_decode",
+           "gate_up_program", "launch_down", "moe_decode_config", "moe_decode_launches"]
 
 MAX_TOKENS = 64
 """The most tokens one call takes (the arrival counters are sized for it)."""
@@ -390,6 +390,19 @@ def weighted_pair_and_k_sum(y, valid, pair, token, pid_n, offs_n, inter_ptr, top
 
 
 @triton.jit
+def down_program_rows(pid_n, pair, ids_ptr, num_experts, H, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A down program's coordinates: ``(token, expert, valid, offs_n, offs_n_safe)`` for its (``pid_n`` row tile,
+    ``pair``). An expert id outside [0, E) is not ``valid`` and reads expert 0's rows (the epilogue gives the pair
+    zeros); ``offs_n_safe`` keeps the row loads in bounds (the stores are masked by ``offs_n``)."""
+    token = pair // TOP_K
+    expert = tl.load(ids_ptr + pair).to(tl.int32)
+    valid = (expert >= 0) & (expert < num_experts)
+    expert = tl.where(valid, expert, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return token, expert, valid, offs_n, offs_n % H
+
+
+@triton.jit
 def _down_kernel(
     inter_ptr,  # [T*K, I] act(gate) * up (contiguous)
     w_ptr,  # [E, H, I] (last dim contiguous); int8 when W_INT8, its int32 words [E, H, I / 4] when W_WORDS
@@ -424,12 +437,8 @@ def _down_kernel(
     pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
-    token = pair // TOP_K
-    expert = tl.load(ids_ptr + pair).to(tl.int32)
-    valid = (expert >= 0) & (expert < num_experts)
-    expert = tl.where(valid, expert, 0).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_n_safe = offs_n % H
+    token, expert, valid, offs_n, offs_n_safe = down_program_rows(pid_n, pair, ids_ptr, num_experts, H, TOP_K,
+                                                                  BLOCK_N)
     rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
     x_row = inter_ptr + pair.to(tl.int64) * inter_size
     if W_WORDS:

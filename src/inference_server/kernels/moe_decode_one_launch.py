@@ -59,6 +59,7 @@ from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
 from inference_server.kernels.moe_decode import (
     MoeDecodeConfig,
+    down_program_rows,
     gate_up_program,
     moe_decode_config,
     stream_rows,
@@ -133,12 +134,8 @@ def _down_program(
 ):
     """Step 2 of the module docstring for the down program at (``pid_n``, ``pair``). ``STREAM_K`` > 0: no block in
     registers; after the wait the rows stream in K tiles of that many columns (``moe_decode.stream_rows``)."""
-    token = pair // TOP_K
-    expert = tl.load(ids_ptr + pair).to(tl.int32)
-    valid = (expert >= 0) & (expert < num_experts)
-    expert = tl.where(valid, expert, 0).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_n_safe = offs_n % H
+    token, expert, valid, offs_n, offs_n_safe = down_program_rows(pid_n, pair, ids_ptr, num_experts, H, TOP_K,
+                                                                  BLOCK_N)
     offs_i = tl.arange(0, BLOCK_I)
     ready = ready_ptr + pair
     if STREAM_K > 0:
