@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton
 import triton.language as tl
 
+from graph_timing import time_calls  # bench/ is on the path
 from inference_server.backends.cuda_backend import triton_dense_linear
 from inference_server.kernels import decode_attention
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait, use_pdl
@@ -120,34 +121,17 @@ def l2_prefetch(weight: torch.Tensor, max_bytes: int | None = None, chunk_bytes:
     return True
 
 
-def time_graph(calls: list, reps: int, last=None) -> float:
-    """Median µs per entry of ``calls`` (each a list of thunks run in order), all captured in one graph; ``last``
-    (a thunk) runs once after them (the side stream's join)."""
-    for group in calls[:2]:
+def time_graph(layers: list, reps: int, last=None) -> float:
+    """Median µs per layer (each a list of thunks run in order), all layers in one CUDA graph
+    (``graph_timing.time_calls``); ``last`` (a thunk) runs once after the last layer (the side stream's join)."""
+    def layer(group: list, tail=None) -> None:
         for call in group:
             call()
-    if last is not None:
-        last()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for group in calls:
-            for call in group:
-                call()
-        if last is not None:
-            last()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times)
+        if tail is not None:
+            tail()
+
+    calls = [functools.partial(layer, group) for group in layers[:-1]] + [functools.partial(layer, layers[-1], last)]
+    return time_calls(calls, torch.device("cuda"), reps) * 1e6
 
 
 def main() -> None:
