@@ -522,12 +522,13 @@ _DECODE_COMPILE = textwrap.dedent('''
     target = GPUTarget("cuda", 90, 64)
     # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits, and
     # Gemma-4-E4B's KV-shared sliding and full layers (G 4) with the raw q normed and rotated in the launch
-    for group, head_dim, block_n, warps, chunk, q_norm in ((8, 128, 64, 4, 16, 0), (2, 256, 64, 8, 16, 0),
-                                                           (8, 512, 32, 8, 4, 0), (4, 256, 64, 8, 16, 1),
-                                                           (4, 512, 32, 8, 4, 1)):
+    # (the first tile of earlier keys loaded before the PDL wait in the first and the fourth)
+    for group, head_dim, block_n, warps, chunk, q_norm, early in ((8, 128, 64, 4, 16, 0, 1), (2, 256, 64, 8, 16, 0, 0),
+                                                                  (8, 512, 32, 8, 4, 0, 0), (4, 256, 64, 8, 16, 1, 1),
+                                                                  (4, 512, 32, 8, 4, 1, 0)):
         constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
                           DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk,
-                          BLOCK_R=group, USE_PDL=False, Q_NORM_ROPE=q_norm)
+                          BLOCK_R=group, USE_PDL=bool(early), Q_NORM_ROPE=q_norm, KV_BEFORE_WAIT=bool(early))
         types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
                  "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
                  "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32", "qw_ptr": "*bf16",
@@ -581,3 +582,116 @@ def test_decode_kernel_norms_and_rotates_a_raw_query(num_heads: int, num_kv_head
     assert_close(got, ref_paged_decode_attention(q_ref, *args[:-1]), dtype)  # the PyTorch references
     with pytest.raises(ValueError, match="cos and sin"):
         paged_decode_attention(q_raw, *args, q_norm_rope=QueryNormRope(weight, 1e-6, gemma, cos[:2], sin[:2]))
+
+
+# ------------------------------------------------------------------- the earlier keys before the PDL wait
+
+
+KV_BEFORE_WAIT_CASES = [  # (num_heads, num_kv_heads, head_dim, window, num_splits)
+    (8, 2, 32, None, 1),  # one split: up to three tiles a program, the query's key in the first or a later one
+    (8, 2, 32, None, 3),
+    (6, 2, 64, 20, 4),  # a window: the first tile starts inside the sequence's blocks
+    (4, 4, 16, 5, None),
+    (16, 1, 16, None, 2),
+]
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "window", "num_splits"), KV_BEFORE_WAIT_CASES)
+def test_earlier_keys_before_the_wait_give_the_same_attention(num_heads: int, num_kv_heads: int, head_dim: int,
+                                                               window: int | None, num_splits: int | None) -> None:
+    """``kv_before_wait``: the first tile's earlier keys loaded before the wait and the query's own key after it
+    give the attention of the plain kernel bit for bit (padded slots, empty splits and windows included)."""
+    ctx_lens = [1, 4, 5, 16, 17, 37, 0]  # block_size 4, 16-key tiles: the query's key first / last in a tile
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 4, torch.float32, window, seed=5)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, window, num_splits)
+    early = paged_decode_attention(*args, max_context_len=64, block_n=16, kv_before_wait=True)
+    plain = paged_decode_attention(*args, max_context_len=64, block_n=16, kv_before_wait=False)
+    assert torch.equal(early, plain)
+    assert_close(early, ref_paged_decode_attention(*args[:-1]), torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("ctx", [1, 9, 16, 17, 30])
+def test_the_query_key_is_read_only_after_the_wait(monkeypatch: pytest.MonkeyPatch, ctx: int,
+                                                   num_splits: int) -> None:
+    """The query's own key and value (position ``ctx - 1``) are what the launch before the attention writes: with
+    ``kv_before_wait`` the kernel must read them after its PDL wait. Under the interpreter the wait here stores them
+    (the cache holds NaN there until then), so a load of them before it poisons the output. Programs run one after
+    another, so the first program (sequence 0, kv head 0, split 0, whose tile holds the query's key with one split)
+    is the one that sees the NaN."""
+    q, case = decode_setup([ctx, 12], 4, 2, 16, 4, torch.float32, None, seed=ctx)
+    table = case.block_tables[0]
+    block, offset = int(table[(ctx - 1) // 4]), (ctx - 1) % 4
+    key, value = case.k_cache[block, offset].clone(), case.v_cache[block, offset].clone()
+    case.k_cache[block, offset] = float("nan")
+    case.v_cache[block, offset] = float("nan")
+    waits: list[int] = []
+
+    def wait_then_store(use_pdl: bool) -> None:  # the predecessor completes: its K/V row lands
+        waits.append(1)
+        case.k_cache[block, offset] = key
+        case.v_cache[block, offset] = value
+
+    monkeypatch.setattr(decode_attention, "pdl_wait", wait_then_store)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, None, num_splits)
+    out = paged_decode_attention(*args, max_context_len=64, block_n=16, kv_before_wait=True)
+    assert waits, "the kernel did not wait"
+    assert_close(out, ref_paged_decode_attention(*args[:-1]), torch.float32)
+
+
+@gpu
+@requires_cuda
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("kv_before_wait", [False, True])
+def test_gpu_query_key_stored_by_the_launch_before(batch: int, kv_before_wait: bool) -> None:
+    """On the device with PDL, in a CUDA graph as the engine runs it: a NaN lands in the query's K/V slots (a launch
+    without PDL), the q/k norm + RoPE launch stores the real row there, and the attention, a programmatic dependent
+    of that launch, must attend to the stored row, never the NaN, in every replay (Qwen3-30B-A3B's layer shape)."""
+    from inference_server.kernels import pdl
+    from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
+
+    if not pdl.pdl_supported():
+        pytest.skip("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
+    num_heads, num_kv_heads, head_dim, page = 32, 4, 128, 16
+    ctx_lens = [541 + 37 * b for b in range(batch)]
+    _, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, page, torch.bfloat16, None,
+                           qk_std=head_dim**-0.25)
+    gen = torch.Generator(device=DEVICE).manual_seed(batch)
+    q_raw = randn((batch, num_heads, head_dim), gen).to(torch.bfloat16)
+    k_raw = randn((batch, num_kv_heads, head_dim), gen).to(torch.bfloat16)
+    v_raw = randn((batch, num_kv_heads, head_dim), gen).to(torch.bfloat16)
+    weight = (1 + randn((head_dim,), gen) / 4).to(torch.bfloat16)
+    angles = randn((batch, head_dim), gen)
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    slots = torch.tensor([int(case.block_tables[b, (c - 1) // page]) * page + (c - 1) % page
+                          for b, c in enumerate(ctx_lens)], dtype=torch.int64, device=DEVICE)
+    flat_k = case.k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = case.v_cache.view(-1, num_kv_heads, head_dim)
+    out = torch.empty_like(q_raw)
+    write = PagedKVWrite(case.k_cache, case.v_cache, slots, value=v_raw)
+
+    def step() -> torch.Tensor:
+        flat_k.index_fill_(0, slots, float("nan"))  # what the slots hold until the launch before writes them
+        flat_v.index_fill_(0, slots, float("nan"))
+        q, _, _ = qk_norm_rope(q_raw, k_raw, None, weight, weight, 1e-6, "qwen", cos, sin, cache=write)
+        return paged_decode_attention(q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                                      head_dim**-0.5, None, max_context_len=32768, out=out,
+                                      kv_before_wait=kv_before_wait)
+
+    previous = pdl.use_pdl(True)
+    try:
+        step()  # compiles outside the capture
+        torch.cuda.synchronize()
+        q_ref = qk_norm_rope(q_raw, k_raw, None, weight, weight, 1e-6, "qwen", cos, sin)[0]
+        want = ref_paged_decode_attention(q_ref, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                                          head_dim**-0.5, None)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for _ in range(50):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert not out.isnan().any(), "the attention read the query's K/V before they were stored"
+            assert_close(out, want, torch.bfloat16)
+    finally:
+        pdl.use_pdl(previous)

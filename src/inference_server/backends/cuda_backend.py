@@ -193,6 +193,7 @@ class TritonNormRopeDecode:
     dtype, an even head_dim, contiguous rows, RoPE tables of one layout with a row per sequence."""
 
     max_context_len: int
+    kv_before_wait: bool | None = None  # paged_decode_attention's
 
     def accepts(self, q_raw: torch.Tensor, q_norm: layers.RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return (q_raw.dim() == 3 and _qk_norm_rope_kernel_mode(q_raw, None, None, q_norm, None, None) is not None
@@ -205,7 +206,8 @@ class TritonNormRopeDecode:
         assert q_norm.weight is not None  # accepts() checked it
         norm = QueryNormRope(q_norm.weight, q_norm.eps, q_norm.style == "gemma4", cos, sin)
         return paged_decode_attention(q_raw, k_cache, v_cache, block_tables, context_lens, scale, window,
-                                      max_context_len=self.max_context_len, q_norm_rope=norm)
+                                      max_context_len=self.max_context_len, q_norm_rope=norm,
+                                      kv_before_wait=self.kv_before_wait)
 
 
 FUSED_ROUTER_MAX_TOKENS = 16
@@ -585,6 +587,10 @@ class CudaRunnerOptions:
     for an int8 head, the tuned Triton GEMV for a float one where this GPU's sweep timed it faster than cuBLAS) and
     reduce the logits with the fused head's soft-cap and statistics in two short launches
     (``greedy_head.greedy_head_of_logits``): the same token and logprob as the fused head on the same logits."""
+    attention_kv_before_wait: bool = True
+    """With ``pdl``, every decode attention program loads its first tile of the earlier keys and values (all but the
+    query's own) before its PDL wait, while the launch before it still runs (``paged_decode_attention``'s
+    ``kv_before_wait``): the same output, bit for bit."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
@@ -603,13 +609,15 @@ class CudaModelRunner(ModelRunner):
 
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  options: CudaRunnerOptions) -> None:
-        decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
+        kv_before_wait = None if options.attention_kv_before_wait else False  # None: where PDL is on
+        decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len,
+                                   kv_before_wait=kv_before_wait)
         fused_store = options.fused_kv_store and options.uses_triton_qk_norm_rope
         fused_q_rope = options.fused_q_norm_rope_attention and options.uses_triton_qk_norm_rope
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
             store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
             norm_rope_store=triton_qk_norm_rope_store if fused_store else None,
-            norm_rope_decode=TritonNormRopeDecode(options.max_model_len) if fused_q_rope else None))
+            norm_rope_decode=TritonNormRopeDecode(options.max_model_len, kv_before_wait) if fused_q_rope else None))
         self.options = options
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.

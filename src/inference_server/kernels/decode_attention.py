@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 LOG2E = 1.4426950408889634
 # Triton's CPU interpreter multiplies the raw bits of bf16 operands in tl.dot (triton 3.9): under it, the
@@ -135,6 +135,71 @@ def _norm_rope_rows(x, q_rows, offs_d, d_mask, g_mask, w_ptr, cos_row, sin_row, 
 
 
 @triton.jit
+def _split_range(context_lens_ptr, b, window, num_splits, split, BLOCK_N: tl.constexpr):
+    """``(ctx, lo, start, end)``: sequence ``b``'s context length, its first visible key, and the keys
+    ``[start, end)`` of split ``split`` (whole tiles of the visible range shared out evenly; empty past its end)."""
+    ctx = tl.load(context_lens_ptr + b)
+    lo = tl.maximum(ctx - window, 0)  # first visible key
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, ctx)
+    return ctx, lo, start, end
+
+
+@triton.jit
+def _earlier_keys(pos, end, ctx):
+    """The positions of ``pos`` (``[BLOCK_N]``) below ``end`` that earlier steps stored: all but the query's own
+    key (``ctx - 1``), which this step's launch before the attention writes."""
+    return pos < tl.minimum(end, ctx - 1)
+
+
+@triton.jit
+def _tile_blocks(bt_row, pos, valid, PAGE: tl.constexpr):
+    """The cache blocks of the key positions ``pos`` (``[BLOCK_N]``) from the block table row ``bt_row``, as int64
+    (0 where not ``valid``, whose table entries are not read)."""
+    return tl.load(bt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_tile(k_cache_ptr, v_cache_ptr, blk, pos, valid, kvh, offs_d, d_mask, stride_kb, stride_kt, stride_kh,
+                  stride_vb, stride_vt, stride_vh, PAGE: tl.constexpr):
+    """K as ``[BLOCK_D, BLOCK_N]`` and V as ``[BLOCK_N, BLOCK_D]`` of kv head ``kvh`` at the key positions ``pos`` in
+    their blocks ``blk`` (``_tile_blocks``); zero where not ``valid`` (nothing is read there). K and V are both
+    issued before the scores need K: at decode a program runs one or two tiles, and V's HBM round trip then overlaps
+    K's instead of following the softmax."""
+    tok = pos % PAGE
+    k = tl.load(
+        k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+        mask=valid[None, :] & d_mask[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+        mask=valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    return k, v
+
+
+@triton.jit
+def _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile of the online softmax: ``q [BLOCK_G, BLOCK_D]``, ``k [BLOCK_D, BLOCK_N]``, ``v [BLOCK_N,
+    BLOCK_D]``, ``valid [BLOCK_N]``; returns the updated running max (log2 domain), normaliser and accumulator. A
+    tile with no valid key leaves them as they were."""
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, nH, D]
     k_cache_ptr,  # [num_blocks, PAGE, nKV, D]
@@ -180,20 +245,18 @@ def _paged_decode_kernel(
     BLOCK_R: tl.constexpr = 16,  # G padded to a power of two: the merged rows (FUSED_REDUCE)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
     Q_NORM_ROPE: tl.constexpr = 0,  # q is raw: normed (1: gemma, 2: qwen convention) and rotated here first
+    KV_BEFORE_WAIT: tl.constexpr = False,  # the first key tile's earlier keys are loaded before the PDL wait
 ):
-    # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from earlier
-    # launches (nothing here is a weight), so wait before the first load.
-    pdl_wait(USE_PDL)
+    if not KV_BEFORE_WAIT:
+        # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from
+        # earlier launches (nothing here is a weight), so wait before the first load.
+        pdl_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     num_heads = tl.num_programs(1) * G
-
-    ctx = tl.load(context_lens_ptr + b)
-    lo = tl.maximum(ctx - window, 0)  # first visible key
-    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, ctx)
+    if not KV_BEFORE_WAIT:
+        ctx, lo, start, end = _split_range(context_lens_ptr, b, window, num_splits, split, BLOCK_N)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -201,6 +264,21 @@ def _paged_decode_kernel(
     g_mask = offs_g < G
     d_mask = offs_d < D
     heads = kvh * G + offs_g  # [BLOCK_G]
+    bt_row = block_tables_ptr + b * stride_btb
+
+    if KV_BEFORE_WAIT:
+        # PDL (kernels.pdl): the context lengths and block tables are copied in before the step, and every key but
+        # this step's (position ctx - 1) was stored by earlier steps, so their last writers completed before the
+        # launch just before this one passed its own wait. The first tile of those keys is in flight while that
+        # launch (the q/k norm + RoPE that stores the new key, or the q projection) still runs: at decode a program
+        # holds one or two tiles, and this chain of round trips (length, table, K/V) was most of its time.
+        ctx, lo, start, end = _split_range(context_lens_ptr, b, window, num_splits, split, BLOCK_N)
+        pos0 = start + offs_n  # [BLOCK_N]
+        blk0 = _tile_blocks(bt_row, pos0, pos0 < end, PAGE)  # this step's key's block too: the table is the host's
+        k0, v0 = _load_kv_tile(k_cache_ptr, v_cache_ptr, blk0, pos0, _earlier_keys(pos0, end, ctx), kvh, offs_d,
+                               d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+        # the query and this step's K/V row come from the launches just before
+        pdl_wait(USE_PDL)
 
     q_rows = q_ptr + b * stride_qb + heads * stride_qh  # [BLOCK_G]
     q = tl.load(q_rows[:, None] + offs_d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BG, BD]
@@ -215,35 +293,23 @@ def _paged_decode_kernel(
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    bt_row = block_tables_ptr + b * stride_btb
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if KV_BEFORE_WAIT:
+        # this step's key and value, if the first tile holds them, now that their writer has completed (one round
+        # trip, beside the query's)
+        fresh = (pos0 == ctx - 1) & (pos0 < end)
+        k1, v1 = _load_kv_tile(k_cache_ptr, v_cache_ptr, blk0, pos0, fresh, kvh, offs_d, d_mask, stride_kb, stride_kt,
+                               stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+        k0 = tl.where(fresh[None, :], k1, k0)
+        v0 = tl.where(fresh[:, None], v1, v0)
+        m_i, l_i, acc = _attend_tile(q, k0, v0, pos0 < end, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         pos = n0 + offs_n  # [BLOCK_N]
         valid = pos < end
-        blk = tl.load(bt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
-        tok = pos % PAGE
-        # K and V are both issued before the scores need K: at decode a program runs one or two tiles, and V's HBM
-        # round trip then overlaps K's instead of following the softmax.
-        k = tl.load(  # [BLOCK_D, BLOCK_N]
-            k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-            mask=valid[None, :] & d_mask[:, None],
-            other=0.0,
-        )
-        v = tl.load(  # [BLOCK_N, BLOCK_D]
-            v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-            mask=valid[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, valid, PAGE), pos, valid, kvh, offs_d,
+                             d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+        m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
     # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
     pdl_release(USE_PDL)
@@ -401,6 +467,7 @@ def paged_decode_attention(
     num_stages: int | None = None,
     num_warps: int | None = None,
     q_norm_rope: QueryNormRope | None = None,  # q is raw: normed and rotated in the attention launch first
+    kv_before_wait: bool | None = None,
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
@@ -413,6 +480,9 @@ def paged_decode_attention(
     :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
     ``qk_norm_rope``'s up to the order of the fp32 sum of squares, one launch fewer a layer.
+    ``kv_before_wait``: every program loads its first key tile's earlier keys (all but the query's own, which the
+    launch before may still be writing) before its PDL wait, and the query's key and value after it. None: where PDL
+    is on (``kernels.pdl``; without it the wait is no wait). The output is the same either way, bit for bit.
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -448,6 +518,7 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
         Q_NORM_ROPE=0 if q_norm_rope is None else 1 if q_norm_rope.gemma else 2,
+        KV_BEFORE_WAIT=pdl_enabled() if kv_before_wait is None else kv_before_wait,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(),
