@@ -377,7 +377,9 @@ PDL_COMPILE = textwrap.dedent('''
          {**GEMV_1024, "GATED": 0, "UP_IN_MEMORY": False, "NORM_IN": 2, "HAS_S": False, "NORM_BLOCK": 2048}),
     ]
     # kernels.pdl's invariant: only these read (weights) before the wait
-    EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel", "_norm_add_gemv_kernel"}
+    # (the decode attention's cases take KV_BEFORE_WAIT: the earlier keys' first tile before the wait)
+    EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel", "_norm_add_gemv_kernel",
+                   "_paged_decode_kernel"}
     # kernels whose programs run one of two kernels' programs (kernels.mlp_beside_experts): each branch is the code
     # of a kernel checked here (the GEMV's loads early, the other's not), so the PTX's first load says nothing
     BRANCHED = {"_gated_gemv_and_route_kernel", "_expert_gate_up_and_gemv_kernel"}
