@@ -29,7 +29,11 @@ Compiled for sm_90 in bf16 (Triton 3.9): 36/72/80 KiB smem for D = 128/256/512.
 At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (Gemma-4-31B, 527 keys: ~10 µs a
 layer against 2 µs of K/V reads; docs/benchmarks.md, "The decode attention at its real context"). Hence the many
 splits at small batch (one key tile each at a short context) and a merge that loads the partials of the kv head's G
-real heads, up to ``_MERGE_ELEMENTS`` at a time, with the maxima and normalisers in the same round trip.
+real heads, up to ``_MERGE_ELEMENTS`` at a time, with the maxima and normalisers in the same round trip. With PDL
+(``kv_before_wait``) the first links of that chain leave it: every program loads the context length, the block
+table and its first key tile's earlier keys and values before its PDL wait, while the launch before it (the q/k
+norm + RoPE that stores this step's key, or the q projection) still runs, and only the query and its own key and
+value after it.
 """
 
 from __future__ import annotations

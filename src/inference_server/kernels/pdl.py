@@ -15,11 +15,16 @@ Invariant that makes it safe (every kernel taking part keeps it):
   return), before its first global read of data that a predecessor may write and before its first global write
   (or atomic). Write-after-read counts too: a kernel must not overwrite a buffer (its output, a workspace the
   caching allocator hands out again, a counter) that its predecessor may still be reading.
-* Only weights (never written during a step) may be read before the wait, at addresses that depend on shapes
-  alone. The CUDA-core GEMV (``int8_gemv``) loads its first weight tile there, and ``norm_add`` and
-  ``qk_norm_rope`` their norm weights (and the layer scale), so that the DRAM latency of their start overlaps the
-  predecessor's tail; the other kernels' weight loads share loops (or depend on indices, e.g. the routed expert)
-  with data of earlier kernels.
+* Before the wait a kernel may read only what no launch of the step still running writes: weights (never written
+  during a step) at addresses that depend on shapes alone, and data whose last writer completed before the
+  launch just before this one passed its own wait (every kernel here releases after its wait, below, so that is
+  any launch two or more back, and anything copied in before the step). The CUDA-core GEMV (``int8_gemv``) loads
+  its first weight tile there, ``norm_add`` and ``qk_norm_rope`` their norm weights (and the layer scale), so that
+  the DRAM latency of their start overlaps the predecessor's tail. The decode attention (``decode_attention``,
+  ``KV_BEFORE_WAIT``) loads its context lengths and block tables (copied in before the step) and its first tile
+  of the earlier keys and values (stored by earlier steps); the query's own key and value, which the launch just
+  before it writes, it loads after the wait. The other kernels' weight loads share loops (or depend on indices,
+  e.g. the routed expert) with data of earlier kernels.
 
 A new kernel takes part by taking ``USE_PDL: tl.constexpr = False``, keeping the invariant, launching with
 ``**pdl_launch()``, and joining the cases of ``tests/kernels/test_kernels_compile_for_h200.py``'s PDL test (which
