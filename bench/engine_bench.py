@@ -178,6 +178,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # "tensor-core-head" is the default with 1-2 row greedy steps on the fused head's tensor-core slices (not the head's
 # CUDA-core GEMV and greedy_head_of_logits);
 # "kv-after-wait" is the default with the decode attention's first key tile loaded after its PDL wait (not before);
+# "down-after-wait" is the default with the MoE decode down launch's expert ids and first weight tile loaded after its
+# PDL wait (not before);
 # "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
@@ -203,6 +205,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "tensor-core-head": dict(greedy_head_gemv=False),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "kv-after-wait": dict(attention_kv_before_wait=False),
+    "down-after-wait": dict(moe_down_weights_before_wait=False),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

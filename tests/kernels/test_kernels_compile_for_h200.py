@@ -332,7 +332,11 @@ PDL_COMPILE = textwrap.dedent('''
               INT_DOT=False)),
         (moe_decode._down_kernel, {"w_ptr": "*i32", "ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
          dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=True, W_WORDS=True,
-              PRMT=True, INT_DOT=True)),  # int8 experts as words, bf16 activations as fixed point
+              PRMT=True, INT_DOT=True, W_BEFORE_WAIT=False)),  # int8 experts as words, bf16 activations as fixed point
+        # bf16 experts, the expert id and the first weight tile before the wait
+        (moe_decode._down_kernel, {"ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
+         dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, W_WORDS=False,
+              PRMT=False, INT_DOT=False, W_BEFORE_WAIT=True)),
         # Qwen3-30B-A3B's routed experts at one token in one launch (gate/up and down programs side by side)
         (moe_decode_one_launch._one_launch_kernel, {"ids_ptr": "*i64", "counter_ptr": "*i32"},
          dict(TOP_K=8, ACT=0, MAX_PAIRS_=256, ROW_TILES_STRIDE=2048, GU_BLOCK_N=16, GU_BLOCK_K=256, GU_EVEN_K=True,
@@ -377,9 +381,9 @@ PDL_COMPILE = textwrap.dedent('''
          {**GEMV_1024, "GATED": 0, "UP_IN_MEMORY": False, "NORM_IN": 2, "HAS_S": False, "NORM_BLOCK": 2048}),
     ]
     # kernels.pdl's invariant: only these read (weights) before the wait
-    # (the decode attention's cases take KV_BEFORE_WAIT: the earlier keys' first tile before the wait)
-    EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel", "_norm_add_gemv_kernel",
-                   "_paged_decode_kernel"}
+    EARLY_LOADS = {"int8_gemv_kernel", "_norm_add_kernel", "_qk_norm_rope_kernel", "_norm_add_gemv_kernel"}
+    # and the cases that ask for early loads: the decode attention's earlier keys, the MoE down launch's weights
+    EARLY_SWITCHES = ("KV_BEFORE_WAIT", "W_BEFORE_WAIT")
     # kernels whose programs run one of two kernels' programs (kernels.mlp_beside_experts): each branch is the code
     # of a kernel checked here (the GEMV's loads early, the other's not), so the PTX's first load says nothing
     BRANCHED = {"_gated_gemv_and_route_kernel", "_expert_gate_up_and_gemv_kernel"}
@@ -406,7 +410,7 @@ PDL_COMPILE = textwrap.dedent('''
                 assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx, fn.__name__
                 assert kernel.metadata.launch_pdl, fn.__name__
                 # the kernels that read weights before the wait still do, and no other kernel reads anything there
-                loads_early = fn.__name__ in EARLY_LOADS
+                loads_early = fn.__name__ in EARLY_LOADS or any(constexprs.get(k) for k in EARLY_SWITCHES)
                 assert fn.__name__ in BRANCHED or (
                     ptx.index("ld.global") < ptx.index("griddepcontrol.wait")) == loads_early, fn.__name__
             else:  # off: no trace of PDL in the code

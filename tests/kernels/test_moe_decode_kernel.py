@@ -249,7 +249,7 @@ _COMPILE = textwrap.dedent('''
                 (moe_decode._down_kernel, inter, cfg.down_block_n, cfg.down_block_k, cfg.down_warps,
                  {"inter_ptr": "*bf16", "w_ptr": weight, "ids_ptr": "*i64", "topk_w_ptr": topk_w, "scale_ptr": "*bf16",
                   "pair_ptr": "*fp32" if topk_w == "*fp32" else "*bf16", "counter_ptr": "*i32", "out_ptr": "*bf16"},
-                 {"TOP_K": 8, "ROW_TILES_STRIDE": 2048})):
+                 {"TOP_K": 8, "ROW_TILES_STRIDE": 2048, "W_BEFORE_WAIT": True})):
             constexprs = dict(extra, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=length % block_k == 0, W_INT8=int8,
                               W_WORDS=words, PRMT=words, USE_PDL=False, INT_DOT=words)
             signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
@@ -340,3 +340,39 @@ def test_gpu_deterministic_and_graph_capturable() -> None:
     torch.cuda.synchronize()
     assert torch.equal(out, fused_moe_decode(x, w_gu, w_dn, w, ids, act))
     assert int(moe_decode._arrival_counters(x.device).count_nonzero()) == 0
+
+
+@pytest.mark.parametrize(("kind", "H", "inter"), [("float", 64, 48), ("float", 96, 40), ("int8", 64, 48),
+                                                   ("int8", 104, 40), ("int8-bytes", 64, 48)])
+def test_down_weights_before_the_wait_are_the_same_bits(kind: str, H: int, inter: int) -> None:
+    """``use_down_weights_before_wait(True)``: the down launch's expert ids and first weight tiles loaded before its
+    PDL wait (whole and ragged K tiles, float weights and int8 as words or single bytes, a pair with an expert out
+    of range) give the result of the launch that loads them after it, bit for bit."""
+    if kind == "float":
+        x, w_gu, w_dn, w, ids = _case(2, 8, 4, H, inter, torch.bfloat16, H + inter)
+        scales: dict[str, torch.Tensor] = {}
+    else:
+        x, w_gu, w_dn, s_gu, s_dn, w, ids = _int8_case(2, 8, 4, H, inter, torch.bfloat16, H + inter)
+        scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
+    ids[1, 2] = 8  # out of range: the pair adds nothing, whichever side of the wait its id is read
+    outs = []
+    for early in (False, True):
+        previous = moe_decode.use_down_weights_before_wait(early)
+        try:
+            outs.append(fused_moe_decode(x, w_gu, w_dn, w, ids, "silu", config=SMALL, int8_words=kind != "int8-bytes",
+                                         **scales))
+        finally:
+            moe_decode.use_down_weights_before_wait(previous)
+    assert torch.equal(outs[0], outs[1])
+    assert moe_decode.down_weights_before_wait() is False  # None (the default): where PDL is on, never here
+
+
+def test_down_launch_takes_the_switch() -> None:
+    x, w_gu, w_dn, w, ids = _case(1, 8, 8, 64, 48, torch.float32, 3)
+    for setting, expected in ((True, True), (False, False), (None, False)):
+        previous = moe_decode.use_down_weights_before_wait(setting)
+        try:
+            launches, _ = moe_decode.moe_decode_launches(x, w_gu, w_dn, w, ids, "silu", config=SMALL)
+        finally:
+            moe_decode.use_down_weights_before_wait(previous)
+        assert launches is not None and launches.down_constexprs["W_BEFORE_WAIT"] is expected

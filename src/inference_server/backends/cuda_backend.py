@@ -60,7 +60,7 @@ from inference_server.kernels.int8_linear import int8_linear as triton_int8_line
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_gemv, gated_gemv_and_route, shares_warps
-from inference_server.kernels.moe_decode import fused_moe_decode
+from inference_server.kernels.moe_decode import fused_moe_decode, use_down_weights_before_wait
 from inference_server.kernels.moe_decode_one_launch import fits_one_launch, moe_decode_one_launch
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
@@ -587,6 +587,10 @@ class CudaRunnerOptions:
     for an int8 head, the tuned Triton GEMV for a float one where this GPU's sweep timed it faster than cuBLAS) and
     reduce the logits with the fused head's soft-cap and statistics in two short launches
     (``greedy_head.greedy_head_of_logits``): the same token and logprob as the fused head on the same logits."""
+    moe_down_weights_before_wait: bool = True
+    """With ``pdl``, the MoE decode GEMVs' down launch loads each program's expert id (the router's, two launches
+    back) and its first weight tile before its PDL wait, while the gate/up launch still runs
+    (``moe_decode.use_down_weights_before_wait``): the same bits."""
     attention_kv_before_wait: bool = True
     """With ``pdl``, every decode attention program loads its first tile of the earlier keys and values (all but the
     query's own) before its PDL wait, while the launch before it still runs (``paged_decode_attention``'s
@@ -796,6 +800,7 @@ class CudaModelRunner(ModelRunner):
 
     def _install_ops(self) -> None:
         use_pdl(self.options.pdl)  # kernels.pdl's switch is process-wide, like the ops
+        use_down_weights_before_wait(None if self.options.moe_down_weights_before_wait else False)
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,
                     qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,

@@ -61,12 +61,13 @@ from inference_server.kernels.int8_dequant import (
 )
 from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile, takes_fixed_point
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
-__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows", "fused_moe_decode",
-           "gate_up_program", "launch_down", "moe_decode_config", "moe_decode_launches"]
+__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows", "down_weights_before_wait",
+           "first_row_tiles", "fused_moe_decode", "gate_up_program", "launch_down", "moe_decode_config",
+           "moe_decode_launches", "stream_rows", "stream_rows_from", "use_down_weights_before_wait"]
 
 MAX_TOKENS = 64
 """The most tokens one call takes (the arrival counters are sized for it)."""
@@ -133,6 +134,29 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 
 @triton.jit
+def first_row_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The first K tile of the weight rows ``stream_rows`` streams: ``(a, b)``, each ``[BN, BK]`` (``b`` is ``a``
+    without ``TWO``). Weights only: a kernel may load them before its PDL wait and stream on with
+    ``stream_rows_from``."""
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
+    if EVEN_K:
+        a = tl.load(w_ptrs)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = a
+    else:
+        k_ok = offs_k < length
+        a = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
+        else:
+            b = a
+    return a, b
+
+
+@triton.jit
 def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
                 EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
     """fp32 dot products of the ``[BN, length]`` weight rows starting at ``rows [BN]`` (and, with ``TWO``, of the
@@ -163,6 +187,31 @@ def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.
             b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
         else:
             b = a
+    return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
+                             W_INT8, X_CG)
+
+
+@triton.jit
+def stream_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
+    """``stream_rows`` with its first weight tiles ``a``, ``b`` already loaded (``first_row_tiles``)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
+    x_ptrs = x_row + offs_k  # [BK]
+    n_tiles = tl.cdiv(length, BLOCK_K)
+    if EVEN_K:
+        x = tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+    else:
+        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+    return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
+                             W_INT8, X_CG)
+
+
+@triton.jit
+def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr):
+    """``stream_rows``' K loop over ``n_tiles`` tiles from its first ones (weights ``a``, ``b`` and the vector's
+    ``x``, at ``w_ptrs`` and ``x_ptrs``)."""
     acc_a = tl.zeros(a.shape, dtype=tl.float32)
     acc_b = tl.zeros(a.shape, dtype=tl.float32)
     for kb in range(0, n_tiles):
@@ -192,6 +241,28 @@ def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.
         b = b_next
         x = x_next
     return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
+
+
+@triton.jit
+def _first_word_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``first_row_tiles`` for ``_stream_word_rows``: the first tile of words, ``(a, b)`` each ``[BN, BK / 4]``."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    offs_w, first_col = word_pair_offsets(WORDS)
+    w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
+    if EVEN_K:
+        a = tl.load(w_ptrs)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = a
+    else:
+        w_ok = (first_col < length)[None, :]
+        a = tl.load(w_ptrs, mask=w_ok, other=0)
+        if TWO:
+            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
+        else:
+            b = a
+    return a, b
 
 
 @triton.jit
@@ -230,6 +301,35 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
             b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
         else:
             b = a
+    return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
+                                  BLOCK_K, EVEN_K, PRMT, INT_DOT)
+
+
+@triton.jit
+def _stream_word_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
+                           EVEN_K: tl.constexpr, PRMT: tl.constexpr, INT_DOT: tl.constexpr):
+    """``_stream_word_rows`` with its first tiles of words ``a``, ``b`` already loaded (``_first_word_tiles``)."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    offs_w, first_col = word_pair_offsets(WORDS)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
+    x_ptrs = x_row + offs_k  # [BK]
+    n_tiles = tl.cdiv(length, BLOCK_K)
+    if EVEN_K:
+        x = tl.load(x_ptrs)
+    else:
+        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0)
+    return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
+                                  BLOCK_K, EVEN_K, PRMT, INT_DOT)
+
+
+@triton.jit
+def _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length,
+                           TWO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRMT: tl.constexpr,
+                           INT_DOT: tl.constexpr):
+    """``_stream_word_rows``' K loop over ``n_tiles`` tiles from its first ones (words ``a``, ``b`` and the
+    activations' ``x``)."""
+    WORDS: tl.constexpr = BLOCK_K // 4
     acc_a = tl.zeros(a.shape, dtype=tl.float32)
     acc_b = tl.zeros(a.shape, dtype=tl.float32)
     for kb in range(0, n_tiles):
@@ -430,21 +530,32 @@ def _down_kernel(
     PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
     INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+    W_BEFORE_WAIT: tl.constexpr = False,  # the expert id and the first weight tile are loaded before the PDL wait
 ):
-    # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and the
-    # output may still be read by an earlier one, and the arrival counters are reset by the previous launch: wait
-    # before the first load, store or atomic.
-    pdl_wait(USE_PDL)
+    if not W_BEFORE_WAIT:
+        # PDL (kernels.pdl): the ids, routing weights and act * up rows come from earlier launches, the scratch and
+        # the output may still be read by an earlier one, and the arrival counters are reset by the previous launch:
+        # wait before the first load, store or atomic.
+        pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
+    # W_BEFORE_WAIT (kernels.pdl): the expert ids come from the router, two launches back (the gate/up launch that
+    # this one depends on sits between), so they and the expert's first weight tile can be loaded while the gate/up
+    # launch still runs; the act * up rows, the routing weights, every store and the counters wait.
     token, expert, valid, offs_n, offs_n_safe = down_program_rows(pid_n, pair, ids_ptr, num_experts, H, TOP_K,
                                                                   BLOCK_N)
     rows = w_ptr + expert * stride_we + offs_n_safe.to(tl.int64) * stride_wn  # [BN]
+    if W_WORDS:
+        a, b = _first_word_tiles(rows, 0, inter_size, False, BLOCK_K, EVEN_K)
+    else:
+        a, b = first_row_tiles(rows, 0, inter_size, False, BLOCK_K, EVEN_K)
+    if W_BEFORE_WAIT:
+        pdl_wait(USE_PDL)
     x_row = inter_ptr + pair.to(tl.int64) * inter_size
     if W_WORDS:
-        y, _ = _stream_word_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT)
+        y, _ = _stream_word_rows_from(a, b, rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
-        y, _ = stream_rows(rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
+        y, _ = stream_rows_from(a, b, rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
     # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
     # on, waiting) do not hold registers while this kernel's programs still stream.
     pdl_release(USE_PDL)
@@ -544,12 +655,29 @@ def moe_decode_launches(
     down_constexprs: dict[str, object] = dict(
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
         EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
-        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot,
+        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot, W_BEFORE_WAIT=down_weights_before_wait(),
     )
     launches = MoeDecodeLaunches(gate_up_args, gate_up_constexprs, (triton.cdiv(inter_size, cfg.gate_up_block_n),
                                                                      n_pairs), cfg.gate_up_warps,
                                  down_args, down_constexprs, (row_tiles, n_pairs), cfg.down_warps)
     return launches, out
+
+
+_down_weights_before_wait: bool | None = None
+
+
+def use_down_weights_before_wait(enabled: bool | None) -> bool | None:
+    """Whether the down launch loads each program's expert id and first weight tile before its PDL wait
+    (``_down_kernel``'s ``W_BEFORE_WAIT``): None, where PDL is on (``kernels.pdl``; the runner's default,
+    ``CudaRunnerOptions.moe_down_weights_before_wait``); True, always (the interpreter's tests); False, never.
+    Process-wide, like ``kernels.pdl.use_pdl``; returns the previous setting. The results are the same bits."""
+    global _down_weights_before_wait
+    previous, _down_weights_before_wait = _down_weights_before_wait, enabled
+    return previous
+
+
+def down_weights_before_wait() -> bool:
+    return pdl_enabled() if _down_weights_before_wait is None else _down_weights_before_wait
 
 
 def launch_down(launches: MoeDecodeLaunches) -> None:
