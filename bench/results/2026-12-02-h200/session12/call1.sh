@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 12, device call 1: the decode attention's earlier keys before its PDL wait (kv_before_wait). Its GPU tests
+# Session 12, device call 1: the decode attention's earlier keys before its PDL wait (kv_before_wait), and the MoE
+# down launch's expert ids and first weight tiles before its wait ("down-after-wait" = without). Its GPU tests
 # (the query's K/V stored by the launch before, in a PDL graph; the runner bitwise with PDL on and off), then the A/B
 # on Qwen3-30B-A3B and Gemma-4-26B-A4B at B = 1 and 64 ("kv-after-wait" = before, "after" = with it; the order
 # after, kv-after-wait, after so that neither sits only first), median of 3 each; and a split sweep of the attention
@@ -14,7 +15,7 @@ timeout $((260 - SECONDS)) python3 -m pytest -q tests/backends/test_pdl_runner.p
   | tee -a $OUT/gpu_tests.log
 date +%T
 for m in qwen3-30b-a3b gemma-4-26b-a4b; do
-  timeout $((500 - SECONDS)) python3 bench/engine_bench.py run --model $m --variants after,kv-after-wait,after \
+  timeout $((500 - SECONDS)) python3 bench/engine_bench.py run --model $m --variants after,kv-after-wait,down-after-wait,after \
     --batches 1,64 --repeats 3 --skip-offline --profile-batches "" --out /tmp/eb-$m 2>&1 | grep -v Warn > $OUT/eb-$m.log
   grep -o '"variant": "[a-z-]*", "batch": [0-9]*, .*"replay_ms": [0-9.]*\|"overlap_tok_s_runs": \[[^]]*\]' $OUT/eb-$m.log \
     | sed 's/, "bucket.*"replay_ms"/ "replay_ms"/' | paste -sd' ' | sed "s/^/$m: /"
