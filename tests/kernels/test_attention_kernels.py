@@ -695,3 +695,15 @@ def test_gpu_query_key_stored_by_the_launch_before(batch: int, kv_before_wait: b
             assert_close(out, want, torch.bfloat16)
     finally:
         pdl.use_pdl(previous)
+
+
+def test_earlier_keys_go_before_the_wait_only_in_an_unpipelined_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default ``kv_before_wait``: with PDL on, only where the key loop has one stage (1-2 sequences of
+    head_dim <= 128; pipelined loops were slower with it on the H200); never without PDL."""
+    assert decode_attention.earlier_keys_before_wait(1) is False  # no PDL here
+    monkeypatch.setattr(decode_attention, "pdl_enabled", lambda: True)
+    stages = {(d, b): decode_config(d, b, kv)[2] for d, b, kv in ((128, 1, 4), (128, 2, 4), (128, 16, 4),
+                                                                   (128, 64, 4), (256, 1, 8), (512, 1, 2))}
+    early = {key: decode_attention.earlier_keys_before_wait(s) for key, s in stages.items()}
+    assert early == {(128, 1): True, (128, 2): True, (128, 16): False, (128, 64): False, (256, 1): False,
+                     (512, 1): False}

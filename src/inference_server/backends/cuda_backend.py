@@ -592,9 +592,10 @@ class CudaRunnerOptions:
     back) and its first weight tile before its PDL wait, while the gate/up launch still runs
     (``moe_decode.use_down_weights_before_wait``): the same bits."""
     attention_kv_before_wait: bool = True
-    """With ``pdl``, every decode attention program loads its first tile of the earlier keys and values (all but the
-    query's own) before its PDL wait, while the launch before it still runs (``paged_decode_attention``'s
-    ``kv_before_wait``): the same output, bit for bit."""
+    """With ``pdl``, where the decode attention's key loop is not pipelined (1-2 sequences, head_dim <= 128:
+    Qwen3-MoE), every program loads its first tile of the earlier keys and values (all but the query's own) before
+    its PDL wait, while the launch before it still runs (``paged_decode_attention``'s ``kv_before_wait``): the same
+    output, bit for bit. Off: never."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them

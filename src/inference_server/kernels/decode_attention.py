@@ -30,10 +30,10 @@ At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes
 layer against 2 µs of K/V reads; docs/benchmarks.md, "The decode attention at its real context"). Hence the many
 splits at small batch (one key tile each at a short context) and a merge that loads the partials of the kv head's G
 real heads, up to ``_MERGE_ELEMENTS`` at a time, with the maxima and normalisers in the same round trip. With PDL
-(``kv_before_wait``) the first links of that chain leave it: every program loads the context length, the block
-table and its first key tile's earlier keys and values before its PDL wait, while the launch before it (the q/k
-norm + RoPE that stores this step's key, or the q projection) still runs, and only the query and its own key and
-value after it.
+and an unpipelined key loop (``kv_before_wait``: 1-2 sequences of head_dim <= 128) the first links of that chain
+leave it: every program loads the context length, the block table and its first key tile's earlier keys and values
+before its PDL wait, while the launch before it (the q/k norm + RoPE that stores this step's key) still runs, and
+only the query and its own key and value after it.
 """
 
 from __future__ import annotations
@@ -440,6 +440,13 @@ def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, in
     return block_n, 4 if head_dim <= 128 else 8, 2
 
 
+def earlier_keys_before_wait(num_stages: int) -> bool:
+    """``paged_decode_attention``'s default ``kv_before_wait``: where PDL is on and the key loop is not pipelined
+    (``num_stages`` 1, :func:`decode_config`'s 1-2 sequences of head_dim <= 128), the one regime where it paid on the
+    H200 (see ``paged_decode_attention``)."""
+    return pdl_enabled() and num_stages == 1
+
+
 @attrs.frozen
 class QueryNormRope:
     """The per-head q norm and RoPE that ``paged_decode_attention`` applies to a raw q before attending, as
@@ -485,8 +492,13 @@ def paged_decode_attention(
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
     ``qk_norm_rope``'s up to the order of the fp32 sum of squares, one launch fewer a layer.
     ``kv_before_wait``: every program loads its first key tile's earlier keys (all but the query's own, which the
-    launch before may still be writing) before its PDL wait, and the query's key and value after it. None: where PDL
-    is on (``kernels.pdl``; without it the wait is no wait). The output is the same either way, bit for bit.
+    launch before may still be writing) before its PDL wait, and the query's key and value after it. The output is
+    the same either way, bit for bit. None: where PDL is on (``kernels.pdl``; without it the wait is no wait) and
+    the key loop is not pipelined (``num_stages`` 1: :func:`decode_config`'s 1-2 sequences of head_dim <= 128). On
+    the H200 it paid only there: Qwen3-30B-A3B B=1 replay 2.443 -> 2.416 ms. A pipelined loop lost with it (the
+    tile held in registers across the wait beside the pipeline's stages): B=1 Gemma-4-26B-A4B 2.314 -> 2.345,
+    E4B 2.940 -> 2.975, 31B 14.51 -> 14.74 ms; B=64 Gemma-4-E4B 4.84 -> 5.27, 26B-A4B 15.06 -> 15.73, Qwen
+    17.05 -> 17.11 ms (docs/benchmarks.md, twelfth session).
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -522,7 +534,7 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
         Q_NORM_ROPE=0 if q_norm_rope is None else 1 if q_norm_rope.gemma else 2,
-        KV_BEFORE_WAIT=pdl_enabled() if kv_before_wait is None else kv_before_wait,
+        KV_BEFORE_WAIT=kv_before_wait if kv_before_wait is not None else earlier_keys_before_wait(num_stages),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(),
