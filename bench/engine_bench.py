@@ -177,8 +177,6 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # decode step's float routed experts in one launch (kernels/moe_decode_one_launch.py; slower on the H200);
 # "tensor-core-head" is the default with 1-2 row greedy steps on the fused head's tensor-core slices (not the head's
 # CUDA-core GEMV and greedy_head_of_logits);
-# "separate-kv-rope" is the default with a layer's q/k norm + RoPE and KV store in qk_norm_rope's launch (not in the
-# decode attention's: decode_attention.KeyValueNormRope);
 # "kv-after-wait" is the default with the decode attention's first key tile loaded after its PDL wait (not before);
 # "down-after-wait" is the default with the MoE decode down launch's expert ids and first weight tile loaded after its
 # PDL wait (not before);
@@ -190,7 +188,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
                    triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
                    fused_norm_router=False, fused_gated_gemv=False, triton_rope_tables=False,
                    fused_mlp_beside_experts=False, fused_norm_gemv=False, fused_q_norm_rope_attention=False,
-                   fused_add_norm_gemv=False, fused_kv_norm_rope_attention=False, triton_greedy_head=False,
+                   fused_add_norm_gemv=False, triton_greedy_head=False,
                    triton_dense_linear=False, triton_dense_linear_where_tuned=False,
                    moe_decode_max_tokens=0, pdl=False),
     "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
@@ -207,7 +205,6 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "tensor-core-head": dict(greedy_head_gemv=False),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "kv-after-wait": dict(attention_kv_before_wait=False),
-    "separate-kv-rope": dict(fused_kv_norm_rope_attention=False),
     "down-after-wait": dict(moe_down_weights_before_wait=False),
     "compile": dict(compile=True),
 }

@@ -384,7 +384,7 @@ def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
     attention = cuda_backend.paged_decode_attention
 
     def counting(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        if kwargs.get("q_norm_rope") is not None and kwargs.get("kv_norm_rope") is None:
+        if kwargs.get("q_norm_rope") is not None:
             calls.append(q.shape[0])
         return attention(q, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -471,44 +471,3 @@ def test_mlp_beside_experts_needs_its_parts(options: dict) -> None:
     CudaModelRunner(model, spec, storage, torch.device(DEV),
                     CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
     assert ops.mlp_beside_experts is ops.torch_mlp_beside_experts
-
-
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
-def test_kv_norm_rope_and_store_in_the_attention_launch(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """``fused_kv_norm_rope_attention``: at the decode step every layer that computes K/V hands its raw q, k and
-    value to the decode attention, which norms, rotates and stores them (Qwen3-MoE: no value norm; Gemma 4: a value
-    norm, and layers whose value is the raw key), instead of ``qk_norm_rope``'s launch with the store. Against the
-    option off: the same tokens, logprobs within fp32 rounding, and caches within fp32 rounding (the norms' sums of
-    squares run over the whole row, not two halves)."""
-    import inference_server.backends.cuda_backend as cuda_backend
-
-    torch.set_num_threads(1)
-    calls: list[int] = []
-    attention = cuda_backend.paged_decode_attention
-
-    def counting(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        if kwargs.get("kv_norm_rope") is not None:
-            calls.append(q.shape[0])
-        return attention(q, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(cuda_backend, "paged_decode_attention", counting)
-    results, caches = [], []
-    for fused in (False, True):
-        spec, model, storage = _build(name)
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, fused_kv_norm_rope_attention=fused))
-        results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
-        caches.append([t.clone() for t in (*storage.keys, *storage.values)])
-        assert (len(calls) > 0) == fused
-    _assert_same_tokens_close_logprobs(results[1], results[0])
-    computing = sum(layer.computes_kv for layer in spec.layers)
-    assert computing > 0 and calls == [2] * computing
-    for got, want in zip(caches[1], caches[0], strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-
-def test_kv_norm_rope_needs_the_triton_norm_rope() -> None:
-    spec, model, storage = _build("qwen3-30b-a3b-tiny")
-    runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-        max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_qk_norm_rope=False))
-    assert runner.attention_kwargs["norm_rope_store_decode"] is None

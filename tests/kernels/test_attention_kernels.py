@@ -522,24 +522,20 @@ _DECODE_COMPILE = textwrap.dedent('''
     target = GPUTarget("cuda", 90, 64)
     # Qwen3-30B-A3B (G 8, D 128), Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers at 16 splits, and
     # Gemma-4-E4B's KV-shared sliding and full layers (G 4) with the raw q normed and rotated in the launch
-    # (the first tile of earlier keys loaded before the PDL wait in the first and the fourth; the new key and value
-    # normed, rotated and stored in the launch in the last three: Qwen's, and Gemma 4's with the value norm)
-    for group, head_dim, block_n, warps, chunk, q_norm, early, kv in (
-            (8, 128, 64, 4, 16, 0, 1, 0), (2, 256, 64, 8, 16, 0, 0, 0), (8, 512, 32, 8, 4, 0, 0, 0),
-            (4, 256, 64, 8, 16, 1, 1, 0), (4, 512, 32, 8, 4, 1, 0, 0), (8, 128, 64, 8, 16, 2, 1, 1),
-            (2, 256, 64, 8, 16, 1, 0, 2), (8, 512, 32, 8, 4, 1, 0, 2)):
+    # (the first tile of earlier keys loaded before the PDL wait in the first and the fourth)
+    for group, head_dim, block_n, warps, chunk, q_norm, early in ((8, 128, 64, 4, 16, 0, 1), (2, 256, 64, 8, 16, 0, 0),
+                                                                  (8, 512, 32, 8, 4, 0, 0), (4, 256, 64, 8, 16, 1, 1),
+                                                                  (4, 512, 32, 8, 4, 1, 0)):
         constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
                           DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk,
-                          BLOCK_R=group, USE_PDL=bool(early), Q_NORM_ROPE=q_norm, KV_BEFORE_WAIT=bool(early),
-                          KV_NORM_ROPE=bool(kv), V_NORM=kv == 2)
+                          BLOCK_R=group, USE_PDL=bool(early), Q_NORM_ROPE=q_norm, KV_BEFORE_WAIT=bool(early))
         types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
                  "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
                  "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32", "qw_ptr": "*bf16",
-                 "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_eps": "fp32", "kr_ptr": "*bf16", "vr_ptr": "*bf16",
-                 "kw_ptr": "*bf16", "slot_ptr": "*i64"}
+                 "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_eps": "fp32"}
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
-                                options=dict(num_warps=warps, num_stages=1 if early else 2))
+                                options=dict(num_warps=warps, num_stages=2))
         assert "atom" in kernel.asm["ptx"] and kernel.metadata.shared <= 232448, (head_dim, kernel.metadata.shared)
     print("compiled")
 ''')
@@ -711,139 +707,3 @@ def test_earlier_keys_go_before_the_wait_only_in_an_unpipelined_loop(monkeypatch
     early = {key: decode_attention.earlier_keys_before_wait(s) for key, s in stages.items()}
     assert early == {(128, 1): True, (128, 2): True, (128, 16): False, (128, 64): False, (256, 1): False,
                      (512, 1): False}
-
-
-@pytest.mark.parametrize("kv_before_wait", [False, True])
-@pytest.mark.parametrize(("gemma", "norm_value"), [(True, True), (True, False), (False, False)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "num_splits", "window"),
-                         [(8, 2, 32, 1, None), (6, 2, 64, 3, None), (4, 1, 16, None, None), (8, 2, 32, 2, 6)])
-def test_decode_kernel_norms_rotates_and_stores_the_new_key(num_heads: int, num_kv_heads: int, head_dim: int,
-                                                            num_splits: int | None, window: int | None,
-                                                            dtype: torch.dtype, gemma: bool, norm_value: bool,
-                                                            kv_before_wait: bool) -> None:
-    """``kv_norm_rope``: the raw q, k and value of the step normed, rotated, stored and attended in the one launch
-    give ``qk_norm_rope``'s q attended over a cache into which ``qk_norm_rope`` stored its k and v: the same cache
-    rows and output, bit for bit under the interpreter's bf16, within fp32 rounding in fp32. The new key sits
-    first or last in a tile or alone in its split; padded slots store nothing."""
-    from inference_server.kernels.decode_attention import KeyValueNormRope, QueryNormRope
-    from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
-    from inference_server.models.architectures.layers import rope_cos_sin, rope_inv_freq
-    from inference_server.models.spec import RopeSpec
-
-    ctx_lens = [3, 17, 16, 33, 0]
-    q_raw, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 4, dtype, window, seed=head_dim + 1)
-    gen = torch.Generator(device=DEVICE).manual_seed(7)
-    q_raw = (q_raw.float() * 3).to(dtype)
-    k_raw = (randn((len(ctx_lens), num_kv_heads, head_dim), gen) * 2).to(dtype)
-    value = (randn((len(ctx_lens), num_kv_heads, head_dim), gen) * 2).to(dtype)
-    q_weight = (1 + randn((head_dim,), gen) / 4).to(dtype)
-    k_weight = (1 + randn((head_dim,), gen) / 4).to(dtype)
-    positions = torch.tensor([c - 1 if c else 0 for c in ctx_lens], device=DEVICE)
-    cos, sin = rope_cos_sin(rope_inv_freq(RopeSpec(theta=10_000.0, head_dim=head_dim)).to(DEVICE), positions, dtype)
-    slots = torch.tensor([int(case.block_tables[b, (c - 1) // 4]) * 4 + (c - 1) % 4 if c else -1
-                          for b, c in enumerate(ctx_lens)], dtype=torch.int64, device=DEVICE)
-    mode = "gemma" if gemma else "qwen"
-    tables = (case.block_tables, case.context_lens, head_dim**-0.5, window, num_splits)
-
-    want_k, want_v = case.k_cache.clone(), case.v_cache.clone()
-    write = PagedKVWrite(want_k, want_v, slots, value=None if norm_value else value)
-    q, _, _ = qk_norm_rope(q_raw, k_raw, value if norm_value else None, q_weight, k_weight, 1e-6, mode, cos, sin,
-                           cache=write)
-    want = paged_decode_attention(q, want_k, want_v, *tables, max_context_len=64, block_n=16,
-                                  kv_before_wait=kv_before_wait)
-
-    got_k, got_v = case.k_cache.clone(), case.v_cache.clone()
-    got = paged_decode_attention(q_raw, got_k, got_v, *tables, max_context_len=64, block_n=16,
-                                 kv_before_wait=kv_before_wait,
-                                 q_norm_rope=QueryNormRope(q_weight, 1e-6, gemma, cos, sin),
-                                 kv_norm_rope=KeyValueNormRope(k_raw, value, k_weight, norm_value, slots))
-    exact = dtype == torch.bfloat16 and DEVICE == "cpu"
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    for got_t, want_t in ((got_k, want_k), (got_v, want_v), (got, want)):
-        assert got_t.isnan().sum() == want_t.isnan().sum()  # the same slots written, no others
-        if exact:
-            assert torch.equal(got_t.nan_to_num(), want_t.nan_to_num())
-        else:
-            torch.testing.assert_close(got_t.nan_to_num(), want_t.nan_to_num(), **tol)
-    assert torch.all(got[-1] == 0)
-
-
-def test_kv_norm_rope_needs_the_query_norm_and_checks_its_rows() -> None:
-    from inference_server.kernels.decode_attention import KeyValueNormRope
-
-    q, case = decode_setup([3, 5], 4, 2, 16, 4, torch.float32, None)
-    k = torch.zeros(2, 2, 16, device=DEVICE)
-    slots = torch.zeros(2, dtype=torch.int64, device=DEVICE)
-    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, None)
-    with pytest.raises(ValueError, match="needs q_norm_rope"):
-        paged_decode_attention(*args, kv_norm_rope=KeyValueNormRope(k, k, torch.ones(16, device=DEVICE), False, slots))
-
-
-@gpu
-@requires_cuda
-@pytest.mark.parametrize("batch", [1, 4, 64])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "gemma"), [(32, 4, 128, False), (16, 8, 256, True)])
-def test_gpu_new_key_normed_rotated_and_stored_in_the_attention(batch: int, num_heads: int, num_kv_heads: int,
-                                                                head_dim: int, gemma: bool) -> None:
-    """``kv_norm_rope`` on the device, with PDL, in a CUDA graph (Qwen3-30B-A3B's layer; Gemma-4-26B-A4B's sliding
-    layer with its value norm): the query's K/V slots hold NaN before each replay, and the launch attends to and
-    stores the new key and value it computed: the output and the stored rows of ``qk_norm_rope`` with its cache
-    write followed by the attention, within bf16 rounding, in every replay."""
-    from inference_server.kernels import pdl
-    from inference_server.kernels.decode_attention import KeyValueNormRope, QueryNormRope
-    from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
-
-    if not pdl.pdl_supported():
-        pytest.skip("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
-    page = 16
-    ctx_lens = [541 + 37 * b for b in range(batch)]
-    _, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, page, torch.bfloat16, None,
-                           qk_std=head_dim**-0.25)
-    gen = torch.Generator(device=DEVICE).manual_seed(batch + head_dim)
-    q_raw = randn((batch, num_heads, head_dim), gen).to(torch.bfloat16)
-    k_raw = randn((batch, num_kv_heads, head_dim), gen).to(torch.bfloat16)
-    value = randn((batch, num_kv_heads, head_dim), gen).to(torch.bfloat16)
-    q_weight = (1 + randn((head_dim,), gen) / 4).to(torch.bfloat16)
-    k_weight = (1 + randn((head_dim,), gen) / 4).to(torch.bfloat16)
-    angles = randn((batch, head_dim), gen)
-    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
-    slots = torch.tensor([int(case.block_tables[b, (c - 1) // page]) * page + (c - 1) % page
-                          for b, c in enumerate(ctx_lens)], dtype=torch.int64, device=DEVICE)
-    mode = "gemma" if gemma else "qwen"
-    args = (case.block_tables, case.context_lens, head_dim**-0.5, None)
-
-    want_k, want_v = case.k_cache.clone(), case.v_cache.clone()
-    q, _, _ = qk_norm_rope(q_raw, k_raw, value if gemma else None, q_weight, k_weight, 1e-6, mode, cos, sin,
-                           cache=PagedKVWrite(want_k, want_v, slots, value=None if gemma else value))
-    want = ref_paged_decode_attention(q, want_k, want_v, *args)
-
-    flat_k = case.k_cache.view(-1, num_kv_heads, head_dim)
-    flat_v = case.v_cache.view(-1, num_kv_heads, head_dim)
-    out = torch.empty_like(q_raw)
-    norm = QueryNormRope(q_weight, 1e-6, gemma, cos, sin)
-    new_kv = KeyValueNormRope(k_raw, value, k_weight, gemma, slots)
-
-    def step() -> None:
-        flat_k.index_fill_(0, slots, float("nan"))
-        flat_v.index_fill_(0, slots, float("nan"))
-        paged_decode_attention(q_raw, case.k_cache, case.v_cache, *args, max_context_len=32768, out=out,
-                               q_norm_rope=norm, kv_norm_rope=new_kv)
-
-    previous = pdl.use_pdl(True)
-    try:
-        step()  # compiles outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        for _ in range(20):
-            graph.replay()
-            torch.cuda.synchronize()
-            assert_close(out, want, torch.bfloat16)
-            for got_cache, want_cache in ((flat_k, want_k), (flat_v, want_v)):
-                got_rows = got_cache[slots].float()
-                want_rows = want_cache.view(-1, num_kv_heads, head_dim)[slots].float()
-                torch.testing.assert_close(got_rows, want_rows, atol=2e-2, rtol=2**-7)
-    finally:
-        pdl.use_pdl(previous)

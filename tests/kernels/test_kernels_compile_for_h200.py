@@ -299,13 +299,6 @@ PDL_COMPILE = textwrap.dedent('''
           "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32", "q_eps": "fp32"},
          dict(PAGE=16, G=8, BLOCK_G=16, D=128, BLOCK_D=128, BLOCK_N=64, SPLIT=True, DOT_PRECISION="tf32",
               UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=16, BLOCK_R=8, KV_BEFORE_WAIT=True)),
-        # Qwen3-30B-A3B's layer with its q/k norm, RoPE and KV store in the launch
-        (decode_attention._paged_decode_kernel,
-         {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
-          "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32", "q_eps": "fp32", "slot_ptr": "*i64"},
-         dict(PAGE=16, G=8, BLOCK_G=16, D=128, BLOCK_D=128, BLOCK_N=64, SPLIT=True, DOT_PRECISION="tf32",
-              UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=16, BLOCK_R=8, KV_BEFORE_WAIT=True,
-              Q_NORM_ROPE=2, KV_NORM_ROPE=True)),
         # Gemma-4-E4B's KV-shared sliding layer: the raw q normed and rotated in the launch
         (decode_attention._paged_decode_kernel,
          {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",

@@ -49,7 +49,7 @@ from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.config import Settings
 from inference_server.kernels import rmsnorm as triton_norm
-from inference_server.kernels.decode_attention import KeyValueNormRope, QueryNormRope, paged_decode_attention
+from inference_server.kernels.decode_attention import QueryNormRope, paged_decode_attention
 from inference_server.kernels.dense_linear import cublas_is_faster, dense_linear, triton_is_faster
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.gated_activation import SUPPORTED as GATED_ACTIVATIONS
@@ -208,42 +208,6 @@ class TritonNormRopeDecode:
         return paged_decode_attention(q_raw, k_cache, v_cache, block_tables, context_lens, scale, window,
                                       max_context_len=self.max_context_len, q_norm_rope=norm,
                                       kv_before_wait=self.kv_before_wait)
-
-
-@attrs.frozen
-class TritonNormRopeStoreDecode:
-    """``paged_kv.NormRopeStoreDecodeFn``: the Triton decode attention that norms and rotates a layer's raw q and k,
-    norms its value where the layer has a value norm, stores k and the value into the caches and attends, all in its
-    own launch (``decode_attention.QueryNormRope`` and ``KeyValueNormRope``), where ``kernels.qk_norm_rope`` with its
-    cache write would take the inputs (``triton_qk_norm_rope_store``'s conditions), at the runner's
-    ``max_context_len``."""
-
-    max_context_len: int
-    kv_before_wait: bool | None = None  # paged_decode_attention's
-
-    def accepts(self, q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.Tensor, q_norm: layers.RMSNorm,
-                k_norm: layers.RMSNorm, v_norm: layers.RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-        if q_raw.dim() != 3 or k_raw.dim() != 3 or value.shape != k_raw.shape or k_raw.shape[0] != q_raw.shape[0]:
-            return False
-        mode = _qk_norm_rope_kernel_mode(q_raw, k_raw, value if v_norm is not None else None, q_norm, k_norm, v_norm)
-        return (mode is not None and value.stride(-1) == 1 and value.dtype == q_raw.dtype
-                and cos.shape == (q_raw.shape[0], q_raw.shape[2]) and sin.shape == cos.shape
-                and cos.stride() == sin.stride() and cos.stride(-1) == 1 and cos.dtype == q_raw.dtype
-                and k_cache.dim() == 4 and k_cache.shape == v_cache.shape and k_cache.dtype == v_cache.dtype
-                and tuple(k_cache.shape[2:]) == tuple(k_raw.shape[1:]) and k_cache.stride(-1) == 1
-                and v_cache.stride(-1) == 1)
-
-    def __call__(self, q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.Tensor, q_norm: layers.RMSNorm,
-                 k_norm: layers.RMSNorm, v_norm: layers.RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-        assert q_norm.weight is not None and k_norm.weight is not None  # accepts() checked them
-        norm = QueryNormRope(q_norm.weight, q_norm.eps, q_norm.style == "gemma4", cos, sin)
-        new_kv = KeyValueNormRope(k_raw, value, k_norm.weight, v_norm is not None, slot_mapping)
-        return paged_decode_attention(q_raw, k_cache, v_cache, block_tables, context_lens, scale, window,
-                                      max_context_len=self.max_context_len, q_norm_rope=norm,
-                                      kv_before_wait=self.kv_before_wait, kv_norm_rope=new_kv)
 
 
 FUSED_ROUTER_MAX_TOKENS = 16
@@ -593,12 +557,6 @@ class CudaRunnerOptions:
     inside the decode attention launch (``paged_kv.NormRopeDecodeFn``, ``decode_attention.QueryNormRope``): one
     launch fewer per such layer, the same q up to the order of the norm's fp32 sum of squares. Needs
     ``triton_qk_norm_rope``."""
-    fused_kv_norm_rope_attention: bool = True
-    """At decode, a layer that computes K/V norms and rotates its q and k, norms its value (where it has a value
-    norm) and stores k and v inside the decode attention launch (``paged_kv.NormRopeStoreDecodeFn``,
-    ``decode_attention.KeyValueNormRope``) instead of ``qk_norm_rope``'s launch with the KV store: one launch fewer per
-    such layer, the same values up to the order of the norms' fp32 sums of squares. Needs
-    ``triton_qk_norm_rope``."""
     fused_gated_gemv: bool = True
     """A dense MLP's fused gate/up projection and its gated activation in one launch (``ops.gated_projection``,
     ``kernels.gated_gemv``) where the projection is a one-split CUDA-core GEMV (1-4 tokens): one launch fewer per
@@ -661,13 +619,10 @@ class CudaModelRunner(ModelRunner):
                                    kv_before_wait=kv_before_wait)
         fused_store = options.fused_kv_store and options.uses_triton_qk_norm_rope
         fused_q_rope = options.fused_q_norm_rope_attention and options.uses_triton_qk_norm_rope
-        fused_kv_rope = options.fused_kv_norm_rope_attention and options.uses_triton_qk_norm_rope
         super().__init__(model, spec, storage, device, attention_kwargs=dict(
             store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
             norm_rope_store=triton_qk_norm_rope_store if fused_store else None,
-            norm_rope_decode=TritonNormRopeDecode(options.max_model_len, kv_before_wait) if fused_q_rope else None,
-            norm_rope_store_decode=TritonNormRopeStoreDecode(options.max_model_len, kv_before_wait)
-            if fused_kv_rope else None))
+            norm_rope_decode=TritonNormRopeDecode(options.max_model_len, kv_before_wait) if fused_q_rope else None))
         self.options = options
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.

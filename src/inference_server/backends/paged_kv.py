@@ -49,25 +49,6 @@ class NormRopeDecodeFn(Protocol):
         ...
 
 
-class NormRopeStoreDecodeFn(Protocol):
-    """Decode attention of a layer's raw q, k and value that the attention launch norms, rotates and stores itself
-    (all of ``qk_norm_rope`` and the K/V store of a layer that computes K/V, in the attention's launch)."""
-
-    def accepts(self, q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
-                v_norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> bool:
-        """Whether ``__call__`` takes these inputs (asked before the context skips the norms and the store)."""
-        ...
-
-    def __call__(self, q_raw: torch.Tensor, k_raw: torch.Tensor, value: torch.Tensor, q_norm: RMSNorm,
-                 k_norm: RMSNorm, v_norm: RMSNorm | None, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-        """The decode attention's output ``[B, nH, D]`` for ``qk_norm_rope``'s q, with its k and (normed, if
-        ``v_norm``) value stored into the caches at ``slot_mapping`` first."""
-        ...
-
-
 def group_of(layer: CacheLayerSpec) -> int:
     return SLIDING_GROUP if layer.window is not None else FULL_GROUP
 
@@ -120,15 +101,12 @@ class PagedAttentionContext:
     v (one launch fewer per layer); ``attend`` then skips the store for the k it was handed back. With
     ``norm_rope_decode``, at decode-only steps a layer that reads another layer's KV gets its raw q back from
     ``qk_norm_rope``, and ``attend`` of that q runs the attention launch that norms and rotates it (one launch fewer
-    per such layer). With ``norm_rope_store_decode``, at decode-only steps a layer that computes K/V gets q, k and v
-    back raw, and ``attend`` runs the attention launch that norms, rotates and stores them (one launch fewer per such
-    layer)."""
+    per such layer)."""
 
     def __init__(self, storage: PagedKVStorage, step: StepTensors, store: StoreFn = ref_store_kv,
                  prefill_attention: AttentionFn = ref_paged_prefill_attention,
                  decode_attention: AttentionFn | None = None, norm_rope_store: NormRopeStoreFn | None = None,
-                 norm_rope_decode: NormRopeDecodeFn | None = None,
-                 norm_rope_store_decode: NormRopeStoreDecodeFn | None = None) -> None:
+                 norm_rope_decode: NormRopeDecodeFn | None = None) -> None:
         self.storage = storage
         self.step = step
         self.positions = step.positions
@@ -139,11 +117,6 @@ class PagedAttentionContext:
         self._stored: dict[int, torch.Tensor] = {}  # KV slot -> the k already in its cache, until attended
         self._norm_rope_decode = norm_rope_decode if decode_attention is not None and step.is_decode_only else None
         self._raw_q: tuple[torch.Tensor, RMSNorm, torch.Tensor, torch.Tensor] | None = None  # q handed back raw
-        self._norm_rope_store_decode = norm_rope_store_decode if decode_attention is not None \
-            and step.is_decode_only else None
-        # q, k and the value handed back raw, with their norms and tables, until attended
-        self._raw_qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, RMSNorm, RMSNorm, RMSNorm | None,
-                             torch.Tensor, torch.Tensor] | None = None
 
     def _cache_of(self, layer: LayerSpec) -> tuple[torch.Tensor, torch.Tensor, int]:
         slot = layer.kv_slot
@@ -158,13 +131,6 @@ class PagedAttentionContext:
                 and self._norm_rope_decode.accepts(q_raw, q_norm, cos, sin):
             self._raw_q = (q_raw, q_norm, cos, sin)
             return q_raw, None, None
-        if self._norm_rope_store_decode is not None and k_raw is not None and k_norm is not None:
-            k_cache, v_cache, _ = self._cache_of(layer)
-            value = v_raw if v_raw is not None else k_raw  # what the layer stores as its value, before any norm
-            if self._norm_rope_store_decode.accepts(q_raw, k_raw, value, q_norm, k_norm, v_norm, cos, sin, k_cache,
-                                                    v_cache):
-                self._raw_qkv = (q_raw, k_raw, value, q_norm, k_norm, v_norm, cos, sin)
-                return q_raw, k_raw, value
         if self._norm_rope_store is not None and k_raw is not None and k_norm is not None:
             k_cache, v_cache, group = self._cache_of(layer)
             fused = self._norm_rope_store(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin, k_cache, v_cache,
@@ -180,11 +146,6 @@ class PagedAttentionContext:
         if logit_softcap is not None:
             raise NotImplementedError("attention logit softcapping is not supported by the paged kernels")
         k_cache, v_cache, group = self._cache_of(layer)
-        raw_qkv, self._raw_qkv = self._raw_qkv, None
-        if raw_qkv is not None and raw_qkv[0] is q and self._norm_rope_store_decode is not None:
-            return self._norm_rope_store_decode(*raw_qkv, k_cache, v_cache, self.step.slot_mappings[group],
-                                                self.step.block_tables[group], self.step.context_lens, scale,
-                                                layer.window)
         if k is not None and v is not None and self._stored.pop(layer.kv_slot, None) is not k:
             self._store(k, v, k_cache, v_cache, self.step.slot_mappings[group])
         tables = self.step.block_tables[group]

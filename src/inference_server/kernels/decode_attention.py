@@ -139,25 +139,6 @@ def _norm_rope_rows(x, q_rows, offs_d, d_mask, g_mask, w_ptr, cos_row, sin_row, 
 
 
 @triton.jit
-def _new_key_value(k_row, v_row, offs_g, offs_d, d_mask, kw_ptr, cos_row, sin_row, eps, D: tl.constexpr,
-                   GEMMA: tl.constexpr, V_NORM: tl.constexpr):
-    """This step's key of one kv head (at ``k_row``) normed and rotated as ``kernels.qk_norm_rope`` does (through
-    ``_norm_rope_rows``, on a block whose first row is the key: the same arithmetic as the query's), and its value
-    (at ``v_row``) normed without a weight if ``V_NORM`` (``qk_norm_rope``'s value norm, rounded once), else as
-    it is; both ``[BLOCK_D]``."""
-    first = offs_g == 0
-    rows = k_row + offs_g * 0  # [BLOCK_G] every row the key; only the first counts
-    k = tl.load(rows[:, None] + offs_d[None, :], mask=first[:, None] & d_mask[None, :], other=0.0)
-    k = _norm_rope_rows(k, rows, offs_d, d_mask, first, kw_ptr, cos_row, sin_row, eps, D, GEMMA)
-    k_new = tl.sum(tl.where(first[:, None], k.to(tl.float32), 0.0), axis=0)  # exact: one term a column
-    v = tl.load(v_row + offs_d, mask=d_mask, other=0.0)
-    if V_NORM:
-        vf = v.to(tl.float32)
-        v = (vf * tl.rsqrt(tl.sum(vf * vf, axis=0) / D + eps)).to(v.dtype)
-    return k_new.to(k.dtype), v
-
-
-@triton.jit
 def _split_range(context_lens_ptr, b, window, num_splits, split, BLOCK_N: tl.constexpr):
     """``(ctx, lo, start, end)``: sequence ``b``'s context length, its first visible key, and the keys
     ``[start, end)`` of split ``split`` (whole tiles of the visible range shared out evenly; empty past its end)."""
@@ -253,14 +234,6 @@ def _paged_decode_kernel(
     sin_ptr,
     stride_cs,
     q_eps,
-    kr_ptr,  # KV_NORM_ROPE: [B, nKV, D] this step's raw keys (else any pointer, unread)
-    vr_ptr,  # KV_NORM_ROPE: [B, nKV, D] this step's raw values (before any value norm)
-    kw_ptr,  # KV_NORM_ROPE: [D] the k norm's weight
-    slot_ptr,  # KV_NORM_ROPE: int [B] the cache slot of each sequence's new key (negative: not stored)
-    stride_krb,
-    stride_krh,
-    stride_vrb,
-    stride_vrh,
     PAGE: tl.constexpr,
     G: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -277,9 +250,6 @@ def _paged_decode_kernel(
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
     Q_NORM_ROPE: tl.constexpr = 0,  # q is raw: normed (1: gemma, 2: qwen convention) and rotated here first
     KV_BEFORE_WAIT: tl.constexpr = False,  # the first key tile's earlier keys are loaded before the PDL wait
-    KV_NORM_ROPE: tl.constexpr = False,  # with Q_NORM_ROPE: this step's k normed and rotated, v normed if V_NORM,
-    # here, stored into the cache by split 0, and attended from registers by every split
-    V_NORM: tl.constexpr = False,
 ):
     if not KV_BEFORE_WAIT:
         # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from
@@ -323,20 +293,6 @@ def _paged_decode_kernel(
         q = q.to(tl.float32)
     else:
         q = q.to(k_cache_ptr.dtype.element_ty)
-    k_new = tl.zeros([BLOCK_D], dtype=k_cache_ptr.dtype.element_ty)  # KV_NORM_ROPE: this step's key and value
-    v_new = k_new
-    if KV_NORM_ROPE:
-        k_new, v_new = _new_key_value(kr_ptr + b * stride_krb + kvh * stride_krh, vr_ptr + b * stride_vrb
-                                      + kvh * stride_vrh, offs_g, offs_d, d_mask, kw_ptr, cos_ptr + b * stride_cs,
-                                      sin_ptr + b * stride_cs, q_eps, D, Q_NORM_ROPE == 1, V_NORM)
-        k_new = k_new.to(k_cache_ptr.dtype.element_ty)
-        v_new = v_new.to(k_cache_ptr.dtype.element_ty)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        if (split == 0) & (slot >= 0):  # one program of the kv head stores the row; nobody reads it in this launch
-            tl.store(k_cache_ptr + (slot // PAGE) * stride_kb + (slot % PAGE) * stride_kt + kvh * stride_kh + offs_d,
-                     k_new, mask=d_mask)
-            tl.store(v_cache_ptr + (slot // PAGE) * stride_vb + (slot % PAGE) * stride_vt + kvh * stride_vh + offs_d,
-                     v_new, mask=d_mask)
 
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -346,29 +302,17 @@ def _paged_decode_kernel(
         # this step's key and value, if the first tile holds them, now that their writer has completed (one round
         # trip, beside the query's)
         fresh = (pos0 == ctx - 1) & (pos0 < end)
-        if KV_NORM_ROPE:  # from registers: this launch computed them
-            k0 = tl.where(fresh[None, :], k_new[:, None], k0)
-            v0 = tl.where(fresh[:, None], v_new[None, :], v0)
-        else:
-            k1, v1 = _load_kv_tile(k_cache_ptr, v_cache_ptr, blk0, pos0, fresh, kvh, offs_d, d_mask, stride_kb,
-                                   stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
-            k0 = tl.where(fresh[None, :], k1, k0)
-            v0 = tl.where(fresh[:, None], v1, v0)
+        k1, v1 = _load_kv_tile(k_cache_ptr, v_cache_ptr, blk0, pos0, fresh, kvh, offs_d, d_mask, stride_kb, stride_kt,
+                               stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+        k0 = tl.where(fresh[None, :], k1, k0)
+        v0 = tl.where(fresh[:, None], v1, v0)
         m_i, l_i, acc = _attend_tile(q, k0, v0, pos0 < end, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
         first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
         pos = n0 + offs_n  # [BLOCK_N]
         valid = pos < end
-        if KV_NORM_ROPE:  # the query's own key from registers, the others from the cache
-            cached = valid & (pos != ctx - 1)
-            k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, cached, PAGE), pos, cached, kvh,
-                                 offs_d, d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
-            new_key = pos == ctx - 1
-            k = tl.where(new_key[None, :], k_new[:, None], k)
-            v = tl.where(new_key[:, None], v_new[None, :], v)
-        else:
-            k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, valid, PAGE), pos, valid, kvh,
-                                 offs_d, d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, valid, PAGE), pos, valid, kvh, offs_d,
+                             d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
         m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
     # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
     # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
@@ -517,21 +461,6 @@ class QueryNormRope:
     sin: torch.Tensor
 
 
-@attrs.frozen
-class KeyValueNormRope:
-    """This step's raw key and value rows, for ``paged_decode_attention`` (with a ``QueryNormRope``) to norm, rotate,
-    store and attend in its own launch, as ``kernels.qk_norm_rope`` with its ``PagedKVWrite`` would: ``k [B, nKV,
-    D]`` normed with ``k_weight [D]`` (the query's eps and convention) and rotated with the query's tables;
-    ``value [B, nKV, D]`` stored as it is, or normed without a weight if ``norm_value``; ``slot_mapping`` int ``[B]``
-    (``block_id * block_size + offset``, negative: not stored). Rows with contiguous last dims."""
-
-    k: torch.Tensor
-    value: torch.Tensor
-    k_weight: torch.Tensor
-    norm_value: bool
-    slot_mapping: torch.Tensor
-
-
 def paged_decode_attention(
     q: torch.Tensor,  # [B, nH, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
@@ -550,7 +479,6 @@ def paged_decode_attention(
     num_warps: int | None = None,
     q_norm_rope: QueryNormRope | None = None,  # q is raw: normed and rotated in the attention launch first
     kv_before_wait: bool | None = None,
-    kv_norm_rope: KeyValueNormRope | None = None,  # with q_norm_rope: this step's raw K/V, normed and stored here
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
@@ -563,10 +491,6 @@ def paged_decode_attention(
     :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
     ``qk_norm_rope``'s up to the order of the fp32 sum of squares, one launch fewer a layer.
-    With ``kv_norm_rope`` too (``KeyValueNormRope``), the launch also does the key's and value's part of
-    ``qk_norm_rope`` and its cache write: every program norms and rotates its kv head's new key (and norms the value)
-    and attends to it from registers, and split 0 stores the row; the cache then holds ``qk_norm_rope``'s row up to
-    the order of the norm's fp32 sum of squares. One launch fewer a layer at decode.
     ``kv_before_wait``: every program loads its first key tile's earlier keys (all but the query's own, which the
     launch before may still be writing) before its PDL wait, and the query's key and value after it. The output is
     the same either way, bit for bit. None: where PDL is on (``kernels.pdl``; without it the wait is no wait) and
@@ -584,10 +508,6 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     if q_norm_rope is not None:
         _check_query_norm_rope(q_norm_rope, q)
-    if kv_norm_rope is not None:
-        if q_norm_rope is None:
-            raise ValueError("kv_norm_rope needs q_norm_rope (the key is rotated with the query's tables)")
-        _check_key_value_norm_rope(kv_norm_rope, q, k_cache)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -614,8 +534,6 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
         Q_NORM_ROPE=0 if q_norm_rope is None else 1 if q_norm_rope.gemma else 2,
-        KV_NORM_ROPE=kv_norm_rope is not None,
-        V_NORM=kv_norm_rope is not None and kv_norm_rope.norm_value,
         KV_BEFORE_WAIT=kv_before_wait if kv_before_wait is not None else earlier_keys_before_wait(num_stages),
         num_warps=num_warps,
         num_stages=num_stages,
@@ -633,9 +551,6 @@ def paged_decode_attention(
         out.stride(1),
         *((q_norm_rope.weight, q_norm_rope.cos, q_norm_rope.sin, q_norm_rope.cos.stride(0), q_norm_rope.eps)
           if q_norm_rope is not None else (q, q, q, 0, 0.0)),
-        *((kv_norm_rope.k, kv_norm_rope.value, kv_norm_rope.k_weight, kv_norm_rope.slot_mapping,
-           *kv_norm_rope.k.stride()[:2], *kv_norm_rope.value.stride()[:2])
-          if kv_norm_rope is not None else (q, q, q, context_lens, 0, 0, 0, 0)),
     )
     if num_splits <= 1:
         grid = (batch, num_kv_heads, 1)
@@ -687,16 +602,3 @@ def _check_query_norm_rope(norm: QueryNormRope, q: torch.Tensor) -> None:
     if norm.cos.shape != (batch, head_dim) or norm.sin.shape != norm.cos.shape \
             or norm.cos.stride() != norm.sin.stride() or norm.cos.stride(-1) != 1:
         raise ValueError(f"cos and sin must be [{batch}, {head_dim}] with one layout and contiguous rows")
-
-
-def _check_key_value_norm_rope(kv: KeyValueNormRope, q: torch.Tensor, k_cache: torch.Tensor) -> None:
-    batch, _, head_dim = q.shape
-    rows = (batch, k_cache.shape[2], head_dim)
-    if tuple(kv.k.shape) != rows or tuple(kv.value.shape) != rows or kv.k.dtype != q.dtype \
-            or kv.value.dtype != q.dtype or kv.k.stride(-1) != 1 or kv.value.stride(-1) != 1:
-        raise ValueError(f"k and value must be {list(rows)} of q's dtype with contiguous rows, got "
-                         f"{tuple(kv.k.shape)} {kv.k.dtype} and {tuple(kv.value.shape)} {kv.value.dtype}")
-    if tuple(kv.k_weight.shape) != (head_dim,) or kv.k_weight.dtype != q.dtype or kv.k_weight.stride(0) != 1:
-        raise ValueError(f"the k norm needs a [{head_dim}] {q.dtype} weight, got {tuple(kv.k_weight.shape)}")
-    if tuple(kv.slot_mapping.shape) != (batch,) or kv.slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slot_mapping must be int [{batch}], got {tuple(kv.slot_mapping.shape)}")
