@@ -167,7 +167,8 @@ def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.
     issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
     the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
     uniform mask, which keeps the loads vectorised. X_CG: the vector's loads bypass L1 (it was written in this
-    launch, by other programs: ``moe_decode_one_launch``)."""
+    launch, by other programs: ``moe_decode_one_launch``). The first tiles are issued weight, vector, weight (not
+    ``first_row_tiles`` then the vector, which reorders the gate/up kernel's sm_90 code), as the timed kernels were."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
