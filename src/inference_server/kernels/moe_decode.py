@@ -134,25 +134,45 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 
 @triton.jit
+def _first_tiles(w_ptrs, row_stride, w_ok, x_ptrs, x_ok, TWO: tl.constexpr, EVEN_K: tl.constexpr,
+                 LOAD_X: tl.constexpr, X_CG: tl.constexpr):
+    """The first K tile of a row stream, issued weight (``a`` at ``w_ptrs``), vector (``x`` at ``x_ptrs``, if
+    ``LOAD_X``; else ``a`` stands in), weight (``b`` ``row_stride`` further, if ``TWO``; else ``a``), as the timed
+    kernels issue them. ``EVEN_K``: unmasked; else masked by ``w_ok`` (broadcast over the rows) and ``x_ok``, zeros
+    beyond. ``X_CG``: the vector's loads bypass L1."""
+    if EVEN_K:
+        a = tl.load(w_ptrs)
+    else:
+        a = tl.load(w_ptrs, mask=w_ok, other=0)
+    x = a
+    if LOAD_X:
+        x = _first_vector_tile(x_ptrs, x_ok, EVEN_K, X_CG)
+    if TWO:
+        if EVEN_K:
+            b = tl.load(w_ptrs + row_stride)
+        else:
+            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
+    else:
+        b = a
+    return a, x, b
+
+
+@triton.jit
+def _first_vector_tile(x_ptrs, x_ok, EVEN_K: tl.constexpr, X_CG: tl.constexpr):
+    """The vector's first K tile (``_first_tiles``), in its own dtype."""
+    if EVEN_K:
+        return tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "")
+    return tl.load(x_ptrs, mask=x_ok, other=0.0, cache_modifier=".cg" if X_CG else "")
+
+
+@triton.jit
 def first_row_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """The first K tile of the weight rows ``stream_rows`` streams: ``(a, b)``, each ``[BN, BK]`` (``b`` is ``a``
     without ``TWO``). Weights only: a kernel may load them before its PDL wait and stream on with
     ``stream_rows_from``."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
-    if EVEN_K:
-        a = tl.load(w_ptrs)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride)
-        else:
-            b = a
-    else:
-        k_ok = offs_k < length
-        a = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
-        else:
-            b = a
+    a, _, b = _first_tiles(w_ptrs, row_stride, (offs_k < length)[None, :], w_ptrs, None, TWO, EVEN_K, False, False)
     return a, b
 
 
@@ -167,27 +187,14 @@ def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.
     issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
     the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
     uniform mask, which keeps the loads vectorised. X_CG: the vector's loads bypass L1 (it was written in this
-    launch, by other programs: ``moe_decode_one_launch``). The first tiles are issued weight, vector, weight (not
-    ``first_row_tiles`` then the vector, which reorders the gate/up kernel's sm_90 code), as the timed kernels were."""
+    launch, by other programs: ``moe_decode_one_launch``)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    if EVEN_K:
-        a = tl.load(w_ptrs)
-        x = tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "").to(tl.float32)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride)
-        else:
-            b = a
-    else:
-        k_ok = offs_k < length
-        a = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
-        x = tl.load(x_ptrs, mask=k_ok, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride, mask=k_ok[None, :], other=0)
-        else:
-            b = a
+    k_ok = offs_k < length
+    a, x, b = _first_tiles(w_ptrs, row_stride, k_ok[None, :], x_ptrs, k_ok, TWO, EVEN_K, True, X_CG)
+    x = x.to(tl.float32)
     return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
                              W_INT8, X_CG)
 
@@ -200,10 +207,7 @@ def stream_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.constexpr, B
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    if EVEN_K:
-        x = tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "").to(tl.float32)
-    else:
-        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K, X_CG).to(tl.float32)
     return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
                              W_INT8, X_CG)
 
@@ -247,22 +251,10 @@ def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, leng
 @triton.jit
 def _first_word_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """``first_row_tiles`` for ``_stream_word_rows``: the first tile of words, ``(a, b)`` each ``[BN, BK / 4]``."""
-    WORDS: tl.constexpr = BLOCK_K // 4
-    offs_w, first_col = word_pair_offsets(WORDS)
+    offs_w, first_col = word_pair_offsets(BLOCK_K // 4)
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
-    if EVEN_K:
-        a = tl.load(w_ptrs)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride)
-        else:
-            b = a
-    else:
-        w_ok = (first_col < length)[None, :]
-        a = tl.load(w_ptrs, mask=w_ok, other=0)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
-        else:
-            b = a
+    a, _, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], w_ptrs, None, TWO, EVEN_K, False,
+                           False)
     return a, b
 
 
@@ -287,21 +279,8 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    if EVEN_K:
-        a = tl.load(w_ptrs)
-        x = tl.load(x_ptrs)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride)
-        else:
-            b = a
-    else:
-        w_ok = (first_col < length)[None, :]
-        a = tl.load(w_ptrs, mask=w_ok, other=0)
-        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0)
-        if TWO:
-            b = tl.load(w_ptrs + row_stride, mask=w_ok, other=0)
-        else:
-            b = a
+    a, x, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], x_ptrs, offs_k < length, TWO, EVEN_K,
+                           True, False)
     return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
                                   BLOCK_K, EVEN_K, PRMT, INT_DOT)
 
@@ -316,10 +295,7 @@ def _stream_word_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.conste
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    if EVEN_K:
-        x = tl.load(x_ptrs)
-    else:
-        x = tl.load(x_ptrs, mask=offs_k < length, other=0.0)
+    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K, False)
     return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
                                   BLOCK_K, EVEN_K, PRMT, INT_DOT)
 

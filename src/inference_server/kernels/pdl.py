@@ -23,8 +23,10 @@ Invariant that makes it safe (every kernel taking part keeps it):
   the DRAM latency of their start overlaps the predecessor's tail. The decode attention (``decode_attention``,
   ``KV_BEFORE_WAIT``) loads its context lengths and block tables (copied in before the step) and its first tile
   of the earlier keys and values (stored by earlier steps); the query's own key and value, which the launch just
-  before it writes, it loads after the wait. The other kernels' weight loads share loops (or depend on indices,
-  e.g. the routed expert) with data of earlier kernels.
+  before it writes, it loads after the wait. The MoE decode down launch (``moe_decode``, ``W_BEFORE_WAIT``) loads
+  its expert ids (the router's, two launches back) and its first weight tiles. The other kernels' weight loads
+  share loops (or depend on indices written by the launch just before, e.g. the gate/up launch's routed expert)
+  with data of earlier kernels.
 
 A new kernel takes part by taking ``USE_PDL: tl.constexpr = False``, keeping the invariant, launching with
 ``**pdl_launch()``, and joining the cases of ``tests/kernels/test_kernels_compile_for_h200.py``'s PDL test (which
