@@ -180,6 +180,8 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # "kv-after-wait" is the default with the decode attention's first key tile loaded after its PDL wait (not before);
 # "down-after-wait" is the default with the MoE decode down launch's expert ids and first weight tile loaded after its
 # PDL wait (not before);
+# "release-after-wait" / "release-after-loop": the loop kernels release their PDL dependent right after their wait, or
+# after their main loop (CudaRunnerOptions.pdl_early_release), whichever the default is not;
 # "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "after": {},
@@ -206,6 +208,8 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "kv-after-wait": dict(attention_kv_before_wait=False),
     "down-after-wait": dict(moe_down_weights_before_wait=False),
+    "release-after-wait": dict(pdl_early_release=True),
+    "release-after-loop": dict(pdl_early_release=False),
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

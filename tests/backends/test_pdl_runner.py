@@ -44,8 +44,10 @@ def hidden_tap(runner: CudaModelRunner) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("early_release", [False, True], ids=["release-after-loop", "release-after-wait"])
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-e4b", "gemma-4-31b"])
-def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
+def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool) -> None:
+    """Either place of the loop kernels' release (``pdl_early_release``) gives the bits of a runner without PDL."""
     if not pdl.pdl_supported():
         pytest.skip("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
     dtype, device, steps = torch.bfloat16, "cuda", 12
@@ -54,7 +56,8 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
     n, m = len(script.seqs), script.blocks_per_seq
     runners, hidden = {}, {}
     for use_pdl in (False, True):
-        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, pdl=use_pdl)
+        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, pdl=use_pdl,
+                                    pdl_early_release=early_release)
         runners[use_pdl] = CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
                                            options)
         hidden[use_pdl] = hidden_tap(runners[use_pdl])
@@ -63,7 +66,7 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
         off = tokens_of(runners[False])(plan)
         assert not pdl.pdl_enabled()
         on = tokens_of(runners[True])(plan)
-        assert pdl.pdl_enabled()  # the runner set the switch for its step
+        assert pdl.pdl_enabled() and pdl.early_release_requested() == early_release  # set for its step
         assert on == off, f"step {script.step}: tokens differ"
         # only the plan's rows: a decode graph's padding rows are garbage nobody reads (backends/cuda_graphs.py)
         rows = plan.num_tokens

@@ -397,12 +397,23 @@ PDL_COMPILE = textwrap.dedent('''
                      and v.__module__ != "inference_server.kernels.pdl" and v.__name__.endswith("_kernel")}
     covered = {f"{fn.__module__}.{fn.__name__}" for fn, _, _ in cases}
     assert with_pdl == covered, (sorted(with_pdl - covered), sorted(covered - with_pdl))
+    # the kernels with a main loop between their wait and their release (kernels.pdl's PDL_RELEASE_AFTER_LOOP, i.e.
+    # USE_PDL=True); with USE_PDL=2 (PDL_RELEASE_AFTER_WAIT) every kernel releases before its first load after the wait
+    LOOPS = {"int8_gemv_kernel", "_norm_add_gemv_kernel", "_paged_decode_kernel", "_moe_gate_up_kernel",
+             "_moe_down_kernel", "_gate_up_kernel", "_down_kernel", "_linear_route_kernel",
+             "_greedy_head_slices_kernel", "_one_launch_kernel", "_streamed_linear_kernel"}
+
+    def loads_between_wait_and_release(ptx):
+        wait, release = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")
+        between = ptx[wait:release] if release > wait else ""
+        return "ld.global" in between or "cp.async" in between
+
     for fn, types, constexprs in cases:
         signature = {n: "constexpr" if n in constexprs else types.get(n, BF16 if n.endswith("_ptr") else "i32")
                      for n in fn.arg_names}
-        for use_pdl in (True, False):
+        for use_pdl in (True, 2, False):
             kernel = triton.compile(source(fn, signature, constexprs, use_pdl=use_pdl), target=target,
-                                    options={"launch_pdl": use_pdl})
+                                    options={"launch_pdl": bool(use_pdl)})
             ptx = kernel.asm["ptx"]
             # the RoPE tables take CUDA's cosf / sinf (as PyTorch's kernels), not the approximate instructions
             assert fn is not rope_tables._rope_tables_kernel or not ("cos.approx" in ptx or "sin.approx" in ptx)
@@ -413,6 +424,9 @@ PDL_COMPILE = textwrap.dedent('''
                 loads_early = fn.__name__ in EARLY_LOADS or any(constexprs.get(k) for k in EARLY_SWITCHES)
                 assert fn.__name__ in BRANCHED or (
                     ptx.index("ld.global") < ptx.index("griddepcontrol.wait")) == loads_early, fn.__name__
+                # where the release sits: after the main loop, or right after the wait
+                assert fn.__name__ in BRANCHED or loads_between_wait_and_release(ptx) == (
+                    use_pdl is True and fn.__name__ in LOOPS), (fn.__name__, use_pdl)
             else:  # off: no trace of PDL in the code
                 assert "griddepcontrol" not in ptx and not kernel.metadata.launch_pdl, fn.__name__
     print("compiled", len(cases))

@@ -13,9 +13,10 @@ from inference_server.kernels.rmsnorm import fused_add_rmsnorm
 
 @pytest.fixture(autouse=True)
 def switch_off_after() -> Iterator[None]:
-    previous = pdl.use_pdl(False)
+    previous, previous_release = pdl.use_pdl(False), pdl.use_early_release(False)
     yield
     pdl.use_pdl(previous)
+    pdl.use_early_release(previous_release)
     pdl._device_supports.cache_clear()
 
 
@@ -61,6 +62,21 @@ def test_off_before_hopper_and_on_from_sm90(monkeypatch: pytest.MonkeyPatch) -> 
         assert pdl.pdl_launch() == {"USE_PDL": True, "launch_pdl": True}
         pdl.use_pdl(False)
         assert pdl.pdl_launch() == {"USE_PDL": False}  # supported but not asked for
+
+
+def test_the_early_release_mode_reaches_the_launch_only_with_pdl_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``use_early_release`` turns ``USE_PDL`` into ``PDL_RELEASE_AFTER_WAIT`` (2) where PDL is on; True (1) is the
+    release after the loop; without PDL the launch stays the one of before."""
+    assert pdl.PDL_RELEASE_AFTER_LOOP == True  # noqa: E712 -- the kernels' USE_PDL=True is this mode
+    assert pdl.use_early_release(True) is False and pdl.early_release_requested()
+    pdl.use_pdl(True)
+    fake_gpu(monkeypatch, (8, 0))
+    assert pdl.pdl_launch() == {"USE_PDL": False}
+    fake_gpu(monkeypatch, (9, 0))
+    if pdl._triton_has_pdl():
+        assert pdl.pdl_launch() == {"USE_PDL": pdl.PDL_RELEASE_AFTER_WAIT, "launch_pdl": True}
+        assert pdl.use_early_release(False) is True
+        assert pdl.pdl_launch() == {"USE_PDL": True, "launch_pdl": True}
 
 
 def test_this_triton_has_the_names_the_kernels_use() -> None:

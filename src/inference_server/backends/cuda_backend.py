@@ -65,7 +65,7 @@ from inference_server.kernels.moe_decode_one_launch import fits_one_launch, moe_
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, add_norm_gemv, norm_add_gemv
-from inference_server.kernels.pdl import use_pdl
+from inference_server.kernels.pdl import use_early_release, use_pdl
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
@@ -596,6 +596,11 @@ class CudaRunnerOptions:
     Qwen3-MoE), every program loads its first tile of the earlier keys and values (all but the query's own) before
     its PDL wait, while the launch before it still runs (``paged_decode_attention``'s ``kv_before_wait``): the same
     output, bit for bit. Off: never."""
+    pdl_early_release: bool = False
+    """With ``pdl``, kernels with a main loop (the GEMVs, the decode attention, the MoE GEMVs and grouped GEMMs, the
+    router GEMV, the greedy head's slices) release their dependent right after their PDL wait instead of after the
+    loop, so the next launch's CTAs get resident and load what they may load before their own wait while the loop
+    still streams (``kernels.pdl.use_early_release``): the same bits, only the overlap moves."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
@@ -801,6 +806,7 @@ class CudaModelRunner(ModelRunner):
 
     def _install_ops(self) -> None:
         use_pdl(self.options.pdl)  # kernels.pdl's switch is process-wide, like the ops
+        use_early_release(self.options.pdl_early_release)
         use_down_weights_before_wait(None if self.options.moe_down_weights_before_wait else False)
         ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
                     weights_fused=self.options.fused_weights, gated=self._gated, add_norm=self._add_norm,

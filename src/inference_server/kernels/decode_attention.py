@@ -47,7 +47,14 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
-from inference_server.kernels.pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_release,
+    pdl_release_after_loop,
+    pdl_release_after_wait,
+    pdl_wait,
+)
 
 LOG2E = 1.4426950408889634
 # Triton's CPU interpreter multiplies the raw bits of bf16 operands in tl.dot (triton 3.9): under it, the
@@ -255,6 +262,7 @@ def _paged_decode_kernel(
         # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from
         # earlier launches (nothing here is a weight), so wait before the first load.
         pdl_wait(USE_PDL)
+        pdl_release_after_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -283,6 +291,7 @@ def _paged_decode_kernel(
                                d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
         # the query and this step's K/V row come from the launches just before
         pdl_wait(USE_PDL)
+        pdl_release_after_wait(USE_PDL)
 
     q_rows = q_ptr + b * stride_qb + heads * stride_qh  # [BLOCK_G]
     q = tl.load(q_rows[:, None] + offs_d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BG, BD]
@@ -314,9 +323,10 @@ def _paged_decode_kernel(
         k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, valid, PAGE), pos, valid, kvh, offs_d,
                              d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
         m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
-    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
-    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
-    pdl_release(USE_PDL)
+    # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
+    # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
+    # this kernel's programs still stream their tiles.
+    pdl_release_after_loop(USE_PDL)
 
     if SPLIT:
         # Empty splits (start >= end) write nothing; the reduce recomputes how many splits are active.

@@ -61,7 +61,13 @@ from inference_server.kernels.moe_configs import (
     tuned_configs_enabled,
     tuned_moe_config,
 )
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import (
+    pdl_launch,
+    pdl_release,
+    pdl_release_after_loop,
+    pdl_release_after_wait,
+    pdl_wait,
+)
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
@@ -393,6 +399,7 @@ def _moe_gate_up_kernel(
     # weights to read is known only from them), so wait before the first load, in every program (also those that
     # return at once: a kernel completes only after its predecessor).
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(inter_size, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -429,9 +436,10 @@ def _moe_gate_up_kernel(
         a_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
-    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
-    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
-    pdl_release(USE_PDL)
+    # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
+    # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
+    # this kernel's programs still stream their tiles.
+    pdl_release_after_loop(USE_PDL)
     dt = out_ptr.dtype.element_ty
     if W_INT8:  # per output row of W: gate row n, up row I + n
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
@@ -476,6 +484,7 @@ def _moe_down_kernel(
 ):
     # PDL (kernels.pdl): as the gate/up kernel: wait in every program before the first load.
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_blocks_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -506,9 +515,10 @@ def _moe_down_kernel(
         acc = _mma_w(a, w, acc, IEEE, UPCAST, W_INT8, MAGIC)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
-    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
-    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
-    pdl_release(USE_PDL)
+    # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
+    # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
+    # this kernel's programs still stream their tiles.
+    pdl_release_after_loop(USE_PDL)
     if W_INT8:
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
         acc = acc * tl.load(s_ptrs).to(tl.float32)[None, :]

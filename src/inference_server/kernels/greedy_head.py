@@ -52,7 +52,13 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import (
+    pdl_launch,
+    pdl_release,
+    pdl_release_after_loop,
+    pdl_release_after_wait,
+    pdl_wait,
+)
 
 __all__ = ["LOGIT_SLICE", "MAX_ROWS", "ROW_BLOCKS", "GreedyHeadConfig", "greedy_head", "greedy_head_config",
            "greedy_head_of_logits", "greedy_head_supports", "row_block"]
@@ -168,6 +174,7 @@ def _greedy_head_slices_kernel(
     # PDL (kernels.pdl): the hidden rows come from the previous launch (the head weight is streamed in the same loop)
     # and the partial buffers may still be read by an earlier launch, so wait before the first load.
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     slice_id = tl.program_id(0)
     offs_v = slice_id * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -190,9 +197,10 @@ def _greedy_head_slices_kernel(
         acc = _head_dot(w, h, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K
         h_ptrs += BLOCK_K
-    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
-    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
-    pdl_release(USE_PDL)
+    # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
+    # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
+    # this kernel's programs still stream their tiles.
+    pdl_release_after_loop(USE_PDL)
     if HAS_SCALE:  # ops.int8_linear's order: the fp32 sum times the fp32 scale, then one rounding
         acc = acc * tl.load(scale_ptr + rows_v * stride_scale).to(tl.float32)[:, None]
     _store_slice_stats(acc, slice_id, offs_v, offs_n, n_rows, vocab, max_ptr, index_ptr, sum_ptr, inv_cap, cap,

@@ -60,7 +60,7 @@ from inference_server.kernels.int8_dequant import (
     words_to_fp32_exact,
 )
 from inference_server.kernels.int8_fixed_dot import fixed_point_dot, takes_fixed_point
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import pdl_launch, pdl_release_after_loop, pdl_release_after_wait, pdl_wait
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
 __all__ = ["GATED_ACTIVATIONS", "NORM_ADD_FIRST", "NORM_SANDWICH", "GemvLaunch", "check_gemv_weight", "gemv_arguments",
@@ -270,6 +270,7 @@ def gemv_program(
     # start overlaps the predecessor's tail. x comes from the previous launch and the output may still be read by
     # an earlier one, so every other load and every store is after the wait.
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     inv0 = 1.0  # NORM_IN: each token's inverse root of mean(x * x) + eps_a
     inv1 = 1.0
     inv2 = 1.0
@@ -403,9 +404,10 @@ def gemv_program(
                 r3 = r3_next
         w = w_next
         x0 = x0_next
-    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
-    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
-    pdl_release(USE_PDL)
+    # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
+    # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
+    # this kernel's programs still stream their tiles.
+    pdl_release_after_loop(USE_PDL)
     # [BN, BT]: token t's column is acc_t summed over the words (one cross-thread reduction per program)
     offs_bt = tl.arange(0, BLOCK_T)[None, :]
     out = tl.where(offs_bt == 0, tl.sum(acc0, axis=1)[:, None], 0.0)

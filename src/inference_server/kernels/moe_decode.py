@@ -61,7 +61,13 @@ from inference_server.kernels.int8_dequant import (
 )
 from inference_server.kernels.int8_fixed_dot import fixed_point_accumulate, fixed_point_tile, takes_fixed_point
 from inference_server.kernels.moe_arguments import ACT_CODES, check_moe_arguments, moe_output
-from inference_server.kernels.pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_release_after_loop,
+    pdl_release_after_wait,
+    pdl_wait,
+)
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
@@ -382,6 +388,7 @@ def gate_up_program(
     # PDL (kernels.pdl): the expert ids and the activations come from earlier launches (which expert's rows to stream
     # is known only from them), so wait before the first load, in every program (also those that return at once).
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     expert = tl.load(ids_ptr + pair).to(tl.int32)
     if (expert < 0) | (expert >= num_experts):
         return  # the down kernel gives this pair zeros
@@ -394,9 +401,10 @@ def gate_up_program(
         gate, up = _stream_word_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
         gate, up = stream_rows(rows, x_row, inter_size * stride_wn, H, True, BLOCK_K, EVEN_K, W_INT8)
-    # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
-    # on, waiting) do not hold registers while this kernel's programs still stream.
-    pdl_release(USE_PDL)
+    # PDL: release after the weight stream (kernels.pdl's mode; the other releases right after the wait): only the
+    # epilogue is left, so the next launch's CTAs (resident from here on, waiting) hold no registers while this
+    # kernel's programs still stream.
+    pdl_release_after_loop(USE_PDL)
     dt = out_ptr.dtype.element_ty
     if W_INT8:  # gate row n, up row I + n
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
@@ -514,6 +522,7 @@ def _down_kernel(
         # the output may still be read by an earlier one, and the arrival counters are reset by the previous launch:
         # wait before the first load, store or atomic.
         pdl_wait(USE_PDL)
+        pdl_release_after_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     # W_BEFORE_WAIT (kernels.pdl): the expert ids come from the router, two launches back (the gate/up launch that
@@ -528,14 +537,16 @@ def _down_kernel(
         a, b = first_row_tiles(rows, 0, inter_size, False, BLOCK_K, EVEN_K)
     if W_BEFORE_WAIT:
         pdl_wait(USE_PDL)
+        pdl_release_after_wait(USE_PDL)
     x_row = inter_ptr + pair.to(tl.int64) * inter_size
     if W_WORDS:
         y, _ = _stream_word_rows_from(a, b, rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, PRMT, INT_DOT)
     else:
         y, _ = stream_rows_from(a, b, rows, x_row, 0, inter_size, False, BLOCK_K, EVEN_K, W_INT8)
-    # PDL: release after the weight stream; only the epilogue is left, so the next launch's CTAs (resident from here
-    # on, waiting) do not hold registers while this kernel's programs still stream.
-    pdl_release(USE_PDL)
+    # PDL: release after the weight stream (kernels.pdl's mode; the other releases right after the wait): only the
+    # epilogue is left, so the next launch's CTAs (resident from here on, waiting) hold no registers while this
+    # kernel's programs still stream.
+    pdl_release_after_loop(USE_PDL)
     if W_INT8:
         y = y * tl.load(scale_ptr + expert * stride_se + offs_n_safe * stride_sn).to(tl.float32)
     weighted_pair_and_k_sum(y, valid, pair, token, pid_n, offs_n, inter_ptr, topk_w_ptr, pair_ptr, counter_ptr,

@@ -65,7 +65,7 @@ from inference_server.kernels.moe_decode import (
     stream_rows,
     weighted_pair_and_k_sum,
 )
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import pdl_launch, pdl_release_after_loop, pdl_release_after_wait, pdl_wait
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
@@ -157,8 +157,8 @@ def _down_program(
         else:
             x = tl.load(x_row, mask=offs_i < inter_size, other=0.0, cache_modifier=".cg")
         y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)  # [BN]
-    # PDL: release after the weight stream (as moe_decode's down kernel).
-    pdl_release(USE_PDL)
+    # PDL: release after the weight stream, in kernels.pdl's mode (as moe_decode's down kernel).
+    pdl_release_after_loop(USE_PDL)
     weighted_pair_and_k_sum(y, valid, pair, token, pid_n, offs_n, inter_ptr, topk_w_ptr, pair_ptr, ksum_ptr,
                             out_ptr, H, stride_ot, TOP_K, ROW_TILES_STRIDE, BLOCK_N)
     # The pair's last down program puts its two counters back to zero: every gate/up program of the pair counted
@@ -210,6 +210,7 @@ def _one_launch_kernel(
     # PDL (kernels.pdl): the ids and activations come from earlier launches and the counters and scratch are
     # shared with the previous launch: wait before the ticket (the first atomic) in every program.
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     n_gate_up = gate_up_row_tiles * n_pairs
     ticket = tl.atomic_add(counter_ptr, 1)
     if ticket == n_gate_up + down_row_tiles * n_pairs - 1:

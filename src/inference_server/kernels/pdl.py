@@ -41,9 +41,15 @@ their predecessor as always, so mixing them in is safe.
 ``pdl_release`` (``launch_dependents``) only says when the dependent may get resident (it fires once every program
 of the kernel has called it or exited, so never before the kernel's last wave is resident); where each kernel
 places it is a performance choice, commented there. Every kernel here releases after its wait, so at most one
-kernel ahead is resident and waiting: short kernels right after the wait (the dependent's launch latency hides
-behind their whole run), kernels with a main loop (GEMVs, attention, the expert GEMMs) after the loop, so that
-waiting CTAs do not hold shared memory and registers while the loop's programs still stream.
+kernel ahead is resident and waiting. Short kernels release right after the wait (the dependent's launch latency
+hides behind their whole run). Kernels with a main loop (GEMVs, attention, the expert GEMMs) release where the PDL
+mode says (``use_early_release``): after the loop (``PDL_RELEASE_AFTER_LOOP``, ``USE_PDL=True``: waiting CTAs hold
+no shared memory and registers while the loop's programs stream) or right after their wait
+(``PDL_RELEASE_AFTER_WAIT``, ``USE_PDL=2``: the dependent's CTAs get resident and load their first weight tiles
+while the loop streams). Either is safe: the release fires only once every program of the kernel is resident (or
+done), so the waiting CTAs never keep one of its programs off an SM, and it stays after the wait, so the launch
+two back has completed when the dependent reads what it may read before its own wait. A loop kernel calls
+``pdl_release_after_wait`` right after its wait (on every path) and ``pdl_release_after_loop`` after its loop.
 
 The switch (``use_pdl``) is process-wide, like ``moe_configs.use_tuned_configs``; it is on only when asked for
 AND the current CUDA device is sm_90 or newer AND the kernels are compiled (not under ``TRITON_INTERPRET``) AND
@@ -60,9 +66,17 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["pdl_enabled", "pdl_launch", "pdl_release", "pdl_requested", "pdl_supported", "pdl_wait", "use_pdl"]
+__all__ = ["PDL_RELEASE_AFTER_LOOP", "PDL_RELEASE_AFTER_WAIT", "early_release_requested", "pdl_enabled",
+           "pdl_launch", "pdl_release", "pdl_release_after_loop", "pdl_release_after_wait", "pdl_requested",
+           "pdl_supported", "pdl_wait", "use_early_release", "use_pdl"]
+
+PDL_RELEASE_AFTER_LOOP = 1
+"""``USE_PDL`` of a kernel launched as a programmatic dependent whose main loop releases after the loop (``True``)."""
+PDL_RELEASE_AFTER_WAIT = 2
+"""``USE_PDL`` of a kernel launched as a programmatic dependent whose main loop releases right after its wait."""
 
 _requested = False
+_early_release = False
 
 
 def use_pdl(enabled: bool) -> bool:
@@ -75,6 +89,20 @@ def use_pdl(enabled: bool) -> bool:
 
 def pdl_requested() -> bool:
     return _requested
+
+
+def use_early_release(enabled: bool) -> bool:
+    """Where kernels with a main loop release their dependent when PDL is on: right after their wait (True) or
+    after the loop (False); process-wide (``CudaRunnerOptions.pdl_early_release`` sets it at every step), returns
+    the previous setting. The results are the same bits either way: only when the next launch's CTAs get
+    resident moves."""
+    global _early_release
+    previous, _early_release = _early_release, enabled
+    return previous
+
+
+def early_release_requested() -> bool:
+    return _early_release
 
 
 @functools.cache
@@ -108,12 +136,13 @@ def pdl_enabled() -> bool:
     return _requested and pdl_supported()
 
 
-def pdl_launch() -> dict[str, bool]:
-    """Keyword arguments for a kernel launch: ``{"USE_PDL": True, "launch_pdl": True}`` when PDL is on, else
-    ``{"USE_PDL": False}`` (no launch option at all: the launch is the one it was before PDL existed). The kernel
-    must take a ``USE_PDL: tl.constexpr`` and keep the module docstring's invariant with ``pdl_wait``."""
+def pdl_launch() -> dict[str, bool | int]:
+    """Keyword arguments for a kernel launch: ``{"USE_PDL": True, "launch_pdl": True}`` when PDL is on
+    (``PDL_RELEASE_AFTER_WAIT`` for ``USE_PDL`` with ``use_early_release``), else ``{"USE_PDL": False}`` (no launch
+    option at all: the launch is the one it was before PDL existed). The kernel must take a
+    ``USE_PDL: tl.constexpr`` and keep the module docstring's invariant with ``pdl_wait``."""
     if pdl_enabled():
-        return {"USE_PDL": True, "launch_pdl": True}
+        return {"USE_PDL": PDL_RELEASE_AFTER_WAIT if _early_release else True, "launch_pdl": True}
     return {"USE_PDL": False}
 
 
@@ -130,4 +159,19 @@ def pdl_release(USE_PDL: tl.constexpr):
     """``griddepcontrol.launch_dependents`` when ``USE_PDL``: once every program of this kernel has called it (or
     exited), the next kernel may get resident (it still waits for this one's completion before touching data)."""
     if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release_after_wait(USE_PDL: tl.constexpr):
+    """A loop kernel's release right after its wait, in the ``PDL_RELEASE_AFTER_WAIT`` mode (else nothing)."""
+    if USE_PDL == 2:  # PDL_RELEASE_AFTER_WAIT (a jit function reads no plain globals)
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release_after_loop(USE_PDL: tl.constexpr):
+    """A loop kernel's release after its main loop, in the ``PDL_RELEASE_AFTER_LOOP`` mode (``USE_PDL=True``; else
+    nothing)."""
+    if USE_PDL == 1:  # PDL_RELEASE_AFTER_LOOP, i.e. True
         tl.extra.cuda.gdc_launch_dependents()

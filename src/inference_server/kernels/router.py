@@ -34,7 +34,13 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.arrival_counters import arrival_counters
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import (
+    pdl_launch,
+    pdl_release,
+    pdl_release_after_loop,
+    pdl_release_after_wait,
+    pdl_wait,
+)
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rmsnorm import times_norm_weight
 
@@ -169,6 +175,7 @@ def linear_route_program(
     # Every program waits, so a launch completes only after its predecessor did and launches in stream order still
     # never overlap on the counter.
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     experts = group * EXPERTS_PER_PROGRAM + tl.arange(0, EXPERTS_PER_PROGRAM)  # [PE]
     e_ok = experts < E
     inv = 0.0
@@ -201,8 +208,9 @@ def linear_route_program(
         w = tl.load(w_ptr + experts[:, None].to(tl.int64) * stride_w + cols[None, :],
                     mask=e_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
-    # Release after the GEMV loop: the next launch gets resident while the last program routes the rows.
-    pdl_release(USE_PDL)
+    # Release after the GEMV loop (kernels.pdl's mode; the other releases right after the wait): the next launch
+    # gets resident while the last program routes the rows.
+    pdl_release_after_loop(USE_PDL)
     # the logits as the unfused path hands them to routing: rounded to the activation dtype
     tl.store(logits_ptr + row * E + experts, acc.to(logits_ptr.dtype.element_ty), mask=e_ok)
     # The last program to arrive routes every row. The barrier puts all of this program's logit stores before

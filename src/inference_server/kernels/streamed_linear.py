@@ -39,7 +39,13 @@ from inference_server.kernels.int8_dequant import int8_to_fp32_exact
 from inference_server.kernels.int8_gemv import launch_gemv
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig, tuned_int8_linear_config
 from inference_server.kernels.moe_configs import device_name, tuned_configs_enabled
-from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from inference_server.kernels.pdl import (
+    pdl_launch,
+    pdl_release,
+    pdl_release_after_loop,
+    pdl_release_after_wait,
+    pdl_wait,
+)
 from inference_server.kernels.streamed_tile import store_streamed_tile
 
 __all__ = ["GEMV_MAX_TOKENS", "H200_SMS", "HBM_BYTES_PER_S", "MIN_DOT_TOKENS", "REDUCE_LAUNCH_S", "Bucket",
@@ -207,6 +213,7 @@ def _streamed_linear_kernel(
     # by an earlier one; the weight tiles are pipelined in the same loop as x's, so they too are loaded after the
     # wait, so wait before the first load.
     pdl_wait(USE_PDL)
+    pdl_release_after_wait(USE_PDL)
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -231,9 +238,10 @@ def _streamed_linear_kernel(
         acc = _weight_dot(w, x, acc, IEEE, UPCAST, MAGIC)
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
-    # Release after the main loop: only the epilogue is left, so the next launch's CTAs (resident from here on,
-    # waiting) do not take shared memory and registers while this kernel's programs still stream their tiles.
-    pdl_release(USE_PDL)
+    # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
+    # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
+    # this kernel's programs still stream their tiles.
+    pdl_release_after_loop(USE_PDL)
     store_streamed_tile(acc, out_ptr, scale_ptr, offs_t, t_ok, offs_n, N, pid_s, stride_os, stride_ot, stride_scale,
                         SPLIT_K, HAS_SCALE)
 
