@@ -91,6 +91,13 @@ def test_the_option_sets_the_switch_at_every_step_cpu() -> None:
 
     with_pdl = runner(True)
     assert pdl.pdl_requested()
+    # the loop kernels' release place: the default by hidden size (a tiny model: after the wait), or as asked
+    assert with_pdl.early_release and pdl.early_release_requested()
+    for asked in (False, True):
+        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=2, cuda_graphs=False,
+                                    pdl_early_release=asked)
+        assert CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
+                               options).early_release == asked == pdl.early_release_requested()
     without = runner(False)
     assert not pdl.pdl_requested()
     plan = script.plan()
