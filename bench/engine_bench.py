@@ -34,6 +34,8 @@ from pathlib import Path
 import attrs
 import torch
 
+from inference_server.kernels.pdl import PDL_LOOP_CLASSES
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import roofline
 
@@ -181,9 +183,11 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # "down-after-wait" is the default with the MoE decode down launch's expert ids and first weight tile loaded after its
 # PDL wait (not before);
 # "release-after-wait" / "release-after-loop": the loop kernels release their PDL dependent right after their wait, or
-# after their main loop (CudaRunnerOptions.pdl_early_release), whichever the default is not;
+# after their main loop (CudaRunnerOptions.pdl_early_release), whichever the default is not; "release-early-<class>"
+# releases only that class of loop kernels (kernels/pdl.py's PDL_LOOP_CLASSES) after its wait, the others after
+# their loop; "release-late-<class>" the reverse (every class after its wait but that one);
 # "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
-VARIANTS: dict[str, dict[str, bool | int]] = {
+VARIANTS: dict[str, dict[str, bool | int | tuple[str, ...]]] = {
     "after": {},
     "untuned": {},
     "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
@@ -210,6 +214,9 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "down-after-wait": dict(moe_down_weights_before_wait=False),
     "release-after-wait": dict(pdl_early_release=True),
     "release-after-loop": dict(pdl_early_release=False),
+    **{f"release-early-{loop}": dict(pdl_early_release=(loop,)) for loop in PDL_LOOP_CLASSES},
+    **{f"release-late-{loop}": dict(pdl_early_release=tuple(c for c in PDL_LOOP_CLASSES if c != loop))
+       for loop in PDL_LOOP_CLASSES},
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")

@@ -44,10 +44,12 @@ def hidden_tap(runner: CudaModelRunner) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early_release", [False, True], ids=["release-after-loop", "release-after-wait"])
+@pytest.mark.parametrize("early_release", [False, True, ("attention",)],
+                         ids=["release-after-loop", "release-after-wait", "attention-after-wait"])
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-e4b", "gemma-4-31b"])
-def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool) -> None:
-    """Either place of the loop kernels' release (``pdl_early_release``) gives the bits of a runner without PDL."""
+def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool | tuple[str, ...]) -> None:
+    """Either place of the loop kernels' release (``pdl_early_release``, for every class or some) gives the bits of a
+    runner without PDL."""
     if not pdl.pdl_supported():
         pytest.skip("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
     dtype, device, steps = torch.bfloat16, "cuda", 12
@@ -66,7 +68,7 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool) -
         off = tokens_of(runners[False])(plan)
         assert not pdl.pdl_enabled()
         on = tokens_of(runners[True])(plan)
-        assert pdl.pdl_enabled() and pdl.early_release_requested() == early_release  # set for its step
+        assert pdl.pdl_enabled() and pdl.early_release_classes() == pdl.loop_classes(early_release)  # its step's
         assert on == off, f"step {script.step}: tokens differ"
         # only the plan's rows: a decode graph's padding rows are garbage nobody reads (backends/cuda_graphs.py)
         rows = plan.num_tokens
@@ -92,12 +94,12 @@ def test_the_option_sets_the_switch_at_every_step_cpu() -> None:
     with_pdl = runner(True)
     assert pdl.pdl_requested()
     # the loop kernels' release place: the default by hidden size (a tiny model: after the wait), or as asked
-    assert with_pdl.early_release and pdl.early_release_requested()
-    for asked in (False, True):
+    assert with_pdl.early_release == frozenset(pdl.PDL_LOOP_CLASSES) == pdl.early_release_classes()
+    for asked in (False, True, ("gemv", "moe")):
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=2, cuda_graphs=False,
                                     pdl_early_release=asked)
         assert CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
-                               options).early_release == asked == pdl.early_release_requested()
+                               options).early_release == pdl.loop_classes(asked) == pdl.early_release_classes()
     without = runner(False)
     assert not pdl.pdl_requested()
     plan = script.plan()

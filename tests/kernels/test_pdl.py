@@ -65,18 +65,45 @@ def test_off_before_hopper_and_on_from_sm90(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_early_release_mode_reaches_the_launch_only_with_pdl_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``use_early_release`` turns ``USE_PDL`` into ``PDL_RELEASE_AFTER_WAIT`` (2) where PDL is on; True (1) is the
-    release after the loop; without PDL the launch stays the one of before."""
+    """``use_early_release`` turns ``USE_PDL`` into ``PDL_RELEASE_AFTER_WAIT`` (2) where PDL is on, for the launches
+    of the classes it names; True (1) is the release after the loop; without PDL the launch stays the one of
+    before."""
     assert pdl.PDL_RELEASE_AFTER_LOOP == True  # noqa: E712 -- the kernels' USE_PDL=True is this mode
-    assert pdl.use_early_release(True) is False and pdl.early_release_requested()
+    assert pdl.use_early_release(True) == frozenset()
+    assert pdl.early_release_classes() == frozenset(pdl.PDL_LOOP_CLASSES)
     pdl.use_pdl(True)
     fake_gpu(monkeypatch, (8, 0))
-    assert pdl.pdl_launch() == {"USE_PDL": False}
+    assert pdl.pdl_launch(loop="gemv") == {"USE_PDL": False}
     fake_gpu(monkeypatch, (9, 0))
     if pdl._triton_has_pdl():
-        assert pdl.pdl_launch() == {"USE_PDL": pdl.PDL_RELEASE_AFTER_WAIT, "launch_pdl": True}
-        assert pdl.use_early_release(False) is True
-        assert pdl.pdl_launch() == {"USE_PDL": True, "launch_pdl": True}
+        for loop in pdl.PDL_LOOP_CLASSES:
+            assert pdl.pdl_launch(loop=loop) == {"USE_PDL": pdl.PDL_RELEASE_AFTER_WAIT, "launch_pdl": True}
+        assert pdl.pdl_launch() == {"USE_PDL": True, "launch_pdl": True}  # no loop: nothing to release early
+        assert pdl.use_early_release(False) == frozenset(pdl.PDL_LOOP_CLASSES)
+        assert pdl.pdl_launch(loop="attention") == {"USE_PDL": True, "launch_pdl": True}
+
+
+def test_the_release_place_is_chosen_per_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the named classes release after their wait; the others still release after their loop."""
+    pdl.use_early_release(("attention", "router"))
+    assert pdl.early_release_classes() == {"attention", "router"}
+    pdl.use_pdl(True)
+    fake_gpu(monkeypatch, (9, 0))
+    if not pdl._triton_has_pdl():
+        pytest.skip("this Triton has no launch_pdl")
+    modes = {loop: pdl.pdl_launch(loop=loop)["USE_PDL"] for loop in pdl.PDL_LOOP_CLASSES}
+    assert modes == {"attention": pdl.PDL_RELEASE_AFTER_WAIT, "router": pdl.PDL_RELEASE_AFTER_WAIT,
+                     "gemv": pdl.PDL_RELEASE_AFTER_LOOP, "head": pdl.PDL_RELEASE_AFTER_LOOP,
+                     "moe": pdl.PDL_RELEASE_AFTER_LOOP}
+
+
+def test_an_unknown_loop_class_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown PDL loop classes"):
+        pdl.use_early_release(("attention", "mlp"))
+    assert pdl.early_release_classes() == frozenset()  # unchanged by the refused call
+    with pytest.raises(ValueError, match="unknown PDL loop class"):
+        pdl.pdl_launch(loop="mlp")
+    assert pdl.loop_classes(True) == frozenset(pdl.PDL_LOOP_CLASSES) and pdl.loop_classes(False) == frozenset()
 
 
 def test_this_triton_has_the_names_the_kernels_use() -> None:

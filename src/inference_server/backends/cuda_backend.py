@@ -65,7 +65,7 @@ from inference_server.kernels.moe_decode_one_launch import fits_one_launch, moe_
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, add_norm_gemv, norm_add_gemv
-from inference_server.kernels.pdl import use_early_release, use_pdl
+from inference_server.kernels.pdl import loop_classes, use_early_release, use_pdl
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
@@ -493,6 +493,12 @@ session 13, B=1 overlapped tok/s, release after the wait against after the loop)
 Gemma-4-26B-A4B (2,816) 361.6 against 369.6 and Gemma-4-31B (5,376) 63.7 against 64.8; B=64 within 0.3 % either way."""
 
 
+def early_release_classes_for(hidden_size: int, asked: bool | tuple[str, ...] | None) -> frozenset[str]:
+    """The loop classes (``kernels.pdl.PDL_LOOP_CLASSES``) that release right after their wait for a model of
+    ``hidden_size`` under ``CudaRunnerOptions.pdl_early_release`` = ``asked``; an unknown class is a ValueError."""
+    return loop_classes(hidden_size <= EARLY_RELEASE_MAX_HIDDEN if asked is None else asked)
+
+
 @attrs.frozen
 class CudaRunnerOptions:
     """Knobs of the CUDA runner. ``max_model_len`` bounds the static block tables and fixes the decode
@@ -603,13 +609,13 @@ class CudaRunnerOptions:
     Qwen3-MoE), every program loads its first tile of the earlier keys and values (all but the query's own) before
     its PDL wait, while the launch before it still runs (``paged_decode_attention``'s ``kv_before_wait``): the same
     output, bit for bit. Off: never."""
-    pdl_early_release: bool | None = None
+    pdl_early_release: bool | tuple[str, ...] | None = None
     """With ``pdl``, kernels with a main loop (the GEMVs, the decode attention, the MoE GEMVs and grouped GEMMs, the
     router GEMV, the greedy head's slices) release their dependent right after their PDL wait instead of after the
     loop, so the next launch's CTAs get resident and load what they may load before their own wait while the loop
     still streams (``kernels.pdl.use_early_release``): the same bits, only the overlap moves. None (the default):
-    for models of hidden size <= ``EARLY_RELEASE_MAX_HIDDEN``, where the loops are short; True / False: always /
-    never."""
+    every class for models of hidden size <= ``EARLY_RELEASE_MAX_HIDDEN``, where the loops are short, none above;
+    True / False: every class / none; a tuple: those classes of ``kernels.pdl.PDL_LOOP_CLASSES``."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
@@ -638,9 +644,9 @@ class CudaModelRunner(ModelRunner):
             norm_rope_store=triton_qk_norm_rope_store if fused_store else None,
             norm_rope_decode=TritonNormRopeDecode(options.max_model_len, kv_before_wait) if fused_q_rope else None))
         self.options = options
-        self.early_release = (spec.hidden_size <= EARLY_RELEASE_MAX_HIDDEN if options.pdl_early_release is None
-                              else options.pdl_early_release)
-        """Where this runner's loop kernels release their PDL dependent (``CudaRunnerOptions.pdl_early_release``)."""
+        self.early_release = early_release_classes_for(spec.hidden_size, options.pdl_early_release)
+        """The loop classes whose kernels release their PDL dependent right after their wait in this runner's steps
+        (``CudaRunnerOptions.pdl_early_release``)."""
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext

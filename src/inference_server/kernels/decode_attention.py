@@ -547,7 +547,7 @@ def paged_decode_attention(
         KV_BEFORE_WAIT=kv_before_wait if kv_before_wait is not None else earlier_keys_before_wait(num_stages),
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl_launch(),
+        **pdl_launch(loop="attention"),
     )
     win = NO_WINDOW if window is None else window
     args = (q, k_cache, v_cache, block_tables, context_lens)

@@ -629,7 +629,7 @@ def fused_moe(
         TOP_K=K, ACT=ACT_CODES[activation], BLOCK_M=bm, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
         GROUP_M=gu.group_m, EVEN_K=H % gu.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         MAGIC=w_int8 and bool(gu.magic_dequant),
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(),
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(loop="moe"),
     )  # fmt: skip
 
     weights = topk_weights.reshape(-1)  # [T*K]
@@ -649,7 +649,7 @@ def fused_moe(
         BLOCK_M=bm, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, GROUP_M=dn.group_m,
         EVEN_K=inter_size % dn.block_k == 0, IEEE=ieee, UPCAST=upcast, W_INT8=w_int8,
         MAGIC=w_int8 and bool(dn.magic_dequant),
-        num_warps=dn.num_warps, num_stages=dn.num_stages, **pdl_launch(),
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **pdl_launch(loop="moe"),
     )  # fmt: skip
 
     block_h = pow2_clamp(H, 16, 1024)

@@ -384,7 +384,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
         ROUND_BF16=bf16, SOFTCAP=softcap is not None, RECIPROCAL=device.type == "cuda",
         IEEE=not bf16, UPCAST=_INTERPRETED and bf16, LIBDEVICE_TANH=not _INTERPRETED,
         HAS_SCALE=int8, MAGIC=int8 and cfg.magic_dequant,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(loop="head"),
     )
     return _combine(parts, n_rows, device)
 

@@ -567,4 +567,4 @@ def launch_gemv(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tenso
                             block_k=block_k, split_k=split_k, num_warps=num_warps, num_stages=num_stages,
                             interpreted=interpreted, gated=gated, up=up)
     int8_gemv_kernel[grid](*launch.args, **launch.constexprs, num_warps=launch.num_warps,
-                           num_stages=launch.num_stages, **pdl_launch())
+                           num_stages=launch.num_stages, **pdl_launch(loop="gemv"))

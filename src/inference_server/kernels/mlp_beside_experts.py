@@ -182,7 +182,7 @@ def gated_gemv_and_route(
     _gated_gemv_and_route_kernel[grid](
         *gemv.args, *route.args, token_blocks, route.groups, **gemv.constexprs,
         **{f"R_{name}": value for name, value in route.constexprs.items()},
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(loop="gemv"),
     )
     return out, weights, ids
 
@@ -232,7 +232,7 @@ def expert_gate_up_beside_gemv(
     _expert_gate_up_and_gemv_kernel[grid](
         *gemv.args, *moe.gate_up_args, token_blocks, row_tiles, pairs, **gemv.constexprs,
         **{f"E_{name}": value for name, value in moe.gate_up_constexprs.items()},
-        num_warps=dense_config.num_warps, num_stages=dense_config.num_stages, **pdl_launch(),
+        num_warps=dense_config.num_warps, num_stages=dense_config.num_stages, **pdl_launch(loop="moe"),
     )
     launch_down(moe)
     return out, dense_out

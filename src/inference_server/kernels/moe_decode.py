@@ -671,7 +671,7 @@ def down_weights_before_wait() -> bool:
 def launch_down(launches: MoeDecodeLaunches) -> None:
     """The down launch of a ``moe_decode_launches`` call (after its gate/up launch, in stream order)."""
     _down_kernel[launches.down_grid](*launches.down_args, **launches.down_constexprs, num_warps=launches.down_warps,
-                                     **pdl_launch())
+                                     **pdl_launch(loop="moe"))
 
 
 def fused_moe_decode(
@@ -698,6 +698,6 @@ def fused_moe_decode(
                                         int8_words=int8_words)
     if launches is not None:
         _gate_up_kernel[launches.gate_up_grid](*launches.gate_up_args, **launches.gate_up_constexprs,
-                                               num_warps=launches.gate_up_warps, **pdl_launch())
+                                               num_warps=launches.gate_up_warps, **pdl_launch(loop="moe"))
         launch_down(launches)
     return out

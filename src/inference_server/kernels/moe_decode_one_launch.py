@@ -288,6 +288,6 @@ def moe_decode_one_launch(
         GU_BLOCK_N=cfg.gate_up_block_n, GU_BLOCK_K=cfg.gate_up_block_k, GU_EVEN_K=H % cfg.gate_up_block_k == 0,
         DN_BLOCK_N=cfg.down_block_n, DN_BLOCK_I=block_i, DN_EVEN_I=block_i == inter_size, DN_STREAM_K=cfg.down_stream_k,
         DN_STREAM_EVEN=bool(cfg.down_stream_k) and inter_size % cfg.down_stream_k == 0,
-        num_warps=cfg.warps, **pdl_launch(),
+        num_warps=cfg.warps, **pdl_launch(loop="moe"),
     )  # fmt: skip
     return out

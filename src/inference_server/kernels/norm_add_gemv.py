@@ -154,7 +154,7 @@ def _launch(norm_in: int, a: torch.Tensor, wa: torch.Tensor, eps_a: float, resid
     _norm_add_gemv_kernel[grid](
         *launch.args, residual, residual.stride(0), wa, scale if scale is not None else wa, y, y.stride(0), eps_a,
         **launch.constexprs, NORM_IN=norm_in, HAS_S=scale is not None, NORM_BLOCK=triton.next_power_of_2(k),
-        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(),
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(loop="gemv"),
     )  # fmt: skip
     return y, out
 

@@ -49,7 +49,9 @@ no shared memory and registers while the loop's programs stream) or right after 
 while the loop streams). Either is safe: the release fires only once every program of the kernel is resident (or
 done), so the waiting CTAs never keep one of its programs off an SM, and it stays after the wait, so the launch
 two back has completed when the dependent reads what it may read before its own wait. A loop kernel calls
-``pdl_release_after_wait`` right after its wait (on every path) and ``pdl_release_after_loop`` after its loop.
+``pdl_release_after_wait`` right after its wait (on every path) and ``pdl_release_after_loop`` after its loop, and
+its launch names its class (``pdl_launch(loop=...)``, one of ``PDL_LOOP_CLASSES``): the mode is chosen per class, so
+e.g. the decode attention may release after its wait while the GEMVs release after their loops.
 
 The switch (``use_pdl``) is process-wide, like ``moe_configs.use_tuned_configs``; it is on only when asked for
 AND the current CUDA device is sm_90 or newer AND the kernels are compiled (not under ``TRITON_INTERPRET``) AND
@@ -61,12 +63,14 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PDL_RELEASE_AFTER_LOOP", "PDL_RELEASE_AFTER_WAIT", "early_release_requested", "pdl_enabled",
+__all__ = ["PDL_LOOP_CLASSES", "PDL_RELEASE_AFTER_LOOP", "PDL_RELEASE_AFTER_WAIT", "early_release_classes",
+           "loop_classes", "pdl_enabled",
            "pdl_launch", "pdl_release", "pdl_release_after_loop", "pdl_release_after_wait", "pdl_requested",
            "pdl_supported", "pdl_wait", "use_early_release", "use_pdl"]
 
@@ -75,8 +79,16 @@ PDL_RELEASE_AFTER_LOOP = 1
 PDL_RELEASE_AFTER_WAIT = 2
 """``USE_PDL`` of a kernel launched as a programmatic dependent whose main loop releases right after its wait."""
 
+PDL_LOOP_CLASSES: tuple[str, ...] = ("attention", "gemv", "head", "moe", "router")
+"""The classes of kernels with a main loop, each with its own release place (``use_early_release``):
+``attention`` the paged decode attention; ``gemv`` the CUDA-core GEMVs (``int8_gemv``, ``norm_add_gemv``, the
+streamed linear, a GEMV paired with the router); ``head`` the greedy head's vocabulary slices; ``moe`` the routed
+experts' launches (the MoE decode GEMVs, the grouped GEMMs, the one-launch experts, the experts' gate/up paired
+with a dense GEMV); ``router`` the router GEMV with the routing in its epilogue."""
+_LOOP_CLASS_SET = frozenset(PDL_LOOP_CLASSES)
+
 _requested = False
-_early_release = False
+_early_release: frozenset[str] = frozenset()
 
 
 def use_pdl(enabled: bool) -> bool:
@@ -91,17 +103,29 @@ def pdl_requested() -> bool:
     return _requested
 
 
-def use_early_release(enabled: bool) -> bool:
-    """Where kernels with a main loop release their dependent when PDL is on: right after their wait (True) or
-    after the loop (False); process-wide (``CudaRunnerOptions.pdl_early_release`` sets it at every step), returns
-    the previous setting. The results are the same bits either way: only when the next launch's CTAs get
-    resident moves."""
+def use_early_release(classes: bool | Iterable[str]) -> frozenset[str]:
+    """Which classes of kernels with a main loop (``PDL_LOOP_CLASSES``) release their dependent right after their
+    wait when PDL is on; the others release after their loop. True: every class, False: none. Process-wide
+    (``CudaRunnerOptions.pdl_early_release`` sets it at every step); returns the previous set. The results are the
+    same bits either way: only when the next launch's CTAs get resident moves."""
     global _early_release
-    previous, _early_release = _early_release, enabled
+    previous, _early_release = _early_release, loop_classes(classes)
     return previous
 
 
-def early_release_requested() -> bool:
+def loop_classes(classes: bool | Iterable[str]) -> frozenset[str]:
+    """``classes`` as a set of ``PDL_LOOP_CLASSES``: True every class, False none; an unknown name is a
+    ValueError."""
+    if classes is True or classes is False:
+        return _LOOP_CLASS_SET if classes else frozenset()
+    chosen = frozenset(classes)
+    if unknown := chosen - _LOOP_CLASS_SET:
+        raise ValueError(f"unknown PDL loop classes {sorted(unknown)}; known: {', '.join(PDL_LOOP_CLASSES)}")
+    return chosen
+
+
+def early_release_classes() -> frozenset[str]:
+    """The loop classes that release right after their wait (``use_early_release``)."""
     return _early_release
 
 
@@ -136,13 +160,16 @@ def pdl_enabled() -> bool:
     return _requested and pdl_supported()
 
 
-def pdl_launch() -> dict[str, bool | int]:
-    """Keyword arguments for a kernel launch: ``{"USE_PDL": True, "launch_pdl": True}`` when PDL is on
-    (``PDL_RELEASE_AFTER_WAIT`` for ``USE_PDL`` with ``use_early_release``), else ``{"USE_PDL": False}`` (no launch
-    option at all: the launch is the one it was before PDL existed). The kernel must take a
-    ``USE_PDL: tl.constexpr`` and keep the module docstring's invariant with ``pdl_wait``."""
+def pdl_launch(loop: str | None = None) -> dict[str, bool | int]:
+    """Keyword arguments for a kernel launch: ``{"USE_PDL": True, "launch_pdl": True}`` when PDL is on, else
+    ``{"USE_PDL": False}`` (no launch option at all: the launch is the one it was before PDL existed). ``loop``: the
+    launched kernel's class if it has a main loop (``PDL_LOOP_CLASSES``); where ``use_early_release`` chose that
+    class, ``USE_PDL`` is ``PDL_RELEASE_AFTER_WAIT``. The kernel must take a ``USE_PDL: tl.constexpr`` and keep the
+    module docstring's invariant with ``pdl_wait``."""
+    if loop is not None and loop not in _LOOP_CLASS_SET:
+        raise ValueError(f"unknown PDL loop class {loop!r}; known: {', '.join(PDL_LOOP_CLASSES)}")
     if pdl_enabled():
-        return {"USE_PDL": PDL_RELEASE_AFTER_WAIT if _early_release else True, "launch_pdl": True}
+        return {"USE_PDL": PDL_RELEASE_AFTER_WAIT if loop in _early_release else True, "launch_pdl": True}
     return {"USE_PDL": False}
 
 

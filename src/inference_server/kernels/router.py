@@ -455,7 +455,7 @@ def _launch(
                                       experts_per_program=experts_per_program, block_h=block_h, num_warps=num_warps)
     if launch is not None:
         _linear_route_kernel[(launch.groups, launch.rows)](*launch.args, **launch.constexprs,
-                                                           num_warps=launch.num_warps, **pdl_launch())
+                                                           num_warps=launch.num_warps, **pdl_launch(loop="router"))
     return outputs
 
 

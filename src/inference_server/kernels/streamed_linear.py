@@ -351,7 +351,7 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
         _streamed_linear_kernel[grid](
             *args, **tiles, HAS_SCALE=scale is not None, IEEE=x.dtype == torch.float32,
             UPCAST=_INTERPRETED and x.dtype != torch.float32, MAGIC=bool(cfg.magic_dequant),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(loop="gemv"),
         )  # fmt: skip
     if split > 1:
         block = pow2_clamp(N, 16, 1024)
