@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.cuda_backend import EARLY_RELEASE_NARROW_CLASSES, CudaModelRunner, CudaRunnerOptions
 from inference_server.kernels import pdl
 from inference_server.models.architectures import ops
 
@@ -93,8 +93,9 @@ def test_the_option_sets_the_switch_at_every_step_cpu() -> None:
 
     with_pdl = runner(True)
     assert pdl.pdl_requested()
-    # the loop kernels' release place: the default by hidden size (a tiny model: after the wait), or as asked
-    assert with_pdl.early_release == frozenset(pdl.PDL_LOOP_CLASSES) == pdl.early_release_classes()
+    # the loop kernels' release place: the default by hidden size (a tiny model: the narrow classes after the wait),
+    # or as asked
+    assert with_pdl.early_release == frozenset(EARLY_RELEASE_NARROW_CLASSES) == pdl.early_release_classes()
     for asked in (False, True, ("gemv", "moe")):
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=2, cuda_graphs=False,
                                     pdl_early_release=asked)

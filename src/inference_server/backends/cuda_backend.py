@@ -487,16 +487,26 @@ class OpaqueAttentionContext(PagedAttentionContext):
 
 
 EARLY_RELEASE_MAX_HIDDEN = 2048
-"""The largest hidden size at which ``CudaRunnerOptions.pdl_early_release``'s default is on. On the H200 (2026-12-02,
-session 13, B=1 overlapped tok/s, release after the wait against after the loop): Qwen3-30B-A3B (hidden 2,048)
-396.1 against 384.2 and Gemma-4-E2B (1,536) 481.4 against 475.3, but Gemma-4-E4B (2,560) 297.7 against 303.2,
-Gemma-4-26B-A4B (2,816) 361.6 against 369.6 and Gemma-4-31B (5,376) 63.7 against 64.8; B=64 within 0.3 % either way."""
+"""The largest hidden size at which ``CudaRunnerOptions.pdl_early_release``'s default releases any class early. On the
+H200 (2026-12-02, session 13, B=1 overlapped tok/s, every class after the wait against after the loop):
+Qwen3-30B-A3B (hidden 2,048) 396.1 against 384.2 and Gemma-4-E2B (1,536) 481.4 against 475.3, but Gemma-4-E4B
+(2,560) 297.7 against 303.2, Gemma-4-26B-A4B (2,816) 361.6 against 369.6 and Gemma-4-31B (5,376) 63.7 against 64.8;
+B=64 within 0.3 % either way. Per class (2026-12-03, session 14): on E4B, 26B-A4B and 31B no class released early
+beats the release after the loop by more than the spread (E4B's attention 304.8 against 304.0 / 305.3)."""
+
+EARLY_RELEASE_NARROW_CLASSES: tuple[str, ...] = ("attention", "head", "moe")
+"""The classes the default releases right after their wait at hidden sizes up to ``EARLY_RELEASE_MAX_HIDDEN``; the
+GEMVs and the router GEMV release after their loop. On the H200 (2026-12-03, session 14, Qwen3-30B-A3B B=1 overlapped
+tok/s, every class early against every class early but one): 396.5 against the router late 400.7, the GEMVs late
+399.1, the MoE launches late 387.8, the attention late 395.4."""
 
 
 def early_release_classes_for(hidden_size: int, asked: bool | tuple[str, ...] | None) -> frozenset[str]:
     """The loop classes (``kernels.pdl.PDL_LOOP_CLASSES``) that release right after their wait for a model of
     ``hidden_size`` under ``CudaRunnerOptions.pdl_early_release`` = ``asked``; an unknown class is a ValueError."""
-    return loop_classes(hidden_size <= EARLY_RELEASE_MAX_HIDDEN if asked is None else asked)
+    if asked is None:
+        return loop_classes(EARLY_RELEASE_NARROW_CLASSES if hidden_size <= EARLY_RELEASE_MAX_HIDDEN else False)
+    return loop_classes(asked)
 
 
 @attrs.frozen
@@ -614,8 +624,8 @@ class CudaRunnerOptions:
     router GEMV, the greedy head's slices) release their dependent right after their PDL wait instead of after the
     loop, so the next launch's CTAs get resident and load what they may load before their own wait while the loop
     still streams (``kernels.pdl.use_early_release``): the same bits, only the overlap moves. None (the default):
-    every class for models of hidden size <= ``EARLY_RELEASE_MAX_HIDDEN``, where the loops are short, none above;
-    True / False: every class / none; a tuple: those classes of ``kernels.pdl.PDL_LOOP_CLASSES``."""
+    ``EARLY_RELEASE_NARROW_CLASSES`` for models of hidden size <= ``EARLY_RELEASE_MAX_HIDDEN``, where the loops are
+    short, none above; True / False: every class / none; a tuple: those classes of ``kernels.pdl.PDL_LOOP_CLASSES``."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
