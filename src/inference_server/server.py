@@ -19,7 +19,9 @@ Shutdown on SIGTERM or SIGINT (exit status 0):
    ``SHUTDOWN_TIMEOUT + HARD_EXIT_GRACE_SECONDS`` after the signal: Hypercorn's socket writes are shielded
    from cancellation, so a client that stopped reading could otherwise hold the process forever.
 
-A second signal during the drain ends the in-flight requests at once. If the engine fails, every in-flight
+A second signal during the drain ends the in-flight requests at once; one that comes within
+``DUPLICATE_SIGNAL_SECONDS`` of the first is the same stop delivered twice (a process-group signal also
+forwarded by ``uv run``) and changes nothing. If the engine fails, every in-flight
 request has already received a terminal error event (the supervisor's failure policy); the server then
 stops the same way and exits with status 1.
 
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 HTTP_FLUSH_SECONDS = 2.0
 HYPERCORN_GRACEFUL_SECONDS = 2.0
 HARD_EXIT_GRACE_SECONDS = 5.0
+DUPLICATE_SIGNAL_SECONDS = 1.0
+"""A signal this soon after the first is the same stop delivered twice (see ``_watch_signals``)."""
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
@@ -220,11 +224,20 @@ async def _serve_http(app: object, config: Config, shutdown: Shutdown, server_sc
 
 
 async def _watch_signals(signals: AsyncIterator[int], shutdown: Shutdown) -> None:
+    """The first signal starts the drain; a later one ends in-flight requests at once. A signal that comes
+    within ``DUPLICATE_SIGNAL_SECONDS`` of the first is the same stop delivered twice, not a second one: a
+    signal sent to the process group (``kill -TERM -- -PGID``, systemd's ``KillMode=control-group``) reaches
+    the server directly and again forwarded by a parent such as ``uv run`` a few milliseconds later."""
+    first_at: float | None = None
     async for signum in signals:
         name = signal.Signals(signum).name
-        if not shutdown.requested.is_set():
+        now = trio.current_time()
+        if first_at is None:
+            first_at = now
             log.info("%s: draining (new requests get 503; in-flight ones may finish)", name)
             shutdown.request()
+        elif now - first_at < DUPLICATE_SIGNAL_SECONDS:
+            log.info("%s again %.3f s after the first: the same stop, still draining", name, now - first_at)
         else:
             log.warning("%s again: ending in-flight requests now", name)
             shutdown.drain_scope.cancel()
