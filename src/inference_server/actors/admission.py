@@ -90,7 +90,9 @@ class Admission:
                                      default_max_tokens=self.default_max_tokens)
         if params.min_tokens > 0:  # the sampler holds the model's EOS back until then
             params = attrs.evolve(params, eos_token_ids=tuple(sorted(self.eos_token_ids)))
-        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids,
+                                             skip_special_tokens=params.skip_special_tokens) \
+            if self.tokenizer is not None else None
         self._arrivals += 1
         return Request(
             request_id=submission.request_id, prompt_ids=prompt_ids, params=params,

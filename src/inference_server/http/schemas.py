@@ -144,13 +144,53 @@ ContentInput = str | list[ContentPart] | None
 
 
 @attrs.frozen(kw_only=True)
+class FunctionCallInput:
+    """An earlier call's function: ``arguments`` is OpenAI's JSON text (an object is accepted too)."""
+
+    name: str
+    arguments: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallInput:
+    """One of an assistant message's earlier ``tool_calls``."""
+
+    function: FunctionCallInput
+    id: str | None = None
+    type: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ChatMessageInput:
-    """A chat message. ``name`` and ``type`` are accepted and ignored (lm-eval and AIPerf send them)."""
+    """A chat message. ``name`` (passed to the template for ``tool`` messages) and ``type`` are accepted (lm-eval
+    and AIPerf send them); ``tool_calls``, ``tool_call_id`` and ``reasoning_content`` carry an agent loop's
+    history to the chat template."""
 
     role: str
     content: ContentInput = None
     name: str | None = None
     type: str | None = None
+    tool_calls: list[ToolCallInput] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class FunctionDefinition:
+    """A tool's function: ``parameters`` is a JSON Schema object (the arguments a call must match)."""
+
+    name: str
+    description: str | None = None
+    parameters: Any = None
+    strict: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolDefinition:
+    """One of ``tools``: only ``{"type": "function", "function": {...}}``."""
+
+    type: str
+    function: FunctionDefinition | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -167,18 +207,18 @@ class ChatCompletionRequest(OpenAIOutputFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: Any = None
 
 
 UNSUPPORTED_FIELDS: dict[str, str] = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
+    "functions": "the legacy functions field is not supported: send tools",
+    "function_call": "the legacy function_call field is not supported: send tool_choice",
     "guided_json": "guided decoding is not supported",
     "guided_regex": "guided decoding is not supported",
     "guided_choice": "guided decoding is not supported",
-    "chat_template_kwargs": "chat_template_kwargs is not supported",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",

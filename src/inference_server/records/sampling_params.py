@@ -82,6 +82,10 @@ class SamplingParams:
     are masked out by the sampler and stop strings are not matched until then (``max_tokens`` still caps)."""
     eos_token_ids: tuple[int, ...] = ()
     """The model's EOS ids, filled by admission when ``min_tokens`` is set (the sampler masks them)."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the output text (vLLM's default). Off where a tool-call or reasoning parser
+    needs the markers that are special tokens (Gemma 4's ``<|tool_call>``, ``<|channel>``); stop tokens stay
+    out of the text either way unless ``include_stop_str_in_output``."""
 
     def resolved_max_tokens(self) -> int:
         """``max_tokens`` once admission has resolved ``None`` (the rest of the context) to a number."""
