@@ -65,6 +65,10 @@ class GrammarCompiler:
         self._tokenizer_lock = threading.Lock()
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._eos)
+
+    @property
     def tokenizer(self) -> llguidance.LLTokenizer:
         """The llguidance tokenizer (built on first use: seconds for a 262k vocabulary)."""
         with self._tokenizer_lock:
