@@ -192,7 +192,7 @@ class Engine:
         for constraint in pending:
             if grammar is None:
                 raise RequestError("invalid_request", f"{constraint.field}: structured outputs are not available "
-                                   "on this server (its model has no tokenizer)", constraint.field)
+                                   "on this server", constraint.field)
             if grammar.cached(constraint):
                 continue
             with trio.move_on_after(COMPILE_TIMEOUT) as scope:

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from inference_server.config import Settings
+from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.http import app_state, create_app
@@ -176,13 +177,32 @@ class FakeModel:
 FAKE_VOCAB_SIZE = 512
 
 
+def byte_level_tokenizer_json(vocab_size: int = FAKE_VOCAB_SIZE) -> str:
+    """A byte-level BPE ``tokenizer.json`` of ``vocab_size`` ids (``<pad>``, ``<eos>``, ``<bos>``, the 256
+    byte symbols, then fillers): one llguidance can read, for the fake engine's grammar compiler (the word-level
+    test tokenizer has a decoder llguidance does not know). The fake model never reads a mask: structured
+    outputs on it check fields and errors, not output; the embedded model's tests check the output."""
+    vocab = {"<pad>": 0, "<eos>": EOS_ID, "<bos>": 2}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"filler{len(vocab)}"] = len(vocab)
+    backend = BackendTokenizer(models.BPE(vocab, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    return backend.to_str()
+
+
 def make_parts(model: FakeModel, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:
-    """Engine parts around ``model``: 512-id vocabulary, 128-token context, 4-token KV blocks."""
+    """Engine parts around ``model``: 512-id vocabulary, 128-token context, 4-token KV blocks; a grammar
+    compiler over a byte-level vocabulary of the same size when there is a tokenizer."""
     scheduler = SchedulerConfig(max_batch_size=overrides.pop("max_batch_size", 8), max_num_batched_tokens=512)
     values: dict[str, Any] = dict(
         step=model.step, kv=KVManager(block_size=4, num_full_blocks=overrides.pop("num_blocks", 512)),
         tokenizer=tokenizer, max_model_len=128, vocab_size=512, eos_token_ids=frozenset({EOS_ID}),
-        scheduler_config=scheduler, model_name=MODEL_NAME)
+        scheduler_config=scheduler, model_name=MODEL_NAME,
+        grammar=GrammarCompiler(byte_level_tokenizer_json(), FAKE_VOCAB_SIZE, {EOS_ID}) if tokenizer else None)
     values.update(overrides)
     return EngineParts(**values)
 

@@ -92,7 +92,7 @@ class Admission:
         or compiled here (callers that submit directly; llguidance compiles in milliseconds)."""
         if self.grammar is None:
             raise RequestError("invalid_request", f"{constraint.field}: structured outputs are not available on "
-                               "this server (its model has no tokenizer)", constraint.field)
+                               "this server", constraint.field)
         self.grammar.compile(constraint)
 
     def _prepare(self, submission: Submission) -> Request:

@@ -70,11 +70,16 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        """The llguidance tokenizer (built on first use: seconds for a 262k vocabulary)."""
+        """The llguidance tokenizer (built on first use: seconds for a 262k vocabulary). A tokenizer that
+        llguidance cannot read (a decoder it does not know) refuses every constraint with a 400."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
-                                                         eos_token=self._eos)
+                try:
+                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                             eos_token=self._eos)
+                except Exception as error:  # llguidance raises ValueError for what it cannot read
+                    raise RequestError("invalid_request", "structured outputs are not available for this model's "
+                                       f"tokenizer: {_reason(str(error))}") from None
             return self._tokenizer
 
     def cached(self, constraint: Constraint) -> bool:
@@ -98,7 +103,11 @@ class GrammarCompiler:
 
     def _matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
         grammar = grammar_source(constraint)
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        try:
+            tokenizer = self.tokenizer
+        except RequestError as error:
+            raise RequestError("invalid_request", f"{constraint.field}: {error.message}", constraint.field) from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise RequestError("invalid_request", f"{constraint.field}: {_reason(matcher.get_error())}",
                                constraint.field)
