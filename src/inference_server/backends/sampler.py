@@ -288,6 +288,9 @@ def sample(
 
 
 _BITS = 32
+MIN_LOGPROB = -9999.0
+"""Floor of returned top logprobs (vLLM's): a token a constraint masks out has logprob ``-inf``, which JSON
+cannot carry; it is listed at this value when a row asks for more top logprobs than its grammar allows."""
 
 
 def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -303,7 +306,7 @@ def _top_logprobs(logits: torch.Tensor, lse: torch.Tensor, n: int) -> TopLogprob
     if n == 0:
         return None
     values, ids = logits.topk(min(n, logits.shape[-1]), dim=-1)  # [B, n], sorted descending
-    return TopLogprobs(token_ids=ids, logprobs=values - lse[:, None])
+    return TopLogprobs(token_ids=ids, logprobs=(values - lse[:, None]).clamp_(min=MIN_LOGPROB))
 
 
 def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
