@@ -65,6 +65,8 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     grammar = (GrammarCompiler(tokenizer.backend.to_str(), limits.vocab_size, eos) if tokenizer is not None
                else None)
     runner.grammar = grammar
+    if grammar is not None:
+        grammar.warm_up_in_background()
     parts = EngineParts(
         grammar=grammar,
         step=RunnerPipeline(runner),

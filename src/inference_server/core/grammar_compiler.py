@@ -11,23 +11,30 @@ Whitespace (the rule a small base model cannot loop on): JSON is generated witho
 ``", "`` between items and ``": "`` after keys (what ``json.dumps`` writes), as vLLM's
 ``disable_any_whitespace``. Whitespace is then possible only inside strings.
 
-The llguidance tokenizer (its token trie over the whole vocabulary) is built on the first compile, once.
+The llguidance tokenizer (its token trie over the whole vocabulary) is built once, in the background from
+start-up (``warm_up_in_background``), or by the first compile that needs it.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import threading
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance
 
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
 
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+log = logging.getLogger(__name__)
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How every JSON value is generated (see the module docstring)."""
 
 CACHE_SIZE = 512
@@ -82,6 +89,19 @@ class GrammarCompiler:
                                        f"tokenizer: {_reason(str(error))}") from None
             return self._tokenizer
 
+    def warm_up_in_background(self) -> threading.Thread:
+        """Build the llguidance tokenizer in a daemon thread now, so that the first constrained request does
+        not wait for it (a tokenizer llguidance cannot read is logged here and refused per request)."""
+        def build() -> None:
+            try:
+                self.tokenizer  # noqa: B018 (the property builds it)
+            except RequestError as error:
+                log.warning("%s", error.message)
+
+        thread = threading.Thread(target=build, name="grammar-tokenizer", daemon=True)
+        thread.start()
+        return thread
+
     def cached(self, constraint: Constraint) -> bool:
         with self._lock:
             return constraint in self._cache
@@ -121,11 +141,10 @@ def grammar_source(constraint: Constraint) -> str:
     try:
         if kind == "json_schema":
             assert constraint.schema is not None
-            overrides = {"lenient": not constraint.strict}
-            return llguidance.LLMatcher.grammar_from_json_schema(constraint.schema, defaults=JSON_OPTIONS,
-                                                                 overrides=overrides)  # type: ignore[arg-type]
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                constraint.schema, defaults=JSON_OPTIONS, overrides={"lenient": not constraint.strict})
         if kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         if kind == "regex":
             assert constraint.pattern is not None
             return llguidance.LLMatcher.grammar_from_regex(constraint.pattern)
