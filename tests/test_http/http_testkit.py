@@ -120,7 +120,9 @@ class FakeModel:
     ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS; ``token_at_length``:
     sequences of a listed length get that token instead of their word. ``use_sampler``: tokens come from the
     real sampler (``backends.sampler``, CPU) over logits that favour the same tokens (the fake token 5.0, EOS
-    10.0 where due, the rest 0), so logit-editing fields change the output."""
+    10.0 where due, the rest 0), so logit-editing fields change the output. A constrained request (structured
+    output) gets EOS as its first token: this model cannot follow a grammar, so it ends the request the way a
+    complete grammar does (``finish_reason: "stop"``); the embedded model's tests check constrained output."""
 
     delay: float = 0.0
     block: bool = False
@@ -148,6 +150,8 @@ class FakeModel:
                 continue
             length = seq.cached_len + len(seq.token_ids)
             token = EOS_ID if length == self.eos_at_length else self.token_at_length.get(length, fake_token(length))
+            if seq.sampling.constraint is not None:
+                token = EOS_ID
             top = tuple((fake_token(length + k), -0.5 * (k + 1)) for k in range(seq.sampling.logprobs or 0))
             tokens.append(SampledToken(seq.request_id, token, -0.25, top))
         self.tokens_emitted += len(tokens)
@@ -180,8 +184,8 @@ FAKE_VOCAB_SIZE = 512
 def byte_level_tokenizer_json(vocab_size: int = FAKE_VOCAB_SIZE) -> str:
     """A byte-level BPE ``tokenizer.json`` of ``vocab_size`` ids (``<pad>``, ``<eos>``, ``<bos>``, the 256
     byte symbols, then fillers): one llguidance can read, for the fake engine's grammar compiler (the word-level
-    test tokenizer has a decoder llguidance does not know). The fake model never reads a mask: structured
-    outputs on it check fields and errors, not output; the embedded model's tests check the output."""
+    test tokenizer has a decoder llguidance does not know). The fake model never reads a mask (see
+    ``FakeModel``): structured outputs on it check fields and errors; the embedded model's tests check output."""
     vocab = {"<pad>": 0, "<eos>": EOS_ID, "<bos>": 2}
     for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[symbol] = len(vocab)
