@@ -34,18 +34,30 @@ class GrammarState:
 
     matcher: llguidance.LLMatcher
     consumed: int = 0
+    broken: bool = False  # a token was refused: the matcher no longer follows the output (EOS only from now)
+
+    @property
+    def ends_only(self) -> bool:
+        """Whether the row may only end (EOS): its matcher refused a token or is in llguidance's error state."""
+        return self.broken or self.matcher.is_error()
 
     @classmethod
     def start(cls, compiled: CompiledGrammar) -> GrammarState:
         return cls(compiled.matcher())
 
     def advance(self, output_ids: Sequence[int]) -> None:
-        """Consume ``output_ids[consumed:]`` (a request's output so far)."""
+        """Consume ``output_ids[consumed:]`` (a request's output so far). A stopped matcher (its grammar
+        complete) consumes nothing more: what follows is the EOS that ends the request, or a token that
+        overlap computed past its end and the scheduler discards."""
         new = output_ids[self.consumed:]
-        if new and not self.matcher.is_error() and not self.matcher.consume_tokens(list(new)):
-            log.warning("a constrained request's token was refused by its grammar: %s",
-                        self.matcher.get_error()[:200])
         self.consumed = len(output_ids)
+        if not new or self.broken or self.matcher.is_error() or self.matcher.is_stopped():
+            return
+        accepted = self.matcher.try_consume_tokens(list(new))
+        if accepted < len(new) and not self.matcher.is_stopped():
+            self.broken = True
+            log.warning("a constrained request's token was refused by its grammar: %s",
+                        self.matcher.get_error()[:200] or self.matcher.stop_reason())
 
 
 class BitmaskFiller:
@@ -76,9 +88,9 @@ class BitmaskFiller:
         (each already advanced), every other row all ones."""
         host = self._buffer(rows)
         host.fill_(-1)
-        live = [(state.matcher, row) for state, row in constrained if not state.matcher.is_error()]
+        live = [(state.matcher, row) for state, row in constrained if not state.ends_only]
         for state, row in constrained:
-            if state.matcher.is_error():
+            if state.ends_only:
                 host[row].copy_(self._eos_only)
         if live:
             self._executor.unsafe_compute_mask_ptr(live, host.data_ptr(), self.words * 4, rows)
