@@ -19,7 +19,8 @@ Conventions (see docs/api.md for every field):
   ``prompt_logprobs``) only scores the prompt. ``prompt_logprobs`` (vLLM) adds each choice's
   ``prompt_logprobs`` list.
 * ``stream_options`` needs ``stream: true`` (400 otherwise); ``continuous_usage_stats`` only counts together
-  with ``include_usage`` (vLLM). ``response_format`` may only be ``{"type": "text"}``, the default.
+  with ``include_usage`` (vLLM). ``response_format`` json_object / json_schema constrain the output
+  (``constraint_fields``).
 * vLLM's ``return_token_ids`` adds ``prompt_token_ids`` (per completion choice; top level in chat) and each
   choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
 * Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
@@ -285,13 +286,10 @@ def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
 
 
 def _check_output_fields(body: OpenAIRecord) -> None:
-    """``stream_options`` only with ``stream`` (vLLM's rule), ``response_format`` only ``text``."""
+    """``stream_options`` only with ``stream`` (vLLM's rule); ``response_format`` is read with the sampling
+    fields (``constraint_fields``)."""
     if body.stream_options is not None and not body.stream:
         raise invalid_request("stream_options can only be set when stream is true", "stream_options")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise invalid_request(f"response_format type {body.response_format.type!r} is not supported (structured "
-                              "output); only {\"type\": \"text\"}, the default, is accepted",
-                              "response_format.type", "unsupported_parameter")
 
 
 def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:

@@ -49,12 +49,18 @@ ResponseInput = str | list[ResponseInputItem]
 
 @attrs.frozen(kw_only=True)
 class TextFormat:
+    """``text.format``: ``text``, ``json_object``, or ``json_schema`` with its fields beside ``type``."""
+
     type: str
+    name: str | None = None
+    schema: Any = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 @attrs.frozen(kw_only=True)
 class TextConfig:
-    """``text``: only the plain-text format (the default) is supported."""
+    """``text``: its ``format`` (plain text, the default, or structured output)."""
 
     format: TextFormat | None = None
     verbosity: str | None = None

@@ -11,9 +11,8 @@ Strictness, where plain ``json`` + cattrs would be lenient (every failure is an 
 * Types: no coercion. ``"stream": "yes"``, ``"max_tokens": 3.7`` and ``"prompt": 5`` are errors; a float
   field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list);
   integers must fit in 64 bits.
-* Unknown fields are errors naming the field. A few fields we know but do not support (tools, structured
-  output other than ``response_format: {"type": "text"}``, ...) get a message saying so; sent empty or null
-  they are ignored.
+* Unknown fields are errors naming the field. A few fields we know but do not support (tools, ...) get a
+  message saying so; sent empty or null they are ignored.
 
 Optional fields are ``None`` when absent (or sent as ``null``); the routes apply the defaults, so a JSON
 ``null`` means "the default", as in the OpenAI API. Records are frozen, ``kw_only`` so that inheritance
@@ -76,11 +75,17 @@ class SamplingFields:
     allowed_token_ids: list[int] | None = None
     min_tokens: int | None = None
     truncate_prompt_tokens: int | None = None
+    # Structured outputs (vLLM's); read by ``constraint_fields``, which checks their values.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 @attrs.frozen(kw_only=True)
 class ResponseFormat:
-    """``response_format``: only ``{"type": "text"}`` (the default) is accepted by the routes."""
+    """``response_format``: ``text`` (the default), ``json_object`` or ``json_schema`` (``constraint_fields``)."""
 
     type: str
     json_schema: Any = None
@@ -109,6 +114,10 @@ class GenerateRequest(SamplingFields):
     trace_id: str | None = None
     add_special_tokens: bool | None = None
     cache_salt: str | None = None
+    # SGLang's structured outputs (``constraint_fields``).
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -216,9 +225,6 @@ class ChatCompletionRequest(OpenAIOutputFields):
 UNSUPPORTED_FIELDS: dict[str, str] = {
     "functions": "the legacy functions field is not supported: send tools",
     "function_call": "the legacy function_call field is not supported: send tool_choice",
-    "guided_json": "guided decoding is not supported",
-    "guided_regex": "guided decoding is not supported",
-    "guided_choice": "guided decoding is not supported",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
