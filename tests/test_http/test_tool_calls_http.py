@@ -115,7 +115,10 @@ async def test_tool_choice_none_renders_no_tools_and_parses_none(serve, qwen_tok
 
 
 async def test_agent_history_and_template_kwargs_reach_the_template(serve, qwen_tokenizer: Tokenizer) -> None:
-    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}, {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
+    call_1 = {"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call_1]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
     rendered = qwen_tokenizer.apply_chat_template(
         [history[0], {**history[1], "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": {"city": "Paris"}}}]}, history[2]],

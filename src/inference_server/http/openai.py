@@ -39,8 +39,21 @@ import attrs
 from quart import Response, g, request
 
 from inference_server.http.chat_output import ChatOutputSpec
-from inference_server.http.chat_tools import ToolRequest, message_extras, template_kwargs, tool_request
-from inference_server.http.convert import DEFAULT_MAX_TOKENS, SESSION_ID_HEADER, header_id, sampling_params
+from inference_server.http.chat_tools import (
+    ToolRequest,
+    forced_call_constraint,
+    message_extras,
+    template_kwargs,
+    tool_request,
+)
+from inference_server.http.constraint_fields import constraint_of
+from inference_server.http.convert import (
+    DEFAULT_MAX_TOKENS,
+    SESSION_ID_HEADER,
+    header_id,
+    sampling_params,
+    structured_fields,
+)
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
@@ -152,15 +165,10 @@ class OpenAIRoutes:
                                    ChatEncoder, chat_response, "chatcmpl", chat_output=output)
 
     def _tool_request(self, body: ChatCompletionRequest) -> ToolRequest:
-        """The request's tools and parsers; ``required`` / a named tool need the grammar's forced call."""
+        """The request's tools and parsers; ``required`` / a named tool are forced by the grammar."""
         state = self.state
-        tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format,
-                             state.reasoning_format)
-        if tools.forced is not None:
-            raise invalid_request(f"tool_choice {tools.forced!r} needs constrained decoding, which this server "
-                                  "does not have yet; send tool_choice auto", "tool_choice",
-                                  "unsupported_parameter")
-        return tools
+        return tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format,
+                            state.reasoning_format)
 
     def _chat_requests(self, body: ChatCompletionRequest
                        ) -> tuple[list[GenerationRequest], int, dict[str, str], ChatOutputSpec]:
@@ -176,8 +184,13 @@ class OpenAIRoutes:
         n = _choice_count(body.n, 1)
         # max_tokens None: min(DEFAULT_MAX_TOKENS, the rest of the context), resolved by admission once the
         # prompt is tokenised.
+        forced = forced_call_constraint(tools)
         params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
-                                                             vocab_size=self.state.engine.info.vocab_size))
+                                                             vocab_size=self.state.engine.info.vocab_size,
+                                                             constraint=forced))
+        if forced is not None and constraint_of(structured_fields(body)) is not None:
+            raise invalid_request("tool_choice required or a named tool cannot be combined with structured output "
+                                  "(response_format, structured_outputs, guided_*)", "tool_choice")
         params = keep_marker_tokens(params, tools.output)
         session = self._session(body.user)
         requests = [
