@@ -11,8 +11,12 @@ turned into an answer), asked of this server.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -117,3 +121,25 @@ def test_agent_loop_tool_result_then_answer(sdk: openai.OpenAI) -> None:
                                          temperature=0, max_tokens=20)
     assert answer.choices[0].message.tool_calls is None
     assert answer.choices[0].message.content and answer.choices[0].finish_reason in ("stop", "length")
+
+
+CLIENTS_DOC = Path(__file__).parents[2] / "docs" / "clients.md"
+
+
+def test_the_documented_agent_loop_runs_as_written(sdk: openai.OpenAI) -> None:
+    """docs/clients.md's agent loop, run as written (only the server's address and model name swapped)."""
+    found = re.search(r"<!-- executed: agent loop -->\n```python\n(.*?)```\n```\n(.*?)```", CLIENTS_DOC.read_text(),
+                      re.DOTALL)
+    assert found is not None
+    script = found.group(1).replace("http://127.0.0.1:8000/v1", str(sdk.base_url).rstrip("/"))
+    script = script.replace('"gemma-3-270m"', repr(MODEL[0]))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(script, "docs/clients.md", "exec"), {"__name__": "agent_loop"})
+    print(printed.getvalue())
+    first, second = printed.getvalue().splitlines()
+    documented_first, documented_second = found.group(2).splitlines()
+    assert first.split(" ", 2)[:2] == ["tool_calls", "get_weather"] == documented_first.split(" ", 2)[:2]
+    arguments = json.loads(first.split(" ", 2)[2])
+    assert arguments["unit"] in ("celsius", "fahrenheit") and len(arguments["city"]) <= 20
+    assert first == documented_first and second == documented_second  # greedy on CPU: the documented run

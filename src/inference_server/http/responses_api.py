@@ -48,7 +48,8 @@ STATEFUL_FIELDS = {
     "include": "include is not supported (no tool outputs, reasoning or logprobs to include)",
     "reasoning": "reasoning options are not supported",
     "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
-    "max_tool_calls": "tool calling is not supported",
+    "max_tool_calls": "tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
+    "tools": "tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
 }
 """Fields refused unless sent empty, with the reason."""
 RENAMES = {"max_tokens": "max_output_tokens", "prompt": "input"}
@@ -103,6 +104,9 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     for name, reason in STATEFUL_FIELDS.items():
         if not _is_empty(getattr(body, name)):
             raise invalid_request(reason, name, "unsupported_parameter")
+    if body.tool_choice not in (None, "none", "auto"):  # without tools (refused above) none and auto mean nothing
+        raise invalid_request("tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
+                              "tool_choice", "unsupported_parameter")
     if body.truncation not in (None, "disabled"):
         raise invalid_request("only truncation: \"disabled\" is supported (a prompt over the context is a 400)",
                               "truncation", "unsupported_parameter")

@@ -91,6 +91,9 @@ class ResponsesRequest:
     reasoning: Any = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 def _json_type(value: Any) -> str:
