@@ -287,7 +287,7 @@ class ChatEncoder(_ChunkEncoder):
             assert self.options.chat_output is not None
             output = self._outputs[index] = self.options.chat_output.processor()
         delta = output.feed(text) if text else {}
-        finish_reason = update.finish_reason
+        finish_reason: str | None = update.finish_reason
         if update.finished:
             delta = join_deltas(delta, output.finish())
             if finish_reason == "stop" and output.called:
@@ -343,7 +343,7 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
         choices.record(index, result)
         logprobs = {"content": chat_logprobs(result.tokens, state, options)} if with_logprobs else None
         text = "".join(t.text for t in result.tokens)
-        finish_reason = result.finish_reason
+        finish_reason: str | None = result.finish_reason
         if options.chat_output is not None:
             output = options.chat_output.processor()
             message = output.message(text)

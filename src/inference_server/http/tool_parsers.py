@@ -38,8 +38,8 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import partial_json_parser
-from partial_json_parser import Allow
+import partial_json_parser  # type: ignore[import-untyped]
+from partial_json_parser import Allow  # type: ignore[import-untyped]
 
 TOOL_CALL_PARSERS = ("hermes", "gemma4")
 _NO_STRINGS = Allow.ALL & ~Allow.STR  # a partial string is dropped: a name present is a complete one
