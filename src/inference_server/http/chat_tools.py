@@ -119,6 +119,9 @@ def tool_choice_mode(choice: Any, names: frozenset[str]) -> str:
 def tool_request(tools: list[ToolDefinition] | None, choice: Any, parallel: bool | None,
                  tool_format: ToolCallFormat | None, reasoning: ReasoningFormat | None) -> ToolRequest:
     """The checked tool fields of a chat (or Responses) request against the served parsers."""
+    if tool_format is None and tools and choice != "none":
+        raise invalid_request("tool calling is off on this server (TOOL_CALL_PARSER=none, or the served chat "
+                              "template has no tool-call format)", "tools", "unsupported_parameter")
     defined = check_tools(tools)
     names = frozenset(t["function"]["name"] for t in defined)
     mode = tool_choice_mode(choice, names)
