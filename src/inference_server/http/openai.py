@@ -25,9 +25,10 @@ Conventions (see docs/api.md for every field):
   choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
 * Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
   ``chat_template_kwargs`` reach the chat template; replies are parsed into ``tool_calls`` (``finish_reason:
-  tool_calls``) and ``reasoning_content`` by the served family's parsers.
-* Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``,
-  structured output, non-text content.
+  tool_calls``) and ``reasoning_content`` by the served family's parsers; ``tool_choice`` required / named is
+  forced by a ``Constraint.tool_calls`` grammar (``chat_tools.forced_call_constraint``).
+* Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
+  content.
 """
 
 from __future__ import annotations
