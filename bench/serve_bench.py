@@ -36,6 +36,10 @@ linearly like numpy's default):
   ``--server-pid`` or the process listening on the URL's port (local servers only).
 * Client CPU: this process's CPU time over the duration; above ~0.8 the client may be what limits the run.
 
+``--json-schema``: every measured request carries ``response_format`` json_schema (``/generate``: SGLang's
+``json_schema``) with ``bench_schema(output_len)``, which cannot complete before ``max_tokens``: the same
+lengths as an unconstrained run, every token masked (``serving_table.py --json-schema`` runs both).
+
 ``--dataset shared-prefix`` (multi-turn chat with long system prompts, what prefix-aware routing is for):
 ``--num-sessions`` sessions, each on one of ``--num-groups`` system prompts of ``--system-len`` random tokens
 (session ``k`` uses prompt ``k % groups``), each running ``--turns`` turns one after another: turn ``t``'s prompt
@@ -81,6 +85,16 @@ class BenchRequest:
     prompt_ids: tuple[int, ...]
     output_len: int
     session: str | None = None
+    json_schema: dict[str, Any] | None = None  # structured output: response_format json_schema (/generate: json_schema)
+
+
+def bench_schema(output_len: int) -> dict[str, Any]:
+    """``--json-schema``'s schema: an object holding a list of short strings with at least ``output_len`` items,
+    so a constrained request cannot complete before ``max_tokens`` (each item takes 3+ tokens) and its output is
+    as long as an unconstrained request's; every token is still masked by the grammar."""
+    return {"type": "object", "properties": {"log": {"type": "array", "minItems": max(1, output_len),
+                                                     "items": {"type": "string", "maxLength": 24}}},
+            "required": ["log"], "additionalProperties": False}
 
 
 def random_requests(count: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
@@ -132,6 +146,8 @@ def request_body(endpoint: str, model: str | None, request: BenchRequest) -> byt
         body = {"prompt_token_ids": list(request.prompt_ids), **common}
         if request.session:
             body["session_id"] = request.session
+        if request.json_schema is not None:
+            body["json_schema"] = request.json_schema
     else:
         body = {"prompt": list(request.prompt_ids), **common, "stream_options": {"include_usage": True},
                 "return_token_ids": True}
@@ -139,6 +155,9 @@ def request_body(endpoint: str, model: str | None, request: BenchRequest) -> byt
             body["model"] = model
         if request.session:
             body["user"] = request.session
+        if request.json_schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench",
+                                                                              "schema": request.json_schema}}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -420,6 +439,7 @@ class BenchConfig:
     num_sessions: int = 64
     turns: int = 4
     user_len: int = 128
+    json_schema: bool = False  # every request constrained by bench_schema(output_len) (random dataset)
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -445,6 +465,8 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
     vocab_size = config.vocab_size or await trio.to_thread.run_sync(model_vocab_size, config.url)
     requests = random_requests(config.num_prompts, config.input_len, config.output_len, config.range_ratio,
                                vocab_size, config.seed)
+    if config.json_schema:
+        requests = [attrs.evolve(r, json_schema=bench_schema(config.output_len)) for r in requests]
     sessions = (shared_prefix_sessions(config.num_sessions, config.num_groups, config.system_len, config.turns,
                                        config.user_len, config.output_len, vocab_size, config.seed)
                 if config.dataset == "shared-prefix" else None)
@@ -512,6 +534,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
     parser.add_argument("--turns", type=int, default=4, help="shared-prefix: turns per session")
     parser.add_argument("--user-len", type=int, default=128, help="shared-prefix: tokens per user message")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--json-schema", action="store_true",
+                        help="constrain every measured request by a JSON schema that lasts the whole output "
+                             "(bench_schema; the server needs a tokenizer)")
     args = parser.parse_args(argv)
     return BenchConfig(url=(args.url or f"http://{args.host}:{args.port}").rstrip("/"), endpoint=args.endpoint,
                        model=args.model, input_len=args.input_len, output_len=args.output_len,
@@ -521,7 +546,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
                        vocab_size=args.vocab_size, server_pid=args.server_pid, gpu_index=args.gpu_index,
                        request_timeout=args.request_timeout, dataset=args.dataset, num_groups=args.num_groups,
                        system_len=args.system_len, num_sessions=args.num_sessions, turns=args.turns,
-                       user_len=args.user_len), args.json
+                       user_len=args.user_len, json_schema=args.json_schema), args.json
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,17 @@ each run's TTFT median / p99, ITL median / p99 (per-token ITL, ``serve_bench``'s
 the median throughput). ``--engine-only`` first runs ``engine_bench.py run --skip-offline`` in a child process
 (before the server starts, so they never share the GPU) at the same batch sizes and adds its decode step and
 rate, and HTTP / engine. Every report is kept as JSON under ``--out``.
+
+``--json-schema`` (structured outputs, issue 39): each run is made twice on the same server, unconstrained and
+with every request constrained by ``serve_bench.bench_schema`` (same prompts, same lengths), giving a
+``<variant>+json_schema`` row beside each row, and the constrained / unconstrained throughput ratio. A preset
+model is served from a folder holding its config.json and the embedded Gemma 3 tokenizer (262,144 ids, the
+size of Gemma 4's vocabulary), with dummy weights, since a preset alone has no tokenizer to compile grammars
+for. The schema's compile time (llguidance tokenizer setup; first compile with its first mask; cached) is
+measured in this process on that tokenizer and printed with the table (``compile.json``).
+
+    python3 bench/serving_table.py --model gemma-4-26b-a4b --concurrency 64 --num-prompts 128 --repeats 3 \
+        --input-len 512 --output-len 512 --env MAX_MODEL_LEN=4096 --json-schema --budget-s 540 --out $OUT/json
 """
 
 from __future__ import annotations
@@ -179,38 +190,90 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Point], args: argparse.Namespace,
                vocab_size: int, deadline: float, out: Path,
                engine: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every concurrency of one running server: warm-up, then the repeats; one summarized row each."""
+    """Every concurrency of one running server: warm-up, then the repeats (with ``--json-schema``, each repeat
+    unconstrained then constrained, on the same prompts); one summarized row each."""
     rows = []
+    kinds = (False, True) if args.json_schema else (False,)
     for point in points:
-        reports, skipped = [], 0
+        reports: dict[bool, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+        skipped = 0
         for repeat in range(args.repeats):
             if time.monotonic() >= deadline:
                 skipped = args.repeats - repeat
                 print(f"  budget spent: {skipped} run(s) of concurrency {point.concurrency} skipped", flush=True)
                 break
-            warmup = (point.concurrency if args.warmup is None else args.warmup) if repeat == 0 else 0
-            config = serve_bench.BenchConfig(
-                url=url, endpoint=args.endpoint, input_len=args.input_len, output_len=args.output_len,
-                range_ratio=args.range_ratio, num_prompts=point.num_prompts, concurrency=point.concurrency,
-                warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
-                vocab_size=vocab_size,
-                server_pid=server_pid, request_timeout=args.request_timeout)
-            try:
-                report = trio.run(serve_bench.run_benchmark, config)
-            except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
-                skipped = args.repeats - repeat
-                print(f"  {variant.name} c={point.concurrency} run {repeat + 1}: {error!r}; {skipped} run(s) "
-                      "skipped", flush=True)
-                break
-            path = out / f"{variant.name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
-            path.write_text(json.dumps(report, indent=1, default=str))
-            reports.append(report)
-            ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))
-            print(f"  {variant.name} c={point.concurrency} run {repeat + 1}/{args.repeats}: "
-                  f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms, "
-                  f"{report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
-        rows.append(summarize_point(args.model, variant.name, point, reports, skipped, engine.get(point.concurrency)))
+            for constrained in kinds:
+                name = variant.name + ("+json_schema" if constrained else "")
+                warmup = (point.concurrency if args.warmup is None else args.warmup) if repeat == 0 else 0
+                config = serve_bench.BenchConfig(
+                    url=url, endpoint=args.endpoint, input_len=args.input_len, output_len=args.output_len,
+                    range_ratio=args.range_ratio, num_prompts=point.num_prompts, concurrency=point.concurrency,
+                    warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
+                    vocab_size=vocab_size, server_pid=server_pid, request_timeout=args.request_timeout,
+                    json_schema=constrained)
+                try:
+                    report = trio.run(serve_bench.run_benchmark, config)
+                except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
+                    print(f"  {name} c={point.concurrency} run {repeat + 1}: {error!r}", flush=True)
+                    continue
+                path = out / f"{name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
+                path.write_text(json.dumps(report, indent=1, default=str))
+                reports[constrained].append(report)
+                ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))
+                print(f"  {name} c={point.concurrency} run {repeat + 1}/{args.repeats}: "
+                      f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms, "
+                      f"{report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
+        for constrained in kinds:
+            name = variant.name + ("+json_schema" if constrained else "")
+            missing = args.repeats - len(reports[constrained])
+            rows.append(summarize_point(args.model, name, point, reports[constrained], missing,
+                                        engine.get(point.concurrency)))
+        if args.json_schema and rows[-1]["output_tok_s"] and rows[-2]["output_tok_s"]:
+            rows[-1]["over_unconstrained"] = rows[-1]["output_tok_s"] / rows[-2]["output_tok_s"]
+            print(f"  c={point.concurrency}: json_schema / unconstrained output tok/s = "
+                  f"{rows[-1]['over_unconstrained']:.3f}", flush=True)
     return rows
+
+
+def model_with_tokenizer(model: str, folder: Path) -> Path:
+    """A checkpoint folder for ``--json-schema``: the preset's config.json (dummy weights) and the embedded
+    Gemma 3 tokenizer, whose vocabulary must have the preset's size."""
+    import shutil
+
+    from inference_server.models.loading.embedded import embedded_gguf_path
+    from inference_server.models.loading.presets import preset_config
+    from inference_server.models.tokenizer import Tokenizer
+
+    config = preset_config(model)
+    tokenizer = Tokenizer.from_gguf(embedded_gguf_path())
+    if tokenizer.source_file is None or tokenizer.backend.get_vocab_size() != config["vocab_size"]:
+        raise SystemExit(f"--json-schema: the embedded tokenizer does not fit {model}'s vocabulary")
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in tokenizer.source_file.parent.iterdir():
+        shutil.copy(source, folder / source.name)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def compile_times(tokenizer_folder: Path, vocab_size: int, output_len: int) -> dict[str, float]:
+    """Milliseconds to set up llguidance's tokenizer, and to compile ``bench_schema`` first (with its first
+    mask) and cached, on the served tokenizer (what the server does before admitting the first request)."""
+    from inference_server.core.grammar_compiler import GrammarCompiler
+    from inference_server.models.tokenizer import Tokenizer
+    from inference_server.records.constraints import Constraint
+
+    tokenizer = Tokenizer.from_pretrained_dir(tokenizer_folder)
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), vocab_size, tokenizer.eos_token_ids)
+    t0 = time.perf_counter()
+    compiler.tokenizer  # noqa: B018 (builds it)
+    t1 = time.perf_counter()
+    constraint = Constraint.json_schema(serve_bench.bench_schema(output_len))
+    compiler.compile(constraint).matcher().compute_bitmask()
+    t2 = time.perf_counter()
+    compiler.compile(constraint)
+    t3 = time.perf_counter()
+    return {"tokenizer_setup_ms": (t1 - t0) * 1e3, "first_compile_and_mask_ms": (t2 - t1) * 1e3,
+            "cached_compile_ms": (t3 - t2) * 1e3}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=Path("serving_out"))
+    parser.add_argument("--json-schema", action="store_true",
+                        help="each run also with every request constrained by a JSON schema (see the docstring)")
     return parser
 
 
@@ -258,6 +323,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.model and not args.no_dummy_weights and not os.path.exists(args.model):
         base_env["DUMMY_WEIGHTS"] = "true"
     vocab_size = args.vocab_size or preset_vocab_size(args.model)
+    if args.json_schema:
+        folder = Path(args.model) if os.path.isdir(args.model) else None
+        if args.model and folder is None:
+            folder = model_with_tokenizer(args.model, args.out / "model")
+            base_env["MODEL"] = str(folder)
+        if folder is None:  # the embedded model
+            from inference_server.models.loading.embedded import embedded_gguf_path
+            from inference_server.models.tokenizer import Tokenizer
+
+            source = Tokenizer.from_gguf(embedded_gguf_path()).source_file
+            assert source is not None
+            folder = source.parent
+        times = compile_times(folder, vocab_size or 262_144, args.output_len)
+        (args.out / "compile.json").write_text(json.dumps(times, indent=1))
+        print("json_schema compile: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()), flush=True)
     rows: list[dict[str, Any]] = []
     for variant in variants:
         if time.monotonic() >= deadline:

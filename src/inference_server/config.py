@@ -78,6 +78,16 @@ class Settings:
     chat_template: str = _field("", "A Jinja chat template file that replaces the model's own (or supplies one "
                                     "when it has none); empty: the model's template (the embedded base model "
                                     "uses Gemma's turn format).")
+    tool_call_parser: str = _field("auto", "How chat replies are parsed into tool_calls when a request sends tools: "
+                                           "hermes (<tool_call>{json}</tool_call>: Qwen2.5/Qwen3 and the embedded "
+                                           "model's template), gemma4 (<|tool_call>call:name{...}<tool_call|>), none "
+                                           "(tool calls stay text); auto picks by the served chat template.",
+                                   ("auto", "none", "hermes", "gemma4"))
+    reasoning_parser: str = _field("auto", "How a chat reply's reasoning section is split into reasoning_content: "
+                                           "qwen3 (<think>...</think>), gemma4 (<|channel>thought...<channel|>), "
+                                           "none (left in content); auto picks by the served chat template (none "
+                                           "for the embedded Gemma 3, which has no thinking).",
+                                   ("auto", "none", "qwen3", "gemma4"))
     served_model_name: str = _field("", "Model name(s) the OpenAI routes accept, separated by commas or spaces "
                                         "(aliases, as vLLM's --served-model-name); the first is the one "
                                         "responses and metrics report. Empty: derived from MODEL.")

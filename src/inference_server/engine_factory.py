@@ -14,6 +14,7 @@ from inference_server.backends.factory import EngineLimits, build_kv, build_kv_m
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
 from inference_server.core.faults import parse_faults
+from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.fault_injection import with_faults
@@ -61,7 +62,13 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     tokenizer_folder = _export_tokenizer(settings, loaded, limits.max_model_len)
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
+    grammar = (GrammarCompiler(tokenizer.backend.to_str(), limits.vocab_size, eos) if tokenizer is not None
+               else None)
+    runner.grammar = grammar
+    if grammar is not None:
+        grammar.warm_up_in_background()
     parts = EngineParts(
+        grammar=grammar,
         step=RunnerPipeline(runner),
         overlap=settings.overlap,
         kv=kv,

@@ -21,7 +21,7 @@ import contextlib
 import enum
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
@@ -34,15 +34,20 @@ from inference_server.actors.request_streams import RequestStreams
 from inference_server.actors.scheduler import SchedulerActor
 from inference_server.actors.telemetry import Telemetry
 from inference_server.core.block_pool import BlockPool
+from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.kv_grants import StepDemand, StepGrant, allocate_step
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import make_policy
 from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler, SchedulerConfig
 from inference_server.core.validation import KVLimits, PromptTokenizer
+from inference_server.records.errors import RequestError
 from inference_server.records.requests import Abort, GenerationRequest, Rejected
 from inference_server.records.steps import StepPlan, StepResult
 from inference_server.telemetry.events import RequestRejected
+
+COMPILE_TIMEOUT = 10.0
+"""Seconds a request's constraint may take to compile before it is refused (400)."""
 
 
 class EngineState(enum.Enum):
@@ -120,6 +125,8 @@ class EngineParts:
     """``STREAM_INTERVAL``: tokens per stream update after the first (see ``actors/request_streams.py``)."""
     stream_interval_ms: float = 100.0
     """``STREAM_INTERVAL_MS``: the longest a token is held back by the stream interval."""
+    grammar: GrammarCompiler | None = None
+    """Compiles structured-output constraints (None: the engine refuses them, e.g. without a tokenizer)."""
 
 
 def kv_limits(parts: EngineParts) -> KVLimits:
@@ -175,6 +182,24 @@ class Engine:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.streams.reject(request_id, Rejected("unavailable", "the engine is shutting down"))
         return handle
+
+    async def compile_constraints(self, requests: Sequence[GenerationRequest]) -> None:
+        """Compile the requests' structured-output constraints in a worker thread (each distinct one once,
+        cached), within ``COMPILE_TIMEOUT`` seconds; raises ``RequestError`` naming the field of an invalid
+        or too slow one. Call it before ``submit``: admission then finds them compiled."""
+        grammar = self.parts.grammar
+        pending = {r.params.constraint for r in requests if r.params.constraint is not None}
+        for constraint in pending:
+            if grammar is None:
+                raise RequestError("invalid_request", f"{constraint.field}: structured outputs are not available "
+                                   "on this server", constraint.field)
+            if grammar.cached(constraint):
+                continue
+            with trio.move_on_after(COMPILE_TIMEOUT) as scope:
+                await trio.to_thread.run_sync(grammar.compile, constraint, abandon_on_cancel=True)
+            if scope.cancelled_caught:
+                raise RequestError("invalid_request", f"{constraint.field}: the constraint did not compile within "
+                                   f"{COMPILE_TIMEOUT:g} s", constraint.field)
 
     def _client_left(self, request_id: int) -> None:
         """A handle was closed before its terminal update: drop the stream entry and abort at once."""
@@ -290,7 +315,7 @@ class Engine:
             admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,
             admission_timeout=parts.admission_timeout, kv_limits=kv_limits(parts), emit=emit,
-            default_max_tokens=parts.default_max_tokens)
+            default_max_tokens=parts.default_max_tokens, grammar=parts.grammar)
         async with trio.open_nursery() as pipeline:
             self._pipeline_scope = pipeline.cancel_scope
             await pipeline.start(self.executor.run)

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from inference_server.config import Settings
+from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.http import app_state, create_app
@@ -119,7 +120,9 @@ class FakeModel:
     ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS; ``token_at_length``:
     sequences of a listed length get that token instead of their word. ``use_sampler``: tokens come from the
     real sampler (``backends.sampler``, CPU) over logits that favour the same tokens (the fake token 5.0, EOS
-    10.0 where due, the rest 0), so logit-editing fields change the output."""
+    10.0 where due, the rest 0), so logit-editing fields change the output. A constrained request (structured
+    output) gets EOS as its first token: this model cannot follow a grammar, so it ends the request the way a
+    complete grammar does (``finish_reason: "stop"``); the embedded model's tests check constrained output."""
 
     delay: float = 0.0
     block: bool = False
@@ -147,6 +150,8 @@ class FakeModel:
                 continue
             length = seq.cached_len + len(seq.token_ids)
             token = EOS_ID if length == self.eos_at_length else self.token_at_length.get(length, fake_token(length))
+            if seq.sampling.constraint is not None:
+                token = EOS_ID
             top = tuple((fake_token(length + k), -0.5 * (k + 1)) for k in range(seq.sampling.logprobs or 0))
             tokens.append(SampledToken(seq.request_id, token, -0.25, top))
         self.tokens_emitted += len(tokens)
@@ -176,13 +181,32 @@ class FakeModel:
 FAKE_VOCAB_SIZE = 512
 
 
+def byte_level_tokenizer_json(vocab_size: int = FAKE_VOCAB_SIZE) -> str:
+    """A byte-level BPE ``tokenizer.json`` of ``vocab_size`` ids (``<pad>``, ``<eos>``, ``<bos>``, the 256
+    byte symbols, then fillers): one llguidance can read, for the fake engine's grammar compiler (the word-level
+    test tokenizer has a decoder llguidance does not know). The fake model never reads a mask (see
+    ``FakeModel``): structured outputs on it check fields and errors; the embedded model's tests check output."""
+    vocab = {"<pad>": 0, "<eos>": EOS_ID, "<bos>": 2}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"filler{len(vocab)}"] = len(vocab)
+    backend = BackendTokenizer(models.BPE(vocab, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    return backend.to_str()
+
+
 def make_parts(model: FakeModel, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:
-    """Engine parts around ``model``: 512-id vocabulary, 128-token context, 4-token KV blocks."""
+    """Engine parts around ``model``: 512-id vocabulary, 128-token context, 4-token KV blocks; a grammar
+    compiler over a byte-level vocabulary of the same size when there is a tokenizer."""
     scheduler = SchedulerConfig(max_batch_size=overrides.pop("max_batch_size", 8), max_num_batched_tokens=512)
     values: dict[str, Any] = dict(
         step=model.step, kv=KVManager(block_size=4, num_full_blocks=overrides.pop("num_blocks", 512)),
         tokenizer=tokenizer, max_model_len=128, vocab_size=512, eos_token_ids=frozenset({EOS_ID}),
-        scheduler_config=scheduler, model_name=MODEL_NAME)
+        scheduler_config=scheduler, model_name=MODEL_NAME,
+        grammar=GrammarCompiler(byte_level_tokenizer_json(), FAKE_VOCAB_SIZE, {EOS_ID}) if tokenizer else None)
     values.update(overrides)
     return EngineParts(**values)
 

@@ -134,7 +134,6 @@ def test_stream_framing_names_each_event(server: SocketServer) -> None:
     ({"background": True}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format.type"),
 ])
 def test_what_needs_storage_or_tools_is_refused_by_name(server: SocketServer, extra: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:

@@ -22,9 +22,11 @@ import trio
 
 from inference_server.actors.request_streams import RequestStreams
 from inference_server.core.detokenizer import IncrementalDetokenizer
+from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.request import Request
 from inference_server.core.stop_checker import StopChecker
 from inference_server.core.validation import KVLimits, PromptTokenizer, prepare
+from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected
 from inference_server.telemetry.events import RequestRejected, TelemetryEvent
@@ -44,7 +46,8 @@ class Admission:
                  to_scheduler: trio.MemorySendChannel[Request], streams: RequestStreams,
                  tokenizer: PromptTokenizer | None, *, max_model_len: int, vocab_size: int,
                  eos_token_ids: frozenset[int], admission_timeout: float, kv_limits: KVLimits | None,
-                 emit: Callable[[TelemetryEvent], None], default_max_tokens: int | None = None) -> None:
+                 emit: Callable[[TelemetryEvent], None], default_max_tokens: int | None = None,
+                 grammar: GrammarCompiler | None = None) -> None:
         self.inbox = inbox
         self.to_scheduler = to_scheduler
         self.streams = streams
@@ -56,6 +59,7 @@ class Admission:
         self.kv_limits = kv_limits
         self.default_max_tokens = default_max_tokens
         self.emit = emit
+        self.grammar = grammar
         self._arrivals = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -83,14 +87,26 @@ class Admission:
         self.streams.reject(submission.request_id, Rejected(error.code, error.message, error.param))
         self.emit(RequestRejected(trio.current_time(), error.code, error.message, submission.request.trace_id))
 
+    def _check_constraint(self, constraint: Constraint) -> None:
+        """A constraint the runner can use: compiled already (``Engine.compile_constraints``, the HTTP path)
+        or compiled here (callers that submit directly; llguidance compiles in milliseconds)."""
+        if self.grammar is None:
+            raise RequestError("invalid_request", f"{constraint.field}: structured outputs are not available on "
+                               "this server", constraint.field)
+        self.grammar.compile(constraint)
+
     def _prepare(self, submission: Submission) -> Request:
         incoming = submission.request
         prompt_ids, params = prepare(incoming, self.tokenizer, max_model_len=self.max_model_len,
                                      vocab_size=self.vocab_size, kv=self.kv_limits,
                                      default_max_tokens=self.default_max_tokens)
+        if params.constraint is not None:
+            self._check_constraint(params.constraint)
         if params.min_tokens > 0:  # the sampler holds the model's EOS back until then
             params = attrs.evolve(params, eos_token_ids=tuple(sorted(self.eos_token_ids)))
-        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids,
+                                             skip_special_tokens=params.skip_special_tokens) \
+            if self.tokenizer is not None else None
         self._arrivals += 1
         return Request(
             request_id=submission.request_id, prompt_ids=prompt_ids, params=params,

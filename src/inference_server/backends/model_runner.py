@@ -11,7 +11,10 @@ waiting for it; ``collect`` waits for that copy (an event wait, GIL released) an
 Between the two the host is free, so the executor launches step N+1 before it collects step N (overlap):
 a plan's ``PENDING_TOKEN`` is then replaced on the device by the token the previous launched step sampled for
 that request (``_resolve_pending``). The only host syncs inside ``launch`` are prompt logprobs, and penalties
-on a row whose previous token is still in flight (its history is read on the host: ``_fill_awaiting``).
+or a constraint on a row whose previous token is still in flight (its history is read on the host:
+``_fill_awaiting``). A constrained row's wait comes after the step's forward and head are queued, so the
+device computes them while the host advances the grammar and fills the mask (``_token_bitmask``); only the
+sampling waits for the mask. The other rows of the batch are not held back beyond that.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import attrs
 import numpy as np
 import torch
 
+from inference_server.backends.grammar_masks import BitmaskFiller, GrammarState
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.backends.sampler import (
     PenaltyHistory,
@@ -34,6 +38,7 @@ from inference_server.backends.sampler import (
     seed_for_position,
 )
 from inference_server.backends.transfer import HostCopy, tensor_to_device, to_device
+from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.spec import ModelSpec
@@ -60,6 +65,7 @@ class _RequestState:
     token_ids: list[int]
     generator: torch.Generator | None
     awaiting: bool = False  # the last token fed was PENDING_TOKEN: appended when its step is collected
+    grammar: GrammarState | None = None  # a constrained request's matcher (``grammar_masks``)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -99,6 +105,9 @@ class ModelRunner:
         self._previous_tokens = torch.empty(0, dtype=torch.int64, device=device)
         self._previous_rows: dict[int, int] = {}
         self._last_launched: LaunchedStep | None = None
+        self.grammar: GrammarCompiler | None = None
+        """Compiles constrained requests' grammars (set by the engine factory; None: no request is constrained)."""
+        self._bitmasks: BitmaskFiller | None = None
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
@@ -117,7 +126,8 @@ class ModelRunner:
             generator = state.generator if state is not None else None  # re-seeded per token (seed_for_position)
             if generator is None and seq.sampling.seed is not None:
                 generator = make_generator(seq.sampling.seed, self.device)
-            state = _RequestState(prompt_len=seq.prompt_len, token_ids=list(seq.history), generator=generator)
+            state = _RequestState(prompt_len=seq.prompt_len, token_ids=list(seq.history), generator=generator,
+                                  grammar=self._grammar_state(seq))
             self._requests[seq.request_id] = state
         if seq.pending:
             state.token_ids.extend(seq.token_ids[:-1])
@@ -125,6 +135,36 @@ class ModelRunner:
         else:
             state.token_ids.extend(seq.token_ids)
         return state
+
+    def _grammar_state(self, seq: ScheduledSequence) -> GrammarState | None:
+        """A constrained request's matcher in its start state (compiled at admission: a cache hit, or a
+        recompile of an evicted entry that compiled before)."""
+        constraint = seq.sampling.constraint
+        if constraint is None:
+            return None
+        if self.grammar is None:
+            raise ValueError(f"request {seq.request_id} is constrained but the runner has no GrammarCompiler")
+        return GrammarState.start(self.grammar.compile(constraint))
+
+    def _token_bitmask(self, states: Sequence[_RequestState]) -> torch.Tensor | None:
+        """The step's token bitmask ``[N, words]`` on the device (``grammar_masks``), or None when no row is
+        constrained. Each matcher first consumes its request's newest tokens: a token still in flight (overlap)
+        is waited for here, after this step's forward and head are queued, so the device runs them while the
+        host fills the masks; only the sampling, queued after this, reads the mask."""
+        constrained = [(j, s) for j, s in enumerate(states) if s.grammar is not None]
+        if not constrained:
+            return None
+        if any(s.awaiting for _, s in constrained):
+            self._fill_awaiting()
+        pairs = []
+        for j, s in constrained:
+            assert s.grammar is not None
+            s.grammar.advance(s.output_ids)
+            pairs.append((s.grammar, j))
+        if self._bitmasks is None:
+            assert self.grammar is not None
+            self._bitmasks = BitmaskFiller(self.grammar.vocab_size, self.grammar.eos_token_ids, self.device)
+        return self._bitmasks.fill(len(states), pairs)
 
     def forget(self, request_ids: tuple[int, ...]) -> None:
         for request_id in request_ids:
@@ -263,6 +303,7 @@ class ModelRunner:
             self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
             return LaunchedSamples(tuple(seqs), HostCopy(list(fused)))
         logits = self._compute_logits(last_hidden)  # [N, V]
+        token_bitmask = self._token_bitmask([states[i] for i in rows])
         generators = [states[i].generator for i in rows]
         for generator, seq, index in zip(generators, seqs, lens, strict=True):
             if generator is not None and seq.sampling.seed is not None:
@@ -274,7 +315,7 @@ class ModelRunner:
                 self._fill_awaiting()
             history = PenaltyHistory.from_lists([states[i].prompt_ids for i in rows],
                                                 [states[i].output_ids for i in rows], self.device)
-        out = sample(logits, batch, history)
+        out = sample(logits, batch, history, token_bitmask)
         self._previous_tokens = out.token_ids
         self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
         tensors = [out.token_ids, out.logprobs]

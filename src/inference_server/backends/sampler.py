@@ -14,8 +14,13 @@ Per row, in this order (vLLM v1's order):
    seeded request gets the same tokens whatever else shares its batch and however it was scheduled; other
    rows share one draw from the device's default generator.
 
+Before all of these, a constrained row (structured output) has every token its grammar does not allow set
+to ``-inf`` (``apply_token_bitmask``; the bitmask comes from ``grammar_masks``).
+
 Returned logprobs are those of the *raw* model distribution (``log_softmax(logits)`` before penalties,
-temperature and truncation), as vLLM returns by default.
+temperature and truncation), as vLLM returns by default, except on constrained rows: there they are those of
+the *masked* distribution (the raw logits with disallowed tokens removed, renormalised), so the sampled token
+and every top logprob are tokens the constraint allows.
 
 Host syncs: nothing here reads device memory back. Per-row parameters go to the device in one copy per
 batch (`SamplingBatch.from_params`); which stages run is decided from Python-side flags, never from tensors.
@@ -64,10 +69,12 @@ def argmax_suffices(params: Sequence[SamplingParams], output_lens: Sequence[int]
     * asks for no top logprobs (``logprobs`` None or 0: the sampled token's own logprob is always returned),
     * uses no penalty (repetition, presence, frequency: they change the logits the argmax reads),
     * edits no logit: no ``logit_bias``, no ``allowed_token_ids``, and no ``min_tokens`` still holding back its
-      stop ids (a row past its ``min_tokens`` has no edit left).
+      stop ids (a row past its ``min_tokens`` has no edit left),
+    * has no constraint (its grammar's mask must apply before the argmax: the fused head computes the argmax of
+      the unmasked logits, so a step with a constrained row takes the logits and the sampler instead).
     """
     return all(
-        p.is_greedy and not p.logprobs and not p.uses_penalties and not p.logit_bias
+        p.is_greedy and not p.logprobs and not p.uses_penalties and not p.logit_bias and p.constraint is None
         and p.allowed_token_ids is None and (p.min_tokens == 0 or n >= p.min_tokens)
         for p, n in zip(params, output_lens, strict=True)
     )
@@ -256,13 +263,17 @@ def sample(
     logits: torch.Tensor,
     batch: SamplingBatch,
     history: PenaltyHistory | None = None,
+    token_bitmask: torch.Tensor | None = None,
 ) -> SamplerOutput:
     """Sample one token per row of ``logits`` ``[B, V]`` (any float dtype; read, never modified).
 
-    ``history`` is required when ``batch.use_penalties``. Greedy rows give exactly the argmax of the
-    (penalised) logits.
+    ``history`` is required when ``batch.use_penalties``. ``token_bitmask`` ``[B, ceil(V / 32)]`` int32 (on
+    the logits' device): the tokens each row may take (all ones on an unconstrained row). Greedy rows give
+    exactly the argmax of the (masked, penalised) logits.
     """
     work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
+    if token_bitmask is not None:
+        apply_token_bitmask(work, token_bitmask)
     lse = torch.logsumexp(work, dim=-1)  # [B]
     top = _top_logprobs(work, lse, batch.num_top_logprobs)
     if batch.logit_edits is not None:
@@ -276,11 +287,26 @@ def sample(
     return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
 
 
+_BITS = 32
+MIN_LOGPROB = -9999.0
+"""Floor of returned top logprobs (vLLM's): a token a constraint masks out has logprob ``-inf``, which JSON
+cannot carry; it is listed at this value when a row asks for more top logprobs than its grammar allows."""
+
+
+def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set ``work`` ``[B, V]`` to ``-inf`` wherever the row's bit in ``bitmask`` ``[B, ceil(V / 32)]`` int32
+    is clear (bit ``i % 32`` of word ``i // 32`` is token ``i``). On the device, no host sync."""
+    rows, vocab_size = work.shape
+    shifts = torch.arange(_BITS, dtype=torch.int32, device=work.device)  # [32]
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().reshape(rows, -1)[:, :vocab_size]  # [B, V]
+    work.masked_fill_(~allowed, -math.inf)
+
+
 def _top_logprobs(logits: torch.Tensor, lse: torch.Tensor, n: int) -> TopLogprobs | None:
     if n == 0:
         return None
     values, ids = logits.topk(min(n, logits.shape[-1]), dim=-1)  # [B, n], sorted descending
-    return TopLogprobs(token_ids=ids, logprobs=values - lse[:, None])
+    return TopLogprobs(token_ids=ids, logprobs=(values - lse[:, None]).clamp_(min=MIN_LOGPROB))
 
 
 def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -274,7 +274,8 @@ class Scheduler:
             prompt_len=len(request.prompt_ids),
             prompt_logprob_targets=targets,
             prompt_logprobs_top=request.params.prompt_logprobs or 0,
-            history=request.token_slice(0, start) if request.needs_reset and request.params.uses_penalties else (),
+            history=(request.token_slice(0, start) if request.needs_reset and request.params.needs_token_history
+                     else ()),
         )
         prompt_part = max(0, min(start + num_tokens, len(request.prompt_ids)) - start)
         self.policy.charge(request, prompt_part, num_tokens - prompt_part)

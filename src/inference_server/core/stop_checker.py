@@ -82,7 +82,7 @@ class StopChecker:
             eos_token_ids=eos_token_ids,
             stop=params.stop,
             stop_token_ids=params.stop_token_ids,
-            ignore_eos=params.ignore_eos,
+            ignore_eos=params.ignore_eos and params.constraint is None,  # a complete constraint allows only EOS
             include_stop_str_in_output=params.include_stop_str_in_output,
             min_tokens=params.min_tokens,
         )

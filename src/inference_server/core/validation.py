@@ -29,7 +29,7 @@ class PromptTokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> list[int]: ...
+                            add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]: ...
 
 
 @attrs.frozen
@@ -71,9 +71,12 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
         raise RequestError("invalid_request", "this model has no tokenizer: send the prompt as token ids",
                            "prompt")
     if request.messages is not None:
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        messages = [m.template_dict() for m in request.messages]
+        template_kwargs = dict(request.chat_template_kwargs or {})
+        if request.tools is not None:
+            template_kwargs["tools"] = [dict(tool) for tool in request.tools]
         try:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         except Exception as error:  # a template error is the request's problem, reported as such
             raise RequestError("invalid_request", f"cannot apply the chat template: {error}", "messages") from None
         return tuple(ids)

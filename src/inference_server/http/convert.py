@@ -8,10 +8,12 @@ client used (chat's ``top_logprobs``, ``max_completion_tokens``).
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from inference_server.http.constraint_fields import constraint_of
 from inference_server.http.errors import invalid_request
 from inference_server.http.schemas import LogitBiasInput, SamplingFields, StopInput
+from inference_server.records.constraints import Constraint
 from inference_server.records.sampling_params import SamplingParams
 
 DEFAULTS = SamplingParams()
@@ -50,14 +52,29 @@ def logit_bias_pairs(bias: LogitBiasInput, vocab_size: int | None = None) -> tup
     return tuple(sorted(pairs))
 
 
+def structured_fields(fields: SamplingFields) -> dict[str, Any]:
+    """The structured-output fields a wire record carries (``constraint_fields.constraint_of``'s input)."""
+    found: dict[str, Any] = {name: getattr(fields, name) for name in (
+        "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")}
+    for name in ("json_schema", "regex", "ebnf"):  # SGLang's, on /generate
+        found[name] = getattr(fields, name, None)
+    response_format = getattr(fields, "response_format", None)
+    if response_format is not None:
+        found["response_format"] = (response_format.type, response_format.json_schema)
+    return found
+
+
 def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None, vocab_size: int | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, vocab_size: int | None = None,
+                    constraint: Constraint | None = None) -> SamplingParams:
     """``SamplingParams`` from the shared wire fields plus the route's ``max_tokens`` (``None``: the rest of
     the context), ``logprobs`` and ``prompt_logprobs`` (``vocab_size`` only words the error for a non-integer
     ``logit_bias`` key).
     Values are validated once, by the engine's admission; its errors name the
-    engine's fields, which the route maps to its own with ``admit(..., renames=...)``."""
+    engine's fields, which the route maps to its own with ``admit(..., renames=...)``. ``constraint``: the
+    route's own structured output (the Responses API's ``text.format``), else the one ``fields`` set."""
     params = SamplingParams(
+        constraint=constraint or constraint_of(structured_fields(fields)),
         temperature=_or(fields.temperature, DEFAULTS.temperature),
         top_p=_or(fields.top_p, DEFAULTS.top_p),
         top_k=_or(fields.top_k, DEFAULTS.top_k),

@@ -194,6 +194,10 @@ async def admit(engine: Engine, requests: Sequence[GenerationRequest], tracker: 
                 renames: Mapping[str, str] | None = None) -> Generation:
     """Submit ``requests`` and wait until each is admitted; raises the first refusal as ``ApiError``
     (engine field names mapped to the route's through ``renames``)."""
+    try:
+        await engine.compile_constraints(requests)
+    except RequestError as error:
+        raise from_request_error(error, renames) from None
     handles = [engine.submit(request) for request in requests]
     access = record_for(request.scope) if has_request_context() else None
     if access is not None:

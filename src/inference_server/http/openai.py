@@ -19,11 +19,16 @@ Conventions (see docs/api.md for every field):
   ``prompt_logprobs``) only scores the prompt. ``prompt_logprobs`` (vLLM) adds each choice's
   ``prompt_logprobs`` list.
 * ``stream_options`` needs ``stream: true`` (400 otherwise); ``continuous_usage_stats`` only counts together
-  with ``include_usage`` (vLLM). ``response_format`` may only be ``{"type": "text"}``, the default.
+  with ``include_usage`` (vLLM). ``response_format`` json_object / json_schema constrain the output
+  (``constraint_fields``).
 * vLLM's ``return_token_ids`` adds ``prompt_token_ids`` (per completion choice; top level in chat) and each
   choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
-* Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, tools and functions,
-  structured output, non-text content.
+* Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
+  ``chat_template_kwargs`` reach the chat template; replies are parsed into ``tool_calls`` (``finish_reason:
+  tool_calls``) and ``reasoning_content`` by the served family's parsers; ``tool_choice`` required / named is
+  forced by a ``Constraint.tool_calls`` grammar (``chat_tools.forced_call_constraint``).
+* Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
+  content.
 """
 
 from __future__ import annotations
@@ -34,7 +39,22 @@ from typing import TypeVar
 import attrs
 from quart import Response, g, request
 
-from inference_server.http.convert import DEFAULT_MAX_TOKENS, SESSION_ID_HEADER, header_id, sampling_params
+from inference_server.http.chat_output import ChatOutputSpec
+from inference_server.http.chat_tools import (
+    ToolRequest,
+    forced_call_constraint,
+    message_extras,
+    template_kwargs,
+    tool_request,
+)
+from inference_server.http.constraint_fields import constraint_of
+from inference_server.http.convert import (
+    DEFAULT_MAX_TOKENS,
+    SESSION_ID_HEADER,
+    header_id,
+    sampling_params,
+    structured_fields,
+)
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import Generation, admit
 from inference_server.http.openai_format import (
@@ -140,15 +160,24 @@ class OpenAIRoutes:
     async def chat_completions(self) -> Response:
         """``POST /v1/chat/completions``."""
         body = await self._read(ChatCompletionRequest)
-        requests, n, renames = self._chat_requests(body)
+        requests, n, renames, output = self._chat_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker, renames=renames)
         return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
-                                   ChatEncoder, chat_response, "chatcmpl")
+                                   ChatEncoder, chat_response, "chatcmpl", chat_output=output)
 
-    def _chat_requests(self, body: ChatCompletionRequest) -> tuple[list[GenerationRequest], int, dict[str, str]]:
+    def _tool_request(self, body: ChatCompletionRequest) -> ToolRequest:
+        """The request's tools and parsers; ``required`` / a named tool are forced by the grammar."""
+        state = self.state
+        return tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format,
+                            state.reasoning_format)
+
+    def _chat_requests(self, body: ChatCompletionRequest
+                       ) -> tuple[list[GenerationRequest], int, dict[str, str], ChatOutputSpec]:
         messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
         if not messages:
             raise invalid_request("messages must not be empty", "messages")
+        tools = self._tool_request(body)
+        kwargs = template_kwargs(body.chat_template_kwargs)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid_request("top_logprobs requires logprobs: true", "top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -156,15 +185,23 @@ class OpenAIRoutes:
         n = _choice_count(body.n, 1)
         # max_tokens None: min(DEFAULT_MAX_TOKENS, the rest of the context), resolved by admission once the
         # prompt is tokenised.
+        forced = forced_call_constraint(tools)
         params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
-                                                             vocab_size=self.state.engine.info.vocab_size))
+                                                             vocab_size=self.state.engine.info.vocab_size,
+                                                             constraint=forced))
+        if forced is not None and constraint_of(structured_fields(body)) is not None:
+            raise invalid_request("tool_choice required or a named tool cannot be combined with structured output "
+                                  "(response_format, structured_outputs, guided_*)", "tool_choice")
+        params = keep_marker_tokens(params, tools.output)
         session = self._session(body.user)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,
                               priority=body.priority or 0, trace_id=g.trace_id,
-                              truncate_prompt_tokens=body.truncate_prompt_tokens)
+                              truncate_prompt_tokens=body.truncate_prompt_tokens, tools=tools.template_tools,
+                              chat_template_kwargs=kwargs)
             for j in range(n)]
-        return requests, n, {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
+        renames = {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
+        return requests, n, renames, tools.output
 
     # -- shared --------------------------------------------------------------------------------------
     async def _read(self, record_type: type[Record]) -> Record:
@@ -177,10 +214,12 @@ class OpenAIRoutes:
 
     async def _respond(self, generation: Generation, n: int, with_logprobs: bool, body: OpenAIRecord,
                        encoder_type: type[CompletionEncoder | ChatEncoder], build_response: Callable[..., dict],
-                       id_prefix: str) -> Response:
+                       id_prefix: str, chat_output: ChatOutputSpec | None = None) -> Response:
         """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body."""
         state, response_id = self.state, new_id(id_prefix)
         options = _output_options(body, generation)
+        if chat_output is not None and chat_output.active:
+            options = attrs.evolve(options, chat_output=chat_output)
         if body.stream:
             include_usage, continuous = _stream_usage(body.stream_options)
             encoder = encoder_type(state, response_id, generation.prompt_tokens, n, with_logprobs=with_logprobs,
@@ -200,6 +239,12 @@ def _output_options(body: OpenAIRecord, generation: Generation) -> OutputOptions
     """vLLM's output extensions the request asked for."""
     return OutputOptions(token_ids=bool(body.return_token_ids), tokens_as_ids=bool(body.return_tokens_as_token_ids),
                          prompt_token_ids=tuple(generation.prompt_token_ids))
+
+
+def keep_marker_tokens(params: SamplingParams, output: ChatOutputSpec) -> SamplingParams:
+    """Gemma 4 writes its call and thinking markers as special tokens: its parsers need them in the text."""
+    formats = {fmt.name for fmt in (output.tools, output.reasoning) if fmt is not None}
+    return attrs.evolve(params, skip_special_tokens=False) if "gemma4" in formats else params
 
 
 def _or_default(max_tokens: int | None) -> int:
@@ -255,13 +300,10 @@ def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
 
 
 def _check_output_fields(body: OpenAIRecord) -> None:
-    """``stream_options`` only with ``stream`` (vLLM's rule), ``response_format`` only ``text``."""
+    """``stream_options`` only with ``stream`` (vLLM's rule); ``response_format`` is read with the sampling
+    fields (``constraint_fields``)."""
     if body.stream_options is not None and not body.stream:
         raise invalid_request("stream_options can only be set when stream is true", "stream_options")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise invalid_request(f"response_format type {body.response_format.type!r} is not supported (structured "
-                              "output); only {\"type\": \"text\"}, the default, is accepted",
-                              "response_format.type", "unsupported_parameter")
 
 
 def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:
@@ -280,7 +322,7 @@ def _chat_message(message: ChatMessageInput, index: int) -> ChatMessage:
     if role is None:
         raise invalid_request(f"unknown role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}",
                               f"messages[{index}].role")
-    return ChatMessage(role, _content_text(message.content, index))
+    return ChatMessage(role, _content_text(message.content, index), **message_extras(message, role, index))
 
 
 def _content_text(content: str | Sequence | None, index: int) -> str:

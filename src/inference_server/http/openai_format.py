@@ -33,6 +33,7 @@ from typing import Any
 
 import attrs
 
+from inference_server.http.chat_output import ChatOutput, ChatOutputSpec, join_deltas
 from inference_server.http.errors import ApiError, from_unsuccessful_finish
 from inference_server.http.sse import dumps, event, json_string, raw_event
 from inference_server.http.state import AppState
@@ -51,6 +52,8 @@ class OutputOptions:
     token_ids: bool = False
     tokens_as_ids: bool = False
     prompt_token_ids: tuple[tuple[int, ...], ...] = ()  # per choice
+    chat_output: ChatOutputSpec | None = None
+    """Chat: the tool-call and reasoning parsers the reply goes through (None: plain ``content``)."""
 
     def token_text(self, state: AppState) -> Callable[[int], str]:
         """How a logprobs entry names a token."""
@@ -186,7 +189,7 @@ class _ChunkEncoder:
         self._head = head[:-1] + ',"choices":['  # every chunk starts the same way
         # The common chunk (text only, no logprobs, token ids or finish) is spliced from these pre-encoded
         # parts around the text: no dict and no ``dumps`` per event.
-        self._plain = not (with_logprobs or continuous_usage or options.token_ids)
+        self._plain = not (with_logprobs or continuous_usage or options.token_ids or options.chat_output)
         self._plain_tail = "]" + (',"usage":null' if include_usage else "") + "}"
 
     def _chunk(self, choice: dict[str, Any] | None, index: int) -> bytes:
@@ -243,6 +246,10 @@ class ChatEncoder(_ChunkEncoder):
 
     object_name = "chat.completion.chunk"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._outputs: dict[int, ChatOutput] = {}  # per choice, with ``options.chat_output``
+
     def opening(self) -> bytes:
         chunks = []
         for index in range(len(self.choices.prompt_tokens)):
@@ -257,6 +264,8 @@ class ChatEncoder(_ChunkEncoder):
     def update(self, index: int, update: RequestUpdate) -> bytes:
         self.choices.record(index, update)
         text = "".join([t.text for t in update.tokens])
+        if self.options.chat_output is not None:
+            return self._parsed_update(index, update, text)
         if not text and not update.finished and not (self.with_logprobs and update.tokens):
             return b""
         if self._plain and not update.finished:
@@ -266,6 +275,28 @@ class ChatEncoder(_ChunkEncoder):
             else None
         choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                   "finish_reason": update.finish_reason}
+        if self.options.token_ids:
+            choice["token_ids"] = [t.token_id for t in update.tokens]
+        return self._chunk(choice, index)
+
+    def _parsed_update(self, index: int, update: RequestUpdate, text: str) -> bytes:
+        """A chunk whose delta went through the reply's parsers: ``reasoning_content``, ``content`` and
+        ``tool_calls`` as they complete; the last chunk says ``tool_calls`` when a call was made."""
+        output = self._outputs.get(index)
+        if output is None:
+            assert self.options.chat_output is not None
+            output = self._outputs[index] = self.options.chat_output.processor()
+        delta = output.feed(text) if text else {}
+        finish_reason: str | None = update.finish_reason
+        if update.finished:
+            delta = join_deltas(delta, output.finish())
+            if finish_reason == "stop" and output.called:
+                finish_reason = "tool_calls"
+        if not delta and not update.finished and not (self.with_logprobs and update.tokens):
+            return b""
+        logprobs = {"content": chat_logprobs(update.tokens, self.state, self.options)} if self.with_logprobs \
+            else None
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.options.token_ids:
             choice["token_ids"] = [t.token_id for t in update.tokens]
         return self._chunk(choice, index)
@@ -311,9 +342,16 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
     for index, result in enumerate(results):
         choices.record(index, result)
         logprobs = {"content": chat_logprobs(result.tokens, state, options)} if with_logprobs else None
-        choice = {"index": index,
-                  "message": {"role": "assistant", "content": "".join(t.text for t in result.tokens)},
-                  "logprobs": logprobs, "finish_reason": result.finish_reason}
+        text = "".join(t.text for t in result.tokens)
+        finish_reason: str | None = result.finish_reason
+        if options.chat_output is not None:
+            output = options.chat_output.processor()
+            message = output.message(text)
+            if finish_reason == "stop" and output.called:
+                finish_reason = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": text}
+        choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         if options.token_ids:
             choice["token_ids"] = [t.token_id for t in result.tokens]
         out.append(choice)

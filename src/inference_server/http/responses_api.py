@@ -11,8 +11,9 @@ Nothing is stored: ``store`` is accepted (either value) but no response can be r
 stored state or features this server lacks is a 400 ``unsupported_parameter`` naming the field:
 ``previous_response_id``, ``conversation``, ``background: true``, ``prompt``, ``include``, ``reasoning``,
 ``top_logprobs``, ``max_tool_calls``, tools (``tools``, ``tool_choice``, ``parallel_tool_calls``: through
-the shared unsupported-field list), a ``text.format`` other than ``text``, ``truncation: "auto"``, and input
-items or content parts that are not text messages.
+the shared unsupported-field list), ``truncation: "auto"``, and input
+items or content parts that are not text messages. ``text.format`` json_schema / json_object constrain the
+output (``constraint_fields``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import attrs
 from quart import Response, g, request
 
+from inference_server.http.constraint_fields import from_text_format
 from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import admit
@@ -45,7 +48,8 @@ STATEFUL_FIELDS = {
     "include": "include is not supported (no tool outputs, reasoning or logprobs to include)",
     "reasoning": "reasoning options are not supported",
     "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
-    "max_tool_calls": "tool calling is not supported",
+    "max_tool_calls": "tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
+    "tools": "tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
 }
 """Fields refused unless sent empty, with the reason."""
 RENAMES = {"max_tokens": "max_output_tokens", "prompt": "input"}
@@ -82,9 +86,11 @@ class ResponsesRoutes:
         if not messages:
             raise invalid_request("input must not be empty", "input")
         # A reply ends at the chat template's turn markers, as on the chat route.
+        fmt = body.text.format if body.text is not None else None
+        constraint = from_text_format(attrs.asdict(fmt, filter=lambda a, v: v is not None)) if fmt else None
         params = self.state.chat_stops.apply(sampling_params(
             SamplingFields(temperature=body.temperature, top_p=body.top_p), max_tokens=body.max_output_tokens,
-            logprobs=None))
+            logprobs=None, constraint=constraint))
         session = header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.user
         return GenerationRequest(params=params, messages=tuple(messages), session_id=session, trace_id=g.trace_id)
 
@@ -98,9 +104,9 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     for name, reason in STATEFUL_FIELDS.items():
         if not _is_empty(getattr(body, name)):
             raise invalid_request(reason, name, "unsupported_parameter")
-    if body.text is not None and body.text.format is not None and body.text.format.type != "text":
-        raise invalid_request(f"text.format {body.text.format.type!r} is not supported; only plain text is",
-                              "text.format.type", "unsupported_parameter")
+    if body.tool_choice not in (None, "none", "auto"):  # without tools (refused above) none and auto mean nothing
+        raise invalid_request("tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
+                              "tool_choice", "unsupported_parameter")
     if body.truncation not in (None, "disabled"):
         raise invalid_request("only truncation: \"disabled\" is supported (a prompt over the context is a 400)",
                               "truncation", "unsupported_parameter")

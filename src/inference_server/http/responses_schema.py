@@ -49,12 +49,18 @@ ResponseInput = str | list[ResponseInputItem]
 
 @attrs.frozen(kw_only=True)
 class TextFormat:
+    """``text.format``: ``text``, ``json_object``, or ``json_schema`` with its fields beside ``type``."""
+
     type: str
+    name: str | None = None
+    schema: Any = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 @attrs.frozen(kw_only=True)
 class TextConfig:
-    """``text``: only the plain-text format (the default) is supported."""
+    """``text``: its ``format`` (plain text, the default, or structured output)."""
 
     format: TextFormat | None = None
     verbosity: str | None = None
@@ -85,6 +91,9 @@ class ResponsesRequest:
     reasoning: Any = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 def _json_type(value: Any) -> str:

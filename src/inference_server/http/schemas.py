@@ -11,9 +11,8 @@ Strictness, where plain ``json`` + cattrs would be lenient (every failure is an 
 * Types: no coercion. ``"stream": "yes"``, ``"max_tokens": 3.7`` and ``"prompt": 5`` are errors; a float
   field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list);
   integers must fit in 64 bits.
-* Unknown fields are errors naming the field. A few fields we know but do not support (tools, structured
-  output other than ``response_format: {"type": "text"}``, ...) get a message saying so; sent empty or null
-  they are ignored.
+* Unknown fields are errors naming the field. A few fields we know but do not support (tools, ...) get a
+  message saying so; sent empty or null they are ignored.
 
 Optional fields are ``None`` when absent (or sent as ``null``); the routes apply the defaults, so a JSON
 ``null`` means "the default", as in the OpenAI API. Records are frozen, ``kw_only`` so that inheritance
@@ -76,11 +75,17 @@ class SamplingFields:
     allowed_token_ids: list[int] | None = None
     min_tokens: int | None = None
     truncate_prompt_tokens: int | None = None
+    # Structured outputs (vLLM's); read by ``constraint_fields``, which checks their values.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 @attrs.frozen(kw_only=True)
 class ResponseFormat:
-    """``response_format``: only ``{"type": "text"}`` (the default) is accepted by the routes."""
+    """``response_format``: ``text`` (the default), ``json_object`` or ``json_schema`` (``constraint_fields``)."""
 
     type: str
     json_schema: Any = None
@@ -109,6 +114,10 @@ class GenerateRequest(SamplingFields):
     trace_id: str | None = None
     add_special_tokens: bool | None = None
     cache_salt: str | None = None
+    # SGLang's structured outputs (``constraint_fields``).
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -144,13 +153,53 @@ ContentInput = str | list[ContentPart] | None
 
 
 @attrs.frozen(kw_only=True)
+class FunctionCallInput:
+    """An earlier call's function: ``arguments`` is OpenAI's JSON text (an object is accepted too)."""
+
+    name: str
+    arguments: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallInput:
+    """One of an assistant message's earlier ``tool_calls``."""
+
+    function: FunctionCallInput
+    id: str | None = None
+    type: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ChatMessageInput:
-    """A chat message. ``name`` and ``type`` are accepted and ignored (lm-eval and AIPerf send them)."""
+    """A chat message. ``name`` (passed to the template for ``tool`` messages) and ``type`` are accepted (lm-eval
+    and AIPerf send them); ``tool_calls``, ``tool_call_id`` and ``reasoning_content`` carry an agent loop's
+    history to the chat template."""
 
     role: str
     content: ContentInput = None
     name: str | None = None
     type: str | None = None
+    tool_calls: list[ToolCallInput] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class FunctionDefinition:
+    """A tool's function: ``parameters`` is a JSON Schema object (the arguments a call must match)."""
+
+    name: str
+    description: str | None = None
+    parameters: Any = None
+    strict: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolDefinition:
+    """One of ``tools``: only ``{"type": "function", "function": {...}}``."""
+
+    type: str
+    function: FunctionDefinition | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -167,18 +216,15 @@ class ChatCompletionRequest(OpenAIOutputFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: Any = None
 
 
 UNSUPPORTED_FIELDS: dict[str, str] = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
-    "guided_json": "guided decoding is not supported",
-    "guided_regex": "guided decoding is not supported",
-    "guided_choice": "guided decoding is not supported",
-    "chat_template_kwargs": "chat_template_kwargs is not supported",
+    "functions": "the legacy functions field is not supported: send tools",
+    "function_call": "the legacy function_call field is not supported: send tool_choice",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",

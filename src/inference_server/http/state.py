@@ -7,9 +7,12 @@ import time
 import attrs
 
 from inference_server.config import Settings
+from inference_server.http.chat_output import resolve_parsers
 from inference_server.http.errors import model_not_found, unavailable
 from inference_server.http.generation import ResponseTracker
+from inference_server.http.reasoning_parsers import ReasoningFormat
 from inference_server.http.token_text import TokenText
+from inference_server.http.tool_parsers import ToolCallFormat
 from inference_server.models.chat_templates import ChatStops
 from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
@@ -26,6 +29,9 @@ class AppState:
     token_text: TokenText = attrs.field(init=False)
     chat_stops: ChatStops = attrs.field(init=False)
     """The served chat template's turn markers, added to every chat request's stops."""
+    tool_format: ToolCallFormat | None = attrs.field(init=False)
+    reasoning_format: ReasoningFormat | None = attrs.field(init=False)
+    """The tool-call and reasoning parsers of chat replies (``TOOL_CALL_PARSER``, ``REASONING_PARSER``)."""
     started_at: int = attrs.Factory(lambda: int(time.time()))
     draining: bool = False
     coalesce: bool = True
@@ -35,6 +41,9 @@ class AppState:
         info = self.engine.info
         self.token_text = TokenText(info.tokenizer)
         self.chat_stops = ChatStops.of(info.tokenizer, info.eos_token_ids)
+        self.tool_format, self.reasoning_format = resolve_parsers(
+            self.settings.tool_call_parser, self.settings.reasoning_parser,
+            getattr(info.tokenizer, "chat_template", None))
 
     @property
     def model_name(self) -> str:

@@ -24,6 +24,12 @@ from inference_server.records.sampling_params import SamplingParams
 GEMMA_TURNS = (
     "{{ bos_token }}"
     "{%- set ns = namespace(system='') -%}"
+    "{%- if tools -%}"
+    "{%- set ns.system = 'You can call these functions:\\n<tools>\\n' -%}"
+    "{%- for tool in tools -%}{%- set ns.system = ns.system + (tool | tojson) + '\\n' -%}{%- endfor -%}"
+    "{%- set ns.system = ns.system + '</tools>\\n\\nTo call one, reply with <tool_call>\\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>\\n\\n' -%}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'system' -%}"
     "{%- set ns.system = ns.system + message['content'] + '\\n\\n' -%}"
@@ -31,11 +37,24 @@ GEMMA_TURNS = (
     "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"
     "{{ '<start_of_turn>' + role + '\\n' }}"
     "{%- if role == 'user' -%}{{ ns.system }}{%- set ns.system = '' -%}{%- endif -%}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{{ '<tool_response>\\n' + message['content'] | trim + '\\n</tool_response>' }}"
+    "{%- else -%}{{ message['content'] | trim }}{%- endif -%}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- if message['content'] | trim or not loop.first -%}{{ '\\n' }}{%- endif -%}"
+    "{{ '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['function']['arguments'] is string -%}{{ call['function']['arguments'] }}"
+    "{%- else -%}{{ call['function']['arguments'] | tojson }}{%- endif -%}"
+    "{{ '}\\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<end_of_turn>\\n' }}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
 )
+"""Gemma's turns, plus tools in the Hermes style the ``hermes`` parser reads (Gemma 3 has no tool format of its
+own): the tool list goes before the first user text like a system prompt, an assistant's calls are written
+``<tool_call>{"name", "arguments"}</tool_call>``, a ``tool`` result is a user turn inside ``<tool_response>``."""
 
 
 def read_chat_template(path: str) -> str:

@@ -7,7 +7,8 @@ A caller (HTTP handler, offline API) submits a ``GenerationRequest`` and reads, 
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import attrs
 
@@ -20,8 +21,29 @@ FinishReason = Literal["stop", "length", "abort", "timeout", "error"]
 
 @attrs.frozen
 class ChatMessage:
+    """One chat message as the chat template sees it.
+
+    ``tool_calls`` (an assistant's earlier calls, OpenAI's ``{"id", "type": "function", "function": {"name",
+    "arguments"}}`` with ``arguments`` already decoded to an object where it was valid JSON, as vLLM and
+    transformers hand them to templates), ``tool_call_id`` and ``name`` (a ``tool`` result) and
+    ``reasoning_content`` (an assistant's earlier reasoning) are passed to the template only when set."""
+
     role: str
     content: str
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the template's ``messages`` entry: role and content, plus the optional keys set."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(call) for call in self.tool_calls]
+        for key in ("tool_call_id", "name", "reasoning_content"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value
+        return out
 
 
 @attrs.frozen
@@ -42,6 +64,11 @@ class GenerationRequest:
     cache_salt: str | None = None
     truncate_prompt_tokens: int | None = None
     """Keep only the last N prompt tokens (after tokenising / templating); -1 = the context length."""
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    """Chat only: the tool definitions (OpenAI's ``{"type": "function", "function": {...}}``) passed to the
+    chat template as ``tools=``, as transformers' ``apply_chat_template`` does; None: no ``tools`` variable."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    """Chat only: extra variables for the chat template (``{"enable_thinking": false}``)."""
 
 
 @hot_record

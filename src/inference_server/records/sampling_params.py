@@ -6,6 +6,7 @@ import math
 
 import attrs
 
+from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
 
 GREEDY_EPSILON = 1e-5
@@ -82,6 +83,14 @@ class SamplingParams:
     are masked out by the sampler and stop strings are not matched until then (``max_tokens`` still caps)."""
     eos_token_ids: tuple[int, ...] = ()
     """The model's EOS ids, filled by admission when ``min_tokens`` is set (the sampler masks them)."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the output text (vLLM's default). Off where a tool-call or reasoning parser
+    needs the markers that are special tokens (Gemma 4's ``<|tool_call>``, ``<|channel>``); stop tokens stay
+    out of the text either way unless ``include_stop_str_in_output``."""
+    constraint: Constraint | None = None
+    """Structured output: every sampled token is masked to those the constraint allows (greedy, sampled and
+    seeded alike; returned logprobs and top logprobs are those of the masked distribution). Once the
+    constraint is complete only EOS is allowed, and the request ends ``"stop"``."""
 
     def resolved_max_tokens(self) -> int:
         """``max_tokens`` once admission has resolved ``None`` (the rest of the context) to a number."""
@@ -98,6 +107,12 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         """Whether the sampler needs this request's token history."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Whether the runner must see the request's earlier tokens after a reset (penalties count them; a
+        constraint's matcher is replayed over them)."""
+        return self.uses_penalties or self.constraint is not None
 
     @property
     def uses_logit_mask(self) -> bool:
@@ -162,3 +177,6 @@ class SamplingParams:
         min_tokens = self.min_tokens
         ok_min = _is_int(min_tokens) and min_tokens >= 0 and (max_tokens is None or min_tokens <= max_tokens)
         _require(ok_min, "min_tokens", "an integer >= 0 and <= max_tokens", min_tokens)
+        if self.constraint is not None and min_tokens > 0:  # a complete output allows only EOS, which it holds back
+            raise RequestError("invalid_request", "min_tokens cannot be combined with a structured-output "
+                               f"constraint ({self.constraint.field})", "min_tokens")

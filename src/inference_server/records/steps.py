@@ -38,8 +38,9 @@ class ScheduledSequence:
     prompt_logprobs_top: int = 0
     """How many of the best tokens to return beside each target's own logprob."""
     history: tuple[int, ...] = ()
-    """On a ``reset`` chunk of a request that uses penalties: its tokens before ``cached_len`` (a prefix-cache
-    hit's), so the runner's penalty history holds the whole sequence. Empty otherwise."""
+    """On a ``reset`` chunk of a request that uses penalties or a constraint (``needs_token_history``): its
+    tokens before ``cached_len`` (a prefix-cache hit's), so the runner's history (and the constraint's matcher)
+    holds the whole sequence. Empty otherwise."""
 
     @property
     def pending(self) -> bool:

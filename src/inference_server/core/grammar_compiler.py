@@ -1,0 +1,201 @@
+"""Constraints to grammar matchers, on llguidance (the choice and its figures: docs/architecture.md,
+"Constrained decoding"): one compile per distinct ``Constraint``, cached.
+
+``GrammarCompiler.compile`` turns a ``records.constraints.Constraint`` into a ``CompiledGrammar`` (an
+llguidance matcher in its start state) or raises ``RequestError`` naming the constraint's API field and
+llguidance's reason. It is thread-safe and blocking (the HTTP shell calls it in a worker thread before it
+submits a request, with a time bound; the runner calls it again when the entry was evicted since, which
+cannot fail then). Each request's decoding state is ``CompiledGrammar.matcher()``, a copy of that matcher.
+
+Whitespace (the rule a small base model cannot loop on): JSON is generated without free whitespace, with
+``", "`` between items and ``": "`` after keys (what ``json.dumps`` writes), as vLLM's
+``disable_any_whitespace``. Whitespace is then possible only inside strings.
+
+The llguidance tokenizer (its token trie over the whole vocabulary) is built once, in the background from
+start-up (``warm_up_in_background``), or by the first compile that needs it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+import llguidance
+
+from inference_server.records.constraints import Constraint
+from inference_server.records.errors import RequestError
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+log = logging.getLogger(__name__)
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How every JSON value is generated (see the module docstring)."""
+
+CACHE_SIZE = 512
+"""Compiled constraints kept (least recently used first out); a compiled JSON schema is tens of kB."""
+
+
+MAX_REASON = 400
+"""Characters of llguidance's reason kept in a 400's message."""
+
+
+class CompiledGrammar:
+    """One compiled constraint: ``matcher()`` gives a fresh decoding state (a copy of the start state)."""
+
+    def __init__(self, constraint: Constraint, start: llguidance.LLMatcher) -> None:
+        self.constraint = constraint
+        self._start = start
+
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._start.deep_copy()
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer (its ``tokenizer.json`` text); the model's logits have
+    ``vocab_size`` columns (the bitmask's width); ``eos_token_ids`` end a complete output."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Collection[int], *,
+                 cache_size: int = CACHE_SIZE) -> None:
+        self.vocab_size = vocab_size
+        self._tokenizer_json = tokenizer_json
+        self._eos = sorted(eos_token_ids)
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._cache: collections.OrderedDict[Constraint, CompiledGrammar] = collections.OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._eos)
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        """The llguidance tokenizer (built on first use: seconds for a 262k vocabulary). A tokenizer that
+        llguidance cannot read (a decoder it does not know) refuses every constraint with a 400."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                try:
+                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                             eos_token=self._eos)
+                except Exception as error:  # llguidance raises ValueError for what it cannot read
+                    raise RequestError("invalid_request", "structured outputs are not available for this model's "
+                                       f"tokenizer: {_reason(str(error))}") from None
+            return self._tokenizer
+
+    def warm_up_in_background(self) -> threading.Thread:
+        """Build the llguidance tokenizer in a daemon thread now, so that the first constrained request does
+        not wait for it (a tokenizer llguidance cannot read is logged here and refused per request)."""
+        def build() -> None:
+            try:
+                self.tokenizer  # noqa: B018 (the property builds it)
+            except RequestError as error:
+                log.warning("%s", error.message)
+
+        thread = threading.Thread(target=build, name="grammar-tokenizer", daemon=True)
+        thread.start()
+        return thread
+
+    def cached(self, constraint: Constraint) -> bool:
+        with self._lock:
+            return constraint in self._cache
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """The compiled constraint, from the cache or compiled now; ``RequestError`` when it is invalid."""
+        with self._lock:
+            hit = self._cache.get(constraint)
+            if hit is not None:
+                self._cache.move_to_end(constraint)
+                return hit
+        compiled = CompiledGrammar(constraint, self._matcher(constraint))
+        with self._lock:
+            self._cache[constraint] = compiled
+            self._cache.move_to_end(constraint)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
+        grammar = grammar_source(constraint)
+        try:
+            tokenizer = self.tokenizer
+        except RequestError as error:
+            raise RequestError("invalid_request", f"{constraint.field}: {error.message}", constraint.field) from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise RequestError("invalid_request", f"{constraint.field}: {_reason(matcher.get_error())}",
+                               constraint.field)
+        return matcher
+
+
+def grammar_source(constraint: Constraint) -> str:
+    """llguidance's grammar text for a constraint (no tokenizer needed); ``RequestError`` when the source
+    cannot even be read (bad JSON, a GBNF grammar that does not convert)."""
+    kind, field = constraint.kind, constraint.field
+    try:
+        if kind == "json_schema":
+            assert constraint.schema is not None
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                constraint.schema, defaults=JSON_OPTIONS, overrides={"lenient": not constraint.strict})
+        if kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        if kind == "regex":
+            assert constraint.pattern is not None
+            return llguidance.LLMatcher.grammar_from_regex(constraint.pattern)
+        if kind == "choice":
+            alternatives = " | ".join(_literal(c) for c in constraint.choices)
+            return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
+        if kind == "grammar":
+            assert constraint.grammar is not None
+            text = constraint.grammar
+            if constraint.syntax == "gbnf":
+                text = llguidance.gbnf_to_lark.gbnf_to_lark(text)
+            return llguidance.LLMatcher.grammar_from_lark(text)
+        return llguidance.LLMatcher.grammar_from_lark(tool_calls_lark(constraint))
+    except RequestError:
+        raise
+    except Exception as error:  # llguidance raises ValueError/RuntimeError/its own for unreadable sources
+        raise RequestError("invalid_request", f"{field}: {_reason(str(error))}", field) from None
+
+
+def tool_calls_lark(constraint: Constraint) -> str:
+    """The Lark grammar of a ``tool_calls`` constraint: ``min_calls..max_calls`` calls joined by the
+    separator, each one of the ``TaggedJson`` alternatives (begin text, ``%json`` value, end text)."""
+    lines = [f"call_{i}: {_literal(c.begin)} %json {_json_arg(c.schema)} {_literal(c.end)}" if c.end else
+             f"call_{i}: {_literal(c.begin)} %json {_json_arg(c.schema)}" for i, c in enumerate(constraint.calls)]
+    lines.insert(0, "call: " + " | ".join(f"call_{i}" for i in range(len(constraint.calls))))
+    sep = f"{_literal(constraint.separator)} " if constraint.separator else ""
+    more = f"({sep}call)"
+    low, high = constraint.min_calls, constraint.max_calls
+    repeats = " ".join([more] * (low - 1))
+    if high is None:
+        tail = f"{more}*"
+    else:
+        tail = " ".join([f"{more}?"] * (high - low))
+    body = " ".join(part for part in ("call", repeats, tail) if part)
+    return "\n".join([f"start: {body}", *lines]) + "\n"
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal (JSON's escapes, which llguidance's Lark reads)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _json_arg(schema: str) -> str:
+    """``%json``'s argument: the schema with the JSON options of every other JSON value."""
+    value = json.loads(schema)
+    if isinstance(value, dict):
+        value = {**value, "x-guidance": {**JSON_OPTIONS, **value.get("x-guidance", {})}}
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _reason(message: str) -> str:
+    """llguidance's message without its parser-state dump, on one line, at most ``MAX_REASON`` characters."""
+    text = " ".join(message.split("<state>")[0].split())
+    return (text[:MAX_REASON - 3] + "...") if len(text) > MAX_REASON else (text or "invalid")

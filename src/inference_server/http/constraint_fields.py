@@ -1,0 +1,144 @@
+"""Every structured-output wire field to the one ``Constraint`` (``records/constraints.py``).
+
+Fields, by API (a request sets at most one of them; two are a 400 naming both):
+
+* OpenAI ``response_format``: ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"name",
+  "schema", "strict", "description"}}`` (``"text"`` is no constraint); the Responses API's ``text.format``:
+  ``{"type": "json_schema", "name", "schema", "strict"}`` or ``{"type": "json_object"}``.
+* vLLM's ``structured_outputs``: ``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``,
+  ``{"grammar": ...}``, ``{"json_object": true}`` (exactly one key), and the older ``guided_json``,
+  ``guided_regex``, ``guided_choice``, ``guided_grammar``.
+* SGLang's ``json_schema`` (an object or its JSON text), ``regex`` and ``ebnf`` on ``/generate``.
+
+A bad value is an ``ApiError`` 400 naming the field (``response_format.json_schema.schema``, ...); a schema,
+regex or grammar that does not compile is refused later, before admission, with the compiler's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from inference_server.http.errors import invalid_request
+from inference_server.records.constraints import Constraint
+from inference_server.records.errors import RequestError
+
+STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def _guard(build: Callable[[], Constraint]) -> Constraint:
+    """Run a ``Constraint`` constructor, mapping its ``RequestError`` to the route's 400."""
+    try:
+        return build()
+    except RequestError as error:
+        raise invalid_request(error.message, error.param) from None
+
+
+def from_response_format(fmt_type: str, json_schema: Any, field: str = "response_format") -> Constraint | None:
+    """``response_format`` (chat, completions): ``text`` is None, ``json_object``, ``json_schema``."""
+    if fmt_type == "text":
+        if json_schema is not None:
+            raise invalid_request("response_format.json_schema is only allowed with type \"json_schema\"",
+                                  f"{field}.json_schema")
+        return None
+    if fmt_type == "json_object":
+        return Constraint.json_object(field=field)
+    if fmt_type == "json_schema":
+        if not isinstance(json_schema, Mapping):
+            raise invalid_request(f"{field}.json_schema must be an object with a \"schema\" (type json_schema)",
+                                  f"{field}.json_schema")
+        return _schema_object(json_schema, f"{field}.json_schema")
+    raise invalid_request(f"{field}.type must be \"text\", \"json_object\" or \"json_schema\", got {fmt_type!r}",
+                          f"{field}.type")
+
+
+def from_text_format(fmt: Mapping[str, Any], field: str = "text.format") -> Constraint | None:
+    """The Responses API's ``text.format`` (its ``json_schema`` fields sit beside ``type``)."""
+    fmt_type = fmt.get("type")
+    if fmt_type == "json_schema":
+        return _schema_object({k: v for k, v in fmt.items() if k != "type"}, field)
+    if fmt_type in ("text", "json_object"):
+        extra = sorted(set(fmt) - {"type"})
+        if extra:
+            raise invalid_request(f"{field}.{extra[0]} is only allowed with type \"json_schema\"",
+                                  f"{field}.{extra[0]}")
+        return None if fmt_type == "text" else Constraint.json_object(field=field)
+    raise invalid_request(f"{field}.type must be \"text\", \"json_object\" or \"json_schema\", got {fmt_type!r}",
+                          f"{field}.type")
+
+
+def _schema_object(spec: Mapping[str, Any], field: str) -> Constraint:
+    """OpenAI's json_schema object: ``schema`` (required), ``strict`` (default false), ``name``, ``description``."""
+    unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+    if unknown:
+        raise invalid_request(f"unknown field {field}.{unknown[0]}", f"{field}.{unknown[0]}")
+    name = spec.get("name")
+    if name is not None and not isinstance(name, str):
+        raise invalid_request(f"{field}.name must be a string", f"{field}.name")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid_request(f"{field}.strict must be a boolean", f"{field}.strict")
+    if "schema" not in spec:
+        raise invalid_request(f"{field}.schema is required", f"{field}.schema")
+    schema = spec["schema"]
+    return _guard(lambda: Constraint.json_schema(schema, strict=bool(strict), field=f"{field}.schema"))
+
+
+def from_structured_outputs(value: Mapping[str, Any], field: str = "structured_outputs") -> Constraint:
+    """vLLM's ``structured_outputs`` object: exactly one of ``STRUCTURED_OUTPUT_KEYS``."""
+    unknown = sorted(set(value) - set(STRUCTURED_OUTPUT_KEYS))
+    if unknown:
+        raise invalid_request(f"unknown field {field}.{unknown[0]} (supported: {', '.join(STRUCTURED_OUTPUT_KEYS)})",
+                              f"{field}.{unknown[0]}")
+    given = [k for k in STRUCTURED_OUTPUT_KEYS if value.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise invalid_request(f"{field} must set exactly one of {', '.join(STRUCTURED_OUTPUT_KEYS)}", field)
+    key = given[0]
+    return _one(key, value[key], f"{field}.{key}")
+
+
+def _one(key: str, value: Any, field: str) -> Constraint:
+    if key == "json":
+        return _guard(lambda: Constraint.json_schema(value, strict=False, field=field))
+    if key == "json_object":
+        if value is not True:
+            raise invalid_request(f"{field} must be true", field)
+        return Constraint.json_object(field=field)
+    if key == "regex":
+        return _guard(lambda: Constraint.regex(value, field=field))
+    if key == "choice":
+        if not isinstance(value, list):
+            raise invalid_request(f"{field} must be a list of strings", field)
+        return _guard(lambda: Constraint.choice(value, field=field))
+    return _guard(lambda: Constraint.from_grammar(value, field=field))
+
+
+def constraint_of(fields: Mapping[str, Any]) -> Constraint | None:
+    """The one constraint of a request's structured-output fields (``name -> value``, absent ones None);
+    None when none is set. ``response_format`` is given as its ``(type, json_schema)`` pair."""
+    found: list[tuple[str, Constraint]] = []
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if name == "response_format":
+            constraint = from_response_format(*value)
+        elif name == "structured_outputs":
+            if not isinstance(value, Mapping):
+                raise invalid_request("structured_outputs must be an object", name)
+            constraint = from_structured_outputs(value)
+        elif name in ("guided_json", "json_schema"):
+            constraint = _one("json", value, name)
+        elif name in ("guided_regex", "regex"):
+            constraint = _one("regex", value, name)
+        elif name == "guided_choice":
+            constraint = _one("choice", value, name)
+        elif name in ("guided_grammar", "ebnf"):
+            constraint = _one("grammar", value, name)
+        else:
+            raise ValueError(f"not a structured-output field: {name}")
+        if constraint is not None:
+            found.append((name, constraint))
+    if len(found) > 1:
+        raise invalid_request(f"only one structured-output field may be set, got {found[0][0]} and {found[1][0]}",
+                              found[1][0])
+    return found[0][1] if found else None

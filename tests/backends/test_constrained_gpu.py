@@ -1,0 +1,49 @@
+"""Constrained decoding on the GPU: the ``custom-cuda`` engine gives the same tokens for constrained rows (and
+the unconstrained rows beside them) with overlap and CUDA graphs on and off, and every constrained output is
+valid. Tiny Gemma 4 / Qwen3-MoE presets with dummy weights (vocabulary 512) and a grammar compiler over a
+byte-level vocabulary of the same size (ids 3..258 are bytes)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+from tests.actors.test_constrained_overlap import CASES, grammar_compiler, requests, text, valid
+from tests.actors.test_overlap import run
+
+from inference_server.config import Settings
+from inference_server.engine_factory import build_engine_parts
+from inference_server.offline import Completion
+from inference_server.supervisor import EngineParts
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def parts(model: str, *, overlap: bool, graphs: bool) -> EngineParts:
+    settings = Settings(model=model, dummy_weights=True, backend="custom-cuda", device="cuda", dtype="float32",
+                        kv_cache_tokens=4096, kv_block_size=16, max_batch_size=8, overlap=overlap,
+                        cuda_graphs=graphs, max_model_len=512, max_num_batched_tokens=64,
+                        kv_expected_sequence_tokens=32)
+    built = build_engine_parts(settings)
+    grammar = grammar_compiler(built.parts.eos_token_ids)
+    built.runner.grammar = grammar
+    return attrs.evolve(built.parts, grammar=grammar)
+
+
+@pytest.mark.parametrize("model", ["gemma-4-26b-a4b-tiny", "qwen3-30b-a3b-tiny"])
+async def test_constrained_tokens_are_the_same_with_overlap_and_graphs_on_and_off(model: str) -> None:
+    results = {}
+    eos: frozenset[int] = frozenset()
+    for overlap, graphs in ((True, True), (False, False), (True, False), (False, True)):
+        engine, completions = await run(parts(model, overlap=overlap, graphs=graphs), requests(), {})
+        eos = engine.parts.eos_token_ids
+        assert all(isinstance(c, Completion) for c in completions)
+        results[overlap, graphs] = [(c.token_ids, c.finish_reason) for c in completions]  # type: ignore[union-attr]
+        if graphs:
+            assert engine.parts.step.runner.graph_steps > 0  # type: ignore[union-attr]
+    reference = results[False, False]
+    for key, outcome in results.items():
+        assert outcome == reference, key
+    for (constraint, _), (token_ids, finish) in zip(CASES, reference, strict=True):
+        if constraint is not None:
+            assert finish == "stop" and valid(constraint, text(token_ids, eos)), (constraint, token_ids)

@@ -1,0 +1,175 @@
+"""The Constraint record and its compiler: canonical equality (the cache key), errors that name the API field
+and give llguidance's reason, the bounded LRU cache, the tool-call grammar, and the whitespace rule.
+
+The compiler reads a byte-level vocabulary of 512 ids (ids 3..258 are single bytes), so every check below
+feeds text byte by byte as decoding would."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from inference_server.core.grammar_compiler import GrammarCompiler, tool_calls_lark
+from inference_server.records.constraints import Constraint, TaggedJson, json_schema_text
+from inference_server.records.errors import RequestError
+from inference_server.records.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
+from http_testkit import byte_level_tokenizer_json
+
+EOS = 1
+TOKENIZER_JSON = byte_level_tokenizer_json(512)
+TOKENIZER = Tokenizer.from_str(TOKENIZER_JSON)
+
+
+@pytest.fixture(scope="module")
+def compiler() -> GrammarCompiler:
+    return GrammarCompiler(TOKENIZER_JSON, 512, {EOS})
+
+
+def accepts(compiler: GrammarCompiler, constraint: Constraint, text: str) -> bool:
+    """Whether ``text`` is a complete output of ``constraint`` (every token accepted, then EOS allowed)."""
+    matcher = compiler.compile(constraint).matcher()
+    return matcher.consume_tokens(TOKENIZER.encode(text).ids) and matcher.is_accepting()
+
+
+def test_equal_constraints_are_equal_whatever_field_they_came_from() -> None:
+    a = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}, field="guided_json")
+    b = Constraint.json_schema('{"type": "object",  "properties": {"a": {"type": "integer"}}}', field="x.schema")
+    assert a == b and hash(a) == hash(b) and a.field != b.field
+    reordered = Constraint.json_schema({"properties": {"a": {"type": "integer"}}, "type": "object"})
+    assert reordered != a  # key order is generation order: a different constraint
+    assert Constraint.json_schema(True).schema == "true"
+
+
+@pytest.mark.parametrize(("build", "field"), [
+    (lambda: Constraint.json_schema("{bad", field="guided_json"), "guided_json"),
+    (lambda: Constraint.json_schema([1], field="s"), "s"),
+    (lambda: Constraint.regex("", field="regex"), "regex"),
+    (lambda: Constraint.choice([], field="guided_choice"), "guided_choice"),
+    (lambda: Constraint.choice(["a", 1], field="guided_choice"), "guided_choice"),  # type: ignore[list-item]
+    (lambda: Constraint.from_grammar("", field="ebnf"), "ebnf"),
+    (lambda: Constraint.tool_calls([], field="tool_choice"), "tool_choice"),
+])
+def test_malformed_sources_are_request_errors_naming_the_field(build, field: str) -> None:
+    with pytest.raises(RequestError) as error:
+        build()
+    assert error.value.param == field and error.value.code == "invalid_request"
+
+
+@pytest.mark.parametrize(("constraint", "reason"), [
+    (Constraint.json_schema({"type": "nonsense"}, field="response_format.json_schema.schema"), "nonsense"),
+    (Constraint.json_schema({"$ref": "#/$defs/missing"}), "missing"),
+    (Constraint.json_schema({"type": "array", "uniqueItems": True}, strict=True), "uniqueItems"),
+    (Constraint.regex("a(b", field="structured_outputs.regex"), "unclosed group"),
+    (Constraint.from_grammar("root ::= (", field="ebnf"), "Expected"),
+    (Constraint.from_grammar("start: nowhere", field="guided_grammar"), "nowhere"),
+])
+def test_invalid_constraints_name_the_field_and_the_reason(compiler: GrammarCompiler, constraint: Constraint,
+                                                           reason: str) -> None:
+    with pytest.raises(RequestError) as error:
+        compiler.compile(constraint)
+    assert error.value.param == constraint.field
+    assert error.value.message.startswith(f"{constraint.field}: ") and reason in error.value.message
+    assert "<state>" not in error.value.message and len(error.value.message) < 500
+
+
+def test_a_non_strict_schema_drops_what_cannot_be_enforced(compiler: GrammarCompiler) -> None:
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 2}
+    lenient = Constraint.json_schema(schema, strict=False)
+    assert accepts(compiler, lenient, "[1, 1]") and not accepts(compiler, lenient, "[1, 2, 3]")
+
+
+@pytest.mark.parametrize(("constraint", "good", "bad"), [
+    (Constraint.json_object(), '{"a": [1, {"b": null}]}', "[1]"),
+    (Constraint.json_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}},
+                             "required": ["n"], "additionalProperties": False}), '{"n": 7}', '{"n": 17}'),
+    (Constraint.regex(r"[0-9]{3}-[a-z]+"), "123-ab", "12-ab"),
+    (Constraint.choice(["yes", "no", "maybe so"]), "maybe so", "maybe"),
+    (Constraint.from_grammar('root ::= "a" [0-9]+ "z"'), "a12z", "az"),
+    (Constraint.from_grammar('start: "x" NUM\nNUM: /[0-9]+/'), "x42", "x"),
+])
+def test_each_kind_accepts_its_language_only(compiler: GrammarCompiler, constraint: Constraint, good: str,
+                                            bad: str) -> None:
+    assert accepts(compiler, constraint, good)
+    assert not accepts(compiler, constraint, bad)
+
+
+def test_json_has_no_free_whitespace(compiler: GrammarCompiler) -> None:
+    """The whitespace rule: ", " and ": " exactly (json.dumps' layout), no newline or indentation anywhere
+    outside strings, so a model cannot spend its tokens on whitespace."""
+    constraint = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "array"}}})
+    assert accepts(compiler, constraint, json.dumps({"a": [1, 2]}))
+    for spaced in ('{"a":[1,2]}', '{ "a": [1, 2]}', '{"a": [1, 2] }', '{\n"a": [1, 2]}', '{"a":  [1, 2]}'):
+        assert not accepts(compiler, constraint, spaced), spaced
+
+
+def test_a_complete_grammar_allows_only_eos(compiler: GrammarCompiler) -> None:
+    matcher = compiler.compile(Constraint.choice(["yes"])).matcher()
+    assert matcher.consume_tokens(TOKENIZER.encode("yes").ids)
+    words = memoryview(matcher.compute_bitmask()).cast("I")
+    allowed = [i for i in range(512) if words[i // 32] >> (i % 32) & 1]
+    assert allowed == [EOS] and matcher.is_stopped()
+
+
+def test_the_cache_returns_the_same_compiled_grammar_and_stays_bounded() -> None:
+    compiler = GrammarCompiler(TOKENIZER_JSON, 512, {EOS}, cache_size=2)
+    first = compiler.compile(Constraint.regex("a+", field="regex"))
+    assert compiler.compile(Constraint.regex("a+", field="guided_regex")) is first  # the field is not the key
+    compiler.compile(Constraint.regex("b+"))
+    compiler.compile(Constraint.regex("a+"))  # used again: now the most recent
+    compiler.compile(Constraint.regex("c+"))  # evicts b+, the least recently used
+    assert compiler.cached(Constraint.regex("a+")) and compiler.cached(Constraint.regex("c+"))
+    assert not compiler.cached(Constraint.regex("b+"))
+    # each request's matcher is its own copy of the start state
+    one, two = first.matcher(), first.matcher()
+    assert one.consume_tokens(TOKENIZER.encode("aaa").ids) and one.is_accepting()
+    assert not two.is_accepting()  # still at the start: "a+" needs an "a"
+
+
+def test_an_unreadable_tokenizer_refuses_constraints_with_a_400() -> None:
+    words = json.loads(TOKENIZER_JSON)
+    words["decoder"] = {"type": "WordPiece", "prefix": "##", "cleanup": False}
+    compiler = GrammarCompiler(json.dumps(words), 512, {EOS})
+    with pytest.raises(RequestError) as error:
+        compiler.compile(Constraint.json_object(field="response_format"))
+    assert error.value.param == "response_format" and "tokenizer" in error.value.message
+
+
+HERMES_CALL = TaggedJson(begin="<tool_call>\n", end="\n</tool_call>", schema=json_schema_text({
+    "type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
+        "additionalProperties": False}}, "required": ["name", "arguments"], "additionalProperties": False}))
+OTHER_CALL = TaggedJson(begin="CALL ", end="", schema=json_schema_text({"type": "array", "maxItems": 1}))
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(("low", "high", "calls", "ok"), [
+    (1, 1, 1, True), (1, 1, 2, False), (1, 1, 0, False),
+    (1, None, 3, True), (2, 3, 1, False), (2, 3, 3, True), (2, 3, 4, False),
+])
+def test_tool_calls_take_between_min_and_max_calls(compiler: GrammarCompiler, low: int, high: int | None,
+                                                   calls: int, ok: bool) -> None:
+    constraint = Constraint.tool_calls([HERMES_CALL], min_calls=low, max_calls=high)
+    assert accepts(compiler, constraint, "\n".join([CALL_TEXT] * calls)) is ok
+
+
+def test_tool_calls_choose_among_alternatives_and_validate_arguments(compiler: GrammarCompiler) -> None:
+    constraint = Constraint.tool_calls([HERMES_CALL, OTHER_CALL], max_calls=2, separator=";")
+    assert accepts(compiler, constraint, CALL_TEXT + ";CALL [7]")
+    assert accepts(compiler, constraint, "CALL []")
+    assert not accepts(compiler, constraint, CALL_TEXT.replace("get_weather", "get_time"))
+    assert not accepts(compiler, constraint, CALL_TEXT.replace('"city"', '"town"'))
+    assert not accepts(compiler, constraint, "CALL [1, 2]")
+    assert "%json" in tool_calls_lark(constraint)
+
+
+def test_min_tokens_cannot_be_combined_with_a_constraint() -> None:
+    with pytest.raises(RequestError) as error:
+        SamplingParams(min_tokens=2, constraint=Constraint.json_object()).validate()
+    assert error.value.param == "min_tokens"
+    assert SamplingParams(constraint=Constraint.json_object()).needs_token_history

@@ -1,0 +1,169 @@
+"""Tool calling and reasoning through the whole chat route, on the fake engine with a tokenizer that serves
+the real Qwen3 chat template: the fake model is scripted to write a recorded Qwen3 reply (reasoning, then a
+Hermes tool call), token by token, so the parsers run on the engine's own detokenized stream."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from http_testkit import BASE_WORDS, EOS_ID, FAKE_VOCAB_SIZE, SPECIAL_TOKENS, FakeModel, post_stream
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from inference_server.models.tokenizer import Tokenizer
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+# A recorded Qwen3 reply, in the pieces the fake model emits (the WordPiece decoder joins them with a space
+# unless a piece starts with ##).
+REPLY = ["<think>", "I", "need", "the", "weather", "tool.", "</think>", "<tool_call>", '{"name":', '"get_weather",',
+         '"arguments":', '{"city":', '"Par', '##is",', '"days":', "3}}", "</tool_call>"]
+PROMPT_WORDS = ["Weather", "in", "Paris", "?", "days", "3"]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}]
+MESSAGES = [{"role": "user", "content": "Weather in Paris ?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer() -> Tokenizer:
+    """The test kit's word-level vocabulary (its fake words first, so the fake model's tokens are unchanged),
+    with the reply's pieces and a few prompt words at the end, serving the real Qwen3 template."""
+    fillers = FAKE_VOCAB_SIZE - len(SPECIAL_TOKENS) - len(BASE_WORDS) - len(REPLY) - len(PROMPT_WORDS)
+    words = SPECIAL_TOKENS + BASE_WORDS + [f"w{i}" for i in range(fillers)] + REPLY + PROMPT_WORDS
+    words = [w.removeprefix("##") if w.startswith("##") and w.removeprefix("##") in words else w for w in words]
+    backend = BackendTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.add_special_tokens(SPECIAL_TOKENS)
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return Tokenizer(backend, special_tokens={"bos_token": "<bos>", "eos_token": "<eos>"},
+                     eos_token_ids=frozenset({EOS_ID}), chat_template=(TEMPLATES / "qwen3.jinja").read_text(),
+                     name="qwen3-fixture")
+
+
+def scripted(tokenizer: Tokenizer, prompt_len: int) -> FakeModel:
+    ids = [tokenizer.token_to_id(piece) for piece in REPLY]
+    assert None not in ids
+    script = {prompt_len + i: token for i, token in enumerate(ids)}
+    script[prompt_len + len(ids)] = EOS_ID
+    return FakeModel(token_at_length=script)  # type: ignore[arg-type]
+
+
+def prompt_len(tokenizer: Tokenizer, **kwargs: Any) -> int:
+    return len(tokenizer.apply_chat_template(MESSAGES, **kwargs))
+
+
+async def test_tool_call_and_reasoning_whole(serve, qwen_tokenizer: Tokenizer) -> None:
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer, tools=TOOLS))
+    async with serve(model, tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": MESSAGES, "tools": TOOLS, "max_tokens": 40, "return_token_ids": True})
+        body = await response.get_json()
+        assert response.status_code == 200, body
+        [choice] = body["choices"]
+        assert choice["finish_reason"] == "tool_calls"
+        message = choice["message"]
+        assert message["content"] is None
+        assert message["reasoning_content"] == "I need the weather tool."
+        [call] = message["tool_calls"]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}
+        # The tools reached the template as transformers passes them.
+        assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template(MESSAGES, tools=TOOLS)
+        assert len(body["prompt_token_ids"]) > prompt_len(qwen_tokenizer) + 20
+        assert served.kv_is_idle()
+
+
+async def test_tool_call_and_reasoning_streamed(serve, qwen_tokenizer: Tokenizer) -> None:
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer, tools=TOOLS))
+    async with serve(model, tokenizer=qwen_tokenizer, coalesce=False) as served:
+        events = (await post_stream(served.client, "/v1/chat/completions", {
+            "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 40, "stream": True})).events
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert deltas[0] == {"role": "assistant", "content": ""}
+        reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+        assert reasoning == "I need the weather tool."
+        assert "".join(d.get("content", "") for d in deltas) == ""
+        entries = [e for d in deltas for e in d.get("tool_calls", [])]
+        assert entries[0]["index"] == 0 and entries[0]["function"]["name"] == "get_weather"
+        assert entries[0]["id"].startswith("call_") and entries[0]["type"] == "function"
+        assert all("id" not in e and "name" not in e["function"] for e in entries[1:])
+        assert len(entries) > 2, "the arguments stream in fragments"
+        arguments = "".join(e["function"].get("arguments", "") for e in entries)
+        assert json.loads(arguments) == {"city": "Paris", "days": 3}
+        assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["tool_calls"]
+        assert served.kv_is_idle()
+
+
+async def test_tool_choice_none_renders_no_tools_and_parses_none(serve, qwen_tokenizer: Tokenizer) -> None:
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer))
+    async with serve(model, tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": MESSAGES, "tools": TOOLS, "tool_choice": "none", "max_tokens": 40, "return_token_ids": True})
+        body = await response.get_json()
+        [choice] = body["choices"]
+        assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template(MESSAGES)
+        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+        # Reasoning is still split; the call stays text.
+        assert choice["message"]["reasoning_content"] == "I need the weather tool."
+        assert choice["message"]["content"].startswith('<tool_call> {"name": "get_weather"')
+
+
+async def test_agent_history_and_template_kwargs_reach_the_template(serve, qwen_tokenizer: Tokenizer) -> None:
+    call_1 = {"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call_1]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
+    rendered = qwen_tokenizer.apply_chat_template(
+        [history[0], {**history[1], "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Paris"}}}]}, history[2]],
+        tools=TOOLS, enable_thinking=False)
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": history, "tools": TOOLS, "max_tokens": 2, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": False}})
+        body = await response.get_json()
+        assert response.status_code == 200, body
+        assert body["prompt_token_ids"] == rendered
+        think_close = qwen_tokenizer.token_to_id("</think>")
+        assert think_close in rendered, "enable_thinking: false closed an empty think block in the prompt"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tool_choice": "auto"}, "tool_choice"),  # needs tools
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": TOOLS + TOOLS}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools[0].function.parameters"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+])
+async def test_bad_tool_fields_are_400s_naming_the_field(serve, qwen_tokenizer: Tokenizer, fields: dict[str, Any],
+                                                         param: str) -> None:
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json={"messages": MESSAGES, **fields})
+        body = await response.get_json()
+        assert response.status_code == 400, body
+        assert body["error"]["param"] == param, body
+
+
+async def test_embedded_style_template_renders_tools_for_the_hermes_parser(serve, tokenizer: Tokenizer) -> None:
+    """The test kit's template has no tool format: auto turns tool parsing off, and a request with tools says so."""
+    async with serve(tokenizer=tokenizer) as served:
+        assert served.state.tool_format is None and served.state.reasoning_format is None
+        response = await served.client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS})
+        body = await response.get_json()
+        assert response.status_code == 400 and body["error"]["param"] == "tools"
+        # tool_choice none with tools is fine: nothing to parse.
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": MESSAGES, "tools": TOOLS, "tool_choice": "none", "max_tokens": 2})
+        assert response.status_code == 200

@@ -1,0 +1,145 @@
+"""Tool calls forced by the grammar on a live ``inference-server serve`` of the embedded *base* model (Gemma 3
+270M, whose served template renders tools in the Hermes style): with ``tool_choice`` ``required`` or a named
+function, only the constraint makes a base model answer with a valid call, so every test checks the call's
+``arguments`` against the tool's ``parameters`` (``jsonschema``), plain and streamed, through the OpenAI SDK.
+
+Our own versions of vLLM's tool-use OpenAI tests (``tests/tool_use/test_tool_calls.py``,
+``test_chat_completions.py``, ``test_parallel_tool_calls.py``, ``test_tool_choice_required.py``): the same
+questions (a call's shape, streamed deltas rebuilt into the same call, ``finish_reason``, a tool result
+turned into an answer), asked of this server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from server_process import launched
+
+START_TIMEOUT = 300.0
+REQUEST_TIMEOUT = 300.0
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Za-z/]{1,20}$"}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    log = tmp_path_factory.mktemp("tools") / "server.log"
+    env = {"MODEL": "", "DEVICE": "cpu", "MAX_BATCH_SIZE": "8"}
+    with launched(env, log, start_timeout=START_TIMEOUT, ready_timeout=START_TIMEOUT) as (_, base):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT, max_retries=0)
+        MODEL.append(client.models.list().data[0].id)
+        yield client
+
+
+MODEL: list[str] = []  # the served name, once the server is up
+
+
+def check_call(call: Any, names: set[str]) -> dict[str, Any]:
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in names
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, SCHEMAS[call.function.name])
+    return arguments
+
+
+def test_required_returns_a_valid_call(sdk: openai.OpenAI) -> None:
+    reply = sdk.chat.completions.create(model=MODEL[0], messages=QUESTION, tools=TOOLS, tool_choice="required",
+                                        parallel_tool_calls=False, temperature=0, max_tokens=60)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    check_call(call, {"get_weather", "get_time"})
+
+
+def test_named_function_streamed_rebuilds_the_same_call(sdk: openai.OpenAI) -> None:
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    plain = sdk.chat.completions.create(model=MODEL[0], messages=QUESTION, tools=TOOLS, tool_choice=choice,
+                                        temperature=0, max_tokens=60)
+    [call] = plain.choices[0].message.tool_calls
+    expected = check_call(call, {"get_time"})
+    stream = sdk.chat.completions.create(model=MODEL[0], messages=QUESTION, tools=TOOLS, tool_choice=choice,
+                                         temperature=0, max_tokens=60, stream=True)
+    name, arguments, finish, ids = None, "", None, set()
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        for entry in delta.tool_calls or []:
+            assert entry.index == 0
+            if entry.id:
+                ids.add(entry.id)
+                name = entry.function.name
+            arguments += entry.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert name == "get_time" and len(ids) == 1 and finish == "tool_calls"
+    assert json.loads(arguments) == expected  # greedy: the same call, streamed
+
+
+def test_required_with_parallel_calls_are_each_valid(sdk: openai.OpenAI) -> None:
+    reply = sdk.chat.completions.create(model=MODEL[0], messages=QUESTION, tools=TOOLS, tool_choice="required",
+                                        temperature=1.0, seed=3, max_tokens=120)
+    calls = reply.choices[0].message.tool_calls
+    assert calls and reply.choices[0].finish_reason in ("tool_calls", "length")
+    if reply.choices[0].finish_reason == "tool_calls":
+        for call in calls:
+            check_call(call, {"get_weather", "get_time"})
+        assert len({c.id for c in calls}) == len(calls)
+
+
+def test_agent_loop_tool_result_then_answer(sdk: openai.OpenAI) -> None:
+    """The docs' agent loop: a forced call, its result as a tool message, then a plain answer."""
+    messages: list[Any] = list(QUESTION)
+    first = sdk.chat.completions.create(model=MODEL[0], messages=messages, tools=TOOLS,
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                        temperature=0, max_tokens=60)
+    [call] = first.choices[0].message.tool_calls
+    check_call(call, {"get_weather"})
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 21})})
+    answer = sdk.chat.completions.create(model=MODEL[0], messages=messages, tools=TOOLS, tool_choice="none",
+                                         temperature=0, max_tokens=20)
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason in ("stop", "length")
+
+
+CLIENTS_DOC = Path(__file__).parents[2] / "docs" / "clients.md"
+
+
+def test_the_documented_agent_loop_runs_as_written(sdk: openai.OpenAI) -> None:
+    """docs/clients.md's agent loop, run as written (only the server's address and model name swapped)."""
+    found = re.search(r"<!-- executed: agent loop -->\n```python\n(.*?)```\n```\n(.*?)```", CLIENTS_DOC.read_text(),
+                      re.DOTALL)
+    assert found is not None
+    script = found.group(1).replace("http://127.0.0.1:8000/v1", str(sdk.base_url).rstrip("/"))
+    script = script.replace('"gemma-3-270m"', repr(MODEL[0]))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(script, "docs/clients.md", "exec"), {"__name__": "agent_loop"})
+    print(printed.getvalue())
+    first, second = printed.getvalue().splitlines()
+    documented_first, documented_second = found.group(2).splitlines()
+    assert first.split(" ", 2)[:2] == ["tool_calls", "get_weather"] == documented_first.split(" ", 2)[:2]
+    arguments = json.loads(first.split(" ", 2)[2])
+    assert arguments["unit"] in ("celsius", "fahrenheit") and len(arguments["city"]) <= 20
+    assert first == documented_first and second == documented_second  # greedy on CPU: the documented run
