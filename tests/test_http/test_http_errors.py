@@ -69,6 +69,14 @@ BAD_REQUESTS: list[tuple[str, Any, str, str | None]] = [
     (COMPLETIONS, {"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}}, "invalid_value",
      "structured_outputs"),
     (COMPLETIONS, {"prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}, "invalid_value", "guided_choice"),
+    # structured-output values of the wrong type (vLLM's test_guided_decoding_type_error asks the same)
+    (COMPLETIONS, {"prompt": "x", "guided_json": 42}, "invalid_value", "guided_json"),
+    (COMPLETIONS, {"prompt": "x", "guided_regex": {"1": "Pikachu"}}, "invalid_value", "guided_regex"),
+    (CHAT, {"messages": HELLO, "guided_choice": "yes"}, "invalid_value", "guided_choice"),
+    (CHAT, {"messages": HELLO, "structured_outputs": {"bogus": 1}}, "invalid_value", "structured_outputs.bogus"),
+    (CHAT, {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {}, "strict": "yes"}}}, "invalid_value", "response_format.json_schema.strict"),
+    ("/generate", {"prompt": "x", "ebnf": ["root ::= x"]}, "invalid_value", "ebnf"),
     (COMPLETIONS, {"prompt": "x", "response_format": {"type": "text", "kind": 1}}, "unknown_field",
      "response_format.kind"),
     (COMPLETIONS, {"prompt": "x", "echo": True, "stream": True}, "unsupported_parameter", "echo"),
