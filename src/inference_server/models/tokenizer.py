@@ -309,7 +309,7 @@ class Tokenizer:
             raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set")
         if self._chat_template is None:
             raise ChatTemplateError(
-                f"{self.name} has no chat template (likely a base model), so chat requests cannot be "
+                "this model's tokenizer has no chat template (likely a base model), so chat requests cannot be "
                 "formatted; use a plain-text completion or supply a chat template"
             )
         context = {key: value for key, value in self._special_tokens.items() if value is not None}
@@ -321,7 +321,8 @@ class Tokenizer:
                 **context,
             )
         except jinja2.TemplateError as error:
-            raise ChatTemplateError(f"chat template of {self.name} failed: {error}") from error
+            # (not naming self.name: it is a path on the server's disk, and this message reaches clients)
+            raise ChatTemplateError(f"the chat template failed: {error}") from error
         if continue_final_message:
             text = _open_final_message(text, messages[-1]["content"] if messages else "")
         return self.encode(text, add_special_tokens=False) if tokenize else text
@@ -332,7 +333,7 @@ class Tokenizer:
         try:
             return _template_environment().from_string(self._chat_template)
         except jinja2.TemplateSyntaxError as error:
-            raise ChatTemplateError(f"chat template of {self.name} does not parse: {error}") from error
+            raise ChatTemplateError(f"the chat template does not parse: {error}") from error
 
     def _token_id(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
