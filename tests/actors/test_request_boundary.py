@@ -87,7 +87,8 @@ class ExplodingDecodeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [5, 6, 7]
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False) -> list[int]:
         return [5, 6, 7]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

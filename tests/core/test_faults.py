@@ -153,7 +153,8 @@ class CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False) -> list[int]:
         return [ord(c) for m in messages for c in m["content"]]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

@@ -79,7 +79,7 @@ BAD_REQUESTS: list[tuple[str, Any, str, str | None]] = [
     ("/generate", {"prompt": "x", "ebnf": ["root ::= x"]}, "invalid_value", "ebnf"),
     (COMPLETIONS, {"prompt": "x", "response_format": {"type": "text", "kind": 1}}, "unknown_field",
      "response_format.kind"),
-    (COMPLETIONS, {"prompt": "x", "echo": True, "stream": True}, "unsupported_parameter", "echo"),
+    (CHAT, {"messages": HELLO, "prompt_logprobs": 1, "stream": True}, "unsupported_parameter", "prompt_logprobs"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, "unsupported_parameter", "prompt_logprobs"),
     (COMPLETIONS, {"prompt": "x", "suffix": "y"}, "unsupported_parameter", "suffix"),
     (COMPLETIONS, {"prompt": "x", "best_of": 2}, "unsupported_parameter", "best_of"),
@@ -97,7 +97,7 @@ BAD_REQUESTS: list[tuple[str, Any, str, str | None]] = [
     ("/generate", {"prompt": "x", "seed": -(2**64)}, "invalid_value", "seed"),
     ("/generate", {"prompt": "x", "max_tokens": 0}, "invalid_request", "max_tokens"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 21}, "invalid_request", "logprobs"),
-    # ("stream": False: with stream, echo and prompt_logprobs are refused as unsupported before any value)
+    # ("stream": False: with stream, prompt_logprobs is refused as unsupported before any value)
     (COMPLETIONS, {"prompt": "x", "echo": True, "logprobs": 21, "stream": False}, "invalid_request", "logprobs"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 21, "stream": False}, "invalid_request", "prompt_logprobs"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": -1, "stream": False}, "invalid_request", "prompt_logprobs"),

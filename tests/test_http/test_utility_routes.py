@@ -3,6 +3,7 @@ model card, and the tokenizer exported for clients (``transformers`` loads it an
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -81,12 +82,13 @@ async def test_tokenizer_routes_without_a_tokenizer(serve) -> None:
 
 
 async def test_tokenizer_info_and_version(serve) -> None:
-    async with serve() as served:
+    async with serve(tokenizer_folder="/srv/cache/served-tokenizers/tiny") as served:
         info = await (await served.client.get("/tokenizer_info")).get_json()
         assert info["vocab_size"] == 512 and info["model_max_length"] == 128
         assert info["bos_token"] == "<bos>" and info["eos_token"] == "<eos>" and info["eos_token_ids"] == [1]
         assert info["chat_template"] == CHAT_TEMPLATE
         assert info["turn_markers"] == ["<end_of_turn>", "<start_of_turn>"]
+        assert "path" not in info and "/srv/cache" not in json.dumps(info)  # no server path reaches a client
         version = await (await served.client.get("/version")).get_json()
         assert version == {"version": package_version()} and version["version"] != "unknown"
 
@@ -96,7 +98,9 @@ async def test_served_model_name_aliases_and_the_model_card(serve) -> None:
     async with serve(settings=settings, model_root="/models/tiny.gguf") as served:
         cards = (await (await served.client.get("/v1/models")).get_json())["data"]
         assert [card["id"] for card in cards] == [MODEL_NAME, "tiny", "tiny-alias"]
-        assert all(card["root"] == "/models/tiny.gguf" and card["parent"] is None for card in cards)
+        # root is the reported served name, never the server's file path (SGLang's test_retrieve_model)
+        assert all(card["root"] == MODEL_NAME and card["parent"] is None for card in cards)
+        assert "/models/tiny.gguf" not in json.dumps(cards)
         alias = await served.client.post("/v1/completions", json={"model": "tiny-alias", "prompt": "hello",
                                                                   "max_tokens": 1})
         assert alias.status_code == 200 and (await alias.get_json())["model"] == MODEL_NAME

@@ -91,9 +91,11 @@ class FaultyTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False) -> list[int]:
         self._maybe_fail()
-        return self._inner.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return self._inner.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                               continue_final_message=continue_final_message)
 
     def _maybe_fail(self) -> None:
         if self._decisions.fires("tokenizer_error"):

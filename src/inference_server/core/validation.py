@@ -28,8 +28,8 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]],
-                            add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]: ...
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False, **template_kwargs: Any) -> list[int]: ...
 
 
 @attrs.frozen
@@ -76,7 +76,9 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
         if request.tools is not None:
             template_kwargs["tools"] = [dict(tool) for tool in request.tools]
         try:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=request.add_generation_prompt,
+                                                continue_final_message=request.continue_final_message,
+                                                **template_kwargs)
         except Exception as error:  # a template error is the request's problem, reported as such
             raise RequestError("invalid_request", f"cannot apply the chat template: {error}", "messages") from None
         return tuple(ids)
@@ -87,16 +89,22 @@ def tokenize(request: GenerationRequest, tokenizer: PromptTokenizer | None) -> t
         raise RequestError("invalid_request", f"cannot tokenize the prompt: {error}", "prompt") from None
 
 
-def truncate(prompt_ids: tuple[int, ...], keep: int | None, max_model_len: int) -> tuple[int, ...]:
-    """The last ``keep`` prompt tokens (vLLM's ``truncate_prompt_tokens``; -1 = the model's context length,
-    None = all of them)."""
+def truncate(prompt_ids: tuple[int, ...], keep: int | None, max_model_len: int,
+             side: str = "left") -> tuple[int, ...]:
+    """``keep`` prompt tokens (vLLM's ``truncate_prompt_tokens``; -1 = the model's context length, None = all
+    of them): the last ones when ``side`` is ``left`` (the left end is cut), the first ones when ``right``."""
     if keep is None:
         return prompt_ids
     if isinstance(keep, bool) or not isinstance(keep, int) or keep == 0 or keep < -1:
         raise RequestError("invalid_request", f"truncate_prompt_tokens must be -1 or an integer >= 1, got {keep!r}",
                            "truncate_prompt_tokens")
+    if side not in ("left", "right"):
+        raise RequestError("invalid_request", f"truncation_side must be 'left' or 'right', got {side!r}",
+                           "truncation_side")
     keep = max_model_len if keep == -1 else keep
-    return prompt_ids[-keep:] if len(prompt_ids) > keep else prompt_ids
+    if len(prompt_ids) <= keep:
+        return prompt_ids
+    return prompt_ids[-keep:] if side == "left" else prompt_ids[:keep]
 
 
 def _first_out_of_vocabulary(prompt_ids: tuple[int, ...], vocab_size: int) -> object | None:
@@ -116,7 +124,8 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     than the rest of the context; ``None``: the rest of the context."""
     request.params.validate()
     request.params.validate_vocabulary(vocab_size)
-    prompt_ids = truncate(tokenize(request, tokenizer), request.truncate_prompt_tokens, max_model_len)
+    prompt_ids = truncate(tokenize(request, tokenizer), request.truncate_prompt_tokens, max_model_len,
+                          request.truncation_side)
     if not prompt_ids:
         raise RequestError("invalid_request", "the prompt is empty", "prompt")
     bad = _first_out_of_vocabulary(prompt_ids, vocab_size)

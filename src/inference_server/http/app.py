@@ -93,7 +93,7 @@ def _routes(state: AppState) -> list[Route]:
         Route("POST", "/v1/responses", ResponsesRoutes(state).create, "OpenAI Responses API (stateless; stream)"),
         Route("POST", "/tokenize", utility.tokenize, "vLLM: a prompt or chat messages to token ids (count, strings)"),
         Route("POST", "/detokenize", utility.detokenize, "vLLM: token ids to text"),
-        Route("GET", "/tokenizer_info", utility.tokenizer_info, "the tokenizer: special tokens, template, HF folder"),
+        Route("GET", "/tokenizer_info", utility.tokenizer_info, "the tokenizer: special tokens, chat template"),
         Route("GET", "/version", utility.version, "the server's version"),
         Route("GET", "/metrics", observability.metrics, "Prometheus metrics (vLLM names, model_name label)",
               content_type="text/plain"),

@@ -8,11 +8,11 @@ client used (chat's ``top_logprobs``, ``max_completion_tokens``).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from inference_server.http.constraint_fields import constraint_of
 from inference_server.http.errors import invalid_request
-from inference_server.http.schemas import LogitBiasInput, SamplingFields, StopInput
+from inference_server.http.schemas import LogitBiasInput, SamplingFields, StopInput, StreamOptions
 from inference_server.records.constraints import Constraint
 from inference_server.records.sampling_params import SamplingParams
 
@@ -22,6 +22,8 @@ DEFAULT_MAX_TOKENS = 16
 MAX_HEADER_ID_LENGTH = 128
 TRACE_ID_HEADER = "X-Trace-Id"
 SESSION_ID_HEADER = "X-Session-Id"
+MAX_NAMED_KEYS = 20
+"""Most offending ``logit_bias`` keys an error lists by name (the rest are counted)."""
 
 T = TypeVar("T")
 
@@ -37,18 +39,25 @@ def stop_strings(stop: StopInput) -> tuple[str, ...]:
 
 
 def logit_bias_pairs(bias: LogitBiasInput, vocab_size: int | None = None) -> tuple[tuple[int, float], ...]:
-    """``logit_bias`` as sorted (token id, bias) pairs; a key that is not a decimal integer is a 400 naming it
-    (ids outside the vocabulary are refused by admission, which knows its size)."""
+    """``logit_bias`` as sorted (token id, bias) pairs; keys that are not decimal integers are a 400 naming
+    every one of them, not only the first (ids outside the vocabulary are refused by admission, which knows
+    its size)."""
     if not bias:
         return ()
-    pairs = []
+    pairs, bad = [], []
     for key, value in bias.items():
         text = key.strip()
         if not (text.isascii() and text.lstrip("-").isdigit()):
-            size = f" [0, {vocab_size}) (vocabulary size {vocab_size})" if vocab_size is not None else ""
-            raise invalid_request(f"logit_bias key {key!r} is not a token id: keys must be integers{size}",
-                                  "logit_bias")
+            bad.append(key)
+            continue
         pairs.append((int(text), value))
+    if bad:
+        size = f" [0, {vocab_size}) (vocabulary size {vocab_size})" if vocab_size is not None else ""
+        keys = ", ".join(repr(key) for key in bad[:MAX_NAMED_KEYS]) + (
+            f" and {len(bad) - MAX_NAMED_KEYS} more" if len(bad) > MAX_NAMED_KEYS else "")
+        raise invalid_request(f"logit_bias key{'s' if len(bad) > 1 else ''} {keys} "
+                              f"{'are' if len(bad) > 1 else 'is'} not token ids: keys must be integers{size}",
+                              "logit_bias")
     return tuple(sorted(pairs))
 
 
@@ -98,10 +107,57 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
 
 
 def header_id(value: str | None, header: str) -> str | None:
-    """A client-chosen identifier from a header: 1-128 visible ASCII characters, or a 400."""
+    """A client-chosen identifier (``X-Session-Id`` / ``X-Trace-Id`` headers, ``/generate``'s ``session_id`` and
+    ``trace_id`` fields): 1-128 visible ASCII characters, or a 400 naming ``header``. The one rule for all of
+    them: such ids reach logs, telemetry and the scheduler's per-session counters."""
     if value is None:
         return None
     if not 0 < len(value) <= MAX_HEADER_ID_LENGTH or not all(33 <= ord(c) <= 126 for c in value):
         raise invalid_request(f"{header} must be 1 to {MAX_HEADER_ID_LENGTH} visible ASCII characters", header)
     return value
 
+
+
+def truncation_side(fields: SamplingFields) -> Literal["left", "right"]:
+    """vLLM's ``truncation_side``: ``left`` (absent: the default) or ``right``, else a 400 naming it."""
+    side = fields.truncation_side
+    if side is None or side == "left":
+        return "left"
+    if side == "right":
+        return "right"
+    raise invalid_request(f"truncation_side must be 'left' or 'right', got {side!r}", "truncation_side")
+
+
+def chat_prompt_flags(add_generation_prompt: bool | None, continue_final_message: bool | None,
+                      last_role: str | None) -> tuple[bool, bool]:
+    """``(add_generation_prompt, continue_final_message)`` of a chat prompt (chat and ``/tokenize``, vLLM's
+    rules): ``continue_final_message`` leaves the final message open for the model to continue, so that
+    message must be the assistant's and no generation prompt may follow it (both sent true: a 400);
+    ``add_generation_prompt`` defaults to true unless ``continue_final_message`` is set."""
+    continue_final = bool(continue_final_message)
+    if continue_final and add_generation_prompt:
+        raise invalid_request("continue_final_message and add_generation_prompt cannot both be true: the first "
+                              "continues the final message, the second opens a new reply",
+                              "continue_final_message")
+    if continue_final and last_role != "assistant":
+        raise invalid_request(f"continue_final_message needs the last message to be the assistant's, got role "
+                              f"{last_role!r}", "continue_final_message")
+    return (not continue_final if add_generation_prompt is None else add_generation_prompt), continue_final
+
+
+def min_characters(body_value: int | None, options: StreamOptions | None, stream: bool | None) -> int:
+    """The streamed-text buffer of a request (0: none): ``stream_options.min_characters`` or the top-level
+    ``min_characters`` (both sent must agree); a non-negative integer, for streams only."""
+    nested = options.min_characters if options is not None else None
+    if body_value is not None and nested is not None and body_value != nested:
+        raise invalid_request("min_characters and stream_options.min_characters disagree; send one of them",
+                              "min_characters")
+    value = nested if nested is not None else body_value
+    field = "stream_options.min_characters" if nested is not None else "min_characters"
+    if value is None:
+        return 0
+    if value < 0:
+        raise invalid_request(f"{field} must be an integer >= 0, got {value}", field)
+    if not stream:
+        raise invalid_request(f"{field} applies to streamed responses only; send stream: true", field)
+    return value

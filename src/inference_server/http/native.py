@@ -25,6 +25,7 @@ from inference_server.http.convert import (
     TRACE_ID_HEADER,
     header_id,
     sampling_params,
+    truncation_side,
 )
 from inference_server.http.errors import ApiError, from_unsuccessful_finish, invalid_request
 from inference_server.http.generation import admit
@@ -52,10 +53,12 @@ class NativeRoutes:
         params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
                                  prompt_logprobs=body.prompt_logprobs, vocab_size=state.engine.info.vocab_size)
         engine_request = GenerationRequest(truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncation_side=truncation_side(body),
             params=params, prompt=body.prompt,
             prompt_ids=tuple(body.prompt_token_ids) if body.prompt_token_ids is not None else None,
             add_special_tokens=body.add_special_tokens is not False,
-            session_id=body.session_id or header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER),
+            session_id=header_id(body.session_id, "session_id")
+            or header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER),
             priority=body.priority or 0, trace_id=g.trace_id, cache_salt=body.cache_salt)
         generation = await admit(state.engine, [engine_request], state.tracker)
         encoder = NativeEncoder(f"gen-{uuid.uuid4().hex}", generation.prompt_tokens[0], params.logprobs is not None,

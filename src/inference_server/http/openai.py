@@ -13,11 +13,18 @@ Conventions (see docs/api.md for every field):
   are stops (``models/chat_templates.ChatStops``). Message content is a string or a list of
   ``text`` parts (joined with newlines); roles ``system``, ``developer`` (as ``system``), ``user``,
   ``assistant``, ``tool``.
-* ``echo`` (completions, not streamed): each choice's text starts with its prompt and, with ``logprobs``,
+* ``echo`` (completions, streamed or not): each choice's text (its first chunk's, streamed) starts with its
+  prompt (token ids are decoded without special tokens) and, with ``logprobs``,
   its ``logprobs`` start with the prompt's tokens (the first one's logprob and top dict ``null``), the
   prompt logprobs being computed in the request's prefill. ``max_tokens: 0`` with ``echo`` (or
   ``prompt_logprobs``) only scores the prompt. ``prompt_logprobs`` (vLLM) adds each choice's
-  ``prompt_logprobs`` list.
+  ``prompt_logprobs`` list (not streamed).
+* Chat, vLLM's extensions: ``prompt_logprobs`` (a top-level list, not streamed); ``continue_final_message``
+  (the final message, the assistant's, stays open for the model to continue) with ``add_generation_prompt``
+  (default: true unless continuing; both true is a 400); ``echo`` (the reply starts with the final message's
+  content when that message is the assistant's).
+* ``truncation_side`` (``left``/``right``) picks the end ``truncate_prompt_tokens`` cuts; ``min_characters``
+  (top level or in ``stream_options``) holds streamed text until that many characters are buffered.
 * ``stream_options`` needs ``stream: true`` (400 otherwise); ``continuous_usage_stats`` only counts together
   with ``include_usage`` (vLLM). ``response_format`` json_object / json_schema constrain the output
   (``constraint_fields``).
@@ -51,9 +58,12 @@ from inference_server.http.constraint_fields import constraint_of
 from inference_server.http.convert import (
     DEFAULT_MAX_TOKENS,
     SESSION_ID_HEADER,
+    chat_prompt_flags,
     header_id,
+    min_characters,
     sampling_params,
     structured_fields,
+    truncation_side,
 )
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import Generation, admit
@@ -93,10 +103,12 @@ class OpenAIRoutes:
 
     # -- models --------------------------------------------------------------------------------------
     def _model_card(self, name: str) -> dict:
-        """vLLM's card: ``root`` is where the model came from, ``parent`` null (a base model, not an adapter)."""
+        """vLLM's card; ``root`` is the served model's name (SGLang's rule: the reported name), never where the
+        weights lie on the server's disk (a client has no use for the server's file layout); ``parent`` null (a
+        base model, not an adapter)."""
         state, info = self.state, self.state.engine.info
         return {"id": name, "object": "model", "created": state.started_at, "owned_by": "inference_server",
-                "root": info.model_root or state.model_name, "parent": None, "max_model_len": info.max_model_len,
+                "root": state.model_name, "parent": None, "max_model_len": info.max_model_len,
                 "default_max_tokens": info.default_max_tokens}
 
     async def models(self) -> Response:
@@ -114,8 +126,12 @@ class OpenAIRoutes:
         body = await self._read(CompletionRequest)
         requests, n = self._completion_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker)
+        prompts = [self._prompt_text(r) for r in requests] if body.echo else None
+        if body.stream:
+            return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
+                                       CompletionEncoder, completion_response, "cmpl",
+                                       stream_kwargs={"echo_prompts": prompts})
         if body.echo or body.prompt_logprobs is not None:
-            prompts = [self._prompt_text(r) for r in requests] if body.echo else None
             results = await generation.successful_results(self.state.engine)
             return json_response(completion_response(
                 self.state, new_id("cmpl"), results, generation.prompt_tokens, n,
@@ -125,18 +141,21 @@ class OpenAIRoutes:
                                    CompletionEncoder, completion_response, "cmpl")
 
     def _prompt_text(self, engine_request: GenerationRequest) -> str:
-        """What ``echo`` puts before a choice's text: the prompt as sent, or the decoded token ids."""
+        """What ``echo`` puts before a choice's text: the prompt as sent, or the decoded token ids without
+        their special tokens (SGLang's rule: the echo of ``tokenizer.encode(text)``, BOS included, starts with
+        ``text``)."""
         if engine_request.prompt is not None:
             return engine_request.prompt
         ids = engine_request.prompt_ids or ()
         tokenizer = self.state.engine.info.tokenizer
-        return tokenizer.decode(ids) if tokenizer is not None else "".join(self.state.token_text(i) for i in ids)
+        if tokenizer is not None:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+        return "".join(self.state.token_text(i) for i in ids)
 
     def _completion_requests(self, body: CompletionRequest) -> tuple[list[GenerationRequest], int]:
-        if (body.echo or body.prompt_logprobs is not None) and body.stream:
-            field = "echo" if body.echo else "prompt_logprobs"
-            raise invalid_request(f"{field} is not supported with stream: true; send stream: false", field,
-                                  "unsupported_parameter")
+        if body.prompt_logprobs is not None and body.stream:
+            raise invalid_request("prompt_logprobs is not supported with stream: true; send stream: false",
+                                  "prompt_logprobs", "unsupported_parameter")
         if body.suffix:
             raise invalid_request("suffix is not supported", "suffix", "unsupported_parameter")
         if body.best_of not in (None, 1):
@@ -147,12 +166,13 @@ class OpenAIRoutes:
                                  prompt_logprobs=_engine_prompt_logprobs(body),
                                  vocab_size=self.state.engine.info.vocab_size)
         session = self._session(body.user)
+        side = truncation_side(body)
         requests = [
             GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
                               prompt_ids=p if not isinstance(p, str) else None,
                               add_special_tokens=body.add_special_tokens is not False, session_id=session,
                               priority=body.priority or 0, trace_id=g.trace_id,
-                              truncate_prompt_tokens=body.truncate_prompt_tokens)
+                              truncate_prompt_tokens=body.truncate_prompt_tokens, truncation_side=side)
             for p in prompts for j in range(n)]
         return requests, n
 
@@ -162,8 +182,12 @@ class OpenAIRoutes:
         body = await self._read(ChatCompletionRequest)
         requests, n, renames, output = self._chat_requests(body)
         generation = await admit(self.state.engine, requests, self.state.tracker, renames=renames)
+        echo = _chat_echo(body, requests[0])
         return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
-                                   ChatEncoder, chat_response, "chatcmpl", chat_output=output)
+                                   ChatEncoder, chat_response, "chatcmpl", chat_output=output,
+                                   stream_kwargs={"echo": echo},
+                                   response_kwargs={"echo": echo,
+                                                    "with_prompt_logprobs": body.prompt_logprobs is not None})
 
     def _tool_request(self, body: ChatCompletionRequest) -> ToolRequest:
         """The request's tools and parsers; ``required`` / a named tool are forced by the grammar."""
@@ -180,6 +204,11 @@ class OpenAIRoutes:
         kwargs = template_kwargs(body.chat_template_kwargs)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid_request("top_logprobs requires logprobs: true", "top_logprobs")
+        if body.prompt_logprobs is not None and body.stream:
+            raise invalid_request("prompt_logprobs is not supported with stream: true; send stream: false",
+                                  "prompt_logprobs", "unsupported_parameter")
+        add_generation_prompt, continue_final = chat_prompt_flags(
+            body.add_generation_prompt, body.continue_final_message, messages[-1].role)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens, max_field = _chat_max_tokens(body)
         n = _choice_count(body.n, 1)
@@ -187,6 +216,7 @@ class OpenAIRoutes:
         # prompt is tokenised.
         forced = forced_call_constraint(tools)
         params = self.state.chat_stops.apply(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                                             prompt_logprobs=body.prompt_logprobs,
                                                              vocab_size=self.state.engine.info.vocab_size,
                                                              constraint=forced))
         if forced is not None and constraint_of(structured_fields(body)) is not None:
@@ -194,11 +224,13 @@ class OpenAIRoutes:
                                   "(response_format, structured_outputs, guided_*)", "tool_choice")
         params = keep_marker_tokens(params, tools.output)
         session = self._session(body.user)
+        side = truncation_side(body)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,
                               priority=body.priority or 0, trace_id=g.trace_id,
-                              truncate_prompt_tokens=body.truncate_prompt_tokens, tools=tools.template_tools,
-                              chat_template_kwargs=kwargs)
+                              truncate_prompt_tokens=body.truncate_prompt_tokens, truncation_side=side,
+                              add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
+                              tools=tools.template_tools, chat_template_kwargs=kwargs)
             for j in range(n)]
         renames = {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
         return requests, n, renames, tools.output
@@ -214,8 +246,10 @@ class OpenAIRoutes:
 
     async def _respond(self, generation: Generation, n: int, with_logprobs: bool, body: OpenAIRecord,
                        encoder_type: type[CompletionEncoder | ChatEncoder], build_response: Callable[..., dict],
-                       id_prefix: str, chat_output: ChatOutputSpec | None = None) -> Response:
-        """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body."""
+                       id_prefix: str, *, chat_output: ChatOutputSpec | None = None,
+                       stream_kwargs: dict | None = None, response_kwargs: dict | None = None) -> Response:
+        """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body (each
+        given its route's own keyword arguments)."""
         state, response_id = self.state, new_id(id_prefix)
         options = _output_options(body, generation)
         if chat_output is not None and chat_output.active:
@@ -223,11 +257,13 @@ class OpenAIRoutes:
         if body.stream:
             include_usage, continuous = _stream_usage(body.stream_options)
             encoder = encoder_type(state, response_id, generation.prompt_tokens, n, with_logprobs=with_logprobs,
-                                   include_usage=include_usage, continuous_usage=continuous, options=options)
+                                   include_usage=include_usage, continuous_usage=continuous, options=options,
+                                   min_characters=min_characters(body.min_characters, body.stream_options, True),
+                                   **(stream_kwargs or {}))
             return sse_response(generation, encoder, coalesce=state.coalesce)
         results = await generation.successful_results(self.state.engine)
         return json_response(build_response(state, response_id, results, generation.prompt_tokens, n,
-                                            with_logprobs=with_logprobs, options=options))
+                                            with_logprobs=with_logprobs, options=options, **(response_kwargs or {})))
 
     # -- helpers -------------------------------------------------------------------------------------
     def _session(self, user: str | None) -> str | None:
@@ -300,10 +336,20 @@ def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
 
 
 def _check_output_fields(body: OpenAIRecord) -> None:
-    """``stream_options`` only with ``stream`` (vLLM's rule); ``response_format`` is read with the sampling
-    fields (``constraint_fields``)."""
+    """``stream_options`` only with ``stream`` (vLLM's rule), ``min_characters`` valid; ``response_format``
+    is read with the sampling fields (``constraint_fields``)."""
     if body.stream_options is not None and not body.stream:
         raise invalid_request("stream_options can only be set when stream is true", "stream_options")
+    min_characters(body.min_characters, body.stream_options, body.stream)
+
+
+def _chat_echo(body: ChatCompletionRequest, engine_request: GenerationRequest) -> str:
+    """vLLM's chat ``echo``: the final message's content, when that message is the assistant's (the reply
+    continues or follows it); otherwise nothing."""
+    messages = engine_request.messages or ()
+    if not body.echo or not messages or messages[-1].role != "assistant":
+        return ""
+    return messages[-1].content
 
 
 def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:

@@ -13,6 +13,12 @@ Streams (``text/event-stream``, one ``data:`` JSON object per event, then ``data
 * an error (the engine failed or shut down, the request timed out in the queue) is an event
   ``{"error": {"message", "type", "param", "code"}}``, then ``[DONE]``.
 
+Streamed ``echo`` (completions): a choice's first chunk starts with its prompt (and, with ``logprobs``, its
+logprobs with the prompt's tokens, as in the whole response). Chat ``echo`` (vLLM's): the reply's text starts
+with the final message's content when that message is the assistant's (a prefill), in its own chunk after the
+role chunk when streamed. ``min_characters`` (vLLM's): a choice's streamed text is held until at least that many
+characters are buffered, then sent in one chunk; the last chunk carries the rest.
+
 vLLM's token-id extensions (``OutputOptions``): ``return_token_ids`` adds ``token_ids`` to each choice (to
 each chunk's choice when streaming: that chunk's ids) and ``prompt_token_ids`` (on each completion choice, on
 its first chunk when streaming; at the top level of a chat response and of its first chunk);
@@ -33,6 +39,7 @@ from typing import Any
 
 import attrs
 
+from inference_server.actors.request_streams import merge
 from inference_server.http.chat_output import ChatOutput, ChatOutputSpec, join_deltas
 from inference_server.http.errors import ApiError, from_unsuccessful_finish
 from inference_server.http.sse import dumps, event, json_string, raw_event
@@ -88,23 +95,24 @@ def completion_logprobs(tokens: Sequence[TokenOutput], state: AppState, offset: 
 
 
 def _echoed_logprobs(prompt: Sequence[PromptTokenLogprob], tokens: Sequence[TokenOutput],
-                     state: AppState) -> dict[str, Any]:
+                     state: AppState, options: OutputOptions = NO_OPTIONS) -> dict[str, Any]:
     """The completions ``logprobs`` object with the prompt's tokens first (OpenAI's ``echo``): the first
     prompt token's logprob and top dict are ``null``; each other top dict holds the top-n and the prompt
-    token. ``text_offset`` counts every token's string from 0, prompt then output (vLLM's rule)."""
-    text = state.token_text
+    token. ``text_offset`` counts every token's string from 0, prompt then output (vLLM's rule); tokens are
+    named as ``options`` say (``token_id:N`` with ``return_tokens_as_token_ids``)."""
+    name = options.token_text(state)
     tokens_out, token_logprobs, top, offsets, offset = [], [], [], [], 0
     for entry in prompt:
-        tokens_out.append(text(entry.token_id))
+        tokens_out.append(name(entry.token_id))
         token_logprobs.append(entry.logprob)
         ranked: dict[str, float] | None = None
         if entry.logprob is not None:
-            ranked = {text(token_id): logprob for token_id, logprob in entry.top_logprobs}
-            ranked.setdefault(text(entry.token_id), entry.logprob)
+            ranked = {name(token_id): logprob for token_id, logprob in entry.top_logprobs}
+            ranked.setdefault(name(entry.token_id), entry.logprob)
         top.append(ranked)
         offsets.append(offset)
-        offset += len(tokens_out[-1])
-    completion = completion_logprobs(tokens, state, offset)
+        offset += len(state.token_text(entry.token_id))
+    completion = completion_logprobs(tokens, state, offset, options)
     return {"tokens": tokens_out + completion["tokens"],
             "token_logprobs": token_logprobs + completion["token_logprobs"],
             "top_logprobs": top + completion["top_logprobs"], "text_offset": offsets + completion["text_offset"]}
@@ -176,8 +184,10 @@ class _ChunkEncoder:
 
     def __init__(self, state: AppState, response_id: str, prompt_tokens: Sequence[int], n: int, *,
                  with_logprobs: bool, include_usage: bool, continuous_usage: bool,
-                 options: OutputOptions = NO_OPTIONS) -> None:
+                 options: OutputOptions = NO_OPTIONS, min_characters: int = 0) -> None:
         self.state = state
+        self.min_characters = min_characters
+        self._held: list[RequestUpdate | None] = [None] * len(prompt_tokens)
         self.options = options
         self._prompt_ids_sent = [False] * len(prompt_tokens)
         self.choices = _Choices(prompt_tokens, n)
@@ -191,6 +201,20 @@ class _ChunkEncoder:
         # parts around the text: no dict and no ``dumps`` per event.
         self._plain = not (with_logprobs or continuous_usage or options.token_ids or options.chat_output)
         self._plain_tail = "]" + (',"usage":null' if include_usage else "") + "}"
+
+    def _release(self, index: int, update: RequestUpdate) -> RequestUpdate | None:
+        """``update`` with whatever ``min_characters`` held of choice ``index`` before it, once the text
+        reaches ``min_characters`` or the choice finishes; ``None`` while it is held (nothing to send)."""
+        if not self.min_characters:
+            return update
+        held = self._held[index]
+        if held is not None:
+            update = merge(held, update)
+        if update.finished or sum(len(t.text) for t in update.tokens) >= self.min_characters:
+            self._held[index] = None
+            return update
+        self._held[index] = update
+        return None
 
     def _chunk(self, choice: dict[str, Any] | None, index: int) -> bytes:
         tail = "]"
@@ -218,13 +242,26 @@ class CompletionEncoder(_ChunkEncoder):
 
     object_name = "text_completion"
 
+    def __init__(self, *args: Any, echo_prompts: Sequence[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.echo_prompts = echo_prompts
+        self._echo_pending = [echo_prompts is not None] * len(self.choices.prompt_tokens)
+        self._echo_offset = [0] * len(self.choices.prompt_tokens)  # the prompt's token strings, for text_offset
+
     def opening(self) -> bytes:
         return b""
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
+        released = self._release(index, update)
+        if released is None:
+            return b""
+        update = released
         offset = self.choices.record(index, update)
         if not update.tokens and not update.finished:
             return b""
+        if self._echo_pending[index]:
+            return self._echo_chunk(index, update)
+        offset += self._echo_offset[index]
         if self._plain and not update.finished:
             text = json_string("".join([t.text for t in update.tokens]))
             return raw_event(f'{self._head}{{"index":{index},"text":{text},"logprobs":null,"finish_reason":null}}'
@@ -240,14 +277,31 @@ class CompletionEncoder(_ChunkEncoder):
                 choice["prompt_token_ids"] = list(self.options.prompt_token_ids[index])
         return self._chunk(choice, index)
 
+    def _echo_chunk(self, index: int, update: RequestUpdate) -> bytes:
+        """A choice's first chunk under ``echo``: its prompt, then its text (and logprobs, prompt first)."""
+        assert self.echo_prompts is not None
+        self._echo_pending[index] = False
+        prompt = update.prompt_logprobs or ()
+        self._echo_offset[index] = sum(len(self.state.token_text(entry.token_id)) for entry in prompt)
+        logprobs = _echoed_logprobs(prompt, update.tokens, self.state, self.options) if self.with_logprobs \
+            else None
+        choice = {"index": index, "text": self.echo_prompts[index] + "".join(t.text for t in update.tokens),
+                  "logprobs": logprobs, "finish_reason": update.finish_reason}
+        if self.options.token_ids:
+            choice["token_ids"] = [t.token_id for t in update.tokens]
+            self._prompt_ids_sent[index] = True
+            choice["prompt_token_ids"] = list(self.options.prompt_token_ids[index])
+        return self._chunk(choice, index)
+
 
 class ChatEncoder(_ChunkEncoder):
     """``chat.completion.chunk`` chunks for ``/v1/chat/completions``."""
 
     object_name = "chat.completion.chunk"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, echo: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.echo = echo
         self._outputs: dict[int, ChatOutput] = {}  # per choice, with ``options.chat_output``
 
     def opening(self) -> bytes:
@@ -259,9 +313,16 @@ class ChatEncoder(_ChunkEncoder):
                 ids = dumps(list(self.options.prompt_token_ids[0]))
                 chunk = chunk.replace(b',"choices":[', b',"prompt_token_ids":' + ids.encode() + b',"choices":[', 1)
             chunks.append(chunk)
+            if self.echo:  # vLLM's echo: the continued message's text, before anything generated
+                chunks.append(self._chunk({"index": index, "delta": {"content": self.echo}, "logprobs": None,
+                                           "finish_reason": None}, index))
         return b"".join(chunks)
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
+        released = self._release(index, update)
+        if released is None:
+            return b""
+        update = released
         self.choices.record(index, update)
         text = "".join([t.text for t in update.tokens])
         if self.options.chat_output is not None:
@@ -319,7 +380,7 @@ def completion_response(state: AppState, response_id: str, results: Sequence[Req
         echoed = echo_prompts[index] if echo_prompts is not None else ""
         logprobs = None
         if with_logprobs and echo_prompts is not None:
-            logprobs = _echoed_logprobs(result.prompt_logprobs or (), result.tokens, state)
+            logprobs = _echoed_logprobs(result.prompt_logprobs or (), result.tokens, state, options)
         elif with_logprobs:
             logprobs = completion_logprobs(result.tokens, state, 0, options)
         choice = {"index": index, "text": echoed + "".join(t.text for t in result.tokens), "logprobs": logprobs,
@@ -336,7 +397,11 @@ def completion_response(state: AppState, response_id: str, results: Sequence[Req
 
 def chat_response(state: AppState, response_id: str, results: Sequence[RequestUpdate],
                   prompt_tokens: Sequence[int], n: int, *, with_logprobs: bool,
-                  options: OutputOptions = NO_OPTIONS) -> dict[str, Any]:
+                  options: OutputOptions = NO_OPTIONS, echo: str = "",
+                  with_prompt_logprobs: bool = False) -> dict[str, Any]:
+    """The whole chat body; ``echo`` starts every reply's content (vLLM's chat ``echo``);
+    ``with_prompt_logprobs`` adds vLLM's top-level ``prompt_logprobs`` (the prompt is the same for every
+    choice)."""
     choices = _Choices(prompt_tokens, n)
     out = []
     for index, result in enumerate(results):
@@ -349,8 +414,10 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
             message = output.message(text)
             if finish_reason == "stop" and output.called:
                 finish_reason = "tool_calls"
+            if echo:  # the continued message's text comes first, as it was sent
+                message["content"] = echo + (message.get("content") or "")
         else:
-            message = {"role": "assistant", "content": text}
+            message = {"role": "assistant", "content": echo + text}
         choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         if options.token_ids:
             choice["token_ids"] = [t.token_id for t in result.tokens]
@@ -359,4 +426,6 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
             "choices": out, "usage": choices.total_usage()}
     if options.token_ids and options.prompt_token_ids:
         body["prompt_token_ids"] = list(options.prompt_token_ids[0])
+    if with_prompt_logprobs:
+        body["prompt_logprobs"] = vllm_prompt_logprobs(results[0].prompt_logprobs or (), state) if results else []
     return body

@@ -52,6 +52,9 @@ LogitBiasInput = dict[str, float] | None
 class StreamOptions:
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
+    min_characters: int | None = None
+    """Hold a choice's streamed text until at least this many characters are buffered (the last chunk carries
+    the rest); also accepted as the body's top-level ``min_characters``, as vLLM's tests send it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -81,6 +84,9 @@ class SamplingFields:
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    truncation_side: str | None = None
+    """vLLM's: with ``truncate_prompt_tokens``, ``left`` (the default) keeps the last tokens, ``right`` the
+    first."""
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +104,8 @@ class OpenAIOutputFields(SamplingFields):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     response_format: ResponseFormat | None = None
+    min_characters: int | None = None
+    """vLLM's tests send it here; the same as ``stream_options.min_characters``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -220,6 +228,10 @@ class ChatCompletionRequest(OpenAIOutputFields):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: Any = None
+    prompt_logprobs: int | None = None
+    echo: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
 
 
 UNSUPPORTED_FIELDS: dict[str, str] = {
@@ -296,11 +308,14 @@ def _structure_logit_bias(value: Any, _: Any) -> LogitBiasInput:
         return None
     if not isinstance(value, dict):
         raise TypeError(f"expected an object mapping token ids to numbers, got {_describe(value)}")
+    problems = []
     for key, bias in value.items():
         try:
             _structure_float(bias, float)
         except TypeError as error:
-            raise TypeError(f"the bias of token {key!r}: {error}") from None
+            problems.append(f"the bias of token {key!r}: {error}")
+    if problems:  # every bad entry, not only the first
+        raise TypeError("; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else ""))
     return {key: float(bias) for key, bias in value.items()}
 
 
@@ -502,6 +517,7 @@ class TokenizeRequest:
     messages: list[ChatMessageInput] | None = None
     model: str | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
 

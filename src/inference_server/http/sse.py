@@ -104,6 +104,8 @@ def split_tokens(update: RequestUpdate) -> list[RequestUpdate]:
     if len(update.tokens) <= 1:
         return [update]
     parts = [RequestUpdate(request_id=update.request_id, tokens=(token,)) for token in update.tokens[:-1]]
+    parts[0] = RequestUpdate(request_id=update.request_id, tokens=parts[0].tokens,
+                             prompt_logprobs=update.prompt_logprobs)  # they go out with the first token
     last = RequestUpdate(
         request_id=update.request_id, tokens=update.tokens[-1:], finish_reason=update.finish_reason,
         stop_reason=update.stop_reason, error=update.error, prompt_tokens=update.prompt_tokens,

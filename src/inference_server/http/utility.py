@@ -3,13 +3,16 @@
 Shapes are vLLM's, so its clients and scripts work unchanged:
 
 * ``/tokenize`` takes a ``prompt`` (``add_special_tokens`` default true) or chat ``messages`` rendered with
-  the served chat template (``add_generation_prompt`` default true, ``add_special_tokens`` default false,
-  since the template writes them); it answers ``{"count", "max_model_len", "tokens", "token_strs"}``, where
+  the served chat template (``add_generation_prompt`` default true unless ``continue_final_message``,
+  ``add_special_tokens`` default false, since the template writes them; ``continue_final_message`` as on chat:
+  the final message is the assistant's and stays open, and both flags true is a 400); it answers
+  ``{"count", "max_model_len", "tokens", "token_strs"}``, where
   ``token_strs`` (each id's vocabulary string, e.g. ``▁Paris``) is null unless ``return_token_strs``. The ids
   equal what a generation request with that prompt would run on.
 * ``/detokenize`` takes ``tokens`` and answers ``{"prompt": text}``; an id outside the vocabulary is a 400
   naming the value, its index and the vocabulary size.
-* ``/tokenizer_info`` describes the tokenizer and where its exported Hugging Face folder is.
+* ``/tokenizer_info`` describes the tokenizer (not where its exported folder lies: no route reports a server
+  path; the operator sees it in the start-up log).
 * ``/version`` is ``{"version": <package version>}``.
 
 Bodies are parsed as strictly as every other route (``http/schemas.py``); ``model``, when given, must be a
@@ -23,6 +26,7 @@ from typing import Any
 
 from quart import Response
 
+from inference_server.http.convert import chat_prompt_flags
 from inference_server.http.errors import invalid_request, model_not_found
 from inference_server.http.openai import _chat_message
 from inference_server.http.responses import json_response, read_body
@@ -54,16 +58,19 @@ class UtilityRoutes:
             messages = [_chat_message(m, i) for i, m in enumerate(body.messages)]
             if not messages:
                 raise invalid_request("messages must not be empty", "messages")
-            add_generation_prompt = body.add_generation_prompt is not False
+            add_generation_prompt, continue_final = chat_prompt_flags(
+                body.add_generation_prompt, body.continue_final_message, messages[-1].role)
             try:
                 text = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
-                                                     add_generation_prompt=add_generation_prompt, tokenize=False)
+                                                     add_generation_prompt=add_generation_prompt, tokenize=False,
+                                                     continue_final_message=continue_final)
             except Exception as error:  # a template error is the request's problem, as on chat
                 raise invalid_request(f"cannot apply the chat template: {error}", "messages") from None
             add_special_tokens = body.add_special_tokens is True
         else:
-            if body.add_generation_prompt is not None:
-                raise invalid_request("add_generation_prompt applies to messages only", "add_generation_prompt")
+            for field in ("add_generation_prompt", "continue_final_message"):
+                if getattr(body, field) is not None:
+                    raise invalid_request(f"{field} applies to messages only", field)
             assert body.prompt is not None
             text, add_special_tokens = body.prompt, body.add_special_tokens is not False
         tokens = tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -96,8 +103,7 @@ class UtilityRoutes:
             "eos_token_ids": sorted(info.eos_token_ids),
             "chat_template": tokenizer.chat_template,
             "turn_markers": list(self.state.chat_stops.strings),
-            "path": info.tokenizer_folder or None,
-        }
+        }  # not the exported folder's path: no route tells clients the server's file layout
         return json_response(payload)
 
     async def version(self) -> Response:

@@ -280,11 +280,13 @@ class Tokenizer:
 
     @overload
     def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
-                            tokenize: Literal[True] = True, **template_kwargs: Any) -> list[int]: ...
+                            tokenize: Literal[True] = True, continue_final_message: bool = False,
+                            **template_kwargs: Any) -> list[int]: ...
 
     @overload
     def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
-                            tokenize: Literal[False], **template_kwargs: Any) -> str: ...
+                            tokenize: Literal[False], continue_final_message: bool = False,
+                            **template_kwargs: Any) -> str: ...
 
     def apply_chat_template(
         self,
@@ -292,15 +294,22 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         *,
         tokenize: bool = True,
+        continue_final_message: bool = False,
         **template_kwargs: Any,
     ) -> list[int] | str:
         """Render ``messages`` with the chat template; token ids (no special tokens added) or the text.
 
+        ``continue_final_message`` (transformers' rule, for assistant prefill): the text ends right after the
+        final message's content, without the end of its turn, so the model continues that message; it
+        excludes ``add_generation_prompt``.
+
         Raises ``ChatTemplateError`` when there is no template or the template raises.
         """
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set")
         if self._chat_template is None:
             raise ChatTemplateError(
-                f"{self.name} has no chat template (likely a base model), so chat requests cannot be "
+                "this model's tokenizer has no chat template (likely a base model), so chat requests cannot be "
                 "formatted; use a plain-text completion or supply a chat template"
             )
         context = {key: value for key, value in self._special_tokens.items() if value is not None}
@@ -312,7 +321,10 @@ class Tokenizer:
                 **context,
             )
         except jinja2.TemplateError as error:
-            raise ChatTemplateError(f"chat template of {self.name} failed: {error}") from error
+            # (not naming self.name: it is a path on the server's disk, and this message reaches clients)
+            raise ChatTemplateError(f"the chat template failed: {error}") from error
+        if continue_final_message:
+            text = _open_final_message(text, messages[-1]["content"] if messages else "")
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     @cached_property
@@ -321,13 +333,29 @@ class Tokenizer:
         try:
             return _template_environment().from_string(self._chat_template)
         except jinja2.TemplateSyntaxError as error:
-            raise ChatTemplateError(f"chat template of {self.name} does not parse: {error}") from error
+            raise ChatTemplateError(f"the chat template does not parse: {error}") from error
 
     def _token_id(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _open_final_message(text: str, final: Any) -> str:
+    """``text`` (a rendered chat) cut right after the final message's content, so that message stays open.
+
+    As transformers does: the content's last occurrence is found; when the template trimmed the content's
+    trailing whitespace, the cut keeps the trimmed form."""
+    if not isinstance(final, str) or not final.strip():
+        raise ChatTemplateError("continue_final_message needs a final message with text to continue")
+    stripped = final.strip()
+    if stripped not in text:
+        raise ChatTemplateError("continue_final_message: the final message does not appear in the rendered chat")
+    start = text.rindex(stripped)
+    kept = final.lstrip()
+    end = start + len(kept) if text[start:start + len(kept)] == kept else start + len(stripped)
+    return text[:end]
 
 
 def _read_json(path: Path) -> dict[str, Any]:

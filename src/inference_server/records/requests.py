@@ -63,7 +63,13 @@ class GenerationRequest:
     trace_id: str | None = None
     cache_salt: str | None = None
     truncate_prompt_tokens: int | None = None
-    """Keep only the last N prompt tokens (after tokenising / templating); -1 = the context length."""
+    """Keep only N prompt tokens (after tokenising / templating); -1 = the context length."""
+    truncation_side: Literal["left", "right"] = "left"
+    """Which end ``truncate_prompt_tokens`` cuts: ``left`` keeps the last N tokens, ``right`` the first N."""
+    add_generation_prompt: bool = True
+    """Chat: the template opens the reply's turn (its generation prompt)."""
+    continue_final_message: bool = False
+    """Chat: the final message is left open (no end-of-turn after it) for the model to continue (prefill)."""
     tools: tuple[Mapping[str, Any], ...] | None = None
     """Chat only: the tool definitions (OpenAI's ``{"type": "function", "function": {...}}``) passed to the
     chat template as ``tools=``, as transformers' ``apply_chat_template`` does; None: no ``tools`` variable."""

@@ -126,15 +126,19 @@ class SamplingParams:
         return tuple(sorted({*eos, *self.stop_token_ids}))
 
     def validate_vocabulary(self, vocab_size: int) -> None:
-        """Raise ``RequestError`` naming the first token id (``stop_token_ids``, ``logit_bias`` key or
-        ``allowed_token_ids``) outside ``[0, vocab_size)``."""
+        """Raise ``RequestError`` naming the token ids of the first field (``stop_token_ids``, ``logit_bias``
+        keys or ``allowed_token_ids``) that holds ids outside ``[0, vocab_size)``: every such id of that field
+        (up to 20 by name), so a client fixes them in one round trip."""
         groups = (("stop_token_ids", self.stop_token_ids), ("logit_bias", [i for i, _ in self.logit_bias]),
                   ("allowed_token_ids", self.allowed_token_ids or ()))
         for field, ids in groups:
-            bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-            if bad is not None:
-                raise RequestError("invalid_request", f"{field}: token id {bad} is outside the vocabulary "
-                                   f"[0, {vocab_size}) (vocabulary size {vocab_size})", field)
+            bad = [i for i in ids if not 0 <= i < vocab_size]
+            if bad:
+                named = ", ".join(map(str, bad[:20])) + (f" and {len(bad) - 20} more" if len(bad) > 20 else "")
+                plural = "s" if len(bad) > 1 else ""
+                raise RequestError("invalid_request", f"{field}: token id{plural} {named} "
+                                   f"{'are' if plural else 'is'} outside the vocabulary [0, {vocab_size}) "
+                                   f"(vocabulary size {vocab_size})", field)
 
     def validate(self) -> None:
         """Raise ``RequestError`` naming the first field out of its accepted range (vLLM's ranges)."""
