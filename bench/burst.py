@@ -32,6 +32,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import trio
@@ -39,6 +40,9 @@ import trio
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.supervisor import EngineParts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the tests' fake engine
+from tests.fake_engine import FakeEngine
 
 VOCAB_SIZE = 262144
 BLOCK_SIZE = 16
@@ -59,15 +63,10 @@ def fake_parts(clients: int, max_model_len: int) -> EngineParts:
     from inference_server.config import Settings
     from inference_server.models.loading.embedded import embedded_gguf_path
     from inference_server.models.tokenizer import Tokenizer
-    from inference_server.records.steps import SampledToken, StepPlan, StepResult
 
     cache_dir = Settings().resolved_cache_dir()
     tokenizer = Tokenizer.from_gguf(embedded_gguf_path(cache_dir), cache_dir=cache_dir)
-
-    async def step(plan: StepPlan) -> StepResult:
-        tokens = tuple(SampledToken(s.request_id, 506 + (s.cached_len + len(s.token_ids)) % 1000, -1.0)
-                       for s in plan.sequences if s.sample)
-        return StepResult(plan.step_id, tokens, plan.num_tokens, 0.0)
+    step = FakeEngine(token=lambda length, _last: 506 + length % 1000, check_contiguous=False, keep_plans=False)
 
     return EngineParts(
         step=step, kv=gemma_like_kv(), tokenizer=tokenizer, max_model_len=max_model_len, vocab_size=VOCAB_SIZE,

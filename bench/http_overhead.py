@@ -45,6 +45,9 @@ import trio
 from inference_server.config import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the tests' fake engine
+from tests.fake_engine import FakeEngine
+
 from sse_client import SSEConnection
 
 if TYPE_CHECKING:
@@ -81,25 +84,20 @@ def _small_send_buffers() -> None:
 
 def fake_parts(max_streams: int, step_ms: float, stream_interval: int = 1,
                stream_interval_ms: float = 100.0) -> EngineParts:
-    """Engine parts around a step function that costs no CPU: one token per sampled sequence, at once.
+    """Engine parts around the tests' fake engine (``tests/fake_engine.py``) as a step that costs no CPU: one token
+    per sampled sequence, at once.
     ``step_ms`` > 0 makes each step take that long off the event loop (like a GPU step, which the executor
     runs in a worker thread while the loop keeps serving HTTP)."""
     from inference_server.core.kv_manager import KVManager
     from inference_server.core.scheduler import SchedulerConfig
     from inference_server.models.loading.embedded import embedded_gguf_path
     from inference_server.models.tokenizer import Tokenizer
-    from inference_server.records.steps import SampledToken, StepResult
     from inference_server.supervisor import EngineParts
 
     cache_dir = Settings().resolved_cache_dir()
     tokenizer = Tokenizer.from_gguf(embedded_gguf_path(cache_dir), cache_dir=cache_dir)
-
-    async def step(plan: StepPlan) -> StepResult:
-        if step_ms:
-            await trio.sleep(step_ms / 1000)
-        tokens = tuple(SampledToken(s.request_id, WORD_IDS[(s.cached_len + len(s.token_ids)) % len(WORD_IDS)], -1.0)
-                       for s in plan.sequences if s.sample)
-        return StepResult(plan.step_id, tokens, plan.num_tokens, 0.0)
+    step = FakeEngine(step_ms / 1000, token=lambda length, _last: WORD_IDS[length % len(WORD_IDS)],
+                      check_contiguous=False, keep_plans=False)
 
     return EngineParts(
         step=positional_pipeline(step), kv=KVManager(block_size=16, num_full_blocks=16384), tokenizer=tokenizer,

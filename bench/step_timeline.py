@@ -14,10 +14,10 @@ collected): per step, the graph's span, every device operation outside the graph
 the device's idle time, from the profiler's trace (a kernel belongs to the graph when its launch is the
 ``cudaGraphLaunch``). A line ``BENCH {"kind": "step_timeline", ...}`` each.
 
-Each ``--ablations`` entry (``bench/ablate_decode.py``'s names, ``none`` for the engine as it is) and each
-``--variants`` entry (``engine_bench.VARIANTS``) is one runner; a line ``BENCH {"kind": "timeline", ...}`` each.
+Each ``--variants`` entry (``engine_bench.VARIANTS``; ``after`` for the engine as it is) is one runner; a line
+``BENCH {"kind": "timeline", ...}`` each.
 
-  python3 bench/step_timeline.py --model gemma-4-31b --quantization int8 --ablations none,no-attention --out $OUT/tl
+  python3 bench/step_timeline.py --model gemma-4-31b --quantization int8 --variants after --out $OUT/tl
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ablate_decode
 import engine_bench
 
 CONTEXT, STEPS = 512, 24
@@ -167,8 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--ablations", default="none")
-    ap.add_argument("--variants", default="", help="engine_bench.VARIANTS entries, each also timed")
+    ap.add_argument("--variants", default="after", help="engine_bench.VARIANTS entries, each timed")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--quantization", default="none", choices=("none", "int8"))
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -188,16 +186,12 @@ def main() -> None:
         return original(runner, batch, *args, **kwargs)
 
     engine_bench.kernel_times = with_timeline
-    runs = [(name, "ablation") for name in a.ablations.split(",") if name] + \
-        [(name, "variant") for name in a.variants.split(",") if name]
     current = [""]
     device = torch.device("cuda")
-    for name, kind in runs:
+    for name in (name for name in a.variants.split(",") if name):
         current[0] = name
-        engine_bench.VARIANTS.setdefault(name, {})
-        with ablate_decode.ablated(name if kind == "ablation" else "none"):
-            engine_bench.bench_decode(a.model, a.model, [a.batch], CONTEXT, STEPS, a.out, device, (name,), 3,
-                                      a.quantization, (a.batch,), max_model_len=a.max_model_len)
+        engine_bench.bench_decode(a.model, a.model, [a.batch], CONTEXT, STEPS, a.out, device, (name,), 3,
+                                  a.quantization, (a.batch,), max_model_len=a.max_model_len)
 
 
 if __name__ == "__main__":

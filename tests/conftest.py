@@ -29,7 +29,46 @@ if not _cuda_available():
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the tests marked slow (the rest of each sweep), whatever -m selects")
+
+
+SWEEP_DIRECTORIES = (Path(__file__).resolve().parent / "kernels",)
+"""Every parametrized test under these is a ``sweep``: the kernels' tests run each kernel over shapes, dtypes and
+configs (in the Triton interpreter without CUDA), and one case per test is what the default run needs."""
+
+
+def _is_sweep_case(item: pytest.Item) -> bool:
+    """A ``sweep`` test's case other than its first: some parameter is not the first of its list. Chosen by
+    parameter index, not by collection order, so the representative case is the same in every run."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or not any(index != 0 for index in callspec.indices.values()):
+        return False
+    return item.get_closest_marker("sweep") is not None or any(
+        directory in item.path.parents for directory in SWEEP_DIRECTORIES)
+
+
+def _slow_selected(config: pytest.Config) -> bool:
+    """Whether slow tests run: ``--run-slow``, or an ``-m`` expression that names ``slow`` without negating it
+    (``-m slow``, ``-m "gpu and slow"``). Decided here rather than by an ``-m 'not slow'`` in addopts because
+    the last ``-m`` wins in pytest: ``-m gpu`` on the command line would bring the slow sweeps back."""
+    expression = config.option.markexpr or ""
+    return bool(config.getoption("--run-slow")) or ("slow" in expression and "not slow" not in expression)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each sweep's cases but the first ``slow`` (before ``-m`` selects), deselect ``slow`` tests unless
+    asked for, and skip ``gpu`` tests without CUDA."""
+    for item in items:
+        if _is_sweep_case(item):
+            item.add_marker(pytest.mark.slow)
+    if not _slow_selected(config):
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -1,4 +1,5 @@
-"""Engines for actor tests: a deterministic in-loop fake executor, or the real CPU runner on a tiny model."""
+"""Engines for actor tests: the fake engine (``tests/fake_engine.py``) as an in-loop executor, or the real CPU
+runner on a tiny model."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-import trio
+from tests.fake_engine import FakeEngine
 
 from inference_server.actors.executor import RunnerPipeline
 from inference_server.backends.model_runner import ModelRunner
@@ -16,42 +17,10 @@ from inference_server.core.scheduler import SchedulerConfig
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
-from inference_server.records.steps import SampledToken, StepPlan, StepResult
 from inference_server.supervisor import EngineParts
 
 BLOCK = 4
 VOCAB = 512
-
-
-def fake_token(length: int, last_token: int) -> int:
-    return (last_token * 31 + length * 7) % 97 + 3
-
-
-class FakeStep:
-    """An in-loop executor: each step takes ``step_seconds`` of (mock) time and answers deterministically.
-
-    ``plans`` records every plan; ``fail_at`` makes the step with that id raise (an executor crash).
-    """
-
-    def __init__(self, step_seconds: float = 0.01, fail_at: int | None = None) -> None:
-        self.step_seconds = step_seconds
-        self.fail_at = fail_at
-        self.plans: list[StepPlan] = []
-        self.gate: trio.Event | None = None  # when set, steps wait for it (a stalled executor)
-
-    async def __call__(self, plan: StepPlan) -> StepResult:
-        self.plans.append(plan)
-        if self.gate is not None:
-            await self.gate.wait()
-        await trio.sleep(self.step_seconds)
-        if self.fail_at is not None and plan.step_id >= self.fail_at:
-            raise RuntimeError("injected executor failure")
-        tokens = []
-        for seq in plan.sequences:
-            if seq.sample:
-                length = seq.cached_len + len(seq.token_ids)
-                tokens.append(SampledToken(seq.request_id, fake_token(length, seq.token_ids[-1]), -1.0))
-        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, self.step_seconds)
 
 
 def fake_parts(step: Callable, *, num_blocks: int = 256, **overrides) -> EngineParts:
@@ -105,5 +74,6 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def fake_step() -> FakeStep:
-    return FakeStep()
+def fake_step() -> FakeEngine:
+    """The fake engine as an in-loop executor step of 10 ms (mock time)."""
+    return FakeEngine(step_seconds=0.01)

@@ -7,6 +7,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from tests.fake_engine import FakeEngine
 
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.core.kv_manager import KVManager
@@ -17,7 +18,7 @@ from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts, EngineState
 
-from .conftest import FakeStep, fake_parts, tiny_model_parts
+from .conftest import fake_parts, tiny_model_parts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 
@@ -46,14 +47,14 @@ def assert_kv_clean(engine: Engine) -> None:
     assert len(engine.streams) == 0
 
 
-async def test_requests_complete_and_kv_is_freed(fake_step: FakeStep) -> None:
+async def test_requests_complete_and_kv_is_freed(fake_step: FakeEngine) -> None:
     engine, results = await run_engine(fake_parts(fake_step), [ids_request(10 * i) for i in range(1, 6)])
     assert all(r.finish_reason == "length" and len(r.token_ids) == 6 for r in results)
     assert engine.state is EngineState.STOPPED
     assert_kv_clean(engine)
 
 
-async def test_a_freed_slot_is_refilled_in_the_next_step(fake_step: FakeStep) -> None:
+async def test_a_freed_slot_is_refilled_in_the_next_step(fake_step: FakeEngine) -> None:
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64))
     short = ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=2))
     engine, _ = await run_engine(parts, [short, ids_request(20), ids_request(30)])
@@ -68,7 +69,7 @@ async def test_fair_share_bounds_a_light_sessions_latency(autojump_clock: trio.t
     request lifetimes under fair share, and only after the whole flood under FCFS."""
 
     async def light_latency(policy: str) -> float:
-        step = FakeStep(step_seconds=0.01)
+        step = FakeEngine(step_seconds=0.01)
         parts = fake_parts(step, scheduling_policy=policy,
                            scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64))
         async with trio.open_nursery() as nursery:
@@ -91,7 +92,7 @@ async def test_fair_share_bounds_a_light_sessions_latency(autojump_clock: trio.t
     assert fcfs >= 0.5  # behind the whole flood (20 requests / 2 slots * 7 steps)
 
 
-async def test_priority_orders_admission(fake_step: FakeStep) -> None:
+async def test_priority_orders_admission(fake_step: FakeEngine) -> None:
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
@@ -128,7 +129,7 @@ async def test_preemption_under_a_tiny_pool_keeps_greedy_outputs(backend: str) -
     assert_kv_clean(tight_engine)
 
 
-async def test_admission_deadline_ends_unstarted_requests_with_timeout(fake_step: FakeStep) -> None:
+async def test_admission_deadline_ends_unstarted_requests_with_timeout(fake_step: FakeEngine) -> None:
     parts = fake_parts(fake_step, admission_timeout=1.0,
                        scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
     fake_step.step_seconds = 0.5  # the first request holds the only slot for 3 s
@@ -138,7 +139,7 @@ async def test_admission_deadline_ends_unstarted_requests_with_timeout(fake_step
     assert_kv_clean(engine)
 
 
-async def test_full_inbox_rejects_at_once_as_overloaded(fake_step: FakeStep) -> None:
+async def test_full_inbox_rejects_at_once_as_overloaded(fake_step: FakeEngine) -> None:
     """With the executor stalled, requests back up: the scheduler's inbox (1) fills, admission blocks
     sending on, the admission inbox (1) fills, and the next submission is refused at once."""
     parts = fake_parts(fake_step, max_queue_size=1,
@@ -160,7 +161,7 @@ async def test_full_inbox_rejects_at_once_as_overloaded(fake_step: FakeStep) -> 
     assert_kv_clean(engine)
 
 
-async def test_invalid_requests_are_rejected_before_queueing(fake_step: FakeStep) -> None:
+async def test_invalid_requests_are_rejected_before_queueing(fake_step: FakeEngine) -> None:
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
         too_long = engine.submit(GenerationRequest(params=GREEDY, prompt_ids=(7,) * 510))
@@ -174,7 +175,7 @@ async def test_invalid_requests_are_rejected_before_queueing(fake_step: FakeStep
     assert not fake_step.plans
 
 
-async def test_closing_the_stream_aborts_within_one_step_and_frees_kv(fake_step: FakeStep) -> None:
+async def test_closing_the_stream_aborts_within_one_step_and_frees_kv(fake_step: FakeEngine) -> None:
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
         handle = engine.submit(ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=400)))
@@ -190,7 +191,7 @@ async def test_closing_the_stream_aborts_within_one_step_and_frees_kv(fake_step:
 
 
 async def test_an_actor_crash_ends_every_request_with_an_error_and_nothing_hangs() -> None:
-    step = FakeStep(fail_at=3)
+    step = FakeEngine(0.01, fail_at=3)
     engine = Engine(fake_parts(step))
     results: dict[int, Completion] = {}
 
@@ -210,7 +211,7 @@ async def test_an_actor_crash_ends_every_request_with_an_error_and_nothing_hangs
 
 
 async def test_an_actor_crash_delivers_a_terminal_error_to_each_stream() -> None:
-    step = FakeStep(fail_at=3)
+    step = FakeEngine(0.01, fail_at=3)
     engine = Engine(fake_parts(step))
     handles = []
     with trio.fail_after(10), pytest.raises(BaseExceptionGroup):
@@ -227,7 +228,7 @@ async def test_an_actor_crash_delivers_a_terminal_error_to_each_stream() -> None
     assert len(engine.streams) == 0
 
 
-async def test_drain_gives_in_flight_requests_a_terminal_event(fake_step: FakeStep) -> None:
+async def test_drain_gives_in_flight_requests_a_terminal_event(fake_step: FakeEngine) -> None:
     fake_step.step_seconds = 1.0
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(fake_parts(fake_step)).run)
@@ -275,7 +276,7 @@ async def test_a_shared_prefix_is_computed_once_with_identical_outputs() -> None
     assert_kv_clean(engine)
 
 
-async def test_active_kv_token_cap_holds_requests_back(fake_step: FakeStep) -> None:
+async def test_active_kv_token_cap_holds_requests_back(fake_step: FakeEngine) -> None:
     """With MAX_ACTIVE_KV_TOKENS room for about one request, requests run one at a time."""
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=8, max_num_batched_tokens=64,
                                                                    max_active_kv_tokens=12))
@@ -288,7 +289,7 @@ async def test_active_kv_token_cap_holds_requests_back(fake_step: FakeStep) -> N
 async def test_queued_token_cap_rejects_as_overloaded(autojump_clock: trio.testing.MockClock) -> None:
     """One slot, slow steps: while request 1 runs, requests 2 and 3 wait (10 prompt tokens queued), so
     request 4 (5 more) would exceed MAX_QUEUED_TOKENS=12 and is refused as overloaded."""
-    step = FakeStep(step_seconds=1.0)
+    step = FakeEngine(step_seconds=1.0)
     parts = fake_parts(step, max_queued_tokens=12,
                        scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
     async with trio.open_nursery() as nursery:

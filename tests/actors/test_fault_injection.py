@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from tests.fake_engine import FakeEngine
 
 from inference_server.actors.fault_step import faulty_step
 from inference_server.core.fault_wrappers import refusing_allocator
@@ -19,7 +20,7 @@ from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineState
 
-from .conftest import FakeStep, fake_parts
+from .conftest import fake_parts
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -46,13 +47,13 @@ async def timed_run(parts, reqs) -> tuple[Engine, list[Completion], float]:
 
 
 def test_no_faults_leaves_the_parts_untouched() -> None:
-    parts = fake_parts(FakeStep())
+    parts = fake_parts(FakeEngine(0.01))
     assert with_faults(parts, parse_faults("")) is parts
     assert with_faults(parts, parse_faults("seed=4,step_error=0")) is parts
 
 
 def test_only_the_configured_wrappers_are_installed() -> None:
-    parts = fake_parts(FakeStep())
+    parts = fake_parts(FakeEngine(0.01))
     stepped = with_faults(parts, parse_faults("step_delay=0.5:0.1"))
     assert stepped.step is not parts.step and stepped.allocate is allocate_step
     refused = with_faults(parts, parse_faults("alloc_refuse=0.5"))
@@ -62,7 +63,7 @@ def test_only_the_configured_wrappers_are_installed() -> None:
 
 async def test_a_step_error_fails_the_engine_and_ends_every_stream_with_one_error(
         autojump_clock: trio.testing.MockClock) -> None:
-    step = FakeStep()
+    step = FakeEngine(0.01)
     decisions = FaultDecisions(FaultSpec(step_error=0.2, seed=6))  # the 8th step fails
     engine = Engine(fake_parts(faulty_step(step, decisions)))
     handles = []
@@ -86,9 +87,9 @@ async def test_a_step_error_fails_the_engine_and_ends_every_stream_with_one_erro
 async def test_allocator_refusals_delay_requests_but_lose_none(autojump_clock: trio.testing.MockClock) -> None:
     config = SchedulerConfig(max_batch_size=8, max_num_batched_tokens=64)
     clean_engine, clean, clean_time = await timed_run(
-        fake_parts(FakeStep(), num_blocks=24, scheduler_config=config), requests(6))
+        fake_parts(FakeEngine(0.01), num_blocks=24, scheduler_config=config), requests(6))
     decisions = FaultDecisions(FaultSpec(alloc_refuse=0.3, seed=2))
-    parts = fake_parts(FakeStep(), num_blocks=24, scheduler_config=config,
+    parts = fake_parts(FakeEngine(0.01), num_blocks=24, scheduler_config=config,
                        allocate=refusing_allocator(allocate_step, decisions))
     engine, faulted, faulted_time = await timed_run(parts, requests(6))
     assert decisions.counts["alloc_refuse"] > 0
@@ -100,9 +101,9 @@ async def test_allocator_refusals_delay_requests_but_lose_none(autojump_clock: t
 
 
 async def test_slow_steps_only_slow_things_down(autojump_clock: trio.testing.MockClock) -> None:
-    _, clean, clean_time = await timed_run(fake_parts(FakeStep()), requests(4))
+    _, clean, clean_time = await timed_run(fake_parts(FakeEngine(0.01)), requests(4))
     decisions = FaultDecisions(FaultSpec(step_delay=0.5, step_delay_seconds=2.0, seed=1))
-    engine, slow, slow_time = await timed_run(fake_parts(faulty_step(FakeStep(), decisions)), requests(4))
+    engine, slow, slow_time = await timed_run(fake_parts(faulty_step(FakeEngine(0.01), decisions)), requests(4))
     delayed = decisions.counts["step_delay"]
     assert delayed > 0
     assert [r.token_ids for r in slow] == [r.token_ids for r in clean]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from tests.fake_engine import FakeEngine
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
@@ -28,7 +29,7 @@ from inference_server.records.sampling_params import SamplingParams
 from inference_server.records.steps import StepPlan, StepResult
 from inference_server.supervisor import Engine
 
-from .conftest import FakeStep, fake_parts
+from .conftest import fake_parts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 
@@ -67,7 +68,7 @@ def word_tokenizer() -> Tokenizer:
 # -- finding 1: one request's input never crashes the engine ---------------------------------------------
 
 
-async def test_a_prompt_the_tokenizer_cannot_encode_fails_only_that_request(fake_step: FakeStep) -> None:
+async def test_a_prompt_the_tokenizer_cannot_encode_fails_only_that_request(fake_step: FakeEngine) -> None:
     parts = fake_parts(fake_step, tokenizer=word_tokenizer())
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
@@ -95,7 +96,7 @@ class ExplodingDecodeTokenizer:
         raise RuntimeError("decoder bug")
 
 
-async def test_any_exception_while_preparing_a_request_is_that_requests_error(fake_step: FakeStep) -> None:
+async def test_any_exception_while_preparing_a_request_is_that_requests_error(fake_step: FakeEngine) -> None:
     parts = fake_parts(fake_step, tokenizer=ExplodingDecodeTokenizer())
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
@@ -115,7 +116,7 @@ async def test_a_request_too_big_for_the_sliding_pool_is_refused_and_the_queue_m
         autojump_clock: trio.testing.MockClock) -> None:
     """Window 8, block 4, 4 sliding blocks: a 40-token prompt needs 12 sliding blocks in its prefill step."""
     kv = KVManager(block_size=4, num_full_blocks=256, num_sliding_blocks=4, sliding_window=8)
-    parts = fake_parts(FakeStep(step_seconds=0.01), kv=kv, admission_timeout=5.0)
+    parts = fake_parts(FakeEngine(step_seconds=0.01), kv=kv, admission_timeout=5.0)
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
         too_big = engine.submit(ids_request(10, length=40))
@@ -133,7 +134,7 @@ async def test_a_request_too_big_for_the_sliding_pool_is_refused_and_the_queue_m
 # -- finding 4: every stream entry has one owner and one end ---------------------------------------------
 
 
-async def test_callers_who_leave_at_any_stage_leave_no_stream_entry(fake_step: FakeStep) -> None:
+async def test_callers_who_leave_at_any_stage_leave_no_stream_entry(fake_step: FakeEngine) -> None:
     """Callers leave while their request is in the admission inbox, queued in the scheduler, and running;
     afterwards the engine holds nothing for any of them."""
     parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
@@ -164,7 +165,7 @@ async def test_callers_who_leave_at_any_stage_leave_no_stream_entry(fake_step: F
 async def test_a_request_whose_caller_left_is_in_no_step_that_starts_afterwards(
         autojump_clock: trio.testing.MockClock) -> None:
     started: list[tuple[float, StepPlan]] = []
-    inner = FakeStep(step_seconds=0.1)
+    inner = FakeEngine(step_seconds=0.1)
 
     async def step(plan: StepPlan) -> StepResult:
         started.append((trio.current_time(), plan))
@@ -202,7 +203,7 @@ def frozen_clock() -> trio.testing.MockClock:
 
 
 async def test_an_abort_wakes_an_idle_scheduler_without_any_time_passing(
-        frozen_clock: trio.testing.MockClock, fake_step: FakeStep) -> None:
+        frozen_clock: trio.testing.MockClock, fake_step: FakeEngine) -> None:
     """A waiting request whose caller leaves is gone as soon as the tasks run: the clock never moves here,
     so no poll, however frequent, could have found it."""
     parts = fake_parts(fake_step, allocate=refuse_everything, admission_timeout=0.0)
@@ -225,7 +226,7 @@ async def test_an_abort_wakes_an_idle_scheduler_without_any_time_passing(
 
 async def test_an_admission_deadline_fires_within_one_step_of_its_value(
         autojump_clock: trio.testing.MockClock) -> None:
-    step = FakeStep(step_seconds=1.0)
+    step = FakeEngine(step_seconds=1.0)
     parts = fake_parts(step, admission_timeout=4.0,
                        scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
     async with trio.open_nursery() as nursery:
@@ -249,7 +250,7 @@ async def test_a_kv_backlog_longer_than_the_deadline_is_answered_429_at_once(
     over about 2 tokens a second. Ten arrive at once: the first few fit in the cache or the 20 s admission
     timeout; the rest would wait longer and are refused at once as overloaded, with a Retry-After. Every
     admitted one still ends (served, or timed out), nothing is lost."""
-    step = FakeStep(step_seconds=1.0)
+    step = FakeEngine(step_seconds=1.0)
     params = SamplingParams(temperature=0.0, max_tokens=12)
     parts = fake_parts(step, num_blocks=8, admission_timeout=20.0, max_queue_size=64)
     async with trio.open_nursery() as nursery:

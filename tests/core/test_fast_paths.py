@@ -15,7 +15,7 @@ from collections.abc import Callable
 import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.core.test_scheduler import FakeRunner
+from tests.fake_engine import FakeEngine
 
 from inference_server.core.kv_grants import StepGrant, allocate_step
 from inference_server.core.kv_manager import UNUSED_BLOCK, BlockTables, KVManager, SequenceId
@@ -156,8 +156,8 @@ def build_request(rid: int, spec: Spec) -> Request:
                    session_id=f"s{spec.family}", stop_checker=StopChecker.from_params(params, eos_token_ids=()))
 
 
-class ResolvingRunner(FakeRunner):
-    """``FakeRunner`` that, with overlap, resolves a pending token from the previous launched step."""
+class ResolvingRunner(FakeEngine):
+    """``FakeEngine`` that, with overlap, resolves a pending token from the previous launched step."""
 
     def __init__(self) -> None:
         super().__init__()

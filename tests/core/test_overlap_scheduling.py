@@ -13,13 +13,13 @@ import attrs
 import pytest
 from tests.core.test_scheduler import (
     BLOCK,
-    FakeRunner,
     Harness,
     Outcomes,
     fake_token,
     make_scheduler,
     run_to_completion,
 )
+from tests.fake_engine import FakeEngine
 
 from inference_server.core.request import Request
 from inference_server.core.stop_checker import StopChecker
@@ -27,8 +27,8 @@ from inference_server.records.sampling_params import SamplingParams
 from inference_server.records.steps import PENDING_TOKEN, StepPlan, StepResult
 
 
-class PipelinedRunner(FakeRunner):
-    """``FakeRunner`` that resolves pending tokens from the previous launched step, and checks that they
+class PipelinedRunner(FakeEngine):
+    """``FakeEngine`` that resolves pending tokens from the previous launched step, and checks that they
     only ever stand for the last token of a sequence sampled by that step."""
 
     def __init__(self) -> None:
@@ -98,7 +98,7 @@ def test_overlapped_outputs_equal_sequential_outputs(num_blocks: int, mode: str)
     for scheduler in (sequential, overlapped):
         for r in mixed_requests():
             scheduler.add(r)
-    expected = run_to_completion(sequential, FakeRunner())
+    expected = run_to_completion(sequential, FakeEngine())
     runner = PipelinedRunner()
     assert run_overlapped(overlapped, runner) == expected
     assert runner.pending_seen > 0
@@ -122,7 +122,7 @@ def test_a_request_ending_by_length_costs_no_extra_step() -> None:
     for scheduler in (sequential, overlapped):
         scheduler.add(stop_request(1, prompt_len=6, max_tokens=5))
         scheduler.add(stop_request(2, prompt_len=9, max_tokens=3))
-    sequential_runner, overlapped_runner = FakeRunner(), PipelinedRunner()
+    sequential_runner, overlapped_runner = FakeEngine(), PipelinedRunner()
     assert run_overlapped(overlapped, overlapped_runner) == run_to_completion(sequential, sequential_runner)
     assert overlapped_runner.tokens_computed == sequential_runner.tokens_computed
 
@@ -132,7 +132,7 @@ def test_a_request_ending_on_a_stop_token_wastes_at_most_one_token() -> None:
     sequential, overlapped = make_scheduler(), make_scheduler()
     for scheduler in (sequential, overlapped):
         scheduler.add(stop_request(1, prompt_len=7, max_tokens=50, stop_ids=(stop,)))
-    sequential_runner, overlapped_runner = FakeRunner(), PipelinedRunner()
+    sequential_runner, overlapped_runner = FakeEngine(), PipelinedRunner()
     expected = run_to_completion(sequential, sequential_runner)
     assert expected[1] == ([fake_token(7, 13), stop], "stop")
     assert run_overlapped(overlapped, overlapped_runner) == expected
@@ -157,7 +157,7 @@ def test_a_preempted_request_forgets_its_token_in_flight() -> None:
     sequential = make_scheduler(num_blocks=256)
     sequential.add(stop_request(1, prompt_len=8, max_tokens=20))
     sequential.add(stop_request(2, prompt_len=8, max_tokens=20))
-    assert results == run_to_completion(sequential, FakeRunner())
+    assert results == run_to_completion(sequential, FakeEngine())
 
 
 @pytest.mark.parametrize("in_flight", [0, 1, 2])

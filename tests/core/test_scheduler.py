@@ -1,9 +1,12 @@
-"""Scheduler behaviour with a deterministic fake runner: refills, prefill modes, fairness, priority,
+"""Scheduler behaviour with the fake engine (``tests/fake_engine.py``, which checks that chunks arrive
+contiguously): refills, prefill modes, fairness, priority,
 preemption, deadlines, and KV released exactly once."""
 
 from __future__ import annotations
 
 import pytest
+from tests.fake_engine import FakeEngine
+from tests.fake_engine import next_token as fake_token
 
 from inference_server.core.kv_grants import allocate_step
 from inference_server.core.kv_manager import KVManager
@@ -12,35 +15,9 @@ from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler, SchedulerConfig
 from inference_server.core.stop_checker import StopChecker
 from inference_server.records.sampling_params import SamplingParams
-from inference_server.records.steps import SampledToken, StepPlan, StepResult
+from inference_server.records.steps import StepPlan
 
 BLOCK = 4
-
-
-def fake_token(length: int, last_token: int) -> int:
-    """A deterministic 'model': the next token depends on the sequence length and its last token."""
-    return (last_token * 31 + length * 7) % 97 + 3
-
-
-class FakeRunner:
-    """Checks that each request's chunks arrive contiguously and answers with ``fake_token``."""
-
-    def __init__(self) -> None:
-        self.progress: dict[int, int] = {}
-        self.tokens_computed = 0
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        tokens = []
-        for seq in plan.sequences:
-            assert seq.reset or self.progress[seq.request_id] == seq.cached_len
-            self.progress[seq.request_id] = seq.cached_len + len(seq.token_ids)
-            self.tokens_computed += len(seq.token_ids)
-            if seq.sample:
-                length = seq.cached_len + len(seq.token_ids)
-                tokens.append(SampledToken(seq.request_id, fake_token(length, seq.token_ids[-1]), -0.5))
-        for request_id in plan.finished_request_ids:
-            self.progress.pop(request_id, None)
-        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0)
 
 
 class Harness:
@@ -95,7 +72,7 @@ class Outcomes:
         return {rid: (self.outputs.get(rid, []), reason) for rid, reason in self.finished.items()}
 
 
-def run_to_completion(scheduler: Harness, runner: FakeRunner, max_steps: int = 1000) -> dict[int, tuple[list, str]]:
+def run_to_completion(scheduler: Harness, runner: FakeEngine, max_steps: int = 1000) -> dict[int, tuple[list, str]]:
     outcomes = Outcomes()
     for _ in range(max_steps):
         plan = scheduler.schedule()
@@ -108,7 +85,7 @@ def run_to_completion(scheduler: Harness, runner: FakeRunner, max_steps: int = 1
 
 def test_freed_slot_is_refilled_in_the_next_step() -> None:
     scheduler = make_scheduler(max_batch_size=2)
-    runner = FakeRunner()
+    runner = FakeEngine()
     scheduler.add(request(1, max_tokens=1))
     scheduler.add(request(2, max_tokens=4))
     scheduler.add(request(3, max_tokens=4))
@@ -127,7 +104,7 @@ def test_prefill_modes_produce_identical_outputs(mode: str) -> None:
     scheduler = make_scheduler(prefill_mode=mode, max_num_batched_tokens=8)
     for rid, length in [(1, 3), (2, 13), (3, 7)]:
         scheduler.add(request(rid, prompt_len=length, first_token=rid * 20))
-    results = run_to_completion(scheduler, FakeRunner())
+    results = run_to_completion(scheduler, FakeEngine())
     reference = {rid: run_alone(rid * 20, length) for rid, length in [(1, 3), (2, 13), (3, 7)]}
     assert {rid: out for rid, (out, _) in results.items()} == reference
 
@@ -156,7 +133,7 @@ def test_prefill_mode_batch_shapes() -> None:
 
 def test_chunked_prefill_never_stalls_running_decodes() -> None:
     scheduler = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8)
-    runner = FakeRunner()
+    runner = FakeEngine()
     scheduler.add(request(1, prompt_len=4, max_tokens=20))
     scheduler.on_step_result(runner.execute(scheduler.schedule()))
     scheduler.add(request(2, prompt_len=40))
@@ -174,8 +151,8 @@ def test_preemption_under_a_tiny_pool_loses_nothing_and_keeps_outputs() -> None:
     for scheduler in (roomy, tight):
         for rid, length in prompts:
             scheduler.add(request(rid, prompt_len=length, max_tokens=12, first_token=rid * 7))
-    expected = run_to_completion(roomy, FakeRunner())
-    got = run_to_completion(tight, FakeRunner())
+    expected = run_to_completion(roomy, FakeEngine())
+    got = run_to_completion(tight, FakeEngine())
     assert tight.num_preemptions > 0
     assert got == expected
     assert all(reason == "length" for _, reason in got.values())
@@ -195,7 +172,7 @@ def test_fair_share_bounds_a_light_session_while_a_heavy_one_floods() -> None:
 
     def light_finish_step(policy: str) -> int:
         scheduler = make_scheduler(policy=policy, max_batch_size=2)
-        runner = FakeRunner()
+        runner = FakeEngine()
         for rid in range(10):
             scheduler.add(request(100 + rid, session="heavy", max_tokens=8))
         step = 0
@@ -224,7 +201,7 @@ def test_admission_deadline_times_out_only_unstarted_requests() -> None:
 
 def test_abort_frees_kv_exactly_once() -> None:
     scheduler = make_scheduler()
-    runner = FakeRunner()
+    runner = FakeEngine()
     scheduler.add(request(1, max_tokens=50))
     scheduler.on_step_result(runner.execute(scheduler.schedule()))
     update = scheduler.abort(1)
@@ -237,7 +214,7 @@ def test_abort_frees_kv_exactly_once() -> None:
 
 def test_prefix_hit_computes_only_the_suffix() -> None:
     scheduler = make_scheduler()
-    runner = FakeRunner()
+    runner = FakeEngine()
     scheduler.add(request(1, prompt_len=16, max_tokens=1))
     run_to_completion(scheduler, runner)
     before = runner.tokens_computed
