@@ -175,8 +175,7 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
 # per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "separate-q-rope" is the default with the q norm and RoPE
 # of layers that read another layer's KV in a launch of their own (not in the decode attention's);
 # "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
-# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "one-launch-experts" is the default with the
-# decode step's float routed experts in one launch (kernels/moe_decode_one_launch.py; slower on the H200);
+# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv);
 # "tensor-core-head" is the default with 1-2 row greedy steps on the fused head's tensor-core slices (not the head's
 # CUDA-core GEMV and greedy_head_of_logits);
 # "kv-after-wait" is the default with the decode attention's first key tile loaded after its PDL wait (not before);
@@ -207,7 +206,6 @@ VARIANTS: dict[str, dict[str, bool | int | tuple[str, ...]]] = {
     "separate-ffn": dict(fused_mlp_beside_experts=False),
     "separate-norm-gemv": dict(fused_norm_gemv=False),
     "separate-add-norm-gemv": dict(fused_add_norm_gemv=False),
-    "one-launch-experts": dict(moe_one_launch=True),
     "tensor-core-head": dict(greedy_head_gemv=False),
     "separate-q-rope": dict(fused_q_norm_rope_attention=False),
     "kv-after-wait": dict(attention_kv_before_wait=False),

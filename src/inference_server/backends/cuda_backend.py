@@ -61,7 +61,6 @@ from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_gemv, gated_gemv_and_route, shares_warps
 from inference_server.kernels.moe_decode import fused_moe_decode, use_down_weights_before_wait
-from inference_server.kernels.moe_decode_one_launch import fits_one_launch, moe_decode_one_launch
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, add_norm_gemv, norm_add_gemv
@@ -458,19 +457,13 @@ def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Mod
 def triton_fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: str, *,
                      w_gate_up_scale: torch.Tensor | None = None,
-                     w_down_scale: torch.Tensor | None = None, decode_max_tokens: int = 0,
-                     one_launch: bool = False) -> torch.Tensor:
+                     w_down_scale: torch.Tensor | None = None, decode_max_tokens: int = 0) -> torch.Tensor:
     """``ops.MoEFn`` through Triton, no host sync: steps of at most ``decode_max_tokens`` tokens as the decode
-    GEMVs (``kernels.moe_decode``: gate/up, then down with the k-sum, two launches; with ``one_launch``, float
-    experts whose shapes fit ``kernels.moe_decode_one_launch`` run both in one launch), larger ones as the grouped
+    GEMVs (``kernels.moe_decode``: gate/up, then down with the k-sum, two launches), larger ones as the grouped
     GEMMs (``kernels.fused_moe``: align + gate/up + down + k-sum). int8 experts (scales given) dequantise their
     weight tiles in registers on both paths."""
     if 0 < hidden.shape[0] <= decode_max_tokens and w_gate_up.stride(-1) == 1 and w_down.stride(-1) == 1 \
             and hidden.stride(-1) == 1:
-        if one_launch and fits_one_launch(hidden.shape[0], topk_ids.shape[1], hidden.shape[1], w_down.shape[2],
-                                          int8=w_gate_up_scale is not None):
-            return moe_decode_one_launch(hidden, w_gate_up, w_down, topk_weights, topk_ids,
-                                         act)  # type: ignore[arg-type]
         return fused_moe_decode(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,  # type: ignore[arg-type]
                                 w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, act,  # type: ignore[arg-type]
@@ -556,13 +549,6 @@ class CudaRunnerOptions:
     launches, no alignment or k-sum launch, each pair streams its expert's rows); larger ones as the grouped GEMMs,
     which read an expert shared by several tokens once. 0 turns the decode path off. On the H200
     (``bench/moe_decode.py``, docs/benchmarks.md) the decode path is faster at 1 and 2 tokens and slower from 4."""
-    moe_one_launch: bool = False
-    """Those decode steps' routed experts, where they are float and fit (``moe_decode_one_launch.fits_one_launch``),
-    as ONE launch: gate/up and down programs side by side, the down programs waiting on per-pair counters
-    (``kernels.moe_decode_one_launch``); int8 experts keep the two launches. Off: on the H200 it was slower than the
-    two launches (Qwen3-30B-A3B at one token 27.2 against 24.8 µs a layer at its best config, B=1 334.9 against 376
-    tok/s at its first; docs/benchmarks.md). For measuring it on other GPUs (engine_bench variant
-    ``one-launch-experts``)."""
     fused_weights: bool = True
     """q, k and v projections as one GEMM (``SelfAttention.fuse_qkv``), a dense MLP's gate and up as one
     (``GatedMLP.fuse_gate_up``), Gemma 4's router scale folded into its norm (``Gemma4Router.fold_scale``):
@@ -662,8 +648,7 @@ class CudaModelRunner(ModelRunner):
         # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
         # Inductor, which fuses the reference ops into their neighbours.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
-        moe = functools.partial(triton_fused_moe, decode_max_tokens=options.moe_decode_max_tokens,
-                                one_launch=options.moe_one_launch)
+        moe = functools.partial(triton_fused_moe, decode_max_tokens=options.moe_decode_max_tokens)
         self._moe = torch.compiler.disable(moe) if options.compile else moe
         # int8 weight-only layers (QUANTIZATION=int8): the Triton GEMV/GEMM, opaque to torch.compile like the MoE
         self._int8_linear = torch.compiler.disable(triton_int8_linear) if options.compile else triton_int8_linear

@@ -141,18 +141,18 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 @triton.jit
 def _first_tiles(w_ptrs, row_stride, w_ok, x_ptrs, x_ok, TWO: tl.constexpr, EVEN_K: tl.constexpr,
-                 LOAD_X: tl.constexpr, X_CG: tl.constexpr):
+                 LOAD_X: tl.constexpr):
     """The first K tile of a row stream, issued weight (``a`` at ``w_ptrs``), vector (``x`` at ``x_ptrs``, if
     ``LOAD_X``; else ``a`` stands in), weight (``b`` ``row_stride`` further, if ``TWO``; else ``a``), as the timed
     kernels issue them. ``EVEN_K``: unmasked; else masked by ``w_ok`` (broadcast over the rows) and ``x_ok``, zeros
-    beyond. ``X_CG``: the vector's loads bypass L1."""
+    beyond."""
     if EVEN_K:
         a = tl.load(w_ptrs)
     else:
         a = tl.load(w_ptrs, mask=w_ok, other=0)
     x = a
     if LOAD_X:
-        x = _first_vector_tile(x_ptrs, x_ok, EVEN_K, X_CG)
+        x = _first_vector_tile(x_ptrs, x_ok, EVEN_K)
     if TWO:
         if EVEN_K:
             b = tl.load(w_ptrs + row_stride)
@@ -164,11 +164,11 @@ def _first_tiles(w_ptrs, row_stride, w_ok, x_ptrs, x_ok, TWO: tl.constexpr, EVEN
 
 
 @triton.jit
-def _first_vector_tile(x_ptrs, x_ok, EVEN_K: tl.constexpr, X_CG: tl.constexpr):
+def _first_vector_tile(x_ptrs, x_ok, EVEN_K: tl.constexpr):
     """The vector's first K tile (``_first_tiles``), in its own dtype."""
     if EVEN_K:
-        return tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "")
-    return tl.load(x_ptrs, mask=x_ok, other=0.0, cache_modifier=".cg" if X_CG else "")
+        return tl.load(x_ptrs)
+    return tl.load(x_ptrs, mask=x_ok, other=0.0)
 
 
 @triton.jit
@@ -178,13 +178,13 @@ def first_row_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.con
     ``stream_rows_from``."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
-    a, _, b = _first_tiles(w_ptrs, row_stride, (offs_k < length)[None, :], w_ptrs, None, TWO, EVEN_K, False, False)
+    a, _, b = _first_tiles(w_ptrs, row_stride, (offs_k < length)[None, :], w_ptrs, None, TWO, EVEN_K, False)
     return a, b
 
 
 @triton.jit
 def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
+                EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """fp32 dot products of the ``[BN, length]`` weight rows starting at ``rows [BN]`` (and, with ``TWO``, of the
     rows ``row_stride`` further) with the vector at ``x_row``: ``(sum_a [BN], sum_b [BN])``. Float weights, or
     int8 as single bytes (``_stream_word_rows`` reads them as words).
@@ -192,35 +192,34 @@ def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.
     Triton pipelines only loads that feed a ``tl.dot``, so the loop prefetches by hand: the next tile's loads are
     issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
     the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
-    uniform mask, which keeps the loads vectorised. X_CG: the vector's loads bypass L1 (it was written in this
-    launch, by other programs: ``moe_decode_one_launch``)."""
+    uniform mask, which keeps the loads vectorised."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     k_ok = offs_k < length
-    a, x, b = _first_tiles(w_ptrs, row_stride, k_ok[None, :], x_ptrs, k_ok, TWO, EVEN_K, True, X_CG)
+    a, x, b = _first_tiles(w_ptrs, row_stride, k_ok[None, :], x_ptrs, k_ok, TWO, EVEN_K, True)
     x = x.to(tl.float32)
     return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
-                             W_INT8, X_CG)
+                             W_INT8)
 
 
 @triton.jit
 def stream_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
+                     EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """``stream_rows`` with its first weight tiles ``a``, ``b`` already loaded (``first_row_tiles``)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K, X_CG).to(tl.float32)
+    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K).to(tl.float32)
     return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
-                             W_INT8, X_CG)
+                             W_INT8)
 
 
 @triton.jit
 def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr):
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """``stream_rows``' K loop over ``n_tiles`` tiles from its first ones (weights ``a``, ``b`` and the vector's
     ``x``, at ``w_ptrs`` and ``x_ptrs``)."""
     acc_a = tl.zeros(a.shape, dtype=tl.float32)
@@ -232,7 +231,7 @@ def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, leng
             more_x = (tl.zeros((BLOCK_K,), tl.int32) + (kb + 1)) < n_tiles  # uniform; False past the last tile
             more = more_x[None, :]
             a_next = tl.load(w_ptrs, mask=more, other=0)
-            x_next = tl.load(x_ptrs, mask=more_x, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+            x_next = tl.load(x_ptrs, mask=more_x, other=0.0).to(tl.float32)
             if TWO:
                 b_next = tl.load(w_ptrs + row_stride, mask=more, other=0)
             else:
@@ -240,7 +239,7 @@ def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, leng
         else:
             k_next = offs_k < length - (kb + 1) * BLOCK_K
             a_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
-            x_next = tl.load(x_ptrs, mask=k_next, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+            x_next = tl.load(x_ptrs, mask=k_next, other=0.0).to(tl.float32)
             if TWO:
                 b_next = tl.load(w_ptrs + row_stride, mask=k_next[None, :], other=0)
             else:
@@ -259,8 +258,7 @@ def _first_word_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.c
     """``first_row_tiles`` for ``_stream_word_rows``: the first tile of words, ``(a, b)`` each ``[BN, BK / 4]``."""
     offs_w, first_col = word_pair_offsets(BLOCK_K // 4)
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
-    a, _, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], w_ptrs, None, TWO, EVEN_K, False,
-                           False)
+    a, _, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], w_ptrs, None, TWO, EVEN_K, False)
     return a, b
 
 
@@ -286,7 +284,7 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     a, x, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], x_ptrs, offs_k < length, TWO, EVEN_K,
-                           True, False)
+                           True)
     return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
                                   BLOCK_K, EVEN_K, PRMT, INT_DOT)
 
@@ -301,7 +299,7 @@ def _stream_word_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.conste
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K, False)
+    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K)
     return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
                                   BLOCK_K, EVEN_K, PRMT, INT_DOT)
 
