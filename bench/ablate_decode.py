@@ -38,7 +38,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_bench
-from inference_server.backends import cuda_backend
+from inference_server.backends.cuda import attention_ops, runner
 from inference_server.kernels.decode_attention import paged_decode_attention as _paged_decode_attention
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_requested, pdl_wait, use_pdl
 
@@ -104,7 +104,8 @@ def _skip_attention(q: torch.Tensor, *args: object, out: torch.Tensor | None = N
 
 @contextlib.contextmanager
 def ablated(name: str) -> Iterator[None]:
-    """Patch ``cuda_backend``'s module functions for one ablation (the runner binds them when it is built)."""
+    """Patch the CUDA runner's module functions for one ablation (the runner binds them when it is built; the decode
+    attention also where ``attention_ops`` calls it)."""
     patches = {
         "none": {},
         "no-norm-add": {"triton_norm_add": _skip_norm_add(False)},
@@ -120,14 +121,15 @@ def ablated(name: str) -> Iterator[None]:
         "attention-block16": {"paged_decode_attention": _configured_attention(block_n=16)},
         "attention-block16-stages1": {"paged_decode_attention": _configured_attention(block_n=16, num_stages=1)},
     }[name]
-    saved = {attr: getattr(cuda_backend, attr) for attr in patches}
+    modules = [m for m in (runner, attention_ops) for attr in patches if hasattr(m, attr)]
+    saved = [(m, attr, getattr(m, attr)) for m in dict.fromkeys(modules) for attr in patches if hasattr(m, attr)]
     try:
-        for attr, fn in patches.items():
-            setattr(cuda_backend, attr, fn)
+        for m, attr, _ in saved:
+            setattr(m, attr, patches[attr])
         yield
     finally:
-        for attr, fn in saved.items():
-            setattr(cuda_backend, attr, fn)
+        for m, attr, fn in saved:
+            setattr(m, attr, fn)
 
 
 def main() -> None:

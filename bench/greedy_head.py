@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the reference oracles
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
@@ -95,8 +96,9 @@ def unfused(hidden: torch.Tensor, weight: HeadWeight, softcap: float | None, bat
     """The runner's path without the fused head: ``compute_logits`` (as ``logits_reference`` writes it; an int8
     head through the Triton ``int8_linear``, the CUDA runner's ``ops.int8_linear``) and ``sample``; returns the
     token ids."""
+    from tests.kernels.reference_greedy_head import logits_reference
+
     from inference_server.backends.sampler import sample
-    from inference_server.kernels.reference_greedy_head import logits_reference
     from inference_server.models.architectures.layers import softcap as apply_softcap
 
     w, scale = weight

@@ -20,9 +20,9 @@ outlier channels, so this measures the format and the kernels' fidelity, not a t
 
     python bench/int8_gpu_quality.py                                   # 4 presets x 4 layers, ~1 min on an H200
     python bench/int8_gpu_quality.py --int8-op inference_server.kernels.int8_linear:int8_linear \\
-        --moe-op inference_server.backends.cuda_backend:triton_fused_moe
+        --moe-op inference_server.backends.cuda.moe_ops:triton_fused_moe
     python bench/int8_gpu_quality.py --heads bf16 int8 --int8-op inference_server.kernels.int8_linear:int8_linear \\
-        --moe-op inference_server.backends.cuda_backend:triton_fused_moe   # the int8 head's share, ~2 min
+        --moe-op inference_server.backends.cuda.moe_ops:triton_fused_moe   # the int8 head's share, ~2 min
 """
 
 from __future__ import annotations

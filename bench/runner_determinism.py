@@ -30,16 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "eager (no CUDA graphs)": {"cuda_graphs": False},
-    "cuBLAS projections": {"triton_dense_linear_where_tuned": False},
-    "grouped MoE at decode": {"moe_decode_max_tokens": 0},
-    "unfused router GEMV": {"fused_router_gemv": False},
-    "PyTorch router": {"triton_router": False, "fused_router_gemv": False},
-    "PyTorch sandwich norms": {"triton_norm_add": False},
-    "separate q/k norm and RoPE": {"triton_qk_norm_rope": False},
-    "separate KV store": {"fused_kv_store": False},
-    "PyTorch gated activation": {"triton_gated_activation": False},
-    "unfused greedy head": {"triton_greedy_head": False},
-    "unfused weights": {"fused_weights": False},
+    "reference ops": {"reference_ops": True},
     "attention merge in its own launch": {"_fused_reduce": False},
 }
 
@@ -60,14 +51,15 @@ def compare(name: str, helpers, steps: int, options: dict[str, Any],  # type: ig
     the first step whose plan rows differ, or ``{"first_mismatch_step": None}``."""
     import functools
 
-    from inference_server.backends import cuda_backend
-    from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+    from inference_server.backends.cuda import runner as cuda_runner
+    from inference_server.backends.cuda.options import CudaRunnerOptions
+    from inference_server.backends.cuda.runner import CudaModelRunner
     from inference_server.kernels.decode_attention import paged_decode_attention
 
     options = dict(options)
     fused_reduce = options.pop("_fused_reduce", True)
-    cuda_backend.paged_decode_attention = functools.partial(paged_decode_attention,  # type: ignore[attr-defined]
-                                                            fused_reduce=fused_reduce)
+    cuda_runner.paged_decode_attention = functools.partial(paged_decode_attention,  # type: ignore[attr-defined]
+                                                           fused_reduce=fused_reduce)
     try:
         dtype, device = torch.bfloat16, "cuda"
         spec, model = helpers.build(name, dtype, device)
@@ -103,7 +95,7 @@ def compare(name: str, helpers, steps: int, options: dict[str, Any],  # type: ig
             script.advance(plan, first)
         return {"first_mismatch_step": None}
     finally:
-        cuda_backend.paged_decode_attention = paged_decode_attention  # type: ignore[attr-defined]
+        cuda_runner.paged_decode_attention = paged_decode_attention  # type: ignore[attr-defined]
 
 
 def main() -> None:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import attrs
 
-from inference_server.schedule_invariance import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
+from tests.schedule_invariance import (
     GPU_PRESET,
     WAYS,
     InvarianceConfig,

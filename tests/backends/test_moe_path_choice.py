@@ -1,4 +1,4 @@
-"""Which kernel path ``cuda_backend.triton_fused_moe`` takes for a step's routed experts: the decode GEMVs (two
+"""Which kernel path ``moe_ops.triton_fused_moe`` takes for a step's routed experts: the decode GEMVs (two
 launches) for steps of at most ``decode_max_tokens`` tokens, the grouped GEMMs otherwise. The kernels are replaced
 by spies, so this checks the choice alone (each kernel's numbers have tests of their own)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import inference_server.backends.cuda_backend as backend
+from inference_server.backends.cuda import moe_ops
 
 E, H, INTER, K = 8, 64, 48, 2
 
@@ -19,7 +19,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         def spy(hidden: torch.Tensor, *args: object, name: str = name, **kwargs: object) -> torch.Tensor:
             calls.append(name)
             return torch.zeros_like(hidden)
-        monkeypatch.setattr(backend, name, spy)
+        monkeypatch.setattr(moe_ops, name, spy)
     return calls
 
 
@@ -40,10 +40,10 @@ def step(tokens: int, int8: bool = False) -> dict:
     (5, True, "fused_moe"),
 ])
 def test_path(tokens: int, int8: bool, expected: str, taken: list[str]) -> None:
-    backend.triton_fused_moe(**step(tokens, int8), decode_max_tokens=4)
+    moe_ops.triton_fused_moe(**step(tokens, int8), decode_max_tokens=4)
     assert taken == [expected]
 
 
 def test_no_decode_path_when_off(taken: list[str]) -> None:
-    backend.triton_fused_moe(**step(1), decode_max_tokens=0)
+    moe_ops.triton_fused_moe(**step(1), decode_max_tokens=0)
     assert taken == ["fused_moe"]

@@ -1,9 +1,9 @@
 """The routed experts of a decode step as two weight-streaming GEMV launches: no alignment, no k-sum launch.
 
 ``fused_moe`` (grouped GEMMs) runs four launches at decode: align, gate/up, down, k-sum. It pads each expert's
-rows to a 16-row ``tl.dot`` tile and reads the expert weights as the dot's transposed right operand; on the H200
-at batch 1 its two GEMMs stream at 0.67-0.80 of the memory limit and the align and sum launches cost ~5 µs a
-layer more (docs/benchmarks.md). For a few tokens this module does the same arithmetic as two GEMVs:
+rows to a 16-row ``tl.dot`` tile and reads the expert weights as the dot's transposed right operand; at batch 1
+its two GEMMs stream well under the memory limit and the align and sum launches add their launch costs
+(docs/benchmarks.md). For a few tokens this module does the same arithmetic as two GEMVs:
 
 1. ``_gate_up_kernel``, one program per (``BLOCK_N`` intermediate rows, (token, k) pair): the pair's expert id
    straight from ``topk_ids``, its gate and up rows streamed against the token's activations with fp32 FMAs on
@@ -16,7 +16,7 @@ layer more (docs/benchmarks.md). For a few tokens this module does the same arit
 
 Each weight row is read once per pair, so tokens sharing an expert read it twice (from L2 when they run
 together); the grouped GEMMs read it once. That is why this path is for a few tokens
-(``CudaRunnerOptions.moe_decode_max_tokens``; ``bench/moe_decode.py`` measures where the two cross).
+(``backends.cuda.options.MOE_DECODE_MAX_TOKENS``; ``bench/moe_decode.py`` measures where the two cross).
 
 Rounding is ``fused_moe``'s (``reference_moe``'s ``"pairs"`` accumulation): the gate/up and down results rounded
 to the activation dtype, ``act(gate)`` and ``act * up`` rounded, the weighted pair stored in
@@ -71,9 +71,9 @@ from inference_server.kernels.pdl import (
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
-__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows", "down_weights_before_wait",
+__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows",
            "first_row_tiles", "fused_moe_decode", "gate_up_program", "launch_down", "moe_decode_config",
-           "moe_decode_launches", "stream_rows", "stream_rows_from", "use_down_weights_before_wait"]
+           "moe_decode_launches", "stream_rows", "stream_rows_from"]
 
 MAX_TOKENS = 64
 """The most tokens one call takes (the arrival counters are sized for it)."""
@@ -98,9 +98,9 @@ def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: in
                       int8: bool = False) -> MoeDecodeConfig:
     """Heuristic tiles: 16 weight rows a program, K tiles of 512 bytes for gate/up (256 bf16 columns) and 256 for
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
-    need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. On the H200 sweep
-    (``bench/moe_decode.py``: 4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or within
-    2 % of it at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay.
+    need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. In the sweep of
+    ``bench/moe_decode.py`` (4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or close to it
+    at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay.
 
     ``int8`` experts (read as words): one warp a program and 256 columns a K tile, 8 gate/up and 16 down rows
     (``_INT8_WORD_TILES``)."""
@@ -599,9 +599,12 @@ def moe_decode_launches(
     w_gate_up_scale: torch.Tensor | None = None,
     w_down_scale: torch.Tensor | None = None,
     int8_words: bool = True,
+    weights_before_wait: bool | None = None,
 ) -> tuple[MoeDecodeLaunches | None, torch.Tensor]:
     """``fused_moe_decode``'s checks, buffers and launch arguments (None for zero tokens: nothing to launch) and
-    its output ``[T, H]`` (written by the down launch)."""
+    its output ``[T, H]`` (written by the down launch). ``weights_before_wait``: whether the down launch loads each
+    program's expert id and first weight tile before its PDL wait (``_down_kernel``'s ``W_BEFORE_WAIT``, the same
+    bits); None, where PDL is on (``kernels.pdl``); the interpreter's tests force it."""
     shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
                                  w_down_scale)
     T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
@@ -641,29 +644,13 @@ def moe_decode_launches(
     down_constexprs: dict[str, object] = dict(
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
         EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
-        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot, W_BEFORE_WAIT=down_weights_before_wait(),
+        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot,
+        W_BEFORE_WAIT=pdl_enabled() if weights_before_wait is None else weights_before_wait,
     )
     launches = MoeDecodeLaunches(gate_up_args, gate_up_constexprs, (triton.cdiv(inter_size, cfg.gate_up_block_n),
                                                                      n_pairs), cfg.gate_up_warps,
                                  down_args, down_constexprs, (row_tiles, n_pairs), cfg.down_warps)
     return launches, out
-
-
-_down_weights_before_wait: bool | None = None
-
-
-def use_down_weights_before_wait(enabled: bool | None) -> bool | None:
-    """Whether the down launch loads each program's expert id and first weight tile before its PDL wait
-    (``_down_kernel``'s ``W_BEFORE_WAIT``): None, where PDL is on (``kernels.pdl``; the runner's default,
-    ``CudaRunnerOptions.moe_down_weights_before_wait``); True, always (the interpreter's tests); False, never.
-    Process-wide, like ``kernels.pdl.use_pdl``; returns the previous setting. The results are the same bits."""
-    global _down_weights_before_wait
-    previous, _down_weights_before_wait = _down_weights_before_wait, enabled
-    return previous
-
-
-def down_weights_before_wait() -> bool:
-    return pdl_enabled() if _down_weights_before_wait is None else _down_weights_before_wait
 
 
 def launch_down(launches: MoeDecodeLaunches) -> None:
@@ -685,15 +672,17 @@ def fused_moe_decode(
     w_gate_up_scale: torch.Tensor | None = None,
     w_down_scale: torch.Tensor | None = None,
     int8_words: bool = True,
+    weights_before_wait: bool | None = None,
 ) -> torch.Tensor:
     """``fused_moe``'s contract (same arguments, shapes and rounding; see the module docstring) for at most
     ``MAX_TOKENS`` tokens, as two GEMV launches. The weights' last dims must be contiguous. ``config`` defaults to
     ``moe_decode_config``. int8 weights are read as 32-bit words where ``int8_words_view`` allows it and the
     config's K tiles are a multiple of 8 columns, else as single bytes (same results up to the fp32 sum order);
-    ``int8_words=False`` always reads single bytes (the path before words: for comparisons)."""
+    ``int8_words=False`` always reads single bytes (the path before words: for comparisons); ``weights_before_wait``
+    as ``moe_decode_launches``'."""
     launches, out = moe_decode_launches(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, config=config,
                                         out=out, w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale,
-                                        int8_words=int8_words)
+                                        int8_words=int8_words, weights_before_wait=weights_before_wait)
     if launches is not None:
         _gate_up_kernel[launches.gate_up_grid](*launches.gate_up_args, **launches.gate_up_constexprs,
                                                num_warps=launches.gate_up_warps, **pdl_launch(loop="moe"))
