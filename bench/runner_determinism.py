@@ -49,17 +49,14 @@ def compare(name: str, helpers, steps: int, options: dict[str, Any],  # type: ig
             second: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run two runners with ``options`` through the same plans (the second with ``second`` on top, e.g. PDL on);
     the first step whose plan rows differ, or ``{"first_mismatch_step": None}``."""
-    import functools
-
-    from inference_server.backends.cuda import runner as cuda_runner
     from inference_server.backends.cuda.options import CudaRunnerOptions
     from inference_server.backends.cuda.runner import CudaModelRunner
-    from inference_server.kernels.decode_attention import paged_decode_attention
+    from inference_server.kernels import decode_attention
 
     options = dict(options)
-    fused_reduce = options.pop("_fused_reduce", True)
-    cuda_runner.paged_decode_attention = functools.partial(paged_decode_attention,  # type: ignore[attr-defined]
-                                                           fused_reduce=fused_reduce)
+    max_fused_heads = decode_attention._MAX_FUSED_HEADS
+    if not options.pop("_fused_reduce", True):  # the merge in the reduce kernel, as past _MAX_FUSED_HEADS kv heads
+        decode_attention._MAX_FUSED_HEADS = 0
     try:
         dtype, device = torch.bfloat16, "cuda"
         spec, model = helpers.build(name, dtype, device)
@@ -95,7 +92,7 @@ def compare(name: str, helpers, steps: int, options: dict[str, Any],  # type: ig
             script.advance(plan, first)
         return {"first_mismatch_step": None}
     finally:
-        cuda_runner.paged_decode_attention = paged_decode_attention  # type: ignore[attr-defined]
+        decode_attention._MAX_FUSED_HEADS = max_fused_heads
 
 
 def main() -> None:

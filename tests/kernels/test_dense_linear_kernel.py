@@ -211,8 +211,9 @@ def test_linear_module_goes_through_ops_linear() -> None:
 @pytest.mark.parametrize("shape", [(3, 40), (2, 2, 40)])
 def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to ``max_tokens`` tokens (leading dims flattened): the kernel; past it, with a bias, a weight of another
-    dtype, or where a tuned sweep timed cuBLAS faster: ``F.linear`` (bitwise: the same call)."""
+    """Up to ``max_tokens`` tokens (leading dims flattened), where a tuned sweep timed the kernel faster: the kernel;
+    past it, with a bias, a weight of another dtype, where a tuned sweep timed cuBLAS faster or where no sweep timed
+    the shape: ``F.linear`` (bitwise: the same call)."""
     from inference_server.backends.cuda import projection_ops
 
     kernel_calls: list[tuple[int, ...]] = []
@@ -222,6 +223,7 @@ def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...]
         return dense_linear(x, weight)
 
     monkeypatch.setattr(projection_ops, "dense_linear", spy)
+    monkeypatch.setattr(projection_ops, "triton_is_faster", lambda *args: True)  # no tuned file matches the CPU
     gen = torch.Generator().manual_seed(5)
     w = _weight(24, 40, torch.bfloat16, gen)
     x = torch.randn(*shape, generator=gen).to(DEV, torch.bfloat16)
@@ -235,6 +237,9 @@ def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...]
     with pytest.raises(RuntimeError):  # mixed dtypes go to F.linear, which rejects them as before
         projection_ops.triton_dense_linear(x.float(), w, max_tokens=4)
     monkeypatch.setattr(projection_ops, "cublas_is_faster", lambda *args: True)  # a tuned sweep's say
+    assert torch.equal(projection_ops.triton_dense_linear(x, w, max_tokens=4), torch.nn.functional.linear(x, w))
+    monkeypatch.setattr(projection_ops, "cublas_is_faster", lambda *args: False)
+    monkeypatch.setattr(projection_ops, "triton_is_faster", lambda *args: False)  # a shape no sweep timed
     assert torch.equal(projection_ops.triton_dense_linear(x, w, max_tokens=4), torch.nn.functional.linear(x, w))
     assert len(kernel_calls) == 1  # only the first call took the kernel
 

@@ -480,7 +480,6 @@ def paged_decode_attention(
     max_context_len: int | None = None,
     out: torch.Tensor | None = None,  # [B, nH, D], e.g. a static CUDA-graph buffer
     block_n: int | None = None,
-    fused_reduce: bool = True,
     num_stages: int | None = None,
     num_warps: int | None = None,
     q_norm_rope: QueryNormRope | None = None,  # q is raw: normed and rotated in the attention launch first
@@ -490,9 +489,10 @@ def paged_decode_attention(
 
     ``num_splits``: None picks one from the shapes (:func:`choose_num_splits`, using ``max_context_len`` if
     given, else ``max_blocks * block_size``, capped by the window); 1 runs the single-pass kernel; >1 runs
-    split-KV and merges the splits: inside the same launch with ``fused_reduce`` (each kv head's last split to
-    finish, by an arrival counter: one launch instead of two), else in ``_decode_reduce_kernel``. The two merges
-    differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles),
+    split-KV and merges the splits inside the same launch (each kv head's last split to finish, by an arrival
+    counter: one launch instead of two), or in ``_decode_reduce_kernel`` past ``_MAX_FUSED_HEADS`` kv heads (more
+    than the arrival counters hold). The two merges differ only in the order of fp32 sums. ``block_n`` overrides the
+    key tile (tests use it to cross tiles),
     ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch (defaults:
     :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
@@ -566,7 +566,7 @@ def paged_decode_attention(
     part_acc = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     grid = (batch, num_kv_heads, num_splits)
     block_s = triton.next_power_of_2(num_splits)
-    if fused_reduce and batch * num_kv_heads <= _MAX_FUSED_HEADS:
+    if batch * num_kv_heads <= _MAX_FUSED_HEADS:
         block_r = triton.next_power_of_2(group)
         chunk = max(1, min(block_s, _MERGE_ELEMENTS // (block_r * block_d)))
         _paged_decode_kernel[grid](
