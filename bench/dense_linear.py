@@ -9,7 +9,7 @@ over enough weight copies that no call finds its weights in L2 (``graph_timing``
 Printed per shape: µs per call for cuBLAS and Triton (the config the engine would use: tuned, else the
 heuristic), each as a fraction of the memory limit (weight + activation bytes at 4.3 TB/s, ``roofline.py``);
 then per model the sum over one step (calls x time): all cuBLAS, all Triton, what the engine runs (Triton up to
-``CudaRunnerOptions.dense_linear_max_tokens``, except where a tuned file keeps cuBLAS), the faster of the two per
+``backends.cuda.options.DENSE_GEMV_MAX_TOKENS``, except where a tuned file keeps cuBLAS), the faster of the two per
 shape, and the memory-limited time; last, the largest T at which Triton's step total is at most cuBLAS's for
 every model.
 
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the reference oracles
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
@@ -128,10 +129,10 @@ def engine_config(tokens: int, n: int, k: int, device: torch.device) -> str:
 
 def engine_takes_triton(tokens: int, n: int, k: int, device: torch.device) -> bool:
     """Whether the CUDA backend's default options run this call as ``dense_linear`` (else cuBLAS)."""
-    from inference_server.backends.cuda_backend import CudaRunnerOptions
+    from inference_server.backends.cuda.options import DENSE_GEMV_MAX_TOKENS
     from inference_server.kernels.dense_linear import cublas_is_faster
 
-    return (tokens <= CudaRunnerOptions(max_model_len=1).dense_linear_max_tokens
+    return (tokens <= DENSE_GEMV_MAX_TOKENS
             and not cublas_is_faster(tokens, n, k, torch.bfloat16, device))
 
 
@@ -207,7 +208,7 @@ def bench(models: list[str], tokens: list[int], device: torch.device, reps: int,
             break
         best = t
     print(f"\nlargest T with Triton's step total <= cuBLAS's for every model: {best} "
-          "(CudaRunnerOptions.dense_linear_max_tokens)", flush=True)
+          "(backends.cuda.options.DENSE_GEMV_MAX_TOKENS)", flush=True)
     return best
 
 
@@ -239,9 +240,10 @@ def dense_candidates(heuristic: Any, tokens: int, tiles: tuple[tuple[int, ...], 
 
 def dense_kernel(tiles: tuple[tuple[int, ...], ...] = DENSE_SWEEP) -> SweptKernel:
     """``dense_linear`` for ``int8_kernels.sweep``: bf16 weights, ``tiles`` as the candidates."""
+    from tests.kernels.reference_linear import dense_linear_reference
+
     from inference_server.kernels.dense_linear import dense_linear, dense_linear_config
     from inference_server.kernels.int8_linear_configs import DENSE_CONFIG_DIR
-    from inference_server.kernels.reference_linear import dense_linear_reference
 
     def make_weights(n: int, k: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
         return (torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * k ** -0.5,)

@@ -34,8 +34,6 @@ from pathlib import Path
 import attrs
 import torch
 
-from inference_server.kernels.pdl import PDL_LOOP_CLASSES
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import roofline
 
@@ -156,67 +154,17 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
         return None
 
 
-# Runner options per --variants entry: "after" is the engine's default; "before" turns off the small-batch levers of
-# issue 12 that have a switch (fused router, fused q/k/v and gate/up weights, gated activation, fused residual add +
-# norm, q/k norm + RoPE, Gemma's norm + add, router GEMV in the routing launch, KV store in the q/k norm + RoPE launch,
-# the fused greedy lm_head, the Triton GEMV for small-M float projections, the MoE decode GEMVs, the RoPE tables in one
-# launch, the dense MLP paired with the routed experts) and the tuned MoE configs, and PDL; "untuned" is the default
-# without the tuned MoE configs; "separate-launches" is the default with the router GEMV and the KV store in launches of
-# their own (those two levers alone); "triton-gemv" is the default with the float projections of small steps on the
-# Triton GEMV at every shape (the default takes it only where this GPU's sweep timed it faster than cuBLAS);
-# "grouped-moe" is the default with every step's routed experts on the grouped GEMMs (no decode MoE GEMVs);
-# "cublas-linear" is the default with every float projection on cuBLAS (not the Triton GEMV where the sweep tuned it);
-# "no-pdl" is the default without programmatic dependent launch of the Triton kernels (kernels/pdl.py, on by default
-# since 2026-12-01); "unfused-gated" is the default with a dense MLP's gated activation in a launch of its own (not in
-# the gate/up GEMV's epilogue: kernels/gated_gemv.py); "torch-rope-tables" is the default with each step's RoPE tables
-# built by PyTorch's seven kernels (not kernels/rope_tables.py); "separate-ffn" is the default with a Gemma 4 MoE
-# layer's dense MLP and routed experts in launches of their own (not paired: kernels/mlp_beside_experts.py);
-# "separate-norm-gemv" is the default with Gemma 4 E2B/E4B's post-FFN norm add in a launch of its own (not in the
-# per-layer-input gate's GEMV: kernels/norm_add_gemv.py); "separate-q-rope" is the default with the q norm and RoPE
-# of layers that read another layer's KV in a launch of their own (not in the decode attention's);
-# "separate-add-norm-gemv" is the default with Qwen3-MoE's input add + norm in a launch of its own (not in the fused
-# q/k/v projection's GEMV: kernels/norm_add_gemv.py's add_norm_gemv); "one-launch-experts" is the default with the
-# decode step's float routed experts in one launch (kernels/moe_decode_one_launch.py; slower on the H200);
-# "tensor-core-head" is the default with 1-2 row greedy steps on the fused head's tensor-core slices (not the head's
-# CUDA-core GEMV and greedy_head_of_logits);
-# "kv-after-wait" is the default with the decode attention's first key tile loaded after its PDL wait (not before);
-# "down-after-wait" is the default with the MoE decode down launch's expert ids and first weight tile loaded after its
-# PDL wait (not before);
-# "release-after-wait" / "release-after-loop": the loop kernels release their PDL dependent right after their wait, or
-# after their main loop (CudaRunnerOptions.pdl_early_release), whichever the default is not; "release-early-<class>"
-# releases only that class of loop kernels (kernels/pdl.py's PDL_LOOP_CLASSES) after its wait, the others after
-# their loop; "release-late-<class>" the reverse (every class after its wait but that one);
-# "compile" is the default with torch.compile (CUSTOM_BACKEND_COMPILE).
-VARIANTS: dict[str, dict[str, bool | int | tuple[str, ...]]] = {
+# Runner options per --variants entry: "after" is the engine's default; "before" is the runner with its reference
+# ops (CudaRunnerOptions.reference_ops: the Triton norm, RoPE, attention, KV store, grouped MoE GEMMs and int8 GEMVs,
+# PyTorch for the rest, no PDL) and the untuned MoE configs; "untuned" is the default without the tuned MoE configs;
+# "no-pdl" is the default without programmatic dependent launch of the Triton kernels (kernels/pdl.py); "compile" is
+# the default with torch.compile (CUSTOM_BACKEND_COMPILE). The experiments that had a variant of their own are
+# decided; their figures are in docs/benchmarks.md and in the commits that removed them.
+VARIANTS: dict[str, dict[str, bool]] = {
     "after": {},
     "untuned": {},
-    "before": dict(triton_router=False, fused_weights=False, triton_gated_activation=False, triton_add_norm=False,
-                   triton_qk_norm_rope=False, triton_norm_add=False, fused_router_gemv=False, fused_kv_store=False,
-                   fused_norm_router=False, fused_gated_gemv=False, triton_rope_tables=False,
-                   fused_mlp_beside_experts=False, fused_norm_gemv=False, fused_q_norm_rope_attention=False,
-                   fused_add_norm_gemv=False, triton_greedy_head=False,
-                   triton_dense_linear=False, triton_dense_linear_where_tuned=False,
-                   moe_decode_max_tokens=0, pdl=False),
-    "separate-launches": dict(fused_router_gemv=False, fused_kv_store=False),
-    "triton-gemv": dict(triton_dense_linear=True),
-    "grouped-moe": dict(moe_decode_max_tokens=0),
-    "cublas-linear": dict(triton_dense_linear_where_tuned=False),
+    "before": dict(reference_ops=True),
     "no-pdl": dict(pdl=False),
-    "unfused-gated": dict(fused_gated_gemv=False),
-    "torch-rope-tables": dict(triton_rope_tables=False),
-    "separate-ffn": dict(fused_mlp_beside_experts=False),
-    "separate-norm-gemv": dict(fused_norm_gemv=False),
-    "separate-add-norm-gemv": dict(fused_add_norm_gemv=False),
-    "one-launch-experts": dict(moe_one_launch=True),
-    "tensor-core-head": dict(greedy_head_gemv=False),
-    "separate-q-rope": dict(fused_q_norm_rope_attention=False),
-    "kv-after-wait": dict(attention_kv_before_wait=False),
-    "down-after-wait": dict(moe_down_weights_before_wait=False),
-    "release-after-wait": dict(pdl_early_release=True),
-    "release-after-loop": dict(pdl_early_release=False),
-    **{f"release-early-{loop}": dict(pdl_early_release=(loop,)) for loop in PDL_LOOP_CLASSES},
-    **{f"release-late-{loop}": dict(pdl_early_release=tuple(c for c in PDL_LOOP_CLASSES if c != loop))
-       for loop in PDL_LOOP_CLASSES},
     "compile": dict(compile=True),
 }
 UNTUNED = ("before", "untuned")
@@ -230,7 +178,8 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
     listed). ``max_model_len``: the runner's model length (default: just what the timed steps need); the decode
     attention's split count follows it, so a server's length (e.g. 8192) times the splits it would run."""
-    from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+    from inference_server.backends.cuda.options import CudaRunnerOptions
+    from inference_server.backends.cuda.runner import CudaModelRunner
     from inference_server.backends.paged_kv import PagedKVStorage, group_of
     from inference_server.models.loading.loader import build_model, init_dummy_weights
     from inference_server.models.loading.presets import preset_config

@@ -119,9 +119,6 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
         results.append((timed(fused_moe_decode, config=config, int8_words=words), config, error))
     heuristic_s, _, heuristic_err = results[0]
     best_s, best, _ = min(results, key=lambda item: item[0])
-    one_cell = "-"
-    if not int8:
-        one_cell = one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, limit_s, model, tokens)
 
     def cell(seconds: float) -> str:
         return f"{seconds * 1e6:.1f} ({limit_s / seconds:.2f})"
@@ -130,47 +127,7 @@ def bench_row(model: str, shape: tuple, tokens: int, device: torch.device, reps:
              f"dn {best.down_block_n}x{best.down_block_k}/{best.down_warps}w")
     kind = (" int8 words" if words else " int8 bytes") if int8 else ""
     return (f"| {model}{kind} | {tokens} | {distinct} | {cell(grouped_s)} | {cell(heuristic_s)} | "
-            f"{cell(best_s)} | {tiles} | {grouped_s / best_s:.2f} | {heuristic_err:.1e} | {one_cell} |")
-
-
-ONE_LAUNCH_DOWN = ((16, 4, 0), (32, 4, 128), (64, 4, 128), (128, 4, 128), (64, 8, 128))
-"""(down rows per program, warps of the launch, down K tile: 0 = the whole row in registers before the wait) tried
-for the one-launch kernel, gate/up at the heuristic tiles."""
-
-
-def one_launch_cell(x, w_gu, w_dn, weights, ids, act, grouped, scale, timed, limit_s, model, tokens) -> str:
-    """The one-launch kernel (``kernels.moe_decode_one_launch``): its default config's µs (of limit), the best of
-    ``ONE_LAUNCH_DOWN``'s and which, and the default's max error against the grouped path."""
-    from inference_server.kernels.moe_decode_one_launch import (
-        OneLaunchConfig,
-        fits_one_launch,
-        moe_decode_one_launch,
-        one_launch_config,
-    )
-
-    T, H = x.shape
-    if not fits_one_launch(T, ids.shape[1], H, w_dn.shape[2], False):
-        return "does not fit"
-    base = one_launch_config(H, w_dn.shape[2], x.element_size())
-    configs = [base] + [OneLaunchConfig(base.gate_up_block_n, base.gate_up_block_k, n, w, k)
-                        for n, w, k in ONE_LAUNCH_DOWN]
-    found = []
-    for config in dict.fromkeys(configs):
-        try:
-            out = moe_decode_one_launch(x, w_gu, w_dn, weights, ids, act, config=config)
-        except Exception as err:  # a tile the compiler rejects
-            print(f"  {model} T={tokens} one launch {config}: {type(err).__name__}: {err}", file=sys.stderr)
-            continue
-        error = (out.float() - grouped.float()).abs().max().item() / scale
-        seconds = timed(moe_decode_one_launch, config=config)
-        print(f"  {model} T={tokens} one launch {config}: {seconds * 1e6:.1f} us, err {error:.1e}", file=sys.stderr)
-        found.append((seconds, config, error))
-    if not found:
-        return "failed"
-    base_s, _, base_err = found[0]
-    best_s, best, _ = min(found, key=lambda item: item[0])
-    return (f"{base_s * 1e6:.1f} ({limit_s / base_s:.2f}); best {best_s * 1e6:.1f} ({limit_s / best_s:.2f}) at dn "
-            f"{best.down_block_n} rows/{best.warps}w/k {best.down_stream_k}; err {base_err:.1e}")
+            f"{cell(best_s)} | {tiles} | {grouped_s / best_s:.2f} | {heuristic_err:.1e} |")
 
 
 def main() -> None:
@@ -185,9 +142,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     print("| experts | T | distinct experts | grouped µs (of limit) | decode heuristic µs (of limit) | "
-          "decode best µs (of limit) | best tiles | grouped / best | decode vs grouped max rel. error | "
-          "one launch µs (of limit) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "decode best µs (of limit) | best tiles | grouped / best | decode vs grouped max rel. error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model, shape in (TINY if args.tiny else MODELS).items():
         for tokens in (int(t) for t in args.tokens.split(",")):
             print(bench_row(model, shape, tokens, device, args.reps, args.int8 or args.int8_bytes,

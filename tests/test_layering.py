@@ -2,6 +2,7 @@
 
 * ``core/`` is pure Python: importing any ``inference_server.core`` module loads neither torch nor trio
   nor Quart (checked in a fresh interpreter, so nothing this test process imported can hide a violation).
+* ``kernels/`` imports nothing of ``models/``.
 * The module import graph of ``inference_server`` has no cycles. Edges come from every ``import`` and
   ``from ... import`` statement in a module, at any depth (function-level imports count: a lazy import
   hides a cycle, it does not remove it), including those under ``if TYPE_CHECKING:`` (a type-only cycle
@@ -117,6 +118,17 @@ def test_records_are_the_bottom_layer() -> None:
     for name in records:
         above = {t for t in graph[name] if t.split(".")[1:2] != ["records"] and t != PACKAGE}
         assert not above, f"{name} imports {sorted(above)}"
+
+
+def test_kernels_import_no_models() -> None:
+    """``kernels`` modules (the Triton kernels and their reference oracles) import nothing of ``models``: the model
+    code calls the kernels through the ops, never the other way round (lazy imports count)."""
+    graph = import_graph()
+    kernels = [name for name in graph if name.split(".")[1:2] == ["kernels"]]
+    assert len(kernels) > 10
+    for name in kernels:
+        models = {t for t in graph[name] if t.split(".")[1:2] == ["models"]}
+        assert not models, f"{name} imports {sorted(models)}"
 
 
 def test_core_modules_import_no_torch_trio_or_quart() -> None:

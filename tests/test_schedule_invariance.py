@@ -17,8 +17,7 @@ import math
 from collections.abc import Iterator
 
 import pytest
-
-from inference_server.schedule_invariance import (
+from tests.schedule_invariance import (
     GPU_PRESET,
     Divergence,
     InvarianceConfig,
@@ -112,10 +111,11 @@ def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(rest
     if torch.cuda.is_available():
         pytest.skip("the Triton interpreter is off where CUDA is present (the gpu test covers the kernels)")
     import attrs
+    from tests.schedule_invariance import build_engine
 
     from inference_server.actors.executor import RunnerPipeline
-    from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
-    from inference_server.schedule_invariance import build_engine
+    from inference_server.backends.cuda.options import CudaRunnerOptions
+    from inference_server.backends.cuda.runner import CudaModelRunner
 
     config = InvarianceConfig(
         settings={"MODEL": "gemma-4-26b-a4b-tiny", "DUMMY_WEIGHTS": "true", "DEVICE": "cpu", "DTYPE": "float32",

@@ -37,7 +37,8 @@ import attrs
 import pytest
 import torch
 
-from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions, eager_warmup_sizes
+from inference_server.backends.cuda.options import CudaRunnerOptions
+from inference_server.backends.cuda.runner import CudaModelRunner, eager_warmup_sizes
 from inference_server.backends.cuda_graphs import DecodeGraphs, decode_buckets
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of

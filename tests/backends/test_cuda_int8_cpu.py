@@ -18,7 +18,8 @@ from tests.backends.test_cuda_backend import (
     tokens_of,
 )
 
-from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.cuda.options import CudaRunnerOptions
+from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.blocks import SelfAttention

@@ -4,8 +4,9 @@ context, on whole tiny models.
 A runner whose context has ``norm_rope_store`` must leave the paged caches bit for bit as the unfused path does
 (``triton_qk_norm_rope`` then the store), calling the separate store for no layer; KV-shared layers (Gemma-4-E2B),
 K = V layers (Gemma-4-26B-A4B's full layers) and Qwen's raw values included. On CPU the Triton kernels run in the
-interpreter (fp32); on a GPU compiled. Also: the CUDA runner's options pick the fused paths (KV store, router GEMV,
-the residual add and norm before the router).
+interpreter (fp32); on a GPU compiled. Also: the CUDA runner installs the fused paths (KV store, router GEMV, the
+residual add and norm before the router, ...), and each fused launch gives the values of the launches it replaces
+(a runner whose op is set back to the unfused one, ``separate``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
-from inference_server.backends.cuda_backend import (
-    CudaModelRunner,
-    CudaRunnerOptions,
-    triton_add_norm_linear_route,
-    triton_linear_route,
-    triton_qk_norm_rope,
-    triton_qk_norm_rope_store,
-)
+from inference_server.backends.cuda.attention_ops import triton_qk_norm_rope, triton_qk_norm_rope_store
+from inference_server.backends.cuda.moe_ops import triton_add_norm_linear_route, triton_linear_route
+from inference_server.backends.cuda.options import CudaRunnerOptions
+from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.kernels.kv_store import store_kv
@@ -57,6 +54,32 @@ def _build(name: str) -> tuple[ModelSpec, torch.nn.Module, PagedKVStorage]:
     return spec, model, PagedKVStorage(spec.cache_layers, dict.fromkeys(groups, 8), BLOCK, torch.float32, DEV)
 
 
+def _runner(spec: ModelSpec, model: torch.nn.Module, storage: PagedKVStorage, *separate: str,
+            max_model_len: int = 32) -> CudaModelRunner:
+    """A CUDA runner (no graphs) with the ops named in ``separate`` (its attributes, e.g. ``_gated_projection``) set
+    back to the PyTorch composition of the launches they fuse (``ops.torch_*``); ``norm_rope_decode``: no q norm and
+    RoPE in the decode attention."""
+    runner = CudaModelRunner(model, spec, storage, torch.device(DEV),
+                             CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=2, cuda_graphs=False))
+    for name in separate:
+        if name == "norm_rope_decode":
+            runner.attention_kwargs["norm_rope_decode"] = None
+        else:
+            setattr(runner, name, getattr(ops, "torch_add_norm_linear_route" if name == "_add_norm_route"
+                                          else f"torch{name}"))
+    runner._install_ops()
+    return runner
+
+
+@pytest.fixture
+def gemv_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float projections of small steps on the Triton GEMV at every shape, as if this device's sweep had timed it
+    faster everywhere (no tuned file matches the CPU), so that the GEMV fusions run."""
+    from inference_server.backends.cuda import projection_ops
+
+    monkeypatch.setattr(projection_ops, "triton_is_faster", lambda *args: True)
+
+
 def _plans(spec: ModelSpec) -> list[StepPlan]:
     """Two prompts prefilled together (9 and 20 tokens, the second over two blocks), then one decode step."""
     groups = max(group_of(layer) for layer in spec.cache_layers) + 1
@@ -71,18 +94,18 @@ def _plans(spec: ModelSpec) -> list[StepPlan]:
 
 
 def _count_rows(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """Wrap ``cuda_backend``'s launch ``name`` so that each call records its first argument's row count; returns
-    the list it appends to."""
-    import inference_server.backends.cuda_backend as cuda_backend
+    """Wrap ``projection_ops``' launch ``name`` (a GEMV kernel) so that each call records its first argument's row
+    count; returns the list it appends to."""
+    from inference_server.backends.cuda import projection_ops
 
     rows: list[int] = []
-    launch = getattr(cuda_backend, name)
+    launch = getattr(projection_ops, name)
 
     def counting(x: torch.Tensor, *args: object, **kwargs: object) -> object:
         rows.append(x.shape[0])
         return launch(x, *args, **kwargs)
 
-    monkeypatch.setattr(cuda_backend, name, counting)
+    monkeypatch.setattr(projection_ops, name, counting)
     return rows
 
 
@@ -122,23 +145,20 @@ def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: 
     assert any(bool(c.abs().sum() > 0) for c in caches[1])
 
 
-@pytest.mark.parametrize(("options", "fused_store", "linear_route", "add_norm_route"), [
-    (dict(), triton_qk_norm_rope_store, triton_linear_route, triton_add_norm_linear_route),
-    (dict(fused_norm_router=False), triton_qk_norm_rope_store, triton_linear_route, ops.torch_add_norm_linear_route),
-    (dict(fused_kv_store=False, fused_router_gemv=False), None, ops.torch_linear_route,
-     ops.torch_add_norm_linear_route),
-    (dict(triton_qk_norm_rope=False, triton_router=False), None, ops.torch_linear_route,
-     ops.torch_add_norm_linear_route),
-    (dict(triton_add_norm=False), triton_qk_norm_rope_store, triton_linear_route, ops.torch_add_norm_linear_route),
-])
-def test_runner_options_pick_the_fused_paths(options: dict, fused_store: object, linear_route: object,
-                                             add_norm_route: object) -> None:
+@pytest.mark.parametrize("reference", [False, True])
+def test_runner_installs_the_fused_paths_unless_reference_ops(reference: bool) -> None:
     spec, model, storage = _build("qwen3-30b-a3b-tiny")
-    runner = CudaModelRunner(model, spec, storage, torch.device(DEV),
-                             CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
-    assert runner.attention_kwargs["norm_rope_store"] is fused_store
-    assert ops.linear_route is linear_route
-    assert ops.add_norm_linear_route is add_norm_route
+    runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
+        max_model_len=32, max_batch_size=2, cuda_graphs=False, reference_ops=reference))
+    assert runner.attention_kwargs["norm_rope_store"] is (None if reference else triton_qk_norm_rope_store)
+    assert (runner.attention_kwargs["norm_rope_decode"] is None) == reference
+    fused = {ops.linear_route: triton_linear_route, ops.add_norm_linear_route: triton_add_norm_linear_route,
+             ops.qk_norm_rope: triton_qk_norm_rope}
+    assert all((got is want) != reference for got, want in fused.items())
+    for name in ("mlp_beside_experts", "norm_add_gated_projection", "add_norm_projection", "gated_projection",
+                 "norm_add", "add_rms_norm", "route", "gated_activation"):
+        assert (getattr(ops, name) is getattr(ops, f"torch_{name}")) == reference, name
+    assert ops.fused_weights != reference
     with ops.reference_ops():
         assert ops.linear_route is ops.torch_linear_route
         assert ops.add_norm_linear_route is ops.torch_add_norm_linear_route
@@ -148,22 +168,21 @@ def test_qwen_decode_runs_the_post_attention_norm_in_the_router_launch(monkeypat
     """A tiny Qwen3-MoE: each MoE layer of a decode step calls the fused add + norm + router kernel once (a prefill
     step of more than FUSED_ROUTER_MAX_TOKENS tokens takes the unfused path), and the tokens are those of a runner
     with the fusion off."""
-    from inference_server.backends import cuda_backend
+    from inference_server.backends.cuda import moe_ops
 
     fused_rows: list[int] = []
-    real = cuda_backend.add_norm_linear_route
+    real = moe_ops.add_norm_linear_route
 
     def recording(x: torch.Tensor, *args: object) -> tuple[torch.Tensor, ...]:
         fused_rows.append(x.shape[0])
         return real(x, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cuda_backend, "add_norm_linear_route", recording)
+    monkeypatch.setattr(moe_ops, "add_norm_linear_route", recording)
     torch.set_num_threads(1)
     tokens = []
     for fused in (True, False):
         spec, model, storage = _build("qwen3-30b-a3b-tiny")
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=64, max_batch_size=2, cuda_graphs=False, fused_norm_router=fused))
+        runner = _runner(spec, model, storage, *(() if fused else ("_add_norm_route",)), max_model_len=64)
         tokens.append([[t.token_id for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         if fused:
             moe_layers = sum(layer.is_moe for layer in spec.layers)
@@ -174,19 +193,19 @@ def test_qwen_decode_runs_the_post_attention_norm_in_the_router_launch(monkeypat
 def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Up to FUSED_ROUTER_MAX_TOKENS rows the fused kernel runs; past it, or for a weight of another dtype, the
     router GEMM and the installed routing (same result as ``ops.torch_linear_route``)."""
-    from inference_server.backends import cuda_backend
+    from inference_server.backends.cuda import moe_ops
 
     fused_rows: list[int] = []
-    real = cuda_backend.linear_route
+    real = moe_ops.linear_route
 
     def recording(x: torch.Tensor, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
         fused_rows.append(x.shape[0])
         return real(x, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cuda_backend, "linear_route", recording)
+    monkeypatch.setattr(moe_ops, "linear_route", recording)
     gen = torch.Generator().manual_seed(0)
     w = (0.1 * torch.randn(16, 32, generator=gen)).to(DEV)
-    limit = cuda_backend.FUSED_ROUTER_MAX_TOKENS
+    limit = moe_ops.FUSED_ROUTER_MAX_TOKENS
     for rows in (1, limit, limit + 1):
         x = torch.randn(rows, 32, generator=gen).to(DEV)
         weights, ids = triton_linear_route(x, w, 4, True, None, None)
@@ -200,18 +219,18 @@ def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("name", ["gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
-def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.MonkeyPatch,
+                                                gemv_everywhere: None) -> None:
     """The dense MLP's gate/up GEMV (and E2B's per-layer-input gate) with the activation in its epilogue
-    (``fused_gated_gemv``) against the GEMV and the activation kernel apart: same tokens and logprobs, bit for bit,
-    and the fused launch taken at decode."""
+    (``triton_gated_projection``) against the GEMV and the activation kernel apart: same tokens and logprobs, bit
+    for bit, and the fused launch taken at decode."""
     torch.set_num_threads(1)
     calls = _count_rows(monkeypatch, "gated_gemv")
     results = []
     for fused in (False, True):
         spec, model, storage = _build(name)
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
-            fused_gated_gemv=fused, fused_mlp_beside_experts=False, fused_norm_gemv=False))
+        unfused = ("_mlp_beside_experts", "_norm_add_gated_projection") + (() if fused else ("_gated_projection",))
+        runner = _runner(spec, model, storage, *unfused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
     assert results[0] == results[1]
@@ -220,16 +239,17 @@ def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.M
     assert calls == [2] * len(spec.layers) * (2 if spec.ple_hidden_size else 1)
 
 
-def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Gemma-4-26B-A4B's dense MLP beside its routed experts (``fused_mlp_beside_experts``: the gate/up GEMV with
+def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest.MonkeyPatch,
+                                                             gemv_everywhere: None) -> None:
+    """Gemma-4-26B-A4B's dense MLP beside its routed experts (``triton_mlp_beside_experts``: the gate/up GEMV with
     the router, the down GEMV with the experts' gate/up) against the same runner with the branches' launches
     apart: same tokens and logprobs, bit for bit (the interpreter has no warps; on the GPU the router's logits may
     differ in fp32 summation order), and both paired launches taken once per MoE layer at decode only."""
-    import inference_server.backends.cuda_backend as cuda_backend
+    from inference_server.backends.cuda import moe_ops
 
     torch.set_num_threads(1)
     calls: dict[str, list[int]] = {"route": [], "experts": []}
-    pair_route, pair_experts = cuda_backend.gated_gemv_and_route, cuda_backend.expert_gate_up_beside_gemv
+    pair_route, pair_experts = moe_ops.gated_gemv_and_route, moe_ops.expert_gate_up_beside_gemv
 
     def counting_route(x: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
         calls["route"].append(x.shape[0])
@@ -239,14 +259,12 @@ def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest
         calls["experts"].append(x.shape[0])
         return pair_experts(x, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cuda_backend, "gated_gemv_and_route", counting_route)
-    monkeypatch.setattr(cuda_backend, "expert_gate_up_beside_gemv", counting_experts)
+    monkeypatch.setattr(moe_ops, "gated_gemv_and_route", counting_route)
+    monkeypatch.setattr(moe_ops, "expert_gate_up_beside_gemv", counting_experts)
     results = []
     for fused in (False, True):
         spec, model, storage = _build("gemma-4-26b-a4b-tiny")
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True,
-            fused_mlp_beside_experts=fused))
+        runner = _runner(spec, model, storage, *(() if fused else ("_mlp_beside_experts",)))
         assert (ops.mlp_beside_experts is ops.torch_mlp_beside_experts) == (not fused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
     assert results[0] == results[1]
@@ -259,23 +277,23 @@ def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest
 
 
 @pytest.mark.parametrize("tokens", [1, 2])
-def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: int,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: int, monkeypatch: pytest.MonkeyPatch,
+                                                                      gemv_everywhere: None) -> None:
     """``triton_mlp_beside_experts`` on a Gemma 4 MoE FFN whose down GEMV takes four warps (K = 1024) as the
     experts' gate/up does: both paired launches, and the separate launches' bits (the installed ops of a CUDA
     runner, called as ``ops.torch_mlp_beside_experts`` calls them)."""
     import functools
 
-    import inference_server.backends.cuda_backend as cuda_backend
+    from inference_server.backends.cuda import moe_ops, projection_ops
     from inference_server.models.architectures.blocks import FusedExperts, GatedMLP
     from inference_server.models.architectures.gemma4 import Gemma4Router
 
     torch.set_num_threads(1)
     calls: list[str] = []
-    pair_route, pair_experts = cuda_backend.gated_gemv_and_route, cuda_backend.expert_gate_up_beside_gemv
-    monkeypatch.setattr(cuda_backend, "gated_gemv_and_route",
+    pair_route, pair_experts = moe_ops.gated_gemv_and_route, moe_ops.expert_gate_up_beside_gemv
+    monkeypatch.setattr(moe_ops, "gated_gemv_and_route",
                         lambda *a, **k: calls.append("route") or pair_route(*a, **k))
-    monkeypatch.setattr(cuda_backend, "expert_gate_up_beside_gemv",
+    monkeypatch.setattr(moe_ops, "expert_gate_up_beside_gemv",
                         lambda *a, **k: calls.append("experts") or pair_experts(*a, **k))
     spec = parse_model_spec(preset_config("gemma-4-26b-a4b-tiny"))
     hidden, dense, experts_n, inter = 256, 1024, 8, 32
@@ -289,30 +307,29 @@ def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: in
             p.data = (torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5).to(DEV)
     mlp.fuse_gate_up()
     router.fold_scale()
-    ops.use_ops(linear=functools.partial(cuda_backend.triton_dense_linear, max_tokens=16),
-                gated_proj=functools.partial(cuda_backend.triton_gated_projection, dense_max_tokens=16),
-                gated=cuda_backend.triton_gated_activation, linear_router=cuda_backend.triton_linear_route,
-                moe=functools.partial(cuda_backend.triton_fused_moe, decode_max_tokens=2), weights_fused=True)
+    ops.use_ops(linear=functools.partial(projection_ops.triton_dense_linear, max_tokens=16),
+                gated_proj=functools.partial(projection_ops.triton_gated_projection, dense_max_tokens=16),
+                gated=projection_ops.triton_gated_activation, linear_router=moe_ops.triton_linear_route,
+                moe=functools.partial(moe_ops.triton_fused_moe, decode_max_tokens=2), weights_fused=True)
     x, residual, router_in, expert_in = (torch.randn(tokens, hidden, generator=gen).to(DEV) for _ in range(4))
     want = ops.torch_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in)
     assert calls == []
-    got = cuda_backend.triton_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in,
+    got = moe_ops.triton_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in,
                                                  decode_max_tokens=2, dense_max_tokens=16)
     assert calls == ["route", "experts"]
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def _fused_against_separate(preset: str, option: str, op: str) -> ModelSpec:
-    """Run ``_plans`` on the tiny ``preset`` with the runner ``option`` off, then on (the float projections on the
-    Triton GEMV): the installed ``ops.<op>`` is its reference exactly when the option is off, and the two runs give
+def _fused_against_separate(preset: str, op: str) -> ModelSpec:
+    """Run ``_plans`` on the tiny ``preset`` with the runner's ``op`` set back to ``ops.torch_<op>``, then as installed
+    (the float projections on the Triton GEMV, ``gemv_everywhere``): the two runs give
     the same tokens and logprobs (bit for bit under the interpreter, whose sums of squares run in the same order; on
     the GPU within fp32 rounding). Returns the model's spec."""
     torch.set_num_threads(1)
     results = []
     for fused in (False, True):
         spec, model, storage = _build(preset)
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, triton_dense_linear=True, **{option: fused}))
+        runner = _runner(spec, model, storage, *(() if fused else (f"_{op}",)))
         assert (getattr(ops, op) is getattr(ops, f"torch_{op}")) == (not fused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
     if DEV == "cpu":
@@ -322,46 +339,48 @@ def _fused_against_separate(preset: str, option: str, op: str) -> ModelSpec:
     return spec
 
 
-def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Gemma-4-E2B's post-FFN norm add inside the per-layer-input gate's GEMV (``fused_norm_gemv``) against the
+def test_norm_add_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch, gemv_everywhere: None) -> None:
+    """Gemma-4-E2B's post-FFN norm add inside the per-layer-input gate's GEMV against the
     ``norm_add`` launch and the gated GEMV apart (``_fused_against_separate``), the fused launch taken once a layer
     at decode only."""
     calls = _count_rows(monkeypatch, "norm_add_gemv")
-    spec = _fused_against_separate("gemma-4-e2b-tiny", "fused_norm_gemv", "norm_add_gated_projection")
+    spec = _fused_against_separate("gemma-4-e2b-tiny", "norm_add_gated_projection")
     # the decode step's two rows, once per layer (every E2B layer has a per-layer input); the prefill's 29 tokens
     # run the norm_add launch and the tensor-core GEMM
     assert calls == [2] * len(spec.layers)
 
 
-def test_add_norm_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Qwen3-MoE's input add + norm inside the fused q/k/v projection's GEMV (``fused_add_norm_gemv``) against the
+def test_add_norm_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyPatch, gemv_everywhere: None) -> None:
+    """Qwen3-MoE's input add + norm inside the fused q/k/v projection's GEMV against the
     ``fused_add_rmsnorm`` launch and the GEMV apart (``_fused_against_separate``), the fused launch taken once a layer
     after the first (whose input is the embedding, with no residual to add) at decode only."""
     calls = _count_rows(monkeypatch, "add_norm_gemv")
-    spec = _fused_against_separate("qwen3-30b-a3b-tiny", "fused_add_norm_gemv", "add_norm_projection")
+    spec = _fused_against_separate("qwen3-30b-a3b-tiny", "add_norm_projection")
     # the decode step's two rows; the prefill's 29 tokens run the norm launch and the tensor-core GEMM
     assert calls == [2] * (len(spec.layers) - 1)
 
 
-def test_add_norm_projection_takes_the_fused_launch_for_float_weights_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_add_norm_projection_takes_the_fused_launch_for_float_weights_only(monkeypatch: pytest.MonkeyPatch,
+                                                                           gemv_everywhere: None) -> None:
     """``triton_add_norm_projection`` runs one launch for a float projection at one token and keeps int8 weights on
     the two launches (measured faster for them), each with the unfused op's values."""
     import functools
 
-    import inference_server.backends.cuda_backend as cuda_backend
+    from inference_server.backends.cuda import norm_ops, projection_ops
+    from inference_server.kernels.int8_linear import int8_linear
     from inference_server.kernels.reference_int8 import quantize_int8_per_channel
     from inference_server.models.architectures.layers import RMSNorm
 
     calls = _count_rows(monkeypatch, "add_norm_gemv")
-    ops.use_ops(add_norm=cuda_backend.triton_add_rms_norm, int8_linear=cuda_backend.triton_int8_linear,
-                linear=functools.partial(cuda_backend.triton_dense_linear, max_tokens=16))
+    ops.use_ops(add_norm=norm_ops.triton_add_rms_norm, int8_linear=int8_linear,
+                linear=functools.partial(projection_ops.triton_dense_linear, max_tokens=16))
     gen = torch.Generator().manual_seed(7)
     x, residual = ((torch.randn(1, 64, generator=gen) * 3).to(DEV) for _ in range(2))
     norm = RMSNorm(64, 1e-6, "qwen").to(DEV)
     weight = (torch.randn(32, 64, generator=gen) / 8).to(DEV)
     for w, scale, fused in ((weight, None, True), (*quantize_int8_per_channel(weight), False)):
         calls.clear()
-        got = cuda_backend.triton_add_norm_projection(x, residual, norm, w, scale, dense_max_tokens=16)
+        got = projection_ops.triton_add_norm_projection(x, residual, norm, w, scale, dense_max_tokens=16)
         want = ops.torch_add_norm_projection(x, residual, norm, w, scale)
         assert calls == ([1] if fused else [])
         assert torch.equal(got[1], want[1])
@@ -374,26 +393,25 @@ def test_add_norm_projection_takes_the_fused_launch_for_float_weights_only(monke
 def test_q_norm_rope_in_the_attention_launch_gives_the_separate_launches_values(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma-4-E2B's KV-shared layers with their q norm and RoPE inside the decode attention launch
-    (``fused_q_norm_rope_attention``) against ``qk_norm_rope``'s launch and the attention apart: the same tokens, and
+    (``TritonNormRopeDecode``) against ``qk_norm_rope``'s launch and the attention apart: the same tokens, and
     logprobs within fp32 rounding (the norm's sum of squares runs over the whole row, not two halves), taken once
     per KV-shared layer at the decode step only."""
-    import inference_server.backends.cuda_backend as cuda_backend
+    from inference_server.backends.cuda import attention_ops
 
     torch.set_num_threads(1)
     calls: list[int] = []
-    attention = cuda_backend.paged_decode_attention
+    attention = attention_ops.paged_decode_attention
 
     def counting(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         if kwargs.get("q_norm_rope") is not None:
             calls.append(q.shape[0])
         return attention(q, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cuda_backend, "paged_decode_attention", counting)
+    monkeypatch.setattr(attention_ops, "paged_decode_attention", counting)
     results = []
     for fused in (False, True):
         spec, model, storage = _build("gemma-4-e2b-tiny")
-        runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
-            max_model_len=32, max_batch_size=2, cuda_graphs=False, fused_q_norm_rope_attention=fused))
+        runner = _runner(spec, model, storage, *(() if fused else ("norm_rope_decode",)))
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
     _assert_same_tokens_close_logprobs(results[1], results[0])
@@ -450,24 +468,3 @@ def test_context_hands_back_a_raw_q_only_to_its_own_attention(decode_only: bool)
     q, _, _ = ctx.qk_norm_rope(shared, q_raw, None, None, norm, None, None, cos, sin)
     assert q is not q_raw and ctx.attend(shared, q, None, None, 1.0, None) is not fused_out
     assert len(calls) == (1 if decode_only else 0)
-
-
-@pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(triton_norm_add=False)])
-def test_norm_add_gemv_needs_its_parts(options: dict) -> None:
-    """The fused launch runs the gated GEMV's programs and computes ``norm_add``'s add: without either kernel the
-    runner keeps the two ops."""
-    spec, model, storage = _build("gemma-4-e2b-tiny")
-    CudaModelRunner(model, spec, storage, torch.device(DEV),
-                    CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
-    assert ops.norm_add_gated_projection is ops.torch_norm_add_gated_projection
-
-
-@pytest.mark.parametrize("options", [dict(fused_gated_gemv=False), dict(fused_router_gemv=False),
-                                     dict(moe_decode_max_tokens=0), dict(fused_mlp_beside_experts=False)])
-def test_mlp_beside_experts_needs_its_parts(options: dict) -> None:
-    """The paired launches run the gated GEMV, the fused router and the MoE decode GEMVs' programs: without any
-    of them the runner keeps the modules' calls."""
-    spec, model, storage = _build("gemma-4-26b-a4b-tiny")
-    CudaModelRunner(model, spec, storage, torch.device(DEV),
-                    CudaRunnerOptions(max_model_len=32, max_batch_size=2, cuda_graphs=False, **options))
-    assert ops.mlp_beside_experts is ops.torch_mlp_beside_experts

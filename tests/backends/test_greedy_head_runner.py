@@ -1,4 +1,4 @@
-"""The CUDA runner's fused greedy head (``CudaRunnerOptions.triton_greedy_head``) on CPU, Triton interpreter, fp32.
+"""The CUDA runner's fused greedy head (``CudaModelRunner._greedy_head``) on CPU, Triton interpreter, fp32.
 
 * Selection: ``_sample`` takes the fused head exactly when every sampled row is greedy and needs nothing else
   (``sampler.argmax_suffices``), and the tokens and logprobs it hands to the host copy equal the unfused
@@ -19,7 +19,8 @@ import pytest
 import torch
 from tests.backends.test_cuda_backend import BLOCK, Script, build, num_groups, storage_for
 
-from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.cuda.options import CudaRunnerOptions
+from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.backends.sampler import argmax_suffices
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
 from inference_server.models.architectures import ops
@@ -68,10 +69,16 @@ def make_runner(name: str, fused: bool, quantize: bool = False, graphs: bool = F
     spec, model = build(name, torch.float32, "cpu")
     if quantize:
         quantize_model_int8_(model, embeddings=True)  # the head too (the CPU backend's choice)
-    options = CudaRunnerOptions(max_model_len=blocks * BLOCK, max_batch_size=seqs, capture=False, cuda_graphs=graphs,
-                                triton_greedy_head=fused)
-    return CudaModelRunner(model, spec, storage_for(spec, seqs, blocks, torch.float32, "cpu"), torch.device("cpu"),
-                           options)
+    options = CudaRunnerOptions(max_model_len=blocks * BLOCK, max_batch_size=seqs, capture=False, cuda_graphs=graphs)
+    runner = CudaModelRunner(model, spec, storage_for(spec, seqs, blocks, torch.float32, "cpu"), torch.device("cpu"),
+                             options)
+    return runner if fused else without_fused_head(runner)
+
+
+def without_fused_head(runner: CudaModelRunner) -> CudaModelRunner:
+    """``runner`` with the unfused head (the full logits and the sampler) for every step: the fused head's before."""
+    runner._greedy_head = lambda hidden: None  # type: ignore[method-assign]
+    return runner
 
 
 def sequence(request_id: int, params: SamplingParams, output_len: int, chunk: int) -> ScheduledSequence:
@@ -137,22 +144,19 @@ def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int, 
 
 
 @pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
-@pytest.mark.parametrize("gemv", [True, False])
-def test_one_or_two_rows_take_the_head_gemv(quantize: bool, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """1-2 greedy rows: with ``greedy_head_gemv`` the head's CUDA-core GEMV writes the logits (an int8 head always;
-    a float head where the sweep tuned its GEMV, here forced, as no tuned file matches the CPU) and
-    ``greedy_head_of_logits`` reduces them; without it a float head takes the fused slices and an int8 head the
-    unfused path. Three rows take the fused slices either way. Tokens equal the unfused runner's throughout."""
+def test_one_or_two_rows_take_the_head_gemv(quantize: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1-2 greedy rows: the head's CUDA-core GEMV writes the logits (an int8 head always; a float head where the
+    sweep tuned its GEMV, here forced, as no tuned file matches the CPU) and ``greedy_head_of_logits`` reduces them.
+    Three rows take the fused slices. Tokens equal the unfused runner's throughout."""
     torch.set_num_threads(1)
-    import inference_server.backends.cuda_backend as backend
+    from inference_server.backends.cuda import runner as runner_module
 
     reduced = []
-    of_logits = backend.greedy_head_of_logits
-    monkeypatch.setattr(backend, "greedy_head_of_logits", lambda logits, cap: reduced.append(logits.shape) or
+    of_logits = runner_module.greedy_head_of_logits
+    monkeypatch.setattr(runner_module, "greedy_head_of_logits", lambda logits, cap: reduced.append(logits.shape) or
                         of_logits(logits, cap))
-    monkeypatch.setattr(backend, "dense_linear_takes", lambda *args, **kwargs: True)
+    monkeypatch.setattr(runner_module, "dense_linear_takes", lambda *args, **kwargs: True)
     runner = make_runner("gemma-4-31b-tiny", fused=True, quantize=quantize)
-    runner.options = attrs.evolve(runner.options, greedy_head_gemv=gemv)
     plain = make_runner("gemma-4-31b-tiny", fused=False, quantize=quantize)
     spy = Spy.on(runner)
     gen = torch.Generator().manual_seed(4)
@@ -163,9 +167,8 @@ def test_one_or_two_rows_take_the_head_gemv(quantize: bool, gemv: bool, monkeypa
         ours, theirs = sample_once(runner, seqs, hidden), sample_once(plain, seqs, hidden)
         assert [t.token_id for t in ours] == [t.token_id for t in theirs], rows
         assert [t.logprob for t in ours] == pytest.approx([t.logprob for t in theirs], abs=1e-5), rows
-        through_gemv = gemv and rows <= GEMV_MAX_TOKENS
-        assert len(reduced) - before == int(through_gemv), rows
-        assert spy.logits - logits_before == int(quantize and not gemv and rows <= GEMV_MAX_TOKENS), rows
+        assert len(reduced) - before == int(rows <= GEMV_MAX_TOKENS), rows
+        assert spy.logits == logits_before, rows
     assert all(shape[1] == runner.spec.vocab_size for shape in reduced)
 
 
@@ -192,8 +195,9 @@ def test_greedy_decoding_through_the_static_path(quantize: bool) -> None:
     script = Script(spec, num_groups(spec), steps, seed=1, join=2, prompt_lens=(5, 12))
     n, m = len(script.seqs), script.blocks_per_seq
     runners = [CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
-                               CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False,
-                                                 triton_greedy_head=fused)) for fused in (True, False)]
+                               CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False))
+               for _ in range(2)]
+    without_fused_head(runners[1])
     spies = [Spy.on(r) for r in runners]
     for _ in range(steps + 1):
         plan = script.plan()
@@ -211,12 +215,13 @@ def test_warm_up_compiles_every_head_path_a_decode_batch_meets(quantize: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``warm_up_greedy_head`` runs the serving path at 1 and 2 rows (an int8 head's GEMV path; a float head without
     a tuned GEMV takes the fused head there) and at the fewest rows of each fused block: 3, 17 and 33."""
-    import inference_server.backends.cuda_backend as backend
+    from inference_server.backends.cuda import runner as runner_module
 
     fused: list[int] = []
     reduced: list[int] = []
-    monkeypatch.setattr(backend, "greedy_head", lambda hidden, *a, **k: fused.append(hidden.shape[0]) or (None, None))
-    monkeypatch.setattr(backend, "greedy_head_of_logits", lambda logits, cap: reduced.append(logits.shape[0]) or
+    monkeypatch.setattr(runner_module, "greedy_head",
+                        lambda hidden, *a, **k: fused.append(hidden.shape[0]) or (None, None))
+    monkeypatch.setattr(runner_module, "greedy_head_of_logits", lambda logits, cap: reduced.append(logits.shape[0]) or
                         (None, None))
     runner = make_runner("gemma-4-31b-tiny", fused=True, quantize=quantize, seqs=40)
     runner.warm_up_greedy_head()

@@ -14,7 +14,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from inference_server.backends.cuda_backend import EARLY_RELEASE_NARROW_CLASSES, CudaModelRunner, CudaRunnerOptions
+from inference_server.backends.cuda.options import (
+    EARLY_RELEASE_NARROW_CLASSES,
+    CudaRunnerOptions,
+    early_release_classes_for,
+)
+from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.kernels import pdl
 from inference_server.models.architectures import ops
 
@@ -44,12 +49,10 @@ def hidden_tap(runner: CudaModelRunner) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early_release", [False, True, ("attention",)],
-                         ids=["release-after-loop", "release-after-wait", "attention-after-wait"])
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-e4b", "gemma-4-31b"])
-def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool | tuple[str, ...]) -> None:
-    """Either place of the loop kernels' release (``pdl_early_release``, for every class or some) gives the bits of a
-    runner without PDL."""
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-e4b", "gemma-4-31b", "gemma-4-e2b"])
+def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
+    """Either place of the loop kernels' release (every class but the router after its wait at hidden sizes up to
+    2,048: Qwen3-30B-A3B, Gemma-4-E2B; after the loop above) gives the bits of a runner without PDL."""
     if not pdl.pdl_supported():
         pytest.skip("PDL needs an sm_90+ GPU and a Triton with launch_pdl")
     dtype, device, steps = torch.bfloat16, "cuda", 12
@@ -58,8 +61,7 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool | 
     n, m = len(script.seqs), script.blocks_per_seq
     runners, hidden = {}, {}
     for use_pdl in (False, True):
-        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, pdl=use_pdl,
-                                    pdl_early_release=early_release)
+        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, pdl=use_pdl)
         runners[use_pdl] = CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
                                            options)
         hidden[use_pdl] = hidden_tap(runners[use_pdl])
@@ -68,7 +70,7 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str, early_release: bool | 
         off = tokens_of(runners[False])(plan)
         assert not pdl.pdl_enabled()
         on = tokens_of(runners[True])(plan)
-        assert pdl.pdl_enabled() and pdl.early_release_classes() == pdl.loop_classes(early_release)  # its step's
+        assert pdl.pdl_enabled() and pdl.early_release_classes() == early_release_classes_for(spec.hidden_size)
         assert on == off, f"step {script.step}: tokens differ"
         # only the plan's rows: a decode graph's padding rows are garbage nobody reads (backends/cuda_graphs.py)
         rows = plan.num_tokens
@@ -93,14 +95,9 @@ def test_the_option_sets_the_switch_at_every_step_cpu() -> None:
 
     with_pdl = runner(True)
     assert pdl.pdl_requested()
-    # the loop kernels' release place: the default by hidden size (a tiny model: the narrow classes after the wait),
-    # or as asked
+    # the loop kernels' release place by hidden size (a tiny model: the narrow classes after the wait)
     assert with_pdl.early_release == frozenset(EARLY_RELEASE_NARROW_CLASSES) == pdl.early_release_classes()
-    for asked in (False, True, ("gemv", "moe")):
-        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=2, cuda_graphs=False,
-                                    pdl_early_release=asked)
-        assert CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
-                               options).early_release == pdl.loop_classes(asked) == pdl.early_release_classes()
+    assert early_release_classes_for(2048) == with_pdl.early_release and not early_release_classes_for(2049)
     without = runner(False)
     assert not pdl.pdl_requested()
     plan = script.plan()

@@ -1,4 +1,4 @@
-"""The CUDA runner's ``ops.add_rms_norm`` (``cuda_backend.triton_add_rms_norm``) against the reference op.
+"""The CUDA runner's ``ops.add_rms_norm`` (``norm_ops.triton_add_rms_norm``) against the reference op.
 
 On CPU the kernel runs in the Triton interpreter (tests/conftest.py), which rounds fp32 -> bf16 by truncation:
 bf16 is compared within one bf16 ulp there, bitwise on the GPU (the add is fp32 rounded to nearest, as torch).
@@ -11,7 +11,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from inference_server.backends.cuda_backend import CudaModelRunner, CudaRunnerOptions, triton_add_rms_norm
+from inference_server.backends.cuda.norm_ops import triton_add_rms_norm
+from inference_server.backends.cuda.options import CudaRunnerOptions
+from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.models.architectures import ops
 from inference_server.models.loading.loader import build_model, init_dummy_weights
@@ -65,8 +67,7 @@ def test_gemma3_style_and_strided_rows_take_the_reference() -> None:
 
 @pytest.mark.parametrize(("options", "expected"), [
     (dict(), triton_add_rms_norm),
-    (dict(triton_add_norm=False), ops.torch_add_rms_norm),
-    (dict(triton_norm=False), ops.torch_add_rms_norm),
+    (dict(reference_ops=True), ops.torch_add_rms_norm),
 ])
 def test_runner_installs_the_op_its_options_ask_for(options: dict, expected: object) -> None:
     spec = parse_model_spec(preset_config("qwen3-30b-a3b-tiny"))

@@ -316,6 +316,14 @@ def test_decode_kernel_large_head_dim(head_dim: int, num_splits: int) -> None:
     assert_close(out, ref_paged_decode_attention(*args), torch.float32)
 
 
+def reduce_kernel_merge(args: tuple, num_splits: int | None, **kwargs: object) -> torch.Tensor:
+    """``paged_decode_attention`` of ``args`` with the splits merged by ``_decode_reduce_kernel`` (the path of more kv
+    heads than the arrival counters hold), for comparison with the merge inside the decode launch."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode_attention, "_MAX_FUSED_HEADS", 0)
+        return paged_decode_attention(*args, num_splits, **kwargs)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "window", "num_splits"),
                          [(8, 2, 32, None, 3), (6, 2, 64, 20, 4), (16, 1, 16, None, 5), (4, 2, 512, None, 3)])
 def test_fused_split_merge_equals_the_reduce_kernel(num_heads: int, num_kv_heads: int, head_dim: int,
@@ -327,7 +335,7 @@ def test_fused_split_merge_equals_the_reduce_kernel(num_heads: int, num_kv_heads
                            qk_std=head_dim**-0.25)
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, window)
     fused = paged_decode_attention(*args, num_splits, block_n=16)
-    separate = paged_decode_attention(*args, num_splits, block_n=16, fused_reduce=False)
+    separate = reduce_kernel_merge(args, num_splits, block_n=16)
     torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
     assert_close(fused, ref_paged_decode_attention(*args), torch.float32)
     assert torch.all(fused[3] == 0)
@@ -344,7 +352,7 @@ def test_fused_merge_in_several_chunks(monkeypatch: pytest.MonkeyPatch, merge_el
     q, case = decode_setup(ctx_lens, 8, 2, 32, 4, torch.float32, None, qk_std=32**-0.25)
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, None)
     fused = paged_decode_attention(*args, 5, block_n=16)
-    separate = paged_decode_attention(*args, 5, block_n=16, fused_reduce=False)
+    separate = reduce_kernel_merge(args, 5, block_n=16)
     torch.testing.assert_close(fused, separate, atol=1e-6, rtol=1e-5)
     assert_close(fused, ref_paged_decode_attention(*args), torch.float32)
     assert torch.all(fused[2] == 0)
@@ -446,7 +454,7 @@ def test_gpu_decode(
     out = paged_decode_attention(*args, num_splits)
     assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
     if num_splits is None:  # the split merge inside the launch against the reduce kernel
-        separate = paged_decode_attention(*args, num_splits, fused_reduce=False)
+        separate = reduce_kernel_merge(args, num_splits)
         torch.testing.assert_close(out.float(), separate.float(), atol=2e-2, rtol=2**-7)
 
 

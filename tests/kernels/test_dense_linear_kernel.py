@@ -14,9 +14,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_linear import dense_linear_reference
+
 from inference_server.kernels.dense_linear import BUCKETS, _stream_seconds, dense_linear, dense_linear_config
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
-from inference_server.kernels.reference_linear import dense_linear_reference
 from inference_server.models.architectures import ops
 from inference_server.models.architectures.linear import Linear
 
@@ -210,9 +211,10 @@ def test_linear_module_goes_through_ops_linear() -> None:
 @pytest.mark.parametrize("shape", [(3, 40), (2, 2, 40)])
 def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to ``max_tokens`` tokens (leading dims flattened): the kernel; past it, with a bias, a weight of another
-    dtype, or where a tuned sweep timed cuBLAS faster: ``F.linear`` (bitwise: the same call)."""
-    from inference_server.backends import cuda_backend
+    """Up to ``max_tokens`` tokens (leading dims flattened), where a tuned sweep timed the kernel faster: the kernel;
+    past it, with a bias, a weight of another dtype, where a tuned sweep timed cuBLAS faster or where no sweep timed
+    the shape: ``F.linear`` (bitwise: the same call)."""
+    from inference_server.backends.cuda import projection_ops
 
     kernel_calls: list[tuple[int, ...]] = []
 
@@ -220,21 +222,25 @@ def test_backend_wrapper_takes_the_kernel_for_small_steps(shape: tuple[int, ...]
         kernel_calls.append(tuple(x.shape))
         return dense_linear(x, weight)
 
-    monkeypatch.setattr(cuda_backend, "dense_linear", spy)
+    monkeypatch.setattr(projection_ops, "dense_linear", spy)
+    monkeypatch.setattr(projection_ops, "triton_is_faster", lambda *args: True)  # no tuned file matches the CPU
     gen = torch.Generator().manual_seed(5)
     w = _weight(24, 40, torch.bfloat16, gen)
     x = torch.randn(*shape, generator=gen).to(DEV, torch.bfloat16)
-    small = cuda_backend.triton_dense_linear(x, w, max_tokens=4)
+    small = projection_ops.triton_dense_linear(x, w, max_tokens=4)
     assert small.shape == (*shape[:-1], 24) and kernel_calls == [(3 if len(shape) == 2 else 4, 40)]
     assert torch.equal(small.reshape(-1, 24), dense_linear(x.reshape(-1, 40), w))
     bias = torch.randn(24, generator=gen).to(DEV, torch.bfloat16)
-    assert torch.equal(cuda_backend.triton_dense_linear(x, w, max_tokens=2), torch.nn.functional.linear(x, w))
-    assert torch.equal(cuda_backend.triton_dense_linear(x, w, bias, max_tokens=4),
+    assert torch.equal(projection_ops.triton_dense_linear(x, w, max_tokens=2), torch.nn.functional.linear(x, w))
+    assert torch.equal(projection_ops.triton_dense_linear(x, w, bias, max_tokens=4),
                        torch.nn.functional.linear(x, w, bias))
     with pytest.raises(RuntimeError):  # mixed dtypes go to F.linear, which rejects them as before
-        cuda_backend.triton_dense_linear(x.float(), w, max_tokens=4)
-    monkeypatch.setattr(cuda_backend, "cublas_is_faster", lambda *args: True)  # a tuned sweep's say
-    assert torch.equal(cuda_backend.triton_dense_linear(x, w, max_tokens=4), torch.nn.functional.linear(x, w))
+        projection_ops.triton_dense_linear(x.float(), w, max_tokens=4)
+    monkeypatch.setattr(projection_ops, "cublas_is_faster", lambda *args: True)  # a tuned sweep's say
+    assert torch.equal(projection_ops.triton_dense_linear(x, w, max_tokens=4), torch.nn.functional.linear(x, w))
+    monkeypatch.setattr(projection_ops, "cublas_is_faster", lambda *args: False)
+    monkeypatch.setattr(projection_ops, "triton_is_faster", lambda *args: False)  # a shape no sweep timed
+    assert torch.equal(projection_ops.triton_dense_linear(x, w, max_tokens=4), torch.nn.functional.linear(x, w))
     assert len(kernel_calls) == 1  # only the first call took the kernel
 
 

@@ -75,7 +75,7 @@ def test_real_widths_bf16_on_gpu(T: int, width: int) -> None:
 
 
 def test_cuda_runner_op_takes_hf_names_and_falls_back_where_the_kernel_does_not_apply() -> None:
-    from inference_server.backends.cuda_backend import triton_gated_activation
+    from inference_server.backends.cuda.projection_ops import triton_gated_activation
     from inference_server.models.architectures.ops import torch_gated_activation
 
     gate, up = _halves(2, 40, torch.float32, seed=5)

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import attrs
 import pytest
 import torch
+from tests.kernels.reference_greedy_head import greedy_head_reference, logits_reference
 
 from inference_server.kernels.greedy_head import (
     MAX_ROWS,
@@ -32,7 +33,6 @@ from inference_server.kernels.greedy_head import (
     greedy_head_config,
     greedy_head_supports,
 )
-from inference_server.kernels.reference_greedy_head import greedy_head_reference, logits_reference
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 
 from .rounding import assert_gpu_close

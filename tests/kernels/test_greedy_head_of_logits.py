@@ -16,9 +16,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.kernels.reference_greedy_head import greedy_head_reference
 
 from inference_server.kernels.greedy_head import LOGIT_SLICE, greedy_head, greedy_head_of_logits
-from inference_server.kernels.reference_greedy_head import greedy_head_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

@@ -273,9 +273,8 @@ PDL_COMPILE = textwrap.dedent('''
 
     import inference_server.kernels as package
     from inference_server.kernels import (decode_attention, fused_moe, gated_activation, greedy_head, int8_gemv,
-                                          kv_store, mlp_beside_experts, moe_decode, moe_decode_one_launch,
-                                          norm_add, norm_add_gemv, qk_norm_rope, rmsnorm, rope, rope_tables, router,
-                                          streamed_linear)
+                                          kv_store, mlp_beside_experts, moe_decode, norm_add, norm_add_gemv,
+                                          qk_norm_rope, rmsnorm, rope, rope_tables, router, streamed_linear)
 
     target = GPUTarget("cuda", 90, 64)
     BF16 = "*bf16"
@@ -337,13 +336,6 @@ PDL_COMPILE = textwrap.dedent('''
         (moe_decode._down_kernel, {"ids_ptr": "*i64", "pair_ptr": "*bf16", "counter_ptr": "*i32"},
          dict(TOP_K=8, ROW_TILES_STRIDE=2048, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, W_WORDS=False,
               PRMT=False, INT_DOT=False, W_BEFORE_WAIT=True)),
-        # Qwen3-30B-A3B's routed experts at one token in one launch (gate/up and down programs side by side)
-        (moe_decode_one_launch._one_launch_kernel, {"ids_ptr": "*i64", "counter_ptr": "*i32"},
-         dict(TOP_K=8, ACT=0, MAX_PAIRS_=256, ROW_TILES_STRIDE=2048, GU_BLOCK_N=16, GU_BLOCK_K=256, GU_EVEN_K=True,
-              DN_BLOCK_N=16, DN_BLOCK_I=1024, DN_EVEN_I=False, DN_STREAM_K=0, DN_STREAM_EVEN=False)),
-        (moe_decode_one_launch._one_launch_kernel, {"ids_ptr": "*i64", "counter_ptr": "*i32"},
-         dict(TOP_K=8, ACT=0, MAX_PAIRS_=256, ROW_TILES_STRIDE=2048, GU_BLOCK_N=16, GU_BLOCK_K=256, GU_EVEN_K=True,
-              DN_BLOCK_N=16, DN_BLOCK_I=1024, DN_EVEN_I=False, DN_STREAM_K=128, DN_STREAM_EVEN=True)),
         (gated_activation._gated_activation_kernel, {}, dict(GELU_TANH=True, BLOCK=1024, LIBDEVICE_TANH=True)),
         (greedy_head._greedy_head_slices_kernel,
          {"max_ptr": "*fp32", "index_ptr": "*i32", "sum_ptr": "*fp32", "inv_cap": "fp32", "cap": "fp32"},
@@ -401,7 +393,7 @@ PDL_COMPILE = textwrap.dedent('''
     # USE_PDL=True); with USE_PDL=2 (PDL_RELEASE_AFTER_WAIT) every kernel releases before its first load after the wait
     LOOPS = {"int8_gemv_kernel", "_norm_add_gemv_kernel", "_paged_decode_kernel", "_moe_gate_up_kernel",
              "_moe_down_kernel", "_gate_up_kernel", "_down_kernel", "_linear_route_kernel",
-             "_greedy_head_slices_kernel", "_one_launch_kernel", "_streamed_linear_kernel"}
+             "_greedy_head_slices_kernel", "_streamed_linear_kernel"}
 
     def loads_between_wait_and_release(ptx):
         wait, release = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")

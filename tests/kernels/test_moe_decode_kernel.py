@@ -345,7 +345,7 @@ def test_gpu_deterministic_and_graph_capturable() -> None:
 @pytest.mark.parametrize(("kind", "H", "inter"), [("float", 64, 48), ("float", 96, 40), ("int8", 64, 48),
                                                    ("int8", 104, 40), ("int8-bytes", 64, 48)])
 def test_down_weights_before_the_wait_are_the_same_bits(kind: str, H: int, inter: int) -> None:
-    """``use_down_weights_before_wait(True)``: the down launch's expert ids and first weight tiles loaded before its
+    """``weights_before_wait=True``: the down launch's expert ids and first weight tiles loaded before its
     PDL wait (whole and ragged K tiles, float weights and int8 as words or single bytes, a pair with an expert out
     of range) give the result of the launch that loads them after it, bit for bit."""
     if kind == "float":
@@ -355,24 +355,14 @@ def test_down_weights_before_the_wait_are_the_same_bits(kind: str, H: int, inter
         x, w_gu, w_dn, s_gu, s_dn, w, ids = _int8_case(2, 8, 4, H, inter, torch.bfloat16, H + inter)
         scales = dict(w_gate_up_scale=s_gu, w_down_scale=s_dn)
     ids[1, 2] = 8  # out of range: the pair adds nothing, whichever side of the wait its id is read
-    outs = []
-    for early in (False, True):
-        previous = moe_decode.use_down_weights_before_wait(early)
-        try:
-            outs.append(fused_moe_decode(x, w_gu, w_dn, w, ids, "silu", config=SMALL, int8_words=kind != "int8-bytes",
-                                         **scales))
-        finally:
-            moe_decode.use_down_weights_before_wait(previous)
+    outs = [fused_moe_decode(x, w_gu, w_dn, w, ids, "silu", config=SMALL, int8_words=kind != "int8-bytes",
+                             weights_before_wait=early, **scales) for early in (False, True)]
     assert torch.equal(outs[0], outs[1])
-    assert moe_decode.down_weights_before_wait() is False  # None (the default): where PDL is on, never here
 
 
 def test_down_launch_takes_the_switch() -> None:
     x, w_gu, w_dn, w, ids = _case(1, 8, 8, 64, 48, torch.float32, 3)
-    for setting, expected in ((True, True), (False, False), (None, False)):
-        previous = moe_decode.use_down_weights_before_wait(setting)
-        try:
-            launches, _ = moe_decode.moe_decode_launches(x, w_gu, w_dn, w, ids, "silu", config=SMALL)
-        finally:
-            moe_decode.use_down_weights_before_wait(previous)
+    for setting, expected in ((True, True), (False, False), (None, False)):  # None: where PDL is on, never here
+        launches, _ = moe_decode.moe_decode_launches(x, w_gu, w_dn, w, ids, "silu", config=SMALL,
+                                                     weights_before_wait=setting)
         assert launches is not None and launches.down_constexprs["W_BEFORE_WAIT"] is expected

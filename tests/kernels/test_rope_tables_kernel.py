@@ -16,7 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
-from inference_server.backends.cuda_backend import triton_rope_cos_sin
+from inference_server.backends.cuda.norm_ops import triton_rope_cos_sin
 from inference_server.kernels.rope_tables import rope_tables
 from inference_server.models.architectures.layers import rope_cos_sin, rope_inv_freq
 from inference_server.models.spec import RopeSpec

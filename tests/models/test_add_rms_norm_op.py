@@ -200,7 +200,7 @@ def test_gemma4_norms_take_two_launches_a_layer(name: str, dtype: torch.dtype, m
     layer runs inside a ``norm_add`` launch, two a layer (three with PLE), but the first layer's input norm; the
     MoE layer's post-attention launch emits its three norms; the final norm is the last layer's. The hidden states
     are those of the unfused layer code with the folded router norm, bit for bit."""
-    from inference_server.backends import cuda_backend
+    from inference_server.backends.cuda import norm_ops
     from inference_server.kernels.norm_add import norm_add_reference
 
     spec = parse_model_spec(preset_config(name))
@@ -225,8 +225,8 @@ def test_gemma4_norms_take_two_launches_a_layer(name: str, dtype: torch.dtype, m
         stray_norms += x.shape[-1] == spec.hidden_size
         return layers.rms_norm(x, weight, eps, style)
 
-    monkeypatch.setattr(cuda_backend, "norm_add", counting_kernel)
-    ops.use_ops(sandwich=cuda_backend.triton_norm_add, norm=counting_norm)
+    monkeypatch.setattr(norm_ops, "norm_add", counting_kernel)
+    ops.use_ops(sandwich=norm_ops.triton_norm_add, norm=counting_norm)
     ours = run_steps(model, spec, ids, lambda m, t, ctx: m(t, ctx))
     for our, their in zip(ours, theirs, strict=True):
         assert our.dtype == dtype and torch.equal(our, their)

@@ -15,6 +15,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_linear import dense_linear_reference
+
 from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.int8_linear_configs import (
     config_file_name,
@@ -22,7 +24,6 @@ from inference_server.kernels.int8_linear_configs import (
     tuned_baseline_faster,
     tuned_int8_linear_config,
 )
-from inference_server.kernels.reference_linear import dense_linear_reference
 from inference_server.models.loading.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inference_server.backends.cuda_backend import CudaModelRunner
+    from inference_server.backends.cuda.runner import CudaModelRunner
     from inference_server.backends.hf.runner import HFModelRunner
     from inference_server.backends.model_runner import LaunchedStep, ModelRunner
     from inference_server.core.interfaces import CacheManager, InferenceBackend, SchedulerInterface

@@ -107,7 +107,7 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
 
         ops.use_ops(int8_linear=cpu_int8_linear)
     if backend == "custom-cuda":
-        from inference_server.backends.cuda_backend import build_cuda_runner
+        from inference_server.backends.cuda.runner import build_cuda_runner
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
                                  step_token_budget=limits.step_token_budget)

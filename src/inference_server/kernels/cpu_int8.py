@@ -2,12 +2,10 @@
 quality of the weight-only reference, chosen by measurement (``bench/int8_cpu.py``, ``bench/int8_quality.py``,
 docs/quantization.md).
 
-On the 2-core Zen 4 VM, one thread, the embedded model's tied lm_head (262144 x 640) at M=1 takes: fp32
-``F.linear`` 75 ms, ``torch._weight_int8pack_mm`` 35 ms with bf16 activations (220 ms with fp32 ones), the
-reference dequantize-then-matmul more than fp32, and fbgemm's int8 x int8 GEMM (``quantized::linear_dynamic``)
-8.6 ms. fbgemm also quantizes the *activations*, which costs quality when every layer does it (perplexity of
-the fixed text +4.5 % with 8-bit activations in all 127 matmuls, +14 % with 7-bit ones), but little in the one
-lm_head matmul (+0.45 %). Hence two paths:
+On the CPU, one thread, the embedded model's tied lm_head at M=1 is fastest through fbgemm's int8 x int8 GEMM
+(``quantized::linear_dynamic``), then ``torch._weight_int8pack_mm`` with bf16 activations, then fp32 ``F.linear``
+(figures: docs/quantization.md). fbgemm also quantizes the *activations*, which costs quality when every layer
+does it, but little in the one lm_head matmul. Hence two paths:
 
 * matrices of at least ``LARGE_WEIGHT_ELEMENTS`` weights (in practice the lm_head: no decoder layer of the
   supported CPU models comes close), when fbgemm and VNNI are there: fbgemm with each row of ``x`` quantized

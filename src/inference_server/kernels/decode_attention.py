@@ -26,8 +26,8 @@ Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is rea
 as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K.
 Compiled for sm_90 in bf16 (Triton 3.9): 36/72/80 KiB smem for D = 128/256/512.
 
-At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (Gemma-4-31B, 527 keys: ~10 µs a
-layer against 2 µs of K/V reads; docs/benchmarks.md, "The decode attention at its real context"). Hence the many
+At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (its time a layer is several times
+that of its K/V reads: docs/benchmarks.md, the decode attention at its real context). Hence the many
 splits at small batch (one key tile each at a short context) and a merge that loads the partials of the kv head's G
 real heads, up to ``_MERGE_ELEMENTS`` at a time, with the maxima and normalisers in the same round trip. With PDL
 and an unpipelined key loop (``kv_before_wait``: 1-2 sequences of head_dim <= 128) the first links of that chain
@@ -413,9 +413,8 @@ def _num_sms(device_index: int | None) -> int:
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int = H200_NUM_SMS) -> int:
     """Split count for the decode grid: enough programs to fill ~2 waves of SMs, >= 64 keys per split of the
-    longest range. At batch 1 the attention is latency-bound: on the H200, Gemma-4-31B int8's B=1 graph (60 layers,
-    context 527) took 9.52 / 8.79 / 8.57 / 8.34 ms with 1 / 2 / 4 / 16 splits (``bench/ablate_decode.py``), and 7.58
-    with the attention an empty launch."""
+    longest range. At batch 1 the attention is latency-bound, and more splits shorten its chain of round trips
+    (``bench/ablate_decode.py`` times split counts; docs/benchmarks.md)."""
     programs = batch * num_kv_heads
     if programs >= num_sms:
         return 1
@@ -431,16 +430,13 @@ streams several key tiles, where at small batch a split holds one or two."""
 
 def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel: K and V tiles of ``BLOCK_N x D`` stay <= 32 KiB each
-    in bf16. From the H200 sweep (``bench/decode_attention_bench.py``, context 527, model length 32768,
-    ``bench/results/2026-12-02-h200/session7/call2``):
+    in bf16. From the sweep of ``bench/decode_attention_bench.py`` (figures: docs/benchmarks.md, decode attention
+    configs):
 
-    * batch 1-2 with D <= 128: no pipelining (``num_stages`` 1; the splits hold a tile or two each) and 8 warps:
-      Qwen3-30B-A3B 5.8 vs 6.5 µs a launch. Alone the same paid for D = 256 and 512 too (Gemma-4-26B-A4B sliding /
-      full 7.8 / 11.6 vs 8.1 / 12.4 µs), but in the step's graph it lost: B=1 Gemma-4-E4B 298.2 vs 300.0 tok/s,
-      26B-A4B 359.6 vs 361.5 (``session7/call4``), so those keep 2 stages;
+    * batch 1-2 with D <= 128: no pipelining (``num_stages`` 1; the splits hold a tile or two each) and 8 warps.
+      Alone the same paid for D = 256 and 512 too, but in the step's graph it lost, so those keep 2 stages;
     * from ``WAVE_PROGRAMS`` programs before splitting (Gemma-4-E4B at 64 sequences): 32-key tiles for D >= 256, 3
-      stages, 4 warps (more programs an SM, each streaming its tiles deeper): E4B sliding / full 24.9 / 56.1 vs 29.9 /
-      61.3 µs, Qwen3-30B-A3B 29.4 vs 29.7, 26B-A4B sliding 73.4 vs 83.8 (``session7/call3``);
+      stages, 4 warps (more programs an SM, each streaming its tiles deeper);
     * between: 64-key tiles (32 for D = 512), 2 stages, 4 warps for D <= 128 and 8 above (the kernel before)."""
     if batch * num_kv_heads >= WAVE_PROGRAMS:
         return (64 if head_dim <= 128 else 32), 4, 3
@@ -452,8 +448,8 @@ def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, in
 
 def earlier_keys_before_wait(num_stages: int) -> bool:
     """``paged_decode_attention``'s default ``kv_before_wait``: where PDL is on and the key loop is not pipelined
-    (``num_stages`` 1, :func:`decode_config`'s 1-2 sequences of head_dim <= 128), the one regime where it paid on the
-    H200 (see ``paged_decode_attention``)."""
+    (``num_stages`` 1, :func:`decode_config`'s 1-2 sequences of head_dim <= 128), the one regime where it paid (see
+    ``paged_decode_attention``)."""
     return pdl_enabled() and num_stages == 1
 
 
@@ -484,7 +480,6 @@ def paged_decode_attention(
     max_context_len: int | None = None,
     out: torch.Tensor | None = None,  # [B, nH, D], e.g. a static CUDA-graph buffer
     block_n: int | None = None,
-    fused_reduce: bool = True,
     num_stages: int | None = None,
     num_warps: int | None = None,
     q_norm_rope: QueryNormRope | None = None,  # q is raw: normed and rotated in the attention launch first
@@ -494,9 +489,10 @@ def paged_decode_attention(
 
     ``num_splits``: None picks one from the shapes (:func:`choose_num_splits`, using ``max_context_len`` if
     given, else ``max_blocks * block_size``, capped by the window); 1 runs the single-pass kernel; >1 runs
-    split-KV and merges the splits: inside the same launch with ``fused_reduce`` (each kv head's last split to
-    finish, by an arrival counter: one launch instead of two), else in ``_decode_reduce_kernel``. The two merges
-    differ only in the order of fp32 sums. ``block_n`` overrides the key tile (tests use it to cross tiles),
+    split-KV and merges the splits inside the same launch (each kv head's last split to finish, by an arrival
+    counter: one launch instead of two), or in ``_decode_reduce_kernel`` past ``_MAX_FUSED_HEADS`` kv heads (more
+    than the arrival counters hold). The two merges differ only in the order of fp32 sums. ``block_n`` overrides the
+    key tile (tests use it to cross tiles),
     ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch (defaults:
     :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
@@ -504,11 +500,9 @@ def paged_decode_attention(
     ``kv_before_wait``: every program loads its first key tile's earlier keys (all but the query's own, which the
     launch before may still be writing) before its PDL wait, and the query's key and value after it. The output is
     the same either way, bit for bit. None: where PDL is on (``kernels.pdl``; without it the wait is no wait) and
-    the key loop is not pipelined (``num_stages`` 1: :func:`decode_config`'s 1-2 sequences of head_dim <= 128). On
-    the H200 it paid only there: Qwen3-30B-A3B B=1 replay 2.443 -> 2.416 ms. A pipelined loop lost with it (the
-    tile held in registers across the wait beside the pipeline's stages): B=1 Gemma-4-26B-A4B 2.314 -> 2.345,
-    E4B 2.940 -> 2.975, 31B 14.51 -> 14.74 ms; B=64 Gemma-4-E4B 4.84 -> 5.27, 26B-A4B 15.06 -> 15.73, Qwen
-    17.05 -> 17.11 ms (docs/benchmarks.md, twelfth session).
+    the key loop is not pipelined (``num_stages`` 1: :func:`decode_config`'s 1-2 sequences of head_dim <= 128): it
+    paid only there; a pipelined loop lost with it, the tile held in registers across the wait beside the pipeline's
+    stages (docs/benchmarks.md, the earlier keys before the PDL wait).
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -572,7 +566,7 @@ def paged_decode_attention(
     part_acc = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     grid = (batch, num_kv_heads, num_splits)
     block_s = triton.next_power_of_2(num_splits)
-    if fused_reduce and batch * num_kv_heads <= _MAX_FUSED_HEADS:
+    if batch * num_kv_heads <= _MAX_FUSED_HEADS:
         block_r = triton.next_power_of_2(group)
         chunk = max(1, min(block_s, _MERGE_ELEMENTS // (block_r * block_d)))
         _paged_decode_kernel[grid](

@@ -5,14 +5,14 @@ float dtype (bf16, fp16 or fp32, any strides); products accumulated in fp32 (fp3
 rounded once to ``x.dtype``. cuBLAS differs only in summation order (and its split-K).
 
 Why: at decode (T = 1..16) every dense projection is a GEMV bound by the weight read, and cuBLAS runs the
-models' shapes at 0.46-0.64 of the H200's memory limit (docs/benchmarks.md: Qwen3-30B-A3B's q/k/v at 0.64, its
-o_proj as split-K plus a separate reduce at 0.46, the 128-row routers at 0.02, pure launch cost). The kernel is
+models' shapes well under the memory limit (docs/benchmarks.md: o_proj as split-K plus a separate reduce, the
+128-row routers pure launch cost). The kernel is
 ``kernels.streamed_linear``'s, shared with ``int8_linear``, with float weights: no conversion, no scale. This
 module holds its own token-count buckets (a bf16 weight element is two bytes, so a 64 x 128 tile is 16 KB a
 stage and fewer programs share an SM than with int8) and reads tuned configs from ``configs/dense_linear``
-(``bench/dense_linear.py --sweep --write``). With ``CudaRunnerOptions.triton_dense_linear`` (off by default:
-untuned, it did not beat cuBLAS on the H200) the CUDA backend uses it for steps of at most
-``CudaRunnerOptions.dense_linear_max_tokens`` tokens and cuBLAS above.
+(``bench/dense_linear.py --sweep --write``). The CUDA backend uses it for steps of at most
+``backends.cuda.options.DENSE_GEMV_MAX_TOKENS`` tokens where a tuned file says it beats cuBLAS
+(``triton_is_faster``), and cuBLAS elsewhere.
 """
 
 from __future__ import annotations

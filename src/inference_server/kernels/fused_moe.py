@@ -239,7 +239,7 @@ def _moe_align_scatter_kernel(
         # One program (decode): every slot gets the padding id in wide plain stores, then, after a barrier
         # (the program's threads see each other's global writes), the pairs overwrite their slots. The
         # general path below finds padding slots with a [CHUNK, E_PAD] search per CHUNK slots, a serial loop
-        # that took 12 µs of a 75 µs Qwen3-MoE layer at batch 1 on the H200.
+        # that took a sixth of a Qwen3-MoE layer's time at batch 1 (docs/benchmarks.md).
         for s0 in range(0, num_slots, FILL):
             s = s0 + tl.arange(0, FILL)
             tl.store(sorted_ptr + s, num_pairs + tl.zeros_like(s), mask=s < num_slots)

@@ -353,7 +353,7 @@ def greedy_head(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | Non
                 config: GreedyHeadConfig | None = None, *,
                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(token_ids [N] int64, logprobs [N] fp32)`` of hidden rows ``[N, H]`` against the head ``[V, H]``
-    with the final soft-cap ``softcap`` (None: none): ``reference_greedy_head.greedy_head_reference``'s
+    with the final soft-cap ``softcap`` (None: none): ``tests/kernels/reference_greedy_head.py``'s
     contract (see the module docstring). With ``scale [V]`` the head is int8 (``reference_int8``'s format) and
     its logits are ``ops.int8_linear``'s, rounded to hidden's dtype. Any N >= 1 is computed (one weight pass
     per ``MAX_ROWS`` rows)."""
@@ -395,7 +395,7 @@ def greedy_head_of_logits(logits: torch.Tensor, softcap: float | None) -> tuple[
     same soft-cap roundings, statistics and combine, in two short launches (one read of the logits).
 
     For the rows where the head's CUDA-core GEMV streams the weight faster than the slices kernel's tensor-core
-    tiles (1-2 rows: the runner's ``greedy_head_gemv``); the token and logprob are those of ``greedy_head`` on the
+    tiles (1-2 rows: the CUDA runner's ``_head_gemv_logits``); the token and logprob are those of ``greedy_head`` on the
     same logits."""
     if logits.dim() != 2 or logits.dtype not in (torch.bfloat16, torch.float32) or logits.stride(-1) != 1:
         raise ValueError(f"want logits [N, V] in bf16 or fp32 with a contiguous last dim, got {logits.dtype} "

@@ -28,8 +28,8 @@ from inference_server.kernels.streamed_linear import (
 __all__ = ["BUCKETS", "Int8LinearConfig", "int8_linear", "int8_linear_config"]
 
 BUCKETS = (
-    # decode GEMV: 72 KB shared; the exponent-trick dequantisation and 256-column tiles measured 10-16 % faster on
-    # the H200 than the conversion instruction with 128 (bench/int8_kernels.py --sweep, 2026-11-30)
+    # decode GEMV: 72 KB shared; the exponent-trick dequantisation and 256-column tiles measured faster than the
+    # conversion instruction with 128 (bench/int8_kernels.py --sweep; docs/benchmarks.md)
     Bucket(16, 16, 64, 256, 4, 3, 3, True, magic_dequant=1),
     Bucket(32, 32, 64, 128, 4, 4, 4, True),  # 56 KB, 117 registers
     Bucket(64, 64, 64, 128, 4, 4, 2, True),  # 88 KB, 167 registers

@@ -4,9 +4,9 @@ independent pieces of work, where the layer took four launches in a chain.
 Gemma-4-26B-A4B's FFN has two branches that read the same residual through their own norms (one ``norm_add``
 launch makes all three inputs): the dense MLP (gate/up GEMV with its gated activation, then down) and the routed
 experts (router GEMV with top-k, then the experts' gate/up and down). Run one after the other at batch 1 that is
-five launches: gated gate/up, down, router, expert gate/up, expert down. The router is latency (~6 µs for 0.7 MB of
-weights) and each launch boundary costs about a microsecond (docs/benchmarks.md), while the branches do not depend
-on each other. So:
+five launches: gated gate/up, down, router, expert gate/up, expert down. The router is latency (a few µs for under a
+MB of weights) and each launch boundary costs about a microsecond (docs/benchmarks.md), while the branches do not
+depend on each other. So:
 
 1. ``_gated_gemv_and_route_kernel``: the router's programs (``router.linear_route_program``) and the dense
    gate/up's (``int8_gemv.gemv_program`` with the gated epilogue) in one grid; the router's latency-bound

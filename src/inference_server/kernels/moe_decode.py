@@ -1,9 +1,9 @@
 """The routed experts of a decode step as two weight-streaming GEMV launches: no alignment, no k-sum launch.
 
 ``fused_moe`` (grouped GEMMs) runs four launches at decode: align, gate/up, down, k-sum. It pads each expert's
-rows to a 16-row ``tl.dot`` tile and reads the expert weights as the dot's transposed right operand; on the H200
-at batch 1 its two GEMMs stream at 0.67-0.80 of the memory limit and the align and sum launches cost ~5 µs a
-layer more (docs/benchmarks.md). For a few tokens this module does the same arithmetic as two GEMVs:
+rows to a 16-row ``tl.dot`` tile and reads the expert weights as the dot's transposed right operand; at batch 1
+its two GEMMs stream well under the memory limit and the align and sum launches add their launch costs
+(docs/benchmarks.md). For a few tokens this module does the same arithmetic as two GEMVs:
 
 1. ``_gate_up_kernel``, one program per (``BLOCK_N`` intermediate rows, (token, k) pair): the pair's expert id
    straight from ``topk_ids``, its gate and up rows streamed against the token's activations with fp32 FMAs on
@@ -16,7 +16,7 @@ layer more (docs/benchmarks.md). For a few tokens this module does the same arit
 
 Each weight row is read once per pair, so tokens sharing an expert read it twice (from L2 when they run
 together); the grouped GEMMs read it once. That is why this path is for a few tokens
-(``CudaRunnerOptions.moe_decode_max_tokens``; ``bench/moe_decode.py`` measures where the two cross).
+(``backends.cuda.options.MOE_DECODE_MAX_TOKENS``; ``bench/moe_decode.py`` measures where the two cross).
 
 Rounding is ``fused_moe``'s (``reference_moe``'s ``"pairs"`` accumulation): the gate/up and down results rounded
 to the activation dtype, ``act(gate)`` and ``act * up`` rounded, the weighted pair stored in
@@ -71,9 +71,9 @@ from inference_server.kernels.pdl import (
 from inference_server.kernels.reference_moe import Activation
 from inference_server.kernels.streamed_linear import dividing_block_k, pow2_clamp
 
-__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows", "down_weights_before_wait",
+__all__ = ["MAX_TOKENS", "MoeDecodeConfig", "MoeDecodeLaunches", "down_program_rows",
            "first_row_tiles", "fused_moe_decode", "gate_up_program", "launch_down", "moe_decode_config",
-           "moe_decode_launches", "stream_rows", "stream_rows_from", "use_down_weights_before_wait"]
+           "moe_decode_launches", "stream_rows", "stream_rows_from"]
 
 MAX_TOKENS = 64
 """The most tokens one call takes (the arrival counters are sized for it)."""
@@ -98,9 +98,9 @@ def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: in
                       int8: bool = False) -> MoeDecodeConfig:
     """Heuristic tiles: 16 weight rows a program, K tiles of 512 bytes for gate/up (256 bf16 columns) and 256 for
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
-    need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. On the H200 sweep
-    (``bench/moe_decode.py``: 4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or within
-    2 % of it at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay.
+    need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. In the sweep of
+    ``bench/moe_decode.py`` (4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or close to it
+    at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay.
 
     ``int8`` experts (read as words): one warp a program and 256 columns a K tile, 8 gate/up and 16 down rows
     (``_INT8_WORD_TILES``)."""
@@ -141,18 +141,18 @@ def _weight_fp32(w, W_INT8: tl.constexpr):
 
 @triton.jit
 def _first_tiles(w_ptrs, row_stride, w_ok, x_ptrs, x_ok, TWO: tl.constexpr, EVEN_K: tl.constexpr,
-                 LOAD_X: tl.constexpr, X_CG: tl.constexpr):
+                 LOAD_X: tl.constexpr):
     """The first K tile of a row stream, issued weight (``a`` at ``w_ptrs``), vector (``x`` at ``x_ptrs``, if
     ``LOAD_X``; else ``a`` stands in), weight (``b`` ``row_stride`` further, if ``TWO``; else ``a``), as the timed
     kernels issue them. ``EVEN_K``: unmasked; else masked by ``w_ok`` (broadcast over the rows) and ``x_ok``, zeros
-    beyond. ``X_CG``: the vector's loads bypass L1."""
+    beyond."""
     if EVEN_K:
         a = tl.load(w_ptrs)
     else:
         a = tl.load(w_ptrs, mask=w_ok, other=0)
     x = a
     if LOAD_X:
-        x = _first_vector_tile(x_ptrs, x_ok, EVEN_K, X_CG)
+        x = _first_vector_tile(x_ptrs, x_ok, EVEN_K)
     if TWO:
         if EVEN_K:
             b = tl.load(w_ptrs + row_stride)
@@ -164,11 +164,11 @@ def _first_tiles(w_ptrs, row_stride, w_ok, x_ptrs, x_ok, TWO: tl.constexpr, EVEN
 
 
 @triton.jit
-def _first_vector_tile(x_ptrs, x_ok, EVEN_K: tl.constexpr, X_CG: tl.constexpr):
+def _first_vector_tile(x_ptrs, x_ok, EVEN_K: tl.constexpr):
     """The vector's first K tile (``_first_tiles``), in its own dtype."""
     if EVEN_K:
-        return tl.load(x_ptrs, cache_modifier=".cg" if X_CG else "")
-    return tl.load(x_ptrs, mask=x_ok, other=0.0, cache_modifier=".cg" if X_CG else "")
+        return tl.load(x_ptrs)
+    return tl.load(x_ptrs, mask=x_ok, other=0.0)
 
 
 @triton.jit
@@ -178,13 +178,13 @@ def first_row_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.con
     ``stream_rows_from``."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
-    a, _, b = _first_tiles(w_ptrs, row_stride, (offs_k < length)[None, :], w_ptrs, None, TWO, EVEN_K, False, False)
+    a, _, b = _first_tiles(w_ptrs, row_stride, (offs_k < length)[None, :], w_ptrs, None, TWO, EVEN_K, False)
     return a, b
 
 
 @triton.jit
 def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
+                EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """fp32 dot products of the ``[BN, length]`` weight rows starting at ``rows [BN]`` (and, with ``TWO``, of the
     rows ``row_stride`` further) with the vector at ``x_row``: ``(sum_a [BN], sum_b [BN])``. Float weights, or
     int8 as single bytes (``_stream_word_rows`` reads them as words).
@@ -192,35 +192,34 @@ def stream_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.
     Triton pipelines only loads that feed a ``tl.dot``, so the loop prefetches by hand: the next tile's loads are
     issued before this tile's FMAs. Products accumulate lane-wise in a ``[BN, BK]`` fp32 tile, summed once at
     the end. EVEN_K: ``length`` is a multiple of BLOCK_K; the prefetch past the end is then masked with a
-    uniform mask, which keeps the loads vectorised. X_CG: the vector's loads bypass L1 (it was written in this
-    launch, by other programs: ``moe_decode_one_launch``)."""
+    uniform mask, which keeps the loads vectorised."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     k_ok = offs_k < length
-    a, x, b = _first_tiles(w_ptrs, row_stride, k_ok[None, :], x_ptrs, k_ok, TWO, EVEN_K, True, X_CG)
+    a, x, b = _first_tiles(w_ptrs, row_stride, k_ok[None, :], x_ptrs, k_ok, TWO, EVEN_K, True)
     x = x.to(tl.float32)
     return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
-                             W_INT8, X_CG)
+                             W_INT8)
 
 
 @triton.jit
 def stream_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr = False):
+                     EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """``stream_rows`` with its first weight tiles ``a``, ``b`` already loaded (``first_row_tiles``)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = rows[:, None] + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K, X_CG).to(tl.float32)
+    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K).to(tl.float32)
     return _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO, BLOCK_K, EVEN_K,
-                             W_INT8, X_CG)
+                             W_INT8)
 
 
 @triton.jit
 def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, length, TWO: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, W_INT8: tl.constexpr, X_CG: tl.constexpr):
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, W_INT8: tl.constexpr):
     """``stream_rows``' K loop over ``n_tiles`` tiles from its first ones (weights ``a``, ``b`` and the vector's
     ``x``, at ``w_ptrs`` and ``x_ptrs``)."""
     acc_a = tl.zeros(a.shape, dtype=tl.float32)
@@ -232,7 +231,7 @@ def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, leng
             more_x = (tl.zeros((BLOCK_K,), tl.int32) + (kb + 1)) < n_tiles  # uniform; False past the last tile
             more = more_x[None, :]
             a_next = tl.load(w_ptrs, mask=more, other=0)
-            x_next = tl.load(x_ptrs, mask=more_x, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+            x_next = tl.load(x_ptrs, mask=more_x, other=0.0).to(tl.float32)
             if TWO:
                 b_next = tl.load(w_ptrs + row_stride, mask=more, other=0)
             else:
@@ -240,7 +239,7 @@ def _stream_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, n_tiles, row_stride, leng
         else:
             k_next = offs_k < length - (kb + 1) * BLOCK_K
             a_next = tl.load(w_ptrs, mask=k_next[None, :], other=0)
-            x_next = tl.load(x_ptrs, mask=k_next, other=0.0, cache_modifier=".cg" if X_CG else "").to(tl.float32)
+            x_next = tl.load(x_ptrs, mask=k_next, other=0.0).to(tl.float32)
             if TWO:
                 b_next = tl.load(w_ptrs + row_stride, mask=k_next[None, :], other=0)
             else:
@@ -259,8 +258,7 @@ def _first_word_tiles(rows, row_stride, length, TWO: tl.constexpr, BLOCK_K: tl.c
     """``first_row_tiles`` for ``_stream_word_rows``: the first tile of words, ``(a, b)`` each ``[BN, BK / 4]``."""
     offs_w, first_col = word_pair_offsets(BLOCK_K // 4)
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
-    a, _, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], w_ptrs, None, TWO, EVEN_K, False,
-                           False)
+    a, _, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], w_ptrs, None, TWO, EVEN_K, False)
     return a, b
 
 
@@ -286,7 +284,7 @@ def _stream_word_rows(rows, x_row, row_stride, length, TWO: tl.constexpr, BLOCK_
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
     a, x, b = _first_tiles(w_ptrs, row_stride, (first_col < length)[None, :], x_ptrs, offs_k < length, TWO, EVEN_K,
-                           True, False)
+                           True)
     return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
                                   BLOCK_K, EVEN_K, PRMT, INT_DOT)
 
@@ -301,7 +299,7 @@ def _stream_word_rows_from(a, b, rows, x_row, row_stride, length, TWO: tl.conste
     w_ptrs = rows[:, None] + offs_w[None, :]  # [BN, WORDS]
     x_ptrs = x_row + offs_k  # [BK]
     n_tiles = tl.cdiv(length, BLOCK_K)
-    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K, False)
+    x = _first_vector_tile(x_ptrs, offs_k < length, EVEN_K)
     return _stream_word_rows_loop(a, b, x, w_ptrs, x_ptrs, offs_k, first_col, n_tiles, row_stride, length, TWO,
                                   BLOCK_K, EVEN_K, PRMT, INT_DOT)
 
@@ -601,9 +599,12 @@ def moe_decode_launches(
     w_gate_up_scale: torch.Tensor | None = None,
     w_down_scale: torch.Tensor | None = None,
     int8_words: bool = True,
+    weights_before_wait: bool | None = None,
 ) -> tuple[MoeDecodeLaunches | None, torch.Tensor]:
     """``fused_moe_decode``'s checks, buffers and launch arguments (None for zero tokens: nothing to launch) and
-    its output ``[T, H]`` (written by the down launch)."""
+    its output ``[T, H]`` (written by the down launch). ``weights_before_wait``: whether the down launch loads each
+    program's expert id and first weight tile before its PDL wait (``_down_kernel``'s ``W_BEFORE_WAIT``, the same
+    bits); None, where PDL is on (``kernels.pdl``); the interpreter's tests force it."""
     shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
                                  w_down_scale)
     T, H, E, inter_size, K, w_int8 = (shapes.tokens, shapes.hidden, shapes.experts, shapes.intermediate,
@@ -643,29 +644,13 @@ def moe_decode_launches(
     down_constexprs: dict[str, object] = dict(
         TOP_K=K, ROW_TILES_STRIDE=_MAX_ROW_TILES, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
         EVEN_K=inter_size % cfg.down_block_k == 0, W_INT8=w_int8, W_WORDS=dn_words,
-        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot, W_BEFORE_WAIT=down_weights_before_wait(),
+        PRMT=dn_words and not _INTERPRETED, INT_DOT=dn_words and int_dot,
+        W_BEFORE_WAIT=pdl_enabled() if weights_before_wait is None else weights_before_wait,
     )
     launches = MoeDecodeLaunches(gate_up_args, gate_up_constexprs, (triton.cdiv(inter_size, cfg.gate_up_block_n),
                                                                      n_pairs), cfg.gate_up_warps,
                                  down_args, down_constexprs, (row_tiles, n_pairs), cfg.down_warps)
     return launches, out
-
-
-_down_weights_before_wait: bool | None = None
-
-
-def use_down_weights_before_wait(enabled: bool | None) -> bool | None:
-    """Whether the down launch loads each program's expert id and first weight tile before its PDL wait
-    (``_down_kernel``'s ``W_BEFORE_WAIT``): None, where PDL is on (``kernels.pdl``; the runner's default,
-    ``CudaRunnerOptions.moe_down_weights_before_wait``); True, always (the interpreter's tests); False, never.
-    Process-wide, like ``kernels.pdl.use_pdl``; returns the previous setting. The results are the same bits."""
-    global _down_weights_before_wait
-    previous, _down_weights_before_wait = _down_weights_before_wait, enabled
-    return previous
-
-
-def down_weights_before_wait() -> bool:
-    return pdl_enabled() if _down_weights_before_wait is None else _down_weights_before_wait
 
 
 def launch_down(launches: MoeDecodeLaunches) -> None:
@@ -687,15 +672,17 @@ def fused_moe_decode(
     w_gate_up_scale: torch.Tensor | None = None,
     w_down_scale: torch.Tensor | None = None,
     int8_words: bool = True,
+    weights_before_wait: bool | None = None,
 ) -> torch.Tensor:
     """``fused_moe``'s contract (same arguments, shapes and rounding; see the module docstring) for at most
     ``MAX_TOKENS`` tokens, as two GEMV launches. The weights' last dims must be contiguous. ``config`` defaults to
     ``moe_decode_config``. int8 weights are read as 32-bit words where ``int8_words_view`` allows it and the
     config's K tiles are a multiple of 8 columns, else as single bytes (same results up to the fp32 sum order);
-    ``int8_words=False`` always reads single bytes (the path before words: for comparisons)."""
+    ``int8_words=False`` always reads single bytes (the path before words: for comparisons); ``weights_before_wait``
+    as ``moe_decode_launches``'."""
     launches, out = moe_decode_launches(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, config=config,
                                         out=out, w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale,
-                                        int8_words=int8_words)
+                                        int8_words=int8_words, weights_before_wait=weights_before_wait)
     if launches is not None:
         _gate_up_kernel[launches.gate_up_grid](*launches.gate_up_args, **launches.gate_up_constexprs,
                                                num_warps=launches.gate_up_warps, **pdl_launch(loop="moe"))

@@ -168,13 +168,16 @@ def norm_add_gemv_reference(
     ``up`` is None), each op rounding to a's dtype."""
     from inference_server.kernels.norm_add import norm_add_reference
     from inference_server.kernels.reference_int8 import int8_linear_reference
-    from inference_server.models.architectures.layers import activation
+    from inference_server.kernels.reference_moe import apply_activation
 
     y, _ = norm_add_reference(a, wa, eps_a, residual=residual, scale=scale)
     projected = torch.nn.functional.linear(y, weight) if w_scale is None else int8_linear_reference(y, weight, w_scale)
     if gated is None:
         return y, projected
-    act = activation(gated)
+
+    def act(t: torch.Tensor) -> torch.Tensor:
+        return apply_activation(t, gated)  # type: ignore[arg-type]
+
     if up is None:
         gate, up_half = projected.chunk(2, dim=-1)
         return y, act(gate) * up_half

@@ -105,9 +105,9 @@ def pdl_requested() -> bool:
 
 def use_early_release(classes: bool | Iterable[str]) -> frozenset[str]:
     """Which classes of kernels with a main loop (``PDL_LOOP_CLASSES``) release their dependent right after their
-    wait when PDL is on; the others release after their loop. True: every class, False: none. Process-wide
-    (``CudaRunnerOptions.pdl_early_release`` sets it at every step); returns the previous set. The results are the
-    same bits either way: only when the next launch's CTAs get resident moves."""
+    wait when PDL is on; the others release after their loop. True: every class, False: none. Process-wide (the
+    CUDA runner sets it at every step, ``backends.cuda.options.early_release_classes_for``); returns the previous
+    set. The results are the same bits either way: only when the next launch's CTAs get resident moves."""
     global _early_release
     previous, _early_release = _early_release, loop_classes(classes)
     return previous

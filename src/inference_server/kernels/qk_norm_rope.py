@@ -220,8 +220,13 @@ def reference_qk_norm_rope(
     q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor,
     k_weight: torch.Tensor | None, eps: float, mode: NormMode, cos: torch.Tensor, sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The unfused PyTorch path: ``reference_norm`` per head, then ``layers.apply_rope`` (NeoX half split)."""
-    from inference_server.models.architectures.layers import apply_rope
+    """The unfused PyTorch path: ``reference_norm`` per head, then ``layers.apply_rope``'s NeoX half-split
+    rotation."""
+
+    def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * cos[:, None, :]) + (rotated * sin[:, None, :])
 
     def norm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return rmsnorm_reference(x, None, weight, eps, mode)[0]

@@ -16,13 +16,12 @@ in registers:
 fp32 results match the reference to within a few ulp (``exp`` and the summation order differ); the bf16 cast
 is then exact or one bf16 ulp apart.
 
-``linear_route`` also computes the router logits ``x @ weight.T`` in the same launch, for decode-sized T (on the
-H200 the unfused router GEMV took ~5 µs per layer, nearly all launch cost, for 512 KB of weights at E=128,
-H=2048). Programs over (expert group, token row) each dot one row with a few experts' weight rows in fp32 and
-round the logits to the activation dtype, as the unfused path's cuBLAS output is rounded, into a scratch row; the
-last program to finish (an arrival counter) routes every row as above. The logits differ from cuBLAS's only by
-the fp32 summation order, so the expert choice is the unfused path's except where two logits are within an ulp
-of a tie.
+``linear_route`` also computes the router logits ``x @ weight.T`` in the same launch, for decode-sized T (the
+unfused router GEMV's time is nearly all launch cost for its few hundred KB of weights: docs/benchmarks.md).
+Programs over (expert group, token row) each dot one row with a few experts' weight rows in fp32 and round the
+logits to the activation dtype, as the unfused path's cuBLAS output is rounded, into a scratch row; the last program
+to finish (an arrival counter) routes every row as above. The logits differ from cuBLAS's only by the fp32 summation
+order, so the expert choice is the unfused path's except where two logits are within an ulp of a tie.
 """
 
 from __future__ import annotations
@@ -321,12 +320,9 @@ def linear_route(
     """``triton_route(F.linear(x, weight), ...)`` in one launch (see the module docstring); the keyword
     arguments are launch parameters (``bench/route_kv_fusion.py`` compares them), not semantics.
 
-    ``experts_per_program`` defaults to 1 up to 4 rows and 2 beyond: the H200 bench measured 5.5 / 6.9 µs at one
-    row with 1 (Qwen3-30B-A3B / Gemma-4-26B-A4B; 5.9 / 7.9 with 2) and 8.0 / 8.9 µs at 16 rows with 2 (9.5 /
-    10.3 with 1), against 8.2-10.8 µs for cuBLAS plus ``triton_route``. ``num_warps`` defaults to 1 up to 2 rows
-    (the last program's top-k rounds are then warp shuffles, no block barriers: 4.9 / 6.0 µs at one row against
-    5.9 / 7.0 with 4 warps) and 4 beyond (at 16 rows 1 warp took 11.4 / 12.9 µs, 4 warps 7.9 / 8.9;
-    ``bench/results/2026-12-01-h200/issue12/router_warps.log``)."""
+    ``experts_per_program`` defaults to 1 up to 4 rows and 2 beyond; ``num_warps`` to 1 up to 2 rows (the last
+    program's top-k rounds are then warp shuffles, no block barriers) and 4 beyond: the faster of each pair at
+    Qwen3-30B-A3B's and Gemma-4-26B-A4B's shapes (docs/benchmarks.md, the fused router)."""
     return _launch(x, None, weight, top_k, renormalize, per_expert_scale, out_dtype,
                    experts_per_program=experts_per_program, block_h=block_h, num_warps=num_warps)[2:]
 
@@ -464,11 +460,15 @@ def reference_linear_route(
     per_expert_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``linear_route``'s formula in PyTorch: logits accumulated in fp32 (here fp64, rounded to fp32: the exact
-    sum, which any fp32 order is within a few ulp of), rounded to x's dtype, then ``ops.torch_route``."""
-    from inference_server.models.architectures.ops import torch_route
+    sum, which any fp32 order is within a few ulp of), rounded to x's dtype, then ``ops.torch_route``'s routing
+    (``reference_moe.route_softmax_topk``, the per-expert scale, the cast)."""
+    from inference_server.kernels.reference_moe import route_softmax_topk
 
     logits = (x.double() @ weight.double().T).float().to(x.dtype)
-    return torch_route(logits, top_k, renormalize, per_expert_scale, out_dtype)
+    weights, ids = route_softmax_topk(logits, top_k, renormalize)
+    if per_expert_scale is not None:
+        weights = weights * per_expert_scale[ids]
+    return (weights if out_dtype is None else weights.to(out_dtype)), ids
 
 
 def reference_add_norm_linear_route(

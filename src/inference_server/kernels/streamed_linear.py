@@ -143,10 +143,9 @@ GEMV_MAX_TOKENS = 2
 def gemv_config(num_tokens: int, in_features: int) -> Int8LinearConfig:
     """The CUDA-core GEMV's heuristic config for 1-2 tokens (``kernels/int8_gemv.py``): 8 weight rows a program (16
     at 2 tokens with 1024-column tiles), K tiles of up to 1024 columns dividing K, one warp per 256 columns (narrower
-    tiles make Triton exchange operands through shared memory every tile), no split. The H200 sweeps chose exactly
-    these at every Gemma-4-31B int8 shape (0.73-0.88 of 4.3 TB/s at one token against 0.48-0.62 for the
-    tensor-core kernel) and at Qwen3-30B-A3B's bf16 q/k/v and o_proj at one token (7.8 and 7.2 µs against cuBLAS's
-    8.2 and 8.7; ``bench/results/2026-12-01-h200``)."""
+    tiles make Triton exchange operands through shared memory every tile), no split. The tuning sweeps chose exactly
+    these at every Gemma-4-31B int8 shape and at Qwen3-30B-A3B's bf16 q/k/v and o_proj at one token, ahead of the
+    tensor-core kernel and of cuBLAS (docs/benchmarks.md, the CUDA-core GEMV)."""
     block_k = dividing_block_k(in_features, 1024)
     tokens = max(1, min(num_tokens, GEMV_MAX_TOKENS))
     block_n = 16 if tokens > 1 and block_k >= 1024 else 8
