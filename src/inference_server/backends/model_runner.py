@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 import torch
 
+from inference_server.backends.cpu_threads import CpuThreads
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.backends.sampler import (
     PenaltyHistory,
@@ -99,6 +100,7 @@ class ModelRunner:
         self._previous_tokens = torch.empty(0, dtype=torch.int64, device=device)
         self._previous_rows: dict[int, int] = {}
         self._last_launched: LaunchedStep | None = None
+        self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
@@ -185,6 +187,8 @@ class ModelRunner:
         samples: LaunchedSamples | None = None
         prompt_logprobs: tuple[PromptLogprobsChunk, ...] = ()
         if plan.sequences:
+            if self._cpu_threads is not None:
+                self._cpu_threads.apply(plan.num_tokens)
             hidden = self._forward(plan)  # [T or bucket, H]
             with profiler_ranges.phase("sample", plan.step_id):
                 samples = self._sample(plan, states, hidden)

@@ -27,6 +27,7 @@ from inference_server.models.loading.loader import (
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 from inference_server.models.tokenizer import Tokenizer
+from inference_server.runtime import resolve_quantization
 from inference_server.startup import phase
 
 
@@ -74,6 +75,7 @@ def _invalid_model(source: str) -> SettingsError:
 def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Load what ``settings.model`` names onto ``device`` (see the module docstring)."""
     started = time.perf_counter()
+    settings = attrs.evolve(settings, quantization=resolve_quantization(settings, device))
     source = settings.model
     cache_dir = settings.resolved_cache_dir()
     if not source:
