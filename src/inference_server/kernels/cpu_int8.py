@@ -39,7 +39,7 @@ import torch
 from inference_server.kernels.reference_int8 import int8_linear_reference
 
 __all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_fp16_linear", "fbgemm_row_quantized_linear",
-           "int8pack_linear"]
+           "int8pack_linear", "prepack_large_weights"]
 
 LARGE_WEIGHT_ELEMENTS = 1 << 24  # 16.8 M weights: the embedded lm_head has 168 M, its largest layer 1.3 M
 INT8PACK_K_MULTIPLE = 32
@@ -127,6 +127,27 @@ def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor)
     the result returned in x's dtype."""
     out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight.contiguous(), _bf16_scale(scale))
     return out.to(x.dtype)
+
+
+def prepack_large_weights(model: torch.nn.Module) -> int:
+    """Pack every large int8 weight of ``model`` (``qweight`` of at least ``LARGE_WEIGHT_ELEMENTS``) for the path
+    ``cpu_int8_linear`` will take, so the first request does not pay for it (seconds for the embedded head);
+    returns how many were packed."""
+    packed = 0
+    for module in model.modules():
+        qweight, scale = getattr(module, "qweight", None), getattr(module, "scale", None)
+        if not isinstance(qweight, torch.Tensor) or not isinstance(scale, torch.Tensor):
+            continue
+        if qweight.device.type != "cpu" or qweight.dim() != 2 or qweight.numel() < LARGE_WEIGHT_ELEMENTS:
+            continue
+        if _fbgemm_8bit_safe():
+            _pack(qweight, scale)
+        elif _fbgemm_fp16_available():
+            _pack_fp16(qweight, scale)
+        else:
+            continue
+        packed += 1
+    return packed
 
 
 def cpu_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
