@@ -90,24 +90,6 @@ def test_cpu_large_matrix_path_quantizes_each_row_on_its_own(monkeypatch: pytest
     assert float(((plain - reference).norm(dim=-1) / reference.norm(dim=-1)).max()) > 0.1
 
 
-@pytest.mark.skipif(not cpu_int8._fbgemm_fp16_available(), reason="needs fbgemm's fp16 linear")
-def test_cpu_large_matrix_without_vnni_runs_fp16_weights_equal_to_the_reference(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_int8, "LARGE_WEIGHT_ELEMENTS", 1)
-    monkeypatch.setattr(cpu_int8, "_fbgemm_8bit_safe", lambda: False)  # the AVX2 (no VNNI) machine's path
-    torch.manual_seed(2)
-    q, scale = quantize_int8_per_channel(torch.randn(300, 64))
-    x = torch.randn(4, 64)
-    x[2] *= 1000.0
-    out = cpu_int8.cpu_int8_linear(x, q, scale)
-    reference = int8_linear_reference(x, q, scale)
-    assert out.dtype == torch.float32 and out.shape == (4, 300)
-    # only each dequantised weight is rounded to fp16 (relative 2^-11); activations stay fp32
-    bound = int8_linear_reference(x.abs(), q.abs(), scale.abs()) * 2 ** -10
-    assert bool(((out - reference).abs() <= bound + 1e-4).all())
-    assert cpu_int8._pack_fp16(q, scale) is cpu_int8._pack_fp16(q, scale)  # packed once per weight
-
-
 def test_prepack_packs_the_large_weights_for_the_path_the_matmul_takes(monkeypatch: pytest.MonkeyPatch) -> None:
     from inference_server.models.architectures.quantized import Int8Linear
 
@@ -116,11 +98,10 @@ def test_prepack_packs_the_large_weights_for_the_path_the_matmul_takes(monkeypat
     large = Int8Linear(*quantize_int8_per_channel(torch.randn(300, 64)))
     small = Int8Linear(*quantize_int8_per_channel(torch.randn(32, 64)))
     model = torch.nn.Sequential(large, small)
-    expected = 1 if cpu_int8._fbgemm_8bit_safe() or cpu_int8._fbgemm_fp16_available() else 0
+    expected = 1 if cpu_int8._fbgemm_8bit_safe() else 0  # only fbgemm's 8-bit path packs
     assert cpu_int8.prepack_large_weights(model) == expected
-    attribute = "_fbgemm_packed" if cpu_int8._fbgemm_8bit_safe() else "_fbgemm_packed_fp16"
-    assert hasattr(large.qweight, attribute) == bool(expected)
-    assert not hasattr(small.qweight, "_fbgemm_packed") and not hasattr(small.qweight, "_fbgemm_packed_fp16")
+    assert hasattr(large.qweight, "_fbgemm_packed") == bool(expected)
+    assert not hasattr(small.qweight, "_fbgemm_packed")
 
 
 def test_cpu_int8_linear_falls_back_to_the_reference_off_its_paths() -> None:

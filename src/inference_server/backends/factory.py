@@ -104,12 +104,13 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU gets
     the CPU int8 matmul (``kernels.cpu_int8``) installed as ``ops.int8_linear`` (process-wide)."""
     if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
-        from inference_server.kernels.cpu_int8 import cpu_int8_linear, prepack_large_weights
+        from inference_server.kernels import cpu_int8
         from inference_server.models.architectures import ops
 
-        ops.use_ops(int8_linear=cpu_int8_linear)
-        with phase("packing the int8 lm_head for the CPU matmul"):
-            prepack_large_weights(loaded.model)
+        ops.use_ops(int8_linear=cpu_int8.cpu_int8_linear)
+        if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
+            with phase("packing the int8 lm_head for fbgemm"):
+                cpu_int8.prepack_large_weights(loaded.model)
     if backend == "custom-cuda":
         from inference_server.backends.cuda_backend import build_cuda_runner
 

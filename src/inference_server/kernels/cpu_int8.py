@@ -15,10 +15,9 @@ lm_head matmul (+0.45 %). Hence two paths:
   row's own, and multiplied back after). A row with a large range does not coarsen the others (results
   depend on the batch only through fbgemm's choice of zero point, within the 8-bit step).
   Without VNNI, fbgemm's AVX2 kernel can saturate 8-bit products (hence its 7-bit ``reduce_range``, which
-  costs +2.9 % perplexity here), so there the matrix runs through fbgemm's fp16 GEMM instead
-  (``quantized::linear_dynamic_fp16``: the dequantised int8 weights packed once as fp16, fp32 activations and
-  accumulation), which equals the weight-only reference within fp16's rounding of each row's scale and, on an
-  AVX2 CPU without VNNI, reads the 262144 x 640 table 1.4x faster than the next path (docs/quantization.md);
+  costs +2.9 % perplexity here), so that case takes the next path. (fbgemm's fp16 GEMM of the dequantised
+  weights ran the embedded head 1.4x faster than the next path on an AVX2 CPU, but packing its 168 M weights
+  took 24 s at start-up on the busy 2-core machine: dropped, docs/quantization.md);
 * everything else: ``torch._weight_int8pack_mm`` with the activations rounded to bf16 (a weight-only kernel;
   its output is bf16 too; both roundings together change the perplexity by < 0.1 %), cast back to fp32.
 
@@ -38,8 +37,8 @@ import torch
 
 from inference_server.kernels.reference_int8 import int8_linear_reference
 
-__all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_fp16_linear", "fbgemm_row_quantized_linear",
-           "int8pack_linear", "prepack_large_weights"]
+__all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_row_quantized_linear", "int8pack_linear",
+           "prepack_large_weights"]
 
 LARGE_WEIGHT_ELEMENTS = 1 << 24  # 16.8 M weights: the embedded lm_head has 168 M, its largest layer 1.3 M
 INT8PACK_K_MULTIPLE = 32
@@ -48,7 +47,6 @@ engine run), 16-640 were right; multiples of 32 are taken (every layer of the su
 the reference."""
 _BF16_SCALE_ATTRIBUTE = "_bf16_scale"  # set on the scale tensor: (data_ptr it was converted from, bf16 copy)
 _PACKED_ATTRIBUTE = "_fbgemm_packed"  # set on the qweight tensor: (data_ptr it was packed from, packed weight)
-_PACKED_FP16_ATTRIBUTE = "_fbgemm_packed_fp16"  # the same for fbgemm's fp16 packing
 
 
 @functools.cache
@@ -87,31 +85,6 @@ def fbgemm_row_quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: t
     return y * row_scale
 
 
-def _pack_fp16(qweight: torch.Tensor, scale: torch.Tensor) -> Any:
-    """fbgemm's fp16 packed copy of the dequantised ``qweight * scale``, kept on the ``qweight`` tensor object as
-    ``_pack`` does. Packing takes the fp32 matrix: a transient float copy (671 MB for the embedded head) at the
-    first call, freed once packed."""
-    cached = getattr(qweight, _PACKED_FP16_ATTRIBUTE, None)
-    if cached is not None and cached[0] == qweight.data_ptr():
-        return cached[1]
-    packed = torch.ops.quantized.linear_prepack_fp16(qweight.float() * scale.float().unsqueeze(-1), None)
-    setattr(qweight, _PACKED_FP16_ATTRIBUTE, (qweight.data_ptr(), packed))
-    return packed
-
-
-def fbgemm_fp16_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x [T, K]`` fp32 times the dequantised ``qweight [N, K] * scale`` held as fp16 (fbgemm's fp16 GEMM,
-    fp32 accumulation): the weight-only reference within fp16 rounding. Needs ``_fbgemm_fp16_available()``."""
-    return torch.ops.quantized.linear_dynamic_fp16(x, _pack_fp16(qweight, scale))
-
-
-@functools.cache
-def _fbgemm_fp16_available() -> bool:
-    """fbgemm's fp16 linear is built into this torch (it is on x86 wheels)."""
-    return hasattr(torch.ops.quantized, "linear_prepack_fp16") and hasattr(torch.ops.quantized,
-                                                                            "linear_dynamic_fp16")
-
-
 def _bf16_scale(scale: torch.Tensor) -> torch.Tensor:
     """``scale`` in bf16, kept on the scale tensor (one conversion per layer instead of one per call)."""
     cached = getattr(scale, _BF16_SCALE_ATTRIBUTE, None)
@@ -130,9 +103,11 @@ def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor)
 
 
 def prepack_large_weights(model: torch.nn.Module) -> int:
-    """Pack every large int8 weight of ``model`` (``qweight`` of at least ``LARGE_WEIGHT_ELEMENTS``) for the path
-    ``cpu_int8_linear`` will take, so the first request does not pay for it (seconds for the embedded head);
-    returns how many were packed."""
+    """Pack every large int8 weight of ``model`` (``qweight`` of at least ``LARGE_WEIGHT_ELEMENTS``) for fbgemm
+    when ``cpu_int8_linear`` will run it there (a VNNI CPU), so the first request does not pay for it; returns
+    how many were packed."""
+    if not _fbgemm_8bit_safe():
+        return 0
     packed = 0
     for module in model.modules():
         qweight, scale = getattr(module, "qweight", None), getattr(module, "scale", None)
@@ -140,12 +115,7 @@ def prepack_large_weights(model: torch.nn.Module) -> int:
             continue
         if qweight.device.type != "cpu" or qweight.dim() != 2 or qweight.numel() < LARGE_WEIGHT_ELEMENTS:
             continue
-        if _fbgemm_8bit_safe():
-            _pack(qweight, scale)
-        elif _fbgemm_fp16_available():
-            _pack_fp16(qweight, scale)
-        else:
-            continue
+        _pack(qweight, scale)
         packed += 1
     return packed
 
@@ -155,11 +125,8 @@ def cpu_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor)
     in x's dtype (module docstring for which kernel runs)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[0] == 0:
         return int8_linear_reference(x, qweight, scale)
-    if qweight.numel() >= LARGE_WEIGHT_ELEMENTS:
-        if _fbgemm_8bit_safe():
-            return fbgemm_row_quantized_linear(x, qweight, scale)
-        if _fbgemm_fp16_available():
-            return fbgemm_fp16_linear(x, qweight, scale)
+    if qweight.numel() >= LARGE_WEIGHT_ELEMENTS and _fbgemm_8bit_safe():
+        return fbgemm_row_quantized_linear(x, qweight, scale)
     if qweight.shape[1] % INT8PACK_K_MULTIPLE == 0 and hasattr(torch, "_weight_int8pack_mm"):
         return int8pack_linear(x, qweight, scale)
     return int8_linear_reference(x, qweight, scale)

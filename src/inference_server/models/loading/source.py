@@ -17,6 +17,7 @@ import torch
 from inference_server.config import Settings, SettingsError
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.chat_templates import GEMMA_TURNS, read_chat_template
+from inference_server.models.loading import weight_cache
 from inference_server.models.loading.loader import (
     build_model,
     init_dummy_weights,
@@ -126,7 +127,14 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, cache_dir: 
     checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)
     model = build_model(spec, dtype, device, quantization, int8_embeddings)
+    cached = weight_cache.cache_path(path.resolve(), cache_dir, dtype, quantization, int8_embeddings)
+    if cached.is_file():
+        with phase("loading the converted weights (cached at the first start)"):
+            if weight_cache.load_cached(model, cached):
+                return model, spec
     names = checkpoint.parameter_names
     with phase("loading weights (dequantising GGUF blocks)", total=len(names), unit="tensors") as progress:
         load_weights(model, spec, progress.wrap(checkpoint.iter_tensors(torch.float32)), str(path))
+    with phase("caching the converted weights (first start only)"):
+        weight_cache.save_cached(model, cached)
     return model, spec
