@@ -116,7 +116,7 @@ def main() -> None:
                         help="int8: the embedding / lm_head int8 too (INT8_EMBEDDINGS=on); float: left fp32 (off)")
     args = parser.parse_args()
     device = torch.device("cpu")
-    base = load_model(Settings(device="cpu"), device, torch.float32)
+    base = load_model(Settings(device="cpu", quantization="none"), device, torch.float32)
     models = {head: load_model(Settings(device="cpu", quantization="int8",
                                         int8_embeddings="on" if head == "int8" else "off"), device, torch.float32)
               for head in args.heads}

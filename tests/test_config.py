@@ -31,7 +31,7 @@ def test_precedence_dotenv_then_environment_then_overrides(tmp_path: Path) -> No
         ("MAX_BATCH_SIZE", "many", "expected an integer"),
         ("DUMMY_WEIGHTS", "maybe", "expected true or false"),
         ("ADMISSION_TIMEOUT", "nan", "expected a finite number"),
-        ("QUANTIZATION", "int4", "QUANTIZATION='int4' is invalid: accepted values are none, int8"),
+        ("QUANTIZATION", "int4", "QUANTIZATION='int4' is invalid: accepted values are auto, none, int8"),
         ("INT8_EMBEDDINGS", "yes", "INT8_EMBEDDINGS='yes' is invalid: accepted values are auto, on, off"),
     ],
 )

@@ -13,7 +13,7 @@ from inference_server.models.architectures.attention import ContiguousKVCache, F
 from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear, is_quantized
 from inference_server.offline import LLM
 from inference_server.records.sampling_params import SamplingParams
-from inference_server.runtime import resolve_backend
+from inference_server.runtime import resolve_backend, resolve_quantization
 
 PROMPT = (2, 17, 40, 99, 5, 311)
 
@@ -68,11 +68,35 @@ def test_int8_embeddings_setting_parses(value: str) -> None:
 
 
 def test_int8_embeddings_on_needs_int8_quantization() -> None:
-    settings = load_settings(environ={"INT8_EMBEDDINGS": "on", "DEVICE": "cpu"}, dotenv_path=None)
+    settings = load_settings(environ={"INT8_EMBEDDINGS": "on", "QUANTIZATION": "none", "DEVICE": "cpu"},
+                             dotenv_path=None)
     with pytest.raises(SettingsError, match="INT8_EMBEDDINGS='on' is invalid with QUANTIZATION='none'"):
         resolve_backend(settings, torch.device("cpu"))
-    off = load_settings(environ={"INT8_EMBEDDINGS": "off", "DEVICE": "cpu"}, dotenv_path=None)
+    off = load_settings(environ={"INT8_EMBEDDINGS": "off", "QUANTIZATION": "none", "DEVICE": "cpu"},
+                        dotenv_path=None)
     assert resolve_backend(off, torch.device("cpu")) == "reference"
+    # the default (auto) is int8 on the CPU, so INT8_EMBEDDINGS=on goes with it there, and not on a GPU
+    on = load_settings(environ={"INT8_EMBEDDINGS": "on"}, dotenv_path=None)
+    assert resolve_backend(on, torch.device("cpu")) == "reference"
+    with pytest.raises(SettingsError, match="INT8_EMBEDDINGS='on' is invalid with QUANTIZATION='auto'"):
+        resolve_backend(on, torch.device("cuda"))
+
+
+def test_default_quantization_is_int8_on_the_cpu_and_none_elsewhere() -> None:
+    """QUANTIZATION=auto (the default) as docs/quantization.md states: int8 on the CPU with the engine's model
+    classes, none on GPUs and with the hf backend; explicit values are kept."""
+    default = load_settings(environ={}, dotenv_path=None)
+    assert default.quantization == "auto"
+    assert resolve_quantization(default, torch.device("cpu")) == "int8"
+    assert resolve_quantization(default, torch.device("cuda"), "custom-cuda") == "none"
+    assert resolve_quantization(default, torch.device("mps")) == "none"
+    assert resolve_quantization(default, torch.device("cpu"), "hf") == "none"
+    hf = load_settings(environ={"BACKEND": "hf", "DEVICE": "cpu"}, dotenv_path=None)
+    assert resolve_backend(hf, torch.device("cpu")) == "hf"  # auto is no int8 request: the baseline starts
+    for value in ("none", "int8"):
+        explicit = load_settings(environ={"QUANTIZATION": value}, dotenv_path=None)
+        assert resolve_quantization(explicit, torch.device("cpu")) == value
+        assert resolve_quantization(explicit, torch.device("cuda"), "custom-cuda") == value
 
 
 def test_int8_embeddings_off_keeps_the_cpu_head_float() -> None:

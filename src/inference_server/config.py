@@ -54,11 +54,13 @@ class Settings:
                                       "16); 0 with KV_EVICTION=none.", minimum=0)
     kv_sink_tokens: int = _field(4, "Sink tokens KV_EVICTION=sink always keeps (at most a quarter of "
                                     "KV_BUDGET_TOKENS).", minimum=1)
-    quantization: str = _field("none", "Weight quantization applied at load: int8 stores every linear layer "
+    quantization: str = _field("auto", "Weight quantization applied at load: int8 stores every linear layer "
                                        "(attention, MLP, MoE experts, PLE projections; routers stay float) as "
                                        "symmetric per-output-channel int8 with scales in the model dtype, "
                                        "quantized as each weight is loaded; on the CPU the embedding and lm_head "
-                                       "too (docs/quantization.md).", ("none", "int8"))
+                                       "too. auto: int8 on the CPU (2-3x faster decode there, +0.5 % "
+                                       "perplexity), none on GPUs and with BACKEND=hf (docs/quantization.md).",
+                                ("auto", "none", "int8"))
     int8_embeddings: str = _field("auto", "With QUANTIZATION=int8, whether the token embeddings and lm_head (tied "
                                           "or not; Gemma 4's per-layer embeddings too) are int8 as well: auto "
                                           "quantizes them on the CPU and keeps them in the model dtype on GPUs; on "

@@ -21,7 +21,7 @@ from inference_server.fault_injection import with_faults
 from inference_server.models.loading.source import LoadedModel, load_model
 from inference_server.models.tokenizer import TokenizerError
 from inference_server.models.tokenizer_export import served_tokenizer_folder
-from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype
+from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype, resolve_quantization
 from inference_server.startup import phase, summary
 from inference_server.supervisor import EngineParts
 
@@ -46,6 +46,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     device = resolve_device(settings)
     dtype = resolve_dtype(settings, device)
     backend = resolve_backend(settings, device)
+    settings = attrs.evolve(settings, quantization=resolve_quantization(settings, device, backend))
     loaded: LoadedModel | HFLoadedModel
     runner: ModelRunner
     if backend == "hf":

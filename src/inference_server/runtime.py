@@ -31,10 +31,19 @@ def resolve_dtype(settings: Settings, device: torch.device) -> torch.dtype:
     return DTYPES[settings.dtype]
 
 
+def resolve_quantization(settings: Settings, device: torch.device, backend: str = "reference") -> str:
+    """The weight quantization actually applied: ``auto`` is ``int8`` on the CPU with the engine's own model
+    classes (decode there reads weights from memory at every step, and int8 measured 2-3x fp32's rate for
+    +0.5 % perplexity, docs/quantization.md) and ``none`` on GPUs and with the hf backend."""
+    if settings.quantization != "auto":
+        return settings.quantization
+    return "int8" if device.type == "cpu" and backend != "hf" else "none"
+
+
 def resolve_backend(settings: Settings, device: torch.device) -> str:
     """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``. KV eviction settings are
     checked here too: they need the hf backend, and a budget goes with a policy; QUANTIZATION needs our own
-    model classes (not the hf backend), and INT8_EMBEDDINGS=on needs QUANTIZATION=int8."""
+    model classes (not the hf backend), and INT8_EMBEDDINGS=on needs QUANTIZATION=int8 (as resolved)."""
     backend = settings.backend
     if backend == "auto":
         backend = "custom-cuda" if device.type == "cuda" else "reference"
@@ -44,12 +53,14 @@ def resolve_backend(settings: Settings, device: torch.device) -> str:
         raise SettingsError(f"KV_EVICTION={settings.kv_eviction!r} and KV_BUDGET_TOKENS="
                             f"{settings.kv_budget_tokens} are invalid with BACKEND={backend!r}: KV eviction is a "
                             f"feature of BACKEND=hf")
-    if backend == "hf" and settings.quantization != "none":
-        raise SettingsError(f"QUANTIZATION={settings.quantization!r} is invalid with BACKEND='hf': the hf baseline "
-                            f"runs the stock transformers model (accepted with hf: none)")
-    if settings.int8_embeddings == "on" and settings.quantization != "int8":
-        raise SettingsError(f"INT8_EMBEDDINGS='on' is invalid with QUANTIZATION={settings.quantization!r}: int8 "
-                            f"embeddings are part of QUANTIZATION=int8 (accepted without it: auto, off)")
+    quantization = resolve_quantization(settings, device, backend)
+    if backend == "hf" and quantization != "none":
+        raise SettingsError(f"QUANTIZATION={quantization!r} is invalid with BACKEND='hf': the hf baseline "
+                            f"runs the stock transformers model (accepted with hf: auto, none)")
+    if settings.int8_embeddings == "on" and quantization != "int8":
+        raise SettingsError(f"INT8_EMBEDDINGS='on' is invalid with QUANTIZATION={settings.quantization!r} (here "
+                            f"{quantization!r}): int8 embeddings are part of QUANTIZATION=int8 (accepted without "
+                            f"it: auto, off)")
     if backend == "hf":
         from inference_server.backends.hf.eviction_config import EvictionConfig
 

@@ -90,6 +90,20 @@ def test_cpu_large_matrix_path_quantizes_each_row_on_its_own(monkeypatch: pytest
     assert float(((plain - reference).norm(dim=-1) / reference.norm(dim=-1)).max()) > 0.1
 
 
+def test_prepack_packs_the_large_weights_for_the_path_the_matmul_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inference_server.models.architectures.quantized import Int8Linear
+
+    monkeypatch.setattr(cpu_int8, "LARGE_WEIGHT_ELEMENTS", 300 * 64)
+    torch.manual_seed(3)
+    large = Int8Linear(*quantize_int8_per_channel(torch.randn(300, 64)))
+    small = Int8Linear(*quantize_int8_per_channel(torch.randn(32, 64)))
+    model = torch.nn.Sequential(large, small)
+    expected = 1 if cpu_int8._fbgemm_8bit_safe() else 0  # only fbgemm's 8-bit path packs
+    assert cpu_int8.prepack_large_weights(model) == expected
+    assert hasattr(large.qweight, "_fbgemm_packed") == bool(expected)
+    assert not hasattr(small.qweight, "_fbgemm_packed")
+
+
 def test_cpu_int8_linear_falls_back_to_the_reference_off_its_paths() -> None:
     q, scale = quantize_int8_per_channel(torch.randn(8, 16, dtype=torch.bfloat16))
     x = torch.randn(3, 16, dtype=torch.bfloat16)

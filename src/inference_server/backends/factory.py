@@ -16,6 +16,8 @@ from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import ModelSpec
+from inference_server.runtime import resolve_quantization
+from inference_server.startup import phase
 
 CPU_DEFAULT_KV_TOKENS = 16_384  # 0.6 GB of fp32 KV for the embedded model: two full 8k contexts
 CPU_MAX_MODEL_LEN = 8192
@@ -101,11 +103,14 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
                  backend: str, limits: EngineLimits) -> ModelRunner:
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU gets
     the CPU int8 matmul (``kernels.cpu_int8``) installed as ``ops.int8_linear`` (process-wide)."""
-    if settings.quantization == "int8" and device.type == "cpu":
-        from inference_server.kernels.cpu_int8 import cpu_int8_linear
+    if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
+        from inference_server.kernels import cpu_int8
         from inference_server.models.architectures import ops
 
-        ops.use_ops(int8_linear=cpu_int8_linear)
+        ops.use_ops(int8_linear=cpu_int8.cpu_int8_linear)
+        if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
+            with phase("packing the int8 lm_head for fbgemm"):
+                cpu_int8.prepack_large_weights(loaded.model)
     if backend == "custom-cuda":
         from inference_server.backends.cuda.runner import build_cuda_runner
 

@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 import torch
 
+from inference_server.backends.cpu_threads import CpuThreads
 from inference_server.backends.grammar_masks import BitmaskFiller, GrammarState
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.backends.sampler import (
@@ -108,6 +109,7 @@ class ModelRunner:
         self.grammar: GrammarCompiler | None = None
         """Compiles constrained requests' grammars (set by the engine factory; None: no request is constrained)."""
         self._bitmasks: BitmaskFiller | None = None
+        self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
@@ -225,6 +227,8 @@ class ModelRunner:
         samples: LaunchedSamples | None = None
         prompt_logprobs: tuple[PromptLogprobsChunk, ...] = ()
         if plan.sequences:
+            if self._cpu_threads is not None:
+                self._cpu_threads.apply(plan.num_tokens)
             hidden = self._forward(plan)  # [T or bucket, H]
             with profiler_ranges.phase("sample", plan.step_id):
                 samples = self._sample(plan, states, hidden)

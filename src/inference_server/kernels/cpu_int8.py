@@ -13,7 +13,9 @@ does it, but little in the one lm_head matmul. Hence two paths:
   row's own, and multiplied back after). A row with a large range does not coarsen the others (results
   depend on the batch only through fbgemm's choice of zero point, within the 8-bit step).
   Without VNNI, fbgemm's AVX2 kernel can saturate 8-bit products (hence its 7-bit ``reduce_range``, which
-  costs +2.9 % perplexity here), so that case takes the next path;
+  costs +2.9 % perplexity here), so that case takes the next path. (fbgemm's fp16 GEMM of the dequantised
+  weights ran the embedded head 1.4x faster than the next path on an AVX2 CPU, but packing its 168 M weights
+  took 24 s at start-up on the busy 2-core machine: dropped, docs/quantization.md);
 * everything else: ``torch._weight_int8pack_mm`` with the activations rounded to bf16 (a weight-only kernel;
   its output is bf16 too; both roundings together change the perplexity by < 0.1 %), cast back to fp32.
 
@@ -33,7 +35,8 @@ import torch
 
 from inference_server.kernels.reference_int8 import int8_linear_reference
 
-__all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_row_quantized_linear", "int8pack_linear"]
+__all__ = ["LARGE_WEIGHT_ELEMENTS", "cpu_int8_linear", "fbgemm_row_quantized_linear", "int8pack_linear",
+           "prepack_large_weights"]
 
 LARGE_WEIGHT_ELEMENTS = 1 << 24  # 16.8 M weights: the embedded lm_head has 168 M, its largest layer 1.3 M
 INT8PACK_K_MULTIPLE = 32
@@ -95,6 +98,24 @@ def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor)
     the result returned in x's dtype."""
     out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight.contiguous(), _bf16_scale(scale))
     return out.to(x.dtype)
+
+
+def prepack_large_weights(model: torch.nn.Module) -> int:
+    """Pack every large int8 weight of ``model`` (``qweight`` of at least ``LARGE_WEIGHT_ELEMENTS``) for fbgemm
+    when ``cpu_int8_linear`` will run it there (a VNNI CPU), so the first request does not pay for it; returns
+    how many were packed."""
+    if not _fbgemm_8bit_safe():
+        return 0
+    packed = 0
+    for module in model.modules():
+        qweight, scale = getattr(module, "qweight", None), getattr(module, "scale", None)
+        if not isinstance(qweight, torch.Tensor) or not isinstance(scale, torch.Tensor):
+            continue
+        if qweight.device.type != "cpu" or qweight.dim() != 2 or qweight.numel() < LARGE_WEIGHT_ELEMENTS:
+            continue
+        _pack(qweight, scale)
+        packed += 1
+    return packed
 
 
 def cpu_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,12 @@ def quantize_int8_per_channel(
     """Symmetric per-output-channel quantization: ``scale = max|w| / 127`` over each row (computed in fp32,
     then cast to ``scale_dtype``, default the weight's dtype), ``q = round(w / scale)`` clamped to ±127 using
     the *cast* scale, so ``q * scale`` is the value the kernels reconstruct. An all-zero row gets scale 1
-    (any scale reconstructs zeros; 1 avoids dividing by zero)."""
+    (any scale reconstructs zeros; 1 avoids dividing by zero). A ``meta`` weight gives ``meta`` results of
+    these shapes and dtypes without computing anything (computing on ``meta`` imports torch._dynamo for the
+    reference kernels' meta functions: seconds of every int8 start-up, 14 s on a busy 2-core machine)."""
+    if weight.is_meta:
+        return (torch.empty(weight.shape, dtype=torch.int8, device="meta"),
+                torch.empty(weight.shape[:-1], dtype=scale_dtype or weight.dtype, device="meta"))
     w = weight.float()
     amax = w.abs().amax(dim=-1)  # [..., N]
     scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(scale_dtype or weight.dtype)

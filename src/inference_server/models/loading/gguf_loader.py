@@ -24,8 +24,9 @@ to the HF parameter names of each architecture, exactly as transformers derives 
 
 Memory: tensors are dequantised one at a time, in row chunks, straight into a tensor of the target dtype,
 so the peak beyond the result is one chunk of float32 scratch (``_CHUNK_ELEMENTS``).
-Cost: ``gguf.GGUFReader`` parses every metadata array element in Python; for a 262k-token vocabulary
-that alone takes ~9 s on a slow 2-core box. Open the file once and reuse the ``GGUFCheckpoint``.
+Header: read by ``gguf_header.read_gguf_header`` (``gguf.GGUFReader``'s fields and tensor views, without
+materialising the vocabulary's string arrays, which ``GGUFReader`` takes tens of seconds over on a busy 2-core
+machine); tensor data stays in the file's memory map until dequantised.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from inference_server.models.loading import gguf_index
+from inference_server.models.loading.gguf_header import GGUFHeader, read_gguf_header
 from inference_server.startup import phase
 
 __all__ = [
@@ -74,20 +76,22 @@ class GGUFLoadError(Exception):
 
 @attrs.frozen
 class _Metadata:
-    """Typed access to a reader's key/value fields; a missing required key is a ``GGUFLoadError``."""
+    """Typed access to a header's key/value fields; a missing required key is a ``GGUFLoadError``."""
 
     path: Path
     architecture: str
-    fields: Mapping[str, gguf.ReaderField]
+    values: Mapping[str, Any]  # every field but string arrays (gguf_header.GGUFHeader.metadata)
+    array_lengths: Mapping[str, int]  # every array field's element count
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         """The value of ``key`` (a Python scalar, str or list); ``default`` if absent, else an error."""
-        field = self.fields.get(key)
-        if field is None:
-            if default is _MISSING:
-                raise GGUFLoadError(self.path, f"metadata key {key!r} is missing")
-            return default
-        return field.contents()
+        if key in self.values:
+            return self.values[key]
+        if key in self.array_lengths:  # a string array: the header reader steps over those
+            raise GGUFLoadError(self.path, f"metadata key {key!r} is a string array, which is not read")
+        if default is _MISSING:
+            raise GGUFLoadError(self.path, f"metadata key {key!r} is missing")
+        return default
 
     def arch(self, name: str, default: Any = _MISSING) -> Any:
         """The value of ``{architecture}.{name}``."""
@@ -95,8 +99,7 @@ class _Metadata:
 
     def array_length(self, key: str) -> int | None:
         """The element count of array field ``key`` without materialising it; None if absent."""
-        field = self.fields.get(key)
-        return None if field is None else len(field.data)
+        return self.array_lengths.get(key)
 
     def special_token_ids(self) -> dict[str, int]:
         """bos/eos/pad/unk ids the tokenizer section states, under their HF config names."""
@@ -447,7 +450,7 @@ def _dequantize_into(tensor: gguf.ReaderTensor, target: torch.Tensor, transform:
 class GGUFCheckpoint:
     """An opened GGUF file: its architecture, HF config dict and a tensor iterator.
 
-    Holds the ``gguf.GGUFReader`` (a read-only memory map) until garbage collected.
+    Holds the file's read-only memory map until garbage collected.
     """
 
     def __init__(self, path: Path, architecture: str, config: dict[str, Any], tensors: Mapping[str, Any]) -> None:
@@ -460,12 +463,11 @@ class GGUFCheckpoint:
         self._placements, self._targets = _build_plan(self._spec, self.config, self._tensors, path)
 
     @classmethod
-    def from_reader(cls, path: Path, reader: gguf.GGUFReader) -> GGUFCheckpoint:
-        """Parse the metadata of an opened ``GGUFReader`` into the HF config."""
-        tensors = {tensor.name: tensor for tensor in reader.tensors}
-        architecture, spec = _architecture(path, reader)
-        meta = _Metadata(path, architecture, reader.fields)
-        return cls(path, architecture, spec.build_config(meta, frozenset(tensors)), tensors)
+    def from_header(cls, path: Path, header: GGUFHeader) -> GGUFCheckpoint:
+        """Parse the metadata of a read header (``gguf_header.read_gguf_header``) into the HF config."""
+        architecture, spec = _architecture(path, header.metadata)
+        meta = _Metadata(path, architecture, header.metadata, header.array_lengths)
+        return cls(path, architecture, spec.build_config(meta, frozenset(header.tensors)), header.tensors)
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -522,27 +524,26 @@ def _destination(
     return target.narrow(placement.dim, placement.offset, size)
 
 
-def _architecture(path: Path, reader: gguf.GGUFReader) -> tuple[str, _ArchSpec]:
-    field = reader.fields.get("general.architecture")
-    if field is None:
+def _architecture(path: Path, metadata: Mapping[str, Any]) -> tuple[str, _ArchSpec]:
+    architecture = metadata.get("general.architecture")
+    if architecture is None:
         raise GGUFLoadError(path, "metadata key 'general.architecture' is missing")
-    architecture = str(field.contents())
-    spec = _ARCHITECTURES.get(architecture)
+    spec = _ARCHITECTURES.get(str(architecture))
     if spec is None:
         supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         raise GGUFLoadError(path, f"architecture {architecture!r} is not supported (supported: {supported})")
-    return architecture, spec
+    return str(architecture), spec
 
 
-def _open_reader(path: Path) -> gguf.GGUFReader:
-    """``GGUFReader(path)`` with every failure turned into a ``GGUFLoadError`` naming the file."""
+def _read_header(path: Path) -> GGUFHeader:
+    """``read_gguf_header(path)`` with every failure turned into a ``GGUFLoadError`` naming the file."""
     if not path.exists():
         raise GGUFLoadError(path, "no such file")
     if not path.is_file():
         raise GGUFLoadError(path, "not a regular file")
     try:
-        return gguf.GGUFReader(path, "r")
-    except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError) as error:
+        return read_gguf_header(path)
+    except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as error:
         raise GGUFLoadError(path, f"not a valid GGUF file ({type(error).__name__}: {error})") from error
 
 
@@ -562,7 +563,7 @@ def open_gguf(path: str | Path, cache_dir: str | Path | None = None) -> GGUFChec
         if cached is not None and cached[0] in _ARCHITECTURES:
             return GGUFCheckpoint(resolved, *cached)
     with phase("reading the GGUF header (first start only: indexed for later starts)"):
-        checkpoint = GGUFCheckpoint.from_reader(resolved, _open_reader(resolved))
+        checkpoint = GGUFCheckpoint.from_header(resolved, _read_header(resolved))
     if index is not None:
         with contextlib.suppress(OSError, TypeError, ValueError):  # no index only costs the speed-up
             gguf_index.write_index(index, checkpoint.architecture, checkpoint.config, checkpoint._tensors)

@@ -17,6 +17,7 @@ import torch
 from inference_server.config import Settings, SettingsError
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.chat_templates import GEMMA_TURNS, read_chat_template
+from inference_server.models.loading import weight_cache
 from inference_server.models.loading.loader import (
     build_model,
     init_dummy_weights,
@@ -27,6 +28,7 @@ from inference_server.models.loading.loader import (
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 from inference_server.models.tokenizer import Tokenizer
+from inference_server.runtime import resolve_quantization
 from inference_server.startup import phase
 
 
@@ -74,6 +76,7 @@ def _invalid_model(source: str) -> SettingsError:
 def load_model(settings: Settings, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Load what ``settings.model`` names onto ``device`` (see the module docstring)."""
     started = time.perf_counter()
+    settings = attrs.evolve(settings, quantization=resolve_quantization(settings, device))
     source = settings.model
     cache_dir = settings.resolved_cache_dir()
     if not source:
@@ -124,7 +127,14 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, cache_dir: 
     checkpoint = open_gguf(path, cache_dir=cache_dir)
     spec = parse_model_spec(checkpoint.config)
     model = build_model(spec, dtype, device, quantization, int8_embeddings)
+    cached = weight_cache.cache_path(path.resolve(), cache_dir, dtype, quantization, int8_embeddings)
+    if cached.is_file():
+        with phase("loading the converted weights (cached at the first start)"):
+            if weight_cache.load_cached(model, cached):
+                return model, spec
     names = checkpoint.parameter_names
     with phase("loading weights (dequantising GGUF blocks)", total=len(names), unit="tensors") as progress:
         load_weights(model, spec, progress.wrap(checkpoint.iter_tensors(torch.float32)), str(path))
+    with phase("caching the converted weights (first start only)"):
+        weight_cache.save_cached(model, cached)
     return model, spec
