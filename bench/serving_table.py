@@ -235,9 +235,10 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
     return rows
 
 
-def model_with_tokenizer(model: str, folder: Path) -> Path:
+def model_with_tokenizer(model: str, folder: Path, tokenizer_folder: Path | None = None) -> Path:
     """A checkpoint folder for ``--json-schema``: the preset's config.json (dummy weights) and the embedded
-    Gemma 3 tokenizer, whose vocabulary must have the preset's size."""
+    Gemma 3 tokenizer (or ``tokenizer_folder``: the one ``inference-server export-tokenizer`` writes, for a
+    machine without the embedded model's package), whose vocabulary must have the preset's size."""
     import shutil
 
     from inference_server.models.loading.embedded import embedded_gguf_path
@@ -245,7 +246,8 @@ def model_with_tokenizer(model: str, folder: Path) -> Path:
     from inference_server.models.tokenizer import Tokenizer
 
     config = preset_config(model)
-    tokenizer = Tokenizer.from_gguf(embedded_gguf_path())
+    tokenizer = (Tokenizer.from_pretrained_dir(tokenizer_folder) if tokenizer_folder is not None
+                 else Tokenizer.from_gguf(embedded_gguf_path()))
     if tokenizer.source_file is None or tokenizer.backend.get_vocab_size() != config["vocab_size"]:
         raise SystemExit(f"--json-schema: the embedded tokenizer does not fit {model}'s vocabulary")
     folder.mkdir(parents=True, exist_ok=True)
@@ -299,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=Path("serving_out"))
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="with --json-schema: a tokenizer folder (export-tokenizer) instead of the embedded one")
     parser.add_argument("--json-schema", action="store_true",
                         help="each run also with every request constrained by a JSON schema (see the docstring)")
     return parser
@@ -326,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json_schema:
         folder = Path(args.model) if os.path.isdir(args.model) else None
         if args.model and folder is None:
-            folder = model_with_tokenizer(args.model, args.out / "model")
+            folder = model_with_tokenizer(args.model, args.out / "model", args.tokenizer)
             base_env["MODEL"] = str(folder)
         if folder is None:  # the embedded model
             from inference_server.models.loading.embedded import embedded_gguf_path

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole default GPU suite (`pytest -m gpu`; sweeps stay behind `slow`) in one device call, with the 25
+# slowest tests. Run from the project root on the device machine with `.whl` carried: ../shared/device/wheels.sh
+# plus the wheels of llguidance, partial-json-parser and jsonschema (its deps) for Python 3.12.
+# Only the folders holding GPU tests are collected: the device image lacks the HTTP tests' client packages.
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+start=$SECONDS
+timeout "${GPU_SUITE_SECONDS:-560}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=25 -W ignore \
+  ${*:-tests/kernels tests/backends tests/actors tests/test_schedule_invariance.py} 2>&1 \
+  | tee "${OUT:-/tmp}/gpu_suite.log" | tail -40
+echo "gpu suite wall: $((SECONDS - start)) s"
