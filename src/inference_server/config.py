@@ -58,8 +58,8 @@ class Settings:
                                        "(attention, MLP, MoE experts, PLE projections; routers stay float) as "
                                        "symmetric per-output-channel int8 with scales in the model dtype, "
                                        "quantized as each weight is loaded; on the CPU the embedding and lm_head "
-                                       "too. auto: int8 on the CPU (2-3x faster decode there, +0.5 % "
-                                       "perplexity), none on GPUs and with BACKEND=hf (docs/quantization.md).",
+                                       "too. auto: int8 on the CPU (faster decode there at a small perplexity cost), "
+                                       "none on GPUs and with BACKEND=hf (figures: docs/quantization.md).",
                                 ("auto", "none", "int8"))
     int8_embeddings: str = _field("auto", "With QUANTIZATION=int8, whether the token embeddings and lm_head (tied "
                                           "or not; Gemma 4's per-layer embeddings too) are int8 as well: auto "

@@ -33,8 +33,8 @@ def resolve_dtype(settings: Settings, device: torch.device) -> torch.dtype:
 
 def resolve_quantization(settings: Settings, device: torch.device, backend: str = "reference") -> str:
     """The weight quantization actually applied: ``auto`` is ``int8`` on the CPU with the engine's own model
-    classes (decode there reads weights from memory at every step, and int8 measured 2-3x fp32's rate for
-    +0.5 % perplexity, docs/quantization.md) and ``none`` on GPUs and with the hf backend."""
+    classes (decode there reads weights from memory at every step; int8's speed and quality against fp32 are
+    in docs/quantization.md) and ``none`` on GPUs and with the hf backend."""
     if settings.quantization != "auto":
         return settings.quantization
     return "int8" if device.type == "cpu" and backend != "hf" else "none"

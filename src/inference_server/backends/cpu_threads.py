@@ -2,10 +2,10 @@
 
 A decode step of a small model is a chain of ~130 small matmuls and ~1,000 elementwise ops of a few µs each:
 splitting each across OpenMP threads costs a barrier per op, and when any of those threads is descheduled (the
-event loop and HTTP run on the same cores, and a laptop runs other programs) every barrier waits for it. On the
-2-core machine one thread ran a batch-1 int8 decode step 5.6x faster than two at load average 4, and 1.3x
-faster when quiet (docs/quantization.md). Prefill steps of many tokens are compute-bound matmuls that two
-threads do speed up, so steps of more than ``SMALL_STEP_TOKENS`` tokens keep torch's default thread count.
+event loop and HTTP run on the same cores, and a laptop runs other programs) every barrier waits for it. One
+thread was faster than two at every load measured on the 2-core machine (docs/quantization.md, "Threads").
+Prefill steps of many tokens are compute-bound matmuls that two threads do speed up, so steps of more than
+``SMALL_STEP_TOKENS`` tokens keep torch's default thread count.
 
 torch's thread count is per calling thread under OpenMP, so the runner applies it in the thread that runs the
 step (the executor's worker thread).
@@ -24,7 +24,6 @@ class CpuThreads:
 
     def __init__(self, default: int | None = None) -> None:
         self.default = default or torch.get_num_threads()
-        self._current = 0  # unknown: the first step sets it
 
     def for_tokens(self, tokens: int) -> int:
         """The thread count a step of ``tokens`` tokens runs with."""
@@ -33,6 +32,5 @@ class CpuThreads:
     def apply(self, tokens: int) -> None:
         """Set the calling thread's torch thread count for a step of ``tokens`` tokens."""
         threads = self.for_tokens(tokens)
-        if threads != self._current or threads != torch.get_num_threads():
+        if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
-            self._current = threads

@@ -13,9 +13,9 @@ does it, but little in the one lm_head matmul. Hence two paths:
   row's own, and multiplied back after). A row with a large range does not coarsen the others (results
   depend on the batch only through fbgemm's choice of zero point, within the 8-bit step).
   Without VNNI, fbgemm's AVX2 kernel can saturate 8-bit products (hence its 7-bit ``reduce_range``, which
-  costs +2.9 % perplexity here), so that case takes the next path. (fbgemm's fp16 GEMM of the dequantised
-  weights ran the embedded head 1.4x faster than the next path on an AVX2 CPU, but packing its 168 M weights
-  took 24 s at start-up on the busy 2-core machine: dropped, docs/quantization.md);
+  costs perplexity), so that case takes the next path. (fbgemm's fp16 GEMM of the dequantised weights was
+  faster per token on an AVX2 CPU, but packing the head's weights took too long at start-up: dropped; the
+  figures are in docs/quantization.md);
 * everything else: ``torch._weight_int8pack_mm`` with the activations rounded to bf16 (a weight-only kernel;
   its output is bf16 too; both roundings together change the perplexity by < 0.1 %), cast back to fp32.
 

@@ -35,7 +35,7 @@ def quantize_int8_per_channel(
     the *cast* scale, so ``q * scale`` is the value the kernels reconstruct. An all-zero row gets scale 1
     (any scale reconstructs zeros; 1 avoids dividing by zero). A ``meta`` weight gives ``meta`` results of
     these shapes and dtypes without computing anything (computing on ``meta`` imports torch._dynamo for the
-    reference kernels' meta functions: seconds of every int8 start-up, 14 s on a busy 2-core machine)."""
+    reference kernels' meta functions: seconds of every int8 start-up)."""
     if weight.is_meta:
         return (torch.empty(weight.shape, dtype=torch.int8, device="meta"),
                 torch.empty(weight.shape[:-1], dtype=scale_dtype or weight.dtype, device="meta"))

@@ -1,8 +1,8 @@
 """A cached index of a GGUF file's header, so that later starts skip the header parse.
 
 The parse (``gguf_header.read_gguf_header``) steps over the tokenizer's 262,144 strings, a fraction of a second
-for the embedded model (``gguf.GGUFReader``, which it replaced, took 12-40 s there); the index still saves
-that and the config build. It keeps what the
+for the embedded model (``gguf.GGUFReader``, which it replaced, took far longer: README's start-up figures);
+the index still saves that and the config build. It keeps what the
 loader needs (architecture, the HF config built from the metadata, and each tensor's type, shape and byte
 range), keyed by the file's size and modification time and the ``gguf`` package version; tensor data is read
 from the file through a memory map exactly as ``GGUFReader`` does, and dequantised by the ``gguf`` package.
