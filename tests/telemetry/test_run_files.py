@@ -117,10 +117,10 @@ async def test_timeline_step_ids_match_sqlite_steps_on_a_served_engine(tmp_path:
     import sys as _sys
 
     _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
-    from http_testkit import FakeModel, make_parts, post_stream
+    from http_testkit import make_parts, post_stream, word_engine
 
     settings = Settings(telemetry_dir=str(tmp_path / "telemetry"), timeline_dir=str(tmp_path / "timeline"))
-    model = FakeModel(delay=0.01)
+    model = word_engine(step_seconds=0.01)
     engine = Engine(make_parts(model, None, num_blocks=24))
     observability = Observability.attach(engine.telemetry, "tiny", settings)
     async with trio.open_nursery() as nursery:
@@ -164,13 +164,13 @@ async def test_profiler_ranges_name_each_phase_by_step_id(autojump_clock) -> Non
     from inference_server.telemetry import profiler_ranges
 
     _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
-    from http_testkit import FakeModel, make_parts
+    from http_testkit import make_parts, word_engine
 
     from inference_server.records.requests import GenerationRequest
     from inference_server.records.sampling_params import SamplingParams
 
-    model = FakeModel(delay=0.01)
-    parts = attrs.evolve(make_parts(model, None), step=profiler_ranges.ranged_step(model.step))
+    model = word_engine(step_seconds=0.01)
+    parts = attrs.evolve(make_parts(model, None), step=profiler_ranges.ranged_step(model))
     steps: list[int] = []
     token_steps: list[int] = []  # steps whose tokens reached requests
     profiler_ranges.enable(True)
