@@ -173,7 +173,7 @@ UNTUNED = ("before", "untuned")
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
                  device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
                  quantization: str = "none", profile_batches: tuple[int, ...] = (1,),
-                 int8_embeddings: str = "auto", max_model_len: int | None = None) -> None:
+                 int8_embeddings: str = "auto", max_model_len: int | None = None, warmup: int = 3) -> None:
     """Per variant: build the runner (graphs captured), count the B=1 kernels and time each kernel of a step at
     ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
     listed). ``max_model_len``: the runner's model length (default: just what the timed steps need); the decode
@@ -198,7 +198,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     emit(out, kind="build", model=name, preset=preset, seconds=round(load_s, 2), params=params,
          gpu_gib=round(gpu_gib(), 2))
 
-    warmup, bs = 3, 16
+    bs = 16
     blocks_per_seq = -(-(context + 2 * (warmup + steps) + 2) // bs)  # serial steps, then as many overlapped
     groups = sorted({group_of(layer) for layer in spec.cache_layers})
     block_bytes = sum(PagedKVStorage.bytes_per_block(spec.cache_layers, bs, 2).values())
@@ -226,7 +226,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
              seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
              kernels_b1=count_kernels(runner, 1))
         decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
-                       steps, repeats, greedy, out, device, weight_bytes)
+                       steps, repeats, greedy, out, device, weight_bytes, warmup)
         # Profiled after the timed steps: each bucket's static inputs then hold its last step (context ~``context``).
         # Right after capture they hold the capture's inputs, whose context is a few tokens, so the attention was
         # profiled at no context at all (every kernels record before 2026-12-01's fifth session).
@@ -244,11 +244,11 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 
 def decode_batches(runner, name: str, variant: str, batches: list[int], vocab: int, num_groups: int,
                    blocks_per_seq: int, context: int, steps: int, repeats: int, greedy, out: Path,
-                   device: torch.device, weight_bytes: tuple[float, float] = (2.0, 2.0)) -> None:
-    """Time ``repeats`` loops of ``steps`` full steps per batch (after warm-up), and the bare graph replays."""
+                   device: torch.device, weight_bytes: tuple[float, float] = (2.0, 2.0), warmup: int = 3) -> None:
+    """Time ``repeats`` loops of ``steps`` full steps per batch (after ``warmup`` steps), and the bare graph
+    replays."""
     from inference_server.records.steps import PENDING_TOKEN, ScheduledSequence, StepPlan
 
-    warmup = 3
     gen = torch.Generator().manual_seed(0)
     for batch in batches:
         first_ids = torch.randint(100, vocab - 100, (batch,), generator=gen).tolist()
@@ -490,7 +490,7 @@ def main() -> None:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
                      tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization,
                      tuple(int(b) for b in a.profile_batches.split(",") if b.strip()), a.int8_embeddings,
-                     a.max_model_len)
+                     a.max_model_len, warmup=1 if a.smoke else 3)  # a smoke run checks calls, not timings
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
         bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+EMBEDDED_SERVER_TIMEOUT = 300.0  # seconds to start and to load: the embedded model on a busy 2-core machine
+
+
+@pytest.fixture(scope="session")
+def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str]]:
+    """One ``inference-server serve`` of the embedded model on the CPU for the whole session: ``(pid, base url)``.
+    Shared by the tests that only ask it questions (structured outputs, tool calls, serve_bench), so that the
+    model loads once; a test of start-up, shutdown or settings starts a server of its own."""
+    from server_process import launched
+
+    log = tmp_path_factory.mktemp("embedded-server") / "server.log"
+    env = {"MODEL": "", "DEVICE": "cpu", "MAX_BATCH_SIZE": "16", "LOG_LEVEL": "warning"}
+    with launched(env, log, start_timeout=EMBEDDED_SERVER_TIMEOUT, ready_timeout=EMBEDDED_SERVER_TIMEOUT) as (
+            process, url):
+        yield process.pid, url

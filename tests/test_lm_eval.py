@@ -25,11 +25,12 @@ import yaml
 
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.gguf_tokenizer import cache_folder
 from inference_server.models.loading.embedded import embedded_gguf_path
 from inference_server.models.loading.gguf_loader import open_gguf
 from inference_server.models.loading.loader import build_model, load_weights
 from inference_server.models.spec import parse_model_spec
-from inference_server.models.tokenizer import Tokenizer, _gguf_cache_folder, default_cache_dir
+from inference_server.models.tokenizer import Tokenizer, default_cache_dir
 
 sys.path.insert(0, str(Path(__file__).parent / "telemetry"))
 from served import fake_server
@@ -61,7 +62,7 @@ def export_tokenizer(folder: Path) -> Path:
     """The embedded model's tokenizer as a Hugging Face folder (converted once, then cached)."""
     path = embedded_gguf_path()
     Tokenizer.from_gguf(path)
-    shutil.copytree(_gguf_cache_folder(path, default_cache_dir()), folder)
+    shutil.copytree(cache_folder(path, default_cache_dir()), folder)
     return folder
 
 

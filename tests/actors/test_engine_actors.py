@@ -224,7 +224,7 @@ async def test_an_actor_crash_delivers_a_terminal_error_to_each_stream() -> None
         updates = [update async for update in handle]
         terminal = [u for u in updates if u.finished]
         assert len(terminal) == 1 and terminal[0] is updates[-1]
-        assert terminal[0].finish_reason == "error" and "injected executor failure" in terminal[0].error
+        assert terminal[0].finish_reason == "error" and "injected step failure" in terminal[0].error
     assert len(engine.streams) == 0
 
 

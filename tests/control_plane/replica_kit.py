@@ -15,9 +15,10 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from http_testkit import FakeModel, make_parts, run_trio_in_thread
+from http_testkit import make_parts, run_trio_in_thread, word_engine
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from tests.fake_engine import FakeEngine
 
 from control_plane.front import Front
 from control_plane.front_app import create_front_app
@@ -33,7 +34,7 @@ START_TIMEOUT = 60.0
 class FakeReplica:
     url: str
     engine: Engine
-    model: FakeModel
+    model: FakeEngine
     token: trio.lowlevel.TrioToken
     scope: trio.CancelScope
     thread: threading.Thread
@@ -45,8 +46,8 @@ class FakeReplica:
 
 
 @contextmanager
-def fake_replica(model: FakeModel | None = None, **overrides: Any) -> Iterator[FakeReplica]:
-    model = model or FakeModel()
+def fake_replica(model: FakeEngine | None = None, **overrides: Any) -> Iterator[FakeReplica]:
+    model = model or word_engine()
     started: queue.Queue[FakeReplica | BaseException] = queue.Queue()
 
     async def main() -> None:
@@ -66,7 +67,8 @@ def fake_replica(model: FakeModel | None = None, **overrides: Any) -> Iterator[F
         yield replica
     finally:
         if thread.is_alive():
-            model.release.set()
+            if model.gate is not None:
+                model.gate.set()
             replica.kill()
 
 

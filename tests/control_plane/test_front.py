@@ -12,8 +12,9 @@ import attrs
 import httpx
 import replica_kit
 import trio
-from http_testkit import FakeModel
+from http_testkit import word_engine
 from replica_kit import FakeReplica, fake_replica, serving_front
+from tests.fake_engine import FakeEngine
 
 from control_plane.front import Front
 from control_plane.replicas import StaticReplicas
@@ -35,8 +36,8 @@ async def wait_until(condition: Callable[[], bool]) -> None:
 
 
 @asynccontextmanager
-async def cluster(policy: str, models: list[FakeModel] | None = None) -> AsyncIterator[Cluster]:
-    models = models or [FakeModel(), FakeModel()]
+async def cluster(policy: str, models: list[FakeEngine] | None = None) -> AsyncIterator[Cluster]:
+    models = models or [word_engine(), word_engine()]
     with ExitStack() as stack:
         replicas = [stack.enter_context(fake_replica(model)) for model in models]
         front = Front(StaticReplicas([r.url for r in replicas], retry_seconds=0.2), policy)
@@ -87,7 +88,7 @@ async def test_round_robin_alternates_and_streams_pass_through() -> None:
 
 
 async def test_a_replica_lost_mid_stream_ends_its_requests_with_an_error() -> None:
-    stuck, fine = FakeModel(block=True), FakeModel()
+    stuck, fine = word_engine(gate=trio.Event()), word_engine()
     async with cluster("least_loaded", [stuck, fine]) as c:
         outcomes: list[object] = []
 

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from inference_server.models import tokenizer as tokenizer_module
+from inference_server.models import gguf_tokenizer
 from inference_server.models.tokenizer import ChatTemplateError, Tokenizer, TokenizerError, default_cache_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -225,7 +225,7 @@ def test_gguf_tokenizer_matches_transformers_and_is_cached(tmp_path: Path, monke
     def no_conversion(*args: object) -> None:
         raise AssertionError("the cached tokenizer should have been used")
 
-    monkeypatch.setattr(tokenizer_module, "_save_converted", no_conversion)
+    monkeypatch.setattr(gguf_tokenizer, "_save_converted", no_conversion)
     second = Tokenizer.from_gguf(path, cache_dir=cache)
     assert second.encode("the capital") == first.encode("the capital")
 
@@ -239,10 +239,10 @@ def test_gguf_conversion_skips_the_config_parse(tmp_path: Path) -> None:
     """The conversion names the tokenizer type (so transformers does not parse the whole header into a config);
     the test above checks the result equals transformers' own conversion, which does."""
     path = write_tokenizer_gguf(tmp_path / "tiny.gguf")
-    assert tokenizer_module._gguf_tokenizer_type(path) == "gemma3_text"
+    assert gguf_tokenizer._gguf_tokenizer_type(path) == "gemma3_text"
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + b"\x00" * 10)
-    assert tokenizer_module._gguf_tokenizer_type(junk) is None
+    assert gguf_tokenizer._gguf_tokenizer_type(junk) is None
 
 
 def test_gguf_errors_name_the_file(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the fake engine the kit uses: tests/fake_engine.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
 
-from http_testkit import FakeModel, make_parts, write_tokenizer_folder
+from http_testkit import make_parts, word_engine, write_tokenizer_folder
 
 from inference_server.config import load_settings
 from inference_server.models.tokenizer import Tokenizer
@@ -27,7 +28,7 @@ def main() -> int:
     settings = load_settings(dotenv_path=None)
     logging.basicConfig(level=settings.log_level.upper())
     tokenizer = Tokenizer.from_pretrained_dir(write_tokenizer_folder(Path(tempfile.mkdtemp()) / "tok"))
-    parts = make_parts(FakeModel(delay=delay), tokenizer, num_blocks=64, max_batch_size=16)
+    parts = make_parts(word_engine(step_seconds=delay), tokenizer, num_blocks=64, max_batch_size=16)
     return run_server(parts, settings)
 
 

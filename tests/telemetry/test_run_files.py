@@ -8,7 +8,9 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -117,10 +119,10 @@ async def test_timeline_step_ids_match_sqlite_steps_on_a_served_engine(tmp_path:
     import sys as _sys
 
     _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
-    from http_testkit import FakeModel, make_parts, post_stream
+    from http_testkit import make_parts, post_stream, word_engine
 
     settings = Settings(telemetry_dir=str(tmp_path / "telemetry"), timeline_dir=str(tmp_path / "timeline"))
-    model = FakeModel(delay=0.01)
+    model = word_engine(step_seconds=0.01)
     engine = Engine(make_parts(model, None, num_blocks=24))
     observability = Observability.attach(engine.telemetry, "tiny", settings)
     async with trio.open_nursery() as nursery:
@@ -164,13 +166,13 @@ async def test_profiler_ranges_name_each_phase_by_step_id(autojump_clock) -> Non
     from inference_server.telemetry import profiler_ranges
 
     _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test_http"))
-    from http_testkit import FakeModel, make_parts
+    from http_testkit import make_parts, word_engine
 
     from inference_server.records.requests import GenerationRequest
     from inference_server.records.sampling_params import SamplingParams
 
-    model = FakeModel(delay=0.01)
-    parts = attrs.evolve(make_parts(model, None), step=profiler_ranges.ranged_step(model.step))
+    model = word_engine(step_seconds=0.01)
+    parts = attrs.evolve(make_parts(model, None), step=ranged_step(model))
     steps: list[int] = []
     token_steps: list[int] = []  # steps whose tokens reached requests
     profiler_ranges.enable(True)
@@ -217,10 +219,22 @@ def test_model_runner_opens_stage_forward_and_sample_ranges() -> None:
     plan = StepPlan(7, (ScheduledSequence(1, (2, 3, 4), 0, ((0,), (0,)), True, SamplingParams(), True, 3),))
     profiler_ranges.enable(True)
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            result = profiler_ranges.ranged_execute(runner.execute)(plan)
+        with profile(activities=[ProfilerActivity.CPU]) as prof, profiler_ranges.phase("execute", plan.step_id):
+            result = runner.execute(plan)
     finally:
         profiler_ranges.enable(False)
     assert len(result.tokens) == 1
     names = {event.name for event in prof.events()}
     assert {f"step 7 {phase}" for phase in ("execute", "stage", "forward", "sample")} <= names
+
+
+def ranged_step(step: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    """An async step function (the executor's ``StepFunction``) in an ``execute`` profiler range per step, as the
+    executor puts a runner's launch."""
+    from inference_server.telemetry import profiler_ranges
+
+    async def run(plan: Any) -> Any:
+        with profiler_ranges.phase("execute", plan.step_id):
+            return await step(plan)
+
+    return run

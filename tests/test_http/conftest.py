@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from http_testkit import FakeModel, serving, write_tokenizer_folder
+from http_testkit import serving, write_tokenizer_folder
+from tests.fake_engine import FakeEngine
 
 from inference_server.models.tokenizer import Tokenizer
 
@@ -31,7 +32,7 @@ def tokenizer(tokenizer_folder: Path) -> Tokenizer:
 def serve(tokenizer: Tokenizer) -> Callable[..., Any]:
     """``async with serve(model, **overrides) as served``: an engine with the tiny tokenizer, served."""
 
-    def open_serving(model: FakeModel | None = None, **kwargs: Any) -> Any:
+    def open_serving(model: FakeEngine | None = None, **kwargs: Any) -> Any:
         kwargs.setdefault("tokenizer", tokenizer)
         return serving(model, **kwargs)
 

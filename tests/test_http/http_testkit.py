@@ -2,9 +2,10 @@
 word-level tokenizer, a fake in-loop step function, an engine + app served through the Quart test client or
 through a real Hypercorn on a loopback socket, the engine leak check, and SSE helpers.
 
-The fake "model" answers each sampled sequence with a word chosen by its length, so outputs are
-deterministic and readable ("w3 w4 w5 ..."); it can sleep per step, block, fail at a given step, or emit
-EOS. With pytest-trio's ``autojump_clock`` the sleeps cost no real time.
+The step is the tests' fake engine (``tests/fake_engine.py``) as ``word_engine`` configures it: it answers each
+sampled sequence with a word chosen by its length, so outputs are deterministic and readable ("w3 w4 w5 ...");
+it can sleep per step, block, fail from a given step on, or emit EOS. With pytest-trio's ``autojump_clock`` the
+sleeps cost no real time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 import attrs
 import h11
 import trio
+from tests.fake_engine import FakeEngine
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
@@ -30,7 +32,7 @@ from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.http import app_state, create_app
 from inference_server.models.tokenizer import Tokenizer
-from inference_server.records.steps import PromptLogprobsChunk, SampledToken, StepPlan, StepResult
+from inference_server.records.steps import PromptLogprobsChunk, StepPlan
 from inference_server.server import _hypercorn_config, supervise_engine
 from inference_server.supervisor import Engine, EngineParts
 
@@ -114,68 +116,14 @@ def fake_prompt_logprobs(plan: StepPlan) -> tuple[PromptLogprobsChunk, ...]:
     return tuple(chunks)
 
 
-@attrs.define
-class FakeModel:
-    """An in-loop step function. ``delay``: seconds per step; ``block``: steps wait for ``release``;
-    ``fail_at_step``: that step raises; ``eos_at_length``: sequences of this length get EOS; ``token_at_length``:
-    sequences of a listed length get that token instead of their word. ``use_sampler``: tokens come from the
-    real sampler (``backends.sampler``, CPU) over logits that favour the same tokens (the fake token 5.0, EOS
-    10.0 where due, the rest 0), so logit-editing fields change the output. A constrained request (structured
-    output) gets EOS as its first token: this model cannot follow a grammar, so it ends the request the way a
-    complete grammar does (``finish_reason: "stop"``); the embedded model's tests check constrained output."""
-
-    delay: float = 0.0
-    block: bool = False
-    fail_at_step: int | None = None
-    eos_at_length: int | None = None
-    token_at_length: dict[int, int] = attrs.Factory(dict)
-    use_sampler: bool = False
-    steps: int = 0
-    tokens_emitted: int = 0
-    release: trio.Event = attrs.Factory(trio.Event)
-
-    async def step(self, plan: StepPlan) -> StepResult:
-        if self.block:
-            await self.release.wait()
-        if self.delay:
-            await trio.sleep(self.delay)
-        self.steps += 1
-        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
-            raise RuntimeError("injected step failure")
-        if self.use_sampler:
-            return self._sampled(plan)
-        tokens = []
-        for seq in plan.sequences:
-            if not seq.sample:
-                continue
-            length = seq.cached_len + len(seq.token_ids)
-            token = EOS_ID if length == self.eos_at_length else self.token_at_length.get(length, fake_token(length))
-            if seq.sampling.constraint is not None:
-                token = EOS_ID
-            top = tuple((fake_token(length + k), -0.5 * (k + 1)) for k in range(seq.sampling.logprobs or 0))
-            tokens.append(SampledToken(seq.request_id, token, -0.25, top))
-        self.tokens_emitted += len(tokens)
-        return StepResult(plan.step_id, tuple(tokens), plan.num_tokens, 0.0, fake_prompt_logprobs(plan))
-
-    def _sampled(self, plan: StepPlan) -> StepResult:
-        import torch
-
-        from inference_server.backends.model_runner import output_lens
-        from inference_server.backends.sampler import SamplingBatch, sample
-
-        seqs = [seq for seq in plan.sequences if seq.sample]
-        lengths = [seq.cached_len + len(seq.token_ids) for seq in seqs]
-        logits = torch.zeros(len(seqs), FAKE_VOCAB_SIZE)
-        for row, length in enumerate(lengths):
-            logits[row, fake_token(length)] = 5.0
-            if length == self.eos_at_length:
-                logits[row, EOS_ID] = 10.0
-        batch = SamplingBatch.from_params([seq.sampling for seq in seqs], "cpu", output_lens=output_lens(seqs))
-        out = sample(logits, batch)
-        tokens = tuple(SampledToken(seq.request_id, int(token), float(logprob))
-                       for seq, token, logprob in zip(seqs, out.token_ids, out.logprobs, strict=True))
-        self.tokens_emitted += len(tokens)
-        return StepResult(plan.step_id, tokens, plan.num_tokens, 0.0, fake_prompt_logprobs(plan))
+def word_engine(**fields: Any) -> FakeEngine:
+    """The fake engine as the routes see it: words by length (``fake_token``), EOS id ``EOS_ID``, logprob -0.25,
+    deterministic prompt logprobs; it keeps no plans and does not check contiguity (servers run long). ``fields``
+    are ``FakeEngine``'s (``step_seconds``, ``gate``, ``fail_at``, ``eos_at_length``, ``use_sampler``, ...)."""
+    defaults: dict[str, Any] = dict(token=lambda length, _last: fake_token(length), logprob=-0.25,
+                                    eos_token_id=EOS_ID, prompt_logprobs=fake_prompt_logprobs,
+                                    vocab_size=FAKE_VOCAB_SIZE, check_contiguous=False, keep_plans=False)
+    return FakeEngine(**(defaults | fields))
 
 
 FAKE_VOCAB_SIZE = 512
@@ -185,7 +133,7 @@ def byte_level_tokenizer_json(vocab_size: int = FAKE_VOCAB_SIZE) -> str:
     """A byte-level BPE ``tokenizer.json`` of ``vocab_size`` ids (``<pad>``, ``<eos>``, ``<bos>``, the 256
     byte symbols, then fillers): one llguidance can read, for the fake engine's grammar compiler (the word-level
     test tokenizer has a decoder llguidance does not know). The fake model never reads a mask (see
-    ``FakeModel``): structured outputs on it check fields and errors; the embedded model's tests check output."""
+    ``FakeEngine``): structured outputs on it check fields and errors; the embedded model's tests check output."""
     vocab = {"<pad>": 0, "<eos>": EOS_ID, "<bos>": 2}
     for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[symbol] = len(vocab)
@@ -198,12 +146,12 @@ def byte_level_tokenizer_json(vocab_size: int = FAKE_VOCAB_SIZE) -> str:
     return backend.to_str()
 
 
-def make_parts(model: FakeModel, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:
+def make_parts(model: FakeEngine, tokenizer: Tokenizer | None, **overrides: Any) -> EngineParts:
     """Engine parts around ``model``: 512-id vocabulary, 128-token context, 4-token KV blocks; a grammar
     compiler over a byte-level vocabulary of the same size when there is a tokenizer."""
     scheduler = SchedulerConfig(max_batch_size=overrides.pop("max_batch_size", 8), max_num_batched_tokens=512)
     values: dict[str, Any] = dict(
-        step=model.step, kv=KVManager(block_size=4, num_full_blocks=overrides.pop("num_blocks", 512)),
+        step=model, kv=KVManager(block_size=4, num_full_blocks=overrides.pop("num_blocks", 512)),
         tokenizer=tokenizer, max_model_len=128, vocab_size=512, eos_token_ids=frozenset({EOS_ID}),
         scheduler_config=scheduler, model_name=MODEL_NAME,
         grammar=GrammarCompiler(byte_level_tokenizer_json(), FAKE_VOCAB_SIZE, {EOS_ID}) if tokenizer else None)
@@ -218,7 +166,7 @@ class Served:
     engine: Engine
     app: Any
     client: Any
-    model: FakeModel
+    model: FakeEngine
     failures: list[int]
 
     @property
@@ -232,10 +180,10 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(model: FakeModel | None = None, tokenizer: Tokenizer | None = None, *,
+async def serving(model: FakeEngine | None = None, tokenizer: Tokenizer | None = None, *,
                   settings: Settings | None = None, coalesce: bool = True, **overrides: Any) -> AsyncIterator[Served]:
     """Start an engine on a fake model, serve it with ``create_app`` and yield the test client."""
-    model = model or FakeModel()
+    model = model or word_engine()
     failures: list[int] = []
     async with trio.open_nursery() as nursery:
         engine = await nursery.start(supervise_engine, Engine(make_parts(model, tokenizer, **overrides)),
@@ -243,7 +191,8 @@ async def serving(model: FakeModel | None = None, tokenizer: Tokenizer | None = 
         app = create_app(engine, settings or Settings(), coalesce=coalesce)
         async with app.test_app() as test_app:
             yield Served(engine, app, test_app.test_client(), model, failures)
-        model.release.set()
+        if model.gate is not None:
+            model.gate.set()
         await engine.drain(0)
 
 
@@ -261,7 +210,7 @@ class SocketServer:
     port: int
     engine: Engine
     app: Any
-    model: FakeModel
+    model: FakeEngine
     failures: list[int]
     token: trio.lowlevel.TrioToken
 
@@ -306,13 +255,13 @@ def run_trio_in_thread(main: Callable[[], Awaitable[None]], started: queue.Queue
 
 
 @contextmanager
-def serving_on_socket(model: FakeModel | None = None, tokenizer: Tokenizer | None = None, *,
+def serving_on_socket(model: FakeEngine | None = None, tokenizer: Tokenizer | None = None, *,
                       settings: Settings | None = None, app_config: dict[str, Any] | None = None,
                       **overrides: Any) -> Iterator[SocketServer]:
     """Serve a fake-model engine with ``create_app`` under Hypercorn on 127.0.0.1 (see ``SocketServer``);
     ``app_config`` overrides the Quart config (e.g. ``BODY_TIMEOUT``). On exit Hypercorn stops, the engine
     drains and the thread ends; an error inside the server thread is raised here."""
-    model = model or FakeModel()
+    model = model or word_engine()
     settings = settings or Settings()
     started: queue.Queue[SocketServer | BaseException] = queue.Queue()
     stop = trio.Event()
@@ -331,7 +280,8 @@ def serving_on_socket(model: FakeModel | None = None, tokenizer: Tokenizer | Non
             started.put(SocketServer("127.0.0.1", port, engine, app, model, failures,
                                      trio.lowlevel.current_trio_token()))
             await stop.wait()
-            model.release.set()
+            if model.gate is not None:
+                model.gate.set()
             await engine.drain(0)
 
     first, thread = run_trio_in_thread(main, started, "socket-server", SOCKET_SERVER_START_TIMEOUT)

@@ -3,7 +3,7 @@ request that sets no ``max_tokens`` (reported in ``/v1/models`` and the index)."
 
 from __future__ import annotations
 
-from http_testkit import MODEL_NAME, SPECIAL_TOKENS
+from http_testkit import MODEL_NAME, SPECIAL_TOKENS, word_engine
 
 from inference_server.config import load_settings
 from inference_server.models.chat_templates import GEMMA_TURNS, ChatStops, turn_markers
@@ -37,9 +37,8 @@ def test_chat_stops_add_to_the_request_and_leave_eos_ids_alone(tokenizer) -> Non
 
 
 async def test_chat_reply_ends_at_a_turn_marker_and_hides_it(serve, tokenizer) -> None:
-    from http_testkit import FakeModel
 
-    model = FakeModel(token_at_length={PROMPT_TOKENS + 2: START})
+    model = word_engine(token_at_length={PROMPT_TOKENS + 2: START})
     async with serve(model) as served:
         response = await served.client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 20})
         assert response.status_code == 200, await response.get_data()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from http_testkit import MODEL_NAME, FakeModel, assert_error
+from http_testkit import MODEL_NAME, assert_error, word_engine
 
 from inference_server.config import Settings
 
@@ -223,7 +223,7 @@ async def test_invalid_trace_id_header_is_400(serve) -> None:
 async def test_queue_full_is_429_with_retry_after(serve) -> None:
     """One request runs (its step blocks), the next fill the scheduler inbox and the admission queue
     (``MAX_QUEUE_SIZE=1``); then the queue is full and the answer is 429 at once."""
-    model = FakeModel(block=True)
+    model = word_engine(gate=trio.Event())
     async with serve(model, max_queue_size=1, max_batch_size=1) as served:
         statuses: list[int] = []
 
@@ -244,8 +244,7 @@ async def test_queue_full_is_429_with_retry_after(serve) -> None:
             error = await assert_error(overloaded, 429, "overloaded")
             assert error["type"] == "rate_limit_error"
             assert overloaded.headers["Retry-After"] == "1"
-            model.block = False
-            model.release.set()
+            model.gate.set()
         assert rejected is not None and statuses.count(200) == len(statuses) - 1
 
 

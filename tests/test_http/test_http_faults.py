@@ -4,7 +4,7 @@ engine carry on), and ``GET /debug/engine`` reports an idle engine holding nothi
 from __future__ import annotations
 
 import trio
-from http_testkit import FakeModel, post_stream
+from http_testkit import post_stream, word_engine
 
 from inference_server.core.fault_wrappers import FaultyTokenizer
 from inference_server.core.faults import FaultDecisions, FaultSpec
@@ -20,7 +20,7 @@ def expected_faults(n: int) -> list[bool]:
 
 async def test_a_tokenizer_fault_fails_only_that_request(serve, tokenizer) -> None:
     faulty = FaultyTokenizer(tokenizer, FaultDecisions(SPEC))
-    async with serve(FakeModel(delay=0.01), tokenizer=faulty) as served:
+    async with serve(word_engine(step_seconds=0.01), tokenizer=faulty) as served:
         # A streamed request whose prompt was tokenized first keeps running while the others fail or finish.
         expected = expected_faults(13)
         assert not expected[0]

@@ -1,14 +1,15 @@
 """The vLLM / OpenAI request fields beyond the basics: each accepted one changes the output as docs/api.md
 says, and its bad values are 400s naming the value (and, for token ids, the vocabulary size).
 
-The fake model runs the real sampler here (``FakeModel(use_sampler=True)``): its logits favour the fake
+The fake model runs the real sampler here (``word_engine(use_sampler=True)``): its logits favour the fake
 token ``w<length>`` (5.0) and EOS at ``eos_at_length`` (10.0), everything else 0, so greedy requests are
 deterministic and logit edits show.
 """
 
 from __future__ import annotations
 
-from http_testkit import EOS_ID, FAKE_VOCAB_SIZE, FakeModel, assert_error, fake_token, post_stream
+from http_testkit import EOS_ID, FAKE_VOCAB_SIZE, assert_error, fake_token, post_stream, word_engine
+from tests.fake_engine import FakeEngine
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -16,8 +17,8 @@ HELLO = [{"role": "user", "content": "hello"}]
 PROMPT_IDS = [2, 9, 10]  # <bos> hello world: the fake model answers w3 w4 ...
 
 
-def sampled(**fields: object) -> FakeModel:
-    return FakeModel(use_sampler=True, **fields)  # type: ignore[arg-type]
+def sampled(**fields: object) -> FakeEngine:
+    return word_engine(use_sampler=True, **fields)  # type: ignore[arg-type]
 
 
 async def complete(served, **fields: object) -> dict:

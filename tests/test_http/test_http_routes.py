@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 import trio
-from http_testkit import MODEL_NAME, fake_token
+from http_testkit import MODEL_NAME, fake_token, word_engine
 
 from inference_server.telemetry.events import RequestQueued
 
@@ -73,9 +73,8 @@ async def test_generate_token_ids_logprobs_and_stops(serve) -> None:
 
 
 async def test_generate_eos_finishes_with_stop(serve) -> None:
-    from http_testkit import FakeModel
 
-    async with serve(FakeModel(eos_at_length=5)) as served:
+    async with serve(word_engine(eos_at_length=5)) as served:
         payload = await (await served.client.post("/generate", json={"prompt": "hello", "max_tokens": 10})).get_json()
         assert payload["finish_reason"] == "stop" and payload["usage"]["completion_tokens"] == 4
         ignored = await (await served.client.post("/generate", json={"prompt": "hello", "max_tokens": 10,

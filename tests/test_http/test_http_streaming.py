@@ -10,7 +10,7 @@ import httpx
 import openai
 import trio
 import trio.testing
-from http_testkit import MODEL_NAME, FakeModel, assert_error, fake_token, parse_sse, post_stream
+from http_testkit import MODEL_NAME, assert_error, fake_token, parse_sse, post_stream, word_engine
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -163,7 +163,7 @@ async def test_slow_reader_gets_coalesced_events(serve) -> None:
 
 
 async def test_engine_failure_mid_stream_is_an_error_event(serve) -> None:
-    async with serve(FakeModel(fail_at_step=4)) as served:
+    async with serve(word_engine(fail_at=3)) as served:
         result = await post_stream(served.client, CHAT, {"messages": HELLO, "max_tokens": 50, "stream": True})
         check_framing(result)
         *chunks, error_event, done = result.events
@@ -177,7 +177,7 @@ async def test_engine_failure_mid_stream_is_an_error_event(serve) -> None:
 
 
 async def test_engine_failure_fails_a_non_streamed_request(serve) -> None:
-    async with serve(FakeModel(fail_at_step=3)) as served:
+    async with serve(word_engine(fail_at=2)) as served:
         response = await served.client.post("/generate", json={"prompt": "hello", "max_tokens": 50})
         error = await assert_error(response, 500, "engine_failure")
         assert error["type"] == "server_error"
@@ -202,7 +202,7 @@ def _as_response(result):  # adapts a StreamResult for assert_error
 
 
 async def test_client_disconnect_mid_stream_aborts(serve, autojump_clock) -> None:
-    async with serve(FakeModel(delay=0.01)) as served:
+    async with serve(word_engine(step_seconds=0.01)) as served:
         connection = served.client.request(CHAT, method="POST", headers={"Content-Type": "application/json"})
         with trio.move_on_after(5):  # the Quart test client hangs on exit after a mid-stream disconnect
             async with connection:
@@ -220,7 +220,7 @@ async def test_client_disconnect_mid_stream_aborts(serve, autojump_clock) -> Non
 
 async def test_client_disconnect_aborts_every_choice(serve, autojump_clock) -> None:
     """With n choices the streams are merged by pump tasks; a disconnect still aborts all of them."""
-    async with serve(FakeModel(delay=0.01)) as served:
+    async with serve(word_engine(step_seconds=0.01)) as served:
         connection = served.client.request(COMPLETIONS, method="POST", headers={"Content-Type": "application/json"})
         with trio.move_on_after(5):
             async with connection:
@@ -239,7 +239,7 @@ async def test_client_disconnect_aborts_every_choice(serve, autojump_clock) -> N
 
 async def test_client_disconnect_while_waiting_aborts(serve, autojump_clock) -> None:
     """A non-streamed request is aborted too when its client goes away."""
-    async with serve(FakeModel(delay=0.01)) as served:
+    async with serve(word_engine(step_seconds=0.01)) as served:
         connection = served.client.request("/generate", method="POST", headers={"Content-Type": "application/json"})
         with trio.move_on_after(5):
             async with connection:
@@ -256,7 +256,7 @@ async def test_client_disconnect_while_waiting_aborts(serve, autojump_clock) -> 
 async def test_admission_deadline(serve, autojump_clock) -> None:
     """A request that cannot start within ADMISSION_TIMEOUT ends with a timeout: 504 with Retry-After when not
     streamed; an error event ``queue_timeout`` then [DONE] when streamed (its 200 was sent at admission)."""
-    async with serve(FakeModel(delay=1.0), admission_timeout=2.0, max_batch_size=1) as served:
+    async with serve(word_engine(step_seconds=1.0), admission_timeout=2.0, max_batch_size=1) as served:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(served.client.post, "/generate", json={"prompt": "hello", "max_tokens": 10}))
             await trio.sleep(0.5)
@@ -273,7 +273,7 @@ async def test_admission_deadline(serve, autojump_clock) -> None:
 async def test_stalled_engine_is_not_ready(serve, autojump_clock) -> None:
     from inference_server.config import Settings
 
-    model = FakeModel(block=True)
+    model = word_engine(gate=trio.Event())
     async with serve(model, settings=Settings(stall_timeout=5.0)) as served:
         assert (await served.client.get("/ready")).status_code == 200
         async with trio.open_nursery() as nursery:
@@ -282,12 +282,12 @@ async def test_stalled_engine_is_not_ready(serve, autojump_clock) -> None:
             assert (await served.client.get("/ready")).status_code == 200
             await trio.sleep(3)
             await assert_error(await served.client.get("/ready"), 503, "stalled")
-            model.release.set()
+            model.gate.set()
         assert (await served.client.get("/ready")).status_code == 200
 
 
 async def test_drain_finishes_short_streams_and_ends_long_ones(serve, autojump_clock) -> None:
-    async with serve(FakeModel(delay=0.1)) as served:
+    async with serve(word_engine(step_seconds=0.1)) as served:
         results = {}
 
         async def stream(name: str, max_tokens: int) -> None:
@@ -308,7 +308,7 @@ async def test_drain_finishes_short_streams_and_ends_long_ones(serve, autojump_c
 
 async def test_long_stream_is_not_cut(serve, autojump_clock) -> None:
     """Quart's default RESPONSE_TIMEOUT (60 s) would silently truncate this 90-second stream."""
-    async with serve(FakeModel(delay=1.0)) as served:
+    async with serve(word_engine(step_seconds=1.0)) as served:
         started = trio.current_time()
         with trio.fail_after(120):  # a cut stream never ends: the test client would wait forever
             result = await post_stream(served.client, "/generate", {"prompt": "hello", "max_tokens": 90,

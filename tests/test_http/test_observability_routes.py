@@ -8,7 +8,7 @@ import json
 
 import pytest
 import trio
-from http_testkit import MODEL_NAME, MOVING_FAMILIES, FakeModel, post_stream
+from http_testkit import MODEL_NAME, MOVING_FAMILIES, post_stream, word_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference_server.telemetry.events import RequestStarted
@@ -42,7 +42,7 @@ def peak(families: dict[str, dict[str, float]], family: str, suffix: str) -> flo
 
 async def test_every_metric_family_is_present_and_moves_during_a_run(serve, autojump_clock) -> None:
     # 24 blocks of 4 tokens: three requests of 12 + 40 tokens cannot all run to the end (preemption).
-    async with serve(FakeModel(delay=0.01), num_blocks=24) as served:
+    async with serve(word_engine(step_seconds=0.01), num_blocks=24) as served:
         client = served.client
         before = await scrape(client)
         assert set(MOVING_FAMILIES) <= set(before), set(MOVING_FAMILIES) - set(before)
@@ -83,7 +83,7 @@ async def test_every_metric_family_is_present_and_moves_during_a_run(serve, auto
 
 
 async def test_stats_document(serve, autojump_clock) -> None:
-    async with serve(FakeModel(delay=0.01)) as served:
+    async with serve(word_engine(step_seconds=0.01)) as served:
         for _ in range(3):  # the same prompt three times: the later ones hit the prefix cache
             result = await post_stream(served.client, "/generate", {"prompt_token_ids": PROMPT, "max_tokens": 10,
                                                                     "ignore_eos": True, "stream": True})
@@ -119,7 +119,7 @@ async def read_lines(connection, count: int) -> list[dict]:
 
 
 async def test_tail_filters_by_trace_id(serve, autojump_clock) -> None:
-    async with serve(FakeModel(delay=0.01)) as served:
+    async with serve(word_engine(step_seconds=0.01)) as served:
         connection = served.client.request("/telemetry/tail?trace_id=wanted&steps=0", method="GET")
         lines: list[dict] = []
         with trio.move_on_after(30):  # the Quart test client hangs on exit after a mid-stream disconnect

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from http_testkit import MODEL_NAME, FakeModel, SocketServer, assert_engine_clean, serving_on_socket
+from http_testkit import MODEL_NAME, SocketServer, assert_engine_clean, serving_on_socket, word_engine
 from openai.types.responses import (
     Response,
     ResponseCompletedEvent,
@@ -172,7 +172,7 @@ def test_accepted_flags_and_bad_input(server: SocketServer) -> None:
 
 
 def test_a_client_that_leaves_mid_stream_aborts_its_request(tokenizer: Tokenizer) -> None:
-    with serving_on_socket(FakeModel(delay=0.2), tokenizer=tokenizer) as server:
+    with serving_on_socket(word_engine(step_seconds=0.2), tokenizer=tokenizer) as server:
         events = sdk(server).responses.create(input="hello", max_output_tokens=120, stream=True)
         for event in events:
             if event.type == "response.output_text.delta":
@@ -183,7 +183,7 @@ def test_a_client_that_leaves_mid_stream_aborts_its_request(tokenizer: Tokenizer
 
 
 def test_a_failure_mid_stream_is_an_error_and_a_failed_response(tokenizer: Tokenizer) -> None:
-    with serving_on_socket(FakeModel(fail_at_step=3), tokenizer=tokenizer) as server:
+    with serving_on_socket(word_engine(fail_at=2), tokenizer=tokenizer) as server:
         events = list(sdk(server).responses.create(input="hello", max_output_tokens=20, stream=True))
     error, failed = events[-2:]
     assert isinstance(error, ResponseErrorEvent) and error.code == "engine_failure"

@@ -200,11 +200,11 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(server: ServerProcess) 
 
 def test_engine_failure_ends_streams_and_exits_nonzero(tmp_path: Path) -> None:
     """A step that raises: the in-flight stream gets an error event and [DONE], the process exits 1."""
-    code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            "from http_testkit import FakeModel, make_parts\n"
+    code = (f"import sys\nsys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]\n"
+            "from http_testkit import make_parts, word_engine\n"
             "from inference_server.config import Settings\n"
             "from inference_server.server import run_server\n"
-            "parts = make_parts(FakeModel(delay=0.01, fail_at_step=20), None)\n"
+            "parts = make_parts(word_engine(step_seconds=0.01, fail_at=19), None)\n"
             "sys.exit(run_server(parts, Settings(host='127.0.0.1', port=0, log_level='warning')))\n")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
@@ -230,12 +230,12 @@ def test_a_signal_to_the_process_group_drains_once(tmp_path: Path) -> None:
     """``kill -TERM -- -PGID`` under ``uv run`` (or systemd's ``KillMode=control-group``) delivers SIGTERM
     twice, ~50 ms apart: directly, and forwarded by the parent. That is one stop: the in-flight stream still
     drains to its end (``length``, not ``shutdown``) and the process exits 0."""
-    code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            "from http_testkit import FakeModel, make_parts\n"
+    code = (f"import sys\nsys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]\n"
+            "from http_testkit import make_parts, word_engine\n"
             "from inference_server.config import Settings\n"
             "from inference_server.server import run_server\n"
             "import logging\nlogging.basicConfig(level=logging.INFO)\n"
-            "parts = make_parts(FakeModel(delay=0.05), None)\n"
+            "parts = make_parts(word_engine(step_seconds=0.05), None)\n"
             "sys.exit(run_server(parts, Settings(host='127.0.0.1', port=0, log_level='info',\n"
             "                                    shutdown_timeout=120)))\n")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -274,11 +274,11 @@ def test_address_in_use_exits_nonzero(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-                "from http_testkit import FakeModel, make_parts\n"
+        code = (f"import sys\nsys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]\n"
+                "from http_testkit import make_parts, word_engine\n"
                 "from inference_server.config import Settings\n"
                 "from inference_server.server import run_server\n"
-                f"sys.exit(run_server(make_parts(FakeModel(), None), Settings(host='127.0.0.1', port={port})))\n")
+                f"sys.exit(run_server(make_parts(word_engine(), None), Settings(host='127.0.0.1', port={port})))\n")
         result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, timeout=60)
     assert result.returncode == 1
     assert b"Address already in use" in result.stderr

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import trio
-from http_testkit import MODEL_NAME, FakeModel, fake_token, post_stream
+from http_testkit import MODEL_NAME, fake_token, post_stream, word_engine
+from tests.fake_engine import FakeEngine
 
 from inference_server.http.native import NativeEncoder
 from inference_server.http.openai_format import ChatEncoder, CompletionEncoder
@@ -23,8 +24,9 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 async def stream(serve: Any, interval: int, path: str, body: dict[str, Any], *,
-                 model: FakeModel | None = None, hold_ms: float = 10_000.0) -> list[Any]:
-    async with serve(model or FakeModel(delay=STEP), stream_interval=interval, stream_interval_ms=hold_ms) as served:
+                 model: FakeEngine | None = None, hold_ms: float = 10_000.0) -> list[Any]:
+    async with serve(model or word_engine(step_seconds=STEP), stream_interval=interval,
+                     stream_interval_ms=hold_ms) as served:
         with trio.fail_after(60):
             result = await post_stream(served.client, path, body)
         assert result.status == 200 and served.kv_is_idle()
@@ -118,7 +120,7 @@ async def test_responses_api_stream_has_the_same_text(serve, autojump_clock) -> 
 async def test_slow_steps_are_streamed_token_by_token(serve, autojump_clock) -> None:
     """Steps slower than STREAM_INTERVAL_MS: holding would only add latency, so nothing is held."""
     body = {"prompt": "hello", "max_tokens": 6, "stream": True}
-    events = (await stream(serve, INTERVAL, "/generate", body, model=FakeModel(delay=0.2), hold_ms=100.0))[:-1]
+    events = (await stream(serve, INTERVAL, "/generate", body, model=word_engine(step_seconds=0.2), hold_ms=100.0))[:-1]
     assert [len(e["token_ids"]) for e in events] == [1] * 6
 
 

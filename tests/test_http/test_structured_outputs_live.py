@@ -23,9 +23,7 @@ import pydantic
 import pytest
 
 from inference_server.backends.sampler import MIN_LOGPROB
-from server_process import launched
 
-START_TIMEOUT = 300.0
 REQUEST_TIMEOUT = 300.0
 
 # Every value bounded (enums, lengths, ranges): the base model cannot wander forever, and the request ends
@@ -59,11 +57,9 @@ class Weekday(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("structured") / "server.log"
-    env = {"MODEL": "", "DEVICE": "cpu", "MAX_BATCH_SIZE": "16", "OVERLAP": "1"}
-    with launched(env, log, start_timeout=START_TIMEOUT, ready_timeout=START_TIMEOUT) as (_, base):
-        yield base
+def url(embedded_server: tuple[int, str]) -> str:
+    """The session's embedded-model server (``tests/conftest.py``: 16 sequences a step, overlap on)."""
+    return embedded_server[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_testkit import BASE_WORDS, EOS_ID, FAKE_VOCAB_SIZE, SPECIAL_TOKENS, FakeModel, post_stream
+from http_testkit import BASE_WORDS, EOS_ID, FAKE_VOCAB_SIZE, SPECIAL_TOKENS, post_stream, word_engine
+from tests.fake_engine import FakeEngine
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
@@ -44,12 +45,12 @@ def qwen_tokenizer() -> Tokenizer:
                      name="qwen3-fixture")
 
 
-def scripted(tokenizer: Tokenizer, prompt_len: int) -> FakeModel:
+def scripted(tokenizer: Tokenizer, prompt_len: int) -> FakeEngine:
     ids = [tokenizer.token_to_id(piece) for piece in REPLY]
     assert None not in ids
     script = {prompt_len + i: token for i, token in enumerate(ids)}
     script[prompt_len + len(ids)] = EOS_ID
-    return FakeModel(token_at_length=script)  # type: ignore[arg-type]
+    return word_engine(token_at_length=script)  # type: ignore[arg-type]
 
 
 def prompt_len(tokenizer: Tokenizer, **kwargs: Any) -> int:

@@ -15,7 +15,6 @@ import contextlib
 import io
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,6 @@ import jsonschema
 import openai
 import pytest
 
-from server_process import launched
-
-START_TIMEOUT = 300.0
 REQUEST_TIMEOUT = 300.0
 
 WEATHER = {"type": "function", "function": {
@@ -44,13 +40,12 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    log = tmp_path_factory.mktemp("tools") / "server.log"
-    env = {"MODEL": "", "DEVICE": "cpu", "MAX_BATCH_SIZE": "8"}
-    with launched(env, log, start_timeout=START_TIMEOUT, ready_timeout=START_TIMEOUT) as (_, base):
-        client = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT, max_retries=0)
-        MODEL.append(client.models.list().data[0].id)
-        yield client
+def sdk(embedded_server: tuple[int, str]) -> openai.OpenAI:
+    """A client of the session's embedded-model server (``tests/conftest.py``)."""
+    client = openai.OpenAI(base_url=embedded_server[1] + "/v1", api_key="none", timeout=REQUEST_TIMEOUT,
+                           max_retries=0)
+    MODEL.append(client.models.list().data[0].id)
+    return client
 
 
 MODEL: list[str] = []  # the served name, once the server is up

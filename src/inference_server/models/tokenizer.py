@@ -6,11 +6,8 @@ Two sources:
   with ``tokenizers`` directly (no transformers import, which alone costs seconds). ``tokenizer_config.json``,
   ``special_tokens_map.json``, ``chat_template.jinja`` and ``generation_config.json`` are read when present.
   A folder without ``tokenizer.json`` falls back to ``transformers.AutoTokenizer``.
-* ``Tokenizer.from_gguf(path)``: transformers' GGUF tokenizer conversion (~5 s for Gemma's 262k vocabulary
-  plus ~5-8 s to import transformers, on a busy 2-core machine; see ``_gguf_tokenizer_type``),
-  saved with ``save_pretrained`` under ``<cache_dir>/tokenizers/<stem>-<key>``. The key hashes the file's
-  name, size and mtime plus the transformers/tokenizers versions, so the next start loads that folder
-  (~1.5 s for Gemma) and a changed file or library is converted again.
+* ``Tokenizer.from_gguf(path)``: transformers' GGUF tokenizer conversion, cached as such a folder
+  (``gguf_tokenizer.py``).
 
 Contracts:
 
@@ -26,8 +23,7 @@ Contracts:
     ...), as llama.cpp does.
 
   For the embedded Gemma 3 270M this gives {1, 106}, the same as its upstream ``generation_config.json``.
-* ``apply_chat_template`` renders the Jinja template the way transformers does: a sandboxed environment
-  with ``trim_blocks``/``lstrip_blocks``, the ``tojson`` filter, and ``raise_exception``/``strftime_now``,
+* ``apply_chat_template`` renders the Jinja template the way transformers does (``chat_template.py``),
   with the special-token strings passed in. It tokenizes without adding special tokens, because the
   template writes them. A model without a template (the 270M base GGUF) raises ``ChatTemplateError``,
   as vLLM does. Pass ``chat_template=`` to supply one.
@@ -35,30 +31,25 @@ Contracts:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
 from functools import cached_property
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal, overload
 
 import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import tokenizers
 
-from inference_server.startup import phase
+from inference_server.models.chat_template import folder_chat_template, open_final_message, template_environment
+from inference_server.models.gguf_tokenizer import converted_tokenizer_folder
+from inference_server.models.tokenizer_errors import ChatTemplateError, TokenizerError
 
 __all__ = ["ChatTemplateError", "Tokenizer", "TokenizerError", "default_cache_dir"]
 
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _END_OF_TURN_TOKENS = frozenset({"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>"})
-_GGUF_CACHE_FORMAT = 1
 
 Message = Mapping[str, Any]
 
@@ -71,14 +62,6 @@ _SENTENCEPIECE_DECODERS = (
 )
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 _REPLACEMENT_CHARACTER = "\ufffd"
-
-
-class TokenizerError(Exception):
-    """A tokenizer cannot be loaded or converted; the message names the file or folder."""
-
-
-class ChatTemplateError(TokenizerError):
-    """The model has no chat template (or it failed to render)."""
 
 
 def default_cache_dir() -> Path:
@@ -131,7 +114,7 @@ class Tokenizer:
             backend,
             special_tokens=special_tokens,
             eos_token_ids=_eos_token_ids(backend, special_tokens.get("eos_token"), generation_eos),
-            chat_template=chat_template or _folder_chat_template(folder, config),
+            chat_template=chat_template or folder_chat_template(folder, config),
             name=str(folder),
         )
         tokenizer.source_file = folder / "tokenizer.json"
@@ -145,9 +128,7 @@ class Tokenizer:
         path = Path(gguf_path)
         if not path.is_file():
             raise TokenizerError(f"GGUF file {path} does not exist")
-        folder = _gguf_cache_folder(path, Path(cache_dir) if cache_dir is not None else default_cache_dir())
-        if not (folder / "tokenizer.json").is_file():
-            _convert_gguf_tokenizer(path, folder)
+        folder = converted_tokenizer_folder(path, Path(cache_dir) if cache_dir is not None else default_cache_dir())
         tokenizer = cls.from_pretrained_dir(folder, chat_template=chat_template)
         tokenizer.name = str(path)
         return tokenizer
@@ -324,14 +305,14 @@ class Tokenizer:
             # (not naming self.name: it is a path on the server's disk, and this message reaches clients)
             raise ChatTemplateError(f"the chat template failed: {error}") from error
         if continue_final_message:
-            text = _open_final_message(text, messages[-1]["content"] if messages else "")
+            text = open_final_message(text, messages[-1]["content"] if messages else "")
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
         assert self._chat_template is not None
         try:
-            return _template_environment().from_string(self._chat_template)
+            return template_environment().from_string(self._chat_template)
         except jinja2.TemplateSyntaxError as error:
             raise ChatTemplateError(f"the chat template does not parse: {error}") from error
 
@@ -340,22 +321,6 @@ class Tokenizer:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def _open_final_message(text: str, final: Any) -> str:
-    """``text`` (a rendered chat) cut right after the final message's content, so that message stays open.
-
-    As transformers does: the content's last occurrence is found; when the template trimmed the content's
-    trailing whitespace, the cut keeps the trimmed form."""
-    if not isinstance(final, str) or not final.strip():
-        raise ChatTemplateError("continue_final_message needs a final message with text to continue")
-    stripped = final.strip()
-    if stripped not in text:
-        raise ChatTemplateError("continue_final_message: the final message does not appear in the rendered chat")
-    start = text.rindex(stripped)
-    kept = final.lstrip()
-    end = start + len(kept) if text[start:start + len(kept)] == kept else start + len(stripped)
-    return text[:end]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -397,128 +362,3 @@ def _eos_token_ids(backend: tokenizers.Tokenizer, eos_token: str | None, extra_i
         if (token_id := backend.token_to_id(marker)) is not None:
             ids.add(token_id)
     return frozenset(ids)
-
-
-def _folder_chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
-    """``chat_template.jinja`` if present, else ``tokenizer_config.json``'s ``chat_template`` (a string, or
-    a list of ``{"name", "template"}`` of which the one named ``default`` is used)."""
-    jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
-    template = config.get("chat_template")
-    if isinstance(template, list):
-        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, Mapping)}
-        return named.get("default")
-    return template if isinstance(template, str) else None
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kwargs: Any) -> str:
-    """transformers' ``tojson``: plain ``json.dumps`` (Jinja's own escapes HTML characters)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, **kwargs)
-
-
-def _strftime_now(format_string: str) -> str:
-    return datetime.now().strftime(format_string)
-
-
-def _template_environment() -> jinja2.Environment:
-    """The sandboxed environment transformers renders chat templates in."""
-    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = _strftime_now
-    return environment
-
-
-def _package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
-
-
-def _gguf_cache_folder(gguf_path: Path, cache_dir: Path) -> Path:
-    """``<cache_dir>/tokenizers/<stem>-<16 hex>``, keyed on the file's identity and the converter versions."""
-    stat = gguf_path.stat()
-    key = {
-        "name": gguf_path.name,
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "transformers": _package_version("transformers"),
-        "tokenizers": _package_version("tokenizers"),
-        "format": _GGUF_CACHE_FORMAT,
-    }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / "tokenizers" / f"{gguf_path.stem}-{digest}"
-
-
-def write_folder_atomically(folder: Path, write: Callable[[Path], None], *, done_file: str, what: str) -> None:
-    """Run ``write`` into a private staging folder, then rename it to ``folder`` (a reader never sees a half
-    written folder). If another process got there first (``folder / done_file`` exists), its copy stands."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
-    try:
-        write(staging)
-        staging.rename(folder)
-    except OSError as error:
-        if not (folder / done_file).is_file():
-            raise TokenizerError(f"cannot write {what} to {folder}: {error}") from error
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _convert_gguf_tokenizer(gguf_path: Path, folder: Path) -> None:
-    """Convert with transformers and save to ``folder`` atomically (staged, then renamed into place)."""
-
-    def convert(staging: Path) -> None:
-        with phase("converting the GGUF tokenizer (first start only: cached for later starts)"):
-            _save_converted(gguf_path, staging)
-
-    write_folder_atomically(folder, convert, done_file="tokenizer.json", what=f"the tokenizer of {gguf_path}")
-
-
-_GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe",
-                     "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
-"""transformers' model type for a GGUF architecture where the two differ (``load_gguf_checkpoint``'s renames)."""
-
-
-def _gguf_tokenizer_type(gguf_path: Path) -> str | None:
-    """The ``tokenizer_type`` ``AutoTokenizer`` would derive for this file, read from its header alone; None
-    when it cannot be told (then ``AutoTokenizer`` works it out itself, slowly).
-
-    Why: given a GGUF file, ``AutoTokenizer`` first builds the model's config, and for most architectures
-    (Gemma 3 among them) it does so with ``gguf.GGUFReader``, which walks every metadata value in Python, the
-    262,144-string vocabulary included: ~30 s of a ~40 s conversion on a busy 2-core machine. Naming the
-    tokenizer type skips that step; the tokenizer itself is then built from transformers' fast header reader,
-    and the saved files are byte-identical (tests/models/test_tokenizer.py checks the ids)."""
-    try:
-        from transformers.integrations.gguf import read_gguf_metadata
-        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
-    except ImportError:  # an older transformers without the fast reader
-        return None
-    try:
-        metadata, _ = read_gguf_metadata(str(gguf_path))
-    except Exception:  # a file the fast reader cannot parse: let AutoTokenizer report it
-        return None
-    architecture = metadata.get("general.architecture")
-    model_type = _GGUF_MODEL_TYPES.get(architecture, architecture) if isinstance(architecture, str) else None
-    return model_type if model_type in TOKENIZER_MAPPING_NAMES else None
-
-
-def _save_converted(gguf_path: Path, staging: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer_type = _gguf_tokenizer_type(gguf_path)
-    extra = {"tokenizer_type": tokenizer_type} if tokenizer_type is not None else {}
-    try:
-        hf = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True,
-                                           **extra)
-    except Exception as error:  # the converter raises many types for unsupported or corrupt files
-        raise TokenizerError(f"cannot convert the tokenizer of GGUF file {gguf_path}: {error}") from error
-    hf.save_pretrained(str(staging))

@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from inference_server.models.tokenizer import Tokenizer, TokenizerError, write_folder_atomically
+from inference_server.models.gguf_tokenizer import write_folder_atomically
+from inference_server.models.tokenizer import Tokenizer, TokenizerError
 from inference_server.startup import phase
 
 

@@ -15,7 +15,6 @@ executor's worker thread) and inside it ``stage`` (inputs and block tables to th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 _NULL = contextlib.nullcontext()
@@ -44,23 +43,3 @@ def phase(name: str, step_id: int) -> contextlib.AbstractContextManager[Any]:
     if not _enabled or not _torch.autograd._profiler_enabled():  # 0.1 µs; a record_function costs ~15 µs
         return _NULL
     return _torch.profiler.record_function(f"step {step_id} {name}")
-
-
-def ranged_execute(execute: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap a synchronous step function (``ModelRunner.execute``) in an ``execute`` range per step."""
-
-    def run(plan: Any) -> Any:
-        with phase("execute", plan.step_id):
-            return execute(plan)
-
-    return run
-
-
-def ranged_step(step: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-    """The same for an async step function (the executor's ``StepFunction``)."""
-
-    async def run(plan: Any) -> Any:
-        with phase("execute", plan.step_id):
-            return await step(plan)
-
-    return run

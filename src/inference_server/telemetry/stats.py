@@ -17,7 +17,6 @@ while the last 900 to 1,000 requests finished". The ring never grows: memory is 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 DEFAULT_RELATIVE_ACCURACY = 0.01
 MIN_VALUE = 1e-9  # below this (one nanosecond) a latency is reported as 0
@@ -70,9 +69,6 @@ class LogSketch:
             if rank < seen:
                 return 2 * self.gamma**index / (self.gamma + 1)
         raise AssertionError("bucket counts do not add up to count")  # unreachable while counts are consistent
-
-    def quantiles(self, qs: Iterable[float]) -> list[float | None]:
-        return [self.quantile(q) for q in qs]
 
 
 class SlidingSketch:

@@ -25,8 +25,6 @@ import gguf
 import numpy as np
 from gguf.quants import quant_shape_to_byte_shape
 
-from inference_server.models.loading.gguf_index import IndexedTensor
-
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
                    12: "<d"}
 """GGUF value type -> struct format, for the fixed-size types (8 is a string, 9 an array)."""
@@ -46,12 +44,33 @@ bytes, viewed as uint8 of ``quant_shape_to_byte_shape``."""
 
 
 @attrs.frozen(eq=False)
+class GGUFTensor:
+    """A tensor of a GGUF file, located by byte offset (the fields ``GGUFCheckpoint`` reads of a
+    ``gguf.ReaderTensor``)."""
+
+    name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF order (fastest dimension first), as ReaderTensor.shape
+    data_offset: int
+    data_dtype: str
+    data_shape: tuple[int, ...]
+    file: np.memmap
+
+    @property
+    def data(self) -> np.ndarray:
+        count = math.prod(self.data_shape)
+        dtype = np.dtype(self.data_dtype)
+        raw = self.file[self.data_offset: self.data_offset + count * dtype.itemsize]
+        return raw.view(dtype).reshape(self.data_shape)
+
+
+@attrs.frozen(eq=False)
 class GGUFHeader:
     """What a GGUF header holds, less the contents of string arrays."""
 
     metadata: dict[str, Any]
     array_lengths: dict[str, int]
-    tensors: dict[str, IndexedTensor]
+    tensors: dict[str, GGUFTensor]
     data_offset: int
 
 
@@ -107,7 +126,7 @@ def _parse(blob: np.memmap, buffer: memoryview) -> GGUFHeader:
         pos += 4 + 8 * n_dims + 12
         records.append((name, dims, raw_type, offset))
     data_offset = pos + (-pos) % alignment
-    tensors: dict[str, IndexedTensor] = {}
+    tensors: dict[str, GGUFTensor] = {}
     for name, dims, raw_type, offset in records:
         if name in tensors:
             raise ValueError(f"tensor {name!r} appears twice")
@@ -116,7 +135,7 @@ def _parse(blob: np.memmap, buffer: memoryview) -> GGUFHeader:
 
 
 def _tensor(blob: np.memmap, name: str, dims: tuple[int, ...], kind: gguf.GGMLQuantizationType,
-            data_offset: int) -> IndexedTensor:
+            data_offset: int) -> GGUFTensor:
     """``GGUFReader``'s view of one tensor: plain types by element, block types as bytes."""
     elements = math.prod(dims)
     data_shape = tuple(reversed(dims))
@@ -131,7 +150,7 @@ def _tensor(blob: np.memmap, name: str, dims: tuple[int, ...], kind: gguf.GGMLQu
         data_shape = tuple(int(d) for d in quant_shape_to_byte_shape(data_shape, kind))
     if data_offset + size > blob.size:
         raise ValueError(f"tensor {name!r} runs past the end of the file")
-    return IndexedTensor(name, kind, tuple(dims), data_offset, dtype.str, data_shape, blob)
+    return GGUFTensor(name, kind, tuple(dims), data_offset, dtype.str, data_shape, blob)
 
 
 def _string(buffer: memoryview, pos: int) -> tuple[str, int]:

@@ -16,7 +16,7 @@ under the same names, including transformers' conversions:
 * A tied model (no ``output.weight`` in the file) yields no ``lm_head.weight``.
 
 Where transformers' legacy GGUF reader ignores metadata the file does state, we read it (documented per
-field in the config builders): Gemma 3 ``rope.scaling.*`` (4B and larger) and Qwen3-MoE
+field in the config builders of ``gguf_architectures``): Gemma 3 ``rope.scaling.*`` (4B and larger) and Qwen3-MoE
 ``expert_feed_forward_length``. For the embedded Gemma 3 270M file the result is identical to transformers.
 
 Names are derived from the ``gguf`` package's own tensor-name maps (``gguf.get_tensor_name_map``) applied
@@ -31,9 +31,8 @@ machine); tensor data stays in the file's memory map until dequantised.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +41,19 @@ import gguf
 import numpy as np
 import torch
 
-from inference_server.models.loading import gguf_index
+from inference_server.models.loading.gguf_architectures import (
+    ARCHITECTURES,
+    SUPPORTEDARCHITECTURES,
+    ArchSpec,
+    GGUFLoadError,
+    Metadata,
+    TensorTransform,
+)
 from inference_server.models.loading.gguf_header import GGUFHeader, read_gguf_header
 from inference_server.startup import phase
 
 __all__ = [
-    "SUPPORTED_ARCHITECTURES",
+    "SUPPORTEDARCHITECTURES",
     "GGUFCheckpoint",
     "GGUFLoadError",
     "load_gguf",
@@ -56,269 +62,6 @@ __all__ = [
 ]
 
 _CHUNK_ELEMENTS = 1 << 22  # float32 scratch per dequantisation step: 16 MiB
-_MISSING = object()
-
-
-class GGUFLoadError(Exception):
-    """A GGUF file is missing, unreadable, corrupt, or describes something this loader cannot load.
-
-    ``path`` names the file; the message always includes it.
-    """
-
-    def __init__(self, path: str | Path, reason: str) -> None:
-        self.path = Path(path)
-        self.reason = reason
-        super().__init__(f"cannot load GGUF file {self.path}: {reason}")
-
-
-# --------------------------------------------------------------------------------------------- metadata
-
-
-@attrs.frozen
-class _Metadata:
-    """Typed access to a header's key/value fields; a missing required key is a ``GGUFLoadError``."""
-
-    path: Path
-    architecture: str
-    values: Mapping[str, Any]  # every field but string arrays (gguf_header.GGUFHeader.metadata)
-    array_lengths: Mapping[str, int]  # every array field's element count
-
-    def get(self, key: str, default: Any = _MISSING) -> Any:
-        """The value of ``key`` (a Python scalar, str or list); ``default`` if absent, else an error."""
-        if key in self.values:
-            return self.values[key]
-        if key in self.array_lengths:  # a string array: the header reader steps over those
-            raise GGUFLoadError(self.path, f"metadata key {key!r} is a string array, which is not read")
-        if default is _MISSING:
-            raise GGUFLoadError(self.path, f"metadata key {key!r} is missing")
-        return default
-
-    def arch(self, name: str, default: Any = _MISSING) -> Any:
-        """The value of ``{architecture}.{name}``."""
-        return self.get(f"{self.architecture}.{name}", default)
-
-    def array_length(self, key: str) -> int | None:
-        """The element count of array field ``key`` without materialising it; None if absent."""
-        return self.array_lengths.get(key)
-
-    def special_token_ids(self) -> dict[str, int]:
-        """bos/eos/pad/unk ids the tokenizer section states, under their HF config names."""
-        keys = {
-            "bos_token_id": "bos_token_id",
-            "eos_token_id": "eos_token_id",
-            "pad_token_id": "padding_token_id",
-            "unk_token_id": "unknown_token_id",
-        }
-        ids = {hf: self.get(f"tokenizer.ggml.{gguf_key}", None) for hf, gguf_key in keys.items()}
-        return {hf: int(value) for hf, value in ids.items() if value is not None}
-
-    def vocab_size(self) -> int:
-        """``{arch}.vocab_size`` if stated, else the tokenizer's token count (what transformers does)."""
-        stated = self.arch("vocab_size", None)
-        if stated is not None:
-            return int(stated)
-        count = self.array_length("tokenizer.ggml.tokens")
-        if count is None:
-            raise GGUFLoadError(self.path, "neither a vocab_size nor tokenizer.ggml.tokens is present")
-        return count
-
-
-# ------------------------------------------------------------------------------------ config builders
-
-
-def _gemma3_config(meta: _Metadata, tensor_names: frozenset[str]) -> dict[str, Any]:
-    """The ``Gemma3TextConfig`` dict transformers builds from a ``gemma3`` GGUF.
-
-    Fields a Gemma 3 GGUF does not state take the values transformers (and llama.cpp) assume: sliding
-    pattern 5 local : 1 global, local RoPE base 10000, no soft-capping, GELU-tanh.
-    """
-    num_layers = int(meta.arch("block_count"))
-    num_heads = int(meta.arch("attention.head_count"))
-    hidden_size = int(meta.arch("embedding_length"))
-    config: dict[str, Any] = {
-        "model_type": "gemma3_text",
-        "vocab_size": meta.vocab_size(),
-        "hidden_size": hidden_size,
-        "intermediate_size": int(meta.arch("feed_forward_length")),
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": int(meta.arch("attention.head_count_kv")),
-        "head_dim": int(meta.arch("attention.key_length")),
-        "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": int(meta.arch("context_length")),
-        "rms_norm_eps": float(meta.arch("attention.layer_norm_rms_epsilon")),
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "bos_token_id": 2,
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": _gemma3_global_rope(meta),
-        },
-        "attention_bias": False,
-        "query_pre_attn_scalar": _gemma3_query_pre_attn_scalar(num_layers, hidden_size, num_heads),
-        "sliding_window": int(meta.arch("attention.sliding_window")),
-        "layer_types": _periodic_layer_types(num_layers, period=6),
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-        "use_bidirectional_attention": False,
-    }
-    config.update(meta.special_token_ids())
-    return config
-
-
-def _gemma3_global_rope(meta: _Metadata) -> dict[str, Any]:
-    """Full-attention RoPE. Gemma 3 4B+ files state ``rope.scaling.type = linear`` with factor 8, which
-    transformers' legacy GGUF reader drops (we keep it); absent for 270M/1B, where this is the default."""
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(meta.arch("rope.freq_base", 1e6))}
-    scaling_type = meta.arch("rope.scaling.type", None)
-    if scaling_type not in (None, "none"):
-        rope.update(rope_type=scaling_type, factor=float(meta.arch("rope.scaling.factor")))
-    return rope
-
-
-def _gemma3_query_pre_attn_scalar(num_layers: int, hidden_size: int, num_heads: int) -> int:
-    """No GGUF key holds it. llama.cpp uses ``hidden/heads`` for the 27B (62 layers) and ``head_dim`` (256
-    on every other release) otherwise; transformers uses the class default 256. Both agree on all releases
-    except 27B, where transformers' GGUF path would be wrong."""
-    return hidden_size // num_heads if num_layers == 62 else 256
-
-
-def _periodic_layer_types(num_layers: int, period: int) -> list[str]:
-    """Every ``period``-th layer (1-based) is full attention, the rest sliding."""
-    return ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(num_layers)]
-
-
-def _qwen3moe_config(meta: _Metadata, tensor_names: frozenset[str]) -> dict[str, Any]:
-    """The ``Qwen3MoeConfig`` dict transformers builds from a ``qwen3moe`` GGUF.
-
-    ``moe_intermediate_size`` is read from ``expert_feed_forward_length``; transformers' legacy reader
-    ignores that key and silently uses the class default 768 (right only for 30B-A3B).
-    """
-    config: dict[str, Any] = {
-        "model_type": "qwen3_moe",
-        "vocab_size": meta.vocab_size(),
-        "hidden_size": int(meta.arch("embedding_length")),
-        "intermediate_size": int(meta.arch("feed_forward_length")),
-        "num_hidden_layers": int(meta.arch("block_count")),
-        "num_attention_heads": int(meta.arch("attention.head_count")),
-        "num_key_value_heads": int(meta.arch("attention.head_count_kv")),
-        "head_dim": int(meta.arch("attention.key_length")),
-        "hidden_act": "silu",
-        "max_position_embeddings": int(meta.arch("context_length")),
-        "rms_norm_eps": float(meta.arch("attention.layer_norm_rms_epsilon")),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(meta.arch("rope.freq_base"))},
-        "attention_bias": False,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "decoder_sparse_step": 1,
-        "moe_intermediate_size": int(meta.arch("expert_feed_forward_length")),
-        "num_experts_per_tok": int(meta.arch("expert_used_count")),
-        "num_local_experts": int(meta.arch("expert_count")),  # what Qwen3MoeConfig.to_dict() calls num_experts
-        "norm_topk_prob": True,
-        "mlp_only_layers": [],
-    }
-    config.update(meta.special_token_ids())
-    return config
-
-
-# ------------------------------------------------------------------------------- architecture specs
-
-TensorTransform = Callable[[str, np.ndarray], np.ndarray]
-
-
-def _no_transform(gguf_name: str, values: np.ndarray) -> np.ndarray:
-    return values
-
-
-def _subtract_one_from_norms(gguf_name: str, values: np.ndarray) -> np.ndarray:
-    """Undo llama.cpp's Gemma ``w + 1`` norm storage (float32 in, float32 out), as transformers does."""
-    return values - 1 if "norm.weight" in gguf_name else values
-
-
-@attrs.frozen
-class _FusedParameter:
-    """An HF parameter built by concatenating GGUF tensors along ``dim``, in ``parts`` order.
-
-    ``parts`` are HF-style names the gguf name map knows (``...experts.gate_proj``); ``{bid}`` is the layer.
-    """
-
-    hf_template: str
-    parts: tuple[str, ...]
-    dim: int
-
-
-@attrs.frozen
-class _ArchSpec:
-    """Everything architecture-specific: the gguf arch, the config builder, and the HF parameter names.
-
-    ``global_parameters``/``layer_parameters`` are HF state-dict names (``{bid}`` = layer index) whose GGUF
-    names come from ``gguf.get_tensor_name_map``; ``lm_head.weight`` is added when the file is untied.
-    """
-
-    gguf_arch: gguf.MODEL_ARCH
-    build_config: Callable[[_Metadata, frozenset[str]], dict[str, Any]]
-    global_parameters: tuple[str, ...]
-    layer_parameters: tuple[str, ...]
-    fused_layer_parameters: tuple[_FusedParameter, ...] = ()
-    transform: TensorTransform = _no_transform
-
-
-# Per-layer weights both architectures share: the attention block with its q/k norms, and the norms around it.
-_ATTENTION_BLOCK = (
-    "input_layernorm",
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "self_attn.q_norm",
-    "self_attn.k_norm",
-    "post_attention_layernorm",
-)
-
-
-def _layer_weights(*names: str) -> tuple[str, ...]:
-    """HF parameter templates ``model.layers.{bid}.<name>.weight`` (``{bid}`` filled per layer later)."""
-    return tuple(f"model.layers.{{bid}}.{name}.weight" for name in names)
-
-
-_GEMMA3 = _ArchSpec(
-    gguf_arch=gguf.MODEL_ARCH.GEMMA3,
-    build_config=_gemma3_config,
-    global_parameters=("model.embed_tokens.weight", "model.norm.weight"),
-    layer_parameters=_layer_weights(
-        *_ATTENTION_BLOCK,
-        "pre_feedforward_layernorm",
-        "post_feedforward_layernorm",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-    ),
-    transform=_subtract_one_from_norms,
-)
-
-_QWEN3MOE = _ArchSpec(
-    gguf_arch=gguf.MODEL_ARCH.QWEN3MOE,
-    build_config=_qwen3moe_config,
-    global_parameters=("model.embed_tokens.weight", "model.norm.weight"),
-    layer_parameters=(
-        *_layer_weights(*_ATTENTION_BLOCK, "mlp.gate"),
-        "model.layers.{bid}.mlp.experts.down_proj",
-    ),
-    fused_layer_parameters=(
-        _FusedParameter(
-            hf_template="model.layers.{bid}.mlp.experts.gate_up_proj",
-            parts=("model.layers.{bid}.mlp.experts.gate_proj", "model.layers.{bid}.mlp.experts.up_proj"),
-            dim=1,
-        ),
-    ),
-)
-
-# gguf `general.architecture` -> spec. Gemma 4 would go here: its HF names (PLE, fused experts, router
-# scales) and a config builder covering layer types, KV sharing and the two head dims.
-_ARCHITECTURES: dict[str, _ArchSpec] = {"gemma3": _GEMMA3, "qwen3moe": _QWEN3MOE}
-SUPPORTED_ARCHITECTURES = frozenset(_ARCHITECTURES)
 
 
 # ---------------------------------------------------------------------------------------- the plan
@@ -358,7 +101,7 @@ def _logical_shape(tensor: gguf.ReaderTensor) -> tuple[int, ...]:
 
 
 def _build_plan(
-    spec: _ArchSpec, config: dict[str, Any], tensors: Mapping[str, gguf.ReaderTensor], path: Path
+    spec: ArchSpec, config: dict[str, Any], tensors: Mapping[str, gguf.ReaderTensor], path: Path
 ) -> tuple[dict[str, _Placement], dict[str, _Target]]:
     """Map every GGUF tensor to its HF parameter and check that nothing is missing or left over."""
     num_layers = int(config["num_hidden_layers"])
@@ -379,7 +122,7 @@ def _build_plan(
 
 
 def _place_fused_parameters(
-    spec: _ArchSpec,
+    spec: ArchSpec,
     num_layers: int,
     name_map: gguf.TensorNameMap,
     tensors: Mapping[str, gguf.ReaderTensor],
@@ -454,10 +197,10 @@ class GGUFCheckpoint:
     """
 
     def __init__(self, path: Path, architecture: str, config: dict[str, Any], tensors: Mapping[str, Any]) -> None:
-        """``tensors``: GGUF name -> ``gguf.ReaderTensor`` or ``gguf_index.IndexedTensor`` (same fields)."""
+        """``tensors``: GGUF name -> ``gguf.ReaderTensor`` or ``gguf_header.GGUFTensor`` (same fields)."""
         self.path = path
         self.architecture = architecture
-        self._spec = _ARCHITECTURES[architecture]
+        self._spec = ARCHITECTURES[architecture]
         self._tensors = dict(tensors)
         self.config: dict[str, Any] = config
         self._placements, self._targets = _build_plan(self._spec, self.config, self._tensors, path)
@@ -466,21 +209,13 @@ class GGUFCheckpoint:
     def from_header(cls, path: Path, header: GGUFHeader) -> GGUFCheckpoint:
         """Parse the metadata of a read header (``gguf_header.read_gguf_header``) into the HF config."""
         architecture, spec = _architecture(path, header.metadata)
-        meta = _Metadata(path, architecture, header.metadata, header.array_lengths)
+        meta = Metadata(path, architecture, header.metadata, header.array_lengths)
         return cls(path, architecture, spec.build_config(meta, frozenset(header.tensors)), header.tensors)
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
         """HF names of every tensor ``iter_tensors`` yields (order not guaranteed to match)."""
         return tuple(self._targets)
-
-    def parameter_shape(self, hf_name: str) -> tuple[int, ...]:
-        """The torch shape of HF parameter ``hf_name``."""
-        return self._targets[hf_name].shape
-
-    def quantization_types(self) -> dict[str, str]:
-        """GGUF tensor name -> its storage type (``Q4_K``, ``F32``, ...); for logs and reports."""
-        return {name: tensor.tensor_type.name for name, tensor in self._tensors.items()}
 
     def iter_tensors(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hf_name, tensor)`` for every parameter, dequantised to ``dtype`` on the CPU, one at a time.
@@ -524,13 +259,13 @@ def _destination(
     return target.narrow(placement.dim, placement.offset, size)
 
 
-def _architecture(path: Path, metadata: Mapping[str, Any]) -> tuple[str, _ArchSpec]:
+def _architecture(path: Path, metadata: Mapping[str, Any]) -> tuple[str, ArchSpec]:
     architecture = metadata.get("general.architecture")
     if architecture is None:
         raise GGUFLoadError(path, "metadata key 'general.architecture' is missing")
-    spec = _ARCHITECTURES.get(str(architecture))
+    spec = ARCHITECTURES.get(str(architecture))
     if spec is None:
-        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+        supported = ", ".join(sorted(SUPPORTEDARCHITECTURES))
         raise GGUFLoadError(path, f"architecture {architecture!r} is not supported (supported: {supported})")
     return str(architecture), spec
 
@@ -547,27 +282,15 @@ def _read_header(path: Path) -> GGUFHeader:
         raise GGUFLoadError(path, f"not a valid GGUF file ({type(error).__name__}: {error})") from error
 
 
-def open_gguf(path: str | Path, cache_dir: str | Path | None = None) -> GGUFCheckpoint:
+def open_gguf(path: str | Path) -> GGUFCheckpoint:
     """Parse ``path`` (metadata and tensor table; no tensor data is read) and check it is loadable.
 
-    With ``cache_dir``, the parsed header is kept in an index there (``gguf_index``) and later opens of the
-    unchanged file read the index instead of parsing the whole header again. Raises ``GGUFLoadError`` for a
-    missing/corrupt file, an unsupported architecture, missing metadata, or a tensor set that does not match
-    the architecture.
+    Raises ``GGUFLoadError`` for a missing/corrupt file, an unsupported architecture, missing metadata, or a
+    tensor set that does not match the architecture.
     """
     resolved = Path(path)
-    index = None
-    if cache_dir is not None and resolved.is_file():
-        index = gguf_index.index_path(resolved, Path(cache_dir))
-        cached = gguf_index.read_index(index, resolved)
-        if cached is not None and cached[0] in _ARCHITECTURES:
-            return GGUFCheckpoint(resolved, *cached)
-    with phase("reading the GGUF header (first start only: indexed for later starts)"):
-        checkpoint = GGUFCheckpoint.from_header(resolved, _read_header(resolved))
-    if index is not None:
-        with contextlib.suppress(OSError, TypeError, ValueError):  # no index only costs the speed-up
-            gguf_index.write_index(index, checkpoint.architecture, checkpoint.config, checkpoint._tensors)
-    return checkpoint
+    with phase("reading the GGUF header"):
+        return GGUFCheckpoint.from_header(resolved, _read_header(resolved))
 
 
 def read_gguf_config(path: str | Path) -> dict[str, Any]:

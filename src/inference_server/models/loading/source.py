@@ -124,7 +124,7 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, cache_dir: 
                quantization: str = "none", int8_embeddings: str = "auto") -> tuple[CausalLM, ModelSpec]:
     from inference_server.models.loading.gguf_loader import open_gguf
 
-    checkpoint = open_gguf(path, cache_dir=cache_dir)
+    checkpoint = open_gguf(path)
     spec = parse_model_spec(checkpoint.config)
     model = build_model(spec, dtype, device, quantization, int8_embeddings)
     cached = weight_cache.cache_path(path.resolve(), cache_dir, dtype, quantization, int8_embeddings)
