@@ -150,6 +150,7 @@ class Ops:
     int8_linear: Int8LinearFn = int8_linear_reference
     """int8 weight-only projections (``quantized.Int8Linear``, int8 heads, fused int8 q/k/v and gate/up)."""
     gated_activation: GatedActivationFn = torch_gated_activation
+    """``act(gate) * up`` of a gated MLP (two roundings to the activation dtype)."""
     route: RouteFn = torch_route
     """A MoE layer's routing after its router projection."""
     fused_moe: MoEFn = torch_fused_moe
@@ -367,8 +368,9 @@ class Ops:
 
 
 REFERENCE_OPS = Ops()
-"""The PyTorch reference table: the values every other table is tested against (the CPU runner's, with its own
-int8 matmul, and the before of every before/after on CUDA)."""
+"""The PyTorch reference table: the values every other table is tested against (the CPU engine's is it with its own
+int8 matmul; the CUDA runner's ``reference_ops`` table, the before of every before/after, is it with the Triton norm,
+RoPE, MoE and int8 GEMVs)."""
 
 
 class OpsUser:
