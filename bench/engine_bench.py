@@ -218,26 +218,26 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     from inference_server.kernels import moe_configs
 
     for variant in variants:
-        moe_configs.use_tuned_configs(variant not in UNTUNED)
-        options = CudaRunnerOptions(max_model_len=max(max_model_len or 0, blocks_per_seq * bs), max_batch_size=max_b,
-                                    capture=device.type == "cuda", **VARIANTS[variant])
-        runner = CudaModelRunner(model, spec, storage, device, options)
-        emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
-             seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
-             kernels_b1=count_kernels(runner, 1))
-        decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
-                       steps, repeats, greedy, out, device, weight_bytes, warmup)
-        # Profiled after the timed steps: each bucket's static inputs then hold its last step (context ~``context``).
-        # Right after capture they hold the capture's inputs, whose context is a few tokens, so the attention was
-        # profiled at no context at all (every kernels record before 2026-12-01's fifth session).
-        for batch in (b for b in profile_batches if b in fits):
-            times = kernel_times(runner, batch)
-            if times is not None:
-                emit(out, kind="kernels", model=name, variant=variant, batch=batch,
-                     limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context, *weight_bytes), 1),
-                     **times)
-        del runner
-        free_gpu()
+        with moe_configs.tuned_configs(variant not in UNTUNED):  # the kernels launched in the block
+            options = CudaRunnerOptions(max_model_len=max(max_model_len or 0, blocks_per_seq * bs),
+                                        max_batch_size=max_b, capture=device.type == "cuda", **VARIANTS[variant])
+            runner = CudaModelRunner(model, spec, storage, device, options)
+            emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
+                 seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),
+                 kernels_b1=count_kernels(runner, 1))
+            decode_batches(runner, name, variant, sorted(fits), spec.vocab_size, len(groups), blocks_per_seq, context,
+                           steps, repeats, greedy, out, device, weight_bytes, warmup)
+            # Profiled after the timed steps: each bucket's static inputs then hold its last step (context
+            # ~``context``). Right after capture they hold the capture's inputs, whose context is a few tokens, so the
+            # attention was profiled at no context at all (every kernels record before 2026-12-01's fifth session).
+            for batch in (b for b in profile_batches if b in fits):
+                times = kernel_times(runner, batch)
+                if times is not None:
+                    emit(out, kind="kernels", model=name, variant=variant, batch=batch,
+                         limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context, *weight_bytes), 1),
+                         **times)
+            del runner
+            free_gpu()
     del storage, model
     free_gpu()
 

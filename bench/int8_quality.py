@@ -24,6 +24,7 @@ Takes ~5-8 minutes on 2 cores with both heads (``--tokens`` / ``--prompts`` / ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from pathlib import Path
 
@@ -129,10 +130,10 @@ def main() -> None:
     reference_tokens = greedy(base.model, base.spec, prompts, args.tokens)
     reference_logprobs = token_logprobs(base.model, base.spec, text)
     print(f"{'fp32':<33} perplexity {math.exp(-reference_logprobs.mean().item()):8.3f}")
-    impls = {"cpu": cpu_int8_linear, "reference": ops.torch_int8_linear}
+    impls = {"cpu": cpu_int8_linear, "reference": ops.REFERENCE_OPS.int8_linear}
     for head, int8 in models.items():
         for name in args.impls:
-            ops.use_ops(int8_linear=impls[name])
+            ops.bind_ops(int8.model, dataclasses.replace(ops.REFERENCE_OPS, int8_linear=impls[name]))
             tokens = greedy(int8.model, int8.spec, prompts, args.tokens)
             logprobs = token_logprobs(int8.model, int8.spec, text)
             prefix, exact = agreement(reference_tokens, tokens)
@@ -141,7 +142,6 @@ def main() -> None:
             print(f"{label:<33} perplexity {math.exp(-logprobs.mean().item()):8.3f}   "
                   f"greedy: identical prefix {prefix:6.1%}, identical sequences {exact:6.1%}   "
                   f"|delta logprob| mean {delta.mean().item():.4f} max {delta.max().item():.3f}", flush=True)
-    ops.use_ops(int8_linear=ops.torch_int8_linear)
 
 
 if __name__ == "__main__":

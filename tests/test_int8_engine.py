@@ -1,5 +1,6 @@
-"""QUANTIZATION=int8 through the settings and the engine factory: the engine loads an int8 model, installs the CPU
-int8 matmul and serves requests end to end (a tiny preset in CI; the embedded model under ``-m heavy``)."""
+"""QUANTIZATION=int8 through the settings and the engine factory: the engine loads an int8 model, gives it the CPU
+int8 matmul (its ops table) and serves requests end to end (a tiny preset in CI; the embedded model under
+``-m heavy``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import torch
 
 from inference_server.config import SettingsError, load_settings
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
-from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear, is_quantized
 from inference_server.offline import LLM
@@ -16,12 +16,6 @@ from inference_server.records.sampling_params import SamplingParams
 from inference_server.runtime import resolve_backend, resolve_quantization
 
 PROMPT = (2, 17, 40, 99, 5, 311)
-
-
-@pytest.fixture(autouse=True)
-def _restore_ops():
-    with ops.reference_ops():  # the engine installs the CPU int8 matmul process-wide; put the reference back after
-        yield
 
 
 def _greedy(model, spec, prompt: tuple[int, ...], steps: int) -> list[int]:
@@ -42,7 +36,7 @@ def test_int8_setting_serves_a_tiny_model_end_to_end() -> None:
     model, spec = llm.built.loaded.model, llm.built.loaded.spec
     assert is_quantized(model) and isinstance(model.model.embed_tokens, Int8Embedding)
     assert isinstance(model.model.layers[0].self_attn.q_proj, Int8Linear)
-    assert ops.int8_linear is cpu_int8_linear
+    assert model.ops.int8_linear is cpu_int8_linear and model.model.layers[0].self_attn.q_proj.ops is model.ops
     [completion] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert completion.error is None and completion.finish_reason == "length" and len(completion.token_ids) == 8
     # the paged engine's tokens are the int8 model's own greedy tokens through the contiguous reference cache

@@ -14,7 +14,6 @@ GPU case in bf16 too and prints the divergence rate.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 from tests.schedule_invariance import (
@@ -92,17 +91,8 @@ def test_penalised_greedy_tokens_are_schedule_invariant() -> None:
     assert report.defects() == [], report.table()
 
 
-@pytest.fixture
-def restore_reference_ops() -> Iterator[None]:
-    """The CUDA runner installs the Triton ops process-wide; put the reference ops back for later tests."""
-    from inference_server.models.architectures import ops
-
-    with ops.reference_ops():
-        yield
-
-
 @pytest.mark.heavy
-def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(restore_reference_ops: None) -> None:
+def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter() -> None:
     """The custom-cuda runner's kernels (paged prefill over a cached prefix and released sliding blocks, decode,
     KV store, fused MoE, norm, RoPE) and its graph staging (``capture=False``) on the CPU, through the same
     three runs: a tiny Gemma 4 MoE (window 8, block 4) under the Triton interpreter (~2 minutes)."""
@@ -132,6 +122,6 @@ def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter(rest
 
 
 @pytest.mark.gpu
-def test_greedy_tokens_are_schedule_invariant_on_cuda_fp32(tmp_path, restore_reference_ops: None) -> None:
+def test_greedy_tokens_are_schedule_invariant_on_cuda_fp32(tmp_path) -> None:
     folder = cut_model_folder(GPU_PRESET, GPU_LAYERS, tmp_path / f"{GPU_PRESET}-{GPU_LAYERS}l")
     check(run_invariance(gpu_config(str(folder), "float32")), tie_margin=GPU_FP32_TIE)

@@ -31,7 +31,7 @@ import json
 import os
 import random
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -42,7 +42,6 @@ from inference_server.backends.cuda.runner import CudaModelRunner, eager_warmup_
 from inference_server.backends.cuda_graphs import DecodeGraphs, decode_buckets
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
-from inference_server.models.architectures import ops
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import ModelSpec, parse_model_spec
@@ -57,13 +56,6 @@ gpu = pytest.mark.gpu
 
 
 # ------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(autouse=True)
-def restore_reference_ops() -> Iterator[None]:
-    """A CUDA runner installs the Triton ops process-wide; put the reference ops back for later tests."""
-    with ops.reference_ops():
-        yield
 
 
 def model_config(name: str) -> dict:
@@ -81,6 +73,8 @@ def model_config(name: str) -> dict:
 
 
 def build(name: str, dtype: torch.dtype, device: str, seed: int = 0) -> tuple[ModelSpec, torch.nn.Module]:
+    """A model of the preset with dummy weights: the same weights for the same arguments (each runner compared gets a
+    model of its own: a runner binds its ops table to its model)."""
     spec = parse_model_spec(model_config(name))
     model = build_model(spec, dtype, device)
     init_dummy_weights(model, seed=seed)
@@ -142,14 +136,19 @@ class Script:
 
 
 class LogitsTap:
-    """Wraps ``model.compute_logits`` to keep a copy of the last logits (both runners share the model).
+    """Wraps each model's ``compute_logits`` to keep a copy of the last logits any of them computed (the runners
+    compared run one after the other).
 
     A CUDA runner's greedy steps take the fused greedy head, which computes no logits: ``watch(runner)`` makes
     the head record the logits of the rows it read (computed unfused, for the comparison only), so the logits
     compared are always the step's while the tokens are the fused head's."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, *models: torch.nn.Module) -> None:
         self.last: torch.Tensor | None = None
+        for model in models:
+            self._tap(model)
+
+    def _tap(self, model: torch.nn.Module) -> None:
         original = model.compute_logits
 
         def tapped(hidden: torch.Tensor) -> torch.Tensor:
@@ -158,7 +157,6 @@ class LogitsTap:
             return logits
 
         model.compute_logits = tapped
-        self._compute_logits = tapped
 
     def watch(self, runner: CudaModelRunner) -> CudaModelRunner:
         fused_head = runner._greedy_head
@@ -166,7 +164,7 @@ class LogitsTap:
         def tapped_head(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
             result = fused_head(hidden)
             if result is not None:
-                self._compute_logits(hidden)
+                runner.model.compute_logits(hidden)  # the tapped one
             return result
 
         runner._greedy_head = tapped_head  # type: ignore[method-assign]
@@ -209,13 +207,9 @@ def compare(script: Script, leader: Callable[[StepPlan], dict[int, int]], follow
     return result
 
 
-def tokens_of(runner: ModelRunner, reference: bool = False) -> Callable[[StepPlan], dict[int, int]]:
+def tokens_of(runner: ModelRunner) -> Callable[[StepPlan], dict[int, int]]:
     def run(plan: StepPlan) -> dict[int, int]:
-        if reference:
-            with ops.reference_ops():
-                result = runner.execute(plan)
-        else:
-            result = runner.execute(plan)
+        result = runner.execute(plan)
         return {t.request_id: t.token_id for t in result.tokens}
 
     return run
@@ -231,14 +225,15 @@ def report(case: str, **stats: object) -> None:
 def cuda_vs_reference(name: str, dtype: torch.dtype, device: str, steps: int, capture: bool,
                       prompt_lens: tuple[int, int]) -> tuple[Comparison, CudaModelRunner]:
     spec, model = build(name, dtype, device)
-    tap = LogitsTap(model)
+    _, reference_model = build(name, dtype, device)  # the same weights, through the reference ops table
+    tap = LogitsTap(model, reference_model)
     script = Script(spec, num_groups(spec), steps, seed=1, prompt_lens=prompt_lens)
     n, m = len(script.seqs), script.blocks_per_seq
-    reference = ModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device))
+    reference = ModelRunner(reference_model, spec, storage_for(spec, n, m, dtype, device), torch.device(device))
     options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=capture)
     runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
                                        options))
-    return compare(script, tokens_of(reference, reference=True), tokens_of(runner), tap, steps), runner
+    return compare(script, tokens_of(reference), tokens_of(runner), tap, steps), runner
 
 
 # ------------------------------------------------------------------------------------------- CPU tests
@@ -288,7 +283,7 @@ def test_static_decode_path_matches_reference_cpu(name: str) -> None:
 def prompt_logprobs_against_reference(device: str, capture: bool) -> None:
     """Prompt logprobs (fp32) of the CUDA runner equal the reference runner's, for a whole prompt and a
     prompt prefilled in two chunks in the same steps."""
-    spec, model = build("gemma-4-31b-tiny", torch.float32, device)
+    spec, _ = build("gemma-4-31b-tiny", torch.float32, device)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, spec.vocab_size) for _ in range(n)] for n in (30, 21)]
     tables = tuple((tuple(range(i * 4, i * 4 + 4)),) * num_groups(spec) for i in range(2))
@@ -305,10 +300,10 @@ def prompt_logprobs_against_reference(device: str, capture: bool) -> None:
     results = []
     for runner_type in (ModelRunner, CudaModelRunner):
         storage = storage_for(spec, 2, 4, torch.float32, device)
+        _, model = build("gemma-4-31b-tiny", torch.float32, device)  # a model for each runner, the same weights
         if runner_type is ModelRunner:
             runner: ModelRunner = ModelRunner(model, spec, storage, torch.device(device))
-            with ops.reference_ops():
-                results.append([runner.execute(plan).prompt_logprobs for plan in plans])
+            results.append([runner.execute(plan).prompt_logprobs for plan in plans])
         else:
             options = CudaRunnerOptions(max_model_len=4 * BLOCK, max_batch_size=4, capture=capture)
             runner = CudaModelRunner(model, spec, storage, torch.device(device), options)
@@ -366,23 +361,24 @@ def bf16_against_fp32(name: str, device: str, steps: int) -> dict:
     """Statistics of the bf16 reference and of our bf16 runner against the fp32 reference on the same
     (bf16-valued) weights, teacher-forced by the fp32 tokens for ``steps`` decode steps."""
     spec, model16 = build(name, torch.bfloat16, device)
+    _, reference16 = build(name, torch.bfloat16, device)  # the same weights, through the reference ops table
     model32 = build_model(spec, torch.float32, device)
     copy_weights(model16, model32)
-    tap16, tap32 = LogitsTap(model16), LogitsTap(model32)
+    tap16, tap_ref, tap32 = LogitsTap(model16), LogitsTap(reference16), LogitsTap(model32)
     lens = (5, 40) if name.endswith("-tiny") else (20, 200)
     script = Script(spec, num_groups(spec), steps, seed=1, prompt_lens=lens)
     n, m = len(script.seqs), script.blocks_per_seq
     dev = torch.device(device)
     truth = ModelRunner(model32, spec, storage_for(spec, n, m, torch.float32, device), dev)
-    reference = ModelRunner(model16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev)
+    reference = ModelRunner(reference16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev)
     options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=dev.type == "cuda")
     runner = tap16.watch(CudaModelRunner(model16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev, options))
-    run_truth, run_ref, run_ours = tokens_of(truth, True), tokens_of(reference, True), tokens_of(runner)
+    run_truth, run_ref, run_ours = tokens_of(truth), tokens_of(reference), tokens_of(runner)
     err_ref, err_ours, err_between, agree_ref, agree_ours, pairs = [], [], [], 0, 0, 0
     for _ in range(steps + 1):
         plan = script.plan()
         truth_tokens, truth_logits = run_truth(plan), tap32.last
-        ref_tokens, ref_logits = run_ref(plan), tap16.last
+        ref_tokens, ref_logits = run_ref(plan), tap_ref.last
         our_tokens, our_logits = run_ours(plan), tap16.last
         err_ref.append(rel(ref_logits, truth_logits))
         err_ours.append(rel(our_logits, truth_logits))
@@ -464,13 +460,15 @@ def test_compile_option_matches_uncompiled() -> None:
     """CUSTOM_BACKEND_COMPILE: the compiled model inside the decode graphs gives the uncompiled tokens."""
     dtype, device = torch.float32, "cuda"
     spec, model = build("qwen3-30b-a3b-tiny", dtype, device)
-    tap = LogitsTap(model)
+    _, compiled_model = build("qwen3-30b-a3b-tiny", dtype, device)  # the same weights, through the compile table
+    tap = LogitsTap(model, compiled_model)
     script = Script(spec, num_groups(spec), 8, seed=3, prompt_lens=(5, 20))
     n, m = len(script.seqs), script.blocks_per_seq
 
     def runner(compiled: bool) -> CudaModelRunner:
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, compile=compiled)
-        return tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
+        storage = storage_for(spec, n, m, dtype, device)
+        return tap.watch(CudaModelRunner(compiled_model if compiled else model, spec, storage, torch.device(device),
                                          options))
 
     comparison = compare(script, tokens_of(runner(False)), tokens_of(runner(True)), tap, 8)

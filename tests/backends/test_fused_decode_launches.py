@@ -4,15 +4,15 @@ context, on whole tiny models.
 A runner whose context has ``norm_rope_store`` must leave the paged caches bit for bit as the unfused path does
 (``triton_qk_norm_rope`` then the store), calling the separate store for no layer; KV-shared layers (Gemma-4-E2B),
 K = V layers (Gemma-4-26B-A4B's full layers) and Qwen's raw values included. On CPU the Triton kernels run in the
-interpreter (fp32); on a GPU compiled. Also: the CUDA runner installs the fused paths (KV store, router GEMV, the
+interpreter (fp32); on a GPU compiled. Also: the CUDA runner's table has the fused paths (KV store, router GEMV, the
 residual add and norm before the router, ...), and each fused launch gives the values of the launches it replaces
-(a runner whose op is set back to the unfused one, ``separate``).
+(a runner whose table has that fusion off, ``separate``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterator
 
 import attrs
 import pytest
@@ -28,7 +28,7 @@ from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.kernels.kv_store import store_kv
-from inference_server.models.architectures import ops
+from inference_server.models.architectures.ops import REFERENCE_OPS, Fusions, Ops, RMSNorm, bind_ops
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import ModelSpec, parse_model_spec
@@ -38,12 +38,6 @@ from inference_server.records.steps import ScheduledSequence, StepPlan
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
-
-
-@pytest.fixture(autouse=True)
-def restore_reference_ops() -> Iterator[None]:
-    with ops.reference_ops():  # runners and use_ops install ops process-wide: put back what was there
-        yield
 
 
 def _build(name: str) -> tuple[ModelSpec, torch.nn.Module, PagedKVStorage]:
@@ -56,18 +50,16 @@ def _build(name: str) -> tuple[ModelSpec, torch.nn.Module, PagedKVStorage]:
 
 def _runner(spec: ModelSpec, model: torch.nn.Module, storage: PagedKVStorage, *separate: str,
             max_model_len: int = 32) -> CudaModelRunner:
-    """A CUDA runner (no graphs) with the ops named in ``separate`` (its attributes, e.g. ``_gated_projection``) set
-    back to the PyTorch composition of the launches they fuse (``ops.torch_*``); ``norm_rope_decode``: no q norm and
+    """A CUDA runner (no graphs) whose table has the fusions named in ``separate`` (``ops.Fusions`` fields, e.g.
+    ``gated_projection``) off, so that ``Ops`` composes the launches they fuse; ``norm_rope_decode``: no q norm and
     RoPE in the decode attention."""
     runner = CudaModelRunner(model, spec, storage, torch.device(DEV),
                              CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=2, cuda_graphs=False))
-    for name in separate:
-        if name == "norm_rope_decode":
-            runner.attention_kwargs["norm_rope_decode"] = None
-        else:
-            setattr(runner, name, getattr(ops, "torch_add_norm_linear_route" if name == "_add_norm_route"
-                                          else f"torch{name}"))
-    runner._install_ops()
+    if "norm_rope_decode" in separate:
+        runner.attention_kwargs["norm_rope_decode"] = None
+    off = dict.fromkeys(name for name in separate if name != "norm_rope_decode")
+    runner.ops = dataclasses.replace(runner.ops, fusions=dataclasses.replace(runner.ops.fusions, **off))
+    bind_ops(model, runner.ops)
     return runner
 
 
@@ -122,7 +114,7 @@ def _assert_same_tokens_close_logprobs(got: list[list[tuple[int, float]]],
 def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: str) -> None:
     torch.set_num_threads(1)
     spec, model, _ = _build(name)
-    ops.use_ops(qk_norm=triton_qk_norm_rope)  # the unfused path's norm + RoPE: the same kernel, without the store
+    table = Ops(fusions=Fusions(qk_norm_rope=triton_qk_norm_rope))  # the unfused path: the same kernel, no store
     caches, store_calls, tokens = [], [], []
     for fused in (False, True):
         _, _, storage = _build(name)
@@ -133,7 +125,7 @@ def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: 
             calls.append(k.shape[0])
             store_kv(k, v, k_cache, v_cache, slots)
 
-        runner = ModelRunner(model, spec, storage, torch.device(DEV), attention_kwargs=dict(
+        runner = ModelRunner(model, spec, storage, torch.device(DEV), ops=table, attention_kwargs=dict(
             store=counting_store, norm_rope_store=triton_qk_norm_rope_store if fused else None))
         tokens.append([[t.token_id for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         caches.append([t.clone() for t in storage.keys + storage.values])
@@ -146,22 +138,24 @@ def test_fused_store_leaves_the_caches_as_the_separate_store_and_skips_it(name: 
 
 
 @pytest.mark.parametrize("reference", [False, True])
-def test_runner_installs_the_fused_paths_unless_reference_ops(reference: bool) -> None:
+def test_runner_binds_the_fused_paths_unless_reference_ops(reference: bool) -> None:
     spec, model, storage = _build("qwen3-30b-a3b-tiny")
     runner = CudaModelRunner(model, spec, storage, torch.device(DEV), CudaRunnerOptions(
         max_model_len=32, max_batch_size=2, cuda_graphs=False, reference_ops=reference))
     assert runner.attention_kwargs["norm_rope_store"] is (None if reference else triton_qk_norm_rope_store)
     assert (runner.attention_kwargs["norm_rope_decode"] is None) == reference
-    fused = {ops.linear_route: triton_linear_route, ops.add_norm_linear_route: triton_add_norm_linear_route,
-             ops.qk_norm_rope: triton_qk_norm_rope}
-    assert all((got is want) != reference for got, want in fused.items())
-    for name in ("mlp_beside_experts", "norm_add_gated_projection", "add_norm_projection", "gated_projection",
-                 "norm_add", "add_rms_norm", "route", "gated_activation"):
-        assert (getattr(ops, name) is getattr(ops, f"torch_{name}")) == reference, name
-    assert ops.fused_weights != reference
-    with ops.reference_ops():
-        assert ops.linear_route is ops.torch_linear_route
-        assert ops.add_norm_linear_route is ops.torch_add_norm_linear_route
+    table = runner.ops
+    assert all(module.ops is table for module in model.modules() if hasattr(module, "ops"))
+    fusions = table.fusions
+    fused = [(fusions.linear_route, triton_linear_route), (fusions.add_norm_linear_route, triton_add_norm_linear_route),
+             (fusions.qk_norm_rope, triton_qk_norm_rope)]
+    assert all((got is want) != reference for got, want in fused)
+    for field in dataclasses.fields(Fusions):
+        assert (getattr(fusions, field.name) is None) == reference, field.name
+    for name in ("route", "gated_activation", "linear", "rope_cos_sin"):
+        assert (getattr(table, name) is getattr(REFERENCE_OPS, name)) == reference, name
+    assert table.fused_weights != reference
+    assert REFERENCE_OPS.fusions == Fusions()  # the reference table is left as it was
 
 
 def test_qwen_decode_runs_the_post_attention_norm_in_the_router_launch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +176,7 @@ def test_qwen_decode_runs_the_post_attention_norm_in_the_router_launch(monkeypat
     tokens = []
     for fused in (True, False):
         spec, model, storage = _build("qwen3-30b-a3b-tiny")
-        runner = _runner(spec, model, storage, *(() if fused else ("_add_norm_route",)), max_model_len=64)
+        runner = _runner(spec, model, storage, *(() if fused else ("add_norm_linear_route",)), max_model_len=64)
         tokens.append([[t.token_id for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         if fused:
             moe_layers = sum(layer.is_moe for layer in spec.layers)
@@ -191,8 +185,8 @@ def test_qwen_decode_runs_the_post_attention_norm_in_the_router_launch(monkeypat
 
 
 def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to FUSED_ROUTER_MAX_TOKENS rows the fused kernel runs; past it, or for a weight of another dtype, the
-    router GEMM and the installed routing (same result as ``ops.torch_linear_route``)."""
+    """Up to FUSED_ROUTER_MAX_TOKENS rows the fused kernel runs; past it, or for a weight of another dtype, the fusion
+    declines and the table composes the router GEMM and its routing (the reference's values)."""
     from inference_server.backends.cuda import moe_ops
 
     fused_rows: list[int] = []
@@ -206,16 +200,18 @@ def test_router_gemv_is_fused_at_decode_sizes_only(monkeypatch: pytest.MonkeyPat
     gen = torch.Generator().manual_seed(0)
     w = (0.1 * torch.randn(16, 32, generator=gen)).to(DEV)
     limit = moe_ops.FUSED_ROUTER_MAX_TOKENS
+    table = Ops(fusions=Fusions(linear_route=triton_linear_route))
     for rows in (1, limit, limit + 1):
         x = torch.randn(rows, 32, generator=gen).to(DEV)
-        weights, ids = triton_linear_route(x, w, 4, True, None, None)
-        ref_weights, ref_ids = ops.torch_linear_route(x, w, 4, True, None, None)
+        assert (triton_linear_route(x, w, 4, True, None, None) is None) == (rows > limit)
+        weights, ids = table.linear_route(x, w, 4, True, None, None)
+        ref_weights, ref_ids = REFERENCE_OPS.linear_route(x, w, 4, True, None, None)
         assert torch.equal(ids, ref_ids)
         torch.testing.assert_close(weights, ref_weights, atol=2e-6, rtol=2e-6)
-    assert fused_rows == [1, limit]
+    assert fused_rows == [1, 1, limit, limit]
     with pytest.raises(RuntimeError):  # another dtype: the GEMM path, which rejects the mix as F.linear does
-        triton_linear_route(x[:2], w.double(), 4, True, None, None)
-    assert fused_rows == [1, limit]
+        table.linear_route(x[:2], w.double(), 4, True, None, None)
+    assert fused_rows == [1, 1, limit, limit]
 
 
 @pytest.mark.parametrize("name", ["gemma-4-26b-a4b-tiny", "gemma-4-e2b-tiny"])
@@ -229,7 +225,7 @@ def test_gated_gemv_gives_the_two_launches_bits(name: str, monkeypatch: pytest.M
     results = []
     for fused in (False, True):
         spec, model, storage = _build(name)
-        unfused = ("_mlp_beside_experts", "_norm_add_gated_projection") + (() if fused else ("_gated_projection",))
+        unfused = ("mlp_beside_experts", "norm_add_gated_projection") + (() if fused else ("gated_projection",))
         runner = _runner(spec, model, storage, *unfused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
         assert (len(calls) > 0) == fused
@@ -264,8 +260,8 @@ def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest
     results = []
     for fused in (False, True):
         spec, model, storage = _build("gemma-4-26b-a4b-tiny")
-        runner = _runner(spec, model, storage, *(() if fused else ("_mlp_beside_experts",)))
-        assert (ops.mlp_beside_experts is ops.torch_mlp_beside_experts) == (not fused)
+        runner = _runner(spec, model, storage, *(() if fused else ("mlp_beside_experts",)))
+        assert (runner.ops.fusions.mlp_beside_experts is None) == (not fused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
     assert results[0] == results[1]
     moe_layers = sum(layer.is_moe for layer in spec.layers)
@@ -280,8 +276,8 @@ def test_mlp_beside_experts_gives_the_separate_launches_bits(monkeypatch: pytest
 def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: int, monkeypatch: pytest.MonkeyPatch,
                                                                       gemv_everywhere: None) -> None:
     """``triton_mlp_beside_experts`` on a Gemma 4 MoE FFN whose down GEMV takes four warps (K = 1024) as the
-    experts' gate/up does: both paired launches, and the separate launches' bits (the installed ops of a CUDA
-    runner, called as ``ops.torch_mlp_beside_experts`` calls them)."""
+    experts' gate/up does: both paired launches, and the separate launches' bits (a CUDA table's primitives and
+    fusions, called as ``Ops.mlp_beside_experts`` composes them)."""
     import functools
 
     from inference_server.backends.cuda import moe_ops, projection_ops
@@ -307,21 +303,25 @@ def test_mlp_beside_experts_pairs_both_launches_where_the_warps_agree(tokens: in
             p.data = (torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5).to(DEV)
     mlp.fuse_gate_up()
     router.fold_scale()
-    ops.use_ops(linear=functools.partial(projection_ops.triton_dense_linear, max_tokens=16),
-                gated_proj=functools.partial(projection_ops.triton_gated_projection, dense_max_tokens=16),
-                gated=projection_ops.triton_gated_activation, linear_router=moe_ops.triton_linear_route,
-                moe=functools.partial(moe_ops.triton_fused_moe, decode_max_tokens=2), weights_fused=True)
+    table = Ops(linear=functools.partial(projection_ops.triton_dense_linear, max_tokens=16),
+                gated_activation=projection_ops.triton_gated_activation,
+                fused_moe=functools.partial(moe_ops.triton_fused_moe, decode_max_tokens=2), fused_weights=True,
+                fusions=Fusions(gated_projection=functools.partial(projection_ops.triton_gated_projection,
+                                                                   dense_max_tokens=16),
+                                linear_route=moe_ops.triton_linear_route))
+    for module in (mlp, router, experts):
+        bind_ops(module, table)
     x, residual, router_in, expert_in = (torch.randn(tokens, hidden, generator=gen).to(DEV) for _ in range(4))
-    want = ops.torch_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in)
+    want = table.mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in)
     assert calls == []
     got = moe_ops.triton_mlp_beside_experts(mlp, router, experts, x, residual, router_in, expert_in,
-                                                 decode_max_tokens=2, dense_max_tokens=16)
-    assert calls == ["route", "experts"]
+                                            decode_max_tokens=2, dense_max_tokens=16)
+    assert calls == ["route", "experts"] and got is not None
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def _fused_against_separate(preset: str, op: str) -> ModelSpec:
-    """Run ``_plans`` on the tiny ``preset`` with the runner's ``op`` set back to ``ops.torch_<op>``, then as installed
+    """Run ``_plans`` on the tiny ``preset`` with the runner's fusion ``op`` off, then as the runner's table has it
     (the float projections on the Triton GEMV, ``gemv_everywhere``): the two runs give
     the same tokens and logprobs (bit for bit under the interpreter, whose sums of squares run in the same order; on
     the GPU within fp32 rounding). Returns the model's spec."""
@@ -329,8 +329,8 @@ def _fused_against_separate(preset: str, op: str) -> ModelSpec:
     results = []
     for fused in (False, True):
         spec, model, storage = _build(preset)
-        runner = _runner(spec, model, storage, *(() if fused else (f"_{op}",)))
-        assert (getattr(ops, op) is getattr(ops, f"torch_{op}")) == (not fused)
+        runner = _runner(spec, model, storage, *(() if fused else (op,)))
+        assert (getattr(runner.ops.fusions, op) is None) == (not fused)
         results.append([[(t.token_id, t.logprob) for t in runner.execute(plan).tokens] for plan in _plans(spec)])
     if DEV == "cpu":
         assert results[0] == results[1]
@@ -362,26 +362,31 @@ def test_add_norm_gemv_gives_the_two_launches_values(monkeypatch: pytest.MonkeyP
 
 def test_add_norm_projection_takes_the_fused_launch_for_float_weights_only(monkeypatch: pytest.MonkeyPatch,
                                                                            gemv_everywhere: None) -> None:
-    """``triton_add_norm_projection`` runs one launch for a float projection at one token and keeps int8 weights on
-    the two launches (measured faster for them), each with the unfused op's values."""
+    """``triton_add_norm_projection`` runs one launch for a float projection at one token and declines int8 weights,
+    which keep the two launches (measured faster for them), each with the unfused composition's values."""
     import functools
 
     from inference_server.backends.cuda import norm_ops, projection_ops
     from inference_server.kernels.int8_linear import int8_linear
     from inference_server.kernels.reference_int8 import quantize_int8_per_channel
-    from inference_server.models.architectures.layers import RMSNorm
 
     calls = _count_rows(monkeypatch, "add_norm_gemv")
-    ops.use_ops(add_norm=norm_ops.triton_add_rms_norm, int8_linear=int8_linear,
-                linear=functools.partial(projection_ops.triton_dense_linear, max_tokens=16))
+    separate = Ops(int8_linear=int8_linear, linear=functools.partial(projection_ops.triton_dense_linear, max_tokens=16),
+                   fusions=Fusions(add_rms_norm=norm_ops.triton_add_rms_norm))
+    fused_table = dataclasses.replace(separate, fusions=dataclasses.replace(
+        separate.fusions, add_norm_projection=functools.partial(projection_ops.triton_add_norm_projection,
+                                                                dense_max_tokens=16)))
     gen = torch.Generator().manual_seed(7)
     x, residual = ((torch.randn(1, 64, generator=gen) * 3).to(DEV) for _ in range(2))
     norm = RMSNorm(64, 1e-6, "qwen").to(DEV)
     weight = (torch.randn(32, 64, generator=gen) / 8).to(DEV)
     for w, scale, fused in ((weight, None, True), (*quantize_int8_per_channel(weight), False)):
         calls.clear()
-        got = projection_ops.triton_add_norm_projection(x, residual, norm, w, scale, dense_max_tokens=16)
-        want = ops.torch_add_norm_projection(x, residual, norm, w, scale)
+        declined = projection_ops.triton_add_norm_projection(x, residual, norm, w, scale, dense_max_tokens=16) is None
+        assert declined != fused
+        calls.clear()
+        got = fused_table.add_norm_projection(x, residual, norm, w, scale)
+        want = separate.add_norm_projection(x, residual, norm, w, scale)
         assert calls == ([1] if fused else [])
         assert torch.equal(got[1], want[1])
         if DEV == "cpu":  # the interpreter sums the row as the norm kernel does
@@ -425,7 +430,6 @@ def test_context_hands_back_a_raw_q_only_to_its_own_attention(decode_only: bool)
     and ``attend`` of that q calls the fused decode once, with the norm and the RoPE tables; a layer with K/V, a
     prefill-carrying step and inputs the fused decode does not accept take ``qk_norm_rope``'s normed q."""
     from inference_server.backends.paged_kv import PagedAttentionContext, StepTensors
-    from inference_server.models.architectures.layers import RMSNorm
 
     spec, _, storage = _build("gemma-4-e2b-tiny")
     shared = next(layer for layer in spec.layers if not layer.computes_kv)
@@ -455,16 +459,16 @@ def test_context_hands_back_a_raw_q_only_to_its_own_attention(decode_only: bool)
     q_raw = torch.randn(1, spec.num_attention_heads, d, device=DEV)
     norm = RMSNorm(d, spec.rms_norm_eps, spec.norm_style).to(DEV)
     cos, sin = torch.ones(1, d, device=DEV), torch.zeros(1, d, device=DEV)
-    q, k, v = ctx.qk_norm_rope(shared, q_raw, None, None, norm, None, None, cos, sin)
+    q, k, v = ctx.qk_norm_rope(REFERENCE_OPS, shared, q_raw, None, None, norm, None, None, cos, sin)
     assert k is None and v is None and (q is q_raw) == decode_only
     out = ctx.attend(shared, q, None, None, 1.0, None)
     assert [(c[0] is q_raw, c[1] is norm) for c in calls] == ([(True, True)] if decode_only else [])
     assert (out is fused_out) == decode_only
     # a layer with its own K/V, and a q the fused decode does not accept: the normed q, the plain attention
     k_raw = torch.randn(1, owner.num_kv_heads, d, device=DEV)
-    q, k, _ = ctx.qk_norm_rope(owner, q_raw, k_raw, k_raw, norm, norm, None, cos, sin)
+    q, k, _ = ctx.qk_norm_rope(REFERENCE_OPS, owner, q_raw, k_raw, k_raw, norm, norm, None, cos, sin)
     assert q is not q_raw and k is not None
     fake.accepted = False
-    q, _, _ = ctx.qk_norm_rope(shared, q_raw, None, None, norm, None, None, cos, sin)
+    q, _, _ = ctx.qk_norm_rope(REFERENCE_OPS, shared, q_raw, None, None, norm, None, None, cos, sin)
     assert q is not q_raw and ctx.attend(shared, q, None, None, 1.0, None) is not fused_out
     assert len(calls) == (1 if decode_only else 0)

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import attrs
 import pytest
 import torch
@@ -23,19 +21,12 @@ from inference_server.backends.cuda.options import CudaRunnerOptions
 from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.backends.sampler import argmax_suffices
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
-from inference_server.models.architectures import ops
 from inference_server.models.architectures.quantized import quantize_model_int8_
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.records.steps import SampledToken, ScheduledSequence, StepPlan
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
 PROMPT_LEN = 4
-
-
-@pytest.fixture(autouse=True)
-def restore_reference_ops() -> Iterator[None]:
-    with ops.reference_ops():
-        yield
 
 
 @attrs.define

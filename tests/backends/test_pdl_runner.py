@@ -4,12 +4,10 @@ Two CUDA runners on one model, graphs captured, one with ``pdl=True``, run the s
 prompts prefilled together, a fourth joining at decode step 5 in an eager mixed step, then graphed decode steps of
 bucket 4): every step's tokens and final hidden states must be bitwise equal. Real configs cut to 2 layers
 (``test_cuda_backend.model_config``), bf16: Qwen3-MoE and every Gemma 4 kind (MoE, PLE with shared KV, dense). On
-the CPU: the option sets the process-wide switch at every step, and PDL stays off under the interpreter.
+the CPU: each runner's PDL mode holds inside its own steps only, and PDL stays off under the interpreter.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,25 +19,20 @@ from inference_server.backends.cuda.options import (
 )
 from inference_server.backends.cuda.runner import CudaModelRunner
 from inference_server.kernels import pdl
-from inference_server.models.architectures import ops
 
 from .test_cuda_backend import BLOCK, Script, build, num_groups, storage_for, tokens_of
 
 
-@pytest.fixture(autouse=True)
-def restore_reference_ops_and_pdl() -> Iterator[None]:
-    """A CUDA runner installs the Triton ops and the PDL switch process-wide; put both back for later tests."""
-    with ops.reference_ops():
-        yield
-    pdl.use_pdl(False)
-
-
-def hidden_tap(runner: CudaModelRunner) -> list[torch.Tensor]:
-    """Keeps a copy of every step's final hidden states (the graph's output buffer, or the eager forward's)."""
+def hidden_tap(runner: CudaModelRunner, modes: list[tuple[bool, bool, frozenset[str]]] | None = None,
+               ) -> list[torch.Tensor]:
+    """Keeps a copy of every step's final hidden states (the graph's output buffer, or the eager forward's); with
+    ``modes``, also the PDL mode in effect during the step's forward: ``(requested, enabled, early release)``."""
     seen: list[torch.Tensor] = []
     forward = runner._forward
 
     def tapped(plan):  # type: ignore[no-untyped-def]
+        if modes is not None:
+            modes.append((pdl.pdl_requested(), pdl.pdl_enabled(), pdl.early_release_classes()))
         hidden = forward(plan)
         seen.append(hidden.detach().clone())
         return hidden
@@ -59,18 +52,18 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
     spec, model = build(name, dtype, device)
     script = Script(spec, num_groups(spec), steps, seed=3, num_seqs=4, join=5, prompt_lens=(20, 60))
     n, m = len(script.seqs), script.blocks_per_seq
-    runners, hidden = {}, {}
-    for use_pdl in (False, True):
+    runners, hidden, modes = {}, {}, {False: [], True: []}  # type: ignore[var-annotated]
+    for use_pdl in (False, True):  # one model: the two runners' ops tables differ in nothing (PDL is not an op)
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, pdl=use_pdl)
         runners[use_pdl] = CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
                                            options)
-        hidden[use_pdl] = hidden_tap(runners[use_pdl])
+        hidden[use_pdl] = hidden_tap(runners[use_pdl], modes[use_pdl])
     for _ in range(steps + 1):
         plan = script.plan()
         off = tokens_of(runners[False])(plan)
-        assert not pdl.pdl_enabled()
+        assert modes[False][-1][1] is False
         on = tokens_of(runners[True])(plan)
-        assert pdl.pdl_enabled() and pdl.early_release_classes() == early_release_classes_for(spec.hidden_size)
+        assert modes[True][-1][1:] == (True, early_release_classes_for(spec.hidden_size))
         assert on == off, f"step {script.step}: tokens differ"
         # only the plan's rows: a decode graph's padding rows are garbage nobody reads (backends/cuda_graphs.py)
         rows = plan.num_tokens
@@ -81,27 +74,31 @@ def test_pdl_decode_is_bitwise_equal_to_no_pdl(name: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels in the CPU interpreter; with CUDA "
                     "present the gpu test covers the option")
-def test_the_option_sets_the_switch_at_every_step_cpu() -> None:
-    """Each runner sets ``kernels.pdl``'s switch to its option when it installs its ops (construction and every
-    step), so two runners in one process each run with their own; under the interpreter it is never enabled."""
+def test_each_runner_launches_with_its_own_pdl_mode_cpu() -> None:
+    """A runner's PDL mode (its option, and the loop kernels' release place by hidden size) holds during its own
+    steps and nowhere else, so two runners in one process each run with their own; under the interpreter PDL is
+    never enabled."""
     spec, model = build("qwen3-30b-a3b-tiny", torch.float32, "cpu")
     script = Script(spec, num_groups(spec), 1, seed=4, num_seqs=2, join=None, prompt_lens=(3, 6))
     n, m = len(script.seqs), script.blocks_per_seq
+    modes: dict[bool, list[tuple[bool, bool, frozenset[str]]]] = {False: [], True: []}
 
     def runner(use_pdl: bool) -> CudaModelRunner:
         options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=2, cuda_graphs=False, pdl=use_pdl)
-        return CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
-                               options)
+        built = CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
+                                options)
+        hidden_tap(built, modes[use_pdl])
+        return built
 
-    with_pdl = runner(True)
-    assert pdl.pdl_requested()
+    with_pdl, without = runner(True), runner(False)
     # the loop kernels' release place by hidden size (a tiny model: the narrow classes after the wait)
-    assert with_pdl.early_release == frozenset(EARLY_RELEASE_NARROW_CLASSES) == pdl.early_release_classes()
-    assert early_release_classes_for(2048) == with_pdl.early_release and not early_release_classes_for(2049)
-    without = runner(False)
-    assert not pdl.pdl_requested()
+    narrow = frozenset(EARLY_RELEASE_NARROW_CLASSES)
+    assert with_pdl.pdl == pdl.PdlMode(requested=True, early_release=narrow)
+    assert without.pdl == pdl.PdlMode(requested=False, early_release=narrow)
+    assert early_release_classes_for(2048) == narrow and not early_release_classes_for(2049)
+    assert not pdl.pdl_requested()  # outside any runner's step: the default mode
     plan = script.plan()
     on = tokens_of(with_pdl)(plan)
-    assert pdl.pdl_requested() and not pdl.pdl_enabled()  # asked for; off under the interpreter
     assert tokens_of(without)(plan) == on
-    assert not pdl.pdl_requested()
+    assert modes == {True: [(True, False, narrow)], False: [(False, False, narrow)]}  # asked for; off interpreted
+    assert not pdl.pdl_requested() and pdl.early_release_classes() == frozenset()

@@ -686,8 +686,7 @@ def test_gpu_query_key_stored_by_the_launch_before(batch: int, kv_before_wait: b
                                       head_dim**-0.5, None, max_context_len=32768, out=out,
                                       kv_before_wait=kv_before_wait)
 
-    previous = pdl.use_pdl(True)
-    try:
+    with pdl.pdl_mode(pdl.PdlMode(requested=True)):
         step()  # compiles outside the capture
         torch.cuda.synchronize()
         q_ref = qk_norm_rope(q_raw, k_raw, None, weight, weight, 1e-6, "qwen", cos, sin)[0]
@@ -701,8 +700,6 @@ def test_gpu_query_key_stored_by_the_launch_before(batch: int, kv_before_wait: b
             torch.cuda.synchronize()
             assert not out.isnan().any(), "the attention read the query's K/V before they were stored"
             assert_close(out, want, torch.bfloat16)
-    finally:
-        pdl.use_pdl(previous)
 
 
 def test_earlier_keys_go_before_the_wait_only_in_an_unpipelined_loop(monkeypatch: pytest.MonkeyPatch) -> None:

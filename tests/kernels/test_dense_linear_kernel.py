@@ -6,6 +6,7 @@ truncation, so bf16 results may sit one bf16 ulp from the reference); the ``gpu`
 shapes of the presets and compare with cuBLAS.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -191,7 +192,7 @@ def test_stream_model_rewards_bytes_in_flight() -> None:
 # ------------------------------------------------------------------ ops.linear and the backend's wrapper
 
 
-def test_linear_module_goes_through_ops_linear() -> None:
+def test_linear_module_goes_through_its_tables_linear() -> None:
     layer = Linear(6, 4, bias=False)
     seen = []
 
@@ -199,13 +200,11 @@ def test_linear_module_goes_through_ops_linear() -> None:
         seen.append(tuple(x.shape))
         return torch.nn.functional.linear(x, weight, bias)
 
-    installed = ops.linear
-    with ops.reference_ops():
-        assert ops.linear is torch.nn.functional.linear
-        ops.use_ops(linear=recording)
-        layer(torch.randn(2, 3, 6))
+    assert layer.ops.linear is torch.nn.functional.linear  # the reference table until bound
+    ops.bind_ops(layer, dataclasses.replace(ops.REFERENCE_OPS, linear=recording))
+    layer(torch.randn(2, 3, 6))
     assert seen == [(2, 3, 6)]
-    assert ops.linear is installed  # reference_ops restored what was installed before
+    assert ops.REFERENCE_OPS.linear is torch.nn.functional.linear
 
 
 @pytest.mark.parametrize("shape", [(3, 40), (2, 2, 40)])

@@ -1,11 +1,13 @@
-"""``ops.add_rms_norm`` (residual add folded into the next RMSNorm) and ``ops.norm_add`` (Gemma's sandwich norms, each
+"""``Ops.add_rms_norm`` (residual add folded into the next RMSNorm) and ``Ops.norm_add`` (Gemma's sandwich norms, each
 layer ending with the next layer's input norm): the reference op is the plain math, bit for bit, and the decoders
 that use them give the hidden states of the unfused layer code they replaced, bit for bit (CPU), with the CUDA
-backend's dispatch too (``triton_norm_add``, its kernel stood in for by the kernel's PyTorch reference)."""
+backend's fusion too (``triton_norm_add``, its kernel stood in for by the kernel's PyTorch reference). The table's
+mechanics: compositions through the table's primitives, fusions taken where they answer, ``bind_ops``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -16,18 +18,13 @@ from inference_server.models.architectures.attention import AttentionContext, Co
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer, Gemma4Router
 from inference_server.models.architectures.layers import rope_cos_sin
+from inference_server.models.architectures.ops import REFERENCE_OPS, Fusions, bind_ops
 from inference_server.models.architectures.qwen3_moe import Qwen3MoeDecoderLayer
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import ModelSpec, NormStyle, parse_model_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def reference() -> Iterator[None]:
-    with ops.reference_ops():
-        yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,41 +34,52 @@ def test_reference_op_is_add_then_norm(style: NormStyle, with_weight: bool, dtyp
     gen = torch.Generator().manual_seed(1)
     x, residual = (torch.randn(5, 48, generator=gen) * 3).to(dtype), torch.randn(5, 48, generator=gen).to(dtype)
     weight = (1 + 0.3 * torch.randn(48, generator=gen)).to(dtype) if with_weight else None
-    normed, new_residual = ops.add_rms_norm(x, residual, weight, 1e-6, style)
+    normed, new_residual = REFERENCE_OPS.add_rms_norm(x, residual, weight, 1e-6, style)
     h = residual + x
     assert new_residual.dtype == dtype and torch.equal(new_residual, h)
     assert torch.equal(normed, layers.rms_norm(h, weight, 1e-6, style))
 
 
-def test_reference_op_uses_the_installed_norm() -> None:
-    """The reference add goes through ``layers.apply_rms_norm``, so a backend's norm applies to it too."""
+def test_reference_op_uses_the_tables_norm() -> None:
+    """The composition goes through its table's ``norm``, so a backend's norm applies to it too."""
     seen: list[torch.Tensor] = []
 
     def recording_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
         seen.append(x)
         return layers.rms_norm(x, weight, eps, style)
 
-    previous = layers.set_norm_impl(recording_norm)
-    try:
-        _, h = ops.torch_add_rms_norm(torch.ones(2, 8), torch.full((2, 8), 2.0), None, 1e-6, "gemma4")
-    finally:
-        layers.set_norm_impl(previous)
+    table = dataclasses.replace(REFERENCE_OPS, norm=recording_norm)
+    _, h = table.add_rms_norm(torch.ones(2, 8), torch.full((2, 8), 2.0), None, 1e-6, "gemma4")
     assert len(seen) == 1 and seen[0] is h and torch.equal(h, torch.full((2, 8), 3.0))
 
 
-def test_use_ops_installs_and_reference_ops_restores() -> None:
-    def fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
-             style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
-        return x, residual
+def test_a_fusion_answers_where_it_takes_the_inputs_and_the_composition_elsewhere() -> None:
+    calls: list[int] = []
 
-    ops.use_ops(add_norm=fake)
-    try:
-        assert ops.add_rms_norm is fake
-        with ops.reference_ops():
-            assert ops.add_rms_norm is ops.torch_add_rms_norm
-        assert ops.add_rms_norm is fake
-    finally:
-        ops.use_ops(add_norm=ops.torch_add_rms_norm)
+    def fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+              style: NormStyle) -> tuple[torch.Tensor, torch.Tensor] | None:
+        calls.append(x.shape[0])
+        return (x, residual) if x.shape[0] == 1 else None  # "takes" single rows only
+
+    table = dataclasses.replace(REFERENCE_OPS, fusions=Fusions(add_rms_norm=fused))
+    one, other = torch.ones(1, 8), torch.full((1, 8), 2.0)
+    answer = table.add_rms_norm(one, other, None, 1e-6, "qwen")
+    assert answer[0] is one and answer[1] is other  # the fusion's answer
+    x, residual = torch.ones(3, 8), torch.full((3, 8), 2.0)
+    normed, h = table.add_rms_norm(x, residual, None, 1e-6, "qwen")  # declined: the composition
+    assert calls == [1, 3] and torch.equal(h, residual + x) and torch.equal(normed, layers.rms_norm(h, None, 1e-6,
+                                                                                                    "qwen"))
+    assert REFERENCE_OPS.fusions == Fusions()  # the reference has no fusion
+
+
+def test_bind_ops_gives_every_module_of_the_model_the_table_and_leaves_other_models_alone() -> None:
+    spec = parse_model_spec(preset_config("qwen3-30b-a3b-tiny"))
+    bound, other = build_model(spec, torch.float32, "cpu"), build_model(spec, torch.float32, "cpu")
+    table = dataclasses.replace(REFERENCE_OPS, fused_weights=True)
+    bind_ops(bound, table)
+    users = [m for m in bound.modules() if isinstance(m, ops.OpsUser)]
+    assert len(users) > spec.num_layers and all(m.ops is table for m in users)
+    assert all(m.ops is REFERENCE_OPS for m in other.modules() if isinstance(m, ops.OpsUser))
 
 
 # ----------------------------------------------------------- decoders against their former, unfused layer code
@@ -168,7 +176,7 @@ def test_qwen_layers_add_the_residual_only_inside_add_rms_norm() -> None:
         state["add_norms"] += 1
         state["inside"] = True
         try:
-            return ops.torch_add_rms_norm(x, residual, weight, eps, style)
+            return REFERENCE_OPS.add_rms_norm(x, residual, weight, eps, style)
         finally:
             state["inside"] = False
 
@@ -185,7 +193,8 @@ def test_qwen_layers_add_the_residual_only_inside_add_rms_norm() -> None:
                 state["adds_outside"] += 1
             return out
 
-    ops.use_ops(add_norm=counting_add_norm, norm=counting_norm)  # the fixture's reference_ops() restores both
+    bind_ops(model, dataclasses.replace(REFERENCE_OPS, norm=counting_norm,
+                                        fusions=Fusions(add_rms_norm=counting_add_norm)))
     cache = ContiguousKVCache(spec)
     batch = ForwardBatch(seq_ids=(0,), cached_lens=(0,), query_lens=(tokens,))
     with torch.no_grad(), CountAdds():
@@ -210,7 +219,7 @@ def test_gemma4_norms_take_two_launches_a_layer(name: str, dtype: torch.dtype, m
         if isinstance(module, Gemma4Router):
             module.fold_scale()
     ids = torch.randint(3, spec.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5))
-    ops.use_ops(weights_fused=True)  # the fixture's reference_ops() restores every op
+    bind_ops(model, dataclasses.replace(REFERENCE_OPS, fused_weights=True))
     theirs = run_steps(model, spec, ids, unfused_gemma4_forward)
 
     launches: list[int] = []  # out norms of each norm_add launch
@@ -226,7 +235,8 @@ def test_gemma4_norms_take_two_launches_a_layer(name: str, dtype: torch.dtype, m
         return layers.rms_norm(x, weight, eps, style)
 
     monkeypatch.setattr(norm_ops, "norm_add", counting_kernel)
-    ops.use_ops(sandwich=norm_ops.triton_norm_add, norm=counting_norm)
+    bind_ops(model, dataclasses.replace(REFERENCE_OPS, fused_weights=True, norm=counting_norm,
+                                        fusions=Fusions(norm_add=norm_ops.triton_norm_add)))
     ours = run_steps(model, spec, ids, lambda m, t, ctx: m(t, ctx))
     for our, their in zip(ours, theirs, strict=True):
         assert our.dtype == dtype and torch.equal(our, their)

@@ -9,6 +9,8 @@ dense MLPs (every Gemma 4, beside the experts in 26B-A4B) and none (Qwen3-MoE's 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,13 +70,9 @@ def test_fused_weights_give_the_unfused_logits(name: str) -> None:
         assert module.q_proj.weight.untyped_storage().data_ptr() == module.qkv_weight.untyped_storage().data_ptr()
         assert torch.equal(module.qkv_weight[:module.qkv_rows[0]], module.q_proj.weight)
     assert set(model.state_dict()) == keys
-    previous = ops.fused_weights
-    ops.use_ops(weights_fused=True)
-    try:
-        fused = _logits(model, spec)
-    finally:
-        ops.use_ops(weights_fused=previous)
+    ops.bind_ops(model, dataclasses.replace(ops.REFERENCE_OPS, fused_weights=True))
+    fused = _logits(model, spec)
     torch.testing.assert_close(fused, separate, atol=1e-4, rtol=1e-4)
-    with ops.reference_ops():
-        assert not ops.fused_weights
-        torch.testing.assert_close(_logits(model, spec), separate, atol=0, rtol=0)
+    ops.bind_ops(model, ops.REFERENCE_OPS)  # fused weights in place but not in use: the separate projections' values
+    assert not ops.REFERENCE_OPS.fused_weights
+    torch.testing.assert_close(_logits(model, spec), separate, atol=0, rtol=0)

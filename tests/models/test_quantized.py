@@ -5,6 +5,7 @@ forward of every architecture against its float model."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,12 +34,6 @@ from inference_server.models.spec import ModelSpec, parse_model_spec
 
 CONFIGS = {name: preset_config(name) for name in preset_names() if name.endswith("-tiny")}
 CONFIGS["gemma3-tiny"] = dict(GEMMA3, model_type="gemma3_text")
-
-
-@pytest.fixture(autouse=True)
-def _reference_ops():
-    with ops.reference_ops():
-        yield
 
 
 def _spec(name: str) -> ModelSpec:
@@ -90,20 +85,18 @@ def test_int8_linear_is_the_reference_matmul() -> None:
         Int8Linear.from_linear(nn.Linear(4, 4))
 
 
-def test_use_ops_installs_an_int8_linear_and_reference_ops_restores_it() -> None:
+def test_an_int8_layer_computes_through_its_bound_tables_int8_linear() -> None:
     calls = []
 
     def recording(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         calls.append(tuple(qweight.shape))
         return int8_linear_reference(x, qweight, scale)
 
-    layer = Int8Linear(*quantize_int8_per_channel(torch.randn(6, 8)))
-    ops.use_ops(int8_linear=recording)
+    layer, other = (Int8Linear(*quantize_int8_per_channel(torch.randn(6, 8))) for _ in range(2))
+    ops.bind_ops(layer, dataclasses.replace(ops.REFERENCE_OPS, int8_linear=recording))
     layer(torch.randn(3, 8))
-    with ops.reference_ops():
-        layer(torch.randn(3, 8))
-    assert ops.int8_linear is recording
-    assert calls == [(6, 8)]
+    other(torch.randn(3, 8))  # unbound: the reference
+    assert calls == [(6, 8)] and other.ops is ops.REFERENCE_OPS
 
 
 def test_int8_embedding_dequantizes_the_gathered_rows_and_is_the_tied_head() -> None:
@@ -243,12 +236,8 @@ def test_fused_projections_over_int8_weights(name: str) -> None:
             module.fold_scale()
     assert fused_attention > 0
     assert set(model.state_dict()) == keys  # the fused matrices are views, not new entries
-    previous = ops.fused_weights
-    ops.use_ops(weights_fused=True)
-    try:
-        fused = _logits(model, spec)
-    finally:
-        ops.use_ops(weights_fused=previous)
+    ops.bind_ops(model, dataclasses.replace(ops.REFERENCE_OPS, fused_weights=True))
+    fused = _logits(model, spec)
     torch.testing.assert_close(fused, separate, atol=1e-4 * float(separate.abs().max()), rtol=0)
 
 

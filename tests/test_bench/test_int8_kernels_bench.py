@@ -133,7 +133,7 @@ def test_sweep_dry_run_writes_configs_int8_linear_reads(tmp_path: Path) -> None:
 
 def test_int8_linear_consults_the_tuned_configs_only_while_they_are_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
     import inference_server.kernels.streamed_linear as streamed_linear_module
-    from inference_server.kernels.moe_configs import use_tuned_configs
+    from inference_server.kernels.moe_configs import tuned_configs
 
     looked_up: list[int] = []
 
@@ -144,12 +144,11 @@ def test_int8_linear_consults_the_tuned_configs_only_while_they_are_enabled(monk
     monkeypatch.setattr(streamed_linear_module, "tuned_int8_linear_config", spy)
     q, scale = quantize_int8_per_channel(torch.randn(24, 32))
     x = torch.randn(3, 32)
-    previous = use_tuned_configs(False)
-    try:
+    with tuned_configs(False):
         int8_linear(x, q, scale)
         assert looked_up == []
-        use_tuned_configs(True)
-        torch.testing.assert_close(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
+        with tuned_configs(True):
+            torch.testing.assert_close(int8_linear(x, q, scale), int8_linear_reference(x, q, scale))
         assert looked_up == [3]
-    finally:
-        use_tuned_configs(previous)
+    int8_linear(x, q, scale)  # the default: tuned
+    assert looked_up == [3, 3]

@@ -82,7 +82,7 @@ def test_dry_run_writes_configs_that_match_the_heuristic(tmp_path: Path) -> None
 
 def test_fused_moe_consults_the_tuned_configs_only_while_they_are_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
     import inference_server.kernels.fused_moe as fused_moe_module
-    from inference_server.kernels.moe_configs import tuned_configs_enabled, use_tuned_configs
+    from inference_server.kernels.moe_configs import tuned_configs, tuned_configs_enabled
 
     looked_up: list[int] = []
 
@@ -95,16 +95,14 @@ def test_fused_moe_consults_the_tuned_configs_only_while_they_are_enabled(monkey
     hidden = torch.randn(2, 64, generator=gen)
     w_gu, w_dn = torch.randn(8, 48, 64, generator=gen) * 0.125, torch.randn(8, 64, 24, generator=gen) * 0.2
     ids, weights = torch.tensor([[0, 3], [5, 3]]), torch.full((2, 2), 0.5)
-    previous = use_tuned_configs(False)
-    try:
-        assert previous is True and not tuned_configs_enabled()
+    assert tuned_configs_enabled()  # the default
+    with tuned_configs(False):
+        assert not tuned_configs_enabled()
         fused_moe(hidden, w_gu, w_dn, weights, ids, "silu")
         assert looked_up == []
-        use_tuned_configs(True)
-        fused_moe(hidden, w_gu, w_dn, weights, ids, "silu")
-        assert looked_up == [2]
-    finally:
-        use_tuned_configs(previous)
+    assert tuned_configs_enabled()  # the previous setting after the block
+    fused_moe(hidden, w_gu, w_dn, weights, ids, "silu")
+    assert looked_up == [2]
 
 
 def test_int8_dry_run_writes_the_int8_file(tmp_path: Path) -> None:

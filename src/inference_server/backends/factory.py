@@ -6,6 +6,8 @@ the paged storage and builds the step runner for the chosen backend.
 
 from __future__ import annotations
 
+import dataclasses
+
 import attrs
 import torch
 
@@ -14,6 +16,7 @@ from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedK
 from inference_server.config import Settings
 from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
+from inference_server.models.architectures.ops import REFERENCE_OPS
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import ModelSpec
 from inference_server.runtime import resolve_quantization
@@ -101,13 +104,13 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
 
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
                  backend: str, limits: EngineLimits) -> ModelRunner:
-    """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU gets
-    the CPU int8 matmul (``kernels.cpu_int8``) installed as ``ops.int8_linear`` (process-wide)."""
+    """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU computes
+    through the reference table with the CPU int8 matmul (``kernels.cpu_int8``) as its ``int8_linear``."""
+    ops = REFERENCE_OPS
     if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
         from inference_server.kernels import cpu_int8
-        from inference_server.models.architectures import ops
 
-        ops.use_ops(int8_linear=cpu_int8.cpu_int8_linear)
+        ops = dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear)
         if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
             with phase("packing the int8 lm_head for fbgemm"):
                 cpu_int8.prepack_large_weights(loaded.model)
@@ -116,4 +119,4 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
                                  step_token_budget=limits.step_token_budget)
-    return ModelRunner(loaded.model, loaded.spec, storage, device)
+    return ModelRunner(loaded.model, loaded.spec, storage, device, ops=ops)

@@ -2,8 +2,8 @@
 
 It owns the model, the paged KV storage and the per-request sampling state (seeded generators and the token
 history penalties read). It is synchronous and trio-free: the executor actor calls it in its worker thread.
-Attention and KV-store implementations are injected, so the Triton kernels and CUDA graphs of the CUDA
-backend plug in behind the same contract.
+Attention and KV-store implementations and the model's ops table (``architectures.ops``, bound to the model here)
+are injected, so the Triton kernels and CUDA graphs of the CUDA backend plug in behind the same contract.
 
 A step is ``launch`` then ``collect`` (``execute`` does both). ``launch`` queues the whole step on the device
 (inputs, forward, sampling, and the copy of the sampled tokens to pinned host memory) and returns without
@@ -42,6 +42,7 @@ from inference_server.backends.transfer import HostCopy, tensor_to_device, to_de
 from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.architectures.ops import REFERENCE_OPS, Ops, bind_ops
 from inference_server.models.spec import ModelSpec
 from inference_server.records.steps import (
     PromptLogprobsChunk,
@@ -82,8 +83,12 @@ class ModelRunner:
     are collected in launch order, at most one launched ahead."""
 
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
-                 *, attention_kwargs: dict | None = None) -> None:
+                 *, ops: Ops = REFERENCE_OPS, attention_kwargs: dict | None = None) -> None:
         self.model = model
+        self.ops = ops
+        """The table the model computes through, bound to it once here (the CPU engine's: the reference with its int8
+        matmul; the CUDA runner's: ``op_table.cuda_ops``)."""
+        bind_ops(model, ops)
         self.spec = spec
         self.storage = storage
         self.device = device

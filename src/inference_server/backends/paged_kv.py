@@ -16,8 +16,7 @@ import torch
 
 from inference_server.core.kv_layout import CacheLayerSpec
 from inference_server.kernels.reference_attention import ref_paged_prefill_attention, ref_store_kv
-from inference_server.models.architectures import ops
-from inference_server.models.architectures.layers import RMSNorm
+from inference_server.models.architectures.ops import Ops, RMSNorm
 from inference_server.models.spec import LayerSpec
 
 FULL_GROUP = 0
@@ -122,7 +121,7 @@ class PagedAttentionContext:
         slot = layer.kv_slot
         return self.storage.keys[slot], self.storage.values[slot], group_of(self.storage.cache_layers[slot])
 
-    def qk_norm_rope(self, layer: LayerSpec, q_raw: torch.Tensor, k_raw: torch.Tensor | None,
+    def qk_norm_rope(self, ops: Ops, layer: LayerSpec, q_raw: torch.Tensor, k_raw: torch.Tensor | None,
                      v_raw: torch.Tensor | None, q_norm: RMSNorm, k_norm: RMSNorm | None, v_norm: RMSNorm | None,
                      cos: torch.Tensor, sin: torch.Tensor) -> QKV:
         """``ops.qk_norm_rope``; with ``norm_rope_store``, a layer that computes K/V also stores them here; with

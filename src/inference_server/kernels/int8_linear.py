@@ -70,7 +70,7 @@ def int8_linear(
     ``scale [N]`` float. Returns ``[T, N]`` in ``x.dtype`` (written into ``out`` when given: its last dim must
     be contiguous). No host syncs; temporaries come from the caching allocator (CUDA-graph capturable).
     ``config`` defaults to the tuned config for this GPU and shape (``int8_linear_configs``; only while
-    ``moe_configs.use_tuned_configs`` is on), else the heuristic ``int8_linear_config(T, N, K)``.
+    ``moe_configs.tuned_configs`` is on), else the heuristic ``int8_linear_config(T, N, K)``.
     """
     if x.dim() != 2 or qweight.dim() != 2 or scale.dim() != 1:
         raise ValueError(f"want x [T, K], qweight [N, K], scale [N]; got {tuple(x.shape)}, "

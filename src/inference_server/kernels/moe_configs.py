@@ -13,8 +13,11 @@ while serving (a Triton compile mid-serving stalls the device for seconds).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,22 +25,26 @@ from typing import Any
 import torch
 
 __all__ = ["CONFIG_DIR", "MoeGemmConfig", "MoeKernelConfig", "config_file_name", "config_from_json",
-           "config_to_json", "device_name", "tuned_configs_enabled", "tuned_moe_config", "use_tuned_configs"]
+           "config_to_json", "device_name", "tuned_configs", "tuned_configs_enabled", "tuned_moe_config"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "fused_moe"
-_tuned_enabled = True
+_TUNED: contextvars.ContextVar[bool] = contextvars.ContextVar("tuned_configs", default=True)
 
 
-def use_tuned_configs(enabled: bool) -> bool:
-    """Turn the tuned configs on or off (process-wide; benchmarks compare them with the heuristic); returns the
-    previous setting."""
-    global _tuned_enabled
-    previous, _tuned_enabled = _tuned_enabled, enabled
-    return previous
+@contextlib.contextmanager
+def tuned_configs(enabled: bool) -> Iterator[None]:
+    """Consult the tuned configs (the default) or not (the heuristic alone) for the kernels launched in the block, in
+    this thread or task: the fused MoE, the int8 and dense GEMVs. Benchmarks compare the two; serving never
+    sets it."""
+    token = _TUNED.set(enabled)
+    try:
+        yield
+    finally:
+        _TUNED.reset(token)
 
 
 def tuned_configs_enabled() -> bool:
-    return _tuned_enabled
+    return _TUNED.get()
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ of the kernel has called it or exited, so never before the kernel's last wave is
 places it is a performance choice, commented there. Every kernel here releases after its wait, so at most one
 kernel ahead is resident and waiting. Short kernels release right after the wait (the dependent's launch latency
 hides behind their whole run). Kernels with a main loop (GEMVs, attention, the expert GEMMs) release where the PDL
-mode says (``use_early_release``): after the loop (``PDL_RELEASE_AFTER_LOOP``, ``USE_PDL=True``: waiting CTAs hold
+mode says (``PdlMode.early_release``): after the loop (``PDL_RELEASE_AFTER_LOOP``, ``USE_PDL=True``: waiting CTAs hold
 no shared memory and registers while the loop's programs stream) or right after their wait
 (``PDL_RELEASE_AFTER_WAIT``, ``USE_PDL=2``: the dependent's CTAs get resident and load their first weight tiles
 while the loop streams). Either is safe: the release fires only once every program of the kernel is resident (or
@@ -53,26 +53,30 @@ two back has completed when the dependent reads what it may read before its own 
 its launch names its class (``pdl_launch(loop=...)``, one of ``PDL_LOOP_CLASSES``): the mode is chosen per class, so
 e.g. the decode attention may release after its wait while the GEMVs release after their loops.
 
-The switch (``use_pdl``) is process-wide, like ``moe_configs.use_tuned_configs``; it is on only when asked for
-AND the current CUDA device is sm_90 or newer AND the kernels are compiled (not under ``TRITON_INTERPRET``) AND
-this Triton has the launch option and the instructions. Off, every kernel compiles to exactly the code it had
-before (``USE_PDL`` is a constexpr: the instructions are not emitted) and is launched without the attribute.
+The mode (``PdlMode``) is not process-wide: the CUDA runner launches its steps (eager launches and graph capture)
+inside ``pdl_mode(its mode)``, a context variable's scope, so kernels launched elsewhere (a reference runner, a test)
+get the default: off. PDL is on only when the mode asks for it AND the current CUDA device is sm_90 or newer AND the
+kernels are compiled (not under ``TRITON_INTERPRET``) AND this Triton has the launch option and the instructions.
+Off, every kernel compiles to exactly the code it had before (``USE_PDL`` is a constexpr: the instructions are not
+emitted) and is launched without the attribute.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PDL_LOOP_CLASSES", "PDL_RELEASE_AFTER_LOOP", "PDL_RELEASE_AFTER_WAIT", "early_release_classes",
-           "loop_classes", "pdl_enabled",
-           "pdl_launch", "pdl_release", "pdl_release_after_loop", "pdl_release_after_wait", "pdl_requested",
-           "pdl_supported", "pdl_wait", "use_early_release", "use_pdl"]
+__all__ = ["PDL_LOOP_CLASSES", "PDL_OFF", "PDL_RELEASE_AFTER_LOOP", "PDL_RELEASE_AFTER_WAIT", "PdlMode",
+           "early_release_classes", "loop_classes", "pdl_enabled", "pdl_launch", "pdl_mode", "pdl_release",
+           "pdl_release_after_loop", "pdl_release_after_wait", "pdl_requested", "pdl_supported", "pdl_wait"]
 
 PDL_RELEASE_AFTER_LOOP = 1
 """``USE_PDL`` of a kernel launched as a programmatic dependent whose main loop releases after the loop (``True``)."""
@@ -80,37 +84,46 @@ PDL_RELEASE_AFTER_WAIT = 2
 """``USE_PDL`` of a kernel launched as a programmatic dependent whose main loop releases right after its wait."""
 
 PDL_LOOP_CLASSES: tuple[str, ...] = ("attention", "gemv", "head", "moe", "router")
-"""The classes of kernels with a main loop, each with its own release place (``use_early_release``):
+"""The classes of kernels with a main loop, each with its own release place (``PdlMode.early_release``):
 ``attention`` the paged decode attention; ``gemv`` the CUDA-core GEMVs (``int8_gemv``, ``norm_add_gemv``, the
 streamed linear, a GEMV paired with the router); ``head`` the greedy head's vocabulary slices; ``moe`` the routed
 experts' launches (the MoE decode GEMVs, the grouped GEMMs, the one-launch experts, the experts' gate/up paired
 with a dense GEMV); ``router`` the router GEMV with the routing in its epilogue."""
 _LOOP_CLASS_SET = frozenset(PDL_LOOP_CLASSES)
 
-_requested = False
-_early_release: frozenset[str] = frozenset()
+
+@dataclasses.dataclass(frozen=True)
+class PdlMode:
+    """How the Triton kernels launched inside ``pdl_mode(...)`` take part in PDL."""
+
+    requested: bool = False
+    """Ask for PDL (``CudaRunnerOptions.pdl``); it takes effect only where ``pdl_supported()``."""
+    early_release: frozenset[str] = frozenset()
+    """The classes of kernels with a main loop (``PDL_LOOP_CLASSES``) that release their dependent right after their
+    wait when PDL is on; the others release after their loop (``backends.cuda.options.early_release_classes_for``).
+    The results are the same bits either way: only when the next launch's CTAs get resident moves."""
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.early_release) - _LOOP_CLASS_SET:
+            raise ValueError(f"unknown PDL loop classes {sorted(unknown)}; known: {', '.join(PDL_LOOP_CLASSES)}")
 
 
-def use_pdl(enabled: bool) -> bool:
-    """Ask for PDL on the step's Triton kernels (process-wide; ``CudaRunnerOptions.pdl`` sets it at every step);
-    returns the previous request. It takes effect only where ``pdl_supported()``."""
-    global _requested
-    previous, _requested = _requested, enabled
-    return previous
+PDL_OFF = PdlMode()
+_MODE: contextvars.ContextVar[PdlMode] = contextvars.ContextVar("pdl_mode", default=PDL_OFF)
+
+
+@contextlib.contextmanager
+def pdl_mode(mode: PdlMode) -> Iterator[None]:
+    """Launch the kernels of the block (in this thread or task) with ``mode``; the previous mode after it."""
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
 
 
 def pdl_requested() -> bool:
-    return _requested
-
-
-def use_early_release(classes: bool | Iterable[str]) -> frozenset[str]:
-    """Which classes of kernels with a main loop (``PDL_LOOP_CLASSES``) release their dependent right after their
-    wait when PDL is on; the others release after their loop. True: every class, False: none. Process-wide (the
-    CUDA runner sets it at every step, ``backends.cuda.options.early_release_classes_for``); returns the previous
-    set. The results are the same bits either way: only when the next launch's CTAs get resident moves."""
-    global _early_release
-    previous, _early_release = _early_release, loop_classes(classes)
-    return previous
+    return _MODE.get().requested
 
 
 def loop_classes(classes: bool | Iterable[str]) -> frozenset[str]:
@@ -125,8 +138,8 @@ def loop_classes(classes: bool | Iterable[str]) -> frozenset[str]:
 
 
 def early_release_classes() -> frozenset[str]:
-    """The loop classes that release right after their wait (``use_early_release``)."""
-    return _early_release
+    """The loop classes that release right after their wait in the current mode."""
+    return _MODE.get().early_release
 
 
 @functools.cache
@@ -155,21 +168,22 @@ def pdl_supported() -> bool:
 
 
 def pdl_enabled() -> bool:
-    """Whether kernels launched now take part in PDL: requested and supported (off, one global read: the eager
-    launches of a step pay nothing for the switch)."""
-    return _requested and pdl_supported()
+    """Whether kernels launched now take part in PDL: requested by the current mode and supported (off, one context
+    variable read: the eager launches of a step pay nothing for the switch)."""
+    return _MODE.get().requested and pdl_supported()
 
 
 def pdl_launch(loop: str | None = None) -> dict[str, bool | int]:
     """Keyword arguments for a kernel launch: ``{"USE_PDL": True, "launch_pdl": True}`` when PDL is on, else
     ``{"USE_PDL": False}`` (no launch option at all: the launch is the one it was before PDL existed). ``loop``: the
-    launched kernel's class if it has a main loop (``PDL_LOOP_CLASSES``); where ``use_early_release`` chose that
-    class, ``USE_PDL`` is ``PDL_RELEASE_AFTER_WAIT``. The kernel must take a ``USE_PDL: tl.constexpr`` and keep the
-    module docstring's invariant with ``pdl_wait``."""
+    launched kernel's class if it has a main loop (``PDL_LOOP_CLASSES``); where the current mode's
+    ``early_release`` holds that class, ``USE_PDL`` is ``PDL_RELEASE_AFTER_WAIT``. The kernel must take a
+    ``USE_PDL: tl.constexpr`` and keep the module docstring's invariant with ``pdl_wait``."""
     if loop is not None and loop not in _LOOP_CLASS_SET:
         raise ValueError(f"unknown PDL loop class {loop!r}; known: {', '.join(PDL_LOOP_CLASSES)}")
-    if pdl_enabled():
-        return {"USE_PDL": PDL_RELEASE_AFTER_WAIT if loop in _early_release else True, "launch_pdl": True}
+    mode = _MODE.get()
+    if mode.requested and pdl_supported():
+        return {"USE_PDL": PDL_RELEASE_AFTER_WAIT if loop in mode.early_release else True, "launch_pdl": True}
     return {"USE_PDL": False}
 
 

@@ -284,7 +284,7 @@ def resolve_config(x: torch.Tensor, out_features: int, heuristic: Callable[[int,
                    config_dir: Path) -> Int8LinearConfig:
     """The config ``streamed_linear`` runs ``x [T, K]`` against ``out_features`` weight rows with when not given
     one: the tuned config for this GPU and shape in ``config_dir`` (``int8_linear_configs``; only while
-    ``moe_configs.use_tuned_configs`` is on), else ``heuristic(T, N, K, x.element_size())``."""
+    ``moe_configs.tuned_configs`` is on), else ``heuristic(T, N, K, x.element_size())``."""
     T, K = x.shape
     cfg = None
     if tuned_configs_enabled():  # the switch fused_moe's tuned configs follow too
@@ -312,7 +312,7 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor |
     kernels' public wrappers, which have checked the weight's dtype and that the shapes agree.
 
     ``config`` defaults to the tuned config for this GPU and shape in ``config_dir`` (``int8_linear_configs``;
-    only while ``moe_configs.use_tuned_configs`` is on), else ``heuristic(T, N, K, x.element_size())``. A
+    only while ``moe_configs.tuned_configs`` is on), else ``heuristic(T, N, K, x.element_size())``. A
     config's ``block_t`` below 16 runs the CUDA-core GEMV (``kernels/int8_gemv.py``, int8 or float weights, same
     outputs), else the tensor-core kernel here."""
     T, K = x.shape

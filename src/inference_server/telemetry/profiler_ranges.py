@@ -25,6 +25,8 @@ _torch: Any = None  # imported by ``enable(True)``, at start-up: importing torch
 def enable(on: bool) -> None:
     """Turn ranges on or off (process-wide, like the profiler itself). Call it before serving: turning
     them on imports torch, which must not happen on the event loop while requests wait."""
+    # The one process-wide switch of the package: the profiler it serves records the whole process (every thread
+    # and step), and the server turns ranges on once at start-up, before any step runs.
     global _enabled, _torch
     if on and _torch is None:
         import torch

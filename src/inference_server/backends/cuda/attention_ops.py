@@ -13,13 +13,13 @@ from inference_server.backends.paged_kv import PagedAttentionContext
 from inference_server.kernels.decode_attention import QueryNormRope, paged_decode_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.reference_norm import NormMode
-from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures.ops import RMSNorm
 from inference_server.models.spec import LayerSpec
 
 
 def _qk_norm_rope_kernel_mode(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_in: torch.Tensor | None,
-                              q_norm: layers.RMSNorm, k_norm: layers.RMSNorm | None,
-                              v_norm: layers.RMSNorm | None) -> NormMode | None:
+                              q_norm: RMSNorm, k_norm: RMSNorm | None,
+                              v_norm: RMSNorm | None) -> NormMode | None:
     """The ``kernels.qk_norm_rope`` norm mode for these inputs, or None where the kernel does not apply: the gemma3
     norm style, norms that differ in eps or style, a weighted value norm, weights of another dtype, strided last
     dims, an odd head_dim."""
@@ -35,15 +35,15 @@ def _qk_norm_rope_kernel_mode(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v
 
 
 def triton_qk_norm_rope(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None,
-                        q_norm: layers.RMSNorm, k_norm: layers.RMSNorm | None, v_norm: layers.RMSNorm | None,
+                        q_norm: RMSNorm, k_norm: RMSNorm | None, v_norm: RMSNorm | None,
                         cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                       torch.Tensor | None]:
-    """``ops.qk_norm_rope`` in one Triton launch (``kernels.qk_norm_rope``): q/k norms, RoPE and the value norm;
-    the unfused path (installed norm and RoPE) where the kernel does not apply (``_qk_norm_rope_kernel_mode``)."""
+                                                                       torch.Tensor | None] | None:
+    """``Ops.qk_norm_rope`` in one Triton launch (``kernels.qk_norm_rope``): q/k norms, RoPE and the value norm;
+    None (the table's norm and RoPE) where the kernel does not apply (``_qk_norm_rope_kernel_mode``)."""
     v_in = (v_raw if v_raw is not None else k_raw) if v_norm is not None else None
     mode = _qk_norm_rope_kernel_mode(q_raw, k_raw, v_in, q_norm, k_norm, v_norm)
     if mode is None:
-        return ops.torch_qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, v_norm, cos, sin)
+        return None
     assert q_norm.weight is not None  # checked by the mode
     q, k, v = qk_norm_rope(q_raw, k_raw, v_in, q_norm.weight, k_norm.weight if k_norm is not None else None,
                            q_norm.eps, mode, cos, sin)
@@ -53,7 +53,7 @@ def triton_qk_norm_rope(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: 
 
 
 def triton_qk_norm_rope_store(q_raw: torch.Tensor, k_raw: torch.Tensor, v_raw: torch.Tensor | None,
-                              q_norm: layers.RMSNorm, k_norm: layers.RMSNorm, v_norm: layers.RMSNorm | None,
+                              q_norm: RMSNorm, k_norm: RMSNorm, v_norm: RMSNorm | None,
                               cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                    torch.Tensor | None] | None:
@@ -82,12 +82,12 @@ class TritonNormRopeDecode:
 
     max_context_len: int
 
-    def accepts(self, q_raw: torch.Tensor, q_norm: layers.RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    def accepts(self, q_raw: torch.Tensor, q_norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return (q_raw.dim() == 3 and _qk_norm_rope_kernel_mode(q_raw, None, None, q_norm, None, None) is not None
                 and cos.shape == (q_raw.shape[0], q_raw.shape[2]) and sin.shape == cos.shape
                 and cos.stride() == sin.stride() and cos.stride(-1) == 1 and cos.dtype == q_raw.dtype)
 
-    def __call__(self, q_raw: torch.Tensor, q_norm: layers.RMSNorm, cos: torch.Tensor, sin: torch.Tensor,
+    def __call__(self, q_raw: torch.Tensor, q_norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
         assert q_norm.weight is not None  # accepts() checked it

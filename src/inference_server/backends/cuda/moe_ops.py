@@ -1,5 +1,6 @@
 """The CUDA runner's MoE ops: routing, the router GEMV in the routing launch (with the residual add + norm before it),
-the routed experts (decode GEMVs or grouped GEMMs) and Gemma 4's dense MLP paired with them.
+the routed experts (decode GEMVs or grouped GEMMs) and Gemma 4's dense MLP paired with them. The fused ones are
+``ops.Fusions``: None where they do not take the inputs (then the table composes its primitives).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from inference_server.kernels.gated_gemv import gated_gemv_config
 from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_gemv, gated_gemv_and_route, shares_warps
 from inference_server.kernels.moe_decode import fused_moe_decode
 from inference_server.kernels.router import MAX_EXPERTS, add_norm_linear_route, linear_route
-from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures import layers
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP
 from inference_server.models.architectures.gemma4 import Gemma4Router
 from inference_server.models.architectures.quantized import projection_weights
@@ -38,26 +39,25 @@ def _router_gemv_fits(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool
 
 def triton_linear_route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
                         per_expert_scale: torch.Tensor | None = None,
-                        out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.linear_route`` in one Triton launch at decode sizes (``kernels.router.linear_route``: the router GEMV
-    and the routing, one launch instead of two); the router GEMM then the installed ``ops.route`` for larger steps
-    and for inputs the kernel does not take."""
+                        out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``Ops.linear_route`` in one Triton launch at decode sizes (``kernels.router.linear_route``: the router GEMV
+    and the routing, one launch instead of two); None (the router GEMM, then ``route``) for larger steps and for
+    inputs the kernel does not take."""
     if not _router_gemv_fits(x, weight, top_k):
-        return ops.torch_linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
+        return None
     return linear_route(x, weight, top_k, renormalize, per_expert_scale, out_dtype)
 
 
 def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor | None,
                                   eps: float, style: NormStyle, weight: torch.Tensor, top_k: int, renormalize: bool,
                                   per_expert_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``ops.add_norm_linear_route`` in one Triton launch at decode sizes (``kernels.router.add_norm_linear_route``:
-    the residual add, the norm, the router GEMV and the routing); the installed ``add_rms_norm`` then
-    ``linear_route`` for larger steps and inputs the kernel does not take."""
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``Ops.add_norm_route`` in one Triton launch at decode sizes (``kernels.router.add_norm_linear_route``:
+    the residual add, the norm, the router GEMV and the routing); None (``add_rms_norm`` then ``linear_route``) for
+    larger steps and inputs the kernel does not take."""
     mode = add_norm_kernel_mode(x, residual, style)
     if mode is None or norm_weight is None or norm_weight.dtype != x.dtype or not _router_gemv_fits(x, weight, top_k):
-        return ops.torch_add_norm_linear_route(x, residual, norm_weight, eps, style, weight, top_k, renormalize,
-                                               per_expert_scale, out_dtype)
+        return None
     return add_norm_linear_route(x, residual, norm_weight, eps, mode, weight, top_k, renormalize, per_expert_scale,
                                  out_dtype)
 
@@ -65,21 +65,22 @@ def triton_add_norm_linear_route(x: torch.Tensor, residual: torch.Tensor, norm_w
 def triton_mlp_beside_experts(mlp: nn.Module, router: nn.Module, experts: nn.Module, x: torch.Tensor,
                               residual: torch.Tensor, router_input: torch.Tensor | None, expert_input: torch.Tensor,
                               *, decode_max_tokens: int,
-                              dense_max_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.mlp_beside_experts`` at decode in two launches of paired work and the experts' down launch
-    (``kernels.mlp_beside_experts``), where the installed ops would run the pieces as one-launch GEMVs: steps of
+                              dense_max_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``Ops.mlp_beside_experts`` at decode in two launches of paired work and the experts' down launch
+    (``kernels.mlp_beside_experts``), where the table's primitives would run the pieces as one-launch GEMVs: steps of
     at most ``decode_max_tokens`` tokens (the MoE decode GEMVs'), the fused weights in use, the router's input
     normed by the caller. Each pairing is taken on its own: the dense gate/up with the router where the gated
     projection is a one-split CUDA-core GEMV (``triton_gated_projection``'s rule) and the fused router GEMV takes
     the router; the dense down with the experts' gate/up where the down projection is a one-split CUDA-core GEMV
-    of the experts' warps. The rest runs through the installed ops (``ops.torch_mlp_beside_experts``' calls)."""
+    of the experts' warps. The rest runs through the modules (``Ops.mlp_beside_experts``' calls); None where no
+    pairing can be taken."""
     tokens = x.shape[0]
     if not (isinstance(mlp, GatedMLP) and isinstance(router, Gemma4Router) and isinstance(experts, FusedExperts)
-            and ops.fused_weights and mlp.gate_up_weight is not None and router_input is not None
+            and mlp.ops.fused_weights and mlp.gate_up_weight is not None and router_input is not None
             and x.dim() == 2 and 0 < tokens <= decode_max_tokens and x.stride(-1) == 1
             and expert_input.stride(-1) == 1 and experts.gate_up_proj.stride(-1) == 1
             and experts.down_proj.stride(-1) == 1):
-        return ops.torch_mlp_beside_experts(mlp, router, experts, x, residual, router_input, expert_input)
+        return None
     act = layers.canonical_activation(mlp.act_name)
     gate_config = gated_projection_config(x, mlp.gate_up_weight, mlp.gate_up_scale, act, None,
                                            dense_max_tokens=dense_max_tokens)

@@ -1,5 +1,6 @@
-"""The Triton RMSNorm family in the ``ops`` contracts: the norm, the residual add + norm, Gemma 4's sandwich norm + add
-(``norm_add``), the RoPE tables; each falls back to the PyTorch op where its kernel does not take the inputs.
+"""The Triton RMSNorm family in the ``ops`` contracts: the norm and the RoPE tables (primitives: the PyTorch op where
+their kernel does not take the inputs), the residual add + norm and Gemma 4's sandwich norm + add (``ops.Fusions``:
+None there, and ``ops.Ops`` composes the primitives).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.reference_norm import NormMode
 from inference_server.kernels.rope_tables import rope_tables
-from inference_server.models.architectures import layers, ops
+from inference_server.models.architectures import layers
 from inference_server.models.spec import NormStyle
 
 # gemma3's (1 + w) norm has no kernel: reference
@@ -41,12 +42,12 @@ def add_norm_kernel_mode(x: torch.Tensor, residual: torch.Tensor, style: NormSty
 
 
 def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                        style: NormStyle) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.add_rms_norm`` through the Triton kernel: the residual add and the norm in one launch (the add in
-    fp32 rounded to the activation dtype, torch's value); the reference for the gemma3 style and odd inputs."""
+                        style: NormStyle) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``Ops.add_rms_norm`` through the Triton kernel: the residual add and the norm in one launch (the add in
+    fp32 rounded to the activation dtype, torch's value); None for the gemma3 style and odd inputs."""
     mode = add_norm_kernel_mode(x, residual, style)
     if mode is None:
-        return ops.torch_add_rms_norm(x, residual, weight, eps, style)
+        return None
     return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)
 
 
@@ -70,13 +71,13 @@ def norm_add_kernel_takes(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.
 def triton_norm_add(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None = None,
                     b_norm: layers.NormWeights | None = None, *, sum_norm: layers.NormWeights | None = None,
                     residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                    out_norms: Sequence[layers.NormWeights] = ()) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """``ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), their sum's norm,
-    residual add, layer scale and up to three next norms; the unfused path for other norm styles (Gemma 3's
+                    out_norms: Sequence[layers.NormWeights] = (),
+                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+    """``Ops.norm_add`` in one Triton launch (``kernels.norm_add``): Gemma 4's post-norm(s), their sum's norm,
+    residual add, layer scale and up to three next norms; None (the unfused path) for other norm styles (Gemma 3's
     ``1 + w``), weightless norms, more out norms, other dtypes or layouts (``norm_add_kernel_takes``)."""
     if not norm_add_kernel_takes(a, a_norm, b, b_norm, sum_norm, residual, scale, out_norms):
-        return ops.torch_norm_add(a, a_norm, b, b_norm, sum_norm=sum_norm, residual=residual, scale=scale,
-                                  out_norms=out_norms)
+        return None
 
     def weight(norm: layers.NormWeights) -> torch.Tensor:
         assert norm.weight is not None  # checked above

@@ -52,12 +52,12 @@ class CudaRunnerOptions:
     capture: bool = True
     compile: bool = False
     """``torch.compile`` of the model (``CUSTOM_BACKEND_COMPILE``): Inductor fuses the elementwise ops between the
-    Triton kernels, so the ops it can trace stay the reference ones (``reference_ops``' table but for the Triton
-    RMSNorm, RoPE, MoE and int8 GEMVs, which run opaque to it)."""
+    Triton kernels, so the ops it can trace stay the reference ones (the reference table but for the Triton MoE and
+    int8 GEMVs, which run opaque to it)."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
-    shrink. Process-wide, set at every step with the ops. Results are bitwise those without it
+    shrink. Scoped to this runner's launches (``kernels.pdl.pdl_mode``). Results are bitwise those without it
     (``tests/backends/test_pdl_runner.py``, every model kind)."""
     reference_ops: bool = False
     """The runner before the small-batch kernels (issue 12): the Triton RMSNorm, RoPE, attention, KV store, grouped
@@ -67,6 +67,6 @@ class CudaRunnerOptions:
 
     @property
     def kernels(self) -> bool:
-        """Whether the runner installs its Triton kernels beyond the reference set: neither ``reference_ops`` nor
-        ``torch.compile`` (which keeps the PyTorch ops for Inductor)."""
+        """Whether the runner's table has its Triton kernels beyond the reference set (``op_table.cuda_ops``):
+        neither ``reference_ops`` nor ``torch.compile`` (which keeps the PyTorch ops for Inductor)."""
         return not (self.reference_ops or self.compile)

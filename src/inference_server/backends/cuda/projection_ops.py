@@ -1,6 +1,6 @@
 """The CUDA runner's projections: small-M float projections on the Triton GEMV where this GPU's sweep timed it faster
-than cuBLAS, the gated activation, and the GEMVs with a gated activation or a residual add + norm fused in (one
-launch where the installed ops would run two).
+than cuBLAS, the gated activation (primitives), and the GEMVs with a gated activation or a residual add + norm fused
+in (``ops.Fusions``: one launch where the table's primitives would run two; None elsewhere).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def dense_linear_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def installed_gemv_takes(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, *,
                           dense_max_tokens: int | None) -> bool:
-    """Whether the installed ops run the projection ``x [T, K] @ weight.T`` through the Triton GEMV kernels (int8
+    """Whether the CUDA table runs the projection ``x [T, K] @ weight.T`` through the Triton GEMV kernels (int8
     weights: ``triton_int8_linear`` always; float ones where ``triton_dense_linear`` takes them), with contiguous
     last dims; their config then decides whether it is a one-split CUDA-core GEMV (``gated_gemv_config``)."""
     return x.stride(-1) == 1 and weight.stride(-1) == 1 and (scale is not None or (
@@ -77,18 +77,18 @@ def gated_projection_config(flat: torch.Tensor, weight: torch.Tensor, scale: tor
 
 
 def triton_gated_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,
-                            up: torch.Tensor | None = None, *, dense_max_tokens: int | None) -> torch.Tensor:
-    """``ops.gated_projection`` in one launch (``kernels.gated_gemv``: the gated activation in the GEMV's
-    epilogue) where the installed ops would run the projection as a one-split CUDA-core GEMV and the activation
+                            up: torch.Tensor | None = None, *, dense_max_tokens: int | None) -> torch.Tensor | None:
+    """``Ops.gated_projection`` in one launch (``kernels.gated_gemv``: the gated activation in the GEMV's
+    epilogue) where the table would run the projection as a one-split CUDA-core GEMV and the activation
     through ``triton_gated_activation``: int8 weights always (``triton_int8_linear``), float ones where
-    ``triton_dense_linear`` takes them (``dense_max_tokens`` its bound, None: cuBLAS is installed). The same bits
-    as those launches; anywhere else it is those launches (``ops.torch_gated_projection``)."""
+    ``triton_dense_linear`` takes them (``dense_max_tokens`` its bound, None: cuBLAS is in the table). The same bits
+    as those launches; None anywhere else (then the table runs those launches)."""
     canonical = layers.canonical_activation(act)
     flat = x.reshape(-1, x.shape[-1])
     flat_up = up.reshape(-1, up.shape[-1]) if up is not None else None
     config = gated_projection_config(flat, weight, scale, canonical, flat_up, dense_max_tokens=dense_max_tokens)
     if config is None:
-        return ops.torch_gated_projection(x, weight, scale, act, up)
+        return None
     out = gated_gemv(flat, weight, scale, canonical, config, flat_up)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
@@ -97,12 +97,11 @@ def triton_norm_add_gated_projection(a: torch.Tensor, a_norm: layers.NormWeights
                                      weight: torch.Tensor, weight_scale: torch.Tensor | None, act: str,
                                      up: torch.Tensor | None = None, *, scale: torch.Tensor | None = None,
                                      dense_max_tokens: int | None,
-                                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.norm_add_gated_projection`` in one launch (``kernels.norm_add_gemv``: the sandwich norm's residual add
+                                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``Ops.norm_add_gated_projection`` in one launch (``kernels.norm_add_gemv``: the sandwich norm's residual add
     in the gated GEMV's prologue and K loop) where ``triton_norm_add`` would take the norm (a weighted gemma norm)
     and ``triton_gated_projection`` would run one launch (a one-split CUDA-core GEMV at its config), with rows of at
-    most ``MAX_NORM_COLUMNS``; anywhere else the installed ``norm_add`` and ``gated_projection``
-    (``ops.torch_norm_add_gated_projection``)."""
+    most ``MAX_NORM_COLUMNS``; None anywhere else (then the table's ``norm_add`` and ``gated_projection``)."""
     canonical = layers.canonical_activation(act)
     flat_up = up.reshape(-1, up.shape[-1]) if up is not None else None
     config = None
@@ -110,7 +109,7 @@ def triton_norm_add_gated_projection(a: torch.Tensor, a_norm: layers.NormWeights
         config = gated_projection_config(a, weight, weight_scale, canonical, flat_up,
                                           dense_max_tokens=dense_max_tokens)
     if config is None or a_norm.weight is None:  # (the weight is there when the kernel takes the norm)
-        return ops.torch_norm_add_gated_projection(a, a_norm, residual, weight, weight_scale, act, up, scale=scale)
+        return None
     return norm_add_gemv(a, a_norm.weight, a_norm.eps, residual, scale, weight, weight_scale, config,
                          gated=canonical, up=flat_up)
 
@@ -118,12 +117,12 @@ def triton_norm_add_gated_projection(a: torch.Tensor, a_norm: layers.NormWeights
 def triton_add_norm_projection(x: torch.Tensor, residual: torch.Tensor, norm: layers.NormWeights,
                                weight: torch.Tensor, weight_scale: torch.Tensor | None, *,
                                dense_max_tokens: int | None,
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.add_norm_projection`` in one launch (``kernels.norm_add_gemv.add_norm_gemv``: the residual add and the
+                               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``Ops.add_norm_projection`` in one launch (``kernels.norm_add_gemv.add_norm_gemv``: the residual add and the
     qwen norm in the GEMV's prologue and K loop) where ``triton_add_rms_norm`` would take the norm (a weighted qwen
-    norm of x's dtype, [T, H] rows) and the installed ops would run a float projection as a one-split CUDA-core GEMV
-    (``gated_gemv_config``), with rows of at most ``MAX_NORM_COLUMNS``; anywhere else the installed
-    ``add_rms_norm`` and projection (``ops.torch_add_norm_projection``). int8 weights keep the two launches: their
+    norm of x's dtype, [T, H] rows) and the table would run a float projection as a one-split CUDA-core GEMV
+    (``gated_gemv_config``), with rows of at most ``MAX_NORM_COLUMNS``; None anywhere else (then the
+    table's ``add_rms_norm`` and projection). int8 weights keep the two launches: their
     GEMV reads half the bytes, and the prologue cost more than the launch it saves (docs/benchmarks.md, the add + norm
     in the q/k/v GEMV)."""
     config = None
@@ -132,6 +131,6 @@ def triton_add_norm_projection(x: torch.Tensor, residual: torch.Tensor, norm: la
             and installed_gemv_takes(x, weight, None, dense_max_tokens=dense_max_tokens):
         config = gated_gemv_config(x, weight, None, paired=False)
     if config is None or norm.weight is None:  # (the weight is there when the config is)
-        return ops.torch_add_norm_projection(x, residual, norm, weight, weight_scale)
+        return None
     h, projected = add_norm_gemv(x, norm.weight, norm.eps, residual, weight, None, config)
     return projected, h

@@ -2,9 +2,10 @@
 
 What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> StepResult`` contract):
 
-* Ops: installs the Triton fused MoE, the Triton RMSNorm and the Triton q/k RoPE through
-  ``architectures.ops.use_ops`` (process-wide; it re-installs them at every step so a reference runner in the same
-  process, run under ``ops.reference_ops()``, cannot leave the wrong ones behind). Attention goes through
+* Ops: its model computes through the table ``op_table.cuda_ops`` builds from the options once (the Triton fused
+  MoE, RMSNorm, q/k RoPE and the fusions of ``backends/cuda/*_ops.py``), bound to the model at construction; PDL's
+  mode (``kernels.pdl``) is scoped to this runner's launches and graph capture. Nothing is process-wide, so a
+  reference runner of another model in the same process keeps its own ops. Attention goes through
   ``PagedAttentionContext`` with the Triton store, prefill and decode kernels. The decode kernel gets a fixed
   ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
   and graphed steps of the same batch run identical kernels.
@@ -43,35 +44,11 @@ import torch
 from inference_server.backends.cuda.attention_ops import (
     OpaqueAttentionContext,
     TritonNormRopeDecode,
-    triton_qk_norm_rope,
     triton_qk_norm_rope_store,
 )
-from inference_server.backends.cuda.moe_ops import (
-    triton_add_norm_linear_route,
-    triton_fused_moe,
-    triton_linear_route,
-    triton_mlp_beside_experts,
-)
-from inference_server.backends.cuda.norm_ops import (
-    triton_add_rms_norm,
-    triton_norm_add,
-    triton_rms_norm,
-    triton_rope_cos_sin,
-)
-from inference_server.backends.cuda.options import (
-    DENSE_GEMV_MAX_TOKENS,
-    MOE_DECODE_MAX_TOKENS,
-    CudaRunnerOptions,
-    early_release_classes_for,
-)
-from inference_server.backends.cuda.projection_ops import (
-    dense_linear_takes,
-    triton_add_norm_projection,
-    triton_dense_linear,
-    triton_gated_activation,
-    triton_gated_projection,
-    triton_norm_add_gated_projection,
-)
+from inference_server.backends.cuda.op_table import cuda_ops
+from inference_server.backends.cuda.options import CudaRunnerOptions, early_release_classes_for
+from inference_server.backends.cuda.projection_ops import dense_linear_takes
 from inference_server.backends.cuda_graphs import DecodeGraphs
 from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
@@ -81,12 +58,9 @@ from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_of_logits, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
 from inference_server.kernels.kv_store import store_kv
-from inference_server.kernels.pdl import use_early_release, use_pdl
+from inference_server.kernels.pdl import PdlMode, pdl_mode
 from inference_server.kernels.prefill_attention import paged_prefill_attention
-from inference_server.kernels.rope import rope_qk_
-from inference_server.kernels.router import triton_route
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
-from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4Router
@@ -105,59 +79,17 @@ class CudaModelRunner(ModelRunner):
                  options: CudaRunnerOptions) -> None:
         kernels = options.kernels
         decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
-        super().__init__(model, spec, storage, device, attention_kwargs=dict(
+        super().__init__(model, spec, storage, device, ops=cuda_ops(options), attention_kwargs=dict(
             store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
             norm_rope_store=triton_qk_norm_rope_store if kernels else None,
             norm_rope_decode=TritonNormRopeDecode(options.max_model_len) if kernels else None))
         self.options = options
-        self.early_release = early_release_classes_for(spec.hidden_size)
-        """The loop classes whose kernels release their PDL dependent right after their wait in this runner's steps."""
-        # Under torch.compile the Triton kernels are called eagerly (graph breaks) and the norm is left to
-        # Inductor, which fuses the reference ops into their neighbours.
+        self.pdl = PdlMode(requested=options.pdl and not options.reference_ops,
+                           early_release=early_release_classes_for(spec.hidden_size))
+        """PDL of this runner's kernels: set around each launch and graph capture (``pdl_mode``), nowhere else."""
+        # Under torch.compile the Triton kernels are called eagerly (graph breaks), the attention context too.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
-        self.moe_decode_max_tokens = 0 if options.reference_ops else MOE_DECODE_MAX_TOKENS
-        moe = functools.partial(triton_fused_moe, decode_max_tokens=self.moe_decode_max_tokens)
-        self._moe = torch.compiler.disable(moe) if options.compile else moe
-        # int8 weight-only layers (QUANTIZATION=int8): the Triton GEMV/GEMM, opaque to torch.compile like the MoE
-        self._int8_linear = torch.compiler.disable(triton_int8_linear) if options.compile else triton_int8_linear
-        self._norm = layers.rms_norm if options.compile else triton_rms_norm
-        # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
-        self._rope = layers.reference_rope_qk if options.compile else rope_qk_
-        self._add_norm = triton_add_rms_norm if kernels else ops.torch_add_rms_norm
-        # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
-        self._route = triton_route if kernels else ops.torch_route
-        # The router GEMV in the same launch at decode sizes (the GEMV is all launch cost there), and the residual
-        # add + norm before it (Qwen3-MoE's post-attention norm) too.
-        self._linear_route = triton_linear_route if kernels else ops.torch_linear_route
-        self._add_norm_route = triton_add_norm_linear_route if kernels else ops.torch_add_norm_linear_route
-        # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
-        self._qk_norm = triton_qk_norm_rope if kernels else ops.torch_qk_norm_rope
-        # RoPE tables: one launch a layer type instead of seven.
-        self._rope_tables = triton_rope_cos_sin if kernels else layers.rope_cos_sin
-        # Gemma 4's sandwich norms: one launch instead of two to four per use.
-        self._norm_add = triton_norm_add if kernels else ops.torch_norm_add
-        # act(gate) * up: one launch instead of two per dense MLP.
-        self._gated = triton_gated_activation if kernels else ops.torch_gated_activation
-        # Small-M float projections on the Triton GEMV where this GPU's sweep timed it faster than cuBLAS; cuBLAS
-        # elsewhere. The same bound for the GEMVs fused with the gated activation, the norms and the router.
-        dense_max = DENSE_GEMV_MAX_TOKENS if kernels else None
-        self._dense_gemv = kernels  # also the greedy head's 1-2 row GEMV path (_head_gemv_logits)
-        # The gate/up GEMV with the gated activation in its epilogue (same bits as the two launches it replaces).
-        self._gated_projection = functools.partial(triton_gated_projection, dense_max_tokens=dense_max) \
-            if kernels else ops.torch_gated_projection
-        # Gemma 4's dense MLP and routed experts: two launches of paired work instead of four in a chain.
-        self._mlp_beside_experts = functools.partial(
-            triton_mlp_beside_experts, decode_max_tokens=self.moe_decode_max_tokens, dense_max_tokens=dense_max) \
-            if kernels else ops.torch_mlp_beside_experts
-        # Gemma 4 PLE layers' post-FFN add feeding the per-layer-input gate: one launch instead of two at decode.
-        self._norm_add_gated_projection = functools.partial(triton_norm_add_gated_projection,
-                                                            dense_max_tokens=dense_max) \
-            if kernels else ops.torch_norm_add_gated_projection
-        # Qwen3-MoE's input add + norm feeding the fused q/k/v GEMV: one launch instead of two at decode.
-        self._add_norm_projection = functools.partial(triton_add_norm_projection, dense_max_tokens=dense_max) \
-            if kernels else ops.torch_add_norm_projection
-        self._linear = functools.partial(triton_dense_linear, max_tokens=DENSE_GEMV_MAX_TOKENS) \
-            if kernels else torch.nn.functional.linear
+        self._dense_gemv = kernels  # the greedy head's 1-2 row GEMV path (_head_gemv_logits)
         if not options.reference_ops:
             for module in model.modules():
                 if isinstance(module, SelfAttention):
@@ -166,7 +98,6 @@ class CudaModelRunner(ModelRunner):
                     module.fuse_gate_up()
                 elif isinstance(module, Gemma4Router):
                     module.fold_scale()
-        self._install_ops()
         model.model.place_rope_tables(device)
         self._model_fn = torch.compile(model) if options.compile else model
         self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
@@ -184,7 +115,8 @@ class CudaModelRunner(ModelRunner):
         started = time.perf_counter()
         self.warm_up_eager(options.eager_warmup_tokens)
         if device.type == "cuda":
-            self.warm_up_greedy_head()
+            with pdl_mode(self.pdl):  # the head's kernel variants of serving: launched inside launch()
+                self.warm_up_greedy_head()
         self.eager_warmup_seconds = time.perf_counter() - started
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
@@ -265,24 +197,13 @@ class CudaModelRunner(ModelRunner):
             if rows <= self.options.max_batch_size:
                 self._greedy_head(hidden)
 
-    def _install_ops(self) -> None:
-        use_pdl(self.options.pdl and not self.options.reference_ops)  # process-wide, like the ops
-        use_early_release(self.early_release)
-        ops.use_ops(moe=self._moe, norm=self._norm, rope=self._rope, router=self._route,
-                    weights_fused=not self.options.reference_ops, gated=self._gated, add_norm=self._add_norm,
-                    qk_norm=self._qk_norm, sandwich=self._norm_add, int8_linear=self._int8_linear,
-                    linear_router=self._linear_route, linear=self._linear, add_norm_router=self._add_norm_route,
-                    gated_proj=self._gated_projection, rope_tables=self._rope_tables,
-                    mlp_experts=self._mlp_beside_experts, norm_add_gated=self._norm_add_gated_projection,
-                    add_norm_proj=self._add_norm_projection)
-
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
-        self._install_ops()
-        return self._model_fn(ids, self._context_cls(self.storage, step, **self.attention_kwargs))
+        with pdl_mode(self.pdl):  # captured: the replays launch what the capture launched
+            return self._model_fn(ids, self._context_cls(self.storage, step, **self.attention_kwargs))
 
     def launch(self, plan: StepPlan) -> LaunchedStep:
-        self._install_ops()
-        return super().launch(plan)
+        with pdl_mode(self.pdl):
+            return super().launch(plan)
 
     def _forward(self, plan: StepPlan) -> torch.Tensor:
         """Graph replay for decode-only steps that fit a bucket, eager otherwise."""

@@ -18,8 +18,7 @@ from typing import Protocol
 import attrs
 import torch
 
-from inference_server.models.architectures import ops
-from inference_server.models.architectures.layers import RMSNorm
+from inference_server.models.architectures.ops import Ops, RMSNorm
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -48,6 +47,7 @@ class AttentionContext(Protocol):
 
     def qk_norm_rope(
         self,
+        ops: Ops,  # the calling layer's table
         layer: LayerSpec,
         q_raw: torch.Tensor,  # [T, nH, D]
         k_raw: torch.Tensor | None,  # [T, nKV, D]; None on a layer that reuses another layer's KV
@@ -150,7 +150,7 @@ class _ContiguousContext:
             starts.append(starts[-1] + q)
         self._starts: Sequence[int] = starts
 
-    def qk_norm_rope(self, layer: LayerSpec, q_raw: torch.Tensor, k_raw: torch.Tensor | None,
+    def qk_norm_rope(self, ops: Ops, layer: LayerSpec, q_raw: torch.Tensor, k_raw: torch.Tensor | None,
                      v_raw: torch.Tensor | None, q_norm: RMSNorm, k_norm: RMSNorm | None, v_norm: RMSNorm | None,
                      cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                     torch.Tensor | None]:

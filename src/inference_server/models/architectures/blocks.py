@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
-from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
-from inference_server.models.architectures.layers import RMSNorm, activation, canonical_activation
+from inference_server.models.architectures.layers import activation, canonical_activation
 from inference_server.models.architectures.linear import Linear
-from inference_server.models.architectures.quantized import Int8Linear, project
+from inference_server.models.architectures.ops import OpsUser, RMSNorm
+from inference_server.models.architectures.quantized import Int8Linear
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
@@ -43,7 +43,7 @@ def fuse_projections(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``fuse_linear_weights`` for float or int8 projections (all of one kind): ``(weight, None)`` for float,
     ``(qweight, scale)`` for int8, the int8 weights and their per-row scales each concatenated along N (the
-    rows), which is exact because every row keeps its own scale. Run the result through ``quantized.project``."""
+    rows), which is exact because every row keeps its own scale. Run the result through ``Ops.project``."""
     if all(isinstance(p, Int8Linear) for p in projections):
         int8 = [p for p in projections if isinstance(p, Int8Linear)]
         return _fuse_rows([p.qweight for p in int8]), _fuse_rows([p.scale for p in int8])
@@ -56,7 +56,7 @@ def _rows(projection: nn.Module) -> int:
     return projection.out_features if isinstance(projection, (nn.Linear, Int8Linear)) else 0
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(nn.Module, OpsUser):
     """q/k/v projections, per-head q/k norms, RoPE, optional value norm, attention through the context."""
 
     def __init__(self, spec: ModelSpec, layer: LayerSpec) -> None:
@@ -85,8 +85,7 @@ class SelfAttention(nn.Module):
         step runs one GEMM instead of two or three; the projections' weights become views of it (no second
         copy). Call once the weights are loaded and on their device; idempotent; a layer that reuses another
         layer's KV has only q and is left alone. The fused GEMM runs only while ``ops.fused_weights`` is
-        on (the CUDA runner turns it on; ``ops.reference_ops()`` off), so a reference runner sharing the model
-        keeps the separate projections' numerics."""
+        on in the layer's table (the CUDA runner's; off in the reference table)."""
         if not self.layer.computes_kv or self.qkv_weight is not None:
             return
         projections = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
@@ -99,8 +98,8 @@ class SelfAttention(nn.Module):
         tokens, d = x.shape[0], self.head_dim
         if not self.layer.computes_kv:
             return self.q_proj(x).view(tokens, -1, d), None, None
-        if self.qkv_weight is not None and ops.fused_weights:
-            return self._split_qkv(project(x, self.qkv_weight, self.qkv_scale))
+        if self.qkv_weight is not None and self.ops.fused_weights:
+            return self._split_qkv(self.ops.project(x, self.qkv_weight, self.qkv_scale))
         q = self.q_proj(x).view(tokens, -1, d)
         k = self.k_proj(x).view(tokens, -1, d)
         return q, k, self.v_proj(x).view(tokens, -1, d) if self.v_proj is not None else None
@@ -126,10 +125,10 @@ class SelfAttention(nn.Module):
         """``forward(norm(residual + hidden))`` and ``residual + hidden``, as ``ops.add_norm`` then ``forward``. With
         the fused q/k/v weight the add, the norm and the projection go through ``ops.add_norm_projection`` (one
         launch on CUDA at decode sizes), since only that GEMM reads the normed rows."""
-        if self.qkv_weight is None or not ops.fused_weights:
-            x, residual = ops.add_norm(norm, hidden, residual)
+        if self.qkv_weight is None or not self.ops.fused_weights:
+            x, residual = self.ops.add_norm(norm, hidden, residual)
             return self.forward(x, cos, sin, ctx), residual
-        qkv, residual = ops.add_norm_projection(hidden, residual, norm, self.qkv_weight, self.qkv_scale)
+        qkv, residual = self.ops.add_norm_projection(hidden, residual, norm, self.qkv_weight, self.qkv_scale)
         return self._attend(*self._split_qkv(qkv), cos, sin, ctx), residual
 
     def _attend(self, q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None, cos: torch.Tensor,
@@ -138,14 +137,14 @@ class SelfAttention(nn.Module):
         tokens = q_raw.shape[0]
         computes_kv = k_raw is not None
         # ops.qk_norm_rope through the context, which may store k and v in the same pass
-        q, k, v = ctx.qk_norm_rope(self.layer, q_raw, k_raw, v_raw, self.q_norm,
+        q, k, v = ctx.qk_norm_rope(self.ops, self.layer, q_raw, k_raw, v_raw, self.q_norm,
                                    self.k_norm if computes_kv else None, self.v_norm if computes_kv else None,
                                    cos, sin)  # [T, nH, D], [T, nKV, D] x2
         out = ctx.attend(self.layer, q, k, v, self.scale, self.logit_softcap)  # [T, nH, D]
         return self.o_proj(out.reshape(tokens, -1))
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(nn.Module, OpsUser):
     """``down(act(gate(x)) * up(x))``."""
 
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
@@ -168,15 +167,15 @@ class GatedMLP(nn.Module):
     def activated(self, x: torch.Tensor) -> torch.Tensor:
         """``act(gate(x)) * up(x)`` ``[..., I]``, the down projection's input: the fused gate/up while
         ``ops.fused_weights`` is on and the weights are fused, else the two projections apart."""
-        if self.gate_up_weight is not None and ops.fused_weights:
-            return ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name)
-        return ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name)
+        if self.gate_up_weight is not None and self.ops.fused_weights:
+            return self.ops.gated_projection(x, self.gate_up_weight, self.gate_up_scale, self.act_name)
+        return self.ops.gated_activation(self.gate_proj(x), self.up_proj(x), self.act_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.activated(x))
 
 
-class FusedExperts(nn.Module):
+class FusedExperts(nn.Module, OpsUser):
     """Expert weights of one MoE layer; ``forward`` applies the routed experts with their weights.
 
     After ``quantize_`` the two expert tensors are int8 (same names and shapes, ``requires_grad=False``) and
@@ -213,6 +212,6 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj_scale is None:
-            return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation)
-        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation,
-                             w_gate_up_scale=self.gate_up_proj_scale, w_down_scale=self.down_proj_scale)
+            return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation)
+        return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, self.activation,
+                                  w_gate_up_scale=self.gate_up_proj_scale, w_down_scale=self.down_proj_scale)

@@ -13,7 +13,7 @@ from inference_server.models.architectures.quantized import Int8Embedding, Int8L
 from inference_server.models.spec import ModelSpec
 
 
-class Decoder(nn.Module):
+class Decoder(nn.Module, ops.OpsUser):
     """The ``model.*`` part of a causal LM: ``forward(ids [T], ctx)`` gives final hidden states [T, H]."""
 
     embed_tokens: nn.Embedding | Int8Embedding
@@ -23,7 +23,7 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module, ops.OpsUser):
     """``forward`` gives final hidden states [T, H]; ``compute_logits`` turns the rows that need logits into
     [N, V] (tied to ``model.embed_tokens`` when the config says so, softcapped when it has a final cap)."""
 
@@ -47,7 +47,7 @@ class CausalLM(nn.Module):
         embedding = self.model.embed_tokens
         if isinstance(embedding, Int8Embedding):
             return softcap(embedding.as_lm_head(hidden), self.spec.final_logit_softcapping)
-        return softcap(ops.linear(hidden, embedding.weight, None), self.spec.final_logit_softcapping)
+        return softcap(self.ops.linear(hidden, embedding.weight, None), self.spec.final_logit_softcapping)
 
     def head_weight(self) -> torch.Tensor | None:
         """The float ``[V, H]`` weight ``compute_logits`` multiplies by (the lm_head's, or the tied embedding's;

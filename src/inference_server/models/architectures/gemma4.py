@@ -18,8 +18,8 @@ and that norm of it, so on CUDA a layer's norms take (``kernels.norm_add``, one 
   ``kernels.norm_add_gemv``), so 2 launches of their own.
 
 Only the first layer's input norm is a launch of its own (in ``Gemma4Model.forward``). Each launch keeps every
-rounding of the op-by-op PyTorch sequence (``ops.torch_norm_add``, the CPU path): the same hidden states. Gemma 3's
-``1 + w`` norms have no kernel: there ``ops.norm_add`` is that op-by-op sequence on every device.
+rounding of the op-by-op PyTorch sequence (``Ops.norm_add``'s composition, the CPU path): the same hidden states.
+Gemma 3's ``1 + w`` norms have no kernel: there ``ops.norm_add`` is that op-by-op sequence on every device.
 """
 
 from __future__ import annotations
@@ -29,25 +29,17 @@ from typing import cast
 import torch
 from torch import nn
 
-from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
-from inference_server.models.architectures.layers import (
-    NormParams,
-    NormWeights,
-    RMSNorm,
-    apply_norm,
-    apply_rms_norm,
-    rope_inv_freq,
-    uninitialised_embedding,
-)
+from inference_server.models.architectures.layers import NormParams, NormWeights, rope_inv_freq, uninitialised_embedding
 from inference_server.models.architectures.linear import Linear
+from inference_server.models.architectures.ops import OpsUser, RMSNorm
 from inference_server.models.architectures.quantized import projection_weights
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
-class Gemma4Router(nn.Module):
+class Gemma4Router(nn.Module, OpsUser):
     """Top-k routing from the *un-normed* residual: weightless norm, per-channel scale, H^-0.5, fp32 softmax,
     renormalised top-k weights times ``per_expert_scale`` (weights stay fp32)."""
 
@@ -79,7 +71,7 @@ class Gemma4Router(nn.Module):
     def input_norm(self) -> NormParams | None:
         """The norm that gives the router's input from the residual in one go, when the scale is folded and in use:
         the decoder layer computes it with its other norms of the residual and hands it to ``forward``."""
-        return self.folded_norm if ops.fused_weights else None
+        return self.folded_norm if self.ops.fused_weights else None
 
     def forward(self, residual: torch.Tensor, normed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing weights (fp32) and expert ids [T, K] for ``residual`` [T, H]; ``normed`` is
@@ -87,15 +79,15 @@ class Gemma4Router(nn.Module):
         if normed is not None:
             x = normed
         elif self.input_norm is not None:
-            x = apply_norm(residual, self.input_norm)  # [T, H] in the residual's dtype
+            x = self.ops.apply_norm(residual, self.input_norm)  # [T, H] in the residual's dtype
         else:
-            x = apply_rms_norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
+            x = self.ops.norm(residual, None, self.eps, "gemma4") * self.scale * self.root_size  # [T, H]
         # self.proj(x), then routing
-        return ops.linear_route(x, self.proj.weight, self.top_k, self.renormalize, self.per_expert_scale,
+        return self.ops.linear_route(x, self.proj.weight, self.top_k, self.renormalize, self.per_expert_scale,
                                 None)  # fp32, ids
 
 
-class Gemma4DecoderLayer(nn.Module):
+class Gemma4DecoderLayer(nn.Module, OpsUser):
     """Sandwich-normed attention and FFN; optional MoE beside the dense MLP, PLE gate and layer scalar."""
 
     layer_scalar: torch.Tensor  # a buffer, registered on Gemma 4 layers only (``has_layer_scalar``)
@@ -137,6 +129,7 @@ class Gemma4DecoderLayer(nn.Module):
         ctx: AttentionContext,
         next_norm: NormWeights,  # the norm after this layer: the next layer's input norm, or the model's final norm
     ) -> tuple[torch.Tensor, torch.Tensor]:  # the new hidden state [T, H] and next_norm of it [T, H]
+        ops = self.ops
         attn = self.self_attn(h_normed, cos, sin, ctx)
         # residual = h + post_norm(attn), and the FFN's norms of it: one op (one launch on CUDA)
         residual_norms: list[NormWeights] = [self.pre_feedforward_layernorm]
@@ -220,7 +213,7 @@ class Gemma4Model(Decoder):
         h = self.embed_tokens(ids)  # [T, H] in the table's dtype (dequantized rows when int8)
         h = h * torch.tensor(self.spec.embed_scale).to(h.dtype)
         ple = self.per_layer_inputs(ids, h) if self.spec.ple_hidden_size else None  # [T, L, P]
-        rope = {t: ops.rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
+        rope = {t: self.ops.rope_cos_sin(inv_freq, ctx.positions, h.dtype) for t, inv_freq in self.inv_freqs.items()}
         decoder_layers = cast(list[Gemma4DecoderLayer], list(self.layers))
         # each layer ends with the norm that follows it: the next layer's input norm, after the last the final norm
         next_norms: list[NormWeights] = [*(layer.input_layernorm for layer in decoder_layers[1:]), self.norm]

@@ -42,22 +42,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: No
     return y if weight is None else weight * y
 
 
-_norm_impl: NormFn = rms_norm  # what every model norm runs; a backend swaps it through ops.use_ops(norm=...)
-
-
-def apply_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
-    """RMSNorm through the installed implementation (``rms_norm`` above unless a backend installed another
-    one with the same contract, e.g. the Triton kernel on CUDA)."""
-    return _norm_impl(x, weight, eps, style)
-
-
-def set_norm_impl(fn: NormFn) -> NormFn:
-    """Install ``fn`` as the RMSNorm implementation; returns the previous one (process-wide)."""
-    global _norm_impl
-    previous, _norm_impl = _norm_impl, fn
-    return previous
-
-
 class NormWeights(Protocol):
     """What an RMSNorm applies, readable without running it (``RMSNorm`` modules, ``NormParams``): fused ops such as
     ``ops.norm_add`` take norms in this form and apply them inside one launch."""
@@ -75,29 +59,11 @@ class NormWeights(Protocol):
 @attrs.frozen(eq=False)  # tensors do not compare to one bool
 class NormParams:
     """A norm that is not a module: ``Gemma4Router``'s folded ``scale * H^-0.5`` weight (fp32), applied as any
-    ``NormWeights`` is (``apply_norm``)."""
+    ``NormWeights`` is (``ops.Ops.apply_norm``)."""
 
     weight: torch.Tensor | None
     eps: float
     style: NormStyle
-
-
-def apply_norm(x: torch.Tensor, norm: NormWeights) -> torch.Tensor:
-    """``norm(x)`` through the installed implementation: what ``RMSNorm.forward`` computes."""
-    return _norm_impl(x, norm.weight, norm.eps, norm.style)
-
-
-class RMSNorm(nn.Module):
-    """An RMSNorm with an HF-named ``weight`` parameter (or none, for weightless norms)."""
-
-    def __init__(self, dim: int, eps: float, style: NormStyle, with_weight: bool = True) -> None:
-        super().__init__()
-        self.eps = eps
-        self.style: NormStyle = style
-        self.weight = nn.Parameter(torch.ones(dim)) if with_weight else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _norm_impl(x, self.weight, self.eps, self.style)
 
 
 def rope_inv_freq(rope: RopeSpec) -> torch.Tensor:
@@ -134,22 +100,6 @@ def reference_rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor
                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RoPE on q [T, nH, D] and k [T, nKV, D] (or None for KV-shared layers) with ``apply_rope``."""
     return apply_rope(q, cos, sin), (apply_rope(k, cos, sin) if k is not None else None)
-
-
-_rope_impl: RopeFn = reference_rope_qk  # a backend swaps it through ops.use_ops(rope=...); may work in place
-
-
-def apply_rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor,
-                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RoPE on q and k through the installed implementation (the reference above, or the Triton kernel)."""
-    return _rope_impl(q, k, cos, sin)
-
-
-def set_rope_impl(fn: RopeFn) -> RopeFn:
-    """Install ``fn`` as the q/k RoPE implementation; returns the previous one (process-wide)."""
-    global _rope_impl
-    previous, _rope_impl = _rope_impl, fn
-    return previous
 
 
 def canonical_activation(name: str) -> str:

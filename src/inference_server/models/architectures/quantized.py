@@ -32,7 +32,7 @@ def _frozen(tensor: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(tensor, requires_grad=False)
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(nn.Module, ops.OpsUser):
     """A bias-free linear layer with int8 weights: ``ops.int8_linear(x, qweight, scale)`` over the last dim."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor) -> None:
@@ -60,13 +60,13 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [T, K]
-        return ops.int8_linear(flat, self.qweight, self.scale).reshape(*x.shape[:-1], self.out_features)
+        return self.ops.int8_linear(flat, self.qweight, self.scale).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-class Int8Embedding(nn.Module):
+class Int8Embedding(nn.Module, ops.OpsUser):
     """Token embeddings with int8 rows: a lookup dequantises only the gathered rows (in the scale's dtype, the
     value ``dequantize_int8`` gives); ``as_lm_head`` is the tied output projection through ``ops.int8_linear``."""
 
@@ -83,7 +83,7 @@ class Int8Embedding(nn.Module):
         return dequantize_int8(self.qweight[ids], self.scale[ids], self.scale.dtype)
 
     def as_lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V]
-        return ops.int8_linear(hidden, self.qweight, self.scale)
+        return self.ops.int8_linear(hidden, self.qweight, self.scale)
 
 
 @attrs.frozen
@@ -121,17 +121,13 @@ class QuantizedWeight:
 
 
 def projection_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(weight, scale)`` of a bias-free projection, for ``project`` and the ops that take weights: an
+    """``(weight, scale)`` of a bias-free projection, for ``Ops.project`` and the ops that take weights: an
     ``Int8Linear``'s int8 values and scales, or a float ``nn.Linear``'s weight and None."""
     if isinstance(module, Int8Linear):
         return module.qweight, module.scale
     if isinstance(module, nn.Linear) and module.bias is None:
         return module.weight, None
     raise TypeError(f"not a bias-free projection: {module!r}")
-
-
-project = ops.project
-"""``x @ weight.T`` for float weights or int8 ones with their scales (``ops.project``)."""
 
 
 def quantize_model_int8_(model: nn.Module, *, embeddings: bool = False) -> nn.Module:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference_server.models.architectures import ops
 from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM, Decoder
-from inference_server.models.architectures.layers import RMSNorm, rope_inv_freq, uninitialised_embedding
+from inference_server.models.architectures.layers import rope_inv_freq, uninitialised_embedding
+from inference_server.models.architectures.ops import OpsUser, RMSNorm
 from inference_server.models.spec import LayerSpec, ModelSpec
 
 
-class Qwen3MoeRouter(nn.Module):
+class Qwen3MoeRouter(nn.Module, OpsUser):
     """``mlp.gate``: linear router over experts."""
 
     keeps_float_weights = True  # QUANTIZATION=int8 leaves the router float (see quantized.py)
@@ -32,13 +32,13 @@ class Qwen3MoeRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # logits [T, E] in x's dtype, then routing; weights cast to x's dtype
-        return ops.linear_route(x, self.weight, self.top_k, self.normalize, None, x.dtype)  # [T, K] x2
+        return self.ops.linear_route(x, self.weight, self.top_k, self.normalize, None, x.dtype)  # [T, K] x2
 
     def add_norm_route(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[
             torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``norm(residual + x)`` (the experts' input), ``residual + x`` and the routing of the normed rows, as
         ``ops.add_norm`` then ``forward``: one launch on CUDA at decode sizes."""
-        return ops.add_norm_route(norm, x, residual, self.weight, self.top_k, self.normalize, None, x.dtype)
+        return self.ops.add_norm_route(norm, x, residual, self.weight, self.top_k, self.normalize, None, x.dtype)
 
 
 class Qwen3MoeSparseBlock(nn.Module):
@@ -53,7 +53,7 @@ class Qwen3MoeSparseBlock(nn.Module):
         return self.experts(x, weights, ids)
 
 
-class Qwen3MoeDecoderLayer(nn.Module):
+class Qwen3MoeDecoderLayer(nn.Module, OpsUser):
     """Pre-norm attention and pre-norm FFN (sparse MoE or dense MLP), each added to the residual.
 
     The residual adds are folded into the norm after them (``ops.add_rms_norm``, one launch on CUDA, and at decode
@@ -86,7 +86,7 @@ class Qwen3MoeDecoderLayer(nn.Module):
         if isinstance(self.mlp, Qwen3MoeSparseBlock):  # the residual add and norm go into the router's launch
             x, residual, weights, ids = self.mlp.gate.add_norm_route(self.post_attention_layernorm, attn, residual)
             return self.mlp.experts(x, weights, ids), residual
-        x, residual = ops.add_norm(self.post_attention_layernorm, attn, residual)
+        x, residual = self.ops.add_norm(self.post_attention_layernorm, attn, residual)
         return self.mlp(x), residual
 
 
@@ -107,11 +107,11 @@ class Qwen3MoeModel(Decoder):
     def forward(self, ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Final-normed hidden states [T, H] for the packed token ids [T]."""
         h = self.embed_tokens(ids)  # [T, H]
-        cos, sin = ops.rope_cos_sin(self.inv_freq, ctx.positions, h.dtype)
+        cos, sin = self.ops.rope_cos_sin(self.inv_freq, ctx.positions, h.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, cos, sin, ctx)
-        return self.norm(h) if residual is None else ops.add_norm(self.norm, h, residual)[0]
+        return self.norm(h) if residual is None else self.ops.add_norm(self.norm, h, residual)[0]
 
 
 class Qwen3MoeForCausalLM(CausalLM):

@@ -1,0 +1,94 @@
+"""The CUDA runner's ops table, built once from its options: which Triton kernels its model computes through.
+
+``cuda_ops`` is the one place a CUDA runner's kernel choice is written: ``reference_ops`` keeps the before of every
+before/after (the Triton RMSNorm, RoPE, grouped MoE GEMMs and int8 GEMVs, PyTorch for the rest, no fused weights);
+``compile`` keeps the PyTorch ops Inductor can fuse and makes the Triton ones opaque to it; otherwise every kernel
+and fusion of ``backends/cuda/*_ops.py``. A new kernel mode (another table) is one more branch here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from inference_server.backends.cuda.attention_ops import triton_qk_norm_rope
+from inference_server.backends.cuda.moe_ops import (
+    triton_add_norm_linear_route,
+    triton_fused_moe,
+    triton_linear_route,
+    triton_mlp_beside_experts,
+)
+from inference_server.backends.cuda.norm_ops import (
+    triton_add_rms_norm,
+    triton_norm_add,
+    triton_rms_norm,
+    triton_rope_cos_sin,
+)
+from inference_server.backends.cuda.options import DENSE_GEMV_MAX_TOKENS, MOE_DECODE_MAX_TOKENS, CudaRunnerOptions
+from inference_server.backends.cuda.projection_ops import (
+    triton_add_norm_projection,
+    triton_dense_linear,
+    triton_gated_activation,
+    triton_gated_projection,
+    triton_norm_add_gated_projection,
+)
+from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
+from inference_server.kernels.rope import rope_qk_
+from inference_server.kernels.router import triton_route
+from inference_server.models.architectures.ops import Fusions, Ops
+
+
+def moe_decode_max_tokens(options: CudaRunnerOptions) -> int:
+    """The largest step whose routed experts run as the MoE decode GEMVs (0: never, under ``reference_ops``)."""
+    return 0 if options.reference_ops else MOE_DECODE_MAX_TOKENS
+
+
+def cuda_ops(options: CudaRunnerOptions) -> Ops:
+    """The table a CUDA runner with ``options`` binds to its model (see the module docstring)."""
+    moe = functools.partial(triton_fused_moe, decode_max_tokens=moe_decode_max_tokens(options))
+    if options.compile:
+        # Under torch.compile the Triton MoE and int8 GEMVs are called eagerly (graph breaks) and the norm, RoPE and
+        # the rest are left to Inductor, which fuses the reference ops into their neighbours.
+        return Ops(fused_moe=torch.compiler.disable(moe), int8_linear=torch.compiler.disable(triton_int8_linear),
+                   fused_weights=not options.reference_ops)
+    # One Triton launch for the norm and one rotating q and k in place (~7 and ten elementwise kernels in PyTorch).
+    primitives = dict(norm=triton_rms_norm, rope=rope_qk_, fused_moe=moe, int8_linear=triton_int8_linear)
+    if options.reference_ops:
+        return Ops(**primitives)  # type: ignore[arg-type]
+    # Small-M float projections on the Triton GEMV where this GPU's sweep timed it faster than cuBLAS; cuBLAS
+    # elsewhere. The same bound for the GEMVs fused with the gated activation, the norms and the router.
+    dense = DENSE_GEMV_MAX_TOKENS
+    return Ops(
+        **primitives,  # type: ignore[arg-type]
+        # RoPE tables: one launch a layer type instead of seven.
+        rope_cos_sin=triton_rope_cos_sin,
+        linear=functools.partial(triton_dense_linear, max_tokens=dense),
+        # act(gate) * up: one launch instead of two per dense MLP.
+        gated_activation=triton_gated_activation,
+        # One launch for softmax, top-k, renormalisation, per-expert scale and cast (five to seven kernels).
+        route=triton_route,
+        fused_weights=True,
+        fusions=Fusions(
+            add_rms_norm=triton_add_rms_norm,
+            # The router GEMV in the routing launch at decode sizes (the GEMV is all launch cost there), and the
+            # residual add + norm before it (Qwen3-MoE's post-attention norm) too.
+            linear_route=triton_linear_route,
+            add_norm_linear_route=triton_add_norm_linear_route,
+            # q/k norms + RoPE (+ value norm): one launch instead of three (four on Gemma 4) per attention layer.
+            qk_norm_rope=triton_qk_norm_rope,
+            # The gate/up GEMV with the gated activation in its epilogue (same bits as the two launches it replaces).
+            gated_projection=functools.partial(triton_gated_projection, dense_max_tokens=dense),
+            # Qwen3-MoE's input add + norm feeding the fused q/k/v GEMV: one launch instead of two at decode.
+            add_norm_projection=functools.partial(triton_add_norm_projection, dense_max_tokens=dense),
+            # Gemma 4's sandwich norms: one launch instead of two to four per use.
+            norm_add=triton_norm_add,
+            # Gemma 4 PLE layers' post-FFN add feeding the per-layer-input gate: one launch instead of two at decode.
+            norm_add_gated_projection=functools.partial(triton_norm_add_gated_projection, dense_max_tokens=dense),
+            # Gemma 4's dense MLP and routed experts: two launches of paired work instead of four in a chain.
+            mlp_beside_experts=functools.partial(triton_mlp_beside_experts,
+                                                 decode_max_tokens=moe_decode_max_tokens(options),
+                                                 dense_max_tokens=dense),
+        ),
+    )
+
