@@ -143,3 +143,57 @@ def test_the_documented_agent_loop_runs_as_written(sdk: openai.OpenAI) -> None:
     arguments = json.loads(first.split(" ", 2)[2])
     assert arguments["unit"] in ("celsius", "fahrenheit") and len(arguments["city"]) <= 20
     assert first == documented_first and second == documented_second  # greedy on CPU: the documented run
+
+
+# -- the Responses API (client.responses.create), the same server -------------------------------------------
+
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+"""``TOOLS`` in the Responses API's shape."""
+
+
+def check_function_call(item: Any, names: set[str]) -> dict[str, Any]:
+    assert item.type == "function_call" and item.call_id.startswith("call_") and item.id.startswith("fc_")
+    assert item.name in names and item.status == "completed"
+    arguments = json.loads(item.arguments)
+    jsonschema.validate(arguments, SCHEMAS[item.name])
+    return arguments
+
+
+def test_responses_required_returns_a_valid_function_call(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model=MODEL[0], input=QUESTION[0]["content"], tools=FLAT_TOOLS,
+                                    tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                    max_output_tokens=60)
+    assert response.status == "completed"
+    [item] = response.output
+    check_function_call(item, {"get_weather", "get_time"})
+
+
+def test_responses_named_function_streamed_rebuilds_the_same_call(sdk: openai.OpenAI) -> None:
+    choice = {"type": "function", "name": "get_time"}
+    whole = sdk.responses.create(model=MODEL[0], input=QUESTION[0]["content"], tools=FLAT_TOOLS,
+                                 tool_choice=choice, temperature=0, max_output_tokens=60)
+    [item] = whole.output
+    expected = check_function_call(item, {"get_time"})
+    events = list(sdk.responses.create(model=MODEL[0], input=QUESTION[0]["content"], tools=FLAT_TOOLS,
+                                       tool_choice=choice, temperature=0, max_output_tokens=60, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments and json.loads(deltas) == expected  # greedy: the same call, streamed
+    assert events[-1].type == "response.completed"
+    [final] = events[-1].response.output
+    assert final.name == "get_time" and final.arguments == done.arguments
+
+
+def test_responses_agent_loop_function_call_output_then_answer(sdk: openai.OpenAI) -> None:
+    items: list[Any] = [{"role": "user", "content": QUESTION[0]["content"]}]
+    first = sdk.responses.create(model=MODEL[0], input=items, tools=FLAT_TOOLS,
+                                 tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
+                                 max_output_tokens=60)
+    [call] = first.output
+    check_function_call(call, {"get_weather"})
+    items += first.output
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature_c": 21})})
+    answer = sdk.responses.create(model=MODEL[0], input=items, tools=FLAT_TOOLS, tool_choice="none",
+                                  temperature=0, max_output_tokens=20)
+    assert [item.type for item in answer.output] == ["message"]
+    assert answer.output_text and answer.status in ("completed", "incomplete")
