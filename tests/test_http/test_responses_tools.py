@@ -25,6 +25,7 @@ from openai.types.responses import (
 from test_tool_calls_http import MESSAGES, TOOLS, prompt_len, qwen_tokenizer, scripted  # noqa: F401 (a fixture)
 
 from inference_server.models.tokenizer import Tokenizer
+from inference_server.records.constraints import Constraint
 
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 """``TOOLS`` in the Responses API's shape."""
@@ -149,3 +150,33 @@ def test_bad_tool_fields_are_400s_naming_the_field(qwen_tokenizer: Tokenizer, fi
         sdk(served).responses.create(model=MODEL_NAME, **{"input": QUESTION, "max_output_tokens": 2, **fields})
     assert refused.value.status_code == 400
     assert (refused.value.body["param"], refused.value.body["code"]) == (param, code), refused.value.body
+
+
+# -- structured output after the reasoning section (both routes; the Qwen3 template has a reasoning parser) --
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}
+
+
+@pytest.mark.parametrize(("route", "fields", "thinking"), [
+    ("/v1/chat/completions", {"response_format": RESPONSE_FORMAT}, True),
+    ("/v1/chat/completions", {"response_format": RESPONSE_FORMAT, "chat_template_kwargs": {"enable_thinking": False}},
+     False),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "c", "schema": SCHEMA}}}, True),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "c", "schema": SCHEMA}},
+                       "reasoning": {"effort": "none"}}, False),
+])
+async def test_the_constraint_starts_after_the_reasoning_section(serve, qwen_tokenizer: Tokenizer,  # noqa: F811
+                                                                 route: str, fields: dict[str, Any],
+                                                                 thinking: bool) -> None:
+    """The compiled constraint is the schema after an optional ``<think>…</think>`` unless thinking is off
+    (the compiler's cache holds exactly the constraint the request was admitted with)."""
+    plain = Constraint.json_schema(SCHEMA, strict=False)  # OpenAI's default
+    wrapped = plain.after_reasoning("<think>", "</think>")
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        body = {"messages": MESSAGES} if route.endswith("completions") else {"input": QUESTION}
+        response = await served.client.post(route, json={**body, **fields, "max_tokens" if "messages" in body
+                                                         else "max_output_tokens": 5})
+        assert response.status_code == 200, await response.get_json()
+        grammar = served.engine.parts.grammar
+        assert (grammar.cached(wrapped), grammar.cached(plain)) == (thinking, not thinking)

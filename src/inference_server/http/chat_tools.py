@@ -142,10 +142,8 @@ def forced_call_constraint(tools: ToolRequest) -> Constraint | None:
 
     Hermes: ``<tool_call>\\n{"name": <one of the tools>, "arguments": <matching its parameters>}\\n</tool_call>``,
     one call (a named tool, or ``parallel_tool_calls: false``) or one or more separated by newlines; ``name``
-    is generated before ``arguments``. The grammar covers the whole output, from its first token: a forced
-    call leaves no room for a reasoning section (send ``chat_template_kwargs: {"enable_thinking": false}`` to
-    a thinking model). Gemma 4's call syntax is not JSON and its markers are special tokens: forcing it needs
-    a grammar of its own, not written yet (a 400)."""
+    is generated before ``arguments``. With a reasoning parser the call may follow a reasoning section
+    (``constraint_fields.after_reasoning``)."""
     if tools.forced is None:
         return None
     if tools.output.tools is not HERMES:

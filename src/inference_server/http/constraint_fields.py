@@ -12,6 +12,11 @@ Fields, by API (a request sets at most one of them; two are a 400 naming both):
 
 A bad value is an ``ApiError`` 400 naming the field (``response_format.json_schema.schema``, ...); a schema,
 regex or grammar that does not compile is refused later, before admission, with the compiler's reason.
+
+With a reasoning parser (chat and the Responses API), the constraint starts after the reasoning section
+(``after_reasoning``): the output may open with the section (start marker, free text, end marker) and the
+constraint applies to what follows; unless the request turned thinking off (``chat_template_kwargs:
+{"enable_thinking": false}``, or ``reasoning.effort: "none"``), when the constraint covers the whole output.
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from inference_server.http.errors import invalid_request
+from inference_server.http.reasoning_parsers import ReasoningFormat
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
+from inference_server.records.sampling_params import SamplingParams
 
 STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -142,3 +151,11 @@ def constraint_of(fields: Mapping[str, Any]) -> Constraint | None:
         raise invalid_request(f"only one structured-output field may be set, got {found[0][0]} and {found[1][0]}",
                               found[1][0])
     return found[0][1] if found else None
+
+
+def after_reasoning(params: SamplingParams, reasoning: ReasoningFormat | None,
+                    template_kwargs: Mapping[str, Any] | None) -> SamplingParams:
+    """``params`` with its constraint after the reasoning section (see the module docstring)."""
+    if params.constraint is None or reasoning is None or (template_kwargs or {}).get("enable_thinking") is False:
+        return params
+    return attrs.evolve(params, constraint=params.constraint.after_reasoning(reasoning.start, reasoning.end))

@@ -29,9 +29,8 @@ from typing import Any
 import attrs
 from quart import Response, g, request
 
-from inference_server.http.chat_output import ChatOutputSpec
 from inference_server.http.chat_tools import ToolRequest, forced_call_constraint
-from inference_server.http.constraint_fields import from_text_format
+from inference_server.http.constraint_fields import after_reasoning, from_text_format
 from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import admit
@@ -109,11 +108,11 @@ class ResponsesRoutes:
         params = self.state.chat_stops.apply(sampling_params(
             SamplingFields(temperature=body.temperature, top_p=body.top_p), max_tokens=body.max_output_tokens,
             logprobs=None, constraint=forced or constraint))
-        params = keep_marker_tokens(params, ChatOutputSpec(tools=tools.output.tools,
-                                                           reasoning=self.state.reasoning_format))
+        kwargs = reasoning_kwargs(body.reasoning)
+        params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)
         session = header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.user
         return GenerationRequest(params=params, messages=tuple(messages), session_id=session, trace_id=g.trace_id,
-                                 tools=tools.template_tools, chat_template_kwargs=reasoning_kwargs(body.reasoning))
+                                 tools=tools.template_tools, chat_template_kwargs=kwargs)
 
 
 def _is_empty(value: Any) -> bool:

@@ -16,6 +16,10 @@ value that matches ``schema``, then the literal ``end`` text, separated by ``sep
 
     call = TaggedJson(begin="<tool_call>\\n", schema=json_schema_text({...}), end="\\n</tool_call>")
     constraint = Constraint.tool_calls([call], min_calls=1, max_calls=None, separator="\\n")
+
+After reasoning (``after_reasoning``): any constraint may let the output start with a reasoning section, the
+start marker, free text, the end marker and whitespace, before the constrained part (a thinking model's
+``<think>…</think>``). The section is optional: an output that starts with the constrained part is valid too.
 """
 
 from __future__ import annotations
@@ -85,6 +89,9 @@ class Constraint:
     """``tool_calls``: how many calls (None: no upper bound)."""
     separator: str = "\n"
     """``tool_calls``: literal text between two calls."""
+    reasoning: tuple[str, str] | None = None
+    """The (start, end) markers of an optional reasoning section before the constrained output, as text;
+    special tokens among them are matched as tokens (see ``core.grammar_compiler``). None: no section."""
     field: str = attrs.field(default="response_format", eq=False)
 
     @classmethod
@@ -127,6 +134,14 @@ class Constraint:
             raise ValueError(f"calls must satisfy 1 <= min_calls <= max_calls, got {min_calls}, {max_calls}")
         return cls("tool_calls", calls=alternatives, min_calls=min_calls, max_calls=max_calls,
                    separator=separator, field=field)
+
+
+    def after_reasoning(self, start: str, end: str) -> Constraint:
+        """This constraint, after an optional reasoning section between ``start`` and ``end`` (see the module
+        docstring)."""
+        _require_text(start, self.field, "a reasoning start marker")
+        _require_text(end, self.field, "a reasoning end marker")
+        return attrs.evolve(self, reasoning=(start, end))
 
 
 def _require_text(value: object, field: str, what: str) -> None:
