@@ -1,5 +1,5 @@
 """Wire records of ``POST /v1/responses`` (the OpenAI Responses API), parsed by the same strict converter as
-every other body (``schemas.structure``: unknown fields are 400 ``unknown_field``, no type coercion).
+every other body (``body_parser.structure``: unknown fields are 400 ``unknown_field``, no type coercion).
 
 Only what a stateless server can honour is modelled. Fields that need stored state (``previous_response_id``,
 ``conversation``, ``background``, ``prompt``) and ``include`` are accepted as fields so that the route can
@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from inference_server.http.schemas import CONVERTER
+from inference_server.http.body_parser import CONVERTER
 
 
 @attrs.frozen(kw_only=True)
