@@ -137,7 +137,7 @@ class OutputItemStream:
         assert self._open is not None
         self._open.text.append(text)
         event = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
         self.emit(event, {**self._open.located(), "delta": text, **extra})
 
     def _start(self, kind: str, *, call_id: str = "", name: str = "") -> None:
@@ -159,7 +159,7 @@ class OutputItemStream:
                                                                  "name": item.name})
         else:
             kind = "reasoning_text" if item.kind == "reasoning" else "output_text"
-            extra = {} if item.kind == "reasoning" else {"logprobs": []}
+            extra: dict[str, Any] = {} if item.kind == "reasoning" else {"logprobs": []}
             self.emit(f"response.{kind}.done", {**item.located(), "text": text, **extra})
             self.emit("response.content_part.done", {**item.located(), "part": whole["content"][0]})
         self.emit("response.output_item.done", {"output_index": item.output_index, "item": whole})
