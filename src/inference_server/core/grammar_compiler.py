@@ -168,6 +168,8 @@ def grammar_source(constraint: Constraint) -> str:
             if constraint.syntax == "gbnf":
                 text = llguidance.gbnf_to_lark.gbnf_to_lark(text)
             return llguidance.LLMatcher.grammar_from_lark(text)
+        if kind == "structural_tag":
+            return llguidance.LLMatcher.grammar_from_lark(structural_tag_lark(constraint))
         return llguidance.LLMatcher.grammar_from_lark(tool_calls_lark(constraint))
     except RequestError:
         raise
@@ -193,6 +195,37 @@ def tool_calls_lark(constraint: Constraint) -> str:
     return "\n".join([f"start: {body}", *lines]) + "\n"
 
 
+def structural_tag_lark(constraint: Constraint) -> str:
+    """The Lark grammar of a ``structural_tag`` constraint: segments of free text ending in a trigger, each
+    followed by the rest of one of that trigger's structures, then optional free text without a trigger.
+
+    A segment is one lexeme: text that holds a trigger only at its end (llguidance's ``&`` and ``~``), so
+    the free text ends exactly where a trigger completes, and the structure is enforced from there."""
+    alternatives = "|".join(_regex_literal(t) for t in constraint.triggers)
+    lines = ["start: segment* FINAL?", "segment: " + " | ".join(f"SEG_{i} tail_{i}"
+                                                              for i in range(len(constraint.triggers)))]
+    for i, trigger in enumerate(constraint.triggers):
+        tails = []
+        for tag in constraint.calls:
+            if not tag.begin.startswith(trigger):
+                continue
+            rest = tag.begin[len(trigger):]
+            parts = [_literal(rest)] if rest else []
+            parts.append(f"%json {_json_arg(tag.schema)}")
+            if tag.end:
+                parts.append(_literal(tag.end))
+            tails.append(" ".join(parts))
+        lines.append(f"SEG_{i}: /(?s:.*){_regex_literal(trigger)}/ & ~/(?s:.*({alternatives}).+)/")
+        lines.append(f"tail_{i}: " + (" | ".join(tails) if tails else '""'))
+    lines.append(f"FINAL: /(?s:.+)/ & ~/(?s:.*({alternatives}).*)/")
+    return "\n".join(lines) + "\n"
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` matched literally inside a Lark ``/regex/``."""
+    return "".join(f"\\{c}" if c in _REGEX_META else c for c in text)
+
+
 REASONING_WHITESPACE = r"[ \t\r\n]"
 _REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
 
@@ -212,7 +245,7 @@ def after_reasoning_source(inner: str, markers: tuple[str, str], special_tokens:
         section = f"{start_terms} THOUGHT? <[{special_tokens[end]}]> WS?"
         tokens = f"THOUGHT: /(?s:.+)/\nWS: /{REASONING_WHITESPACE}+/\n"
     else:
-        marker = "".join(f"\\{c}" if c in _REGEX_META else c for c in end)
+        marker = _regex_literal(end)
         section = f"{start_terms} THOUGHT_END"
         tokens = (f"THOUGHT_END: /(?s:.*){marker}{REASONING_WHITESPACE}*/ & "
                   f"~/(?s:.*{marker}.*{marker}.*)/\n")

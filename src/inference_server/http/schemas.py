@@ -63,10 +63,15 @@ class SamplingFields:
 
 @attrs.frozen(kw_only=True)
 class ResponseFormat:
-    """``response_format``: ``text`` (the default), ``json_object`` or ``json_schema`` (``constraint_fields``)."""
+    """``response_format``: ``text`` (the default), ``json_object``, ``json_schema``, or ``structural_tag`` with
+    ``structures`` and ``triggers`` (``constraint_fields``)."""
 
     type: str
     json_schema: Any = None
+    structures: Any = None
+    triggers: Any = None
+    format: Any = None
+    """xgrammar's newer structural-tag shape: refused with a message (``constraint_fields``)."""
 
 
 @attrs.frozen(kw_only=True)
