@@ -173,3 +173,34 @@ def test_min_tokens_cannot_be_combined_with_a_constraint() -> None:
         SamplingParams(min_tokens=2, constraint=Constraint.json_object()).validate()
     assert error.value.param == "min_tokens"
     assert SamplingParams(constraint=Constraint.json_object()).needs_token_history
+
+
+# -- structural tags (xgrammar's / vLLM's response_format) ----------------------------------------------------
+
+WEATHER_TAG = TaggedJson(begin="<function=get_weather>", end="</function>", schema=json_schema_text(
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+TIME_TAG = TaggedJson(begin="<function=get_time>", end="</function>", schema=json_schema_text(
+    {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}))
+
+
+@pytest.mark.parametrize(("text", "valid"), [
+    ("no call at all", True),
+    ("", True),
+    ('Sure: <function=get_weather>{"city": "Paris"}</function> and then', True),
+    ('<function=get_time>{"zone": "CET"}</function><function=get_weather>{"city": "Rome"}</function>', True),
+    ("a < b, and <functio", True),  # a trigger's prefix is text
+    ('<function=get_time>{"zone": "PST"}</function>', False),  # the schema holds after the trigger
+    ('<function=other>{"zone": "UTC"}</function>', False),  # a trigger must go on as one of its structures
+    ('<function=get_weather>{"city": "Paris"} trailing', False),  # the end text is required
+])
+def test_structural_tag_free_text_with_enforced_structures(compiler: GrammarCompiler, text: str, valid: bool) -> None:
+    constraint = Constraint.structural_tag([WEATHER_TAG, TIME_TAG], ["<function="])
+    assert accepts(compiler, constraint, text) == valid
+
+
+def test_structural_tag_record_checks_its_triggers() -> None:
+    with pytest.raises(RequestError) as error:
+        Constraint.structural_tag([WEATHER_TAG], ["<tool>"])
+    assert error.value.param == "response_format.structures[0].begin"
+    with pytest.raises(RequestError):
+        Constraint.structural_tag([WEATHER_TAG], [])

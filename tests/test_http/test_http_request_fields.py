@@ -8,8 +8,11 @@ deterministic and logit edits show.
 
 from __future__ import annotations
 
+import pytest
 from http_testkit import EOS_ID, FAKE_VOCAB_SIZE, assert_error, fake_token, post_stream, word_engine
 from tests.fake_engine import FakeEngine
+
+from inference_server.records.constraints import Constraint, TaggedJson, json_schema_text
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -173,3 +176,37 @@ async def test_response_format_text_is_the_default(serve) -> None:
         refused = await served.client.post(CHAT, json={"messages": HELLO, "response_format": {"type": "yaml"}})
         error = await assert_error(refused, 400, "invalid_value", "response_format.type")
         assert "yaml" in error["message"]
+
+
+STRUCTURAL_TAG = {"type": "structural_tag", "triggers": ["<function="], "structures": [
+    {"begin": "<function=get_weather>", "end": "</function>",
+     "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]}
+
+
+@pytest.mark.parametrize(("response_format", "code", "param"), [
+    ({**STRUCTURAL_TAG, "structures": []}, "invalid_value", "response_format.structures"),
+    ({**STRUCTURAL_TAG, "triggers": ["<tool="]}, "invalid_value", "response_format.structures[0].begin"),
+    ({**STRUCTURAL_TAG, "triggers": "<function="}, "invalid_value", "response_format.triggers"),
+    ({**STRUCTURAL_TAG, "structures": [{"begin": "<function=f>", "end": "</function>", "schema": [1]}]},
+     "invalid_value", "response_format.structures[0].schema"),
+    ({**STRUCTURAL_TAG, "structures": [{"begin": "<function=f>", "stop": "x"}]}, "invalid_value",
+     "response_format.structures[0]"),
+    ({"type": "structural_tag", "format": {"type": "triggered_tags"}}, "unsupported_parameter",
+     "response_format.format"),
+    ({"type": "json_object", "triggers": ["<"]}, "invalid_value", "response_format.triggers"),
+])
+async def test_structural_tag_refusals_name_the_field(serve, response_format: dict, code: str, param: str) -> None:
+    async with serve() as served:
+        refused = await served.client.post(CHAT, json={"messages": HELLO, "response_format": response_format})
+        await assert_error(refused, 400, code, param)
+
+
+async def test_structural_tag_is_admitted_as_one_constraint(serve) -> None:
+    async with serve() as served:
+        reply = await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3,
+                                                     "response_format": STRUCTURAL_TAG})
+        assert reply.status_code == 200, await reply.get_json()
+        tag = STRUCTURAL_TAG["structures"][0]
+        expected = Constraint.structural_tag([TaggedJson(tag["begin"], json_schema_text(tag["schema"]), tag["end"])],
+                                             STRUCTURAL_TAG["triggers"])
+        assert served.engine.parts.grammar.cached(expected)

@@ -10,15 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inference_server.http.body_parser import load_json, parse_body, structure
 from inference_server.http.errors import ApiError
-from inference_server.http.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    load_json,
-    parse_body,
-    structure,
-)
+from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 RECORDS = [GenerateRequest, CompletionRequest, ChatCompletionRequest]
 FIELD_NAMES = ["prompt", "prompt_token_ids", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",

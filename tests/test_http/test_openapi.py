@@ -11,8 +11,9 @@ import pytest
 from http_testkit import serving_on_socket
 from openapi_spec_validator import validate
 
+from inference_server.http.body_parser import CONVERTER
 from inference_server.http.openapi import SchemaBuilder, openapi_path
-from inference_server.http.schemas import CONVERTER, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 RECORDS = {"/generate": GenerateRequest, "/v1/completions": CompletionRequest,
            "/v1/chat/completions": ChatCompletionRequest}

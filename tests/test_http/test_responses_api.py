@@ -132,7 +132,8 @@ def test_stream_framing_names_each_event(server: SocketServer) -> None:
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"max_tool_calls": 2}, "max_tool_calls"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
 ])
 def test_what_needs_storage_or_tools_is_refused_by_name(server: SocketServer, extra: dict, param: str) -> None:
@@ -157,8 +158,12 @@ def test_accepted_flags_and_bad_input(server: SocketServer) -> None:
             ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
              "unsupported_parameter", "input[0].content[0]"),
             ({"input": [{"role": "critic", "content": "x"}]}, 400, "invalid_value", "input[0].role"),
-            ({"input": [{"type": "function_call_output", "role": "user", "content": "x"}]}, 400,
+            ({"input": [{"type": "web_search_call", "id": "ws_1", "status": "completed"}]}, 400,
              "unsupported_parameter", "input[0].type"),
+            ({"input": [{"type": "function_call_output", "output": "x"}]}, 400, "missing_field", "input[0].call_id"),
+            ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, 400, "invalid_value",
+             "input[0].output"),
+            ({"input": "hi", "reasoning": {"effort": "extreme"}}, 400, "invalid_value", "reasoning.effort"),
             ({"input": "hello", "max_output_tokens": 0}, 400, "invalid_request", "max_output_tokens"),
             ({"input": "hello", "temperature": -1}, 400, "invalid_request", "temperature"),
             ({"input": "hello", "model": "other"}, 404, "model_not_found", "model"),

@@ -121,20 +121,91 @@ def test_agent_loop_tool_result_then_answer(sdk: openai.OpenAI) -> None:
 CLIENTS_DOC = Path(__file__).parents[2] / "docs" / "clients.md"
 
 
-def test_the_documented_agent_loop_runs_as_written(sdk: openai.OpenAI) -> None:
-    """docs/clients.md's agent loop, run as written (only the server's address and model name swapped)."""
-    found = re.search(r"<!-- executed: agent loop -->\n```python\n(.*?)```\n```\n(.*?)```", CLIENTS_DOC.read_text(),
+def run_documented(sdk: openai.OpenAI, name: str) -> tuple[list[str], list[str]]:
+    """docs/clients.md's script marked ``<!-- executed: NAME -->``, run as written (only the server's address
+    and model name swapped): (the lines it printed, the lines the doc says it printed)."""
+    found = re.search(rf"<!-- executed: {name} -->\n```python\n(.*?)```\n```\n(.*?)```", CLIENTS_DOC.read_text(),
                       re.DOTALL)
     assert found is not None
     script = found.group(1).replace("http://127.0.0.1:8000/v1", str(sdk.base_url).rstrip("/"))
     script = script.replace('"gemma-3-270m"', repr(MODEL[0]))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(script, "docs/clients.md", "exec"), {"__name__": "agent_loop"})
+        exec(compile(script, "docs/clients.md", "exec"), {"__name__": name.replace(" ", "_")})
     print(printed.getvalue())
-    first, second = printed.getvalue().splitlines()
-    documented_first, documented_second = found.group(2).splitlines()
+    return printed.getvalue().splitlines(), found.group(2).splitlines()
+
+
+def test_the_documented_agent_loop_runs_as_written(sdk: openai.OpenAI) -> None:
+    """docs/clients.md's agent loop, run as written."""
+    (first, second), (documented_first, documented_second) = run_documented(sdk, "agent loop")
     assert first.split(" ", 2)[:2] == ["tool_calls", "get_weather"] == documented_first.split(" ", 2)[:2]
     arguments = json.loads(first.split(" ", 2)[2])
     assert arguments["unit"] in ("celsius", "fahrenheit") and len(arguments["city"]) <= 20
     assert first == documented_first and second == documented_second  # greedy on CPU: the documented run
+
+
+# -- the Responses API (client.responses.create), the same server -------------------------------------------
+
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+"""``TOOLS`` in the Responses API's shape."""
+
+
+def check_function_call(item: Any, names: set[str]) -> dict[str, Any]:
+    assert item.type == "function_call" and item.call_id.startswith("call_") and item.id.startswith("fc_")
+    assert item.name in names and item.status == "completed"
+    arguments = json.loads(item.arguments)
+    jsonschema.validate(arguments, SCHEMAS[item.name])
+    return arguments
+
+
+def test_responses_required_returns_a_valid_function_call(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model=MODEL[0], input=QUESTION[0]["content"], tools=FLAT_TOOLS,
+                                    tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                    max_output_tokens=60)
+    assert response.status == "completed"
+    [item] = response.output
+    check_function_call(item, {"get_weather", "get_time"})
+
+
+def test_responses_named_function_streamed_rebuilds_the_same_call(sdk: openai.OpenAI) -> None:
+    choice = {"type": "function", "name": "get_time"}
+    whole = sdk.responses.create(model=MODEL[0], input=QUESTION[0]["content"], tools=FLAT_TOOLS,
+                                 tool_choice=choice, temperature=0, max_output_tokens=60)
+    [item] = whole.output
+    expected = check_function_call(item, {"get_time"})
+    events = list(sdk.responses.create(model=MODEL[0], input=QUESTION[0]["content"], tools=FLAT_TOOLS,
+                                       tool_choice=choice, temperature=0, max_output_tokens=60, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments and json.loads(deltas) == expected  # greedy: the same call, streamed
+    assert events[-1].type == "response.completed"
+    [final] = events[-1].response.output
+    assert final.name == "get_time" and final.arguments == done.arguments
+
+
+def test_responses_agent_loop_function_call_output_then_answer(sdk: openai.OpenAI) -> None:
+    items: list[Any] = [{"role": "user", "content": QUESTION[0]["content"]}]
+    first = sdk.responses.create(model=MODEL[0], input=items, tools=FLAT_TOOLS,
+                                 tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
+                                 max_output_tokens=60)
+    [call] = first.output
+    check_function_call(call, {"get_weather"})
+    items += first.output
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature_c": 21})})
+    answer = sdk.responses.create(model=MODEL[0], input=items, tools=FLAT_TOOLS, tool_choice="none",
+                                  temperature=0, max_output_tokens=20)
+    assert [item.type for item in answer.output] == ["message"]
+    assert answer.output_text and answer.status in ("completed", "incomplete")
+
+
+def test_the_documented_responses_agent_loop_runs_as_written(sdk: openai.OpenAI) -> None:
+    """docs/clients.md's Responses agent loop: a forced function_call item, its output passed back, an answer
+    streamed as a message item; greedy on CPU, so exactly the documented run."""
+    printed, documented = run_documented(sdk, "responses agent loop")
+    first = printed[0].split(" ", 2)
+    assert first[:2] == ["function_call", "get_weather"]
+    arguments = json.loads(first[2])
+    assert arguments["unit"] in ("celsius", "fahrenheit") and len(arguments["city"]) <= 20
+    assert printed[1:3] == ["response.output_item.added message", "response.output_item.done message"]
+    assert printed == documented

@@ -66,6 +66,7 @@ class GrammarCompiler:
         self._tokenizer_json = tokenizer_json
         self._eos = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._special_tokens: dict[str, int] | None = None
         self._cache: collections.OrderedDict[Constraint, CompiledGrammar] = collections.OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -88,6 +89,14 @@ class GrammarCompiler:
                     raise RequestError("invalid_request", "structured outputs are not available for this model's "
                                        f"tokenizer: {_reason(str(error))}") from None
             return self._tokenizer
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The vocabulary's special tokens (``tokenizer.json``'s ``added_tokens`` marked special), text -> id."""
+        if self._special_tokens is None:
+            added = json.loads(self._tokenizer_json).get("added_tokens") or []
+            self._special_tokens = {t["content"]: t["id"] for t in added if t.get("special")}
+        return self._special_tokens
 
     def warm_up_in_background(self) -> threading.Thread:
         """Build the llguidance tokenizer in a daemon thread now, so that the first constrained request does
@@ -123,6 +132,8 @@ class GrammarCompiler:
 
     def _matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
         grammar = grammar_source(constraint)
+        if constraint.reasoning is not None:
+            grammar = after_reasoning_source(grammar, constraint.reasoning, self.special_tokens)
         try:
             tokenizer = self.tokenizer
         except RequestError as error:
@@ -157,6 +168,8 @@ def grammar_source(constraint: Constraint) -> str:
             if constraint.syntax == "gbnf":
                 text = llguidance.gbnf_to_lark.gbnf_to_lark(text)
             return llguidance.LLMatcher.grammar_from_lark(text)
+        if kind == "structural_tag":
+            return llguidance.LLMatcher.grammar_from_lark(structural_tag_lark(constraint))
         return llguidance.LLMatcher.grammar_from_lark(tool_calls_lark(constraint))
     except RequestError:
         raise
@@ -180,6 +193,97 @@ def tool_calls_lark(constraint: Constraint) -> str:
         tail = " ".join([f"{more}?"] * (high - low))
     body = " ".join(part for part in ("call", repeats, tail) if part)
     return "\n".join([f"start: {body}", *lines]) + "\n"
+
+
+def structural_tag_lark(constraint: Constraint) -> str:
+    """The Lark grammar of a ``structural_tag`` constraint: segments of free text ending in a trigger, each
+    followed by the rest of one of that trigger's structures, then optional free text without a trigger.
+
+    A segment is one lexeme: text that holds a trigger only at its end (llguidance's ``&`` and ``~``), so
+    the free text ends exactly where a trigger completes, and the structure is enforced from there."""
+    alternatives = "|".join(_regex_literal(t) for t in constraint.triggers)
+    lines = ["start: segment* FINAL?", "segment: " + " | ".join(f"SEG_{i} tail_{i}"
+                                                              for i in range(len(constraint.triggers)))]
+    for i, trigger in enumerate(constraint.triggers):
+        tails = []
+        for tag in constraint.calls:
+            if not tag.begin.startswith(trigger):
+                continue
+            rest = tag.begin[len(trigger):]
+            parts = [_literal(rest)] if rest else []
+            parts.append(f"%json {_json_arg(tag.schema)}")
+            if tag.end:
+                parts.append(_literal(tag.end))
+            tails.append(" ".join(parts))
+        lines.append(f"SEG_{i}: /(?s:.*){_regex_literal(trigger)}/ & ~/(?s:.*({alternatives}).+)/")
+        lines.append(f"tail_{i}: " + (" | ".join(tails) if tails else '""'))
+    lines.append(f"FINAL: /(?s:.+)/ & ~/(?s:.*({alternatives}).*)/")
+    return "\n".join(lines) + "\n"
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` matched literally inside a Lark ``/regex/``."""
+    return "".join(f"\\{c}" if c in _REGEX_META else c for c in text)
+
+
+REASONING_WHITESPACE = r"[ \t\r\n]"
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
+
+
+def after_reasoning_source(inner: str, markers: tuple[str, str], special_tokens: dict[str, int]) -> str:
+    """``inner`` (llguidance's grammar text of a constraint) after an optional reasoning section: the start
+    marker, free text, the end marker, whitespace (``Constraint.after_reasoning``).
+
+    A marker's special tokens (``special_tokens``, e.g. Gemma 4's ``<|channel>``) are matched as those tokens
+    (``<[id]>``), its other text as text. When the end marker is one special token the free text is any text
+    (a special token cannot occur in it); when it is text, the free text and the end marker are one lexeme:
+    text that holds the end marker once, at its end (llguidance's ``&`` and ``~``), then whitespace, so the
+    section ends at the first end marker. The constrained part is ``inner`` as a nested grammar."""
+    start, end = markers
+    start_terms = " ".join(_marker_terms(start, special_tokens))
+    if end in special_tokens:
+        section = f"{start_terms} THOUGHT? <[{special_tokens[end]}]> WS?"
+        tokens = f"THOUGHT: /(?s:.+)/\nWS: /{REASONING_WHITESPACE}+/\n"
+    else:
+        marker = _regex_literal(end)
+        section = f"{start_terms} THOUGHT_END"
+        tokens = (f"THOUGHT_END: /(?s:.*){marker}{REASONING_WHITESPACE}*/ & "
+                  f"~/(?s:.*{marker}.*{marker}.*)/\n")
+    constrained = {**_first_grammar(inner), "name": "constrained"}
+    lark = f"start: reasoning? @constrained\nreasoning: {section}\n{tokens}"
+    return json.dumps({"grammars": [{"name": "after_reasoning", "lark_grammar": lark}, constrained]})
+
+
+def _first_grammar(source: str) -> dict[str, object]:
+    """The grammar of llguidance's grammar text: a JSON ``{"grammars": [...]}`` (schemas, regexes) or Lark."""
+    try:
+        value = json.loads(source)
+    except ValueError:
+        return {"lark_grammar": source}
+    return dict(value["grammars"][0]) if isinstance(value, dict) and value.get("grammars") else \
+        {"lark_grammar": source}
+
+
+def _marker_terms(text: str, special_tokens: dict[str, int]) -> list[str]:
+    """Lark terms matching ``text``: its special tokens (longest first at each place) as ``<[id]>``, the
+    text between them as string literals."""
+    terms: list[str] = []
+    plain = ""
+    i = 0
+    while i < len(text):
+        match = max((t for t in special_tokens if t and text.startswith(t, i)), key=len, default=None)
+        if match is None:
+            plain += text[i]
+            i += 1
+            continue
+        if plain:
+            terms.append(_literal(plain))
+            plain = ""
+        terms.append(f"<[{special_tokens[match]}]>")
+        i += len(match)
+    if plain:
+        terms.append(_literal(plain))
+    return terms
 
 
 def _literal(text: str) -> str:

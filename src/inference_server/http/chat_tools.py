@@ -32,9 +32,10 @@ import attrs
 
 from inference_server.http.chat_output import ChatOutputSpec
 from inference_server.http.errors import invalid_request
+from inference_server.http.gemma4_tool_grammar import gemma4_calls_lark
 from inference_server.http.reasoning_parsers import ReasoningFormat
 from inference_server.http.schemas import ChatMessageInput, ToolCallInput, ToolDefinition
-from inference_server.http.tool_parsers import HERMES, ToolCallFormat
+from inference_server.http.tool_parsers import GEMMA4, HERMES, ToolCallFormat
 from inference_server.records.constraints import Constraint, TaggedJson, json_schema_text
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -142,16 +143,15 @@ def forced_call_constraint(tools: ToolRequest) -> Constraint | None:
 
     Hermes: ``<tool_call>\\n{"name": <one of the tools>, "arguments": <matching its parameters>}\\n</tool_call>``,
     one call (a named tool, or ``parallel_tool_calls: false``) or one or more separated by newlines; ``name``
-    is generated before ``arguments``. The grammar covers the whole output, from its first token: a forced
-    call leaves no room for a reasoning section (send ``chat_template_kwargs: {"enable_thinking": false}`` to
-    a thinking model). Gemma 4's call syntax is not JSON and its markers are special tokens: forcing it needs
-    a grammar of its own, not written yet (a 400)."""
+    is generated before ``arguments``. Gemma 4: its own call syntax, from each tool's ``parameters``
+    (``gemma4_tool_grammar``; a schema keyword it cannot enforce is a 400). With a reasoning parser the call
+    may follow a reasoning section (``constraint_fields.after_reasoning``)."""
     if tools.forced is None:
         return None
-    if tools.output.tools is not HERMES:
-        raise invalid_request(f"tool_choice {tools.forced!r} is supported for the hermes tool-call format only; "
-                              "this server parses gemma4: send tool_choice auto", "tool_choice",
-                              "unsupported_parameter")
+    several = tools.forced == "required" and tools.output.parallel
+    if tools.output.tools is GEMMA4:
+        lark = gemma4_calls_lark(list(tools.forced_tools()), several=several)
+        return Constraint.from_grammar(lark, syntax="lark", field="tool_choice")
     calls = []
     for tool in tools.forced_tools():
         function = tool["function"]
@@ -160,7 +160,6 @@ def forced_call_constraint(tools: ToolRequest) -> Constraint | None:
                   "required": ["name", "arguments"], "additionalProperties": False}
         calls.append(TaggedJson(begin=HERMES.start + "\n", schema=json_schema_text(schema, "tools"),
                                 end="\n" + HERMES.end))
-    several = tools.forced == "required" and tools.output.parallel
     return Constraint.tool_calls(calls, min_calls=1, max_calls=None if several else 1, separator="\n",
                                  field="tool_choice")
 

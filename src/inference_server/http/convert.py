@@ -69,7 +69,7 @@ def structured_fields(fields: SamplingFields) -> dict[str, Any]:
         found[name] = getattr(fields, name, None)
     response_format = getattr(fields, "response_format", None)
     if response_format is not None:
-        found["response_format"] = (response_format.type, response_format.json_schema)
+        found["response_format"] = response_format
     return found
 
 

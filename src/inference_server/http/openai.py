@@ -54,7 +54,7 @@ from inference_server.http.chat_tools import (
     template_kwargs,
     tool_request,
 )
-from inference_server.http.constraint_fields import constraint_of
+from inference_server.http.constraint_fields import after_reasoning, constraint_of
 from inference_server.http.convert import (
     DEFAULT_MAX_TOKENS,
     SESSION_ID_HEADER,
@@ -222,7 +222,7 @@ class OpenAIRoutes:
         if forced is not None and constraint_of(structured_fields(body)) is not None:
             raise invalid_request("tool_choice required or a named tool cannot be combined with structured output "
                                   "(response_format, structured_outputs, guided_*)", "tool_choice")
-        params = keep_marker_tokens(params, tools.output)
+        params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)
         session = self._session(body.user)
         side = truncation_side(body)
         requests = [

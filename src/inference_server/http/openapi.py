@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from inference_server.http.schemas import INT_RANGE
+from inference_server.http.body_parser import INT_RANGE
 
 ERROR_STATUSES: dict[str, str] = {
     "400": "invalid request: the error's param names the field",

@@ -10,9 +10,9 @@ import trio
 from quart import Response, current_app, request
 
 from inference_server.http.body import receive_body
+from inference_server.http.body_parser import parse_body
 from inference_server.http.errors import ApiError
 from inference_server.http.generation import Generation
-from inference_server.http.schemas import parse_body
 from inference_server.http.sse import DONE, SSE_CONTENT_TYPE, SSE_HEADERS, EventEncoder, dumps, sse_body
 
 Record = TypeVar("Record")

@@ -1,19 +1,24 @@
 """``POST /v1/responses``: the OpenAI Responses API over the chat path, without stored state.
 
 The request becomes one chat ``GenerationRequest``: ``instructions`` is a leading system message, ``input``
-a string (one user message) or a list of message items (``role`` ``user``, ``system``, ``developer`` (as
-``system``) or ``assistant``; ``content`` a string or ``input_text`` / ``output_text`` parts, joined with
-newlines). ``max_output_tokens`` caps the output (absent: the rest of the context, as on chat);
-``temperature`` and ``top_p`` sample. It is admitted, collected or streamed by the same code as chat
-(``generation.admit``, ``sse.sse_body``); ``responses_format`` builds the bodies and events.
+a string (one user message) or a list of items (``responses_input``: messages, ``function_call``,
+``function_call_output`` and ``reasoning`` items of an agent loop). ``max_output_tokens`` caps the output
+(absent: the rest of the context, as on chat); ``temperature`` and ``top_p`` sample. It is admitted,
+collected or streamed by the same code as chat (``generation.admit``, ``sse.sse_body``); ``responses_format``
+builds the bodies and events, ``responses_items`` the output items.
+
+Tools are chat's (``chat_tools``): ``tools`` (flat function tools), ``tool_choice`` and
+``parallel_tool_calls`` render through the template, calls are parsed into ``function_call`` items, and
+``required`` / a named function are forced by the grammar. ``reasoning.effort``: ``none`` renders the template
+with ``enable_thinking: false``, any other level with ``enable_thinking: true`` (the templates have no
+graded budget); absent, the template's default. With a reasoning parser the reasoning section becomes a
+``reasoning`` item. ``text.format`` json_schema / json_object constrain the output (``constraint_fields``).
 
 Nothing is stored: ``store`` is accepted (either value) but no response can be retrieved later. What needs
 stored state or features this server lacks is a 400 ``unsupported_parameter`` naming the field:
-``previous_response_id``, ``conversation``, ``background: true``, ``prompt``, ``include``, ``reasoning``,
-``top_logprobs``, ``max_tool_calls``, tools (``tools``, ``tool_choice``, ``parallel_tool_calls``: through
-the shared unsupported-field list), ``truncation: "auto"``, and input
-items or content parts that are not text messages. ``text.format`` json_schema / json_object constrain the
-output (``constraint_fields``).
+``previous_response_id``, ``conversation``, ``background: true``, ``prompt``, ``include``, ``top_logprobs``,
+``max_tool_calls``, ``truncation: "auto"``, tools that are not functions, and input items or content parts
+that are not text.
 """
 
 from __future__ import annotations
@@ -24,20 +29,22 @@ from typing import Any
 import attrs
 from quart import Response, g, request
 
-from inference_server.http.constraint_fields import from_text_format
+from inference_server.http.chat_tools import ToolRequest, forced_call_constraint
+from inference_server.http.constraint_fields import after_reasoning, from_text_format
 from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import admit
+from inference_server.http.openai import keep_marker_tokens
 from inference_server.http.openai_format import new_id
 from inference_server.http.responses import json_response, read_body, sse_response
 from inference_server.http.responses_format import ResponseEcho, ResponseHead, ResponsesEncoder, whole_response
-from inference_server.http.responses_schema import ResponseInput, ResponsesRequest
+from inference_server.http.responses_input import input_messages, responses_tool_request
+from inference_server.http.responses_schema import ReasoningConfig, ResponsesRequest
 from inference_server.http.schemas import SamplingFields
 from inference_server.http.state import AppState
 from inference_server.records.requests import ChatMessage, GenerationRequest
 
-INPUT_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
-TEXT_PART_TYPES = frozenset({"input_text", "output_text"})
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 STATEFUL_FIELDS = {
     "previous_response_id": "previous_response_id needs stored responses, and this server stores none: send the "
                             "whole conversation in input",
@@ -45,11 +52,10 @@ STATEFUL_FIELDS = {
                     "conversation in input",
     "background": "background responses need stored responses, and this server stores none",
     "prompt": "stored prompt templates are not supported: send the prompt in input and instructions",
-    "include": "include is not supported (no tool outputs, reasoning or logprobs to include)",
-    "reasoning": "reasoning options are not supported",
+    "include": "include is not supported (reasoning comes back as text in reasoning items; no logprobs or "
+               "encrypted content to include)",
     "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
-    "max_tool_calls": "tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
-    "tools": "tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
+    "max_tool_calls": "max_tool_calls is not supported: send parallel_tool_calls: false for at most one call",
 }
 """Fields refused unless sent empty, with the reason."""
 RENAMES = {"max_tokens": "max_output_tokens", "prompt": "input"}
@@ -66,33 +72,47 @@ class ResponsesRoutes:
         state.check_accepting()
         body = await read_body(ResponsesRequest)
         state.check_model(body.model)
-        generation_request = self._generation_request(body)
+        tools = responses_tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format,
+                                       state.reasoning_format)
+        generation_request = self._generation_request(body, tools)
         generation = await admit(state.engine, [generation_request], state.tracker, renames=RENAMES)
         params = generation_request.params
         head = ResponseHead(new_id("resp"), int(time.time()), state.model_name, ResponseEcho(
             instructions=body.instructions, max_output_tokens=body.max_output_tokens,
-            temperature=params.temperature, top_p=params.top_p, metadata=body.metadata or {}, user=body.user))
+            temperature=params.temperature, top_p=params.top_p, metadata=body.metadata or {}, user=body.user,
+            tools=[attrs.asdict(t, filter=lambda a, v: v is not None) for t in body.tools or ()],
+            tool_choice=body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none"),
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            reasoning=attrs.asdict(body.reasoning) if body.reasoning is not None else None))
+        output = tools.output
         if body.stream:
-            encoder = ResponsesEncoder(state, head, generation.prompt_tokens)
+            encoder = ResponsesEncoder(state, head, generation.prompt_tokens, output)
             return sse_response(generation, encoder, coalesce=state.coalesce, terminator=b"")
         (result,) = await generation.successful_results(state.engine)
-        return json_response(whole_response(head, result, generation.prompt_tokens[0]))
+        return json_response(whole_response(head, result, generation.prompt_tokens[0], output))
 
-    def _generation_request(self, body: ResponsesRequest) -> GenerationRequest:
+    def _generation_request(self, body: ResponsesRequest, tools: ToolRequest) -> GenerationRequest:
         refuse_unsupported(body)
         messages = input_messages(body.input)
         if body.instructions:
             messages.insert(0, ChatMessage("system", body.instructions))
         if not messages:
             raise invalid_request("input must not be empty", "input")
-        # A reply ends at the chat template's turn markers, as on the chat route.
         fmt = body.text.format if body.text is not None else None
         constraint = from_text_format(attrs.asdict(fmt, filter=lambda a, v: v is not None)) if fmt else None
+        forced = forced_call_constraint(tools)
+        if forced is not None and constraint is not None:
+            raise invalid_request("tool_choice required or a named tool cannot be combined with text.format",
+                                  "tool_choice")
+        # A reply ends at the chat template's turn markers, as on the chat route.
         params = self.state.chat_stops.apply(sampling_params(
             SamplingFields(temperature=body.temperature, top_p=body.top_p), max_tokens=body.max_output_tokens,
-            logprobs=None, constraint=constraint))
+            logprobs=None, constraint=forced or constraint))
+        kwargs = reasoning_kwargs(body.reasoning)
+        params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)
         session = header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.user
-        return GenerationRequest(params=params, messages=tuple(messages), session_id=session, trace_id=g.trace_id)
+        return GenerationRequest(params=params, messages=tuple(messages), session_id=session, trace_id=g.trace_id,
+                                 tools=tools.template_tools, chat_template_kwargs=kwargs)
 
 
 def _is_empty(value: Any) -> bool:
@@ -104,39 +124,16 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     for name, reason in STATEFUL_FIELDS.items():
         if not _is_empty(getattr(body, name)):
             raise invalid_request(reason, name, "unsupported_parameter")
-    if body.tool_choice not in (None, "none", "auto"):  # without tools (refused above) none and auto mean nothing
-        raise invalid_request("tool calling is not supported on /v1/responses yet: use /v1/chat/completions",
-                              "tool_choice", "unsupported_parameter")
     if body.truncation not in (None, "disabled"):
         raise invalid_request("only truncation: \"disabled\" is supported (a prompt over the context is a 400)",
                               "truncation", "unsupported_parameter")
 
 
-def input_messages(items: ResponseInput) -> list[ChatMessage]:
-    """``input`` as chat messages (a string is one user message)."""
-    if isinstance(items, str):
-        return [ChatMessage("user", items)]
-    messages = []
-    for index, item in enumerate(items):
-        if item.type not in (None, "message"):
-            raise invalid_request(f"input items of type {item.type!r} are not supported; only messages are",
-                                  f"input[{index}].type", "unsupported_parameter")
-        role = INPUT_ROLES.get(item.role)
-        if role is None:
-            raise invalid_request(f"unknown role {item.role!r}; expected one of {', '.join(INPUT_ROLES)}",
-                                  f"input[{index}].role")
-        messages.append(ChatMessage(role, _content_text(item.content, index)))
-    return messages
-
-
-def _content_text(content: str | list, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part_index, part in enumerate(content):
-        if part.type not in TEXT_PART_TYPES or part.text is None:
-            raise invalid_request(f"content part of type {part.type!r} is not supported; only input_text parts are",
-                                  f"input[{index}].content[{part_index}]", "unsupported_parameter")
-        texts.append(part.text)
-    return "\n".join(texts)
-
+def reasoning_kwargs(reasoning: ReasoningConfig | None) -> dict[str, Any] | None:
+    """``reasoning.effort`` as the template's ``enable_thinking`` (see the module docstring)."""
+    if reasoning is None or reasoning.effort is None:
+        return None
+    if reasoning.effort not in REASONING_EFFORTS:
+        raise invalid_request(f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, got "
+                              f"{reasoning.effort[:40]!r}", "reasoning.effort")
+    return {"enable_thinking": reasoning.effort != "none"}

@@ -1,16 +1,13 @@
 """Bodies and stream events of ``POST /v1/responses``, in the shapes of openai-python's
-``openai.types.responses`` (``Response``, ``ResponseOutputMessage``, ``ResponseOutputText``, the
-``Response*Event`` types).
+``openai.types.responses`` (``Response``, the ``Response*Event`` types); the output items themselves are
+``responses_items``'s (reasoning, message, function calls).
 
-A response has one output item, an assistant ``message`` with one ``output_text`` part. ``status`` is
-``completed``, ``incomplete`` (the output was cut by ``max_output_tokens`` or the context: ``finish_reason``
-``length``; ``incomplete_details.reason`` is ``max_output_tokens``) or ``failed`` (only in a stream's
-``response.failed`` event; a non-streamed failure is an HTTP error in the OpenAI error shape).
+``status`` is ``completed``, ``incomplete`` (the output was cut by ``max_output_tokens`` or the context:
+``finish_reason`` ``length``; ``incomplete_details.reason`` is ``max_output_tokens``) or ``failed`` (only in a
+stream's ``response.failed`` event; a non-streamed failure is an HTTP error in the OpenAI error shape).
 
 A stream is ``event: <type>`` + ``data: <json>`` SSE events, each with a ``sequence_number`` counting from 0:
-``response.created``, ``response.in_progress``, ``response.output_item.added``,
-``response.content_part.added``, ``response.output_text.delta`` (one per engine update with text),
-``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done`` and
+``response.created``, ``response.in_progress``, then each output item's events (``responses_items``), then
 ``response.completed`` (or ``response.incomplete``). A failure once the stream has started is an ``error``
 event (our error ``code``, ``message``, ``param``) followed by ``response.failed``, whose ``response.error``
 has OpenAI's ``server_error`` code (``rate_limit_exceeded`` for an overload). No ``data: [DONE]`` follows:
@@ -20,13 +17,14 @@ the OpenAI API sends none on this route.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from inference_server.http.chat_output import ChatOutputSpec
 from inference_server.http.errors import ApiError, from_unsuccessful_finish
+from inference_server.http.responses_items import OutputItemStream, whole_output
 from inference_server.http.sse import dumps
 from inference_server.http.state import AppState
 from inference_server.records.requests import RequestUpdate
@@ -42,10 +40,10 @@ class ResponseEcho:
     top_p: float
     metadata: dict[str, str]
     user: str | None
-
-
-def new_item_id() -> str:
-    return f"msg_{uuid.uuid4().hex}"
+    tools: list[dict[str, Any]] = attrs.Factory(list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: dict[str, Any] | None = None
 
 
 def response_usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -54,14 +52,6 @@ def response_usage(input_tokens: int, output_tokens: int, cached_tokens: int) ->
             "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens}
-
-
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def output_message(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
 
 
 def finish_status(finish_reason: str | None) -> str:
@@ -88,18 +78,18 @@ class ResponseHead:
             "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens, "model": self.model,
-            "output": output, "parallel_tool_calls": False, "previous_response_id": None,
+            "output": output, "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": None,
             "temperature": echo.temperature, "top_p": echo.top_p, "text": {"format": {"type": "text"}},
-            "tool_choice": "none", "tools": [], "truncation": "disabled", "metadata": echo.metadata,
-            "user": echo.user, "usage": usage,
+            "tool_choice": echo.tool_choice, "tools": echo.tools, "truncation": "disabled",
+            "metadata": echo.metadata, "user": echo.user, "usage": usage, "reasoning": echo.reasoning,
         }
 
 
-def whole_response(head: ResponseHead, result: RequestUpdate, prompt_tokens: int) -> dict[str, Any]:
+def whole_response(head: ResponseHead, result: RequestUpdate, prompt_tokens: int,
+                   output_spec: ChatOutputSpec) -> dict[str, Any]:
     """The non-streamed ``response`` of a successful request."""
     status = finish_status(result.finish_reason)
-    text = "".join(t.text for t in result.tokens)
-    output = [output_message(new_item_id(), status, [output_text(text)])]
+    output = whole_output(output_spec.processor(), "".join(t.text for t in result.tokens), status)
     return head.body(status, output, response_usage(prompt_tokens, len(result.tokens),
                                                     result.cached_prompt_tokens))
 
@@ -112,15 +102,16 @@ def response_error(error: ApiError) -> dict[str, Any]:
 
 
 class ResponsesEncoder:
-    """The SSE events of one streamed response (one choice: ``index`` is always 0)."""
+    """The SSE events of one streamed response (one choice)."""
 
-    def __init__(self, state: AppState, head: ResponseHead, prompt_tokens: Sequence[int]) -> None:
+    def __init__(self, state: AppState, head: ResponseHead, prompt_tokens: Sequence[int],
+                 output_spec: ChatOutputSpec) -> None:
         self.state = state
         self.head = head
         self.prompt_tokens = prompt_tokens[0]
-        self.item_id = new_item_id()
         self.sequence_number = 0
-        self.text: list[str] = []
+        self._pending: list[bytes] = []
+        self.items = OutputItemStream(output_spec.processor(), self._queue)
         self.output_tokens = 0
         self.cached_tokens = 0
         self.finish_reason: str | None = None
@@ -130,18 +121,17 @@ class ResponsesEncoder:
         self.sequence_number += 1
         return f"event: {type_}\ndata: {dumps(data)}\n\n".encode("utf-8", "replace")
 
-    def _located(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+    def _queue(self, type_: str, payload: dict[str, Any]) -> None:
+        self._pending.append(self._event(type_, payload))
+
+    def _flush(self) -> bytes:
+        out, self._pending = b"".join(self._pending), []
+        return out
 
     def opening(self) -> bytes:
         started = self.head.body("in_progress", [], None)
-        return b"".join((
-            self._event("response.created", {"response": started}),
-            self._event("response.in_progress", {"response": started}),
-            self._event("response.output_item.added",
-                        {"output_index": 0, "item": output_message(self.item_id, "in_progress", [])}),
-            self._event("response.content_part.added", {**self._located(), "part": output_text("")}),
-        ))
+        return b"".join((self._event("response.created", {"response": started}),
+                         self._event("response.in_progress", {"response": started})))
 
     def update(self, index: int, update: RequestUpdate) -> bytes:
         self.output_tokens += len(update.tokens)
@@ -149,32 +139,24 @@ class ResponsesEncoder:
             self.finish_reason = update.finish_reason
             self.cached_tokens = update.cached_prompt_tokens
         delta = "".join(t.text for t in update.tokens)
-        if not delta:
-            return b""
-        self.text.append(delta)
-        return self._event("response.output_text.delta", {**self._located(), "delta": delta, "logprobs": []})
+        if delta:
+            self.items.feed(delta)
+        return self._flush()
 
     def closing(self) -> bytes:
-        text, status = "".join(self.text), finish_status(self.finish_reason)
-        part = output_text(text)
-        item = output_message(self.item_id, status, [part])
+        status = finish_status(self.finish_reason)
+        output = self.items.finish(status)
         usage = response_usage(self.prompt_tokens, self.output_tokens, self.cached_tokens)
         final = "response.incomplete" if status == "incomplete" else "response.completed"
-        return b"".join((
-            self._event("response.output_text.done", {**self._located(), "text": text, "logprobs": []}),
-            self._event("response.content_part.done", {**self._located(), "part": part}),
-            self._event("response.output_item.done", {"output_index": 0, "item": item}),
-            self._event(final, {"response": self.head.body(status, [item], usage)}),
-        ))
+        self._queue(final, {"response": self.head.body(status, output, usage)})
+        return self._flush()
 
     def failure(self, index: int, update: RequestUpdate) -> bytes:
         return self.error(from_unsuccessful_finish(update, engine_failed=self.state.engine.failed))
 
     def error(self, error: ApiError) -> bytes:
-        item = output_message(self.item_id, "incomplete", [output_text("".join(self.text))])
         usage = response_usage(self.prompt_tokens, self.output_tokens, self.cached_tokens)
-        return b"".join((
-            self._event("error", {"code": error.code, "message": error.message, "param": error.param}),
-            self._event("response.failed",
-                        {"response": self.head.body("failed", [item], usage, error=response_error(error))}),
-        ))
+        self._queue("error", {"code": error.code, "message": error.message, "param": error.param})
+        self._queue("response.failed", {"response": self.head.body("failed", self.items.abandon(), usage,
+                                                                    error=response_error(error))})
+        return self._flush()

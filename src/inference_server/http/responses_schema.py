@@ -1,9 +1,11 @@
 """Wire records of ``POST /v1/responses`` (the OpenAI Responses API), parsed by the same strict converter as
-every other body (``schemas.structure``: unknown fields are 400 ``unknown_field``, no type coercion).
+every other body (``body_parser.structure``: unknown fields are 400 ``unknown_field``, no type coercion).
 
 Only what a stateless server can honour is modelled. Fields that need stored state (``previous_response_id``,
-``conversation``, ``background``, ``prompt``), tools, and ``include`` are accepted as fields so that the route
-can refuse them with a 400 naming the field (``responses_api.refuse_stateful``); sent empty they are ignored.
+``conversation``, ``background``, ``prompt``) and ``include`` are accepted as fields so that the route can
+refuse them with a 400 naming the field (``responses_api.refuse_unsupported``); sent empty they are ignored.
+Function tools (``tools``, ``tool_choice``, ``parallel_tool_calls``) and the items of an agent loop
+(``function_call``, ``function_call_output``, ``reasoning``) are modelled in full (``responses_input``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from inference_server.http.schemas import CONVERTER
+from inference_server.http.body_parser import CONVERTER
 
 
 @attrs.frozen(kw_only=True)
@@ -29,22 +31,54 @@ class InputContentPart:
     detail: Any = None
 
 
-ResponseContentInput = str | list[InputContentPart]
+ItemContent = str | list[InputContentPart] | None
 
 
 @attrs.frozen(kw_only=True)
 class ResponseInputItem:
-    """An input item: a message ``{"role", "content"}`` with an optional ``"type": "message"``; ``id`` and
-    ``status`` are accepted (an output item passed back as input carries them) and ignored."""
+    """An input item. ``type`` absent or ``message``: a message ``{"role", "content"}``. An earlier output item
+    passed back: ``function_call`` (``call_id``, ``name``, ``arguments``), ``reasoning`` (``content`` of
+    ``reasoning_text`` parts, ``summary``); and a tool result, ``function_call_output`` (``call_id``,
+    ``output``). ``id`` and ``status`` are accepted (output items carry them) and ignored; which fields each
+    type needs is checked by ``responses_input``."""
 
-    role: str
-    content: ResponseContentInput
     type: str | None = None
+    role: str | None = None
+    content: ItemContent = None
     id: str | None = None
     status: str | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: Any = None
+    summary: list[Any] | None = None
+    encrypted_content: str | None = None
 
 
 ResponseInput = str | list[ResponseInputItem]
+
+
+@attrs.frozen(kw_only=True)
+class ResponseTool:
+    """One of ``tools``, the Responses API's flat shape: ``{"type": "function", "name", "description",
+    "parameters", "strict"}``. Other tool types (``web_search``, ``file_search``, ...) parse and are refused
+    by name (``tools[i].type``)."""
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: Any = None
+    strict: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningConfig:
+    """``reasoning``: ``effort`` (``none`` turns the template's thinking off, any other level on) and
+    ``summary`` (accepted; no summaries are written: the reasoning text is the item's ``content``)."""
+
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -82,18 +116,18 @@ class ResponsesRequest:
     user: str | None = None
     text: TextConfig | None = None
     truncation: str | None = None
-    # Refused unless empty (they need stored state, tools or output this server does not produce).
+    tools: list[ResponseTool] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningConfig | None = None
+    # Refused unless empty (they need stored state or output this server does not produce).
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
     prompt: Any = None
     include: list[str] | None = None
-    reasoning: Any = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
 
 
 def _json_type(value: Any) -> str:
@@ -113,8 +147,8 @@ def _register_hooks() -> None:
 
         return structure
 
-    CONVERTER.register_structure_hook(
-        ResponseContentInput, text_or_list(list[InputContentPart], "a string or a list of content parts"))
+    content = text_or_list(list[InputContentPart], "a string or a list of content parts")
+    CONVERTER.register_structure_hook(ItemContent, lambda value, t: None if value is None else content(value, t))
     CONVERTER.register_structure_hook(
         ResponseInput, text_or_list(list[ResponseInputItem], "a string or a list of input items"))
 

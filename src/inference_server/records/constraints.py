@@ -16,6 +16,14 @@ value that matches ``schema``, then the literal ``end`` text, separated by ``sep
 
     call = TaggedJson(begin="<tool_call>\\n", schema=json_schema_text({...}), end="\\n</tool_call>")
     constraint = Constraint.tool_calls([call], min_calls=1, max_calls=None, separator="\\n")
+
+Structural tags (``structural_tag``, xgrammar's and vLLM's ``response_format``): free text, in which each
+occurrence of a trigger must go on as one of the ``TaggedJson`` structures whose ``begin`` starts with that
+trigger (its begin, a JSON value matching its schema, its end), then free text again.
+
+After reasoning (``after_reasoning``): any constraint may let the output start with a reasoning section, the
+start marker, free text, the end marker and whitespace, before the constrained part (a thinking model's
+``<think>…</think>``). The section is optional: an output that starts with the constrained part is valid too.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import attrs
 
 from inference_server.records.errors import RequestError
 
-ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "tool_calls"]
+ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "tool_calls", "structural_tag"]
 GrammarSyntax = Literal["lark", "gbnf"]
 
 
@@ -85,6 +93,11 @@ class Constraint:
     """``tool_calls``: how many calls (None: no upper bound)."""
     separator: str = "\n"
     """``tool_calls``: literal text between two calls."""
+    triggers: tuple[str, ...] = ()
+    """``structural_tag``: the texts that start a structure (``calls`` are the structures)."""
+    reasoning: tuple[str, str] | None = None
+    """The (start, end) markers of an optional reasoning section before the constrained output, as text;
+    special tokens among them are matched as tokens (see ``core.grammar_compiler``). None: no section."""
     field: str = attrs.field(default="response_format", eq=False)
 
     @classmethod
@@ -127,6 +140,31 @@ class Constraint:
             raise ValueError(f"calls must satisfy 1 <= min_calls <= max_calls, got {min_calls}, {max_calls}")
         return cls("tool_calls", calls=alternatives, min_calls=min_calls, max_calls=max_calls,
                    separator=separator, field=field)
+
+
+    @classmethod
+    def structural_tag(cls, structures: Iterable[TaggedJson], triggers: Iterable[str], *,
+                       field: str = "response_format") -> Constraint:
+        """Free text with ``structures`` started by ``triggers`` (see the module docstring); every structure's
+        ``begin`` starts with a trigger."""
+        tags, starts = tuple(structures), tuple(triggers)
+        if not tags:
+            raise RequestError("invalid_request", f"{field}.structures must not be empty", f"{field}.structures")
+        if not starts or not all(isinstance(t, str) and t for t in starts):
+            raise RequestError("invalid_request", f"{field}.triggers must be a non-empty list of non-empty strings",
+                               f"{field}.triggers")
+        for index, tag in enumerate(tags):
+            if not any(tag.begin.startswith(t) for t in starts):
+                raise RequestError("invalid_request", f"{field}.structures[{index}].begin must start with one of "
+                                   "the triggers", f"{field}.structures[{index}].begin")
+        return cls("structural_tag", calls=tags, triggers=starts, field=field)
+
+    def after_reasoning(self, start: str, end: str) -> Constraint:
+        """This constraint, after an optional reasoning section between ``start`` and ``end`` (see the module
+        docstring)."""
+        _require_text(start, self.field, "a reasoning start marker")
+        _require_text(end, self.field, "a reasoning end marker")
+        return attrs.evolve(self, reasoning=(start, end))
 
 
 def _require_text(value: object, field: str, what: str) -> None:
