@@ -11,7 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_server.kernels.token_bitmask import BLOCK, apply_token_bitmask_, token_bitmask_reference
+from inference_server.kernels.token_bitmask import (
+    BLOCK,
+    apply_token_bitmask_,
+    token_bitmask_reference,
+    warm_up_token_bitmask,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -73,6 +78,7 @@ def test_refuses_a_mask_narrower_than_the_vocabulary() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gemma_vocabulary_on_the_gpu() -> None:
     vocab, batch = 262_144, 80
+    warm_up_token_bitmask(vocab, torch.device("cuda"))
     rows = list(range(0, batch, 5)) + list(range(1, batch, 5)) + list(range(2, batch, 5)) + \
         list(range(3, batch, 5))
     gen = torch.Generator().manual_seed(0)

@@ -54,6 +54,14 @@ def apply_token_bitmask_(logits: torch.Tensor, bits: torch.Tensor, rows: torch.T
                                       BLOCK=BLOCK)
 
 
+def warm_up_token_bitmask(vocab_size: int, device: torch.device) -> None:
+    """Compile the kernel's variant for a ``vocab_size`` batch on ``device`` (one listed row of fp32 logits, what
+    the sampler passes), so that the first constrained request does not wait for Triton."""
+    logits = torch.zeros(1, vocab_size, dtype=torch.float32, device=device)
+    bits = torch.full((1, -(-vocab_size // 32)), -1, dtype=torch.int32, device=device)
+    apply_token_bitmask_(logits, bits, torch.zeros(1, dtype=torch.int64, device=device))
+
+
 def token_bitmask_reference(logits: torch.Tensor, bits: torch.Tensor, rows: torch.Tensor) -> None:
     """``apply_token_bitmask_`` in torch ops (the CPU path and the kernel's oracle)."""
     vocab_size = logits.shape[1]

@@ -86,6 +86,7 @@ from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
 from inference_server.kernels.router import triton_route
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
+from inference_server.kernels.token_bitmask import warm_up_token_bitmask
 from inference_server.models.architectures import layers, ops
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
@@ -185,6 +186,7 @@ class CudaModelRunner(ModelRunner):
         self.warm_up_eager(options.eager_warmup_tokens)
         if device.type == "cuda":
             self.warm_up_greedy_head()
+            warm_up_token_bitmask(spec.vocab_size, device)  # structured output's mask (sampler)
         self.eager_warmup_seconds = time.perf_counter() - started
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
