@@ -289,7 +289,8 @@ def grammar_host_costs(tokenizer_folder: Path, vocab_size: int, output_len: int,
     runner's grammar path (``grammar_masks``), in milliseconds per step (median over ``steps``): ``advance`` (each
     matcher consumes its row's sampled token, llguidance's threads), ``fill`` (the ``rows`` masks into the pinned
     buffer, llguidance's threads), ``copy`` (until the masks are on the device; CUDA only), and ``advance_gil``
-    and ``fill_gil``: the CPU time of the calling thread in each (what holds the GIL that the event loop needs).
+    and ``fill_gil``: the CPU time of the calling thread in each (what holds the GIL that the event loop needs),
+    ``fill_cpu``: the process's CPU time in the fill (every worker's: the fill's wall time times its parallelism).
     Each row takes a seeded random token its mask allows (outside the timings), so the rows drift apart as real
     requests do."""
     import random
@@ -310,13 +311,14 @@ def grammar_host_costs(tokenizer_folder: Path, vocab_size: int, output_len: int,
     states = [GrammarState.start(compiled) for _ in range(rows)]
     outputs: list[list[int]] = [[] for _ in range(rows)]
     rng = random.Random(seed)
-    times: dict[str, list[float]] = {"advance": [], "fill": [], "copy": [], "advance_gil": [], "fill_gil": []}
+    times: dict[str, list[float]] = {"advance": [], "fill": [], "copy": [], "advance_gil": [], "fill_gil": [],
+                                     "fill_cpu": []}
     for _ in range(steps):
         t0, c0 = time.perf_counter(), time.thread_time()
         filler.advance([(state, output[state.consumed:]) for state, output in zip(states, outputs, strict=True)])
-        t1, c1 = time.perf_counter(), time.thread_time()
+        t1, c1, p1 = time.perf_counter(), time.thread_time(), time.process_time()
         masks, _ = filler.fill([(state, row) for row, state in enumerate(states)])
-        t2, c2 = time.perf_counter(), time.thread_time()
+        t2, c2, p2 = time.perf_counter(), time.thread_time(), time.process_time()
         if device.type == "cuda":
             torch.cuda.synchronize()
         t3 = time.perf_counter()
@@ -326,6 +328,7 @@ def grammar_host_costs(tokenizer_folder: Path, vocab_size: int, output_len: int,
         # thread_time counts this thread only: llguidance's workers run without the GIL
         times["advance_gil"].append(c1 - c0)
         times["fill_gil"].append(c2 - c1)
+        times["fill_cpu"].append(p2 - p1)
         host = masks.cpu().numpy().view(np.uint32)
         for row, output in enumerate(outputs):
             words = np.flatnonzero(host[row])
@@ -333,7 +336,9 @@ def grammar_host_costs(tokenizer_folder: Path, vocab_size: int, output_len: int,
             bits = [b for b in range(32) if int(host[row, word]) >> b & 1]
             output.append(word * 32 + bits[rng.randrange(len(bits))])
     result: dict[str, Any] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    result.update(rows=rows, steps=steps, device=device.type, cpus=os.cpu_count())
+    result["fill_max"] = max(times["fill"]) * 1e3
+    result.update(rows=rows, steps=steps, device=device.type, cpus=os.cpu_count(),
+                  cpus_usable=len(os.sched_getaffinity(0)))
     if device.type != "cuda":
         result["copy"] = None
     return result

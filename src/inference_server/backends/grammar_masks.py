@@ -1,12 +1,12 @@
 """Constrained rows' token bitmasks: filled on the host by llguidance, copied to the device for the sampler.
 
 A ``GrammarState`` is one request's decoding state (an llguidance matcher) and how many of its output
-tokens the matcher has consumed. ``BitmaskFiller.advance`` feeds every constrained row its new tokens at once
-(llguidance's worker threads, the GIL released, for the usual one token a row); ``BitmaskFiller.fill`` writes
-one step's masks for the constrained rows only, ``[K, ceil(V / 32)]`` int32 (bit ``i % 32`` of word ``i // 32``
-set: token ``i`` allowed), into a pinned host buffer, all rows at once in llguidance's worker threads (the GIL
-released), and returns their device copy with the batch row of each (``non_blocking``: the host does not wait
-for it). Unconstrained rows have no mask at all: the sampler does not touch them.
+tokens the matcher has consumed. ``BitmaskFiller.advance`` feeds every constrained row its new tokens;
+``BitmaskFiller.fill`` writes one step's masks for the constrained rows only, ``[K, ceil(V / 32)]`` int32 (bit
+``i % 32`` of word ``i // 32`` set: token ``i`` allowed), into a pinned host buffer, all rows at once in
+llguidance's worker threads (the GIL released), and returns their device copy with the batch row of each
+(``non_blocking``: the host does not wait for it). Unconstrained rows have no mask at all: the sampler does not
+touch them.
 
 Two pinned buffers alternate: the copy of one step's masks may still be queued on the stream while the next
 step's are written (the runner has waited for the previous step's tokens by then, so for the copy before it).
@@ -66,12 +66,9 @@ class GrammarState:
             return
         accepted = self.matcher.try_consume_tokens(list(new))
         if accepted < len(new) and not self.matcher.is_stopped():
-            self._refused()
-
-    def _refused(self) -> None:
-        self.broken = True
-        log.warning("a constrained request's token was refused by its grammar: %s",
-                    self.matcher.get_error()[:200] or self.matcher.stop_reason())
+            self.broken = True
+            log.warning("a constrained request's token was refused by its grammar: %s",
+                        self.matcher.get_error()[:200] or self.matcher.stop_reason())
 
 
 class BitmaskFiller:
@@ -101,21 +98,11 @@ class BitmaskFiller:
         return bits[:count], rows[:count]
 
     def advance(self, updates: Sequence[tuple[GrammarState, Sequence[int]]]) -> None:
-        """Feed each state its new output tokens (``GrammarState.consume``); rows with one new token (every
-        decode step's) consume it together in llguidance's threads, the GIL released."""
-        single: list[tuple[GrammarState, int]] = []
+        """Feed each state its new output tokens (``GrammarState.consume``), one row after the other: a few µs a
+        token in this thread, where waking llguidance's workers (``consume_token_par``) cost more wall time than it
+        saved on a loaded host (figures in the commit that chose this)."""
         for state, new in updates:
-            if len(new) == 1 and not state.stopped:
-                single.append((state, new[0]))
-            else:
-                state.consume(new)
-        if not single:
-            return
-        accepted = self._executor.consume_token_par([(state.matcher, token) for state, token in single])
-        for (state, _), ok in zip(single, accepted, strict=True):
-            state.consumed += 1
-            if not ok:
-                state._refused()
+            state.consume(new)
 
     def fill(self, constrained: Sequence[tuple[GrammarState, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The masks of ``constrained`` (state, batch row) pairs (each state already advanced) on the device:
