@@ -119,7 +119,7 @@ class ModelRunner:
         self._bitmasks: BitmaskFiller | None = None
         self._sampling_thread: ThreadPoolExecutor | None = None  # constrained steps' sampling (``_masked_sample``)
         self._pending_sample: Future[tuple[torch.Tensor, HostCopy]] | None = None  # the last one, until joined
-        self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count
+        self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count, measured
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
@@ -262,6 +262,8 @@ class ModelRunner:
                 samples = self._sample(plan, states, hidden)
                 prompt_logprobs = self._prompt_logprobs(plan, hidden)  # rows in plan order either way
             self.tokens_computed += plan.num_tokens
+            if self._cpu_threads is not None:  # a CPU step has run to its end here: its time picks the count
+                self._cpu_threads.record(plan.num_tokens, time.perf_counter() - started)
         launched = LaunchedStep(plan, started, samples, prompt_logprobs)
         self._last_launched = launched
         return launched
