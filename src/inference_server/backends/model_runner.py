@@ -262,7 +262,8 @@ class ModelRunner:
                 samples = self._sample(plan, states, hidden)
                 prompt_logprobs = self._prompt_logprobs(plan, hidden)  # rows in plan order either way
             self.tokens_computed += plan.num_tokens
-            if self._cpu_threads is not None:  # a CPU step has run to its end here: its time picks the count
+            if self._cpu_threads is not None:  # a CPU step has run to its end here (but a constrained step's
+                # sampling, on the sampling thread): its time picks the count
                 self._cpu_threads.record(plan.num_tokens, time.perf_counter() - started)
         launched = LaunchedStep(plan, started, samples, prompt_logprobs)
         self._last_launched = launched
