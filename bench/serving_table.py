@@ -7,6 +7,8 @@ MODEL), run ``serve_bench`` at each concurrency ``--repeats`` times, and print o
         --engine-only --budget-s 540 --out $OUT/serving
     uv run python bench/serving_table.py --model "" --concurrency 1,2 --num-prompts 2,4 --input-len 8 \\
         --output-len 4 --repeats 2 --out /tmp/serving            # CPU, the embedded model: checks the script
+    uv run python bench/serving_table.py --model gemma-4-26b-a4b --concurrency 64 --num-prompts 64 \\
+        --json-schema --grammar-host-only --out /tmp/serving      # the host side of 64 constrained rows, no server
 
 Schedule (printed first): for each server variant (the default environment, then each ``--variant KEY=VALUE``,
 one server start each), for each concurrency ``C`` with ``N`` prompts: ``--warmup`` requests (default: ``C``)
@@ -28,7 +30,10 @@ with every request constrained by ``serve_bench.bench_schema`` (same prompts, sa
 model is served from a folder holding its config.json and the embedded Gemma 3 tokenizer (262,144 ids, the
 size of Gemma 4's vocabulary), with dummy weights, since a preset alone has no tokenizer to compile grammars
 for. The schema's compile time (llguidance tokenizer setup; first compile with its first mask; cached) is
-measured in this process on that tokenizer and printed with the table (``compile.json``).
+measured in this process on that tokenizer and printed with the table (``compile.json``), and so is the host's
+share of a constrained decode step at the largest concurrency (``grammar_host_costs``: advance the matchers, fill
+the masks, copy them to the device; ``grammar_host.json``); ``--grammar-host-only`` stops there (no server: on a
+CPU machine, the host side alone).
 
     python3 bench/serving_table.py --model gemma-4-26b-a4b --concurrency 64 --num-prompts 128 --repeats 3 \
         --input-len 512 --output-len 512 --env MAX_MODEL_LEN=4096 --json-schema --budget-s 540 --out $OUT/json
@@ -278,6 +283,67 @@ def compile_times(tokenizer_folder: Path, vocab_size: int, output_len: int) -> d
             "cached_compile_ms": (t3 - t2) * 1e3}
 
 
+def grammar_host_costs(tokenizer_folder: Path, vocab_size: int, output_len: int, rows: int = 64,
+                       steps: int = 40, seed: int = 0) -> dict[str, Any]:
+    """What one decode step of ``rows`` rows, every one constrained by ``bench_schema``, costs the host in the
+    runner's grammar path (``grammar_masks``), in milliseconds per step (median over ``steps``): ``advance`` (each
+    matcher consumes its row's sampled token, llguidance's threads), ``fill`` (the ``rows`` masks into the pinned
+    buffer, llguidance's threads), ``copy`` (until the masks are on the device; CUDA only), and ``advance_gil``
+    and ``fill_gil``: the CPU time of the calling thread in each (what holds the GIL that the event loop needs),
+    ``fill_cpu``: the process's CPU time in the fill (every worker's: the fill's wall time times its parallelism).
+    Each row takes a seeded random token its mask allows (outside the timings), so the rows drift apart as real
+    requests do."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from inference_server.backends.grammar_masks import BitmaskFiller, GrammarState
+    from inference_server.core.grammar_compiler import GrammarCompiler
+    from inference_server.models.tokenizer import Tokenizer
+    from inference_server.records.constraints import Constraint
+
+    tokenizer = Tokenizer.from_pretrained_dir(tokenizer_folder)
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), vocab_size, tokenizer.eos_token_ids)
+    compiled = compiler.compile(Constraint.json_schema(serve_bench.bench_schema(output_len)))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    filler = BitmaskFiller(vocab_size, compiler.eos_token_ids, device)
+    states = [GrammarState.start(compiled) for _ in range(rows)]
+    outputs: list[list[int]] = [[] for _ in range(rows)]
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {"advance": [], "fill": [], "copy": [], "advance_gil": [], "fill_gil": [],
+                                     "fill_cpu": []}
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        filler.advance([(state, output[state.consumed:]) for state, output in zip(states, outputs, strict=True)])
+        t1, c1, p1 = time.perf_counter(), time.thread_time(), time.process_time()
+        masks, _ = filler.fill([(state, row) for row, state in enumerate(states)])
+        t2, c2, p2 = time.perf_counter(), time.thread_time(), time.process_time()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        times["advance"].append(t1 - t0)
+        times["fill"].append(t2 - t1)
+        times["copy"].append(t3 - t2)
+        # thread_time counts this thread only: llguidance's workers run without the GIL
+        times["advance_gil"].append(c1 - c0)
+        times["fill_gil"].append(c2 - c1)
+        times["fill_cpu"].append(p2 - p1)
+        host = masks.cpu().numpy().view(np.uint32)
+        for row, output in enumerate(outputs):
+            words = np.flatnonzero(host[row])
+            word = int(words[rng.randrange(len(words))])
+            bits = [b for b in range(32) if int(host[row, word]) >> b & 1]
+            output.append(word * 32 + bits[rng.randrange(len(bits))])
+    result: dict[str, Any] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    result["fill_max"] = max(times["fill"]) * 1e3
+    result.update(rows=rows, steps=steps, device=device.type, cpus=os.cpu_count(),
+                  cpus_usable=len(os.sched_getaffinity(0)))
+    if device.type != "cuda":
+        result["copy"] = None
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help='MODEL for the server: a preset (dummy weights) or "" '
@@ -305,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --json-schema: a tokenizer folder (export-tokenizer) instead of the embedded one")
     parser.add_argument("--json-schema", action="store_true",
                         help="each run also with every request constrained by a JSON schema (see the docstring)")
+    parser.add_argument("--grammar-host-only", action="store_true",
+                        help="with --json-schema: measure the host's grammar costs per step and start no server")
     return parser
 
 
@@ -342,6 +410,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         times = compile_times(folder, vocab_size or 262_144, args.output_len)
         (args.out / "compile.json").write_text(json.dumps(times, indent=1))
         print("json_schema compile: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()), flush=True)
+        costs = grammar_host_costs(folder, vocab_size or 262_144, args.output_len,
+                                   rows=max(concurrencies))
+        (args.out / "grammar_host.json").write_text(json.dumps(costs, indent=1))
+        print("json_schema host ms per step: " + ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in costs.items()), flush=True)
+        if args.grammar_host_only:
+            return 0
     rows: list[dict[str, Any]] = []
     for variant in variants:
         if time.monotonic() >= deadline:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -153,3 +154,45 @@ def test_a_constrained_step_does_not_take_the_fused_greedy_head() -> None:
     result = runner.execute(StepPlan(step_id=1, sequences=seqs[1:]))
     assert calls == [1]
     assert text_of([result.tokens[0].token_id]) == "z"
+
+
+def constrained_plan(runner: ModelRunner, step: int) -> StepPlan:
+    tables = tuple(tuple(range(16)) for _ in range(runner.num_groups))
+    params = SamplingParams(temperature=0.0, max_tokens=8, constraint=Constraint.regex("[a-c]{6}"))
+    seq = ScheduledSequence(request_id=0, token_ids=(2, 50, 51), cached_len=0, block_tables=tables, sample=True,
+                            sampling=params, reset=True, prompt_len=3)
+    return StepPlan(step_id=step, sequences=(seq,))
+
+
+def test_launch_returns_before_the_masks_are_filled_and_a_fill_error_reaches_collect() -> None:
+    """The grammar's advance, fill and the masked sampling run on the runner's sampling thread: ``launch`` returns
+    with the fill still blocked, ``collect`` waits for it; an error there is raised by ``collect``, not lost."""
+    runner = make_runner()
+    runner.execute(constrained_plan(runner, 0))  # builds the filler
+    assert runner._bitmasks is not None
+    real_fill = runner._bitmasks.fill
+    release, finished = threading.Event(), threading.Event()
+    fill_threads: list[threading.Thread] = []
+
+    def blocked_fill(constrained: list) -> tuple[torch.Tensor, torch.Tensor]:
+        fill_threads.append(threading.current_thread())
+        release.wait(timeout=120)
+        try:
+            return real_fill(constrained)
+        finally:
+            finished.set()
+
+    runner._bitmasks.fill = blocked_fill  # type: ignore[method-assign]
+    launched = runner.launch(constrained_plan(runner, 1))
+    assert not finished.is_set()  # launch did not wait for the fill
+    release.set()
+    result = runner.collect(launched)
+    assert fill_threads and fill_threads[0] is not threading.current_thread()
+    assert text_of([result.tokens[0].token_id]) in {"a", "b", "c"}
+
+    def failing_fill(constrained: list) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("fill failed")
+
+    runner._bitmasks.fill = failing_fill  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="fill failed"):
+        runner.collect(runner.launch(constrained_plan(runner, 2)))

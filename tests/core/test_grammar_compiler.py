@@ -204,3 +204,55 @@ def test_structural_tag_record_checks_its_triggers() -> None:
     assert error.value.param == "response_format.structures[0].begin"
     with pytest.raises(RequestError):
         Constraint.structural_tag([WEATHER_TAG], [])
+
+
+def varied_tokenizer_json(vocab_size: int = 512) -> str:
+    """``byte_level_tokenizer_json``'s layout with fillers of 2 to 31 characters, some holding a quote or a
+    backslash, so that every slice of ``MASK_SLICES`` holds tokens and some tokens fall in none."""
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<eos>": EOS, "<bos>": 2}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    while len(vocab) < vocab_size:
+        i = len(vocab)
+        text = ("ab" * 16)[: 2 + i % 30] + str(i)
+        vocab[text + ('"' if i % 7 == 0 else "\\\\" if i % 11 == 0 else "")] = len(vocab)
+    backend = BackendTokenizer(models.BPE(vocab, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    return backend.to_str()
+
+
+def test_the_mask_slices_change_no_mask() -> None:
+    """The compiler's finer slices (``MASK_SLICES``) give the masks of llguidance's default slices, step by step
+    along seeded random walks through strings with and without ``maxLength``."""
+    import random
+
+    import llguidance
+    import numpy as np
+
+    from inference_server.core.grammar_compiler import JSON_OPTIONS, MASK_SLICES
+
+    text = varied_tokenizer_json()
+    schema = {"type": "object", "properties": {
+        "short": {"type": "array", "items": {"type": "string", "maxLength": 7}, "minItems": 3},
+        "free": {"type": "string"}}, "required": ["short", "free"], "additionalProperties": False}
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    fine = GrammarCompiler(text, 512, {EOS}).tokenizer
+    default = llguidance.LLTokenizer(text, n_vocab=512, eos_token=[EOS])
+    assert len(MASK_SLICES) > len(llguidance.LLTokenizer.general_slices())
+    steps = 0
+    for seed in range(6):
+        rng = random.Random(seed)
+        a, b = llguidance.LLMatcher(fine, grammar), llguidance.LLMatcher(default, grammar)
+        while not a.is_stopped() and steps < 2000:
+            mask = np.frombuffer(a.compute_bitmask(), dtype=np.uint8)
+            assert np.array_equal(mask, np.frombuffer(b.compute_bitmask(), dtype=np.uint8)), steps
+            allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little"))
+            token = int(allowed[rng.randrange(len(allowed))])
+            assert a.consume_token(token) and b.consume_token(token)
+            steps += 1
+    assert steps > 100

@@ -40,6 +40,8 @@ COMPILE = textwrap.dedent('''
     from inference_server.kernels.norm_add import _norm_add_kernel
     from inference_server.kernels.qk_norm_rope import _qk_norm_rope_kernel
     from inference_server.kernels.router import _linear_route_kernel, _route_kernel
+    from inference_server.kernels.token_bitmask import BLOCK as BITMASK_BLOCK
+    from inference_server.kernels.token_bitmask import _apply_token_bitmask_kernel
 
     target = GPUTarget("cuda", 90, 64)
     scalars = dict.fromkeys(("n_rows", "width", "stride_gate", "stride_up", "stride_out"), "i32")
@@ -109,6 +111,11 @@ COMPILE = textwrap.dedent('''
                       "SINGLE": single, "FILL": 1024}
         triton.compile(source(fn=_moe_align_scatter_kernel, signature=signature, constexprs=constexprs),
                        target=target)
+    # structured output's mask on the sampler's fp32 logits (issue 39)
+    signature = {"logits_ptr": "*fp32", "bits_ptr": "*i32", "rows_ptr": "*i64", "vocab_size": "i32",
+                 "logits_stride": "i32", "bits_stride": "i32", "BLOCK": "constexpr"}
+    triton.compile(source(fn=_apply_token_bitmask_kernel, signature=signature, constexprs={"BLOCK": BITMASK_BLOCK}),
+                   target=target)
     print("compiled")
 ''')
 

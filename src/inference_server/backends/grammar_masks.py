@@ -1,13 +1,16 @@
 """Constrained rows' token bitmasks: filled on the host by llguidance, copied to the device for the sampler.
 
 A ``GrammarState`` is one request's decoding state (an llguidance matcher) and how many of its output
-tokens the matcher has consumed; ``advance`` feeds it the rest. ``BitmaskFiller.fill`` writes one step's
-masks, ``[N, ceil(V / 32)]`` int32 (bit ``i % 32`` of word ``i // 32`` set: token ``i`` allowed), into a
-pinned host buffer, all constrained rows at once in llguidance's worker threads (the GIL released), every
-other row all ones, and returns the device copy (``non_blocking``: the host does not wait for it).
+tokens the matcher has consumed. ``BitmaskFiller.advance`` feeds every constrained row its new tokens;
+``BitmaskFiller.fill`` writes one step's masks for the constrained rows only, ``[K, ceil(V / 32)]`` int32 (bit
+``i % 32`` of word ``i // 32`` set: token ``i`` allowed), into a pinned host buffer, all rows at once in
+llguidance's worker threads (the GIL released), and returns their device copy with the batch row of each
+(``non_blocking``: the host does not wait for it). Unconstrained rows have no mask at all: the sampler does not
+touch them.
 
 Two pinned buffers alternate: the copy of one step's masks may still be queued on the stream while the next
 step's are written (the runner has waited for the previous step's tokens by then, so for the copy before it).
+On a CPU device the buffers are the masks themselves, read by the step's sampling before their next turn.
 
 A matcher that ever refuses a token (only a bug or a logit edit that emptied a row can cause it) allows EOS
 alone from then on, so the request ends instead of producing output the constraint does not allow.
@@ -41,17 +44,25 @@ class GrammarState:
         """Whether the row may only end (EOS): its matcher refused a token or is in llguidance's error state."""
         return self.broken or self.matcher.is_error()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the matcher consumes nothing more: refused, in error, or its grammar complete (what follows
+        is the EOS that ends the request, or a token that overlap computed past its end and the scheduler
+        discards)."""
+        return self.broken or self.matcher.is_error() or self.matcher.is_stopped()
+
     @classmethod
     def start(cls, compiled: CompiledGrammar) -> GrammarState:
         return cls(compiled.matcher())
 
     def advance(self, output_ids: Sequence[int]) -> None:
-        """Consume ``output_ids[consumed:]`` (a request's output so far). A stopped matcher (its grammar
-        complete) consumes nothing more: what follows is the EOS that ends the request, or a token that
-        overlap computed past its end and the scheduler discards."""
-        new = output_ids[self.consumed:]
-        self.consumed = len(output_ids)
-        if not new or self.broken or self.matcher.is_error() or self.matcher.is_stopped():
+        """Consume ``output_ids[consumed:]`` (a request's output so far), one row alone."""
+        self.consume(output_ids[self.consumed:])
+
+    def consume(self, new: Sequence[int]) -> None:
+        """Consume ``new``, the tokens output after the ``consumed`` ones (nothing when ``stopped``)."""
+        self.consumed += len(new)
+        if not new or self.stopped:
             return
         accepted = self.matcher.try_consume_tokens(list(new))
         if accepted < len(new) and not self.matcher.is_stopped():
@@ -61,13 +72,14 @@ class GrammarState:
 
 
 class BitmaskFiller:
-    """Fills one step's bitmask rows (see the module docstring). One per runner; not thread-safe."""
+    """Advances the constrained rows and fills their bitmasks (see the module docstring). One per runner; not
+    thread-safe (one thread at a time)."""
 
     def __init__(self, vocab_size: int, eos_token_ids: Collection[int], device: torch.device) -> None:
         self.words = (vocab_size + 31) // 32
         self.device = device
         self._pinned = device.type == "cuda"
-        self._buffers: list[torch.Tensor] = []
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._turn = 0
         self._executor = llguidance.LLExecutor()
         eos_only = np.zeros(self.words, dtype=np.uint32)
@@ -75,25 +87,36 @@ class BitmaskFiller:
             eos_only[token // 32] |= np.uint32(1 << (token % 32))
         self._eos_only = torch.from_numpy(eos_only.view(np.int32))
 
-    def _buffer(self, rows: int) -> torch.Tensor:
-        if not self._buffers or self._buffers[0].shape[0] < rows:
-            size = max(rows, 64)
-            self._buffers = [torch.empty(size, self.words, dtype=torch.int32, pin_memory=self._pinned)
-                             for _ in range(2)]
+    def _buffer(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next pinned (masks ``[count, words]`` int32, rows ``[count]`` int64) pair of host buffers."""
+        if not self._buffers or self._buffers[0][1].shape[0] < count:
+            size = max(count, 64)
+            self._buffers = [(torch.empty(size, self.words, dtype=torch.int32, pin_memory=self._pinned),
+                              torch.empty(size, dtype=torch.int64, pin_memory=self._pinned)) for _ in range(2)]
         self._turn ^= 1
-        return self._buffers[self._turn][:rows]
+        bits, rows = self._buffers[self._turn]
+        return bits[:count], rows[:count]
 
-    def fill(self, rows: int, constrained: Sequence[tuple[GrammarState, int]]) -> torch.Tensor:
-        """The ``[rows, words]`` masks on the device: ``constrained`` (state, row) pairs from their matchers
-        (each already advanced), every other row all ones."""
-        host = self._buffer(rows)
-        host.fill_(-1)
-        live = [(state.matcher, row) for state, row in constrained if not state.ends_only]
-        for state, row in constrained:
+    def advance(self, updates: Sequence[tuple[GrammarState, Sequence[int]]]) -> None:
+        """Feed each state its new output tokens (``GrammarState.consume``), one row after the other: a few µs a
+        token in this thread, where waking llguidance's workers (``consume_token_par``) cost more wall time than it
+        saved on a loaded host (figures in the commit that chose this)."""
+        for state, new in updates:
+            state.consume(new)
+
+    def fill(self, constrained: Sequence[tuple[GrammarState, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The masks of ``constrained`` (state, batch row) pairs (each state already advanced) on the device:
+        ``(masks [K, words] int32, rows [K] int64)``, in the order given."""
+        bits, rows = self._buffer(len(constrained))
+        rows.numpy()[:] = [row for _, row in constrained]
+        live = []
+        for k, (state, _) in enumerate(constrained):
             if state.ends_only:
-                host[row].copy_(self._eos_only)
+                bits[k].copy_(self._eos_only)
+            else:
+                live.append((state.matcher, k))
         if live:
-            self._executor.unsafe_compute_mask_ptr(live, host.data_ptr(), self.words * 4, rows)
+            self._executor.unsafe_compute_mask_ptr(live, bits.data_ptr(), self.words * 4, len(constrained))
         if self._pinned:
-            return host.to(self.device, non_blocking=True)
-        return host.clone()
+            return bits.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
+        return bits, rows  # the host's own: read by this step's sampling before the buffer's next turn

@@ -11,17 +11,25 @@ waiting for it; ``collect`` waits for that copy (an event wait, GIL released) an
 Between the two the host is free, so the executor launches step N+1 before it collects step N (overlap):
 a plan's ``PENDING_TOKEN`` is then replaced on the device by the token the previous launched step sampled for
 that request (``_resolve_pending``). The only host syncs inside ``launch`` are prompt logprobs, and penalties
-or a constraint on a row whose previous token is still in flight (its history is read on the host:
-``_fill_awaiting``). A constrained row's wait comes after the step's forward and head are queued, so the
-device computes them while the host advances the grammar and fills the mask (``_token_bitmask``); only the
-sampling waits for the mask. The other rows of the batch are not held back beyond that.
+on a row whose previous token is still in flight (its history is read on the host: ``_fill_awaiting``).
+
+A step with constrained rows (structured output) queues its forward and head, then hands the rest of its
+sampling to the runner's sampling thread (``_masked_sample``) and returns: that thread waits for the previous
+step's tokens (those still pending on the device), advances the rows' grammars, fills their masks
+(``grammar_masks``), copies them to the device and queues the masked sampling, while the device runs the
+forward and the executor collects the previous step and the scheduler plans the next one. The next ``launch``
+(and this step's ``collect``) waits for that job first (``_join_sampling``), so nothing of the next step is
+queued before this step's sampling, and the job shares no state with the launch thread but the grammar states
+it owns until then. Unconstrained rows are never masked; a step without constrained rows has no job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
 import numpy as np
@@ -114,6 +122,8 @@ class ModelRunner:
         self.grammar: GrammarCompiler | None = None
         """Compiles constrained requests' grammars (set by the engine factory; None: no request is constrained)."""
         self._bitmasks: BitmaskFiller | None = None
+        self._sampling_thread: ThreadPoolExecutor | None = None  # constrained steps' sampling (``_masked_sample``)
+        self._pending_sample: Future[tuple[torch.Tensor, HostCopy]] | None = None  # the last one, until joined
         self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count, measured
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -153,25 +163,42 @@ class ModelRunner:
             raise ValueError(f"request {seq.request_id} is constrained but the runner has no GrammarCompiler")
         return GrammarState.start(self.grammar.compile(constraint))
 
-    def _token_bitmask(self, states: Sequence[_RequestState]) -> torch.Tensor | None:
-        """The step's token bitmask ``[N, words]`` on the device (``grammar_masks``), or None when no row is
-        constrained. Each matcher first consumes its request's newest tokens: a token still in flight (overlap)
-        is waited for here, after this step's forward and head are queued, so the device runs them while the
-        host fills the masks; only the sampling, queued after this, reads the mask."""
-        constrained = [(j, s) for j, s in enumerate(states) if s.grammar is not None]
-        if not constrained:
-            return None
-        if any(s.awaiting for _, s in constrained):
-            self._fill_awaiting()
-        pairs = []
-        for j, s in constrained:
-            assert s.grammar is not None
-            s.grammar.advance(s.output_ids)
-            pairs.append((s.grammar, j))
-        if self._bitmasks is None:
-            assert self.grammar is not None
-            self._bitmasks = BitmaskFiller(self.grammar.vocab_size, self.grammar.eos_token_ids, self.device)
-        return self._bitmasks.fill(len(states), pairs)
+    def _grammar_updates(self, states: Sequence[_RequestState], seqs: Sequence[ScheduledSequence],
+                         previous_rows: dict[int, int]) -> list[_GrammarUpdate]:
+        """What ``_masked_sample`` feeds each constrained row's grammar before its mask: the output tokens the
+        host holds past ``consumed``, and the row of the previous launched step's samples holding the token still
+        pending (None when none is). Read here, in the launch thread, so the job never reads ``token_ids``."""
+        updates = []
+        for j, (state, seq) in enumerate(zip(states, seqs, strict=True)):
+            if state.grammar is not None:
+                known = state.output_ids[state.grammar.consumed:]
+                pending = previous_rows.get(seq.request_id) if state.awaiting else None
+                updates.append(_GrammarUpdate(state.grammar, j, known, pending))
+        return updates
+
+    def _masked_sample(self, logits: torch.Tensor, batch: SamplingBatch, history: PenaltyHistory | None,
+                       updates: list[_GrammarUpdate], previous: LaunchedSamples | None,
+                       ) -> tuple[torch.Tensor, HostCopy]:
+        """The sampling thread's job for one step with constrained rows (see the module docstring): the sampled
+        token ids (device) and their copy to the host."""
+        with torch.inference_mode(), _on_device(self.device):
+            pending = previous.token_ids() if previous is not None and any(
+                u.pending is not None for u in updates) else []  # waits for the previous step's tokens
+            assert self._bitmasks is not None
+            self._bitmasks.advance([(u.state, u.known if u.pending is None else [*u.known, pending[u.pending]])
+                                    for u in updates])
+            bits, rows = self._bitmasks.fill([(u.state, u.row) for u in updates])
+            out = sample(logits, batch, history, bits, rows)
+            tensors = [out.token_ids, out.logprobs]
+            if out.top_logprobs is not None:
+                tensors += [out.top_logprobs.token_ids, out.top_logprobs.logprobs]
+            return out.token_ids, HostCopy(tensors)
+
+    def _join_sampling(self) -> None:
+        """Wait for the last constrained step's sampling job (its sampling is queued once it returns)."""
+        job, self._pending_sample = self._pending_sample, None
+        if job is not None:
+            self._previous_tokens = job.result()[0]
 
     def forget(self, request_ids: tuple[int, ...]) -> None:
         for request_id in request_ids:
@@ -227,6 +254,7 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> LaunchedStep:
         """Queue one step on the device (see the module docstring); ``collect`` returns its result."""
         started = time.perf_counter()
+        self._join_sampling()
         self.forget(plan.finished_request_ids)
         states = [self._state_for(seq) for seq in plan.sequences]
         samples: LaunchedSamples | None = None
@@ -239,7 +267,8 @@ class ModelRunner:
                 samples = self._sample(plan, states, hidden)
                 prompt_logprobs = self._prompt_logprobs(plan, hidden)  # rows in plan order either way
             self.tokens_computed += plan.num_tokens
-            if self._cpu_threads is not None:  # a CPU step has run to its end here: its time picks the count
+            if self._cpu_threads is not None:  # a CPU step has run to its end here (but a constrained step's
+                # sampling, on the sampling thread): its time picks the count
                 self._cpu_threads.record(plan.num_tokens, time.perf_counter() - started)
         launched = LaunchedStep(plan, started, samples, prompt_logprobs)
         self._last_launched = launched
@@ -299,7 +328,7 @@ class ModelRunner:
             if seq.sample:
                 rows.append(i)
                 ends.append(total - 1)
-        self._previous_rows = {}
+        previous_rows, self._previous_rows = self._previous_rows, {}
         if not rows:
             return None
         if ends[-1] == len(ends) - 1:  # every row samples its only token (a decode step): no gather
@@ -314,7 +343,6 @@ class ModelRunner:
             self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
             return LaunchedSamples(tuple(seqs), HostCopy(list(fused)))
         logits = self._compute_logits(last_hidden)  # [N, V]
-        token_bitmask = self._token_bitmask([states[i] for i in rows])
         generators = [states[i].generator for i in rows]
         for generator, seq, index in zip(generators, seqs, lens, strict=True):
             if generator is not None and seq.sampling.seed is not None:
@@ -326,9 +354,20 @@ class ModelRunner:
                 self._fill_awaiting()
             history = PenaltyHistory.from_lists([states[i].prompt_ids for i in rows],
                                                 [states[i].output_ids for i in rows], self.device)
-        out = sample(logits, batch, history, token_bitmask)
-        self._previous_tokens = out.token_ids
         self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
+        updates = self._grammar_updates([states[i] for i in rows], seqs, previous_rows)
+        if updates:
+            if self._bitmasks is None:
+                assert self.grammar is not None
+                self._bitmasks = BitmaskFiller(self.grammar.vocab_size, self.grammar.eos_token_ids, self.device)
+            if self._sampling_thread is None:
+                self._sampling_thread = ThreadPoolExecutor(1, thread_name_prefix="constrained-sampling")
+            previous = self._last_launched.samples if self._last_launched is not None else None
+            job = self._sampling_thread.submit(self._masked_sample, logits, batch, history, updates, previous)
+            self._pending_sample = job
+            return LaunchedSamples(tuple(seqs), _JobCopy(job))
+        out = sample(logits, batch, history)
+        self._previous_tokens = out.token_ids
         tensors = [out.token_ids, out.logprobs]
         if out.top_logprobs is not None:
             tensors += [out.top_logprobs.token_ids, out.top_logprobs.logprobs]
@@ -347,11 +386,42 @@ class ModelRunner:
 
 
 @attrs.frozen(eq=False)
+class _GrammarUpdate:
+    """One constrained row of a step, for ``_masked_sample``: its grammar, its row in the step's samples, the
+    output tokens past ``state.consumed`` the host already holds, and the row of the previous step's samples
+    holding its pending token (None: no token pending)."""
+
+    state: GrammarState
+    row: int
+    known: list[int]
+    pending: int | None
+
+
+class _JobCopy:
+    """A constrained step's ``HostCopy``, from its sampling job (``ready`` waits for the job, then the copy)."""
+
+    def __init__(self, job: Future[tuple[torch.Tensor, HostCopy]]) -> None:
+        self.job = job
+
+    def ready(self) -> list[torch.Tensor]:
+        return self.job.result()[1].ready()
+
+
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """``torch.cuda.device(device)`` on a CUDA device, else nothing (a thread's current device is its own)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+@attrs.frozen(eq=False)
 class LaunchedSamples:
     """One launched step's sampled rows: their sequences, and the tokens on their way to the host."""
 
     sequences: tuple[ScheduledSequence, ...]
-    copy: HostCopy  # token ids [N], logprobs [N], then top ids and logprobs [N, k] when asked for
+    copy: HostCopy | _JobCopy  # token ids [N], logprobs [N], then top ids and logprobs [N, k] when asked for
+
+    def token_ids(self) -> list[int]:
+        """The sampled token ids, row by row (waits for the copy)."""
+        return self.copy.ready()[0].tolist()
 
     def tokens(self) -> tuple[SampledToken, ...]:
         """The sampled tokens (waits for the copy)."""

@@ -35,6 +35,7 @@ import attrs
 import torch
 
 from inference_server.backends.transfer import to_device
+from inference_server.kernels.token_bitmask import apply_token_bitmask_, token_bitmask_reference
 from inference_server.records.sampling_params import SamplingParams
 
 
@@ -264,16 +265,18 @@ def sample(
     batch: SamplingBatch,
     history: PenaltyHistory | None = None,
     token_bitmask: torch.Tensor | None = None,
+    bitmask_rows: torch.Tensor | None = None,
 ) -> SamplerOutput:
     """Sample one token per row of ``logits`` ``[B, V]`` (any float dtype; read, never modified).
 
-    ``history`` is required when ``batch.use_penalties``. ``token_bitmask`` ``[B, ceil(V / 32)]`` int32 (on
-    the logits' device): the tokens each row may take (all ones on an unconstrained row). Greedy rows give
-    exactly the argmax of the (masked, penalised) logits.
+    ``history`` is required when ``batch.use_penalties``. ``token_bitmask`` ``[K, ceil(V / 32)]`` int32 (on
+    the logits' device): the tokens each of ``bitmask_rows`` ``[K]`` may take (without ``bitmask_rows``: one
+    mask per row, ``K = B``; the other rows are unconstrained). Greedy rows give exactly the argmax of the
+    (masked, penalised) logits.
     """
     work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
     if token_bitmask is not None:
-        apply_token_bitmask(work, token_bitmask)
+        apply_token_bitmask(work, token_bitmask, bitmask_rows)
     lse = torch.logsumexp(work, dim=-1)  # [B]
     top = _top_logprobs(work, lse, batch.num_top_logprobs)
     if batch.logit_edits is not None:
@@ -287,19 +290,22 @@ def sample(
     return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
 
 
-_BITS = 32
 MIN_LOGPROB = -9999.0
 """Floor of returned top logprobs (vLLM's): a token a constraint masks out has logprob ``-inf``, which JSON
 cannot carry; it is listed at this value when a row asks for more top logprobs than its grammar allows."""
 
 
-def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set ``work`` ``[B, V]`` to ``-inf`` wherever the row's bit in ``bitmask`` ``[B, ceil(V / 32)]`` int32
-    is clear (bit ``i % 32`` of word ``i // 32`` is token ``i``). On the device, no host sync."""
-    rows, vocab_size = work.shape
-    shifts = torch.arange(_BITS, dtype=torch.int32, device=work.device)  # [32]
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().reshape(rows, -1)[:, :vocab_size]  # [B, V]
-    work.masked_fill_(~allowed, -math.inf)
+def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Set ``work[rows[k]]`` (``work`` ``[B, V]``) to ``-inf`` wherever bit ``i % 32`` of word ``i // 32`` of
+    ``bitmask[k]`` (``[K, ceil(V / 32)]`` int32) is clear, token ``i`` disallowed; ``rows`` None: ``K = B``,
+    row by row. Other rows are untouched. On the device, no host sync: one Triton launch on a GPU
+    (``kernels.token_bitmask``), its torch reference elsewhere."""
+    if rows is None:
+        rows = torch.arange(bitmask.shape[0], device=work.device)
+    if work.is_cuda:
+        apply_token_bitmask_(work, bitmask, rows)
+    else:
+        token_bitmask_reference(work, bitmask, rows)
 
 
 def _top_logprobs(logits: torch.Tensor, lse: torch.Tensor, n: int) -> TopLogprobs | None:

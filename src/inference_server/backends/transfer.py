@@ -45,7 +45,10 @@ class HostCopy:
             self.host = list(tensors)
 
     def ready(self) -> list[torch.Tensor]:
-        if self._event is not None:
-            self._event.synchronize()
+        """The host tensors, once the copy has landed. Safe from two threads at once (a constrained step's
+        sampling thread reads the previous step's tokens while the executor collects them)."""
+        event = self._event
+        if event is not None:
+            event.synchronize()
             self._event = None
         return self.host

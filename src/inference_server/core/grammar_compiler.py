@@ -44,6 +44,18 @@ CACHE_SIZE = 512
 MAX_REASON = 400
 """Characters of llguidance's reason kept in a 400's message."""
 
+STRING_CHAR = r'[^"\\\x00-\x1F\x7F]'
+"""A JSON string's plain character (llguidance's ``general_slices`` use the same class)."""
+
+MASK_SLICES = [r"[\x20\x0A\x0D\x09]+",
+               *(f"{STRING_CHAR}{{1,{n}}}" for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 30)),
+               f"{STRING_CHAR}+"]
+"""llguidance's token-mask slices: the vocabulary's tokens grouped by the regexes they match, and a group all of
+whose tokens the lexer accepts is allowed whole instead of walking its token trie. llguidance's defaults
+(``general_slices``: string characters up to 10, up to 30, any) leave every state of a string with fewer than 10
+characters left (``maxLength``) to the full walk; the finer ladder covers them (their CPU cost: docs/architecture.md,
+"Constrained decoding"). The masks are the same: a mask does not depend on its slices (``test_grammar_compiler``)."""
+
 
 class CompiledGrammar:
     """One compiled constraint: ``matcher()`` gives a fresh decoding state (a copy of the start state)."""
@@ -84,7 +96,7 @@ class GrammarCompiler:
             if self._tokenizer is None:
                 try:
                     self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
-                                                             eos_token=self._eos)
+                                                             eos_token=self._eos, slices=MASK_SLICES)
                 except Exception as error:  # llguidance raises ValueError for what it cannot read
                     raise RequestError("invalid_request", "structured outputs are not available for this model's "
                                        f"tokenizer: {_reason(str(error))}") from None

@@ -61,6 +61,7 @@ from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.pdl import PdlMode, pdl_mode
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
+from inference_server.kernels.token_bitmask import warm_up_token_bitmask
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4Router
@@ -117,6 +118,7 @@ class CudaModelRunner(ModelRunner):
         if device.type == "cuda":
             with pdl_mode(self.pdl):  # the head's kernel variants of serving: launched inside launch()
                 self.warm_up_greedy_head()
+                warm_up_token_bitmask(spec.vocab_size, device)  # structured output's mask (sampler)
         self.eager_warmup_seconds = time.perf_counter() - started
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
