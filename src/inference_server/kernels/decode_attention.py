@@ -1,6 +1,6 @@
 """Triton paged decode attention (one query token per sequence), with a split-KV (flash-decoding) variant.
 
-Contract (reference: ``reference_attention.ref_paged_decode_attention``):
+Contract (oracle: ``tests/kernels/reference_attention.py``):
 
 * ``q``: ``[B, nH, D]``; ``k_cache``/``v_cache``: ``[num_blocks, block_size, nKV, D]`` (last dim contiguous);
   ``block_tables``: ``int32 [B, max_blocks]``; ``context_lens``: ``int32 [B]`` including the query token,

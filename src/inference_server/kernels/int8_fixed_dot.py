@@ -20,8 +20,8 @@ The fixed point, per word of four columns ``4j .. 4j+3`` and token (the columns 
 A bf16 value has 8 significant bits, so every value within ``2**7`` of its word's largest is represented exactly;
 smaller ones are rounded by at most half a step, ``2**(E - 142)``, and the largest is at least ``2**(E - 127)``: at
 most ``2**-15`` of the largest's magnitude, reached when it is a power of two (words whose largest is below ``2**-112``
-sit on the floor's grid, ``2**-126``, and move by at most ``2**-127``) (``int8_gemv_fixed_point_reference`` in
-``reference_int8`` computes the same numbers in PyTorch). An inf or NaN among the four makes ``step`` NaN, so the
+sit on the floor's grid, ``2**-126``, and move by at most ``2**-127``) (``tests/kernels/reference_fixed_point.py``
+computes the same numbers in PyTorch). An inf or NaN among the four makes ``step`` NaN, so the
 outputs it reaches are NaN, as with float products.
 
 Compiled kernels use PTX (``prmt`` to pack two 16-bit integers a register, ``dp2a``); under the interpreter, which

@@ -31,7 +31,7 @@ With bf16 activations (every GPU model) the int8 words skip that conversion (``I
 tile, shared by all its weight rows, and a row's word costs two ``dp2a`` integer dot products, one conversion and
 one FMA: 2.0-2.5 instructions per byte at one token, 3.5-4.4 at two (Triton 3.9's SASS, ``bench/sass_mix.py``).
 The price is the fixed point's rounding of activations far below their word's largest (at most ``2**-15`` of it;
-``reference_int8.int8_gemv_fixed_point_reference`` is the oracle); fp32 activations keep the float products.
+``tests/kernels/reference_fixed_point.py`` is the oracle); fp32 activations keep the float products.
 
 Float weights (bf16, fp16, fp32; ``HAS_SCALE`` False) take the same loop without the dequantisation: each
 element is widened to fp32 and multiplied exactly. Products are exact in fp32 (an FMA rounds only the sum), so
