@@ -58,7 +58,6 @@ __all__ = [
     "GGUFLoadError",
     "load_gguf",
     "open_gguf",
-    "read_gguf_config",
 ]
 
 _CHUNK_ELEMENTS = 1 << 22  # float32 scratch per dequantisation step: 16 MiB
@@ -291,11 +290,6 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     resolved = Path(path)
     with phase("reading the GGUF header"):
         return GGUFCheckpoint.from_header(resolved, _read_header(resolved))
-
-
-def read_gguf_config(path: str | Path) -> dict[str, Any]:
-    """The HF config dict of a GGUF file (see ``open_gguf``)."""
-    return open_gguf(path).config
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
