@@ -1,12 +1,11 @@
 """The CUDA-core int8 GEMV's dot without dequantising a weight byte: bf16 activations as 16-bit fixed point, the
 products as integer dot products (``dp2a``), one float conversion per word.
 
-Why: converting every weight byte to fp32 (``int8_dequant``'s exponent trick) costs a byte permute, a float add and
-an FMA per byte, ~4 instructions per byte in the loop (``bench/sass_mix.py``); on the H200 that left the one-token
-GEMV at 0.85-0.89 of 4.3 TB/s where the same loop without arithmetic reads at 0.97 (``bench/int8_gemv_probe.py``).
-Here the conversion moves to the activations, which every weight row of a program shares: per weight word (four
-int8 columns) a row costs two ``dp2a`` (two 16-bit by two 8-bit products each, summed in int32), one int-to-float
-conversion and one FMA.
+Why: converting every weight byte to fp32 (``int8_dequant``'s exponent trick) costs a byte permute, a float add and an
+FMA per byte, which kept the one-token GEMV below the read speed of the same loop without arithmetic
+(docs/benchmarks.md). Here the conversion moves to the activations, which every weight row of a program shares: per
+weight word (four int8 columns) a row costs two ``dp2a`` (two 16-bit by two 8-bit products each, summed in int32), one
+int-to-float conversion and one FMA.
 
 The fixed point, per word of four columns ``4j .. 4j+3`` and token (the columns a weight word meets):
 
