@@ -226,16 +226,3 @@ def load_settings(
             if key in fields and raw is not None:
                 values[fields[key].name] = _convert(fields[key], raw)
     return Settings(**values)
-
-
-def settings_help() -> list[tuple[str, str, str]]:
-    """(environment name, default, help) for every setting, in declaration order."""
-    rows = []
-    for field in attrs.fields(Settings):
-        help_text = field.metadata["help"]
-        if field.metadata["choices"]:
-            help_text += f" One of: {', '.join(field.metadata['choices'])}."
-        default = field.default
-        rows.append((env_name(field), str(default).lower() if isinstance(default, bool) else str(default),
-                     help_text))
-    return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.models.conftest import GEMMA3
+from tests.models.conftest import GEMMA3, load_hf_folder
 from torch import nn
 
 from inference_server.kernels.reference_int8 import dequantize_int8, int8_linear_reference, quantize_int8_per_channel
@@ -28,7 +28,7 @@ from inference_server.models.architectures.quantized import (
     logical_tensors,
     quantize_model_int8_,
 )
-from inference_server.models.loading.loader import build_model, init_dummy_weights, load_hf_folder
+from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 
