@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from inference_server.models.architectures import layers, ops
-from inference_server.models.architectures.attention import AttentionContext, ContiguousKVCache, ForwardBatch
+from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer, Gemma4Router
 from inference_server.models.architectures.layers import rope_cos_sin
