@@ -29,11 +29,11 @@ import math
 from pathlib import Path
 
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.config import Settings
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
 from inference_server.models.architectures import ops
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.loading.source import load_model
 from inference_server.models.spec import ModelSpec

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
-from inference_server.config import Settings, SettingsError, load_settings, settings_help
+from inference_server.config import Settings, SettingsError, env_name, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,6 +44,19 @@ def test_invalid_values_name_the_setting_and_accepted_values(key: str, value: st
 def test_unknown_override_is_rejected() -> None:
     with pytest.raises(SettingsError, match="unknown setting"):
         load_settings(overrides={"MAX_BATCHSIZE": "3"}, environ={}, dotenv_path=None)
+
+
+def settings_help() -> list[tuple[str, str, str]]:
+    """(environment name, default, help) for every setting, in declaration order: what .env.example documents."""
+    rows = []
+    for field in attrs.fields(Settings):
+        help_text = field.metadata["help"]
+        if field.metadata["choices"]:
+            help_text += f" One of: {', '.join(field.metadata['choices'])}."
+        default = field.default
+        rows.append((env_name(field), str(default).lower() if isinstance(default, bool) else str(default),
+                     help_text))
+    return rows
 
 
 def test_env_example_documents_every_setting_with_its_default() -> None:

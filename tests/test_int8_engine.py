@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.config import SettingsError, load_settings
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.quantized import Int8Embedding, Int8Linear, is_quantized
 from inference_server.offline import LLM
 from inference_server.records.sampling_params import SamplingParams

@@ -22,8 +22,8 @@ import httpx
 import pytest
 import torch
 import yaml
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.gguf_tokenizer import cache_folder
 from inference_server.models.loading.embedded import embedded_gguf_path

@@ -4,7 +4,7 @@ front finds it wedged.
 
 Inside the actor the ordinary server (``inference_server.server.run_server``: the trio actors and
 Hypercorn, unchanged) runs in a dedicated thread, started by the actor's constructor, which returns once
-the server listens. The actor's Ray methods (``url``, ``pid``, ``ping``, ``stop``) run on Ray's own thread
+the server listens. The actor's Ray methods (``url``, ``ping``, ``stop``) run on Ray's own thread
 and never enter trio; clients speak HTTP to the server directly (the front proxies to it). If the server
 ends on its own (an engine failure: the server has already ended every request with an error), the
 process exits, which Ray sees as a death and answers with a restart. Why a thread and not trio's guest
@@ -83,9 +83,6 @@ class ReplicaServer:
     def url(self) -> str:
         return self._url
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def ping(self) -> bool:
         """True while the server's event loop answers (Ray's call reaching us says the process lives)."""
         return self._thread.is_alive() and self._controls.responsive(PING_SECONDS)
@@ -151,11 +148,6 @@ class RayReplicas:
             log.warning("replica %d unhealthy (%s): asking Ray to restart it", replica, reason)
             ray.kill(actor, no_restart=False)
         await trio.sleep(0.5)
-
-    def pids(self) -> list[int]:
-        import ray
-
-        return [int(p) for p in ray.get([actor.pid.remote() for actor in self.actors])]
 
     def shutdown(self) -> None:
         """Stop every replica (drain, then end its actor for good)."""

@@ -67,10 +67,8 @@ class Settings:
                                           "and off force it (docs/quantization.md).", ("auto", "on", "off"))
     custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend (Inductor "
                                                  "fuses the reference ops instead of the engine's fused Triton "
-                                                 "launches). Off: on the H200 it was slower at every batch measured "
-                                                 "for every supported model (0.54-0.90x at batch 1, 0.96-0.97x at "
-                                                 "64), and Qwen3-30B-A3B's graph capture took 51 s against 23 s "
-                                                 "(docs/benchmarks.md).")
+                                                 "launches). Off: slower at every batch measured and a longer "
+                                                 "graph capture (docs/benchmarks.md).")
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
     overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "
                                  "work (planning, staging, streaming) runs while the device computes; off: "
@@ -228,16 +226,3 @@ def load_settings(
             if key in fields and raw is not None:
                 values[fields[key].name] = _convert(fields[key], raw)
     return Settings(**values)
-
-
-def settings_help() -> list[tuple[str, str, str]]:
-    """(environment name, default, help) for every setting, in declaration order."""
-    rows = []
-    for field in attrs.fields(Settings):
-        help_text = field.metadata["help"]
-        if field.metadata["choices"]:
-            help_text += f" One of: {', '.join(field.metadata['choices'])}."
-        default = field.default
-        rows.append((env_name(field), str(default).lower() if isinstance(default, bool) else str(default),
-                     help_text))
-    return rows

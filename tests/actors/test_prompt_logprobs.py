@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import trio
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.backends import model_runner
 from inference_server.core.scheduler import SchedulerConfig
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.offline import Completion, collect, run_engine
 from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams

@@ -6,10 +6,10 @@ import random
 
 import pytest
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec

@@ -1,21 +1,55 @@
 """KV capacity figures, checked against the per-token bytes of models.md section 3 and pinned to the table
-in docs/kv_cache.md (Gemma 4 family and Qwen3-30B-A3B on one H200)."""
+in docs/kv_cache.md (Gemma 4 family and Qwen3-30B-A3B on one H200). The capacity calculators below (a KV budget,
+the longest sequence, how many sequences fit) compute only that table, so they live here, beside it."""
 
 from __future__ import annotations
 
 import pytest
 
-from inference_server.core.kv_capacity import (
-    KVGeometry,
-    PoolSizes,
-    kv_budget_bytes,
-    max_concurrent_sequences,
-    max_sequence_tokens,
-    plan_pool_sizes,
-)
+from inference_server.core.kv_capacity import KVGeometry, PoolSizes, plan_pool_sizes
 from inference_server.core.kv_layout import CacheLayerSpec
 
 H200_BYTES = 141 * 10**9
+
+
+def kv_budget_bytes(device_bytes: int, weight_bytes: int, *, headroom_fraction: float = 0.10) -> int:
+    """Bytes left for KV: the device memory less a headroom fraction (activations, CUDA graphs, allocator
+    slack, the CUDA context) less the weights."""
+    budget = int(device_bytes * (1.0 - headroom_fraction)) - weight_bytes
+    if budget <= 0:
+        raise ValueError(f"no KV budget: {device_bytes} B device, {weight_bytes} B weights")
+    return budget
+
+
+def sequence_bytes(geometry: KVGeometry, num_tokens: int, *, window_aware: bool) -> int:
+    """KV bytes one sequence of ``num_tokens`` tokens occupies, in whole blocks."""
+    num_blocks = -(-num_tokens // geometry.block_size)
+    if not window_aware:
+        return num_blocks * geometry.block_size * geometry.bytes_per_token
+    return num_blocks * geometry.full_block_bytes + geometry.sliding_blocks_per_sequence(num_tokens) * (
+        geometry.sliding_block_bytes
+    )
+
+
+def max_sequence_tokens(geometry: KVGeometry, budget_bytes: int, *, window_aware: bool) -> int:
+    """Longest single sequence (whole blocks) whose KV fits in ``budget_bytes``."""
+    block = geometry.block_size
+    if not window_aware or geometry.sliding_window is None:
+        return budget_bytes // (block * geometry.bytes_per_token) * block
+    if geometry.full_bytes_per_token == 0:
+        raise ValueError("a window-aware cache without full-attention layers holds unbounded context")
+    window_blocks = geometry.sliding_blocks_per_window
+    if budget_bytes < window_blocks * block * geometry.bytes_per_token:
+        return budget_bytes // (block * geometry.bytes_per_token) * block
+    num_blocks = (budget_bytes - window_blocks * geometry.sliding_block_bytes) // geometry.full_block_bytes
+    return num_blocks * block
+
+
+def max_concurrent_sequences(
+    geometry: KVGeometry, budget_bytes: int, sequence_tokens: int, *, window_aware: bool
+) -> int:
+    """How many sequences of ``sequence_tokens`` tokens fit in ``budget_bytes`` at once."""
+    return budget_bytes // sequence_bytes(geometry, sequence_tokens, window_aware=window_aware)
 
 
 def gemma4_cache_layers(
@@ -63,7 +97,7 @@ def test_gemma4_31b_on_one_h200() -> None:
     g, kv_budget = geometry("gemma-4-31B"), budget("gemma-4-31B")
     assert kv_budget == 65_510_000_000  # 0.9 x 141 GB - 61.39 GB
     assert g.sliding_window == 1024 and g.sliding_blocks_per_window == 65
-    assert g.sequence_bytes(8192, window_aware=True) == 8192 * 81_920 + 65 * 16 * 819_200  # 1.52 GB
+    assert sequence_bytes(g, 8192, window_aware=True) == 8192 * 81_920 + 65 * 16 * 819_200  # 1.52 GB
     unaware = max_sequence_tokens(g, kv_budget, window_aware=False)
     aware = max_sequence_tokens(g, kv_budget, window_aware=True)
     assert (unaware, aware) == (72_688, 789_280)

@@ -22,6 +22,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.kernels.reference_attention import ref_paged_decode_attention
+
 from inference_server.kernels import decode_attention
 from inference_server.kernels.decode_attention import (
     H200_NUM_SMS,
@@ -31,11 +33,7 @@ from inference_server.kernels.decode_attention import (
 )
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
-from inference_server.kernels.reference_attention import (
-    ref_paged_decode_attention,
-    ref_paged_prefill_attention,
-    ref_store_kv,
-)
+from inference_server.kernels.reference_attention import ref_paged_prefill_attention, ref_store_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -564,8 +562,10 @@ def test_decode_kernel_norms_and_rotates_a_raw_query(num_heads: int, num_kv_head
     """``q_norm_rope``: the attention of a raw q, normed and rotated in the launch (a KV-shared layer's whole
     ``qk_norm_rope``), equals ``qk_norm_rope``'s q attended: bit for bit under the interpreter's bf16 (the same
     roundings; the sum of squares in another order moves no bit at these sizes), within fp32 rounding in fp32."""
+    from tests.kernels.reference_fused import reference_qk_norm_rope
+
     from inference_server.kernels.decode_attention import QueryNormRope
-    from inference_server.kernels.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
+    from inference_server.kernels.qk_norm_rope import qk_norm_rope
     from inference_server.models.architectures.layers import rope_cos_sin, rope_inv_freq
     from inference_server.models.spec import RopeSpec
 

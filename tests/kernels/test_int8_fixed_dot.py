@@ -16,15 +16,11 @@ if not torch.cuda.is_available():
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from tests.kernels.reference_fixed_point import fixed_point_activations, int8_gemv_fixed_point_reference
 
 from inference_server.kernels.int8_dequant import int8_words_view
 from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear
-from inference_server.kernels.reference_int8 import (
-    fixed_point_activations,
-    int8_gemv_fixed_point_reference,
-    int8_linear_reference,
-    quantize_int8_per_channel,
-)
+from inference_server.kernels.reference_int8 import int8_linear_reference, quantize_int8_per_channel
 
 from .rounding import assert_gpu_close, assert_within_rounding
 

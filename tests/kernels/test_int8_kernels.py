@@ -15,22 +15,15 @@ if not torch.cuda.is_available():
 
 import triton
 import triton.language as tl
+from tests.kernels.reference_fixed_point import int8_gemv_fixed_point_reference
+from tests.kernels.reference_moe import fused_moe_int8_reference, fused_moe_reference
 
 from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.fused_moe import MoeGemmConfig, MoeKernelConfig, fused_moe
 from inference_server.kernels.int8_dequant import int8_to_fp32_exact, int8_words_view, words_to_fp32_exact
 from inference_server.kernels.int8_linear import Int8LinearConfig, int8_linear, int8_linear_config
-from inference_server.kernels.reference_int8 import (
-    dequantize_int8,
-    int8_gemv_fixed_point_reference,
-    int8_linear_reference,
-    quantize_int8_per_channel,
-)
-from inference_server.kernels.reference_moe import (
-    fused_moe_int8_reference,
-    fused_moe_reference,
-    route_softmax_topk,
-)
+from inference_server.kernels.reference_int8 import dequantize_int8, int8_linear_reference, quantize_int8_per_channel
+from inference_server.kernels.reference_moe import route_softmax_topk
 from inference_server.kernels.streamed_linear import wave_split_k
 
 from .rounding import assert_gpu_close, assert_within_rounding

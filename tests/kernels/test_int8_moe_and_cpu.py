@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.kernels.reference_moe import fused_moe_reference
 
 from inference_server.kernels import cpu_int8
 from inference_server.kernels.reference_int8 import dequantize_int8, int8_linear_reference, quantize_int8_per_channel
-from inference_server.kernels.reference_moe import fused_moe_reference, route_softmax_topk
+from inference_server.kernels.reference_moe import route_softmax_topk
 from inference_server.models.architectures import ops
 
 

@@ -21,15 +21,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_fused import reference_add_norm_linear_route, reference_linear_route
+
 from inference_server.kernels import router
 from inference_server.kernels.rmsnorm import fused_add_rmsnorm
-from inference_server.kernels.router import (
-    add_norm_linear_route,
-    linear_route,
-    reference_add_norm_linear_route,
-    reference_linear_route,
-    triton_route,
-)
+from inference_server.kernels.router import add_norm_linear_route, linear_route, triton_route
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

@@ -17,6 +17,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_fused import reference_linear_route
+from tests.kernels.reference_moe import fused_moe_reference
+
 from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.gated_gemv import gated_gemv
 from inference_server.kernels.int8_linear import int8_linear
@@ -24,8 +27,7 @@ from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.mlp_beside_experts import expert_gate_up_beside_gemv, gated_gemv_and_route, shares_warps
 from inference_server.kernels.moe_decode import fused_moe_decode, moe_decode_config
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
-from inference_server.kernels.reference_moe import fused_moe_reference
-from inference_server.kernels.router import linear_route, reference_linear_route
+from inference_server.kernels.router import linear_route
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -14,11 +14,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_moe import fused_moe_reference
+
 from inference_server.kernels import moe_decode
 from inference_server.kernels.fused_moe import fused_moe
 from inference_server.kernels.moe_decode import MoeDecodeConfig, fused_moe_decode, moe_decode_config
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
-from inference_server.kernels.reference_moe import fused_moe_reference, route_softmax_topk
+from inference_server.kernels.reference_moe import route_softmax_topk
 
 from .test_kernels_compile_for_h200 import _compile_in_child
 from .test_moe_kernels import _REAL, _real_case, assert_bf16_moe_close

@@ -13,6 +13,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_moe import apply_activation, fused_moe_reference
+
 from inference_server.kernels.fused_moe import (
     MoeGemmConfig,
     MoeKernelConfig,
@@ -21,11 +23,7 @@ from inference_server.kernels.fused_moe import (
     moe_kernel_config,
     moe_max_blocks,
 )
-from inference_server.kernels.reference_moe import (
-    apply_activation,
-    fused_moe_reference,
-    route_softmax_topk,
-)
+from inference_server.kernels.reference_moe import route_softmax_topk
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

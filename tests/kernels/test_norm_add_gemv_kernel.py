@@ -16,12 +16,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
+from tests.kernels.reference_fused import norm_add_gemv_reference
+
 from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.gated_gemv import gated_gemv, gated_gemv_config
 from inference_server.kernels.int8_linear import int8_linear
 from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.norm_add import norm_add
-from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, norm_add_gemv, norm_add_gemv_reference
+from inference_server.kernels.norm_add_gemv import MAX_NORM_COLUMNS, norm_add_gemv
 from inference_server.kernels.reference_int8 import quantize_int8_per_channel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -14,7 +14,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
-from inference_server.kernels.norm_add import norm_add, norm_add_reference
+from tests.kernels.reference_fused import norm_add_reference
+
+from inference_server.kernels.norm_add import norm_add
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

@@ -12,7 +12,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
-from inference_server.kernels.qk_norm_rope import qk_norm_rope, reference_qk_norm_rope
+from tests.kernels.reference_fused import reference_qk_norm_rope
+
+from inference_server.kernels.qk_norm_rope import qk_norm_rope
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

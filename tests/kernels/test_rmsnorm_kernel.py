@@ -12,7 +12,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernels are imported
 
-from inference_server.kernels.reference_norm import rmsnorm_reference
+from tests.kernels.reference_norm import rmsnorm_reference
+
 from inference_server.kernels.rmsnorm import fused_add_rmsnorm, rms_norm
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+from inference_server.models.architectures.causal_lm import CausalLM
+from inference_server.models.loading.loader import build_model, iter_safetensors, load_weights, read_config
+from inference_server.models.spec import ModelSpec, parse_model_spec
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 S, F = "sliding_attention", "full_attention"
@@ -149,3 +153,13 @@ def hf_fixture(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tupl
         return cache[kind]
 
     return make
+
+
+def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str,
+                   quantization: str = "none", int8_embeddings: str = "auto") -> tuple[CausalLM, ModelSpec]:
+    """Model and spec from a Hugging Face checkpoint folder (config.json + safetensors, sharded or not), as
+    ``models.loading.source`` loads ``MODEL=<folder>``."""
+    spec = parse_model_spec(read_config(folder))
+    model = build_model(spec, dtype, device, quantization, int8_embeddings)
+    load_weights(model, spec, iter_safetensors(folder), str(folder))
+    return model, spec

@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from inference_server.models.architectures import layers, ops
-from inference_server.models.architectures.attention import AttentionContext, ContiguousKVCache, ForwardBatch
+from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4DecoderLayer, Gemma4Router
 from inference_server.models.architectures.layers import rope_cos_sin
@@ -209,8 +210,9 @@ def test_gemma4_norms_take_two_launches_a_layer(name: str, dtype: torch.dtype, m
     layer runs inside a ``norm_add`` launch, two a layer (three with PLE), but the first layer's input norm; the
     MoE layer's post-attention launch emits its three norms; the final norm is the last layer's. The hidden states
     are those of the unfused layer code with the folded router norm, bit for bit."""
+    from tests.kernels.reference_fused import norm_add_reference
+
     from inference_server.backends.cuda import norm_ops
-    from inference_server.kernels.norm_add import norm_add_reference
 
     spec = parse_model_spec(preset_config(name))
     model = build_model(spec, dtype, "cpu")

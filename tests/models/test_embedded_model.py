@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.loading.embedded import embedded_gguf_path
 from inference_server.models.loading.gguf_loader import open_gguf
 from inference_server.models.loading.loader import build_model, load_weights

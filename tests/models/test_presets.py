@@ -41,7 +41,7 @@ def test_e2b_param_count_matches_models_md() -> None:
 
 @pytest.mark.parametrize("name", [n for n in preset_names() if n.endswith("-tiny")])
 def test_tiny_presets_run_a_forward(name: str) -> None:
-    from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+    from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
     spec = parse_model_spec(preset_config(name))
     model = build_model(spec, torch.float32, "cpu")

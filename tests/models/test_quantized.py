@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.models.conftest import GEMMA3
+from tests.models.conftest import GEMMA3, load_hf_folder
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 from torch import nn
 
 from inference_server.kernels.reference_int8 import dequantize_int8, int8_linear_reference, quantize_int8_per_channel
 from inference_server.models.architectures import ops
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
 from inference_server.models.architectures.blocks import FusedExperts, GatedMLP, SelfAttention
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.gemma4 import Gemma4Router
@@ -28,7 +28,7 @@ from inference_server.models.architectures.quantized import (
     logical_tensors,
     quantize_model_int8_,
 )
-from inference_server.models.loading.loader import build_model, init_dummy_weights, load_hf_folder
+from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config, preset_names
 from inference_server.models.spec import ModelSpec, parse_model_spec
 

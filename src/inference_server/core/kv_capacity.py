@@ -72,45 +72,6 @@ class KVGeometry:
     def sliding_blocks_per_sequence(self, num_tokens: int) -> int:
         return min(_ceil_div(num_tokens, self.block_size), self.sliding_blocks_per_window)
 
-    def sequence_bytes(self, num_tokens: int, *, window_aware: bool) -> int:
-        """KV bytes one sequence of ``num_tokens`` tokens occupies, in whole blocks."""
-        num_blocks = _ceil_div(num_tokens, self.block_size)
-        if not window_aware:
-            return num_blocks * self.block_size * self.bytes_per_token
-        return num_blocks * self.full_block_bytes + self.sliding_blocks_per_sequence(num_tokens) * (
-            self.sliding_block_bytes
-        )
-
-
-def kv_budget_bytes(device_bytes: int, weight_bytes: int, *, headroom_fraction: float = 0.10) -> int:
-    """Bytes left for KV: the device memory less a headroom fraction (activations, CUDA graphs, allocator
-    slack, the CUDA context) less the weights."""
-    budget = int(device_bytes * (1.0 - headroom_fraction)) - weight_bytes
-    if budget <= 0:
-        raise ValueError(f"no KV budget: {device_bytes} B device, {weight_bytes} B weights")
-    return budget
-
-
-def max_sequence_tokens(geometry: KVGeometry, budget_bytes: int, *, window_aware: bool) -> int:
-    """Longest single sequence (whole blocks) whose KV fits in ``budget_bytes``."""
-    block = geometry.block_size
-    if not window_aware or geometry.sliding_window is None:
-        return budget_bytes // (block * geometry.bytes_per_token) * block
-    if geometry.full_bytes_per_token == 0:
-        raise ValueError("a window-aware cache without full-attention layers holds unbounded context")
-    window_blocks = geometry.sliding_blocks_per_window
-    if budget_bytes < window_blocks * block * geometry.bytes_per_token:
-        return budget_bytes // (block * geometry.bytes_per_token) * block
-    num_blocks = (budget_bytes - window_blocks * geometry.sliding_block_bytes) // geometry.full_block_bytes
-    return num_blocks * block
-
-
-def max_concurrent_sequences(
-    geometry: KVGeometry, budget_bytes: int, sequence_tokens: int, *, window_aware: bool
-) -> int:
-    """How many sequences of ``sequence_tokens`` tokens fit in ``budget_bytes`` at once."""
-    return budget_bytes // geometry.sequence_bytes(sequence_tokens, window_aware=window_aware)
-
 
 @attrs.frozen
 class PoolSizes:

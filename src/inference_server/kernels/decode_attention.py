@@ -1,6 +1,6 @@
 """Triton paged decode attention (one query token per sequence), with a split-KV (flash-decoding) variant.
 
-Contract (reference: ``reference_attention.ref_paged_decode_attention``):
+Contract (oracle: ``tests/kernels/reference_attention.py``):
 
 * ``q``: ``[B, nH, D]``; ``k_cache``/``v_cache``: ``[num_blocks, block_size, nKV, D]`` (last dim contiguous);
   ``block_tables``: ``int32 [B, max_blocks]``; ``context_lens``: ``int32 [B]`` including the query token,
@@ -24,7 +24,6 @@ choice in :func:`choose_num_splits`.
 
 Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is read as ``[D, BLOCK_N]`` and V
 as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K.
-Compiled for sm_90 in bf16 (Triton 3.9): 36/72/80 KiB smem for D = 128/256/512.
 
 At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (its time a layer is several times
 that of its K/V reads: docs/benchmarks.md, the decode attention at its real context). Hence the many

@@ -590,8 +590,8 @@ def fused_moe(
     ``w_down_scale [E, H]`` (float, per output row), with ``w_gate_up``/``w_down`` int8. Weight tiles are converted
     to the activation dtype in registers, and each GEMM's fp32 result is multiplied by its row's scale before the
     rounding to the activation dtype (so before the activation and before the routing weight): the oracle is
-    ``reference_moe.fused_moe_int8_reference``. Tuned configs come from the files for ``dtype=int8``
-    (bf16/fp16 activations; fp32 ones use the heuristic).
+    ``tests/kernels/reference_moe.py``'s ``fused_moe_int8_reference``. Tuned configs come from the files for
+    ``dtype=int8`` (bf16/fp16 activations; fp32 ones use the heuristic).
     """
     shapes = check_moe_arguments(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, w_gate_up_scale,
                                  w_down_scale)

@@ -1,9 +1,8 @@
 """int8 → float in registers without the integer-to-float conversion instruction.
 
 On sm_90 an ``int8 -> float`` conversion (``I2F``) issues at a quarter of the ALU rate (16 results per clock per
-SM). A weight-only int8 GEMV converts every weight byte it streams, and at the H200's 4.3 TB/s that conversion
-alone needs ~14 results per clock per SM: the conversion, not HBM, sets the speed (the first int8 GEMV measured
-0.41-0.68 of the memory limit, ``bench/int8_kernels.py``).
+SM). A weight-only int8 GEMV converts every weight byte it streams, so at HBM's speed the conversion, not HBM,
+sets the speed (docs/benchmarks.md).
 
 The exponent trick does it with full-rate integer and float adds: for a byte ``v`` in [-128, 127], the fp32 whose
 bits are ``0x4B000000 | (v + 128)`` is exactly ``2**23 + 128 + v`` (the byte lands in the mantissa below an

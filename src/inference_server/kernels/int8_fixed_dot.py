@@ -1,12 +1,11 @@
 """The CUDA-core int8 GEMV's dot without dequantising a weight byte: bf16 activations as 16-bit fixed point, the
 products as integer dot products (``dp2a``), one float conversion per word.
 
-Why: converting every weight byte to fp32 (``int8_dequant``'s exponent trick) costs a byte permute, a float add and
-an FMA per byte, ~4 instructions per byte in the loop (``bench/sass_mix.py``); on the H200 that left the one-token
-GEMV at 0.85-0.89 of 4.3 TB/s where the same loop without arithmetic reads at 0.97 (``bench/int8_gemv_probe.py``).
-Here the conversion moves to the activations, which every weight row of a program shares: per weight word (four
-int8 columns) a row costs two ``dp2a`` (two 16-bit by two 8-bit products each, summed in int32), one int-to-float
-conversion and one FMA.
+Why: converting every weight byte to fp32 (``int8_dequant``'s exponent trick) costs a byte permute, a float add and an
+FMA per byte, which kept the one-token GEMV below the read speed of the same loop without arithmetic
+(docs/benchmarks.md). Here the conversion moves to the activations, which every weight row of a program shares: per
+weight word (four int8 columns) a row costs two ``dp2a`` (two 16-bit by two 8-bit products each, summed in int32), one
+int-to-float conversion and one FMA.
 
 The fixed point, per word of four columns ``4j .. 4j+3`` and token (the columns a weight word meets):
 
@@ -20,8 +19,8 @@ The fixed point, per word of four columns ``4j .. 4j+3`` and token (the columns 
 A bf16 value has 8 significant bits, so every value within ``2**7`` of its word's largest is represented exactly;
 smaller ones are rounded by at most half a step, ``2**(E - 142)``, and the largest is at least ``2**(E - 127)``: at
 most ``2**-15`` of the largest's magnitude, reached when it is a power of two (words whose largest is below ``2**-112``
-sit on the floor's grid, ``2**-126``, and move by at most ``2**-127``) (``int8_gemv_fixed_point_reference`` in
-``reference_int8`` computes the same numbers in PyTorch). An inf or NaN among the four makes ``step`` NaN, so the
+sit on the floor's grid, ``2**-126``, and move by at most ``2**-127``) (``tests/kernels/reference_fixed_point.py``
+computes the same numbers in PyTorch). An inf or NaN among the four makes ``step`` NaN, so the
 outputs it reaches are NaN, as with float products.
 
 Compiled kernels use PTX (``prmt`` to pack two 16-bit integers a register, ``dp2a``); under the interpreter, which

@@ -2,17 +2,16 @@
 cores, for int8 weights (``int8_linear``) and float weights (``dense_linear``).
 
 At decode (1-4 tokens) the tensor-core kernel pads the tokens to 16 and, for int8, converts every weight byte to
-bf16 for the dot: its K loop issues ~6 instructions per weight byte, where streaming HBM at its limit leaves an
-H200 SM ~7 issue slots per byte (128 thread instructions a clock for ~18 bytes: ``bench/sass_mix.py``), so it
-tops out near 0.6 of the memory limit. This kernel spends per int8 weight byte one byte permute (the byte lands
-in the mantissa of ``2**23``: the exponent trick of ``int8_dequant``), one float add, one FMA per token, and a
-quarter of a logic op (the word's sign bits are flipped once per four bytes):
+bf16 for the dot, which costs more issue slots per byte than streaming HBM at its limit leaves an SM. This kernel
+spends per int8 weight byte one byte permute (the byte lands in the mantissa of ``2**23``: the exponent trick of
+``int8_dequant``), one float add, one FMA per token, and a quarter of a logic op (the word's sign bits are flipped
+once per four bytes):
 
 * int8 weights are read as 32-bit words, each giving four weight columns ``4j .. 4j+3``; the activations are
   split the same way (``tl.split``), so no value crosses threads in the loop. A thread reads two words (8
   columns) of each of its rows a load: its 16-byte activation load holds 8 bf16 columns, and Triton keeps the
   two in one thread only when their column counts agree and the tile has at least ``256 x num_warps`` columns
-  (else it exchanges them through shared memory every tile: ``bench/sass_mix.py`` shows it);
+  (else it exchanges them through shared memory every tile);
 * one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per token (``BLOCK_T`` <= 4), summed over K once after the
   loop: the loop has no shuffles and no shared memory;
 * the next tile's loads are issued before this tile's arithmetic (Triton pipelines only loads that feed a dot);
@@ -22,16 +21,14 @@ quarter of a logic op (the word's sign bits are flipped once per four bytes):
   whose programs an SM holds too few of to cover HBM's latency with one tile each (x, read from L2 by every
   program, stays one tile ahead).
 
-K-loop SASS on sm_90 (Triton 3.6): 3.8-4.0 instructions per int8 byte at one token (the first version of this
-kernel issued 10-15), 5.0-5.4 at two, 7.3-7.9 at four: past two tokens the tensor-core kernel (~6.1-6.5,
-independent of the token count) is the better choice.
+Past two tokens the tensor-core kernel, whose instructions per byte do not grow with the token count, is the
+better choice (docs/benchmarks.md).
 
 With bf16 activations (every GPU model) the int8 words skip that conversion (``INT_DOT``,
-``kernels/int8_fixed_dot.py``): each word of four activations becomes 16-bit fixed point once per program and
-tile, shared by all its weight rows, and a row's word costs two ``dp2a`` integer dot products, one conversion and
-one FMA: 2.0-2.5 instructions per byte at one token, 3.5-4.4 at two (Triton 3.9's SASS, ``bench/sass_mix.py``).
-The price is the fixed point's rounding of activations far below their word's largest (at most ``2**-15`` of it;
-``reference_int8.int8_gemv_fixed_point_reference`` is the oracle); fp32 activations keep the float products.
+``kernels/int8_fixed_dot.py``): each word of four activations becomes 16-bit fixed point once per program and tile,
+shared by all its weight rows, and a row's word costs two ``dp2a`` integer dot products, one conversion and one FMA. The
+price is the fixed point's rounding of activations far below their word's largest (at most ``2**-15`` of it;
+``tests/kernels/reference_fixed_point.py`` is the oracle); fp32 activations keep the float products.
 
 Float weights (bf16, fp16, fp32; ``HAS_SCALE`` False) take the same loop without the dequantisation: each
 element is widened to fp32 and multiplied exactly. Products are exact in fp32 (an FMA rounds only the sum), so

@@ -28,10 +28,9 @@ int8 experts are read as 32-bit words where their layout allows it (``int8_words
 bytes, 4-byte aligned; every real shape), as ``int8_gemv`` reads them: a thread loads two words (8 columns) of a
 row, flips the word's four sign bits with one logic op and places each byte in the mantissa of ``2**23`` with one
 byte permute (``words_to_fp32_exact``), and the activations are split the same way (column ``4j + i`` with byte
-``i`` of word ``j``) into one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per row set. At the int8 tiles
-(``_INT8_WORD_TILES``) the K loop issues 3.8-4.3 sm_90 instructions per int8 byte; single bytes, converted one at
-a time at the float tiles (the path before words; other layouts still take it), issued 5.1-7.6
-(``bench/sass_mix.py --only moe``, Triton 3.6). With bf16 activations the words skip the conversion: each
+``i`` of word ``j``) into one fp32 accumulator ``[BLOCK_N, BLOCK_K / 4]`` per row set: fewer instructions per byte
+than single bytes converted one at a time (the path before words; other layouts still take it). With bf16
+activations the words skip the conversion: each
 activation tile becomes 16-bit fixed point once, shared by the gate and up rows, and the products are integer dot
 products (``kernels/int8_fixed_dot.py``; activations far below their word's largest are rounded, at most
 ``2**-15`` of it).
@@ -98,9 +97,7 @@ def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: in
                       int8: bool = False) -> MoeDecodeConfig:
     """Heuristic tiles: 16 weight rows a program, K tiles of 512 bytes for gate/up (256 bf16 columns) and 256 for
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
-    need no masks. At batch 1 that is 384 gate/up and 1,024 down programs on Qwen3-30B-A3B. In the sweep of
-    ``bench/moe_decode.py`` (4 x 5 tile pairs at 1 and 2 tokens, both MoE models) this was the best or close to it
-    at one token; wider rows, deeper tiles, more warps or a fully unrolled down loop did not pay.
+    need no masks: the best or close to it at one token in ``bench/moe_decode.py``'s sweep (docs/benchmarks.md).
 
     ``int8`` experts (read as words): one warp a program and 256 columns a K tile, 8 gate/up and 16 down rows
     (``_INT8_WORD_TILES``)."""
@@ -124,11 +121,9 @@ _INT8_WORD_TILES = (8, 256, 1, 16, 256, 1)
 """(rows, K columns, warps) of gate/up, then of down, for int8 experts read as words. The word path keeps its
 loop in registers only where the K tile has 256 columns a warp (a thread's 16-byte load of bf16 activations holds
 the 8 columns of its two weight words; fewer, and every tile's activations cross threads through shared memory,
-with two barriers): 3.8-3.9 sm_90 instructions per int8 byte (``bench/sass_mix.py --only moe``), where words at
-the float path's tiles (16 rows, 64-256 columns, 4 warps) issue 4.4-6.6. One warp and 256 columns (rather than 4 and
-1,024) because the MoE dots are short (H 2048-2816 for gate/up, I 704-768 for down); it is also what the H200
-sweep chose for the dense int8 GEMV at short K (``configs/int8_linear``: 8 x 256, one warp, K = 5376). A K not
-a multiple of 256 takes a masked tail (Gemma-4-26B-A4B's I = 704: 4.2 instructions a byte)."""
+with two barriers). One warp and 256 columns (rather than 4 and 1,024) because the MoE dots are short; it is also
+what the tuning sweep chose for the dense int8 GEMV at short K (``configs/int8_linear``). A K not a multiple of 256
+takes a masked tail."""
 
 
 @triton.jit

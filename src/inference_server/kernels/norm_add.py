@@ -11,7 +11,7 @@ of ``[T, H]``:
 
 with every rounding PyTorch makes on that path: each norm's output, the branch sum, the residual add and the
 scale product are rounded to the activation dtype, as bf16 tensor ops do (each computes in fp32 and rounds).
-Norms follow the Gemma 4 convention (``kernels.reference_norm``'s ``"gemma"``: fp32 throughout, ``* w`` in fp32
+Norms follow the Gemma 4 convention (``kernels.rmsnorm``'s ``"gemma"``: fp32 throughout, ``* w`` in fp32
 before the one cast, whatever the weight's float dtype); the inverse root is ``rsqrt`` as in ``kernels.rmsnorm``.
 
 A Gemma 4 MoE layer uses it twice (``models/architectures/gemma4.py``): after attention (``y`` the residual; ``z``
@@ -33,7 +33,7 @@ import triton.language as tl
 
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 
-__all__ = ["MAX_OUT_NORMS", "norm_add", "norm_add_reference"]
+__all__ = ["MAX_OUT_NORMS", "norm_add"]
 
 MAX_OUT_NORMS = 3
 """Out norms one launch emits (Gemma 4's MoE layer after attention: the MLP's, the experts' and the router's)."""
@@ -179,24 +179,3 @@ def norm_add(
         NUM_Z=len(zs), BLOCK=block, num_warps=max(4, min(16, block // 512)), **pdl_launch(),
     )  # fmt: skip
     return y, zs
-
-
-def norm_add_reference(
-    a: torch.Tensor, wa: torch.Tensor, eps_a: float, *, b: torch.Tensor | None = None,
-    wb: torch.Tensor | None = None, eps_b: float = 0.0, ws: torch.Tensor | None = None, eps_s: float = 0.0,
-    residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-    out_norms: Sequence[tuple[torch.Tensor, float]] = (),
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The same as PyTorch tensor ops (``reference_norm``'s gemma norm, each op rounding to a's dtype)."""
-    from inference_server.kernels.reference_norm import rmsnorm_reference
-
-    y = rmsnorm_reference(a, None, wa, eps_a, "gemma")[0]
-    if b is not None:
-        y = y + rmsnorm_reference(b, None, wb, eps_b, "gemma")[0]
-    if ws is not None:
-        y = rmsnorm_reference(y, None, ws, eps_s, "gemma")[0]
-    if residual is not None:
-        y = residual + y
-    if scale is not None:
-        y = y * scale
-    return y, tuple(rmsnorm_reference(y, None, w, eps, "gemma")[0] for w, eps in out_norms)

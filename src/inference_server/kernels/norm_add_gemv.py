@@ -48,7 +48,7 @@ from inference_server.kernels.int8_linear_configs import Int8LinearConfig
 from inference_server.kernels.pdl import pdl_launch
 from inference_server.kernels.streamed_linear import is_one_split_gemv
 
-__all__ = ["MAX_NORM_COLUMNS", "add_norm_gemv", "add_norm_gemv_reference", "norm_add_gemv", "norm_add_gemv_reference"]
+__all__ = ["MAX_NORM_COLUMNS", "add_norm_gemv", "norm_add_gemv"]
 
 MAX_NORM_COLUMNS = 4096
 """The widest row the prologue reduces: 32 elements a thread at the GEMV's 4 warps (Gemma-4-E2B/E4B: 1536/2560,
@@ -157,43 +157,3 @@ def _launch(norm_in: int, a: torch.Tensor, wa: torch.Tensor, eps_a: float, resid
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(loop="gemv"),
     )  # fmt: skip
     return y, out
-
-
-def norm_add_gemv_reference(
-    a: torch.Tensor, wa: torch.Tensor, eps_a: float, residual: torch.Tensor, scale: torch.Tensor | None,
-    weight: torch.Tensor, w_scale: torch.Tensor | None, *, gated: str | None = None, up: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as PyTorch ops: ``norm_add_reference``'s y, then ``F.linear`` (or the int8 reference with
-    ``w_scale``) of y, and with ``gated`` the activation of the gate times up (the second half of the rows when
-    ``up`` is None), each op rounding to a's dtype."""
-    from inference_server.kernels.norm_add import norm_add_reference
-    from inference_server.kernels.reference_int8 import int8_linear_reference
-    from inference_server.kernels.reference_moe import apply_activation
-
-    y, _ = norm_add_reference(a, wa, eps_a, residual=residual, scale=scale)
-    projected = torch.nn.functional.linear(y, weight) if w_scale is None else int8_linear_reference(y, weight, w_scale)
-    if gated is None:
-        return y, projected
-
-    def act(t: torch.Tensor) -> torch.Tensor:
-        return apply_activation(t, gated)  # type: ignore[arg-type]
-
-    if up is None:
-        gate, up_half = projected.chunk(2, dim=-1)
-        return y, act(gate) * up_half
-    return y, act(projected) * up
-
-
-def add_norm_gemv_reference(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor, weight: torch.Tensor,
-    w_scale: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as PyTorch ops: ``h = x + residual`` in x's dtype and the qwen RMSNorm of h (``reference_norm``), then
-    ``F.linear`` (or the int8 reference with ``w_scale``) of the normed rows."""
-    from inference_server.kernels.reference_int8 import int8_linear_reference
-    from inference_server.kernels.reference_norm import rmsnorm_reference
-
-    normed, h = rmsnorm_reference(x, residual, norm_weight, eps, "qwen")
-    projected = torch.nn.functional.linear(normed, weight) if w_scale is None \
-        else int8_linear_reference(normed, weight, w_scale)
-    return h, projected

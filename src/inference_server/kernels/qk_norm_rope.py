@@ -9,7 +9,7 @@ rotation with ``kernels.rope``'s rounding points (each product, then the sum); v
 
 The two steps' roundings are kept, so the result is the unfused Triton path's up to the order of the fp32 sum of
 squares (one reduction over two halves instead of one over the row) and the compiler's multiply-add contraction
-(see ``kernels.rope``): on the CPU interpreter equal to the reference (``reference_qk_norm_rope``) in fp32.
+(see ``kernels.rope``): on the CPU interpreter equal to the reference (``tests/kernels/reference_fused.py``) in fp32.
 
 Contract: ``q [T, nH, D]``, ``k [T, nKV, D] | None``, ``v [T, nKV, D] | None`` (last dim contiguous, any
 token/head strides, e.g. views of one fused qkv GEMM output; D even), weights ``[D]`` in the activation dtype,
@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
-from inference_server.kernels.reference_norm import NormMode, rmsnorm_reference
+from inference_server.kernels.rmsnorm import NormMode
 
-__all__ = ["PagedKVWrite", "qk_norm_rope", "reference_qk_norm_rope"]
+__all__ = ["PagedKVWrite", "qk_norm_rope"]
 
 
 @attrs.frozen
@@ -214,22 +214,3 @@ def _check_cache(cache: PagedKVWrite, k: torch.Tensor | None, value: torch.Tenso
                          f"{tuple(v_cache.shape)} {v_cache.dtype}")
     if cache.slot_mapping.shape != (tokens,) or cache.slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be int [{tokens}], got {tuple(cache.slot_mapping.shape)}")
-
-
-def reference_qk_norm_rope(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor,
-    k_weight: torch.Tensor | None, eps: float, mode: NormMode, cos: torch.Tensor, sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The unfused PyTorch path: ``reference_norm`` per head, then ``layers.apply_rope``'s NeoX half-split
-    rotation."""
-
-    def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos[:, None, :]) + (rotated * sin[:, None, :])
-
-    def norm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        return rmsnorm_reference(x, None, weight, eps, mode)[0]
-
-    return (apply_rope(norm(q, q_weight), cos, sin), apply_rope(norm(k, k_weight), cos, sin) if k is not None else None,
-            norm(v, None) if v is not None else None)

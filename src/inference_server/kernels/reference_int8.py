@@ -13,15 +13,14 @@ output channel *after* the reduction, then the result is rounded to the activati
 for the Triton kernels (``kernels/int8_linear.py``, the int8 path of ``kernels/fused_moe.py``).
 
 One exception, bounded: the CUDA-core GEMV with bf16 activations (``kernels/int8_fixed_dot.py``) takes each word
-of four activations as 16-bit fixed point first; ``int8_gemv_fixed_point_reference`` computes its numbers.
+of four activations as 16-bit fixed point first; ``tests/kernels/reference_fixed_point.py`` computes its numbers.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["dequantize_int8", "fixed_point_activations", "int8_gemv_fixed_point_reference", "int8_linear_reference",
-           "quantize_int8_per_channel"]
+__all__ = ["dequantize_int8", "int8_linear_reference", "quantize_int8_per_channel"]
 
 INT8_MAX = 127
 
@@ -58,30 +57,3 @@ def int8_linear_reference(
 ) -> torch.Tensor:  # [T, N] x.dtype
     """``(x @ qweight.T)`` accumulated in fp32, times ``scale`` per output channel, rounded to ``x.dtype``."""
     return ((x.float() @ qweight.float().t()) * scale.float()).to(x.dtype)
-
-
-def fixed_point_activations(x: torch.Tensor) -> torch.Tensor:  # [T, K] bf16 -> [T, K] fp64
-    """``x`` as the integer GEMV's activations (``kernels/int8_fixed_dot.py``): per word of four columns
-    (``K % 4 == 0``), each value rounded to nearest-even on the grid ``2**(E - 141)``, ``E`` the fp32 biased
-    exponent of the word's largest magnitude clamped to [15, 254]; inf or NaN in a word makes the whole word NaN."""
-    T, K = x.shape
-    words = x.float().reshape(T, K // 4, 4)
-    exponent = (words.abs().amax(dim=-1).view(torch.int32) >> 23).clamp(15, 254).double()
-    step = torch.exp2(exponent - 141).unsqueeze(-1)
-    q = torch.round(words.double() / step)  # exact: powers of two; round() is half-to-even, as the FMA's rounding
-    q = torch.where(torch.isfinite(words).all(dim=-1, keepdim=True), q, torch.nan)
-    return (q * step).reshape(T, K)
-
-
-def int8_gemv_fixed_point_reference(
-    x: torch.Tensor,  # [T, K] bf16, K % 4 == 0
-    qweight: torch.Tensor,  # [N, K] int8
-    scale: torch.Tensor,  # [N]
-) -> torch.Tensor:  # [T, N] x.dtype
-    """What the CUDA-core GEMV computes from int8 words and bf16 activations: ``fixed_point_activations(x) @
-    qweight.T`` (summed in fp64 here; the kernel's fp32 sums differ by their order and rounding), times ``scale``,
-    rounded to ``x.dtype``. Against ``int8_linear_reference`` each activation moves by at most ``2**-15`` of its
-    word's largest magnitude (or ``2**-127`` in words below ``2**-112``), and not at all where it lies within
-    ``2**7`` of it."""
-    dot = fixed_point_activations(x) @ qweight.double().t()
-    return (dot.float() * scale.float()).to(x.dtype)

@@ -1,7 +1,7 @@
 """Triton fused (residual add +) RMSNorm, Gemma or Qwen convention, for hidden rows or per-head rows.
 
 One launch: ``h = x + residual`` (rounded to x's dtype, stored as the new residual), then
-``rms(h)`` over the last dim. Conventions (see ``reference_norm`` and reference/models.md §2.3, §4):
+``rms(h)`` over the last dim. Conventions (reference/models.md §2.3, §4):
 
 * ``"gemma"``: all fp32, ``y = hf * (mean(hf^2) + eps)^-0.5 * float(w)``, one cast at the end; the
   weight is optional (``v_norm`` and the router norm are weightless).
@@ -17,20 +17,24 @@ which is what torch's CUDA ``pow(v, -0.5)`` and ``rsqrt`` also lower to).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import triton
 import triton.language as tl
 
 from inference_server.kernels.pdl import pdl_launch, pdl_release, pdl_wait
-from inference_server.kernels.reference_norm import NormMode
 
-__all__ = ["fused_add_rmsnorm", "rms_norm", "times_norm_weight"]
+__all__ = ["NormMode", "fused_add_rmsnorm", "rms_norm", "times_norm_weight"]
+
+NormMode = Literal["gemma", "qwen"]
+"""The two RMSNorm conventions (the module docstring)."""
 
 
 @triton.jit
 def times_norm_weight(y, w, dtype, GEMMA: tl.constexpr):
     """The normed fp32 values ``y`` times the fp32 weight ``w`` in the convention's order, before the final cast:
-    gemma multiplies in fp32; qwen first casts to the input ``dtype`` (``kernels.reference_norm``). Also used by
+    gemma multiplies in fp32; qwen first casts to the input ``dtype`` (the module docstring). Also used by
     ``kernels.router``'s add + norm before the router GEMV."""
     if not GEMMA:
         y = y.to(dtype).to(tl.float32)

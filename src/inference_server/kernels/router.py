@@ -40,11 +40,10 @@ from inference_server.kernels.pdl import (
     pdl_release_after_wait,
     pdl_wait,
 )
-from inference_server.kernels.reference_norm import NormMode
-from inference_server.kernels.rmsnorm import times_norm_weight
+from inference_server.kernels.rmsnorm import NormMode, times_norm_weight
 
-__all__ = ["RouteLaunch", "add_norm_linear_route", "linear_route", "linear_route_program",
-           "reference_add_norm_linear_route", "reference_linear_route", "route_arguments", "triton_route"]
+__all__ = ["RouteLaunch", "add_norm_linear_route", "linear_route", "linear_route_program", "route_arguments",
+           "triton_route"]
 
 MAX_EXPERTS = 1024
 MAX_FUSED_ROWS = 64
@@ -453,33 +452,3 @@ def _launch(
         _linear_route_kernel[(launch.groups, launch.rows)](*launch.args, **launch.constexprs,
                                                            num_warps=launch.num_warps, **pdl_launch(loop="router"))
     return outputs
-
-
-def reference_linear_route(
-    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
-    per_expert_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``linear_route``'s formula in PyTorch: logits accumulated in fp32 (here fp64, rounded to fp32: the exact
-    sum, which any fp32 order is within a few ulp of), rounded to x's dtype, then ``ops.torch_route``'s routing
-    (``reference_moe.route_softmax_topk``, the per-expert scale, the cast)."""
-    from inference_server.kernels.reference_moe import route_softmax_topk
-
-    logits = (x.double() @ weight.double().T).float().to(x.dtype)
-    weights, ids = route_softmax_topk(logits, top_k, renormalize)
-    if per_expert_scale is not None:
-        weights = weights * per_expert_scale[ids]
-    return (weights if out_dtype is None else weights.to(out_dtype)), ids
-
-
-def reference_add_norm_linear_route(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, mode: NormMode,
-    weight: torch.Tensor, top_k: int, renormalize: bool, per_expert_scale: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``add_norm_linear_route``'s formula in PyTorch: the residual add rounded to x's dtype, the norm in the
-    ``kernels.reference_norm`` convention, then ``reference_linear_route`` of the normed rows."""
-    from inference_server.kernels.reference_norm import rmsnorm_reference
-
-    normed, summed = rmsnorm_reference(x, residual, norm_weight, eps, mode)
-    return (normed, summed, *reference_linear_route(normed, weight, top_k, renormalize, per_expert_scale,
-                                                     out_dtype))

@@ -93,7 +93,6 @@ class ModelSpec:
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
-    pad_token_id: int | None
     ple_hidden_size: int = 0
     ple_vocab_size: int = 0
     num_experts: int = 0
@@ -289,7 +288,6 @@ def _parse_gemma(cfg: dict[str, Any], arch: Architecture) -> ModelSpec:
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", 131072)),
         eos_token_ids=_eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
-        pad_token_id=cfg.get("pad_token_id"),
         ple_hidden_size=int(_get(cfg, "hidden_size_per_layer_input", 0)) if arch == "gemma4" else 0,
         ple_vocab_size=int(_get(cfg, "vocab_size_per_layer_input", 0)) if arch == "gemma4" else 0,
         num_experts=num_experts,
@@ -342,7 +340,6 @@ def _parse_qwen3_moe(cfg: dict[str, Any]) -> ModelSpec:
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", 40960)),
         eos_token_ids=_eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
-        pad_token_id=cfg.get("pad_token_id"),
         num_experts=num_experts,
         experts_top_k=int(_get(cfg, "num_experts_per_tok", 8)),
         moe_intermediate_size=int(_get(cfg, "moe_intermediate_size", 0)),

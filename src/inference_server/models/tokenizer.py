@@ -179,10 +179,6 @@ class Tokenizer:
         return self._special_tokens.get("eos_token")
 
     @property
-    def pad_token_id(self) -> int | None:
-        return self._token_id(self._special_tokens.get("pad_token"))
-
-    @property
     def vocab_size(self) -> int:
         """Number of ids the tokenizer can produce, added tokens included (may be < the model's vocab)."""
         return self._backend.get_vocab_size(with_added_tokens=True)

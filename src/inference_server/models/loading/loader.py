@@ -21,7 +21,7 @@ from torch import nn
 
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.quantized import QuantizedWeight, logical_tensors, quantize_model_int8_
-from inference_server.models.spec import ModelSpec, parse_model_spec
+from inference_server.models.spec import ModelSpec
 
 
 class CheckpointError(RuntimeError):
@@ -209,15 +209,3 @@ def _copy_expert(targets: dict[str, torch.Tensor | QuantizedWeight], filled: set
     pieces = ("gate_proj", "up_proj") if kind != "down_proj" else ("down_proj",)
     if all(f"{fused_name}#{e}#{p}" in filled for e in range(num_experts) for p in pieces):
         filled.add(fused_name)
-
-
-def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device | str,
-                   quantization: str = "none", int8_embeddings: str = "auto") -> tuple[CausalLM, ModelSpec]:
-    """Model and spec from a Hugging Face checkpoint folder (config.json + safetensors, sharded or not)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder does not exist")
-    spec = parse_model_spec(read_config(folder))
-    model = build_model(spec, dtype, device, quantization, int8_embeddings)
-    load_weights(model, spec, iter_safetensors(folder), str(folder))
-    return model, spec

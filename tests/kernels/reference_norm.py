@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of RMSNorm (with optional residual add) in the Gemma and Qwen conventions.
+"""Pure-PyTorch oracle of RMSNorm (with optional residual add) in the Gemma and Qwen conventions.
 
 Written to follow HF transformers op for op (reference/models.md §2.3 and §4):
 
@@ -12,13 +12,9 @@ The residual add (``x + residual``) happens first, in the input dtype, as the de
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-NormMode = Literal["gemma", "qwen"]
-
-__all__ = ["NormMode", "rmsnorm_reference"]
+from inference_server.kernels.rmsnorm import NormMode
 
 
 def rmsnorm_reference(
