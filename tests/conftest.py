@@ -35,6 +35,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the tests marked slow (the rest of each sweep), whatever -m selects")
 
 
+WORKERS_AT_MOST = 4
+"""The whole suite's test processes: one per core, at most this many (each holds torch and its tiny models)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The whole default run (``pytest`` with no paths: the README's command, CI's) spreads its tests over one
+    pytest-xdist worker per core: most tests run on one thread (the Triton interpreter, ``one_torch_thread``), so a
+    2-core CI machine would otherwise leave one core idle. Not when paths are named (a developer's file or test runs
+    in this process), ``-n`` is given (``-n 0``: no workers), tests are only collected or debugged, or CUDA is
+    present (one GPU: the gpu tests and their timings stay in one process). A worker that runs a test of the
+    session's ``embedded_server`` starts its own (xdist_group would keep them on one worker, but pytest-xdist 3.8
+    does not group under pytest 9: its suffixed node ids are not seen), so the model loads at most once a worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.option.numprocesses is not None or config.args_source is not pytest.Config.ArgsSource.TESTPATHS:
+        return
+    if config.option.collectonly or config.option.usepdb or _cuda_available():
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores > 1:
+        config.option.numprocesses = min(cores, WORKERS_AT_MOST)
+        config.option.dist = "load"
+
+
 SWEEP_DIRECTORIES = (Path(__file__).resolve().parent / "kernels",)
 """Every parametrized test under these is a ``sweep``: the kernels' tests run each kernel over shapes, dtypes and
 configs (in the Triton interpreter without CUDA), and one case per test is what the default run needs."""

@@ -109,9 +109,22 @@ CASES = [  # (label, [(params, tokens output so far)], the fused head may serve 
 ]
 
 
-@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", "gemma-4-31b-tiny"])  # untied / tied + soft-cap
-@pytest.mark.parametrize("chunk", [1, 3])  # decode rows (no gather) / prefill chunks (last row gathered)
+def _head_cases() -> list[object]:
+    """(chunk, name, quantize): decode rows (no gather) / prefill chunks (last row gathered), an untied head / a tied
+    soft-capped one, float / int8. The float cases take about a second each in the interpreter, an int8 one 50 times
+    that: CI runs every float case and the int8 case with the most in it (a tied soft-capped head, gathered rows);
+    the other int8 cases are the same check on more shapes and run with the slow tests."""
+    cases: list[object] = []
+    for chunk in (1, 3):
+        for name in ("qwen3-30b-a3b-tiny", "gemma-4-31b-tiny"):
+            for quantize in (False, True):
+                representative = not quantize or (chunk, name) == (3, "gemma-4-31b-tiny")
+                cases.append(pytest.param(chunk, name, quantize, id=f"{chunk}-{name}-{'int8' if quantize else 'float'}",
+                                          marks=() if representative else pytest.mark.slow))
+    return cases
+
+
+@pytest.mark.parametrize(("chunk", "name", "quantize"), _head_cases())
 def test_fused_exactly_when_allowed_and_equal_to_unfused(name: str, chunk: int, quantize: bool) -> None:
     torch.set_num_threads(1)
     fused_runner = make_runner(name, fused=True, quantize=quantize)
@@ -173,7 +186,10 @@ def test_int8_head_without_the_fused_head_takes_the_unfused_path() -> None:
     assert (spy.fused, spy.logits) == (0, 1)
 
 
-@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
+# int8 in CI (an int8 embedding, tied head and every layer, and the fused head serving every step); the float head's
+# fused path through the static decode buffers is also test_cuda_backend's test_static_decode_path_matches_reference_cpu
+@pytest.mark.parametrize("quantize", [pytest.param(False, id="float", marks=pytest.mark.slow),
+                                      pytest.param(True, id="int8")])
 def test_greedy_decoding_through_the_static_path(quantize: bool) -> None:
     """Teacher-forced greedy decoding (three prompts, a fourth joining, then decode steps through the static
     buffers, capture off): the fused runner's tokens and logprobs are the unfused runner's, with a float head and
