@@ -102,13 +102,15 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
                  backend: str, limits: EngineLimits) -> ModelRunner:
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU gets
-    the CPU int8 matmul (``kernels.cpu_int8``) installed as ``ops.int8_linear`` (process-wide)."""
+    the CPU int8 matmul (``kernels.cpu_int8``) installed as ``ops.int8_linear`` (process-wide); ``DETERMINISTIC``
+    installs the runner's batch-invariant table over it (``backends.deterministic``)."""
     if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
         from inference_server.kernels import cpu_int8
         from inference_server.models.architectures import ops
 
         ops.use_ops(int8_linear=cpu_int8.cpu_int8_linear)
-        if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
+        # the head runs through fbgemm (not in the deterministic table): pack it now, not in the first request
+        if cpu_int8._fbgemm_8bit_safe() and not settings.deterministic:
             with phase("packing the int8 lm_head for fbgemm"):
                 cpu_int8.prepack_large_weights(loaded.model)
     if backend == "custom-cuda":
@@ -116,4 +118,10 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
                                  step_token_budget=limits.step_token_budget)
-    return ModelRunner(loaded.model, loaded.spec, storage, device)
+    attention: dict = {}
+    if settings.deterministic:
+        from inference_server.backends import deterministic
+
+        attention = deterministic.install(deterministic.cpu_table())
+    return ModelRunner(loaded.model, loaded.spec, storage, device, attention_kwargs=attention,
+                       deterministic=settings.deterministic)

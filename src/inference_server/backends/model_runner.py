@@ -82,7 +82,7 @@ class ModelRunner:
     are collected in launch order, at most one launched ahead."""
 
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
-                 *, attention_kwargs: dict | None = None) -> None:
+                 *, attention_kwargs: dict | None = None, deterministic: bool = False) -> None:
         self.model = model
         self.spec = spec
         self.storage = storage
@@ -91,6 +91,11 @@ class ModelRunner:
         self.num_groups = max(storage.num_blocks) + 1
         self.attention_kwargs = attention_kwargs or {}
         self._init_step_state(device)
+        self.deterministic = deterministic
+        if deterministic and self._cpu_threads is not None:
+            # torch's CPU reductions split a long row across threads, so the thread count is part of a row's
+            # summation order: every step runs on one thread (CpuThreads picks 1 or all by the step's size).
+            self._cpu_threads = CpuThreads(default=1)
         # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
         self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
         self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
@@ -99,6 +104,8 @@ class ModelRunner:
         """What every runner keeps between steps, whatever runs its forward (the Hugging Face runner calls this
         instead of ``__init__``: it has no paged storage)."""
         self.device = device
+        self.deterministic = False
+        """``DETERMINISTIC``: batch-invariant sampling reductions (``sampler.sample(row_invariant=True)``)."""
         self._requests: dict[int, _RequestState] = {}
         self.tokens_computed = 0  # all tokens run through the model (tests count prefix-cache savings)
         # The last launched step's samples (device) and each sampling request's row in them: the source of
@@ -321,7 +328,7 @@ class ModelRunner:
                 self._fill_awaiting()
             history = PenaltyHistory.from_lists([states[i].prompt_ids for i in rows],
                                                 [states[i].output_ids for i in rows], self.device)
-        out = sample(logits, batch, history, token_bitmask)
+        out = sample(logits, batch, history, token_bitmask, row_invariant=self.deterministic)
         self._previous_tokens = out.token_ids
         self._previous_rows = {seq.request_id: j for j, seq in enumerate(seqs)}
         tensors = [out.token_ids, out.logprobs]
