@@ -90,21 +90,16 @@ class ModelRunner:
         self.block_size = storage.block_size
         self.num_groups = max(storage.num_blocks) + 1
         self.attention_kwargs = attention_kwargs or {}
-        self._init_step_state(device)
-        self.deterministic = deterministic
-        if deterministic and self._cpu_threads is not None:
-            # torch's CPU reductions split a long row across threads, so the thread count is part of a row's
-            # summation order: every step runs on one thread (CpuThreads picks 1 or all by the step's size).
-            self._cpu_threads = CpuThreads(default=1)
+        self._init_step_state(device, deterministic=deterministic)
         # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
         self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
         self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
 
-    def _init_step_state(self, device: torch.device) -> None:
+    def _init_step_state(self, device: torch.device, *, deterministic: bool = False) -> None:
         """What every runner keeps between steps, whatever runs its forward (the Hugging Face runner calls this
         instead of ``__init__``: it has no paged storage)."""
         self.device = device
-        self.deterministic = False
+        self.deterministic = deterministic
         """``DETERMINISTIC``: batch-invariant sampling reductions (``sampler.sample(row_invariant=True)``)."""
         self._requests: dict[int, _RequestState] = {}
         self.tokens_computed = 0  # all tokens run through the model (tests count prefix-cache savings)
@@ -116,7 +111,9 @@ class ModelRunner:
         self.grammar: GrammarCompiler | None = None
         """Compiles constrained requests' grammars (set by the engine factory; None: no request is constrained)."""
         self._bitmasks: BitmaskFiller | None = None
-        self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count, measured
+        # per-step intra-op thread count, measured; DETERMINISTIC runs every step on one thread: torch's CPU
+        # reductions split a long row across threads, so the thread count is part of a row's summation order
+        self._cpu_threads = CpuThreads(default=1 if deterministic else None) if device.type == "cpu" else None
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""

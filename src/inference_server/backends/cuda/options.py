@@ -65,6 +65,10 @@ class CudaRunnerOptions:
     tables, float projections on cuBLAS, separate q/k/v and gate/up weights, the full logits and the sampler), no
     MoE decode GEMVs, no PDL. The "before" of docs/benchmarks.md's before/after tables (engine_bench's ``before``)."""
 
+    deterministic: bool = False
+    """``DETERMINISTIC``: the batch-invariant table (``backends.deterministic.cuda_table``) over the ``reference_ops``
+    set, which ``build_cuda_runner`` turns on with it."""
+
     @property
     def kernels(self) -> bool:
         """Whether the runner installs its Triton kernels beyond the reference set: neither ``reference_ops`` nor

@@ -40,6 +40,7 @@ import time
 
 import torch
 
+from inference_server.backends import deterministic
 from inference_server.backends.cuda.attention_ops import (
     OpaqueAttentionContext,
     TritonNormRopeDecode,
@@ -120,7 +121,7 @@ class CudaModelRunner(ModelRunner):
         self._moe = torch.compiler.disable(moe) if options.compile else moe
         # int8 weight-only layers (QUANTIZATION=int8): the Triton GEMV/GEMM, opaque to torch.compile like the MoE
         self._int8_linear = torch.compiler.disable(triton_int8_linear) if options.compile else triton_int8_linear
-        self._norm = layers.rms_norm if options.compile else triton_rms_norm
+        self._norm: layers.NormFn = layers.rms_norm if options.compile else triton_rms_norm
         # One Triton launch rotates q and k in place (ten elementwise kernels per layer in the reference).
         self._rope = layers.reference_rope_qk if options.compile else rope_qk_
         self._add_norm = triton_add_rms_norm if kernels else ops.torch_add_rms_norm
@@ -156,7 +157,7 @@ class CudaModelRunner(ModelRunner):
         # Qwen3-MoE's input add + norm feeding the fused q/k/v GEMV: one launch instead of two at decode.
         self._add_norm_projection = functools.partial(triton_add_norm_projection, dense_max_tokens=dense_max) \
             if kernels else ops.torch_add_norm_projection
-        self._linear = functools.partial(triton_dense_linear, max_tokens=DENSE_GEMV_MAX_TOKENS) \
+        self._linear: ops.LinearFn = functools.partial(triton_dense_linear, max_tokens=DENSE_GEMV_MAX_TOKENS) \
             if kernels else torch.nn.functional.linear
         if not options.reference_ops:
             for module in model.modules():
@@ -166,6 +167,8 @@ class CudaModelRunner(ModelRunner):
                     module.fuse_gate_up()
                 elif isinstance(module, Gemma4Router):
                     module.fold_scale()
+        if options.deterministic:
+            self.use_table(deterministic.cuda_table())
         self._install_ops()
         model.model.place_rope_tables(device)
         self._model_fn = torch.compile(model) if options.compile else model
@@ -186,6 +189,15 @@ class CudaModelRunner(ModelRunner):
         if device.type == "cuda":
             self.warm_up_greedy_head()
         self.eager_warmup_seconds = time.perf_counter() - started
+
+    def use_table(self, table: deterministic.KernelTable) -> None:
+        """Run ``table``'s ops instead of this runner's (``DETERMINISTIC``), with the sampler's per-row reductions."""
+        self._linear = table.linear or self._linear
+        self._norm = table.norm or self._norm
+        self._moe = table.fused_moe or self._moe
+        self._int8_linear = table.int8_linear or self._int8_linear
+        self.attention_kwargs.update(table.attention_kwargs())
+        self.deterministic = True
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
         """Run one eager step of each size in ``token_counts`` (one greedy sequence, prefilled from 0).
@@ -319,5 +331,6 @@ def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVS
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 eager_warmup_tokens=warmup,
                                 cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
-                                compile=settings.custom_backend_compile)
+                                compile=settings.custom_backend_compile,
+                                reference_ops=settings.deterministic, deterministic=settings.deterministic)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)
