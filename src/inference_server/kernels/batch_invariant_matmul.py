@@ -16,10 +16,14 @@ narrow N runs few programs (docs/architecture.md, Deterministic inference; bench
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import torch
 import triton
 import triton.language as tl
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @attrs.frozen
@@ -38,7 +42,7 @@ CONFIG = MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stag
 @triton.jit
 def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
                              stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                             HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr,
+                             HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, UPCAST: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -52,6 +56,9 @@ def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
                     mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
                     mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
+        if UPCAST:  # the interpreter multiplies bf16 operands' raw bits in tl.dot: fp32 there (never compiled in)
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         if FP32_DOT:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -75,5 +82,6 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             flat, weight, bias if bias is not None else weight, y, m, n, k,
             flat.stride(0), flat.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
             HAS_BIAS=bias is not None, FP32_DOT=x.dtype == torch.float32,
+            UPCAST=_INTERPRETED and x.dtype != torch.float32,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
     return y.reshape(*x.shape[:-1], n)
