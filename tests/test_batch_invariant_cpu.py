@@ -132,3 +132,33 @@ def test_fixed_split_attention_does_not_depend_on_chunking_or_batch(window: int 
     assert torch.allclose(outs[0], reference[0], rtol=1e-4, atol=1e-5)
     assert not all(torch.equal(reference[0], r) for r in reference[1:]), \
         "the reference attention became chunking-invariant: update kernels/batch_invariant_cpu.py's docstring"
+
+
+def test_row_invariant_sampler_logprobs_do_not_depend_on_the_batch() -> None:
+    """``sample(row_invariant=True)``: a greedy row's token and logprob are bitwise the same in batches of 1 to 9 rows
+    on one thread and on two (a 262,144-token vocabulary, Gemma's), and equal the default's within rounding."""
+    from inference_server.backends.sampler import SamplingBatch, sample
+    from inference_server.records.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(4)
+    vocab = 262_144
+    others = torch.randn(9, vocab, generator=gen) * 4
+    target = torch.randn(vocab, generator=gen) * 4
+    greedy = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2)
+    results = []
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rows in (1, 2, 5, 9):
+                logits = others[:rows].clone()
+                logits[rows - 1] = target
+                batch = SamplingBatch.from_params([greedy] * rows, torch.device("cpu"), [None] * rows, [0] * rows)
+                out = sample(logits, batch, row_invariant=True)
+                results.append((out.token_ids[rows - 1].item(), out.logprobs[rows - 1].item()))
+                default = sample(logits, batch)
+                assert default.token_ids[rows - 1].item() == results[-1][0]
+                assert abs(default.logprobs[rows - 1].item() - results[-1][1]) < 1e-5
+    finally:
+        torch.set_num_threads(previous)
+    assert all(r == results[0] for r in results)
