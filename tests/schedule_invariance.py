@@ -14,6 +14,9 @@ future ``OVERLAP`` can be checked) runs the same fixed greedy token-id prompts t
   (``cached_prompt_tokens > 0``: checked, and reported). ``shared_len`` alternates between the whole
   prompt and 70 % of it, so hits longer than the sliding window, hits that end at the prompt's last whole
   block and hits that end mid-prompt are all exercised.
+* **preempted** (only with ``preempt_kv_tokens``): the loaded run again on a second engine whose KV pool holds
+  only that many tokens, so running requests are preempted and recomputed (their restarts are counted from the
+  plans' ``reset`` chunks).
 
 Every run asks for the top-2 logprobs, so a divergence is reported with the top-2 margin (nats) at the
 first position where the tokens differ, as the solo run saw it and as the other run saw it: a divergence
@@ -47,7 +50,7 @@ from inference_server.records.steps import StepPlan, StepResult
 from inference_server.supervisor import Engine, EngineParts
 
 WAYS = ("loaded", "cache_hit")
-"""The runs compared against each prompt's solo run."""
+"""The runs compared against each prompt's solo run (and ``preempted`` when the config asks for it)."""
 
 
 @attrs.frozen
@@ -73,6 +76,8 @@ class InvarianceConfig:
     repetition_penalty: float = 1.0
     """Applied to the test prompts (fillers stay plain greedy): penalties read the request's whole history
     (prompt and output), which a chunked, batched or cache-hit run must hand the sampler just the same."""
+    preempt_kv_tokens: int | None = None
+    """With a value, a fourth way: the loaded run on an engine whose KV pool holds this many tokens (preemptions)."""
     token_range: tuple[int, int] = (1000, 100_000)
     """Prompt token ids are drawn from ``[low, high)`` (cut to the vocabulary): ordinary sub-words of
     Gemma's vocabulary, clear of its special and unused ids."""
@@ -100,13 +105,15 @@ class RunTokens:
     margins: tuple[float, ...]
     cached_prompt_tokens: int
     request_id: int
+    logprobs: tuple[float, ...] = ()
+    """The sampled tokens' logprobs (bitwise comparisons: ``bitwise_equal``)."""
 
     @staticmethod
     def of(update: RequestUpdate) -> RunTokens:
         if update.error is not None or update.finish_reason not in ("length", "stop"):
             raise RuntimeError(f"request ended {update.finish_reason}: {update.error}")
         return RunTokens(tuple(t.token_id for t in update.tokens), tuple(top2_margin(t) for t in update.tokens),
-                         update.cached_prompt_tokens, update.request_id)
+                         update.cached_prompt_tokens, update.request_id, tuple(t.logprob for t in update.tokens))
 
 
 @attrs.frozen
@@ -119,7 +126,9 @@ class PromptOutcome:
     """Steps that computed part of the prompt, solo and in the loaded run."""
     solo: RunTokens
     runs: Mapping[str, RunTokens]
-    """The other ways (``WAYS``) by name."""
+    """The other ways (``WAYS``, and ``preempted`` when run) by name."""
+    preempted_restarts: int = 0
+    """Times the prompt was restarted (preempted and recomputed) in the preempted run."""
 
     def divergence(self, way: str) -> Divergence | None:
         return first_divergence(self.solo, self.runs[way])
@@ -140,6 +149,15 @@ class InvarianceReport:
     loaded_max_batch: int
     """Most sequences in one step of the loaded run."""
 
+    @property
+    def ways(self) -> tuple[str, ...]:
+        return tuple(self.outcomes[0].runs) if self.outcomes else WAYS
+
+    def bitwise_equal(self, way: str) -> int:
+        """Prompts whose ``way`` run has the solo run's tokens and bitwise the same logprobs."""
+        return sum(1 for o in self.outcomes if o.solo.token_ids == o.runs[way].token_ids
+                   and o.solo.logprobs == o.runs[way].logprobs)
+
     def identical(self, way: str) -> int:
         return sum(1 for o in self.outcomes if o.divergence(way) is None)
 
@@ -153,7 +171,7 @@ class InvarianceReport:
                                 f"({outcome.solo.cached_prompt_tokens} tokens)")
             if outcome.shared_len > self.block_size and not outcome.runs["cache_hit"].cached_prompt_tokens:
                 problems.append(f"prompt {index}: the cache-hit run did not hit the prefix cache")
-            for way in WAYS:
+            for way in outcome.runs:
                 d = outcome.divergence(way)
                 if d is not None and d.solo_margin >= tie_margin:
                     problems.append(f"prompt {index} ({outcome.prompt_len} tokens) {way}: {describe(d)}")
@@ -175,6 +193,11 @@ class InvarianceReport:
         n = len(self.outcomes)
         lines.append(f"identical: solo vs loaded {self.identical('loaded')}/{n}, "
                      f"solo vs cache hit {self.identical('cache_hit')}/{n}")
+        if "preempted" in self.ways:
+            restarted = sum(1 for o in self.outcomes if o.preempted_restarts)
+            lines.append(f"solo vs preempted {self.identical('preempted')}/{n} ({restarted} prompts restarted)")
+        lines.append("bitwise (tokens and logprobs): " + ", ".join(
+            f"{way} {self.bitwise_equal(way)}/{n}" for way in self.ways))
         return "\n".join(lines)
 
 
@@ -347,6 +370,11 @@ class _PlanLog:
         return sum(1 for plan in self.plans for seq in plan.sequences
                    if seq.request_id == request_id and seq.cached_len < seq.prompt_len)
 
+    def restarts(self, request_id: int) -> int:
+        """``reset`` chunks of the request after its first one: its preemptions."""
+        return max(0, sum(1 for plan in self.plans for seq in plan.sequences
+                          if seq.request_id == request_id and seq.reset) - 1)
+
     def mixed_steps(self, first: int, last: int) -> int:
         """Plans ``first .. last - 1`` (list indices) with a prefill chunk and a decode side by side."""
         return sum(1 for plan in self.plans[first:last]
@@ -386,6 +414,10 @@ def run_invariance(config: InvarianceConfig, built: BuiltEngine | None = None) -
     """Run ``config``'s prompts solo, loaded and after a cache hit on ``built`` (or an engine built from
     ``config.settings``); the engine's prefix cache keeps what the runs left (salted apart from later runs)."""
     built = built or build_engine(config)
+    preempting = None
+    if config.preempt_kv_tokens is not None:
+        preempting = build_engine(attrs.evolve(config, settings={
+            **config.settings, "KV_CACHE_TOKENS": str(config.preempt_kv_tokens)}))
     spec = built.loaded.spec
     rng = random.Random(config.seed)
     low, high = config.token_range
@@ -399,9 +431,29 @@ def run_invariance(config: InvarianceConfig, built: BuiltEngine | None = None) -
     log = _PlanLog()
     parts = attrs.evolve(built.parts, step=log.wrap(built.parts.step))
     outcomes, mixed, max_batch = trio.run(_run_all, parts, log, config, prompts, fillers, tails, uuid.uuid4().hex)
+    if preempting is not None:
+        outcomes = _add_preempted(preempting, config, prompts, fillers, outcomes)
     kv = built.parts.kv
     return InvarianceReport(tuple(outcomes), kv.block_size, kv.sliding_window,
                             built.parts.scheduler_config.max_num_batched_tokens, mixed, max_batch)
+
+
+def _add_preempted(built: BuiltEngine, config: InvarianceConfig, prompts: list[tuple[int, ...]],
+                   fillers: list[tuple[int, ...]], outcomes: list[PromptOutcome]) -> list[PromptOutcome]:
+    """The loaded run on ``built`` (a small KV pool), added to each outcome as ``preempted``."""
+    log = _PlanLog()
+    parts = attrs.evolve(built.parts, step=log.wrap(built.parts.step))
+
+    async def run() -> list[RunTokens]:
+        async with trio.open_nursery() as nursery:
+            engine: Engine = await nursery.start(Engine(parts).run)
+            runs = await _Runner(engine, config, uuid.uuid4().hex).loaded(prompts, fillers)
+            engine.close()
+        return runs
+
+    runs = trio.run(run)
+    return [attrs.evolve(o, runs={**o.runs, "preempted": r}, preempted_restarts=log.restarts(r.request_id))
+            for o, r in zip(outcomes, runs, strict=True)]
 
 
 def cut_model_folder(preset: str, num_layers: int, folder: Path) -> Path:

@@ -73,6 +73,11 @@ class Settings:
     overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "
                                  "work (planning, staging, streaming) runs while the device computes; off: "
                                  "one step at a time.")
+    deterministic: bool = _field(False, "Batch-invariant kernels: a request's tokens and logprobs are bitwise the "
+                                        "same whatever else is batched with it, however its prompt was chunked, "
+                                        "whether its prefix came from the cache or it was preempted and recomputed "
+                                        "(greedy, or seeded sampling); costs speed (docs/architecture.md, "
+                                        "Deterministic inference).")
     host: str = _field("127.0.0.1", "Address the HTTP server listens on.")
     port: int = _field(8000, "Port the HTTP server listens on.", minimum=0)
     chat_template: str = _field("", "A Jinja chat template file that replaces the model's own (or supplies one "

@@ -18,9 +18,11 @@ import jsonschema
 import pytest
 import torch
 
+from inference_server.backends.deterministic import cpu_attention_kwargs, cpu_ops
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.core.grammar_compiler import GrammarCompiler
+from inference_server.models.architectures.ops import REFERENCE_OPS
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
@@ -63,14 +65,18 @@ def valid(constraint: Constraint | None, text: str) -> bool:
     return re.fullmatch("x=[a-c]{2,4};", text) is not None
 
 
-def make_runner() -> ModelRunner:
+def make_runner(deterministic: bool = False) -> ModelRunner:
     spec = parse_model_spec(preset_config("gemma-4-31b-tiny"))
     assert spec.vocab_size == VOCAB
     model = build_model(spec, torch.float32, "cpu")
     init_dummy_weights(model, seed=5)
     groups = {group_of(layer) for layer in spec.cache_layers}
     storage = PagedKVStorage(spec.cache_layers, {g: 128 for g in groups}, 4, torch.float32, "cpu")
-    runner = ModelRunner(model, spec, storage, torch.device("cpu"))
+    if deterministic:  # what the factory builds with DETERMINISTIC=true
+        runner = ModelRunner(model, spec, storage, torch.device("cpu"), ops=cpu_ops(REFERENCE_OPS),
+                             attention_kwargs=cpu_attention_kwargs(), deterministic=True)
+    else:
+        runner = ModelRunner(model, spec, storage, torch.device("cpu"))
     runner.grammar = GrammarCompiler(byte_level_tokenizer_json(VOCAB), VOCAB, {EOS})
     return runner
 
@@ -196,3 +202,49 @@ def test_launch_returns_before_the_masks_are_filled_and_a_fill_error_reaches_col
     runner._bitmasks.fill = failing_fill  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="fill failed"):
         runner.collect(runner.launch(constrained_plan(runner, 2)))
+
+
+def run_rows(runner: ModelRunner, rows: list[int]) -> dict[int, list[tuple[int, float]]]:
+    """``ROWS[i]`` for ``i`` in ``rows``, batched together over ``STEPS`` overlapped steps: each row's (token, logprob)
+    pairs."""
+    tables = {i: tuple(tuple(range(i * 16, i * 16 + 16)) for _ in range(runner.num_groups)) for i in rows}
+    params = {i: SamplingParams(max_tokens=STEPS, constraint=ROWS[i][0], **ROWS[i][1]) for i in rows}
+    prompts = {i: [2, 40 + i, 41, 42 + i] for i in rows}
+    outputs: dict[int, list[tuple[int, float]]] = {i: [] for i in rows}
+
+    def plan(step: int) -> StepPlan:
+        return StepPlan(step_id=step, sequences=tuple(
+            ScheduledSequence(request_id=i, token_ids=tuple(prompts[i]) if step == 0 else (PENDING_TOKEN,),
+                              cached_len=0 if step == 0 else len(prompts[i]) + step - 1, block_tables=tables[i],
+                              sample=True, sampling=params[i], reset=step == 0, prompt_len=len(prompts[i]))
+            for i in rows))
+
+    launched = runner.launch(plan(0))
+    for step in range(1, STEPS + 1):
+        following = runner.launch(plan(step)) if step < STEPS else None
+        for token in runner.collect(launched).tokens:
+            outputs[token.request_id].append((token.token_id, token.logprob))
+        launched = following
+    return outputs
+
+
+def test_deterministic_rows_are_bitwise_the_same_alone_and_batched() -> None:
+    """``DETERMINISTIC``: every row of ``ROWS`` (constrained or not, greedy or seeded) gives the same tokens and the
+    same logprob bits alone as beside all the others; the constrained rows' sampling thread runs on one thread."""
+    runner = make_runner(deterministic=True)
+    batched = run_rows(runner, list(range(len(ROWS))))
+    threads: list[int] = []
+    assert runner._bitmasks is not None
+    real_fill = runner._bitmasks.fill
+
+    def counting_fill(constrained: list) -> tuple[torch.Tensor, torch.Tensor]:
+        threads.append(torch.get_num_threads())
+        return real_fill(constrained)
+
+    runner._bitmasks.fill = counting_fill  # type: ignore[method-assign]
+    for i in range(len(ROWS)):
+        runner.forget(tuple(range(len(ROWS))))
+        assert run_rows(runner, [i]) == {i: batched[i]}, ROWS[i]
+    assert threads and set(threads) == {1}
+    for (constraint, _), pairs in zip(ROWS, batched.values(), strict=True):
+        assert valid(constraint, text_of([token for token, _ in pairs]))

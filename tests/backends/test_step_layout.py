@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.backends.model_runner import ModelRunner, step_layout
+from inference_server.backends.model_runner import ModelRunner
+from inference_server.backends.step_layout import step_layout
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.records.steps import ScheduledSequence, StepPlan
 

@@ -105,13 +105,16 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
                  backend: str, limits: EngineLimits) -> ModelRunner:
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU computes
-    through the reference table with the CPU int8 matmul (``kernels.cpu_int8``) as its ``int8_linear``."""
+    through the reference table with the CPU int8 matmul (``kernels.cpu_int8``) as its ``int8_linear``;
+    ``DETERMINISTIC`` replaces that table's GEMMs and attention by the batch-invariant ones
+    (``backends.deterministic``; the custom-cuda runner's table is ``op_table.cuda_ops``'s)."""
     ops = REFERENCE_OPS
     if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
         from inference_server.kernels import cpu_int8
 
         ops = dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear)
-        if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
+        # the head runs through fbgemm (not in the deterministic table): pack it now, not in the first request
+        if cpu_int8._fbgemm_8bit_safe() and not settings.deterministic:
             with phase("packing the int8 lm_head for fbgemm"):
                 cpu_int8.prepack_large_weights(loaded.model)
     if backend == "custom-cuda":
@@ -119,4 +122,10 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
                                  step_token_budget=limits.step_token_budget)
-    return ModelRunner(loaded.model, loaded.spec, storage, device, ops=ops)
+    attention: dict = {}
+    if settings.deterministic:
+        from inference_server.backends import deterministic
+
+        ops, attention = deterministic.cpu_ops(ops), deterministic.cpu_attention_kwargs()
+    return ModelRunner(loaded.model, loaded.spec, storage, device, ops=ops, attention_kwargs=attention,
+                       deterministic=settings.deterministic)

@@ -46,6 +46,7 @@ from inference_server.backends.sampler import (
     sample,
     seed_for_position,
 )
+from inference_server.backends.step_layout import step_layout
 from inference_server.backends.transfer import HostCopy, tensor_to_device, to_device
 from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.models.architectures.attention import AttentionContext
@@ -91,7 +92,8 @@ class ModelRunner:
     are collected in launch order, at most one launched ahead."""
 
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
-                 *, ops: Ops = REFERENCE_OPS, attention_kwargs: dict | None = None) -> None:
+                 *, ops: Ops = REFERENCE_OPS, attention_kwargs: dict | None = None,
+                 deterministic: bool = False) -> None:
         self.model = model
         self.ops = ops
         """The table the model computes through, bound to it once here (the CPU engine's: the reference with its int8
@@ -103,15 +105,17 @@ class ModelRunner:
         self.block_size = storage.block_size
         self.num_groups = max(storage.num_blocks) + 1
         self.attention_kwargs = attention_kwargs or {}
-        self._init_step_state(device)
+        self._init_step_state(device, deterministic=deterministic)
         # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
         self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
         self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
 
-    def _init_step_state(self, device: torch.device) -> None:
+    def _init_step_state(self, device: torch.device, *, deterministic: bool = False) -> None:
         """What every runner keeps between steps, whatever runs its forward (the Hugging Face runner calls this
         instead of ``__init__``: it has no paged storage)."""
         self.device = device
+        self.deterministic = deterministic
+        """``DETERMINISTIC``: per-row sampling reductions (``sample(row_invariant=True)``), one CPU thread a step."""
         self._requests: dict[int, _RequestState] = {}
         self.tokens_computed = 0  # all tokens run through the model (tests count prefix-cache savings)
         # The last launched step's samples (device) and each sampling request's row in them: the source of
@@ -124,7 +128,9 @@ class ModelRunner:
         self._bitmasks: BitmaskFiller | None = None
         self._sampling_thread: ThreadPoolExecutor | None = None  # constrained steps' sampling (``_masked_sample``)
         self._pending_sample: Future[tuple[torch.Tensor, HostCopy]] | None = None  # the last one, until joined
-        self._cpu_threads = CpuThreads() if device.type == "cpu" else None  # per-step intra-op thread count, measured
+        # per-step intra-op thread count, measured; DETERMINISTIC runs every step on one thread: torch's CPU
+        # reductions split a long row across threads, so the thread count is part of a row's summation order
+        self._cpu_threads = CpuThreads(default=1 if deterministic else None) if device.type == "cpu" else None
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] of final hidden states [N, H] (the Hugging Face runner applies its model's head)."""
@@ -188,7 +194,7 @@ class ModelRunner:
             self._bitmasks.advance([(u.state, u.known if u.pending is None else [*u.known, pending[u.pending]])
                                     for u in updates])
             bits, rows = self._bitmasks.fill([(u.state, u.row) for u in updates])
-            out = sample(logits, batch, history, bits, rows)
+            out = sample(logits, batch, history, bits, rows, row_invariant=self.deterministic)
             tensors = [out.token_ids, out.logprobs]
             if out.top_logprobs is not None:
                 tensors += [out.top_logprobs.token_ids, out.top_logprobs.logprobs]
@@ -361,12 +367,14 @@ class ModelRunner:
                 assert self.grammar is not None
                 self._bitmasks = BitmaskFiller(self.grammar.vocab_size, self.grammar.eos_token_ids, self.device)
             if self._sampling_thread is None:
-                self._sampling_thread = ThreadPoolExecutor(1, thread_name_prefix="constrained-sampling")
+                self._sampling_thread = ThreadPoolExecutor(  # DETERMINISTIC: one CPU thread there too
+                    1, thread_name_prefix="constrained-sampling",
+                    initializer=_one_thread if self.deterministic else None)
             previous = self._last_launched.samples if self._last_launched is not None else None
             job = self._sampling_thread.submit(self._masked_sample, logits, batch, history, updates, previous)
             self._pending_sample = job
             return LaunchedSamples(tuple(seqs), _JobCopy(job))
-        out = sample(logits, batch, history)
+        out = sample(logits, batch, history, row_invariant=self.deterministic)
         self._previous_tokens = out.token_ids
         tensors = [out.token_ids, out.logprobs]
         if out.top_logprobs is not None:
@@ -405,6 +413,11 @@ class _JobCopy:
 
     def ready(self) -> list[torch.Tensor]:
         return self.job.result()[1].ready()
+
+
+def _one_thread() -> None:
+    """Run the calling thread's torch CPU ops on one thread (the count is per thread under OpenMP)."""
+    torch.set_num_threads(1)
 
 
 def _on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -449,49 +462,3 @@ class LaunchedStep:
 def output_lens(seqs: Sequence[ScheduledSequence]) -> list[int]:
     """Tokens each sampled sequence has output before this step's token (what ``min_tokens`` counts)."""
     return [max(0, s.cached_len + len(s.token_ids) - s.prompt_len) for s in seqs]
-
-
-@attrs.frozen
-class StepLayout:
-    """Host arrays of one step's packed batch (what ``StepTensors`` holds on the device).
-
-    ``positions`` int64 [T]; ``cu_seqlens_q`` int32 [B + 1]; ``context_lens`` int32 [B]; per group g,
-    ``block_tables[g]`` int32 [B, max(1, longest table)] padded with 0, and ``slot_mappings[g]`` int64 [T]:
-    ``table[p // block_size] * block_size + p % block_size`` for the token at position p, -1 where the table
-    has no entry for p.
-    """
-
-    positions: np.ndarray
-    cu_seqlens_q: np.ndarray
-    context_lens: np.ndarray
-    block_tables: tuple[np.ndarray, ...]
-    slot_mappings: tuple[np.ndarray, ...]
-
-
-def step_layout(sequences: Sequence[ScheduledSequence], num_groups: int, block_size: int) -> StepLayout:
-    """``StepLayout`` of ``sequences`` with numpy: per-sequence work is a length and a table copy, per-token
-    work is array arithmetic (no Python loop over tokens)."""
-    lens = np.fromiter((len(s.token_ids) for s in sequences), dtype=np.int64, count=len(sequences))
-    starts = np.fromiter((s.cached_len for s in sequences), dtype=np.int64, count=len(sequences))
-    cu = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(lens, out=cu[1:])
-    total = int(cu[-1])
-    row = np.repeat(np.arange(len(sequences)), lens)  # sequence of each token
-    positions = np.arange(total, dtype=np.int64) - cu[:-1][row] + starts[row]
-    block_index, offset = np.divmod(positions, block_size)
-    tables, slot_mappings = [], []
-    for g in range(num_groups):
-        group_tables = [s.block_tables[g] for s in sequences]
-        table_lens = np.fromiter((len(t) for t in group_tables), dtype=np.int64, count=len(sequences))
-        width = max(1, int(table_lens.max(initial=0)))
-        table = np.zeros((len(sequences), width), dtype=np.int32)
-        flat = np.fromiter(itertools.chain.from_iterable(group_tables), dtype=np.int32,
-                           count=int(table_lens.sum()))
-        table[np.arange(width) < table_lens[:, None]] = flat  # row-major: each row's entries in order
-        present = block_index < table_lens[row]
-        blocks = table[row, np.minimum(block_index, width - 1)].astype(np.int64)
-        slot_mappings.append(np.where(present, blocks * block_size + offset, -1))
-        tables.append(table)
-    return StepLayout(positions=positions, cu_seqlens_q=cu.astype(np.int32),
-                      context_lens=(starts + lens).astype(np.int32), block_tables=tuple(tables),
-                      slot_mappings=tuple(slot_mappings))

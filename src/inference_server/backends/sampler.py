@@ -266,18 +266,24 @@ def sample(
     history: PenaltyHistory | None = None,
     token_bitmask: torch.Tensor | None = None,
     bitmask_rows: torch.Tensor | None = None,
+    row_invariant: bool = False,
 ) -> SamplerOutput:
     """Sample one token per row of ``logits`` ``[B, V]`` (any float dtype; read, never modified).
 
     ``history`` is required when ``batch.use_penalties``. ``token_bitmask`` ``[K, ceil(V / 32)]`` int32 (on
     the logits' device): the tokens each of ``bitmask_rows`` ``[K]`` may take (without ``bitmask_rows``: one
     mask per row, ``K = B``; the other rows are unconstrained). Greedy rows give exactly the argmax of the
-    (masked, penalised) logits.
+    (masked, penalised) logits. ``row_invariant`` (``DETERMINISTIC``): each row's log-normaliser is reduced on its
+    own, since torch's reduction over ``[B, V]`` picks its split by ``B`` (a row's logprobs then move by an ulp with
+    the batch); the mask is applied per row either way.
     """
     work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
     if token_bitmask is not None:
         apply_token_bitmask(work, token_bitmask, bitmask_rows)
-    lse = torch.logsumexp(work, dim=-1)  # [B]
+    if row_invariant:
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in work])  # [B], one reduction shape per row
+    else:
+        lse = torch.logsumexp(work, dim=-1)  # [B]
     top = _top_logprobs(work, lse, batch.num_top_logprobs)
     if batch.logit_edits is not None:
         batch.logit_edits.apply(work)

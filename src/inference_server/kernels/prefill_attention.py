@@ -89,6 +89,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    ALIGN_KV: tl.constexpr = False,
 ):
     tile_idx = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -122,14 +123,19 @@ def _paged_prefill_kernel(
 
     hi = prefix + tl.minimum(q_start + BLOCK_Q, chunk_len)  # one past the last query's position
     lo = tl.maximum(prefix + q_start - window + 1, 0)  # first key in the first query's window
+    first = lo
+    if ALIGN_KV:  # key tiles at multiples of BLOCK_N whatever the tile's first query (keys before lo stay unread)
+        first = lo // BLOCK_N * BLOCK_N
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a row may see no key in a tile
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + b * stride_btb
-    for n0 in range(lo, hi, BLOCK_N):
+    for n0 in range(first, hi, BLOCK_N):
         pos = n0 + offs_n  # [BLOCK_N]
         kv_valid = pos < hi
+        if ALIGN_KV:
+            kv_valid = kv_valid & (pos >= lo)
         blk = tl.load(bt_row + pos // PAGE, mask=kv_valid, other=0).to(tl.int64)
         tok = pos % PAGE
         k = tl.load(  # [BLOCK_D, BLOCK_N]
@@ -189,8 +195,14 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,  # [T, nH, D]
     block_m: int | None = None,
     block_n: int | None = None,
+    align_kv: bool = False,
 ) -> torch.Tensor:  # [T, nH, D]
     """Paged causal (+ sliding window) prefill attention; see the module docstring for the contract.
+
+    ``align_kv`` (``DETERMINISTIC``): key tiles start at multiples of ``BLOCK_N`` (absolute positions) instead of at
+    the window start of the tile's first query, so every query reduces its keys in the same tiles and order whether
+    its prefix was computed in chunks, in one piece, by decodes or read from the cache (tiles it cannot see leave
+    its running max, sum and accumulator exactly as they were).
 
     ``block_m``/``block_n`` override the tile sizes (powers of two, >= 16; tests use small ones to cross
     tile boundaries). ``block_m`` is raised to the next power of two >= G if smaller.
@@ -240,6 +252,7 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
+        ALIGN_KV=align_kv,
         num_warps=num_warps,
         num_stages=num_stages,
     )

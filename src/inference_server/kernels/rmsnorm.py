@@ -116,6 +116,7 @@ def fused_add_rmsnorm(
     *,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
+    block_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(normed, new_residual)`` with ``new_residual = x + residual`` (``x`` itself when None).
 
@@ -124,7 +125,9 @@ def fused_add_rmsnorm(
     or None. ``normed`` has x's shape and dtype (qwen with a weight: ``promote(x.dtype, w.dtype)``),
     written into ``out`` when given (``out`` may be ``x`` itself, normalising in place);
     ``new_residual`` goes to ``residual_out`` when given (may be ``residual`` itself, in-place
-    update). One launch, no host sync.
+    update). One launch, no host sync. ``block_rows`` fixes the rows a program normalises (a power of two); by
+    default it follows the row count, and with it the warps over which a row's sum of squares is reduced, so a
+    row's last bit may depend on how many rows the call has (``DETERMINISTIC`` passes a fixed value).
     """
     if mode not in ("gemma", "qwen"):
         raise ValueError(f"unknown norm mode {mode!r}")
@@ -155,7 +158,7 @@ def fused_add_rmsnorm(
     if n_rows == 0:
         return out, new_res
     block_d = triton.next_power_of_2(D)
-    block_r = max(1, min(64, 4096 // block_d, triton.next_power_of_2(n_rows)))
+    block_r = block_rows or max(1, min(64, 4096 // block_d, triton.next_power_of_2(n_rows)))
     num_warps = max(1, min(16, block_r * block_d // 512))
     _rmsnorm_kernel[(triton.cdiv(n_rows, block_r),)](
         x3, r3, weight if weight is not None else x3, y3, ro3,
@@ -175,9 +178,10 @@ def rms_norm(
     mode: NormMode,
     *,
     out: torch.Tensor | None = None,
+    block_rows: int | None = None,
 ) -> torch.Tensor:
     """RMSNorm without residual: ``fused_add_rmsnorm(x, None, weight, eps, mode, out=out)[0]``.
 
     For per-head q/k/v norms pass ``x [T, heads, D]`` (e.g. a strided view into a fused qkv buffer).
     """
-    return fused_add_rmsnorm(x, None, weight, eps, mode, out=out)[0]
+    return fused_add_rmsnorm(x, None, weight, eps, mode, out=out, block_rows=block_rows)[0]

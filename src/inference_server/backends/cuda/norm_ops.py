@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from inference_server.kernels import rmsnorm as triton_norm
+from inference_server.kernels.batch_invariant_cuda import INVARIANT_NORM_ROWS
 from inference_server.kernels.norm_add import MAX_OUT_NORMS as NORM_ADD_MAX_OUT_NORMS
 from inference_server.kernels.norm_add import norm_add
 from inference_server.kernels.rmsnorm import NormMode
@@ -28,6 +29,20 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, st
     if mode is None or x.dim() > 3 or x.stride(-1) != 1:
         return layers.rms_norm(x, weight, eps, style)
     return triton_norm.rms_norm(x, weight, eps, mode)  # type: ignore[arg-type]
+
+
+def invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+    """``layers.rms_norm`` contract through the Triton kernel with one row a program (``DETERMINISTIC``): a row's sum
+    of squares spans the same warps whatever the row count. Gemma 3's ``(1 + w)`` style runs as the kernel's gemma
+    mode with the weight ``1 + float(w)`` (the same fp32 product and one cast), so the embedded model is covered too;
+    inputs the kernel does not take (more than 3 dims, a strided last dim: none on the supported models' paths) fall
+    back to the reference, outside the guarantee."""
+    mode: NormMode | None = "gemma" if style == "gemma3" else TRITON_NORM_MODE.get(style)
+    if mode is None or x.dim() > 3 or x.stride(-1) != 1:
+        return layers.rms_norm(x, weight, eps, style)
+    if style == "gemma3" and weight is not None:
+        weight = 1.0 + weight.float()  # [D]: gemma3's (1 + w), an elementwise op of the weight alone
+    return triton_norm.rms_norm(x, weight, eps, mode, block_rows=INVARIANT_NORM_ROWS)
 
 
 def add_norm_kernel_mode(x: torch.Tensor, residual: torch.Tensor, style: NormStyle) -> NormMode | None:

@@ -2,17 +2,24 @@
 
 ``cuda_ops`` is the one place a CUDA runner's kernel choice is written: ``reference_ops`` keeps the before of every
 before/after (the Triton RMSNorm, RoPE, grouped MoE GEMMs and int8 GEMVs, PyTorch for the rest, no fused weights);
-``compile`` keeps the PyTorch ops Inductor can fuse and makes the Triton ones opaque to it; otherwise every kernel
-and fusion of ``backends/cuda/*_ops.py``. A new kernel mode (another table) is one more branch here.
+``compile`` keeps the PyTorch ops Inductor can fuse and makes the Triton ones opaque to it; ``deterministic`` is the
+batch-invariant table (``kernels.batch_invariant_cuda``); otherwise every kernel and fusion of
+``backends/cuda/*_ops.py``. A new kernel mode (another table) is one more branch here. ``cuda_attention_kwargs`` is
+the attention's part of the same choice (the paged context's kernels).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
-from inference_server.backends.cuda.attention_ops import triton_qk_norm_rope
+from inference_server.backends.cuda.attention_ops import (
+    TritonNormRopeDecode,
+    triton_qk_norm_rope,
+    triton_qk_norm_rope_store,
+)
 from inference_server.backends.cuda.moe_ops import (
     triton_add_norm_linear_route,
     triton_fused_moe,
@@ -20,6 +27,7 @@ from inference_server.backends.cuda.moe_ops import (
     triton_mlp_beside_experts,
 )
 from inference_server.backends.cuda.norm_ops import (
+    invariant_rms_norm,
     triton_add_rms_norm,
     triton_norm_add,
     triton_rms_norm,
@@ -33,7 +41,11 @@ from inference_server.backends.cuda.projection_ops import (
     triton_gated_projection,
     triton_norm_add_gated_projection,
 )
+from inference_server.kernels.batch_invariant_cuda import invariant_fused_moe, invariant_int8_linear, invariant_matmul
+from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
+from inference_server.kernels.kv_store import store_kv
+from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
 from inference_server.kernels.router import triton_route
 from inference_server.models.architectures.ops import Fusions, Ops
@@ -46,6 +58,14 @@ def moe_decode_max_tokens(options: CudaRunnerOptions) -> int:
 
 def cuda_ops(options: CudaRunnerOptions) -> Ops:
     """The table a CUDA runner with ``options`` binds to its model (see the module docstring)."""
+    if options.deterministic:
+        # DETERMINISTIC: every op whose reduction order could follow the step's token count pinned to one
+        # configuration: the fixed-tile GEMM for every float projection and the head, an int8 weight converted in the
+        # call and sent through it, the RMSNorm one row a program, the grouped-GEMM MoE with one config per layer
+        # shape (never the decode GEMVs). RoPE and the reference's routing, activations and RoPE tables are
+        # elementwise or one row at a time; no fused weights, no fusions (docs/architecture.md, Deterministic).
+        return Ops(norm=invariant_rms_norm, rope=rope_qk_, linear=invariant_matmul,
+                   int8_linear=invariant_int8_linear, fused_moe=invariant_fused_moe)
     moe = functools.partial(triton_fused_moe, decode_max_tokens=moe_decode_max_tokens(options))
     if options.compile:
         # Under torch.compile the Triton MoE and int8 GEMVs are called eagerly (graph breaks) and the norm, RoPE and
@@ -92,3 +112,18 @@ def cuda_ops(options: CudaRunnerOptions) -> Ops:
         ),
     )
 
+
+def cuda_attention_kwargs(options: CudaRunnerOptions) -> dict[str, Any]:
+    """The ``PagedAttentionContext`` kernels of a CUDA runner with ``options``: the Triton KV store, prefill and decode
+    kernels, the decode kernel with a fixed ``max_context_len`` (its split count then depends on the batch size only)
+    and, with the kernels table, the norm + RoPE launches that store K/V or feed the decode kernel. ``deterministic``:
+    the prefill kernel with position-aligned key tiles for every step, decode-only ones too (no split-K decode kernel),
+    so a query reduces its keys in the same tiles and order whether its prefix was computed in chunks, in one piece,
+    by decodes or read from the cache."""
+    if options.deterministic:
+        return dict(store=store_kv, prefill_attention=functools.partial(paged_prefill_attention, align_kv=True))
+    kernels = options.kernels
+    return dict(store=store_kv, prefill_attention=paged_prefill_attention,
+                decode_attention=functools.partial(paged_decode_attention, max_context_len=options.max_model_len),
+                norm_rope_store=triton_qk_norm_rope_store if kernels else None,
+                norm_rope_decode=TritonNormRopeDecode(options.max_model_len) if kernels else None)

@@ -65,6 +65,17 @@ class CudaRunnerOptions:
     tables, float projections on cuBLAS, separate q/k/v and gate/up weights, the full logits and the sampler), no
     MoE decode GEMVs, no PDL. The "before" of docs/benchmarks.md's before/after tables (engine_bench's ``before``)."""
 
+    deterministic: bool = attrs.field(default=False)
+    """``DETERMINISTIC``: the batch-invariant table (``op_table.cuda_ops``' deterministic branch) and the prefill
+    attention kernel with position-aligned key tiles for every step. Needs ``reference_ops`` (no fused weights, no
+    fused greedy head, the full logits and the sampler) and no ``compile`` (Inductor picks its own reductions);
+    ``build_cuda_runner`` sets the first with it."""
+
+    @deterministic.validator
+    def _deterministic_needs_reference_ops(self, _attribute: object, value: bool) -> None:
+        if value and (self.compile or not self.reference_ops):
+            raise ValueError("CudaRunnerOptions(deterministic=True) needs reference_ops=True and compile=False")
+
     @property
     def kernels(self) -> bool:
         """Whether the runner's table has its Triton kernels beyond the reference set (``op_table.cuda_ops``):

@@ -6,9 +6,12 @@ What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> S
   MoE, RMSNorm, q/k RoPE and the fusions of ``backends/cuda/*_ops.py``), bound to the model at construction; PDL's
   mode (``kernels.pdl``) is scoped to this runner's launches and graph capture. Nothing is process-wide, so a
   reference runner of another model in the same process keeps its own ops. Attention goes through
-  ``PagedAttentionContext`` with the Triton store, prefill and decode kernels. The decode kernel gets a fixed
-  ``max_context_len`` (the engine's model length), so its split count depends on the batch size only: eager
-  and graphed steps of the same batch run identical kernels.
+  ``PagedAttentionContext`` with the Triton store, prefill and decode kernels (``op_table.cuda_attention_kwargs``).
+  The decode kernel gets a fixed ``max_context_len`` (the engine's model length), so its split count depends on the
+  batch size only: eager and graphed steps of the same batch run identical kernels.
+* ``DETERMINISTIC`` (``options.deterministic``): the batch-invariant table and the aligned prefill attention for
+  every step (decode graphs included) over the ``reference_ops`` set, and per-row sampling reductions: a row's
+  tokens and logprobs do not depend on the batch (docs/architecture.md, Deterministic inference).
 * Weights and KV stay in the dtype they were built with (bf16 on CUDA); rope tables move to the device once.
 * Steps of 1-2 tokens run the routed experts as the MoE decode GEMVs (``kernels.moe_decode``, two launches), larger
   ones as the grouped GEMMs. A Gemma 4 MoE layer's dense MLP runs beside them at those sizes: its gate/up GEMV in the
@@ -36,30 +39,22 @@ the same stream as step N's replay, so they land after step N has read the buffe
 
 from __future__ import annotations
 
-import functools
 import time
 
 import torch
 
-from inference_server.backends.cuda.attention_ops import (
-    OpaqueAttentionContext,
-    TritonNormRopeDecode,
-    triton_qk_norm_rope_store,
-)
-from inference_server.backends.cuda.op_table import cuda_ops
+from inference_server.backends.cuda.attention_ops import OpaqueAttentionContext
+from inference_server.backends.cuda.op_table import cuda_attention_kwargs, cuda_ops
 from inference_server.backends.cuda.options import CudaRunnerOptions, early_release_classes_for
 from inference_server.backends.cuda.projection_ops import dense_linear_takes
 from inference_server.backends.cuda_graphs import DecodeGraphs
 from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
 from inference_server.config import Settings
-from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_of_logits, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
-from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.pdl import PdlMode, pdl_mode
-from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.streamed_linear import GEMV_MAX_TOKENS
 from inference_server.kernels.token_bitmask import warm_up_token_bitmask
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
@@ -78,19 +73,15 @@ class CudaModelRunner(ModelRunner):
 
     def __init__(self, model: CausalLM, spec: ModelSpec, storage: PagedKVStorage, device: torch.device,
                  options: CudaRunnerOptions) -> None:
-        kernels = options.kernels
-        decode = functools.partial(paged_decode_attention, max_context_len=options.max_model_len)
-        super().__init__(model, spec, storage, device, ops=cuda_ops(options), attention_kwargs=dict(
-            store=store_kv, prefill_attention=paged_prefill_attention, decode_attention=decode,
-            norm_rope_store=triton_qk_norm_rope_store if kernels else None,
-            norm_rope_decode=TritonNormRopeDecode(options.max_model_len) if kernels else None))
+        super().__init__(model, spec, storage, device, ops=cuda_ops(options),
+                         attention_kwargs=cuda_attention_kwargs(options), deterministic=options.deterministic)
         self.options = options
         self.pdl = PdlMode(requested=options.pdl and not options.reference_ops,
                            early_release=early_release_classes_for(spec.hidden_size))
         """PDL of this runner's kernels: set around each launch and graph capture (``pdl_mode``), nowhere else."""
         # Under torch.compile the Triton kernels are called eagerly (graph breaks), the attention context too.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
-        self._dense_gemv = kernels  # the greedy head's 1-2 row GEMV path (_head_gemv_logits)
+        self._dense_gemv = options.kernels  # the greedy head's 1-2 row GEMV path (_head_gemv_logits)
         if not options.reference_ops:
             for module in model.modules():
                 if isinstance(module, SelfAttention):
@@ -242,5 +233,6 @@ def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVS
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 eager_warmup_tokens=warmup,
                                 cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
-                                compile=settings.custom_backend_compile)
+                                compile=settings.custom_backend_compile,
+                                reference_ops=settings.deterministic, deterministic=settings.deterministic)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)
