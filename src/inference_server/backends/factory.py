@@ -6,8 +6,6 @@ the paged storage and builds the step runner for the chosen backend.
 
 from __future__ import annotations
 
-import dataclasses
-
 import attrs
 import torch
 
@@ -105,12 +103,15 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
                  backend: str, limits: EngineLimits) -> ModelRunner:
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU computes
-    through the reference table with the CPU int8 matmul (``kernels.cpu_int8``) as its ``int8_linear``."""
-    ops = REFERENCE_OPS
+    through the CPU table (``backends.cpu_ops``: the reference with the CPU int8 matmul of ``kernels.cpu_int8`` and
+    the fused weights) and the CPU decode attention."""
+    ops, attention = REFERENCE_OPS, {}
     if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
+        from inference_server.backends import cpu_ops
         from inference_server.kernels import cpu_int8
 
-        ops = dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear)
+        cpu_ops.fuse_weights(loaded.model)
+        ops, attention = cpu_ops.cpu_int8_ops(), cpu_ops.cpu_attention_kwargs()
         if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
             with phase("packing the int8 lm_head for fbgemm"):
                 cpu_int8.prepack_large_weights(loaded.model)
@@ -119,4 +120,4 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
                                  step_token_budget=limits.step_token_budget)
-    return ModelRunner(loaded.model, loaded.spec, storage, device, ops=ops)
+    return ModelRunner(loaded.model, loaded.spec, storage, device, ops=ops, attention_kwargs=attention)

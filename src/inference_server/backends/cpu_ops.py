@@ -1,0 +1,103 @@
+"""The CPU engine's ops table and paged-attention functions (``factory.build_runner`` picks them for an int8 model
+on the CPU; a float model on the CPU keeps the reference table, which the parity tests compare bit for bit).
+
+A decode step of the embedded model at batch 1 is ~130 small matmuls and ~1,500 small tensor ops; on a small CPU
+each op costs a few microseconds of dispatch whatever its size, so the CPU path is the reference's values in fewer
+ops (figures: docs/quantization.md):
+
+* the fused q/k/v and gate/up weights (``Ops.fused_weights``: one int8 matmul instead of three and two);
+* decode attention over the paged cache as two batched matmuls per sequence (``cpu_decode_attention``: no mask,
+  since a decode query sees every cached key of its window) and the KV store as one ``index_copy_`` per tensor
+  (``cpu_store_kv``), where the reference gathers, masks and indexes for any chunk length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from inference_server.kernels import cpu_int8
+from inference_server.kernels.reference_attention import ref_store_kv
+from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
+from inference_server.models.architectures.ops import REFERENCE_OPS, Ops
+
+
+def cpu_int8_ops() -> Ops:
+    """The CPU table of an int8 model: the reference with the CPU int8 matmul and the fused weights (bind it to a
+    model whose weights ``fuse_weights`` fused)."""
+    return dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear, fused_weights=True)
+
+
+def fuse_weights(model: nn.Module) -> None:
+    """Fuse every attention layer's q/k/v and every dense MLP's gate/up weights (after quantization: the int8 rows
+    and their scales are concatenated, which is exact). Idempotent."""
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            module.fuse_qkv()
+        elif isinstance(module, GatedMLP):
+            module.fuse_gate_up()
+
+
+def cpu_attention_kwargs() -> dict[str, Any]:
+    """``PagedAttentionContext`` keyword arguments of the CPU runner: the decode attention and KV store below."""
+    return {"store": cpu_store_kv, "decode_attention": cpu_decode_attention}
+
+
+def cpu_store_kv(
+    k: torch.Tensor,  # [T, nKV, D]
+    v: torch.Tensor,  # [T, nKV, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D], contiguous
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # int64 [T]; < 0 = skip
+) -> None:
+    """``ref_store_kv``: one ``index_copy_`` into each flattened cache when every row has a slot (always at decode),
+    the reference's masked store otherwise."""
+    if bool((slot_mapping < 0).any()):
+        ref_store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def cpu_decode_attention(
+    q: torch.Tensor,  # [B, nH, D], one query token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # int32 [B, max_blocks]
+    context_lens: torch.Tensor,  # int32 [B], including the query token; 0 = padded slot (output zeros)
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:  # [B, nH, D]
+    """``reference_attention.ref_paged_decode_attention``'s values (fp32 scores and softmax, output in q's dtype): the
+    query of sequence ``b`` sits at position ``context_lens[b] - 1`` and sees keys ``[lo, context_lens[b])``, with
+    ``lo = max(0, context_lens[b] - window)`` under a window, so no mask is needed. Per sequence: the blocks holding
+    those keys gathered (``index_select``), then ``q k^T`` and ``p v`` as batched matmuls over the kv heads."""
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q) if batch > 1 else None
+    for b, ctx in enumerate(context_lens.tolist()):
+        if ctx == 0:
+            if out is None:
+                return torch.zeros_like(q)
+            continue
+        lo = max(0, ctx - window) if window is not None else 0
+        first, end = lo // block_size, -(-ctx // block_size)
+        blocks = block_tables[b, first:end]
+        base = first * block_size
+        k = k_cache.index_select(0, blocks).flatten(0, 1)[lo - base:ctx - base]  # [S, nKV, D]
+        v = v_cache.index_select(0, blocks).flatten(0, 1)[lo - base:ctx - base]
+        if k.dtype != torch.float32:
+            k, v = k.float(), v.float()
+        qf = q[b].float().view(num_kv_heads, group, head_dim)  # [nKV, G, D]
+        scores = torch.bmm(qf, k.permute(1, 2, 0)).mul_(scale)  # [nKV, G, S]
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.bmm(probs, v.transpose(0, 1)).view(num_heads, head_dim).to(q.dtype)  # [nH, D]
+        if out is None:
+            return o.unsqueeze(0)
+        out[b] = o
+    assert out is not None
+    return out

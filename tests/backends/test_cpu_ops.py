@@ -1,0 +1,78 @@
+"""The CPU engine's attention and KV store (``backends.cpu_ops``) give the reference's values, and its table computes
+the int8 model's reference tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from inference_server.backends.cpu_ops import cpu_decode_attention, cpu_int8_ops, cpu_store_kv, fuse_weights
+from inference_server.kernels.cpu_int8 import cpu_int8_linear
+from inference_server.kernels.reference_attention import ref_paged_decode_attention, ref_store_kv
+from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+from inference_server.models.architectures.ops import REFERENCE_OPS, bind_ops
+from inference_server.models.loading.loader import build_model, init_dummy_weights
+from inference_server.models.loading.presets import preset_config
+from inference_server.models.spec import parse_model_spec
+
+BLOCK = 4
+
+
+def _caches(num_blocks: int, kv_heads: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (num_blocks, BLOCK, kv_heads, dim)
+    return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+
+@pytest.mark.parametrize("window", [None, 3, 5, 64])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 1), (4, 2), (2, 2)])
+def test_decode_attention_matches_the_reference(window: int | None, heads: int, kv_heads: int) -> None:
+    k_cache, v_cache = _caches(16, kv_heads, 8, seed=heads * 10 + kv_heads)
+    q = torch.randn(4, heads, 8, generator=torch.Generator().manual_seed(1))
+    # scattered blocks, one padded slot (context 0), a context inside one block, one spanning several
+    tables = torch.tensor([[5, 2, 9, 0], [7, 0, 0, 0], [0, 0, 0, 0], [3, 11, 1, 14]], dtype=torch.int32)
+    context_lens = torch.tensor([10, 3, 0, 16], dtype=torch.int32)
+    got = cpu_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.3, window)
+    want = ref_paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.3, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.count_nonzero(got[2]) == 0  # the padded slot
+    one = cpu_decode_attention(q[:1], k_cache, v_cache, tables[:1], context_lens[:1], 0.3, window)
+    torch.testing.assert_close(one, want[:1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("slots", [[5, 17, 2], [5, -1, 30]])
+def test_store_matches_the_reference(slots: list[int]) -> None:
+    k = torch.randn(3, 2, 8)
+    v = torch.randn(3, 2, 8)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    got_k, got_v = _caches(8, 2, 8, seed=3)
+    want_k, want_v = got_k.clone(), got_v.clone()
+    cpu_store_kv(k, v, got_k, got_v, slot_mapping)
+    ref_store_kv(k, v, want_k, want_v, slot_mapping)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
+@pytest.mark.parametrize("preset", ["gemma-4-31b-tiny", "qwen3-30b-a3b-tiny"])
+def test_the_cpu_table_gives_the_int8_models_reference_logits(preset: str) -> None:
+    """A tiny int8 model through the CPU table (fused weights) and through the reference table with the same int8
+    matmul and the weights apart: the same logits over the contiguous reference cache (up to summation order)."""
+    spec = parse_model_spec(preset_config(preset))
+    model = build_model(spec, torch.float32, "cpu", "int8")
+    init_dummy_weights(model, seed=0)
+    ids = torch.tensor([2, 15, 7, 99, 3, 42])
+    logits = {}
+    for name in ("reference", "cpu"):
+        if name == "cpu":
+            fuse_weights(model)
+            bind_ops(model, cpu_int8_ops())
+        else:
+            bind_ops(model, dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8_linear))
+        cache = ContiguousKVCache(spec)
+        batch = ForwardBatch(seq_ids=(0,), cached_lens=(0,), query_lens=(len(ids),))
+        with torch.inference_mode():
+            hidden = model(ids, cache.context(batch, "cpu"))
+            logits[name] = model.compute_logits(hidden)
+    torch.testing.assert_close(logits["cpu"], logits["reference"], rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits["cpu"].argmax(-1), logits["reference"].argmax(-1))
