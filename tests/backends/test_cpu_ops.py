@@ -8,14 +8,22 @@ import dataclasses
 import pytest
 import torch
 
-from inference_server.backends.cpu_ops import cpu_decode_attention, cpu_int8_ops, cpu_store_kv, fuse_weights
+from inference_server.backends.cpu_ops import (
+    QkNormRope,
+    cpu_decode_attention,
+    cpu_int8_ops,
+    cpu_rms_norm,
+    cpu_store_kv,
+    fuse_weights,
+)
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
 from inference_server.kernels.reference_attention import ref_paged_decode_attention, ref_store_kv
 from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
-from inference_server.models.architectures.ops import REFERENCE_OPS, bind_ops
+from inference_server.models.architectures.layers import rms_norm, rope_cos_sin
+from inference_server.models.architectures.ops import REFERENCE_OPS, RMSNorm, bind_ops
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
-from inference_server.models.spec import parse_model_spec
+from inference_server.models.spec import NormStyle, parse_model_spec
 
 BLOCK = 4
 
@@ -54,11 +62,45 @@ def test_store_matches_the_reference(slots: list[int]) -> None:
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
-@pytest.mark.parametrize("preset", ["gemma-4-31b-tiny", "qwen3-30b-a3b-tiny"])
-def test_the_cpu_table_gives_the_int8_models_reference_logits(preset: str) -> None:
+GEMMA3_TINY = dict(  # tests/models/conftest.py's GEMMA3
+    model_type="gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+    num_attention_heads=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+    layer_types=["sliding_attention"] * 5 + ["full_attention"], max_position_embeddings=256,
+    rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, tie_word_embeddings=True, final_logit_softcapping=None,
+    attn_logit_softcapping=None)
+
+
+@pytest.mark.parametrize("style", ["gemma3", "gemma4", "qwen"])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_cpu_norm_is_the_reference_bit_for_bit(style: NormStyle, with_weight: bool) -> None:
+    x = torch.randn(3, 5, 64) * 4
+    weight = torch.randn(64) if with_weight else None
+    assert torch.equal(cpu_rms_norm(x, weight, 1e-6, style), rms_norm(x, weight, 1e-6, style))
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_qk_norm_rope_is_the_composition_bit_for_bit(tokens: int) -> None:
+    q_norm, k_norm = RMSNorm(16, 1e-6, "gemma3"), RMSNorm(16, 1e-6, "gemma3")
+    with torch.no_grad():
+        q_norm.weight.normal_()
+        k_norm.weight.normal_()
+    qkv = torch.randn(tokens, 6 * 16) * 3  # a fused projection's output: q, k and v are strided views of it
+    q_raw, k_raw, v_raw = (part.unflatten(-1, (-1, 16)) for part in qkv.split([64, 16, 16], dim=-1))
+    cos, sin = rope_cos_sin(torch.rand(8), torch.arange(3, 3 + tokens), torch.float32)
+    fused = QkNormRope()
+    for _ in range(2):  # the second call reads the stacked weights kept by the first
+        got = fused(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
+        want = REFERENCE_OPS.qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
+        assert got is not None and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert fused(q_raw, k_raw, v_raw, q_norm, k_norm, RMSNorm(16, 1e-6, "gemma3", with_weight=False), cos,
+                 sin) is None  # a value norm: the composition
+
+
+@pytest.mark.parametrize("config", [GEMMA3_TINY, "gemma-4-31b-tiny", "qwen3-30b-a3b-tiny"])
+def test_the_cpu_table_gives_the_int8_models_reference_logits(config: dict | str) -> None:
     """A tiny int8 model through the CPU table (fused weights) and through the reference table with the same int8
     matmul and the weights apart: the same logits over the contiguous reference cache (up to summation order)."""
-    spec = parse_model_spec(preset_config(preset))
+    spec = parse_model_spec(preset_config(config) if isinstance(config, str) else config)
     model = build_model(spec, torch.float32, "cpu", "int8")
     init_dummy_weights(model, seed=0)
     ids = torch.tensor([2, 15, 7, 99, 3, 42])

@@ -14,6 +14,7 @@ ops (figures: docs/quantization.md):
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -21,14 +22,55 @@ from torch import nn
 
 from inference_server.kernels import cpu_int8
 from inference_server.kernels.reference_attention import ref_store_kv
+from inference_server.models.architectures import layers
 from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
-from inference_server.models.architectures.ops import REFERENCE_OPS, Ops
+from inference_server.models.architectures.layers import NormWeights
+from inference_server.models.architectures.ops import REFERENCE_OPS, Fusions, Ops
+from inference_server.models.spec import NormStyle
 
 
 def cpu_int8_ops() -> Ops:
-    """The CPU table of an int8 model: the reference with the CPU int8 matmul and the fused weights (bind it to a
-    model whose weights ``fuse_weights`` fused)."""
-    return dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear, fused_weights=True)
+    """The CPU table of an int8 model: the reference with the CPU int8 matmul, the fused weights (bind it to a model
+    whose weights ``fuse_weights`` fused), Gemma 3's norm in fewer ops and q/k norms and RoPE in one pass."""
+    return dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear, norm=cpu_rms_norm,
+                               fused_weights=True, fusions=Fusions(qk_norm_rope=QkNormRope()))
+
+
+def cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style: NormStyle) -> torch.Tensor:
+    """``layers.rms_norm``; the ``gemma3`` style of fp32 rows with its ops in place (the same values: the reference's
+    ``x.float()`` and ``type_as`` are no-ops on fp32, each product and sum rounds as there)."""
+    if style != "gemma3" or x.dtype != torch.float32:
+        return layers.rms_norm(x, weight, eps, style)
+    y = x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return y if weight is None else y.mul_(weight.float() + 1.0)
+
+
+class QkNormRope:
+    """``Ops.qk_norm_rope`` of a Gemma 3 layer on the CPU (``Fusions.qk_norm_rope``): q and k normed and rotated as
+    one ``[T, nH + nKV, D]`` tensor, with each head's ``1 + w`` norm weight stacked once per layer (kept by norm
+    module, for the table's life). The same values as the composition: both are per (token, head) row. Other norms,
+    dtypes and value norms: None (the composition)."""
+
+    def __init__(self) -> None:
+        self._weights: weakref.WeakKeyDictionary[nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
+
+    def __call__(self, q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None, q_norm: NormWeights,
+                 k_norm: NormWeights | None, v_norm: NormWeights | None, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        if k_raw is None or k_norm is None or v_norm is not None or q_raw.dtype != torch.float32 \
+                or q_norm.style != "gemma3" or k_norm.style != "gemma3" or q_norm.eps != k_norm.eps \
+                or q_norm.weight is None or k_norm.weight is None or not isinstance(q_norm, nn.Module):
+            return None
+        heads = q_raw.shape[1]
+        weight = self._weights.get(q_norm)
+        if weight is None:
+            weight = torch.cat((q_norm.weight.float().add(1.0).expand(heads, -1),
+                                k_norm.weight.float().add(1.0).expand(k_raw.shape[1], -1)))  # [nH + nKV, D]
+            self._weights[q_norm] = weight
+        qk = torch.cat((q_raw, k_raw), dim=1)  # [T, nH + nKV, D]
+        qk = (qk * qk.pow(2).mean(-1, keepdim=True).add_(q_norm.eps).rsqrt_()).mul_(weight)
+        qk = layers.apply_rope(qk, cos, sin)
+        return qk[:, :heads], qk[:, heads:], v_raw if v_raw is not None else k_raw
 
 
 def fuse_weights(model: nn.Module) -> None:
