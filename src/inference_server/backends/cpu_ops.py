@@ -42,13 +42,27 @@ def cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, style
     if style != "gemma3" or x.dtype != torch.float32:
         return layers.rms_norm(x, weight, eps, style)
     y = x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
-    return y if weight is None else y.mul_(weight.float() + 1.0)
+    return y if weight is None else y.mul_(_plus_one(weight))
+
+
+_PLUS_ONE = "_cpu_plus_one"  # set on a gemma3 norm weight: (its version counter when made, 1 + weight in fp32)
+
+
+def _plus_one(weight: torch.Tensor) -> torch.Tensor:
+    """``1 + weight`` in fp32 (the reference's ``1.0 + weight.float()``), kept on the weight tensor and remade when the
+    weight was written since (its version counter moved)."""
+    cached = getattr(weight, _PLUS_ONE, None)
+    if cached is not None and cached[0] == weight._version:
+        return cached[1]
+    made = weight.detach().float() + 1.0
+    setattr(weight, _PLUS_ONE, (weight._version, made))
+    return made
 
 
 class QkNormRope:
     """``Ops.qk_norm_rope`` of a Gemma 3 layer on the CPU (``Fusions.qk_norm_rope``): q and k normed and rotated as
     one ``[T, nH + nKV, D]`` tensor, with each head's ``1 + w`` norm weight stacked once per layer (kept by norm
-    module, for the table's life). The same values as the composition: both are per (token, head) row. Other norms,
+    module, for the table's life: the weights must not change after the first step). The same values as the composition: both are per (token, head) row. Other norms,
     dtypes and value norms: None (the composition)."""
 
     def __init__(self) -> None:
@@ -63,9 +77,9 @@ class QkNormRope:
             return None
         heads = q_raw.shape[1]
         weight = self._weights.get(q_norm)
-        if weight is None:
-            weight = torch.cat((q_norm.weight.float().add(1.0).expand(heads, -1),
-                                k_norm.weight.float().add(1.0).expand(k_raw.shape[1], -1)))  # [nH + nKV, D]
+        if weight is None or weight.shape[0] != heads + k_raw.shape[1]:
+            weight = torch.cat((_plus_one(q_norm.weight).expand(heads, -1),
+                                _plus_one(k_norm.weight).expand(k_raw.shape[1], -1)))  # [nH + nKV, D]
             self._weights[q_norm] = weight
         qk = torch.cat((q_raw, k_raw), dim=1)  # [T, nH + nKV, D]
         qk = (qk * qk.pow(2).mean(-1, keepdim=True).add_(q_norm.eps).rsqrt_()).mul_(weight)
@@ -116,7 +130,8 @@ def cpu_decode_attention(
     """``reference_attention.ref_paged_decode_attention``'s values (fp32 scores and softmax, output in q's dtype): the
     query of sequence ``b`` sits at position ``context_lens[b] - 1`` and sees keys ``[lo, context_lens[b])``, with
     ``lo = max(0, context_lens[b] - window)`` under a window, so no mask is needed. Per sequence: the blocks holding
-    those keys gathered (``index_select``), then ``q k^T`` and ``p v`` as batched matmuls over the kv heads."""
+    those keys gathered (``index_select``; a view where the blocks are consecutive), then ``q k^T`` and ``p v`` as
+    batched matmuls over the kv heads."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -130,8 +145,9 @@ def cpu_decode_attention(
         first, end = lo // block_size, -(-ctx // block_size)
         blocks = block_tables[b, first:end]
         base = first * block_size
-        k = k_cache.index_select(0, blocks).flatten(0, 1)[lo - base:ctx - base]  # [S, nKV, D]
-        v = v_cache.index_select(0, blocks).flatten(0, 1)[lo - base:ctx - base]
+        k, v = k_cache.index_select(0, blocks), v_cache.index_select(0, blocks)
+        k = k.flatten(0, 1)[lo - base:ctx - base]  # [S, nKV, D]
+        v = v.flatten(0, 1)[lo - base:ctx - base]
         if k.dtype != torch.float32:
             k, v = k.float(), v.float()
         qf = q[b].float().view(num_kv_heads, group, head_dim)  # [nKV, G, D]
