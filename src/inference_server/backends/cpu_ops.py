@@ -62,8 +62,8 @@ def _plus_one(weight: torch.Tensor) -> torch.Tensor:
 class QkNormRope:
     """``Ops.qk_norm_rope`` of a Gemma 3 layer on the CPU (``Fusions.qk_norm_rope``): q and k normed and rotated as
     one ``[T, nH + nKV, D]`` tensor, with each head's ``1 + w`` norm weight stacked once per layer (kept by norm
-    module, for the table's life: the weights must not change after the first step). The same values as the composition: both are per (token, head) row. Other norms,
-    dtypes and value norms: None (the composition)."""
+    module for the table's life: the weights must not change after the first step). The same values as the
+    composition: both are per (token, head) row. Other norms, dtypes and value norms: None (the composition)."""
 
     def __init__(self) -> None:
         self._weights: weakref.WeakKeyDictionary[nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
