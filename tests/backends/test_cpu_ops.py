@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from inference_server.backends.cpu_ops import (
+    CpuRmsNorm,
     QkNormRope,
     cpu_decode_attention,
     cpu_int8_ops,
-    cpu_rms_norm,
     cpu_store_kv,
     fuse_weights,
 )
@@ -75,7 +75,9 @@ GEMMA3_TINY = dict(  # tests/models/conftest.py's GEMMA3
 def test_cpu_norm_is_the_reference_bit_for_bit(style: NormStyle, with_weight: bool) -> None:
     x = torch.randn(3, 5, 64) * 4
     weight = torch.randn(64) if with_weight else None
-    assert torch.equal(cpu_rms_norm(x, weight, 1e-6, style), rms_norm(x, weight, 1e-6, style))
+    norm = CpuRmsNorm()
+    for eps in (1e-6, 1e-5, 1e-6):  # the second 1e-6 reads the kept scalars
+        assert torch.equal(norm(x, weight, eps, style), rms_norm(x, weight, eps, style))
 
 
 @pytest.mark.parametrize("tokens", [1, 7])
@@ -87,7 +89,7 @@ def test_qk_norm_rope_is_the_composition_bit_for_bit(tokens: int) -> None:
     qkv = torch.randn(tokens, 6 * 16) * 3  # a fused projection's output: q, k and v are strided views of it
     q_raw, k_raw, v_raw = (part.unflatten(-1, (-1, 16)) for part in qkv.split([64, 16, 16], dim=-1))
     cos, sin = rope_cos_sin(torch.rand(8), torch.arange(3, 3 + tokens), torch.float32)
-    fused = QkNormRope()
+    fused = QkNormRope(CpuRmsNorm())
     for _ in range(2):  # the second call reads the stacked weights kept by the first
         got = fused(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
         want = REFERENCE_OPS.qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
