@@ -6,9 +6,9 @@ each op costs a few microseconds of dispatch whatever its size, so the CPU path 
 ops (figures: docs/quantization.md):
 
 * the fused q/k/v and gate/up weights (``Ops.fused_weights``: one int8 matmul instead of three and two);
-* decode attention over the paged cache as two batched matmuls per sequence (``cpu_decode_attention``: no mask,
-  since a decode query sees every cached key of its window) and the KV store as one ``index_copy_`` per tensor
-  (``cpu_store_kv``), where the reference gathers, masks and indexes for any chunk length.
+* decode attention over the paged cache as the reference's gather and two einsums per sequence
+  (``cpu_decode_attention``: no mask, since a decode query sees every cached key of its window) and the KV store as
+  one ``index_copy_`` per tensor (``cpu_store_kv``), where the reference masks and indexes for any chunk length.
 """
 
 from __future__ import annotations
@@ -144,11 +144,12 @@ def cpu_decode_attention(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:  # [B, nH, D]
-    """``reference_attention.ref_paged_decode_attention``'s values (fp32 scores and softmax, output in q's dtype): the
-    query of sequence ``b`` sits at position ``context_lens[b] - 1`` and sees keys ``[lo, context_lens[b])``, with
+    """``reference_attention.ref_paged_decode_attention``'s values, bit for bit (so a token's attention is the same in
+    a decode-only step as in a mixed one, which takes the reference's prefill attention): the query of sequence ``b``
+    sits at position ``context_lens[b] - 1`` and sees keys ``[lo, context_lens[b])``, with
     ``lo = max(0, context_lens[b] - window)`` under a window, so no mask is needed. Per sequence: the blocks holding
-    those keys gathered (``index_select``; a view where the blocks are consecutive), then ``q k^T`` and ``p v`` as
-    batched matmuls over the kv heads."""
+    those keys gathered (``index_select``), then the reference's two einsums, without its per-step host reads,
+    masks and output copy."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -165,12 +166,12 @@ def cpu_decode_attention(
         k, v = k_cache.index_select(0, blocks), v_cache.index_select(0, blocks)
         k = k.flatten(0, 1)[lo - base:ctx - base]  # [S, nKV, D]
         v = v.flatten(0, 1)[lo - base:ctx - base]
-        if k.dtype != torch.float32:
-            k, v = k.float(), v.float()
-        qf = q[b].float().view(num_kv_heads, group, head_dim)  # [nKV, G, D]
-        scores = torch.bmm(qf, k.permute(1, 2, 0)).mul_(scale)  # [nKV, G, S]
+        # reference_attention._attend_one's ops for a one-token chunk (its causal and window masks hide nothing
+        # here): the same operands and einsums, so the same bits as a decode row of a mixed step
+        qf = q[b:b + 1].float().view(1, num_kv_heads, group, head_dim)  # [1, nKV, G, D]
+        scores = torch.einsum("lhgd,shd->hgls", qf, k.float()) * scale  # [nKV, G, 1, S]
         probs = torch.softmax(scores, dim=-1)
-        o = torch.bmm(probs, v.transpose(0, 1)).view(num_heads, head_dim).to(q.dtype)  # [nH, D]
+        o = torch.einsum("hgls,shd->lhgd", probs, v.float()).reshape(num_heads, head_dim).to(q.dtype)  # [nH, D]
         if out is None:
             return o.unsqueeze(0)
         out[b] = o
