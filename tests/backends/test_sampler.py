@@ -359,3 +359,20 @@ def test_logit_bias_shifts_the_sampled_distribution() -> None:
     params = SamplingParams(temperature=1.0, logit_bias=((1, math.log(3.0)),))
     frequencies = draw_many(torch.zeros(2), params, n=20_000)
     assert abs(frequencies[1].item() - 0.75) < 0.02
+
+
+def test_argmax_rows_is_the_first_maximum_of_each_row() -> None:
+    """The two-pass CPU argmax gives ``torch.argmax``'s index: ties (the first wins, across and inside blocks), NaN
+    (it counts as the maximum), all ``-inf`` rows, and widths its blocks do not divide."""
+    from inference_server.backends.sampler import ARGMAX_BLOCK, argmax_rows
+
+    vocab = 64 * ARGMAX_BLOCK
+    x = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0))
+    x[1, [7 * ARGMAX_BLOCK + 3, 2 * ARGMAX_BLOCK + 9, 2 * ARGMAX_BLOCK + 5]] = 50.0  # tie across and inside blocks
+    x[2, [9 * ARGMAX_BLOCK, 40 * ARGMAX_BLOCK + 1]] = float("nan")
+    x[3] = float("-inf")
+    x[4, -1] = 60.0
+    assert argmax_rows(x).tolist() == x.argmax(-1).tolist() == [x[0].argmax().item(), 2 * ARGMAX_BLOCK + 5,
+                                                                  9 * ARGMAX_BLOCK, 0, vocab - 1]
+    odd = torch.randn(2, 3 * ARGMAX_BLOCK + 5)
+    assert torch.equal(argmax_rows(odd), odd.argmax(-1))

@@ -7,6 +7,7 @@ the paged storage and builds the step runner for the chosen backend.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import attrs
 import torch
@@ -16,7 +17,7 @@ from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedK
 from inference_server.config import Settings
 from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
-from inference_server.models.architectures.ops import REFERENCE_OPS
+from inference_server.models.architectures.ops import REFERENCE_OPS, Ops
 from inference_server.models.loading.source import LoadedModel
 from inference_server.models.spec import ModelSpec
 from inference_server.runtime import resolve_quantization
@@ -105,14 +106,21 @@ def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
 def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device,
                  backend: str, limits: EngineLimits) -> ModelRunner:
     """The step runner of the chosen backend (``reference`` or ``custom-cuda``). An int8 model on the CPU computes
-    through the reference table with the CPU int8 matmul (``kernels.cpu_int8``) as its ``int8_linear``;
-    ``DETERMINISTIC`` replaces that table's GEMMs and attention by the batch-invariant ones
-    (``backends.deterministic``; the custom-cuda runner's table is ``op_table.cuda_ops``'s)."""
-    ops = REFERENCE_OPS
+    through the CPU table (``backends.cpu_ops``: the reference with the CPU int8 matmul of ``kernels.cpu_int8`` and
+    the fused weights) and the CPU decode attention. ``DETERMINISTIC`` replaces the GEMMs and attention by the
+    batch-invariant ones (``backends.deterministic``; the custom-cuda runner's table is ``op_table.cuda_ops``'s)."""
+    ops: Ops = REFERENCE_OPS
+    attention: dict[str, Any] = {}
     if resolve_quantization(settings, device, backend) == "int8" and device.type == "cpu":
+        from inference_server.backends import cpu_ops
         from inference_server.kernels import cpu_int8
 
-        ops = dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear)
+        if settings.deterministic:
+            # the batch-invariant table is tested bitwise on the reference's unfused weights and norms: it keeps them
+            ops = dataclasses.replace(REFERENCE_OPS, int8_linear=cpu_int8.cpu_int8_linear)
+        else:
+            cpu_ops.fuse_weights(loaded.model)
+            ops, attention = cpu_ops.cpu_int8_ops(), cpu_ops.cpu_attention_kwargs()
         # the head runs through fbgemm (not in the deterministic table): pack it now, not in the first request
         if cpu_int8._fbgemm_8bit_safe() and not settings.deterministic:
             with phase("packing the int8 lm_head for fbgemm"):
@@ -122,7 +130,6 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
                                  step_token_budget=limits.step_token_budget)
-    attention: dict = {}
     if settings.deterministic:
         from inference_server.backends import deterministic
 

@@ -277,7 +277,9 @@ def sample(
     own, since torch's reduction over ``[B, V]`` picks its split by ``B`` (a row's logprobs then move by an ulp with
     the batch); the mask is applied per row either way.
     """
-    work = logits.to(torch.float32, copy=True)  # [B, V] scratch, processed in place
+    writes = token_bitmask is not None or batch.logit_edits is not None or batch.use_penalties or not batch.all_greedy
+    # [B, V] scratch, processed in place; an all-greedy batch without edits only reads it: no copy
+    work = logits.to(torch.float32, copy=True) if writes else logits.float()
     if token_bitmask is not None:
         apply_token_bitmask(work, token_bitmask, bitmask_rows)
     if row_invariant:
@@ -322,7 +324,7 @@ def _top_logprobs(logits: torch.Tensor, lse: torch.Tensor, n: int) -> TopLogprob
 
 
 def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    greedy_ids = work.argmax(dim=-1) if batch.any_greedy else None  # [B]
+    greedy_ids = argmax_rows(work) if batch.any_greedy else None  # [B]
     if greedy_ids is not None and batch.all_greedy:
         return greedy_ids
     work.div_(batch.temperature[:, None])
@@ -332,6 +334,24 @@ def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         _apply_top_k_top_p(work, batch.top_k, batch.top_p)
     sampled = _exponential_race(work.softmax(dim=-1), batch.generators)  # [B]
     return sampled if greedy_ids is None else torch.where(batch.greedy, greedy_ids, sampled)
+
+
+ARGMAX_BLOCK = 1024
+"""Columns per block of ``argmax_rows``' first pass."""
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` of ``x`` ``[B, V]``: the first maximum of each row (a NaN counts as the maximum, as there). On
+    the CPU, where torch's ``argmax`` is a scalar loop and ``amax`` a vector one, in two passes when the blocks
+    divide V: the maxima of blocks of ``ARGMAX_BLOCK`` columns, then the argmax inside the first block holding the
+    row's maximum (the first maximum of the row, so the same index)."""
+    rows, vocab = x.shape
+    if x.device.type != "cpu" or vocab % ARGMAX_BLOCK or vocab <= ARGMAX_BLOCK:
+        return x.argmax(dim=-1)
+    blocks = x.view(rows, vocab // ARGMAX_BLOCK, ARGMAX_BLOCK)
+    best = blocks.amax(dim=-1).argmax(dim=-1)  # [B]: each row's first block holding its maximum
+    within = blocks[torch.arange(rows), best].argmax(dim=-1)  # [B]
+    return best * ARGMAX_BLOCK + within
 
 
 def _bin_counts(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

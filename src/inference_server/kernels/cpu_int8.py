@@ -96,7 +96,9 @@ def _bf16_scale(scale: torch.Tensor) -> torch.Tensor:
 def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Weight-only int8 matmul through ``torch._weight_int8pack_mm`` with x rounded to bf16 (its fast CPU path),
     the result returned in x's dtype."""
-    out = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight.contiguous(), _bf16_scale(scale))
+    x16 = x.to(torch.bfloat16)
+    out = torch._weight_int8pack_mm(x16 if x16.is_contiguous() else x16.contiguous(),
+                                    qweight if qweight.is_contiguous() else qweight.contiguous(), _bf16_scale(scale))
     return out.to(x.dtype)
 
 
