@@ -476,7 +476,10 @@ def cut_model_folder(preset: str, num_layers: int, folder: Path) -> Path:
 # ------------------------------------------------------------------------------ the configurations we run
 
 CPU_SETTINGS = {"DEVICE": "cpu", "DTYPE": "float32", "BACKEND": "reference", "MAX_NUM_BATCHED_TOKENS": "128",
-                "KV_BLOCK_SIZE": "16"}
+                "KV_BLOCK_SIZE": "16", "QUANTIZATION": "none"}
+"""fp32 weights, not the CPU's int8 default: its int8pack head returns bf16 logits, whose one-step near-ties (1/32 nat)
+flip with the batch's summation order; DETERMINISTIC=true is what makes the int8 default invariant
+(tests/test_deterministic_cpu.py)."""
 
 
 def cpu_config(**settings: str) -> InvarianceConfig:

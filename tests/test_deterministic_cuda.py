@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 from tests.schedule_invariance import InvarianceConfig, InvarianceReport, cut_model_folder, run_invariance
 
@@ -58,10 +59,12 @@ def test_bf16_greedy_is_bitwise_deterministic_on_cuda(tmp_path: Path, preset: st
 @pytest.mark.parametrize(("preset", "layers"), GPU_MODELS)
 def test_bf16_default_mode_is_not_batch_invariant_on_cuda(tmp_path: Path, preset: str, layers: int) -> None:
     folder = cut_model_folder(preset, layers, tmp_path / f"{preset}-{layers}l")
-    report = run_invariance(gpu_config(folder, deterministic=False))
+    # loaded and cache hit are enough to show a difference: no second (preempting) engine for the default mode
+    config = attrs.evolve(gpu_config(folder, deterministic=False), preempt_kv_tokens=None)
+    report = run_invariance(config)
     print(report.table())
     n = len(report.outcomes)
-    assert sum(report.bitwise_equal(way) for way in WAYS) < len(WAYS) * n, report.table()
+    assert sum(report.bitwise_equal(way) for way in WAYS[:2]) < 2 * n, report.table()
 
 
 @pytest.mark.heavy
@@ -71,7 +74,6 @@ def test_deterministic_cuda_runner_in_the_triton_interpreter() -> None:
 
     if torch.cuda.is_available():
         pytest.skip("the Triton interpreter is off where CUDA is present (the gpu tests cover the kernels)")
-    import attrs
     from tests.schedule_invariance import build_engine
 
     from inference_server.actors.executor import RunnerPipeline

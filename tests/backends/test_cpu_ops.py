@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 import torch
+from tests.kernels.reference_attention import ref_paged_decode_attention
+from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.backends.cpu_ops import (
     CpuRmsNorm,
@@ -17,8 +19,7 @@ from inference_server.backends.cpu_ops import (
     fuse_weights,
 )
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
-from inference_server.kernels.reference_attention import ref_paged_decode_attention, ref_store_kv
-from inference_server.models.architectures.attention import ContiguousKVCache, ForwardBatch
+from inference_server.kernels.reference_attention import ref_store_kv
 from inference_server.models.architectures.layers import rms_norm, rope_cos_sin
 from inference_server.models.architectures.ops import REFERENCE_OPS, RMSNorm, bind_ops
 from inference_server.models.loading.loader import build_model, init_dummy_weights
