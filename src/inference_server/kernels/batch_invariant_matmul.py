@@ -5,13 +5,16 @@ Contract (``torch.nn.functional.linear`` is the reference): ``x [M, K]``, ``weig
 dtype), ``bias [N]`` or None; products accumulated in fp32 by ``tl.dot`` over K in ``BLOCK_K`` steps from k = 0
 upwards (no TF32 for fp32 inputs), rounded once to x's dtype.
 
-Why it is invariant: one tile configuration for every shape (``CONFIG``: no M buckets, no autotuning, no split-K),
-and a program's K loop visits the same K blocks in the same order whichever M-tile the row sits in; rows of a tile
-do not interact in ``tl.dot``. What the default path does instead: cuBLAS picks a kernel (and a split-K) by M, and
-the engine's Triton GEMV takes small M with a split-K chosen by shape (``kernels.dense_linear``).
+Why it is invariant: one tile configuration for every shape (``CONFIG``: no M buckets, no autotuning), and a split
+of K that depends on N and K alone (``split_k``): a program sums its K blocks from its split's first upwards, the
+splits' fp32 partials are added in split order by a second kernel, and rows of a tile do not interact in ``tl.dot``.
+So a row's arithmetic is the same whichever M-tile it sits in and however many rows the call has. What the default
+path does instead: cuBLAS picks a kernel (and a split-K) by M, and the engine's Triton GEMV takes small M with its
+own reduction (``kernels.dense_linear``).
 
-The price is speed at decode: a 64-row tile for one token wastes the tensor cores' rows, and without split-K a
-narrow N runs few programs (docs/architecture.md, Deterministic inference; bench figures in docs/benchmarks.md).
+Why split K: at decode a call has one M-tile, so without a split a projection of narrow N runs N / BLOCK_N programs
+(22 for a 2,816-wide output) and reads its weight far below the memory bandwidth. The partials' workspace is
+bounded by running the rows in chunks of ``CHUNK_ROWS`` (rows are independent, so chunking changes no bit).
 """
 
 from __future__ import annotations
@@ -37,25 +40,43 @@ class MatmulConfig:
 
 CONFIG = MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)
 """The one tile configuration: every M, N and K runs it (what makes the rows invariant)."""
+TARGET_PROGRAMS = 256
+"""Programs one M-tile's call aims at (``split_k``): enough to spread a decode GEMM's weight read over the GPU."""
+MAX_SPLIT = 16
+CHUNK_ROWS = 256
+"""Rows per pair of launches when K is split: the fp32 partials then take at most MAX_SPLIT x 256 x N x 4 bytes."""
+
+
+def split_k(n: int, k: int, config: MatmulConfig = CONFIG) -> int:
+    """How many K ranges a ``[*, K] @ [K, N]`` product is cut into: a function of N and K only (never of M, which
+    would make a row's sum depend on its batch), ~``TARGET_PROGRAMS`` programs per M-tile, at least one K block each."""
+    n_tiles = triton.cdiv(n, config.block_n)
+    k_blocks = triton.cdiv(k, config.block_k)
+    return max(1, min(k_blocks, MAX_SPLIT, triton.cdiv(TARGET_PROGRAMS, n_tiles)))
 
 
 @triton.jit
-def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
-                             stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                             stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
                              HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, UPCAST: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One ``[BLOCK_M, BLOCK_N]`` tile over the K range ``[split * K_PER_SPLIT, (split + 1) * K_PER_SPLIT)``: with one
+    split the output itself (bias added, cast), else fp32 partials at ``y_ptr + split * stride_ys``."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = split * K_PER_SPLIT
+    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
+    for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + rk
         a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+                    mask=(rm[:, None] < M) & (kk[None, :] < k_end), other=0.0)
         b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
-                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
+                    mask=(rn[None, :] < N) & (kk[:, None] < k_end), other=0.0)
         if UPCAST:  # the interpreter multiplies bf16 operands' raw bits in tl.dot: fp32 there (never compiled in)
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -65,8 +86,24 @@ def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
             acc = tl.dot(a, b, acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :] * stride_yn, acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    tl.store(y_ptr + split * stride_ys + rm[:, None] * stride_ym + rn[None, :] * stride_yn,
+             acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLITS, stride_ys, stride_ym, stride_out_m, stride_out_n,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """``y = sum over splits in split order (+ bias)``, fp32, cast once: partials ``[SPLITS, M, N]`` contiguous."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    row = offs // N
+    col = offs % N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(part_ptr + s * stride_ys + row * stride_ym + col, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_out_m + col * stride_out_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -77,11 +114,31 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         c = CONFIG
-        grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n))
-        _invariant_matmul_kernel[grid](
-            flat, weight, bias if bias is not None else weight, y, m, n, k,
-            flat.stride(0), flat.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-            HAS_BIAS=bias is not None, FP32_DOT=x.dtype == torch.float32,
-            UPCAST=_INTERPRETED and x.dtype != torch.float32,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
+        splits = split_k(n, k)
+        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), splits) * c.block_k
+        splits = triton.cdiv(k, k_per_split)  # no empty split (they would add zeros, but cost a program each)
+        flags = dict(HAS_BIAS=bias is not None, FP32_DOT=x.dtype == torch.float32,
+                     UPCAST=_INTERPRETED and x.dtype != torch.float32,
+                     BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps,
+                     num_stages=c.num_stages)
+        b = bias if bias is not None else weight
+        if splits == 1:
+            grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), 1)
+            _invariant_matmul_kernel[grid](flat, weight, b, y, m, n, k, k_per_split, flat.stride(0), flat.stride(1),
+                                           weight.stride(0), weight.stride(1), 0, y.stride(0), y.stride(1), **flags)
+        else:
+            flags["HAS_BIAS"] = False  # added once, after the splits
+            rows = min(m, CHUNK_ROWS)
+            partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+            for r0 in range(0, m, CHUNK_ROWS):
+                chunk, out = flat[r0:r0 + CHUNK_ROWS], y[r0:r0 + CHUNK_ROWS]
+                cm = chunk.shape[0]
+                grid = (triton.cdiv(cm, c.block_m), triton.cdiv(n, c.block_n), splits)
+                _invariant_matmul_kernel[grid](chunk, weight, b, partials, cm, n, k, k_per_split, chunk.stride(0),
+                                               chunk.stride(1), weight.stride(0), weight.stride(1),
+                                               partials.stride(0), partials.stride(1), partials.stride(2), **flags)
+                block = 1024
+                _sum_splits_kernel[(triton.cdiv(cm * n, block),)](
+                    partials, b, out, cm, n, splits, partials.stride(0), partials.stride(1), out.stride(0),
+                    out.stride(1), HAS_BIAS=bias is not None, BLOCK=block)
     return y.reshape(*x.shape[:-1], n)
