@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 
 import torch.nn.functional as F
 
+from inference_server.kernels import batch_invariant_matmul as bim
 from inference_server.kernels.batch_invariant_matmul import CONFIG, invariant_matmul
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,6 +60,26 @@ def check(k: int, n: int, dtype: torch.dtype, sizes: tuple[int, ...], bias: bool
 @pytest.mark.parametrize("bias", [False, True])
 def test_rows_match_linear_and_do_not_depend_on_the_batch(dtype: torch.dtype, bias: bool) -> None:
     check(k=96, n=160, dtype=dtype, sizes=(1, 2, 5, 64, 65, 130), bias=bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_launch_and_split_launches_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, bias: bool) -> None:
+    """Small calls give each K split a program and sum the partials in a second launch; large ones sum the splits
+    in one program: the same arithmetic, so a row's bits do not depend on which path its call's size chose (fp32
+    output, where a different order of the splits' sum shows)."""
+    gen = torch.Generator().manual_seed(3)
+    k, n = 200, 150  # 4 K blocks, 2 N tiles: split_k gives 4 splits
+    assert bim.split_k(n, k) == 4
+    x = torch.randn(70, k, generator=gen).to(DEV, torch.float32)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(DEV, torch.float32)
+    b = torch.randn(n, generator=gen).to(DEV, torch.float32) if bias else None
+    monkeypatch.setattr(bim, "ONE_LAUNCH_TILES", 10**9)
+    split_launches = invariant_matmul(x, w, b)
+    monkeypatch.setattr(bim, "ONE_LAUNCH_TILES", 1)
+    one_launch = invariant_matmul(x, w, b)
+    assert torch.equal(split_launches, one_launch)
+    torch.testing.assert_close(one_launch.float(), F.linear(x.float(), w.float(), None if b is None else b.float()),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_leading_dims_and_strided_inputs() -> None:

@@ -13,8 +13,11 @@ path does instead: cuBLAS picks a kernel (and a split-K) by M, and the engine's 
 own reduction (``kernels.dense_linear``).
 
 Why split K: at decode a call has one M-tile, so without a split a projection of narrow N runs N / BLOCK_N programs
-(22 for a 2,816-wide output) and reads its weight far below the memory bandwidth. The partials' workspace is
-bounded by running the rows in chunks of ``CHUNK_ROWS`` (rows are independent, so chunking changes no bit).
+(22 for a 2,816-wide output) and reads its weight far below the memory bandwidth. Small calls therefore give each
+split a program of its own and sum the fp32 partials in a second launch; large calls (a prefill chunk), whose tiles
+already fill the GPU, run one program per tile that accumulates each split from zero in turn and adds it to the
+running total in split order. Both compute ``((0 + p_0) + p_1) + ... + bias`` with the same ``p_s``, so which one a
+call takes (by its size) changes no bit; the second costs no workspace and no extra launch.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ CONFIG = MatmulConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stag
 TARGET_PROGRAMS = 256
 """Programs one M-tile's call aims at (``split_k``): enough to spread a decode GEMM's weight read over the GPU."""
 MAX_SPLIT = 16
-CHUNK_ROWS = 256
-"""Rows per pair of launches when K is split: the fp32 partials then take at most MAX_SPLIT x 256 x N x 4 bytes."""
+ONE_LAUNCH_TILES = TARGET_PROGRAMS
+"""Calls with at least this many output tiles (or one split) run every split in one program, in one launch."""
 
 
 def split_k(n: int, k: int, config: MatmulConfig = CONFIG) -> int:
@@ -56,38 +59,49 @@ def split_k(n: int, k: int, config: MatmulConfig = CONFIG) -> int:
 
 
 @triton.jit
-def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, SPLITS,
                              stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
                              HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, UPCAST: tl.constexpr,
+                             ALL_SPLITS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One ``[BLOCK_M, BLOCK_N]`` tile over the K range ``[split * K_PER_SPLIT, (split + 1) * K_PER_SPLIT)``: with one
-    split the output itself (bias added, cast), else fp32 partials at ``y_ptr + split * stride_ys``."""
+    """One ``[BLOCK_M, BLOCK_N]`` tile. ``ALL_SPLITS``: the program sums the ``SPLITS`` K ranges of
+    ``K_PER_SPLIT`` in order, each from zero, adds the bias and stores the output. Otherwise it computes the one
+    range of ``program_id(2)``: with one split the output itself (bias added, cast), else fp32 partials at
+    ``y_ptr + split * stride_ys``."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    split = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = split * K_PER_SPLIT
-    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        kk = k0 + rk
-        a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=(rm[:, None] < M) & (kk[None, :] < k_end), other=0.0)
-        b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
-                    mask=(rn[None, :] < N) & (kk[:, None] < k_end), other=0.0)
-        if UPCAST:  # the interpreter multiplies bf16 operands' raw bits in tl.dot: fp32 there (never compiled in)
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if FP32_DOT:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+    if ALL_SPLITS:
+        first, last = 0, SPLITS
+    else:
+        first = tl.program_id(2)
+        last = first + 1
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for split in range(first, last):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_start = split * K_PER_SPLIT
+        k_end = tl.minimum(K, k_start + K_PER_SPLIT)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            kk = k0 + rk
+            a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                        mask=(rm[:, None] < M) & (kk[None, :] < k_end), other=0.0)
+            b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
+                        mask=(rn[None, :] < N) & (kk[:, None] < k_end), other=0.0)
+            if UPCAST:  # the interpreter multiplies bf16 operands' raw bits in tl.dot: fp32 there (never compiled in)
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            if FP32_DOT:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        total += acc
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + split * stride_ys + rm[:, None] * stride_ym + rn[None, :] * stride_yn,
-             acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+        total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    out = y_ptr if ALL_SPLITS else y_ptr + first * stride_ys
+    tl.store(out + rm[:, None] * stride_ym + rn[None, :] * stride_yn, total.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit
@@ -114,31 +128,25 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         c = CONFIG
-        splits = split_k(n, k)
-        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), splits) * c.block_k
-        splits = triton.cdiv(k, k_per_split)  # no empty split (they would add zeros, but cost a program each)
-        flags = dict(HAS_BIAS=bias is not None, FP32_DOT=x.dtype == torch.float32,
-                     UPCAST=_INTERPRETED and x.dtype != torch.float32,
+        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), split_k(n, k)) * c.block_k
+        splits = triton.cdiv(k, k_per_split)  # no empty split
+        tiles = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n))
+        flags = dict(FP32_DOT=x.dtype == torch.float32, UPCAST=_INTERPRETED and x.dtype != torch.float32,
                      BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps,
                      num_stages=c.num_stages)
         b = bias if bias is not None else weight
-        if splits == 1:
-            grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), 1)
-            _invariant_matmul_kernel[grid](flat, weight, b, y, m, n, k, k_per_split, flat.stride(0), flat.stride(1),
-                                           weight.stride(0), weight.stride(1), 0, y.stride(0), y.stride(1), **flags)
+        if splits == 1 or tiles[0] * tiles[1] >= ONE_LAUNCH_TILES:  # one launch (module doc: the same bits)
+            _invariant_matmul_kernel[(*tiles, 1)](
+                flat, weight, b, y, m, n, k, k_per_split, splits, flat.stride(0), flat.stride(1), weight.stride(0),
+                weight.stride(1), 0, y.stride(0), y.stride(1), HAS_BIAS=bias is not None, ALL_SPLITS=True, **flags)
         else:
-            flags["HAS_BIAS"] = False  # added once, after the splits
-            rows = min(m, CHUNK_ROWS)
-            partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-            for r0 in range(0, m, CHUNK_ROWS):
-                chunk, out = flat[r0:r0 + CHUNK_ROWS], y[r0:r0 + CHUNK_ROWS]
-                cm = chunk.shape[0]
-                grid = (triton.cdiv(cm, c.block_m), triton.cdiv(n, c.block_n), splits)
-                _invariant_matmul_kernel[grid](chunk, weight, b, partials, cm, n, k, k_per_split, chunk.stride(0),
-                                               chunk.stride(1), weight.stride(0), weight.stride(1),
-                                               partials.stride(0), partials.stride(1), partials.stride(2), **flags)
-                block = 1024
-                _sum_splits_kernel[(triton.cdiv(cm * n, block),)](
-                    partials, b, out, cm, n, splits, partials.stride(0), partials.stride(1), out.stride(0),
-                    out.stride(1), HAS_BIAS=bias is not None, BLOCK=block)
+            partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+            _invariant_matmul_kernel[(*tiles, splits)](
+                flat, weight, b, partials, m, n, k, k_per_split, splits, flat.stride(0), flat.stride(1),
+                weight.stride(0), weight.stride(1), partials.stride(0), partials.stride(1), partials.stride(2),
+                HAS_BIAS=False, ALL_SPLITS=False, **flags)
+            block = 1024
+            _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+                partials, b, y, m, n, splits, partials.stride(0), partials.stride(1), y.stride(0), y.stride(1),
+                HAS_BIAS=bias is not None, BLOCK=block)
     return y.reshape(*x.shape[:-1], n)
