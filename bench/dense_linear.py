@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the reference oracles
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
 from int8_kernels import LinearCase, SweptKernel, _short, linear_bytes, sweep
+from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
 from roofline import HBM_BYTES_PER_S
 
 MODELS = ("qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-31b", "gemma-4-e4b")

@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
+from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
 from roofline import HBM_BYTES_PER_S
 
 HBM_SPEC_BYTES_PER_S = 4.8e12  # H200 data sheet

@@ -16,7 +16,7 @@ its two GEMMs stream well under the memory limit and the align and sum launches 
 
 Each weight row is read once per pair, so tokens sharing an expert read it twice (from L2 when they run
 together); the grouped GEMMs read it once. That is why this path is for a few tokens
-(``backends.cuda.options.MOE_DECODE_MAX_TOKENS``; ``bench/moe_decode.py`` measures where the two cross).
+(``backends.cuda.options.MOE_DECODE_MAX_TOKENS``, where the two cross: ``bench/moe_decode.py`` in git at 817ca7c).
 
 Rounding is ``fused_moe``'s (``reference_moe``'s ``"pairs"`` accumulation): the gate/up and down results rounded
 to the activation dtype, ``act(gate)`` and ``act * up`` rounded, the weighted pair stored in
@@ -97,7 +97,7 @@ def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: in
                       int8: bool = False) -> MoeDecodeConfig:
     """Heuristic tiles: 16 weight rows a program, K tiles of 512 bytes for gate/up (256 bf16 columns) and 256 for
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
-    need no masks: the best or close to it at one token in ``bench/moe_decode.py``'s sweep (docs/benchmarks.md).
+    need no masks: the best or close to it at one token in the sweep of ``bench/moe_decode.py`` (git, 817ca7c).
 
     ``int8`` experts (read as words): one warp a program and 256 columns a K tile, 8 gate/up and 16 down rows
     (``_INT8_WORD_TILES``)."""
