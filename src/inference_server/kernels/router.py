@@ -317,7 +317,7 @@ def linear_route(
     num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, K] (out_dtype, default fp32), ids [T, K] int64
     """``triton_route(F.linear(x, weight), ...)`` in one launch (see the module docstring); the keyword
-    arguments are launch parameters (``bench/route_kv_fusion.py`` compares them), not semantics.
+    arguments are launch parameters, not semantics.
 
     ``experts_per_program`` defaults to 1 up to 4 rows and 2 beyond; ``num_warps`` to 1 up to 2 rows (the last
     program's top-k rounds are then warp shuffles, no block barriers) and 4 beyond: the faster of each pair at

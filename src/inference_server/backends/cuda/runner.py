@@ -153,9 +153,8 @@ class CudaModelRunner(ModelRunner):
         softcap = self.model.spec.final_logit_softcapping
         if hidden.shape[0] <= GEMV_MAX_TOKENS:
             # 1-2 rows: the head's CUDA-core GEMV streams the weight faster than the fused head's tensor-core tiles
-            # (int8 always; bf16 where this GPU's sweep tuned the logits GEMV: bench/greedy_head.py,
-            # docs/benchmarks.md), so the GEMV writes the logits and two short launches reduce them as the fused
-            # head would.
+            # (int8 always; bf16 where this GPU's sweep tuned the logits GEMV), so the GEMV writes the logits and two
+            # short launches reduce them as the fused head would.
             logits = self._head_gemv_logits(hidden, weight, scale)
             if logits is not None:
                 return greedy_head_of_logits(logits, softcap)
