@@ -407,31 +407,11 @@ def gate_up_program(
     tl.store(out_ptr + pair.to(tl.int64) * inter_size + offs_n, h.to(dt), mask=offs_n < inter_size)
 
 @triton.jit
-def _gate_up_kernel(
-    x_ptr,  # [T, H] activations (last dim contiguous)
-    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8, its int32
-    # words [E, 2I, H / 4] when W_WORDS (strides in words)
-    ids_ptr,  # [T*K] expert of each pair, pair = t*K + k
-    scale_ptr,  # [E, 2I] per-row scale of int8 weights (unused unless W_INT8)
-    out_ptr,  # [T*K, I] act(gate) * up in x's dtype
-    num_experts,
-    H,
-    inter_size,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    TOP_K: tl.constexpr,
-    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    W_INT8: tl.constexpr,
-    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
-    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
-    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
-    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+def _gate_up_kernel(  # gate_up_program's parameters in its order (each documented there)
+    x_ptr, w_ptr, ids_ptr, scale_ptr, out_ptr, num_experts, H, inter_size, stride_xt, stride_we, stride_wn, stride_se,
+    stride_sn, TOP_K: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, W_INT8: tl.constexpr, W_WORDS: tl.constexpr = False, PRMT: tl.constexpr = False,
+    INT_DOT: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     gate_up_program(
         tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, ids_ptr, scale_ptr, out_ptr, num_experts, H, inter_size,
