@@ -104,13 +104,11 @@ class CudaModelRunner(ModelRunner):
             started = time.perf_counter()
             self.graphs.capture()
             self.capture_seconds = time.perf_counter() - started
-        started = time.perf_counter()
         self.warm_up_eager(options.eager_warmup_tokens)
         if device.type == "cuda":
             with pdl_mode(self.pdl):  # the head's kernel variants of serving: launched inside launch()
                 self.warm_up_greedy_head()
                 warm_up_token_bitmask(spec.vocab_size, device)  # structured output's mask (sampler)
-        self.eager_warmup_seconds = time.perf_counter() - started
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
         """Run one eager step of each size in ``token_counts`` (one greedy sequence, prefilled from 0).
