@@ -39,7 +39,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_bench
-from server_process import SERVE_COMMAND, ServerDidNotStart, launched, stop, wait_for_url, wait_until_ready
+from kit.server_process import SERVE_COMMAND, ServerDidNotStart, launched, stop, wait_for_url, wait_until_ready
 
 START_TIMEOUT = 600.0
 

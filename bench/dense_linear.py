@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the reference oracles
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
 from int8_kernels import LinearCase, SweptKernel, _short, linear_bytes, sweep
+from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
 from roofline import HBM_BYTES_PER_S
 
 MODELS = ("qwen3-30b-a3b", "gemma-4-26b-a4b", "gemma-4-31b", "gemma-4-e4b")
@@ -54,10 +54,10 @@ DENSE_SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t i
     (64, 128, 4, 4, 4), (128, 128, 1, 8, 3), (128, 64, 1, 8, 4),
 )
 
-# The CUDA-core GEMV with bf16 weights (bench/sass_mix.py): 1.8-2.0 instructions per weight byte at T = 1, far
-# from the issue limit, as the tensor-core kernel is (1.2-1.9): neither is instruction-bound on float weights, so
-# these only test whether the GEMV's shorter per-program latency helps the small launch-bound shapes (Qwen's q/k/v
-# and o at T = 1). block_k >= 256 x warps keeps the K loop in registers.
+# The CUDA-core GEMV with bf16 weights (bench/sass_mix.py, git 6879ed5): 1.8-2.0 instructions per weight byte at
+# T = 1, far from the issue limit, as the tensor-core kernel is (1.2-1.9): neither is instruction-bound on float
+# weights, so these only test whether the GEMV's shorter per-program latency helps the small launch-bound shapes
+# (Qwen's q/k/v and o at T = 1). block_k >= 256 x warps keeps the K loop in registers.
 DENSE_GEMV_SWEEP = ((8, 1024, 1, 4, 1), (16, 256, 1, 1, 1), (8, 256, 1, 1, 1), (4, 1024, 2, 4, 1),
                     (8, 1024, 1, 4, 2), (8, 256, 1, 1, 2), (8, 512, 1, 2, 2))  # stages 2: two tiles ahead
 

@@ -52,7 +52,7 @@ import httpx
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_process import url_from_lines
+from kit.server_process import url_from_lines
 
 TEXT_PROMPTS = ["The capital of France is", "Once upon a time, there was", "def fibonacci(n):",
                 "The three primary colours are", "Water boils at", "My favourite book is"]

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the tests' fake engine
 from tests.fake_engine import FakeEngine
 
-from sse_client import SSEConnection
+from kit.sse_client import SSEConnection
 
 if TYPE_CHECKING:
     from inference_server.actors.executor import StepPipeline

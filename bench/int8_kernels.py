@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
+from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # bench/ is on the path
 from roofline import HBM_BYTES_PER_S
 
 HBM_SPEC_BYTES_PER_S = 4.8e12  # H200 data sheet
@@ -189,7 +189,8 @@ SWEEP = (  # (block_n, block_k, split_k, num_warps, num_stages); block_t is the 
 
 
 GEMV_SWEEP = (  # the CUDA-core GEMV (block_t < 16): (block_n, block_k, split_k, num_warps, num_stages)
-    # bench/sass_mix.py: with bf16 activations the K loop stays in registers only where block_k >= 256 x warps
+    # bench/sass_mix.py (git 6879ed5): with bf16 activations the K loop stays in registers only where
+    # block_k >= 256 x warps
     # (a thread's 16-byte activation load must hold its weight columns); 8-16 rows x 1024 columns issue 3.8-4.0
     # instructions per int8 byte at T = 1 (32-34 B/clk/SM, HBM needs ~18), 5.0-5.4 at T = 2, 7.3-7.9 at T = 4
     # 256 columns a warp: one warp with 256-column tiles divides K = 5376 (whole tiles, no masks), 4 warps with 1024

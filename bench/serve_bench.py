@@ -70,8 +70,8 @@ import attrs
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_sampling import GpuSampler, ThreadCpu, listening_pid, top_threads
-from sse_client import SSEConnection
+from kit.host_sampling import GpuSampler, ThreadCpu, listening_pid, top_threads
+from kit.sse_client import SSEConnection
 
 ENDPOINTS = ("/v1/completions", "/generate")
 PERCENTILES = (50.0, 99.0)

@@ -57,8 +57,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_bench
-from host_sampling import top_threads
-from server_process import launched
+from kit.host_sampling import top_threads
+from kit.server_process import launched
 
 HERE = Path(__file__).resolve().parent
 

@@ -41,7 +41,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graph_timing import device_l2_bytes, rotation, time_calls
+from kit.graph_timing import device_l2_bytes, rotation, time_calls
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 EAGER_LADDER = (512, 1024, 2048, 4096)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-# bench/ holds helpers the tests share with the benchmark drivers (server_process.py, serve_bench.py).
+# bench/ holds helpers the tests share with the benchmark drivers (kit/server_process.py, serve_bench.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
@@ -122,7 +122,7 @@ def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     """One ``inference-server serve`` of the embedded model on the CPU for the whole session: ``(pid, base url)``.
     Shared by the tests that only ask it questions (structured outputs, tool calls, serve_bench), so that the
     model loads once; a test of start-up, shutdown or settings starts a server of its own."""
-    from server_process import launched
+    from kit.server_process import launched
 
     log = tmp_path_factory.mktemp("embedded-server") / "server.log"
     env = {"MODEL": "", "DEVICE": "cpu", "MAX_BATCH_SIZE": "16", "LOG_LEVEL": "warning"}

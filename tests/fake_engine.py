@@ -19,7 +19,7 @@ does; the embedded model's tests check constrained output.
 
 ``check_contiguous`` asserts that each request's chunks arrive in order without a gap (a new or reset request
 may start anywhere), which is how the scheduler tests catch a plan that skips or repeats tokens. Servers that
-run long (the HTTP kit, ``bench/http_overhead.py``, ``bench/burst.py``) turn it and ``keep_plans`` off, so that
+run long (the HTTP kit, ``bench/http_overhead.py``) turn it and ``keep_plans`` off, so that
 the step costs (next to) nothing and keeps nothing.
 """
 

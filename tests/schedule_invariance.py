@@ -23,8 +23,8 @@ first position where the tokens differ, as the solo run saw it and as the other 
 at a margin of ~1e-6 is a floating-point near-tie, one at a margin of whole nats is a scheduling defect.
 
 Time plays no part: arrivals are driven by streamed-token counts, never by sleeps, so the harness runs the
-same on a busy 2-core machine as on a GPU. ``bench/schedule_invariance.py`` is the command-line front end;
-``tests/test_schedule_invariance.py`` asserts invariance on CPU (fp32, embedded model) and on CUDA.
+same on a busy 2-core machine as on a GPU. ``tests/test_schedule_invariance.py`` asserts invariance on CPU (fp32,
+embedded model) and on CUDA.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ to 6 layers, dummy weights, the Triton kernels and decode graphs) they must be i
 fp32 near-tie: a divergence is excused only where the solo run's top-2 margin is below ``GPU_FP32_TIE``
 nats (the kernels change summation order with the batch, ~1e-6 relative on the logits); a scheduling
 defect moves logits by far more than that. A ``heavy`` test runs the custom-cuda runner's kernels and graph
-staging on the CPU under the Triton interpreter (tiny Gemma 4 MoE). ``bench/schedule_invariance.py`` runs the
-GPU case in bf16 too and prints the divergence rate.
+staging on the CPU under the Triton interpreter (tiny Gemma 4 MoE). ``bench/divergence_table.py`` measures the
+bf16 divergence rate on real weights.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def _freeze_startup_heap() -> None:
     """Move everything start-up built (the model's modules and parameters, tokenizer, app) out of the garbage
     collector's view: a full collection then scans only what serving allocates, instead of pausing every
     thread (the executor's too, through the GIL) to traverse the whole model each time a burst of requests
-    allocates enough to trigger one (``bench/burst.py --gc-freeze``; vLLM does the same after start-up)."""
+    allocates enough to trigger one (vLLM does the same after start-up)."""
     gc.collect()
     gc.freeze()
 

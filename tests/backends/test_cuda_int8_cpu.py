@@ -26,7 +26,7 @@ from inference_server.models.architectures.quantized import quantize_model_int8_
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels in the CPU interpreter; "
-                    "the GPU runs them through bench/int8_gpu_quality.py and the engine")
+                    "the GPU runs them through the engine")
 # Qwen3-MoE in CI: int8 experts (the int8 MoE kernels) and int8 dense projections (the fused q/k/v, o) on this
 # runner; E2B is the same check on a dense model (its int8 layers: models/test_quantized.py, every architecture)
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b-tiny", pytest.param("gemma-4-e2b-tiny", marks=pytest.mark.slow)])

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from server_process import launched  # bench/, on sys.path through tests/conftest.py
+from kit.server_process import launched  # bench/, on sys.path through tests/conftest.py
 
 START_TIMEOUT = 120.0
 SCRIPT = Path(__file__).with_name("fake_server.py")

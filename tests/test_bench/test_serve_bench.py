@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import serve_bench
 import serving_table
-from host_sampling import ThreadCpu, listening_pid, top_threads
+from kit.host_sampling import ThreadCpu, listening_pid, top_threads
 
 # -- metric definitions --------------------------------------------------------------------------------------
 

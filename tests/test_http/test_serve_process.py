@@ -26,7 +26,7 @@ from inference_server.models.loading.loader import build_model, init_dummy_weigh
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
 from inference_server.server import DUPLICATE_SIGNAL_SECONDS
-from server_process import wait_for_url
+from kit.server_process import wait_for_url
 
 START_TIMEOUT = 90.0
 SHUTDOWN_TIMEOUT = 120.0

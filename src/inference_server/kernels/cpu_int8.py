@@ -1,6 +1,5 @@
 """The CPU engine's int8 matmul (``ops.int8_linear`` on the CPU): the fastest torch kernels that keep the
-quality of the weight-only reference, chosen by measurement (``bench/int8_cpu.py``, ``bench/int8_quality.py``,
-docs/quantization.md).
+quality of the weight-only reference, chosen by measurement (``bench/int8_quality.py``, docs/quantization.md).
 
 On the CPU, one thread, the embedded model's tied lm_head at M=1 is fastest through fbgemm's int8 x int8 GEMM
 (``quantized::linear_dynamic``), then ``torch._weight_int8pack_mm`` with bf16 activations, then fp32 ``F.linear``

@@ -412,8 +412,7 @@ def _num_sms(device_index: int | None) -> int:
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int = H200_NUM_SMS) -> int:
     """Split count for the decode grid: enough programs to fill ~2 waves of SMs, >= 64 keys per split of the
-    longest range. At batch 1 the attention is latency-bound, and more splits shorten its chain of round trips
-    (``bench/ablate_decode.py`` times split counts; docs/benchmarks.md)."""
+    longest range. At batch 1 the attention is latency-bound, and more splits shorten its chain of round trips."""
     programs = batch * num_kv_heads
     if programs >= num_sms:
         return 1
@@ -429,8 +428,7 @@ streams several key tiles, where at small batch a split holds one or two."""
 
 def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel: K and V tiles of ``BLOCK_N x D`` stay <= 32 KiB each
-    in bf16. From the sweep of ``bench/decode_attention_bench.py`` (figures: docs/benchmarks.md, decode attention
-    configs):
+    in bf16. From a sweep on the H200 (``bench/decode_attention_bench.py``, in git at 6879ed5):
 
     * batch 1-2 with D <= 128: no pipelining (``num_stages`` 1; the splits hold a tile or two each) and 8 warps.
       Alone the same paid for D = 256 and 512 too, but in the step's graph it lost, so those keep 2 stages;
@@ -493,7 +491,7 @@ def paged_decode_attention(
     than the arrival counters hold). The two merges differ only in the order of fp32 sums. ``block_n`` overrides the
     key tile (tests use it to cross tiles),
     ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch (defaults:
-    :func:`decode_config`; ``bench/ablate_decode.py`` and ``bench/decode_attention_bench.py`` time them).
+    :func:`decode_config`).
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
     ``qk_norm_rope``'s up to the order of the fp32 sum of squares, one launch fewer a layer.
     ``kv_before_wait``: every program loads its first key tile's earlier keys (all but the query's own, which the

@@ -105,8 +105,7 @@ def greedy_head_config(n_rows: int, element_size: int, hidden_element_size: int 
     * int8 (1 byte): 64 x 256 tiles (16 KB: the same bytes in flight per stage as bf16, and the 256-column tiles
       the int8 linear's decode bucket measured fastest on the H200), so the bf16 hidden tile is twice as deep:
       four stages up to 16 rows, three up to 32, two at 64; the exponent-trick dequantisation, as that bucket.
-      Not yet timed on the H200: ``bench/greedy_head.py --int8 --sweep`` times it against other shapes. With
-      fp32 hidden rows (``hidden_element_size`` 4: an fp32 model) the tiles are 64 x 128 (8 KB), as deep as fp32's.
+      With fp32 hidden rows (``hidden_element_size`` 4: an fp32 model) the tiles are 64 x 128 (8 KB), as deep as fp32's.
     """
     if element_size == 1:
         stages = 4 if n_rows <= 16 else 3 if n_rows <= 32 else 2

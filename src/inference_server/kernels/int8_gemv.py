@@ -442,39 +442,13 @@ def gemv_program(
 
 
 @triton.jit(do_not_specialize=["T"])
-def int8_gemv_kernel(
-    x_ptr,  # [T, K] activations
-    w_ptr,  # [N, K] int8 or float elements; W_WORDS: [N, K / 4] int32 words of four int8 columns
-    scale_ptr,  # [N] per-output-channel scale (HAS_SCALE; else any pointer, unread)
-    out_ptr,  # SPLIT_K == 1: [T, N] in x's dtype; else [SPLIT_K, T, N] fp32 partial sums
-    T,
-    N,
-    K,  # columns (elements, not words)
-    k_per_split,  # K columns per split, a multiple of BLOCK_K (K when SPLIT_K == 1)
-    stride_xt,
-    stride_xk,
-    stride_wn,  # in w_ptr's elements (words when W_WORDS)
-    stride_wk,  # unused when W_WORDS (words are contiguous)
-    stride_scale,
-    stride_os,  # between splits of the partial sums (unused when SPLIT_K == 1)
-    stride_ot,
-    half,  # GATED with paired rows: the gate rows (I); the up rows start there (unused otherwise)
-    up_ptr,  # GATED with UP_IN_MEMORY: [T, N] the up factor (else any pointer, unread)
-    stride_ut,
-    BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr,  # tokens per program, 1 to 4: each dequantised weight tile is used BLOCK_T times
-    BLOCK_K: tl.constexpr,  # columns per tile, a multiple of 4
-    SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr,  # every split's K range is a whole number of BLOCK_K tiles: no K masks
-    HAS_SCALE: tl.constexpr = True,  # int8 weights (times the row's scale); False: float weights
-    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (K % 8 == 0, contiguous rows)
-    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
-    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
-    GATED: tl.constexpr = 0,  # 0: y = x @ W.T; 1: act(gate) * up with gelu_tanh, 2: with silu (see gated_gemv)
-    UP_IN_MEMORY: tl.constexpr = False,  # GATED: up read from up_ptr (W is the gate alone), not W's second half
-    LIBDEVICE_TANH: tl.constexpr = True,  # GATED gelu_tanh: False only under the interpreter
-    DEEP: tl.constexpr = False,  # EVEN_K only: weight tiles loaded two iterations ahead (a config's num_stages 2)
-    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (int8_fixed_dot)
+def int8_gemv_kernel(  # gemv_program's parameters in its order (each documented there)
+    x_ptr, w_ptr, scale_ptr, out_ptr, T, N, K, k_per_split, stride_xt, stride_xk, stride_wn, stride_wk, stride_scale,
+    stride_os, stride_ot, half, up_ptr, stride_ut, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr = True, W_WORDS: tl.constexpr = False,
+    PRMT: tl.constexpr = False, USE_PDL: tl.constexpr = False, GATED: tl.constexpr = 0,
+    UP_IN_MEMORY: tl.constexpr = False, LIBDEVICE_TANH: tl.constexpr = True, DEEP: tl.constexpr = False,
+    INT_DOT: tl.constexpr = False,
 ):
     gemv_program(
         tl.program_id(0), tl.program_id(1), tl.program_id(2),

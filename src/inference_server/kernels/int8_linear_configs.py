@@ -34,7 +34,7 @@ class Int8LinearConfig:
 
     ``block_t`` of 16 or more runs the tensor-core kernel (tiles of at least 16); below 16 the CUDA-core GEMV of
     ``kernels/int8_gemv.py`` (int8 or float weights; ``block_t`` 1-4, ``block_k`` a multiple of 4, best at least
-    256 x ``num_warps``: ``bench/sass_mix.py``)."""
+    256 x ``num_warps``)."""
 
     block_n: int  # weight rows per program (the dot's M side)
     block_t: int  # tokens per program (the dot's N side)

@@ -16,7 +16,7 @@ its two GEMMs stream well under the memory limit and the align and sum launches 
 
 Each weight row is read once per pair, so tokens sharing an expert read it twice (from L2 when they run
 together); the grouped GEMMs read it once. That is why this path is for a few tokens
-(``backends.cuda.options.MOE_DECODE_MAX_TOKENS``; ``bench/moe_decode.py`` measures where the two cross).
+(``backends.cuda.options.MOE_DECODE_MAX_TOKENS``, where the two cross: ``bench/moe_decode.py`` in git at 817ca7c).
 
 Rounding is ``fused_moe``'s (``reference_moe``'s ``"pairs"`` accumulation): the gate/up and down results rounded
 to the activation dtype, ``act(gate)`` and ``act * up`` rounded, the weighted pair stored in
@@ -97,7 +97,7 @@ def moe_decode_config(hidden_size: int, intermediate_size: int, element_size: in
                       int8: bool = False) -> MoeDecodeConfig:
     """Heuristic tiles: 16 weight rows a program, K tiles of 512 bytes for gate/up (256 bf16 columns) and 256 for
     down, where they divide the dot, else the largest power of two that does (at least 32 columns), so the loads
-    need no masks: the best or close to it at one token in ``bench/moe_decode.py``'s sweep (docs/benchmarks.md).
+    need no masks: the best or close to it at one token in the sweep of ``bench/moe_decode.py`` (git, 817ca7c).
 
     ``int8`` experts (read as words): one warp a program and 256 columns a K tile, 8 gate/up and 16 down rows
     (``_INT8_WORD_TILES``)."""
@@ -407,31 +407,11 @@ def gate_up_program(
     tl.store(out_ptr + pair.to(tl.int64) * inter_size + offs_n, h.to(dt), mask=offs_n < inter_size)
 
 @triton.jit
-def _gate_up_kernel(
-    x_ptr,  # [T, H] activations (last dim contiguous)
-    w_ptr,  # [E, 2I, H] gate rows [0, I), up rows [I, 2I) (last dim contiguous); int8 when W_INT8, its int32
-    # words [E, 2I, H / 4] when W_WORDS (strides in words)
-    ids_ptr,  # [T*K] expert of each pair, pair = t*K + k
-    scale_ptr,  # [E, 2I] per-row scale of int8 weights (unused unless W_INT8)
-    out_ptr,  # [T*K, I] act(gate) * up in x's dtype
-    num_experts,
-    H,
-    inter_size,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    TOP_K: tl.constexpr,
-    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    W_INT8: tl.constexpr,
-    W_WORDS: tl.constexpr = False,  # int8 weights read as int32 words (_stream_word_rows)
-    PRMT: tl.constexpr = False,  # W_WORDS: bytes placed by the PTX byte permute (compiled only; not interpreted)
-    INT_DOT: tl.constexpr = False,  # W_WORDS with bf16 activations: integer dot products (kernels.int8_fixed_dot)
-    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+def _gate_up_kernel(  # gate_up_program's parameters in its order (each documented there)
+    x_ptr, w_ptr, ids_ptr, scale_ptr, out_ptr, num_experts, H, inter_size, stride_xt, stride_we, stride_wn, stride_se,
+    stride_sn, TOP_K: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, W_INT8: tl.constexpr, W_WORDS: tl.constexpr = False, PRMT: tl.constexpr = False,
+    INT_DOT: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     gate_up_program(
         tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, ids_ptr, scale_ptr, out_ptr, num_experts, H, inter_size,

@@ -231,38 +231,12 @@ def linear_route_program(
         tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch (stream order keeps launches apart)
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _linear_route_kernel(
-    x_ptr,  # [T, H]: the router's input; with ADD_NORM the block output that is added to the residual first
-    w_ptr,  # [E, H]
-    logits_ptr,  # [T, E] scratch, x's dtype
-    counter_ptr,  # int32 [1]: programs done; 0 between launches
-    scale_ptr,  # [E] or a dummy
-    weights_ptr,  # [T, K] out
-    ids_ptr,  # [T, K] int64 out
-    res_ptr,  # ADD_NORM: [T, H] the residual stream (else a dummy)
-    norm_w_ptr,  # ADD_NORM: [H] the RMSNorm weight (else a dummy)
-    res_out_ptr,  # ADD_NORM: [T, H] out, x + residual (else a dummy)
-    normed_ptr,  # ADD_NORM: [T, H] out, the norm of it: the router's (and the experts') input (else a dummy)
-    n_rows,
-    E,
-    H,
-    stride_x,
-    stride_w,
-    stride_r,
-    stride_ro,
-    stride_n,
-    eps,
-    K: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    ROWS: tl.constexpr,  # T padded to a power of two
-    BLOCK_E: tl.constexpr,  # E padded to a power of two
-    BLOCK_K: tl.constexpr,
-    EXPERTS_PER_PROGRAM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    ADD_NORM: tl.constexpr = False,  # the residual add and RMSNorm before the router, in this launch
-    GEMMA_NORM: tl.constexpr = False,  # the norm's convention (kernels.rmsnorm): gemma, else qwen
-    USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
+def _linear_route_kernel(  # linear_route_program's parameters in its order (each documented there)
+    x_ptr, w_ptr, logits_ptr, counter_ptr, scale_ptr, weights_ptr, ids_ptr, res_ptr, norm_w_ptr, res_out_ptr,
+    normed_ptr, n_rows, E, H, stride_x, stride_w, stride_r, stride_ro, stride_n, eps, K: tl.constexpr,
+    RENORMALIZE: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr, ADD_NORM: tl.constexpr = False,
+    GEMMA_NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     linear_route_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), tl.num_programs(0) * tl.num_programs(1), x_ptr, w_ptr,
@@ -317,7 +291,7 @@ def linear_route(
     num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, K] (out_dtype, default fp32), ids [T, K] int64
     """``triton_route(F.linear(x, weight), ...)`` in one launch (see the module docstring); the keyword
-    arguments are launch parameters (``bench/route_kv_fusion.py`` compares them), not semantics.
+    arguments are launch parameters, not semantics.
 
     ``experts_per_program`` defaults to 1 up to 4 rows and 2 beyond; ``num_warps`` to 1 up to 2 rows (the last
     program's top-k rounds are then warp shuffles, no block barriers) and 4 beyond: the faster of each pair at

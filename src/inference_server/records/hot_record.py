@@ -1,10 +1,9 @@
 """``hot_record``: ``attrs.frozen``'s contract for the records built once per token, at a third of the cost.
 
 attrs' frozen ``__init__`` sets each field through ``object.__setattr__`` (frozen classes forbid plain
-assignment), about 0.05 µs a field: a nine-field record takes 0.64 µs against 0.19 µs for the same class
-unfrozen. Six records are built for every token of every running request (a scheduled sequence, a sampled
-token, a stop update, a token output, a request update, a KV grant): at 256 streams that was a third of the
-actor path's CPU (``bench/http_overhead.py --engine-only`` under py-spy).
+assignment), about three times the cost of an unfrozen one, and six records are built for every token of every
+running request (a scheduled sequence, a sampled token, a stop update, a token output, a request update, a KV
+grant): figures in docs/benchmarks.md (retired experiments, ``hot_record``).
 
 The type checker sees ``attrs.frozen`` itself (assigning a field is a type error, ``attrs.evolve`` and
 ``attrs.fields`` accept the class); at run time the class is an ordinary slotted attrs class with value

@@ -104,13 +104,11 @@ class CudaModelRunner(ModelRunner):
             started = time.perf_counter()
             self.graphs.capture()
             self.capture_seconds = time.perf_counter() - started
-        started = time.perf_counter()
         self.warm_up_eager(options.eager_warmup_tokens)
         if device.type == "cuda":
             with pdl_mode(self.pdl):  # the head's kernel variants of serving: launched inside launch()
                 self.warm_up_greedy_head()
                 warm_up_token_bitmask(spec.vocab_size, device)  # structured output's mask (sampler)
-        self.eager_warmup_seconds = time.perf_counter() - started
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
         """Run one eager step of each size in ``token_counts`` (one greedy sequence, prefilled from 0).
@@ -153,9 +151,8 @@ class CudaModelRunner(ModelRunner):
         softcap = self.model.spec.final_logit_softcapping
         if hidden.shape[0] <= GEMV_MAX_TOKENS:
             # 1-2 rows: the head's CUDA-core GEMV streams the weight faster than the fused head's tensor-core tiles
-            # (int8 always; bf16 where this GPU's sweep tuned the logits GEMV: bench/greedy_head.py,
-            # docs/benchmarks.md), so the GEMV writes the logits and two short launches reduce them as the fused
-            # head would.
+            # (int8 always; bf16 where this GPU's sweep tuned the logits GEMV), so the GEMV writes the logits and two
+            # short launches reduce them as the fused head would.
             logits = self._head_gemv_logits(hidden, weight, scale)
             if logits is not None:
                 return greedy_head_of_logits(logits, softcap)

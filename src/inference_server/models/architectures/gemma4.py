@@ -62,8 +62,7 @@ class Gemma4Router(nn.Module, OpsUser):
         ``ops.fused_weights`` is on; the gemma4 norm multiplies by the weight in fp32 and rounds once, where the
         reference rounds after each multiply). Call once the weights are loaded and on their device. Idempotent,
         like ``SelfAttention.fuse_qkv``: a second runner over the same model must not replace the tensor, since the
-        first runner's CUDA graphs read it by address (a fresh tensor here freed the old one under them: garbage
-        routing, found by ``bench/runner_determinism.py``)."""
+        first runner's CUDA graphs read it by address (a fresh tensor here would free the old one under them)."""
         if self.folded_norm is None:
             self.folded_norm = NormParams(self.scale.detach().float() * self.root_size, self.eps, "gemma4")
 

@@ -21,7 +21,7 @@ L2_BYTES = 50 * 2**20  # H200 (read from the device when there is one)
 
 def device_l2_bytes(device: torch.device) -> int:
     """The device's L2 size where torch reports it, else ``L2_BYTES``; 0 off CUDA (a dry run: no device L2 to
-    miss, so ``rotation`` keeps one weight copy, as moe_decode and tune_triton_launch already do there)."""
+    miss, so ``rotation`` keeps one weight copy, as tune_triton_launch does there)."""
     if device.type != "cuda":
         return 0
     return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", L2_BYTES) or L2_BYTES
