@@ -60,7 +60,8 @@ class CpuRmsNorm:
         if scalars is None:
             scalars = torch.tensor(float(x.shape[-1])), torch.tensor(eps, dtype=torch.float32)
             self._scalars[(x.shape[-1], eps)] = scalars
-        return torch.rsqrt((x * x).sum(-1, keepdim=True).div_(scalars[0]).add_(scalars[1]))
+        # addcdiv is eps + 1 * (sum / n): the reference's division then addition, rounded the same, in one op
+        return torch.addcdiv(scalars[1], (x * x).sum(-1, keepdim=True), scalars[0]).rsqrt_()
 
 
 _PLUS_ONE = "_cpu_plus_one"  # set on a gemma3 norm weight: (its version counter when made, 1 + weight in fp32)
@@ -81,11 +82,17 @@ class QkNormRope:
     """``Ops.qk_norm_rope`` of a Gemma 3 layer on the CPU (``Fusions.qk_norm_rope``): q and k normed and rotated as
     one ``[T, nH + nKV, D]`` tensor, with each head's ``1 + w`` norm weight stacked once per layer (kept by norm
     module for the table's life: the weights must not change after the first step). The same values as the
-    composition: both are per (token, head) row. Other norms, dtypes and value norms: None (the composition)."""
+    composition: both are per (token, head) row. Other norms, dtypes and value norms: None (the composition).
+
+    RoPE is ``layers.apply_rope``'s ``x * cos + cat(-x2, x1) * sin`` computed as ``x * cos + cat(x2, x1) * sin'``
+    with ``sin' = cat(-sin1, sin2)``: a product's rounding does not depend on the operands' signs, so the same bits,
+    in 4 ops instead of 8; ``sin'`` and the broadcast ``cos`` are made once per step's table (recognised by the
+    ``cos`` tensor, which the decoder makes once a step per layer type and never writes)."""
 
     def __init__(self, norm: CpuRmsNorm) -> None:
         self.norm = norm
         self._weights: weakref.WeakKeyDictionary[nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
+        self._tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # id(cos) -> cos, cos', sin'
 
     def __call__(self, q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None, q_norm: NormWeights,
                  k_norm: NormWeights | None, v_norm: NormWeights | None, cos: torch.Tensor,
@@ -102,8 +109,21 @@ class QkNormRope:
             self._weights[q_norm] = weight
         qk = torch.cat((q_raw, k_raw), dim=1)  # [T, nH + nKV, D]
         qk = (qk * self.norm.inverse_rms(qk, q_norm.eps)).mul_(weight)
-        qk = layers.apply_rope(qk, cos, sin)
+        qk = self._rope(qk, cos, sin)
         return qk[:, :heads], qk[:, heads:], v_raw if v_raw is not None else k_raw
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``layers.apply_rope(x, cos, sin)`` of a contiguous ``x [T, H, D]`` (see the class docstring)."""
+        tokens, heads, dim = x.shape
+        tables = self._tables.get(id(cos))
+        if tables is None or tables[0] is not cos:
+            if len(self._tables) >= 4:  # a step has one table per layer type
+                self._tables.clear()
+            half = dim // 2
+            tables = cos, cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :]
+            self._tables[id(cos)] = tables
+        swapped = x.view(tokens, heads, 2, dim // 2).flip(2).view(tokens, heads, dim)  # cat(x2, x1)
+        return (x * tables[1]).add_(swapped.mul_(tables[2]))
 
 
 def fuse_weights(model: nn.Module) -> None:
