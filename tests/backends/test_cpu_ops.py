@@ -118,10 +118,13 @@ def test_qk_norm_rope_is_the_composition_bit_for_bit(tokens: int) -> None:
     q_raw, k_raw, v_raw = (part.unflatten(-1, (-1, 16)) for part in qkv.split([64, 16, 16], dim=-1))
     cos, sin = rope_cos_sin(torch.rand(8), torch.arange(3, 3 + tokens), torch.float32)
     fused = QkNormRope(CpuRmsNorm())
-    for _ in range(2):  # the second call reads the stacked weights kept by the first
-        got = fused(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
-        want = REFERENCE_OPS.qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
+    apart = q_raw.clone(), k_raw.clone(), v_raw.clone()  # q and k not adjacent in memory: concatenated
+    before = qkv.clone()
+    for q, k, v in (apart, (q_raw, k_raw, v_raw), (q_raw, k_raw, v_raw)):  # the last reads the kept weights
+        got = fused(q, k, v, q_norm, k_norm, None, cos, sin)
+        want = REFERENCE_OPS.qk_norm_rope(q, k, v, q_norm, k_norm, None, cos, sin)
         assert got is not None and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert torch.equal(qkv, before)  # the raw projection (q and k read through one view) is not written
     assert fused(q_raw, k_raw, v_raw, q_norm, k_norm, RMSNorm(16, 1e-6, "gemma3", with_weight=False), cos,
                  sin) is None  # a value norm: the composition
 

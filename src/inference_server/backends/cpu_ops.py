@@ -107,7 +107,7 @@ class QkNormRope:
             weight = torch.cat((_plus_one(q_norm.weight).expand(heads, -1),
                                 _plus_one(k_norm.weight).expand(k_raw.shape[1], -1)))  # [nH + nKV, D]
             self._weights[q_norm] = weight
-        qk = torch.cat((q_raw, k_raw), dim=1)  # [T, nH + nKV, D]
+        qk = _adjacent_heads(q_raw, k_raw)  # [T, nH + nKV, D]
         qk = (qk * self.norm.inverse_rms(qk, q_norm.eps)).mul_(weight)
         qk = self._rope(qk, cos, sin)
         return qk[:, :heads], qk[:, heads:], v_raw if v_raw is not None else k_raw
@@ -124,6 +124,16 @@ class QkNormRope:
             self._tables[id(cos)] = tables
         swapped = x.view(tokens, heads, 2, dim // 2).flip(2).view(tokens, heads, dim)  # cat(x2, x1)
         return (x * tables[1]).add_(swapped.mul_(tables[2]))
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``torch.cat((q, k), dim=1)`` of ``[T, nH, D]`` and ``[T, nKV, D]``; when k's heads follow q's in memory with
+    the same strides (slices of the fused projection's output, ``SelfAttention._split_qkv``), a view of both instead
+    of a copy (its readers only read it)."""
+    if q.dtype == k.dtype and q.stride() == k.stride() and q.shape[0] == k.shape[0] \
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * q.stride(1) * q.element_size():
+        return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+    return torch.cat((q, k), dim=1)
 
 
 def fuse_weights(model: nn.Module) -> None:
