@@ -12,17 +12,17 @@ Whitespace (the rule a small base model cannot loop on): JSON is generated witho
 ``disable_any_whitespace``. Whitespace is then possible only inside strings.
 
 The llguidance tokenizer (its token trie over the whole vocabulary) is built once, by the first compile that needs
-it, not at start-up: llguidance holds the GIL while it builds it (seconds for a 262k vocabulary on a small CPU:
-docs/quantization.md), so a build "in the background" stops every Python thread as a build in the foreground would;
-at start-up it delayed readiness, at the first constrained request it delays that request (the compile timeout
-covers it) and the steps of the time being.
+it (``ensure_tokenizer``), not at start-up: llguidance holds the GIL while it builds it (seconds for a 262k
+vocabulary on a small CPU: docs/quantization.md), so a build "in the background" stops every Python thread as a build
+in the foreground would; at start-up it delayed readiness, at the first constrained request it delays that request
+and the steps of the time being.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
-import logging
 import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
@@ -34,8 +34,6 @@ from inference_server.records.errors import RequestError
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
-
-log = logging.getLogger(__name__)
 
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How every JSON value is generated (see the module docstring)."""
@@ -113,6 +111,13 @@ class GrammarCompiler:
                     raise RequestError("invalid_request", "structured outputs are not available for this model's "
                                        f"tokenizer: {_reason(str(error))}") from None
             return self._tokenizer
+
+    def ensure_tokenizer(self) -> None:
+        """Build llguidance's tokenizer now if it is not built yet (blocking: seconds, once per compiler; the
+        server calls it in a worker thread before the time-bounded compile, since it is no constraint's cost). A
+        tokenizer llguidance cannot read is left for ``compile`` to refuse with the constraint's field."""
+        with contextlib.suppress(RequestError):
+            self.tokenizer  # noqa: B018 (the property builds it)
 
     @property
     def special_tokens(self) -> dict[str, int]:
