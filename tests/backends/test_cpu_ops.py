@@ -11,6 +11,7 @@ from tests.kernels.reference_attention import ref_paged_decode_attention
 from tests.models.contiguous_kv import ContiguousKVCache, ForwardBatch
 
 from inference_server.backends.cpu_ops import (
+    CpuPagedAttention,
     CpuRmsNorm,
     QkNormRope,
     cpu_decode_attention,
@@ -43,12 +44,32 @@ def test_decode_attention_is_the_reference_bit_for_bit(window: int | None, heads
     # scattered blocks, one padded slot (context 0), a context inside one block, one spanning several
     tables = torch.tensor([[5, 2, 9, 0], [7, 0, 0, 0], [0, 0, 0, 0], [3, 11, 1, 14]], dtype=torch.int32)
     context_lens = torch.tensor([10, 3, 0, 16], dtype=torch.int32)
-    got = cpu_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.3, window)
     want = ref_paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.3, window)
-    assert torch.equal(got, want)  # bit for bit: a decode row of a mixed step takes the reference
+    paged = CpuPagedAttention()
+    for _ in range(2):  # the second call reads the gathers kept for the step
+        got = paged.decode_attention(q, k_cache, v_cache, tables, context_lens, 0.3, window)
+        assert torch.equal(got, want)  # bit for bit: a decode row of a mixed step takes the reference
     assert torch.count_nonzero(got[2]) == 0  # the padded slot
     one = cpu_decode_attention(q[:1], k_cache, v_cache, tables[:1], context_lens[:1], 0.3, window)
     assert torch.equal(one, want[:1])
+
+
+def test_decode_attention_keeps_a_step_per_table_and_window() -> None:
+    """The embedded model's shapes (16-token blocks, 256-wide heads, 4 query heads on one KV head): layers of two
+    block groups and windows interleaved within a step, then a next step with other lengths, each bit for bit the
+    reference."""
+    k_cache, v_cache = torch.randn(12, 16, 1, 256), torch.randn(12, 16, 1, 256)
+    paged = CpuPagedAttention()
+    for lens in ([40, 17], [41, 18]):
+        full = torch.tensor([[3, 7, 1, 0], [5, 2, 0, 0]], dtype=torch.int32)
+        sliding = torch.tensor([[9, 4, 11, 0], [6, 8, 0, 0]], dtype=torch.int32)
+        context_lens = torch.tensor(lens, dtype=torch.int32)
+        for layer in range(4):
+            q = torch.randn(2, 4, 256)
+            tables, window = (full, None) if layer % 2 else (sliding, 20)
+            got = paged.decode_attention(q, k_cache, v_cache, tables, context_lens, 0.0625, window)
+            want = ref_paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.0625, window)
+            assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("slots", [[5, 17, 2], [5, -1, 30]])
@@ -61,6 +82,12 @@ def test_store_matches_the_reference(slots: list[int]) -> None:
     cpu_store_kv(k, v, got_k, got_v, slot_mapping)
     ref_store_kv(k, v, want_k, want_v, slot_mapping)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    paged = CpuPagedAttention()
+    for _ in range(2):  # the second store reads the kept slot check
+        k, v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+        paged.store(k, v, got_k, got_v, slot_mapping)
+        ref_store_kv(k, v, want_k, want_v, slot_mapping)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
 GEMMA3_TINY = dict(  # tests/models/conftest.py's GEMMA3
@@ -91,10 +118,13 @@ def test_qk_norm_rope_is_the_composition_bit_for_bit(tokens: int) -> None:
     q_raw, k_raw, v_raw = (part.unflatten(-1, (-1, 16)) for part in qkv.split([64, 16, 16], dim=-1))
     cos, sin = rope_cos_sin(torch.rand(8), torch.arange(3, 3 + tokens), torch.float32)
     fused = QkNormRope(CpuRmsNorm())
-    for _ in range(2):  # the second call reads the stacked weights kept by the first
-        got = fused(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
-        want = REFERENCE_OPS.qk_norm_rope(q_raw, k_raw, v_raw, q_norm, k_norm, None, cos, sin)
+    apart = q_raw.clone(), k_raw.clone(), v_raw.clone()  # q and k not adjacent in memory: concatenated
+    before = qkv.clone()
+    for q, k, v in (apart, (q_raw, k_raw, v_raw), (q_raw, k_raw, v_raw)):  # the last reads the kept weights
+        got = fused(q, k, v, q_norm, k_norm, None, cos, sin)
+        want = REFERENCE_OPS.qk_norm_rope(q, k, v, q_norm, k_norm, None, cos, sin)
         assert got is not None and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert torch.equal(qkv, before)  # the raw projection (q and k read through one view) is not written
     assert fused(q_raw, k_raw, v_raw, q_norm, k_norm, RMSNorm(16, 1e-6, "gemma3", with_weight=False), cos,
                  sin) is None  # a value norm: the composition
 

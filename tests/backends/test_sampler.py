@@ -10,7 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.backends.sampler import PenaltyHistory, SamplingBatch, _apply_penalties, make_generator, sample
+from inference_server.backends.sampler import (
+    PenaltyHistory,
+    SamplingBatch,
+    _apply_penalties,
+    greedy_sample,
+    make_generator,
+    sample,
+)
 from inference_server.records.sampling_params import SamplingParams
 
 torch.set_num_threads(1)
@@ -47,6 +54,19 @@ def test_greedy_is_exact_argmax(dtype: torch.dtype) -> None:
     tokens = run(logits, [SamplingParams(temperature=0.0)] * 6)
     assert tokens.dtype == torch.int64
     assert torch.equal(tokens, logits.float().argmax(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("row_invariant", [False, True])
+def test_greedy_sample_is_the_samplers_all_greedy_result(dtype: torch.dtype, row_invariant: bool) -> None:
+    """The runner's greedy head without a fused kernel: the sampler's token ids and logprobs, bit for bit, on a
+    vocabulary its two-pass argmax splits into blocks (with a tie across blocks: the first maximum wins)."""
+    logits = (torch.randn(5, 4096) * 4).to(dtype)
+    logits[2, 3000] = logits[2, 100] = logits[2].max() + 1
+    want = sample(logits, SamplingBatch.from_params([SamplingParams(temperature=0.0)] * 5, CPU),
+                  row_invariant=row_invariant)
+    ids, logprobs = greedy_sample(logits, row_invariant=row_invariant)
+    assert torch.equal(ids, want.token_ids) and torch.equal(logprobs, want.logprobs) and int(ids[2]) == 100
 
 
 def test_mixed_batch_greedy_rows_stay_argmax() -> None:

@@ -256,3 +256,30 @@ def test_the_mask_slices_change_no_mask() -> None:
             assert a.consume_token(token) and b.consume_token(token)
             steps += 1
     assert steps > 100
+
+
+def test_a_tokenizer_text_function_is_called_once_at_the_first_use() -> None:
+    """The server hands the compiler a function giving the tokenizer's JSON (its serialisation is not a start-up
+    cost): nothing is read before the first compile, then the text is read once."""
+    calls: list[int] = []
+
+    def text() -> str:
+        calls.append(1)
+        return TOKENIZER_JSON
+
+    compiler = GrammarCompiler(text, 512, {EOS})
+    assert calls == []
+    compiler.ensure_tokenizer()  # what the server runs before the first time-bounded compile
+    assert calls == [1]
+    assert accepts(compiler, Constraint.regex("ab+", field="regex"), "abb")
+    assert accepts(compiler, Constraint.choice(["yes", "no"], field="guided_choice"), "no")
+    assert compiler.special_tokens == GrammarCompiler(TOKENIZER_JSON, 512, {EOS}).special_tokens
+    assert calls == [1]
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_refused_by_compile_not_by_ensure_tokenizer() -> None:
+    compiler = GrammarCompiler("{not a tokenizer", 512, {EOS})
+    compiler.ensure_tokenizer()
+    with pytest.raises(RequestError) as error:
+        compiler.compile(Constraint.regex("a+", field="regex"))
+    assert error.value.param == "regex" and "not available for this model's tokenizer" in error.value.message

@@ -75,6 +75,19 @@ def test_cpu_int8pack_path_matches_the_reference_to_bf16_activation_rounding(row
     assert bool(((out - reference).abs() <= bound + 1e-5).all())
 
 
+@pytest.mark.parametrize("rows", [1, 3, cpu_int8.SCRATCH_MAX_ROWS + 1])
+def test_int8pack_rounds_decode_rows_into_a_kept_buffer_as_a_fresh_rounding(rows: int) -> None:
+    """Decode-sized activations go through a bf16 buffer kept per shape: each call gives the bits of a fresh
+    rounding of its own x (no value of the previous call's), in and out of inference mode."""
+    q, scale = quantize_int8_per_channel(torch.randn(48, 64))
+    for inference in (False, True, False):
+        with torch.inference_mode(inference):
+            for _ in range(2):
+                x = torch.randn(rows, 64)
+                want = torch._weight_int8pack_mm(x.to(torch.bfloat16), q, scale.to(torch.bfloat16)).float()
+                assert torch.equal(cpu_int8.int8pack_linear(x, q, scale), want)
+
+
 @pytest.mark.skipif(not cpu_int8._fbgemm_8bit_safe(), reason="needs fbgemm and a VNNI CPU")
 def test_cpu_large_matrix_path_quantizes_each_row_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_int8, "LARGE_WEIGHT_ELEMENTS", 1)

@@ -6,9 +6,11 @@ each op costs a few microseconds of dispatch whatever its size, so the CPU path 
 ops (figures: docs/quantization.md):
 
 * the fused q/k/v and gate/up weights (``Ops.fused_weights``: one int8 matmul instead of three and two);
-* decode attention over the paged cache as the reference's gather and two einsums per sequence
-  (``cpu_decode_attention``: no mask, since a decode query sees every cached key of its window) and the KV store as
-  one ``index_copy_`` per tensor (``cpu_store_kv``), where the reference masks and indexes for any chunk length.
+* decode attention over the paged cache as the reference's gather and the two batched matmuls of its einsums per
+  sequence (``CpuPagedAttention.decode_attention``: no mask, since a decode query sees every cached key of its
+  window; the cache slots each sequence reads found once per step, not once per layer) and the KV store as one
+  ``index_copy_`` per tensor (``CpuPagedAttention.store``), where the reference masks and indexes for any chunk
+  length.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class CpuRmsNorm:
         if scalars is None:
             scalars = torch.tensor(float(x.shape[-1])), torch.tensor(eps, dtype=torch.float32)
             self._scalars[(x.shape[-1], eps)] = scalars
-        return torch.rsqrt((x * x).sum(-1, keepdim=True).div_(scalars[0]).add_(scalars[1]))
+        # addcdiv is eps + 1 * (sum / n): the reference's division then addition, rounded the same, in one op
+        return torch.addcdiv(scalars[1], (x * x).sum(-1, keepdim=True), scalars[0]).rsqrt_()
 
 
 _PLUS_ONE = "_cpu_plus_one"  # set on a gemma3 norm weight: (its version counter when made, 1 + weight in fp32)
@@ -79,11 +82,17 @@ class QkNormRope:
     """``Ops.qk_norm_rope`` of a Gemma 3 layer on the CPU (``Fusions.qk_norm_rope``): q and k normed and rotated as
     one ``[T, nH + nKV, D]`` tensor, with each head's ``1 + w`` norm weight stacked once per layer (kept by norm
     module for the table's life: the weights must not change after the first step). The same values as the
-    composition: both are per (token, head) row. Other norms, dtypes and value norms: None (the composition)."""
+    composition: both are per (token, head) row. Other norms, dtypes and value norms: None (the composition).
+
+    RoPE is ``layers.apply_rope``'s ``x * cos + cat(-x2, x1) * sin`` computed as ``x * cos + cat(x2, x1) * sin'``
+    with ``sin' = cat(-sin1, sin2)``: a product's rounding does not depend on the operands' signs, so the same bits,
+    in 4 ops instead of 8; ``sin'`` and the broadcast ``cos`` are made once per step's table (recognised by the
+    ``cos`` tensor, which the decoder makes once a step per layer type and never writes)."""
 
     def __init__(self, norm: CpuRmsNorm) -> None:
         self.norm = norm
         self._weights: weakref.WeakKeyDictionary[nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
+        self._tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # id(cos) -> cos, cos', sin'
 
     def __call__(self, q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_raw: torch.Tensor | None, q_norm: NormWeights,
                  k_norm: NormWeights | None, v_norm: NormWeights | None, cos: torch.Tensor,
@@ -98,10 +107,33 @@ class QkNormRope:
             weight = torch.cat((_plus_one(q_norm.weight).expand(heads, -1),
                                 _plus_one(k_norm.weight).expand(k_raw.shape[1], -1)))  # [nH + nKV, D]
             self._weights[q_norm] = weight
-        qk = torch.cat((q_raw, k_raw), dim=1)  # [T, nH + nKV, D]
+        qk = _adjacent_heads(q_raw, k_raw)  # [T, nH + nKV, D]
         qk = (qk * self.norm.inverse_rms(qk, q_norm.eps)).mul_(weight)
-        qk = layers.apply_rope(qk, cos, sin)
+        qk = self._rope(qk, cos, sin)
         return qk[:, :heads], qk[:, heads:], v_raw if v_raw is not None else k_raw
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``layers.apply_rope(x, cos, sin)`` of a contiguous ``x [T, H, D]`` (see the class docstring)."""
+        tokens, heads, dim = x.shape
+        tables = self._tables.get(id(cos))
+        if tables is None or tables[0] is not cos:
+            if len(self._tables) >= 4:  # a step has one table per layer type
+                self._tables.clear()
+            half = dim // 2
+            tables = cos, cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :]
+            self._tables[id(cos)] = tables
+        swapped = x.view(tokens, heads, 2, dim // 2).flip(2).view(tokens, heads, dim)  # cat(x2, x1)
+        return (x * tables[1]).add_(swapped.mul_(tables[2]))
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``torch.cat((q, k), dim=1)`` of ``[T, nH, D]`` and ``[T, nKV, D]``; when k's heads follow q's in memory with
+    the same strides (slices of the fused projection's output, ``SelfAttention._split_qkv``), a view of both instead
+    of a copy (its readers only read it)."""
+    if q.dtype == k.dtype and q.stride() == k.stride() and q.shape[0] == k.shape[0] \
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * q.stride(1) * q.element_size():
+        return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+    return torch.cat((q, k), dim=1)
 
 
 def fuse_weights(model: nn.Module) -> None:
@@ -115,65 +147,147 @@ def fuse_weights(model: nn.Module) -> None:
 
 
 def cpu_attention_kwargs() -> dict[str, Any]:
-    """``PagedAttentionContext`` keyword arguments of the CPU runner: the decode attention and KV store below."""
-    return {"store": cpu_store_kv, "decode_attention": cpu_decode_attention}
+    """``PagedAttentionContext`` keyword arguments of the CPU runner: the decode attention and KV store of one
+    ``CpuPagedAttention`` (one per runner: it keeps the current step's gather indices)."""
+    paged = CpuPagedAttention()
+    return {"store": paged.store, "decode_attention": paged.decode_attention}
 
 
-def cpu_store_kv(
-    k: torch.Tensor,  # [T, nKV, D]
-    v: torch.Tensor,  # [T, nKV, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D], contiguous
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # int64 [T]; < 0 = skip
-) -> None:
-    """``ref_store_kv``: one ``index_copy_`` into each flattened cache when every row has a slot (always at decode),
-    the reference's masked store otherwise."""
-    if bool((slot_mapping < 0).any()):
-        ref_store_kv(k, v, k_cache, v_cache, slot_mapping)
-        return
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+def cpu_store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """``CpuPagedAttention.store`` with nothing kept between calls."""
+    CpuPagedAttention().store(k, v, k_cache, v_cache, slot_mapping)
 
 
-def cpu_decode_attention(
-    q: torch.Tensor,  # [B, nH, D], one query token per sequence
-    k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # int32 [B, max_blocks]
-    context_lens: torch.Tensor,  # int32 [B], including the query token; 0 = padded slot (output zeros)
-    scale: float,
-    window: int | None,
-) -> torch.Tensor:  # [B, nH, D]
-    """``reference_attention.ref_paged_decode_attention``'s values, bit for bit (so a token's attention is the same in
-    a decode-only step as in a mixed one, which takes the reference's prefill attention): the query of sequence ``b``
-    sits at position ``context_lens[b] - 1`` and sees keys ``[lo, context_lens[b])``, with
-    ``lo = max(0, context_lens[b] - window)`` under a window, so no mask is needed. Per sequence: the blocks holding
-    those keys gathered (``index_select``), then the reference's two einsums, without its per-step host reads,
-    masks and output copy."""
-    batch, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    out = torch.zeros_like(q) if batch > 1 else None
-    for b, ctx in enumerate(context_lens.tolist()):
-        if ctx == 0:
+def cpu_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                         context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+    """``CpuPagedAttention.decode_attention`` with nothing kept between calls."""
+    return CpuPagedAttention().decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window)
+
+
+_Gather = tuple[torch.Tensor, int] | None
+"""One sequence's keys for one (block table, window): the cache slots of its first visible block's start up to its
+last key, int64 ``[n]``, and how many of them precede its first visible key; None for a padded slot (context 0)."""
+KEPT_SLOT_MAPPINGS = 16
+"""Slot mappings whose "every row has a slot" check is kept (two groups a step: the last 8 steps')."""
+
+
+class CpuPagedAttention:
+    """The CPU runner's KV store and decode attention over the paged cache (``PagedAttentionContext``'s ``store`` and
+    ``decode_attention``), the reference's values in fewer ops: what depends only on the step (which cache slots each
+    sequence reads, whether every new token has a slot) is computed once per step and kept, not once per layer.
+
+    The step is recognised by its tensors' identity: the runner makes fresh ``context_lens``, block tables and slot
+    mappings for every step and never writes them in place (``ModelRunner._step_tensors``); a caller that does must
+    not share one instance across those writes. Not thread-safe (the runner's thread calls it)."""
+
+    def __init__(self) -> None:
+        self._context_lens: torch.Tensor | None = None  # the step whose gathers are kept
+        self._lens: list[int] = []
+        self._gathers: dict[tuple[int, int | None], tuple[torch.Tensor, list[_Gather]]] = {}
+        self._slots_valid: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._flat: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(cache) -> (cache, [slots, nKV, D] view)
+
+    def _flat_view(self, cache: torch.Tensor) -> torch.Tensor:
+        kept = self._flat.get(id(cache))
+        if kept is None or kept[0] is not cache:
+            if len(self._flat) > 4 * KEPT_SLOT_MAPPINGS * 8:  # a runner has two per layer; anything else: start over
+                self._flat.clear()
+            kept = cache, cache.view(-1, *cache.shape[2:])
+            self._flat[id(cache)] = kept
+        return kept[1]
+
+    def store(
+        self,
+        k: torch.Tensor,  # [T, nKV, D]
+        v: torch.Tensor,  # [T, nKV, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D], contiguous
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # int64 [T]; < 0 = skip
+    ) -> None:
+        """``ref_store_kv``: one ``index_copy_`` into each flattened cache when every row has a slot (always at
+        decode; checked once per slot mapping), the reference's masked store otherwise."""
+        kept = self._slots_valid.get(id(slot_mapping))
+        if kept is None or kept[0] is not slot_mapping:
+            if len(self._slots_valid) >= KEPT_SLOT_MAPPINGS:
+                self._slots_valid.clear()
+            kept = slot_mapping, not bool((slot_mapping < 0).any())
+            self._slots_valid[id(slot_mapping)] = kept
+        if not kept[1]:
+            ref_store_kv(k, v, k_cache, v_cache, slot_mapping)
+            return
+        self._flat_view(k_cache).index_copy_(0, slot_mapping, k if k.dtype == k_cache.dtype else k.to(k_cache.dtype))
+        self._flat_view(v_cache).index_copy_(0, slot_mapping, v if v.dtype == v_cache.dtype else v.to(v_cache.dtype))
+
+    def _step_gathers(self, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                      window: int | None) -> list[_Gather]:
+        """Each sequence's ``_Gather`` for this block table and window, computed at the step's first layer."""
+        if context_lens is not self._context_lens:
+            self._context_lens, self._lens = context_lens, context_lens.tolist()
+            self._gathers.clear()
+        kept = self._gathers.get((id(block_tables), window))
+        if kept is not None and kept[0] is block_tables:
+            return kept[1]
+        offsets = torch.arange(block_size, dtype=torch.int64)
+        gathers: list[_Gather] = []
+        for b, ctx in enumerate(self._lens):
+            if ctx == 0:
+                gathers.append(None)
+                continue
+            lo = max(0, ctx - window) if window is not None else 0
+            first, end = lo // block_size, -(-ctx // block_size)
+            blocks = block_tables[b, first:end].long()
+            slots = (blocks[:, None] * block_size + offsets).flatten()[:ctx - first * block_size]
+            gathers.append((slots, lo - first * block_size))
+        self._gathers[(id(block_tables), window)] = block_tables, gathers
+        return gathers
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,  # [B, nH, D], one query token per sequence
+        k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # int32 [B, max_blocks]
+        context_lens: torch.Tensor,  # int32 [B], including the query token; 0 = padded slot (output zeros)
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor:  # [B, nH, D]
+        """``reference_attention.ref_paged_decode_attention``'s values, bit for bit (so a token's attention is the
+        same in a decode-only step as in a mixed one, which takes the reference's prefill attention): the query of
+        sequence ``b`` sits at position ``context_lens[b] - 1`` and sees keys ``[lo, context_lens[b])``, with
+        ``lo = max(0, context_lens[b] - window)`` under a window, so no mask is needed. Per sequence: the keys and
+        values of its visible blocks gathered from the cache slots kept for the step, then sliced from the first
+        visible key, as the reference gathers and slices them (the same tensor layout), and the two batched matmuls
+        that the reference's einsums run on those operands (``torch.einsum`` reduces a two-operand contraction to
+        one ``bmm`` of permuted views: here those views directly), without its per-step host reads, masks and
+        output copy."""
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[2]
+        group = num_heads // num_kv_heads
+        gathers = self._step_gathers(block_tables, context_lens, k_cache.shape[1], window)
+        k_flat, v_flat = self._flat_view(k_cache), self._flat_view(v_cache)
+        out = torch.zeros_like(q) if batch > 1 else None
+        for b, gather in enumerate(gathers):
+            if gather is None:
+                if out is None:
+                    return torch.zeros_like(q)
+                continue
+            slots, skip = gather
+            k = k_flat.index_select(0, slots)[skip:]  # [S, nKV, D]
+            v = v_flat.index_select(0, slots)[skip:]
+            if k.dtype != torch.float32:
+                k, v = k.float(), v.float()
+            qf = q[b] if q.dtype == torch.float32 else q[b].float()
+            # reference_attention._attend_one's einsums for a one-token chunk (its causal and window masks hide
+            # nothing here): "lhgd,shd->hgls" is bmm([nKV, G, D], [nKV, D, S]) and "hgls,shd->lhgd" is
+            # bmm([nKV, G, S], [nKV, S, D]) of these views, so the same bits as a decode row of a mixed step
+            scores = torch.bmm(qf.view(num_kv_heads, group, head_dim), k.permute(1, 2, 0)) * scale  # [nKV, G, S]
+            probs = torch.softmax(scores, dim=-1)
+            o = torch.bmm(probs, v.transpose(0, 1)).view(num_heads, head_dim)  # [nH, D]
+            if o.dtype != q.dtype:
+                o = o.to(q.dtype)
             if out is None:
-                return torch.zeros_like(q)
-            continue
-        lo = max(0, ctx - window) if window is not None else 0
-        first, end = lo // block_size, -(-ctx // block_size)
-        blocks = block_tables[b, first:end]
-        base = first * block_size
-        k, v = k_cache.index_select(0, blocks), v_cache.index_select(0, blocks)
-        k = k.flatten(0, 1)[lo - base:ctx - base]  # [S, nKV, D]
-        v = v.flatten(0, 1)[lo - base:ctx - base]
-        # reference_attention._attend_one's ops for a one-token chunk (its causal and window masks hide nothing
-        # here): the same operands and einsums, so the same bits as a decode row of a mixed step
-        qf = q[b:b + 1].float().view(1, num_kv_heads, group, head_dim)  # [1, nKV, G, D]
-        scores = torch.einsum("lhgd,shd->hgls", qf, k.float()) * scale  # [nKV, G, 1, S]
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("hgls,shd->lhgd", probs, v.float()).reshape(num_heads, head_dim).to(q.dtype)  # [nH, D]
-        if out is None:
-            return o.unsqueeze(0)
-        out[b] = o
-    assert out is not None
-    return out
+                return o.unsqueeze(0)
+            out[b] = o
+        assert out is not None
+        return out

@@ -42,6 +42,7 @@ from inference_server.backends.sampler import (
     PenaltyHistory,
     SamplingBatch,
     argmax_suffices,
+    greedy_sample,
     make_generator,
     sample,
     seed_for_position,
@@ -139,8 +140,10 @@ class ModelRunner:
     def _greedy_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Hook for a fused greedy head: ``(token_ids [N] int64, logprobs [N] f32)`` of final hidden states
         [N, H], equal to ``sample(compute_logits(hidden), all-greedy batch)``'s, or None to take that path.
-        Called only when ``sampler.argmax_suffices`` holds for every row. The reference runner has none."""
-        return None
+        Called only when ``sampler.argmax_suffices`` holds for every row. The reference runner's is the logits and
+        ``sampler.greedy_sample`` (the sampler's ops, without the batch's parameters); the CUDA runner's one kernel
+        pass over the head."""
+        return greedy_sample(self._compute_logits(hidden), row_invariant=self.deterministic)
 
     # -- state ---------------------------------------------------------------------------------------
     def _state_for(self, seq: ScheduledSequence) -> _RequestState:

@@ -35,7 +35,6 @@ import attrs
 import torch
 
 from inference_server.backends.transfer import to_device
-from inference_server.kernels.token_bitmask import apply_token_bitmask_, token_bitmask_reference
 from inference_server.records.sampling_params import SamplingParams
 
 
@@ -282,10 +281,7 @@ def sample(
     work = logits.to(torch.float32, copy=True) if writes else logits.float()
     if token_bitmask is not None:
         apply_token_bitmask(work, token_bitmask, bitmask_rows)
-    if row_invariant:
-        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in work])  # [B], one reduction shape per row
-    else:
-        lse = torch.logsumexp(work, dim=-1)  # [B]
+    lse = _log_normalizer(work, row_invariant)  # [B]
     top = _top_logprobs(work, lse, batch.num_top_logprobs)
     if batch.logit_edits is not None:
         batch.logit_edits.apply(work)
@@ -298,6 +294,24 @@ def sample(
     return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
 
 
+def greedy_sample(logits: torch.Tensor, row_invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample(logits, batch)``'s ``(token_ids, logprobs)`` ``[B]`` for a batch where ``argmax_suffices`` holds
+    (every row greedy, asking for nothing else): the ops ``sample`` runs for it, without building the batch's
+    parameters (``SamplingBatch.from_params``: a host-to-device copy and a dozen small ops a step)."""
+    work = logits.float()  # what sample reads when nothing writes: no copy of fp32 logits
+    lse = _log_normalizer(work, row_invariant)
+    token_ids = argmax_rows(work)
+    return token_ids, logits.gather(1, token_ids[:, None]).squeeze(1).float() - lse
+
+
+def _log_normalizer(work: torch.Tensor, row_invariant: bool) -> torch.Tensor:
+    """``logsumexp`` of each row of ``work`` ``[B, V]`` (fp32) -> ``[B]``; ``row_invariant``: row by row (see
+    ``sample``)."""
+    if row_invariant:
+        return torch.stack([torch.logsumexp(row, dim=-1) for row in work])  # one reduction shape per row
+    return torch.logsumexp(work, dim=-1)
+
+
 MIN_LOGPROB = -9999.0
 """Floor of returned top logprobs (vLLM's): a token a constraint masks out has logprob ``-inf``, which JSON
 cannot carry; it is listed at this value when a row asks for more top logprobs than its grammar allows."""
@@ -308,6 +322,9 @@ def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor, rows: torch.T
     ``bitmask[k]`` (``[K, ceil(V / 32)]`` int32) is clear, token ``i`` disallowed; ``rows`` None: ``K = B``,
     row by row. Other rows are untouched. On the device, no host sync: one Triton launch on a GPU
     (``kernels.token_bitmask``), its torch reference elsewhere."""
+    # imported here: the kernel's module imports Triton (0.2 s of a CPU server's start-up that no CPU step needs)
+    from inference_server.kernels.token_bitmask import apply_token_bitmask_, token_bitmask_reference
+
     if rows is None:
         rows = torch.arange(bitmask.shape[0], device=work.device)
     if work.is_cuda:

@@ -11,17 +11,20 @@ Whitespace (the rule a small base model cannot loop on): JSON is generated witho
 ``", "`` between items and ``": "`` after keys (what ``json.dumps`` writes), as vLLM's
 ``disable_any_whitespace``. Whitespace is then possible only inside strings.
 
-The llguidance tokenizer (its token trie over the whole vocabulary) is built once, in the background from
-start-up (``warm_up_in_background``), or by the first compile that needs it.
+The llguidance tokenizer (its token trie over the whole vocabulary) is built once, by the first compile that needs
+it (``ensure_tokenizer``), not at start-up: llguidance holds the GIL while it builds it (seconds for a 262k
+vocabulary on a small CPU: docs/quantization.md), so a build "in the background" stops every Python thread as a build
+in the foreground would; at start-up it delayed readiness, at the first constrained request it delays that request
+and the steps of the time being.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
-import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -31,8 +34,6 @@ from inference_server.records.errors import RequestError
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
-
-log = logging.getLogger(__name__)
 
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How every JSON value is generated (see the module docstring)."""
@@ -69,13 +70,15 @@ class CompiledGrammar:
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer (its ``tokenizer.json`` text); the model's logits have
-    ``vocab_size`` columns (the bitmask's width); ``eos_token_ids`` end a complete output."""
+    """Compiles constraints for one tokenizer (its ``tokenizer.json`` text, or a function that gives it, called at
+    the first use: serialising a 262k vocabulary takes a third of a second that start-up need not pay); the model's
+    logits have ``vocab_size`` columns (the bitmask's width); ``eos_token_ids`` end a complete output."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Collection[int], *,
+    def __init__(self, tokenizer_json: str | Callable[[], str], vocab_size: int, eos_token_ids: Collection[int], *,
                  cache_size: int = CACHE_SIZE) -> None:
         self.vocab_size = vocab_size
-        self._tokenizer_json = tokenizer_json
+        self._tokenizer_json_source = tokenizer_json
+        self._tokenizer_json_text: str | None = tokenizer_json if isinstance(tokenizer_json, str) else None
         self._eos = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._special_tokens: dict[str, int] | None = None
@@ -87,6 +90,13 @@ class GrammarCompiler:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(self._eos)
+
+    @property
+    def _tokenizer_json(self) -> str:
+        if self._tokenizer_json_text is None:
+            source = self._tokenizer_json_source
+            self._tokenizer_json_text = source if isinstance(source, str) else source()
+        return self._tokenizer_json_text
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -102,6 +112,13 @@ class GrammarCompiler:
                                        f"tokenizer: {_reason(str(error))}") from None
             return self._tokenizer
 
+    def ensure_tokenizer(self) -> None:
+        """Build llguidance's tokenizer now if it is not built yet (blocking: seconds, once per compiler; the
+        server calls it in a worker thread before the time-bounded compile, since it is no constraint's cost). A
+        tokenizer llguidance cannot read is left for ``compile`` to refuse with the constraint's field."""
+        with contextlib.suppress(RequestError):
+            self.tokenizer  # noqa: B018 (the property builds it)
+
     @property
     def special_tokens(self) -> dict[str, int]:
         """The vocabulary's special tokens (``tokenizer.json``'s ``added_tokens`` marked special), text -> id."""
@@ -109,19 +126,6 @@ class GrammarCompiler:
             added = json.loads(self._tokenizer_json).get("added_tokens") or []
             self._special_tokens = {t["content"]: t["id"] for t in added if t.get("special")}
         return self._special_tokens
-
-    def warm_up_in_background(self) -> threading.Thread:
-        """Build the llguidance tokenizer in a daemon thread now, so that the first constrained request does
-        not wait for it (a tokenizer llguidance cannot read is logged here and refused per request)."""
-        def build() -> None:
-            try:
-                self.tokenizer  # noqa: B018 (the property builds it)
-            except RequestError as error:
-                log.warning("%s", error.message)
-
-        thread = threading.Thread(target=build, name="grammar-tokenizer", daemon=True)
-        thread.start()
-        return thread
 
     def cached(self, constraint: Constraint) -> bool:
         with self._lock:

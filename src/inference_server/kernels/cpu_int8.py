@@ -26,6 +26,7 @@ without these ops) goes to the weight-only reference.
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -92,10 +93,32 @@ def _bf16_scale(scale: torch.Tensor) -> torch.Tensor:
     return converted
 
 
+SCRATCH_MAX_ROWS = 16
+"""Activations of at most this many rows (decode steps) are rounded to bf16 into a kept buffer of their shape
+(``_bf16_rows``); longer ones into a fresh tensor."""
+_scratch = threading.local()  # per thread: {(shape, inference mode): bf16 buffer}
+
+
+def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.to(torch.bfloat16)``, contiguous: for a decode-sized ``x`` written into a buffer kept per thread and shape
+    (``copy_`` rounds as ``to`` does; the matmul reads it before the next call of this thread can write it), which
+    saves an allocation per projection."""
+    if x.shape[0] > SCRATCH_MAX_ROWS or x.requires_grad:
+        return x.to(torch.bfloat16)
+    buffers: dict[tuple[torch.Size, bool], torch.Tensor] | None = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    key = x.shape, torch.is_inference_mode_enabled()  # an inference-mode buffer cannot be written outside it
+    buffer = buffers.get(key)
+    if buffer is None:
+        buffer = buffers[key] = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    return buffer.copy_(x)
+
+
 def int8pack_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Weight-only int8 matmul through ``torch._weight_int8pack_mm`` with x rounded to bf16 (its fast CPU path),
     the result returned in x's dtype."""
-    x16 = x.to(torch.bfloat16)
+    x16 = _bf16_rows(x)
     out = torch._weight_int8pack_mm(x16 if x16.is_contiguous() else x16.contiguous(),
                                     qweight if qweight.is_contiguous() else qweight.contiguous(), _bf16_scale(scale))
     return out.to(x.dtype)

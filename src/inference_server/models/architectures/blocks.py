@@ -106,9 +106,12 @@ class SelfAttention(nn.Module, OpsUser):
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """q [T, nH, D], k [T, nKV, D] and v (or None) as strided views (last dim contiguous) of the fused
-        projection's output ``qkv [T, (nH + nKV (+ nKV)) * D]``."""
-        heads = [part.unflatten(-1, (-1, self.head_dim)) for part in qkv.split(self.qkv_rows, dim=-1)]
-        return heads[0], heads[1], heads[2] if len(heads) == 3 else None
+        projection's output ``qkv [T, (nH + nKV (+ nKV)) * D]``: slices of its ``[T, nH + nKV (+ nKV), D]`` view,
+        adjacent in that order (one view and a slice each: a decode step runs this once per layer)."""
+        heads = qkv.view(*qkv.shape[:-1], -1, self.head_dim)
+        q_heads, kv_heads = self.qkv_rows[0] // self.head_dim, self.qkv_rows[1] // self.head_dim
+        q, k = heads[..., :q_heads, :], heads[..., q_heads:q_heads + kv_heads, :]
+        return q, k, heads[..., q_heads + kv_heads:, :] if len(self.qkv_rows) == 3 else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         return self._attend(*self._project(x), cos, sin, ctx)

@@ -258,6 +258,8 @@ class Ops:
         ``int8_linear``. Used by the fused projections and the compositions that end in a projection."""
         if scale is None:
             return self.linear(x, weight, None)
+        if x.dim() == 2:  # [T, K] already: no reshape either way (two ops per projection at decode)
+            return self.int8_linear(x, weight, scale)
         return self.int8_linear(x.reshape(-1, x.shape[-1]), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
 
     def gated_projection(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act: str,

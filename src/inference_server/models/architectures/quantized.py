@@ -59,6 +59,8 @@ class Int8Linear(nn.Module, ops.OpsUser):
         return cls(*quantize_int8_per_channel(linear.weight.detach()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # [T, K] already: no reshape either way
+            return self.ops.int8_linear(x, self.qweight, self.scale)
         flat = x.reshape(-1, x.shape[-1])  # [T, K]
         return self.ops.int8_linear(flat, self.qweight, self.scale).reshape(*x.shape[:-1], self.out_features)
 
