@@ -63,11 +63,15 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     tokenizer_folder = _export_tokenizer(settings, loaded, limits.max_model_len)
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
-    # the tokenizer's JSON text and llguidance's tokenizer are made at the first constrained request (see
-    # core/grammar_compiler.py: llguidance holds the GIL for seconds while it builds its tokenizer)
     grammar = (GrammarCompiler(tokenizer.backend.to_str, limits.vocab_size, eos) if tokenizer is not None
                else None)
     runner.grammar = grammar
+    if grammar is not None and device.type == "cuda":
+        # llguidance holds the GIL for seconds while it builds its tokenizer (core/grammar_compiler.py): on a GPU
+        # server (a start of tens of seconds, agents' constrained requests) that belongs in start-up, not in a
+        # stall of every stream at the first constrained request; the CPU default keeps its start short instead
+        with phase("building the grammar engine's tokenizer"):
+            grammar.ensure_tokenizer()
     parts = EngineParts(
         grammar=grammar,
         step=RunnerPipeline(runner),
