@@ -116,6 +116,17 @@ def test_temperature_matches_analytic_softmax(temperature: float) -> None:
     assert (freq - expected).abs().max().item() < 0.015
 
 
+def test_tokens_of_probability_zero_are_never_drawn() -> None:
+    """Masked tokens before, between and after the allowed ones (the CPU's inverse-CDF draw must never land on a
+    flat stretch of the cumulative sum, nor past its end)."""
+    inf = math.inf
+    logits = torch.tensor([-inf, 1.0, -inf, -inf, 0.0, 3.0, -inf, -inf])
+    freq = draw_many(logits, SamplingParams(temperature=1.0), n=40_000)
+    assert freq[[0, 2, 3, 6, 7]].sum().item() == 0.0
+    expected = logits.softmax(-1).double()
+    assert (freq - expected).abs().max().item() < 0.015
+
+
 def test_temperature_sharpens_and_flattens() -> None:
     logits = torch.tensor([1.0, 0.0, -1.0])
     cold = draw_many(logits, SamplingParams(temperature=0.3))

@@ -8,8 +8,10 @@ Per row, in this order (vLLM v1's order):
 1. repetition / presence / frequency penalties (only if some row uses them);
 2. greedy rows (``temperature < GREEDY_EPSILON``) take the argmax here and skip the rest;
 3. temperature, then min-p, then top-k and top-p (one descending sort shared by both);
-4. a draw from the remaining distribution by the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)``,
-   which is exact sampling from ``probs``. Rows with a ``torch.Generator`` draw their ``q`` from it alone,
+4. an exact draw from the remaining distribution: on a GPU by the exponential race ``argmax(probs / q)``,
+   ``q ~ Exp(1)`` (one parallel kernel); on the CPU by inverting the row's cumulative distribution in float64 with
+   one uniform draw, since drawing a vocabulary's worth of exponentials there costs a decode step's tenth
+   (docs/quantization.md). Rows with a ``torch.Generator`` draw from it alone,
    and the runner re-seeds it from (seed, output position) before each draw (``seed_for_position``), so a
    seeded request gets the same tokens whatever else shares its batch and however it was scheduled; other
    rows share one draw from the device's default generator.
@@ -349,7 +351,9 @@ def _choose_tokens(work: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         _apply_min_p(work, batch.min_p)
     if batch.use_top_k_top_p:
         _apply_top_k_top_p(work, batch.top_k, batch.top_p)
-    sampled = _exponential_race(work.softmax(dim=-1), batch.generators)  # [B]
+    probs = work.softmax(dim=-1)  # [B, V]
+    draw = _inverse_cdf if probs.device.type == "cpu" else _exponential_race
+    sampled = draw(probs, batch.generators)  # [B]
     return sampled if greedy_ids is None else torch.where(batch.greedy, greedy_ids, sampled)
 
 
@@ -409,6 +413,24 @@ def _apply_top_k_top_p(work: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     outside_p = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # the best token always stays
     sorted_logits.masked_fill_(outside_p, -math.inf)
     work.scatter_(1, order, sorted_logits)
+
+
+def _inverse_cdf(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One exact sample per row of ``probs`` ``[B, V]``: the first token whose float64 cumulative probability
+    exceeds ``u * total``, ``u ~ U[0, 1)``: a token of probability 0 adds nothing to the sum and is never chosen, and
+    float64 resolves shares of the sum down to ~1e-16, the uniform draw's own resolution. Each row's cumulative sum
+    runs along its own row, so a row's draw does not depend on the batch."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)  # [B, V]
+    total = cdf[:, -1:]  # [B, 1]
+    u = torch.empty_like(total)
+    seeded = [row for row, g in enumerate(generators) if g is not None]
+    if len(seeded) < len(generators):
+        u.uniform_()
+    for row in seeded:
+        u[row].uniform_(generator=generators[row])
+    # u * total can round up to total, past which lies only the plateau of trailing zeros: kept below it
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)  # [B]
 
 
 def _exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:

@@ -11,11 +11,11 @@ Whitespace (the rule a small base model cannot loop on): JSON is generated witho
 ``", "`` between items and ``": "`` after keys (what ``json.dumps`` writes), as vLLM's
 ``disable_any_whitespace``. Whitespace is then possible only inside strings.
 
-The llguidance tokenizer (its token trie over the whole vocabulary) is built once, by ``ensure_tokenizer``: during
-start-up on a CUDA server (``engine_factory``), at the first compile on the CPU: llguidance holds the GIL while it builds it (seconds for a 262k
-vocabulary on a small CPU: docs/quantization.md), so a build "in the background" stops every Python thread as a build
-in the foreground would; at start-up it delayed readiness, at the first constrained request it delays that request
-and the steps of the time being.
+The llguidance tokenizer (its token trie over the whole vocabulary) is built once, by ``ensure_tokenizer``:
+during start-up on a CUDA server (``engine_factory``), at the first compile on the CPU. llguidance holds the GIL
+while it builds it (seconds for a 262k vocabulary on a small CPU: docs/quantization.md), so a build "in the
+background" stops every Python thread as a build in the foreground would: at start-up it delays readiness, at the
+first constrained request that request and the steps of the time being.
 """
 
 from __future__ import annotations
