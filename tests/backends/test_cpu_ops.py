@@ -14,9 +14,7 @@ from inference_server.backends.cpu_ops import (
     CpuPagedAttention,
     CpuRmsNorm,
     QkNormRope,
-    cpu_decode_attention,
     cpu_int8_ops,
-    cpu_store_kv,
     fuse_weights,
 )
 from inference_server.kernels.cpu_int8 import cpu_int8_linear
@@ -50,7 +48,7 @@ def test_decode_attention_is_the_reference_bit_for_bit(window: int | None, heads
         got = paged.decode_attention(q, k_cache, v_cache, tables, context_lens, 0.3, window)
         assert torch.equal(got, want)  # bit for bit: a decode row of a mixed step takes the reference
     assert torch.count_nonzero(got[2]) == 0  # the padded slot
-    one = cpu_decode_attention(q[:1], k_cache, v_cache, tables[:1], context_lens[:1], 0.3, window)
+    one = CpuPagedAttention().decode_attention(q[:1], k_cache, v_cache, tables[:1], context_lens[:1], 0.3, window)
     assert torch.equal(one, want[:1])
 
 
@@ -79,7 +77,7 @@ def test_store_matches_the_reference(slots: list[int]) -> None:
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
     got_k, got_v = _caches(8, 2, 8, seed=3)
     want_k, want_v = got_k.clone(), got_v.clone()
-    cpu_store_kv(k, v, got_k, got_v, slot_mapping)
+    CpuPagedAttention().store(k, v, got_k, got_v, slot_mapping)
     ref_store_kv(k, v, want_k, want_v, slot_mapping)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
     paged = CpuPagedAttention()

@@ -153,18 +153,6 @@ def cpu_attention_kwargs() -> dict[str, Any]:
     return {"store": paged.store, "decode_attention": paged.decode_attention}
 
 
-def cpu_store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """``CpuPagedAttention.store`` with nothing kept between calls."""
-    CpuPagedAttention().store(k, v, k_cache, v_cache, slot_mapping)
-
-
-def cpu_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-    """``CpuPagedAttention.decode_attention`` with nothing kept between calls."""
-    return CpuPagedAttention().decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window)
-
-
 _Gather = tuple[torch.Tensor, int] | None
 """One sequence's keys for one (block table, window): the cache slots of its first visible block's start up to its
 last key, int64 ``[n]``, and how many of them precede its first visible key; None for a padded slot (context 0)."""
