@@ -121,10 +121,9 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
         else:
             cpu_ops.fuse_weights(loaded.model)
             ops, attention = cpu_ops.cpu_int8_ops(), cpu_ops.cpu_attention_kwargs()
-        # the head runs through fbgemm (not in the deterministic table): pack it now, not in the first request
-        if cpu_int8._fbgemm_8bit_safe() and not settings.deterministic:
-            with phase("packing the int8 lm_head for fbgemm"):
-                cpu_int8.prepack_large_weights(loaded.model)
+            if cpu_int8._fbgemm_8bit_safe():  # the head runs through fbgemm: pack it now, not in the first request
+                with phase("packing the int8 lm_head for fbgemm"):
+                    cpu_int8.prepack_large_weights(loaded.model)
     if backend == "custom-cuda":
         from inference_server.backends.cuda.runner import build_cuda_runner
 
