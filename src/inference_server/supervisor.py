@@ -189,8 +189,9 @@ class Engine:
         or too slow one. Call it before ``submit``: admission then finds them compiled."""
         grammar = self.parts.grammar
         pending = {r.params.constraint for r in requests if r.params.constraint is not None}
-        if pending and grammar is not None:  # the first constrained request builds llguidance's tokenizer: once,
-            # seconds, outside the time bound (it is no constraint's cost; see core/grammar_compiler.py)
+        if pending and grammar is not None and not grammar.tokenizer_built:
+            # the first constrained request builds llguidance's tokenizer: once, seconds, outside the time bound
+            # (it is no constraint's cost; see core/grammar_compiler.py)
             await trio.to_thread.run_sync(grammar.ensure_tokenizer, abandon_on_cancel=True)
         for constraint in pending:
             if grammar is None:

@@ -268,9 +268,9 @@ def test_a_tokenizer_text_function_is_called_once_at_the_first_use() -> None:
         return TOKENIZER_JSON
 
     compiler = GrammarCompiler(text, 512, {EOS})
-    assert calls == []
+    assert calls == [] and not compiler.tokenizer_built
     compiler.ensure_tokenizer()  # what the server runs before the first time-bounded compile
-    assert calls == [1]
+    assert calls == [1] and compiler.tokenizer_built
     assert accepts(compiler, Constraint.regex("ab+", field="regex"), "abb")
     assert accepts(compiler, Constraint.choice(["yes", "no"], field="guided_choice"), "no")
     assert compiler.special_tokens == GrammarCompiler(TOKENIZER_JSON, 512, {EOS}).special_tokens
@@ -280,6 +280,7 @@ def test_a_tokenizer_text_function_is_called_once_at_the_first_use() -> None:
 def test_a_tokenizer_llguidance_cannot_read_is_refused_by_compile_not_by_ensure_tokenizer() -> None:
     compiler = GrammarCompiler("{not a tokenizer", 512, {EOS})
     compiler.ensure_tokenizer()
+    assert not compiler.tokenizer_built
     with pytest.raises(RequestError) as error:
         compiler.compile(Constraint.regex("a+", field="regex"))
     assert error.value.param == "regex" and "not available for this model's tokenizer" in error.value.message

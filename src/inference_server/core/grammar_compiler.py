@@ -112,6 +112,11 @@ class GrammarCompiler:
                                        f"tokenizer: {_reason(str(error))}") from None
             return self._tokenizer
 
+    @property
+    def tokenizer_built(self) -> bool:
+        """Whether llguidance's tokenizer exists (``ensure_tokenizer`` then returns at once)."""
+        return self._tokenizer is not None
+
     def ensure_tokenizer(self) -> None:
         """Build llguidance's tokenizer now if it is not built yet (blocking: seconds, once per compiler; the
         server calls it in a worker thread before the time-bounded compile, since it is no constraint's cost). A
