@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import textwrap
 
 import pytest
 import torch
@@ -183,3 +184,45 @@ def test_gpu_decode_replays_in_a_cuda_graph() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, invariant_decode_attention(*args, max_context_len=4096))
+
+
+_COMPILE = '''
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from inference_server.kernels.invariant_decode_attention import _fold_splits_kernel, _split_decode_kernel
+    from inference_server.kernels.prefill_attention import _paged_prefill_kernel, tile_config
+
+    target = GPUTarget("cuda", 90, 64)
+    types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
+             "context_lens_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32",
+             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "qk_scale": "fp32"}
+
+    def compiled(fn, constexprs, warps, stages):
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+        aligned = [n for n in fn.arg_names if n.endswith("_ptr") or n.startswith("stride_") and n != "stride_btb"]
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned if n not in constexprs}
+        kernel = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                target=target, options=dict(num_warps=warps, num_stages=stages))
+        assert kernel.metadata.shared <= 232448, (fn.__name__, constexprs, kernel.metadata.shared)
+        return kernel
+
+    # Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers, Gemma-4-E4B's (G 4), Qwen3-30B-A3B (G 8, D 128)
+    for group, head_dim in ((2, 256), (8, 512), (4, 256), (4, 512), (8, 128)):
+        block_m, block_n, warps, stages = tile_config(head_dim, group)
+        tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                     SPLIT_KEYS=256, DOT_PRECISION="tf32", UPCAST=False)
+        compiled(_split_decode_kernel, tiles, warps, stages)
+        compiled(_paged_prefill_kernel, dict(tiles, BLOCK_Q=block_m // group, ALIGN_KV=True), warps, stages)
+        fold = compiled(_fold_splits_kernel, dict(D=head_dim, BLOCK_D=head_dim, SPLIT_KEYS=256), 4, 2)
+        assert "fma.rn.f32" in fold.asm["ptx"]
+    print("compiled")
+'''
+
+
+def test_split_decode_and_aligned_prefill_compile_for_sm90() -> None:
+    """Both kernels and the fold compile for the H200 at the served head sizes (the interpreter accepts code the
+    compiler rejects) within its shared memory, with the fold's explicit fmas."""
+    from .test_kernels_compile_for_h200 import _compile_in_child
+
+    _compile_in_child(textwrap.dedent(_COMPILE))
