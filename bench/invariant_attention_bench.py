@@ -1,13 +1,14 @@
 """Decode attention a layer call, as the decode graphs run it: the default split-K kernel (``paged_decode_attention``)
 against ``DETERMINISTIC``'s two ways, the aligned prefill kernel on one-token chunks (what it ran at decode before
-``kernels/invariant_decode_attention.py``) and the split decode kernel, at Gemma-4-26B-A4B's sliding and full layers
-and Qwen3-30B-A3B's layer, several batches and contexts. Each KV cache is cycled through enough copies that a call's
-keys are not in L2 from the previous one (``graph_timing.rotation``), every sequence at the same context.
+``kernels/invariant_decode_attention.py``) and the split decode kernel (also with 16-row query tiles, the smallest
+``tl.dot`` takes: the G heads of a decode query fill 2-8 of the prefill tile's 32-128 rows), at Gemma-4-26B-A4B's
+sliding and full layers and Qwen3-30B-A3B's layer, several batches and contexts. Each KV cache is cycled through
+enough copies that a call's keys are not in L2 from the previous one (``graph_timing.rotation``), every sequence at
+the same context.
 
 Run on the device machine from the project root: ``python3 bench/invariant_attention_bench.py`` (~1-2 minutes);
 ``TRITON_INTERPRET=1 uv run python bench/invariant_attention_bench.py --quick`` is a CPU dry run (tiny shapes, no
-figures).
-Prints one markdown table, microseconds per call (median of the graph replays).
+figures). Prints one markdown table, microseconds per call (median of the graph replays).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def bench(layer: str, batch: int, ctx: int, device: torch.device, reps: int) -> 
         "split decode (deterministic)": lambda k, v, t, c: invariant_decode_attention(q, k, v, t, c, scale, window,
                                                                                       out=out,
                                                                                       max_context_len=MAX_MODEL_LEN),
+        # what 16-row query tiles would give (the prefill would have to take them too: the bits follow BLOCK_M)
+        "split decode, BLOCK_M 16": lambda k, v, t, c: invariant_decode_attention(q, k, v, t, c, scale, window,
+                                                                                  out=out, block_m=16,
+                                                                                  max_context_len=MAX_MODEL_LEN),
     }
     result = {}
     for name, fn in kernels.items():
