@@ -26,6 +26,7 @@ if not torch.cuda.is_available():
 from tests.kernels.reference_attention import ref_paged_decode_attention
 from tests.kernels.test_attention_kernels import assert_close, build_paged, packed
 
+from inference_server.kernels import invariant_decode_attention as idecode
 from inference_server.kernels.invariant_decode_attention import (
     invariant_decode_attention,
     max_visible_splits,
@@ -107,6 +108,21 @@ def test_decode_gives_the_bits_of_the_whole_prompt_prefilled(window: int | None)
                 assert torch.equal(last, decode[b]), (ctx, cuts)
             else:
                 torch.testing.assert_close(last, decode[b], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_the_fold_in_the_split_launch_and_in_a_second_launch_give_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
+    """The kv head's last split program folds its rows (arrival counters), or past ``FUSED_FOLD_MAX_HEADS`` pairs a
+    second launch folds one head a program: the same fold, so the same bits (and the counters are left at zero)."""
+    q, case = decode_batch(CONTEXTS, 8, 2, 32, 8, torch.float32, window, seed=6)  # G = 4
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.5, window)
+    fused = invariant_decode_attention(*args, num_programs=4, **SMALL)
+    counters = idecode.arrival_counters("invariant_decode_attention", idecode.FUSED_FOLD_MAX_HEADS, q.device)
+    assert not counters.any()
+    monkeypatch.setattr(idecode, "FUSED_FOLD_MAX_HEADS", 0)
+    assert torch.equal(fused, invariant_decode_attention(*args, num_programs=4, **SMALL))
+    assert torch.equal(fused, prefill_one_token_each(q, case, 0.5, window, **SMALL))
 
 
 def test_split_programs_follow_the_shapes_only() -> None:
@@ -196,7 +212,7 @@ _COMPILE = '''
     target = GPUTarget("cuda", 90, 64)
     types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
              "context_lens_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32",
-             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "qk_scale": "fp32"}
+             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32"}
 
     def compiled(fn, constexprs, warps, stages):
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
@@ -212,7 +228,9 @@ _COMPILE = '''
         block_m, block_n, warps, stages = tile_config(head_dim, group)
         tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                      SPLIT_KEYS=256, DOT_PRECISION="tf32", UPCAST=False)
-        compiled(_split_decode_kernel, tiles, warps, stages)
+        compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=False, BLOCK_R=group), warps, stages)
+        fused = compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=True, BLOCK_R=group), warps, stages)
+        assert "atom" in fused.asm["ptx"] and "fma.rn.f32" in fused.asm["ptx"]
         compiled(_paged_prefill_kernel, dict(tiles, BLOCK_Q=block_m // group, ALIGN_KV=True), warps, stages)
         fold = compiled(_fold_splits_kernel, dict(D=head_dim, BLOCK_D=head_dim, SPLIT_KEYS=256), 4, 2)
         assert "fma.rn.f32" in fold.asm["ptx"]

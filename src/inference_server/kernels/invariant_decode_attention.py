@@ -12,7 +12,9 @@ order from a fresh state (``prefill_attention.split_state``), folded from a fres
 ``j``-th split its query sees with the same function, on a query tile of the same ``BLOCK_M`` rows (the G heads in
 rows ``0 .. G - 1``, as a one-token prefill chunk puts them), the same ``BLOCK_N`` and warps
 (``prefill_attention.tile_config``): each row's dot products and sums are then the prefill's. The states go to an
-fp32 workspace, and ``_fold_splits_kernel`` folds them with ``fold_split`` and normalises. A split a query does not
+fp32 workspace; the kv head's last split program to finish (an arrival counter, as ``decode_attention``'s fused
+merge) folds its G rows' states with ``fold_split`` and normalises, in the same launch (past
+``FUSED_FOLD_MAX_HEADS`` a second launch, ``_fold_splits_kernel``, does: the same arithmetic). A split a query does not
 see leaves the prefill's total exactly as it was, so the prefill's extra splits (those of its tile's other queries)
 change nothing. Nothing depends on the batch: not the split size, not a split's tiles, not the fold order.
 
@@ -29,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.decode_attention import H200_NUM_SMS, MAX_SPLITS, _num_sms
 from inference_server.kernels.prefill_attention import (
     INTERPRETED,
@@ -42,6 +45,10 @@ from inference_server.kernels.prefill_attention import (
     tile_config,
 )
 
+FUSED_FOLD_MAX_HEADS = 4096
+"""Most (sequence, kv head) pairs whose split states the split launch folds itself (its arrival counters); above, a
+second launch folds them (``_fold_splits_kernel``). The same fold, the same bits either way."""
+
 
 @triton.jit
 def _visible_splits(ctx, window, SPLIT_KEYS: tl.constexpr):
@@ -51,6 +58,26 @@ def _visible_splits(ctx, window, SPLIT_KEYS: tl.constexpr):
     first_split = lo // SPLIT_KEYS
     n = tl.where(ctx > 0, (tl.maximum(ctx, 1) - 1) // SPLIT_KEYS - first_split + 1, 0)
     return lo, first_split, n
+
+
+@triton.jit
+def _fold_rows(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, rows, out_offsets, row_mask, n, D: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The split states of ``rows [R]`` (split 0's index in the workspace of each (sequence, head)) folded in split
+    order from a fresh total (``fold_split``), normalised as the prefill kernel normalises, stored at ``out_ptr +
+    out_offsets[R, None] + d``. Elementwise over rows: the bits do not depend on how many rows a program folds."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    m_t, l_t, acc_t = _fresh_state(BLOCK_R, BLOCK_D)
+    for j in range(0, n):
+        m_s = tl.load(part_m_ptr + rows + j, mask=row_mask, other=-1.0e30, cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + rows + j, mask=row_mask, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + (rows[:, None] + j) * D + offs_d[None, :],
+                        mask=row_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+        m_t, l_t, acc_t = fold_split(m_t, l_t, acc_t, m_s, l_s, acc_s)
+    out = acc_t / tl.where(l_t == 0.0, 1.0, l_t)[:, None]
+    tl.store(out_ptr + out_offsets[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -64,6 +91,7 @@ def _split_decode_kernel(
     part_m_ptr,  # fp32 [B, nH, P]
     part_l_ptr,  # fp32 [B, nH, P]
     part_acc_ptr,  # fp32 [B, nH, P, D]
+    counter_ptr,  # int32 [B * nKV] arrival counters, zero between launches (FUSED_FOLD)
     qk_scale,  # softmax scale * log2(e)
     window,  # int; NO_WINDOW when full attention
     stride_qb,
@@ -86,6 +114,8 @@ def _split_decode_kernel(
     SPLIT_KEYS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    FUSED_FOLD: tl.constexpr = False,  # the kv head's last split program to finish folds the states
+    BLOCK_R: tl.constexpr = 16,  # G padded to a power of two: the folded rows (FUSED_FOLD)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -137,6 +167,20 @@ def _split_decode_kernel(
         tl.store(part_m_ptr + row, m_s, mask=row_valid)
         tl.store(part_l_ptr + row, l_s, mask=row_valid)
         tl.store(part_acc_ptr + row[:, None] * D + offs_d[None, :], acc_s, mask=row_valid[:, None] & d_mask[None, :])
+        if FUSED_FOLD:
+            # Each split program counts itself in; the last to arrive folds the kv head's G rows (as
+            # decode_attention's fused merge: the barrier puts this program's stores before the counter's release,
+            # acq_rel at GPU scope; the last program's acquire makes the others' visible, its loads bypass L1).
+            tl.debug_barrier()
+            counter = counter_ptr + b * tl.num_programs(1) + kvh
+            arrived = tl.atomic_add(counter, 1)
+            if arrived == n - 1:
+                offs_r = tl.arange(0, BLOCK_R)
+                heads_r = kvh * G + offs_r
+                rows = (b * tl.num_programs(1) * G + heads_r).to(tl.int64) * num_programs  # [BLOCK_R] split 0's
+                _fold_rows(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr + b.to(tl.int64) * stride_ob, rows,
+                           heads_r * stride_oh, offs_r < G, n, D, BLOCK_R, BLOCK_D)
+                tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
 
 
 @triton.jit
@@ -162,18 +206,10 @@ def _fold_splits_kernel(
     _, _, n = _visible_splits(ctx, window, SPLIT_KEYS)
     if (n <= 1) | (n > num_programs):
         return
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
-    row = (b * tl.num_programs(1) + h).to(tl.int64) * num_programs + tl.zeros([1], dtype=tl.int64)  # [1]
-    m_t, l_t, acc_t = _fresh_state(1, BLOCK_D)
-    for j in range(0, n):
-        m_s = tl.load(part_m_ptr + row + j)
-        l_s = tl.load(part_l_ptr + row + j)
-        acc_s = tl.load(part_acc_ptr + (row[:, None] + j) * D + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-        m_t, l_t, acc_t = fold_split(m_t, l_t, acc_t, m_s, l_s, acc_s)
-    out = acc_t / tl.where(l_t == 0.0, 1.0, l_t)[:, None]
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=d_mask[None, :])
+    head = h + tl.zeros([1], dtype=tl.int32)  # one row: registers O(D)
+    _fold_rows(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr + b.to(tl.int64) * stride_ob,
+               (b * tl.num_programs(1) + head).to(tl.int64) * num_programs, head * stride_oh, head >= 0, n, D, 1,
+               BLOCK_D)
 
 
 def max_visible_splits(max_context_len: int, window: int | None, split_keys: int = KV_SPLIT_KEYS) -> int:
@@ -236,15 +272,18 @@ def invariant_decode_attention(
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
     block_d = max(16, triton.next_power_of_2(head_dim))
     win = NO_WINDOW if window is None else window
+    fused = num_programs > 1 and batch * num_kv_heads <= FUSED_FOLD_MAX_HEADS
+    counters = arrival_counters("invariant_decode_attention", FUSED_FOLD_MAX_HEADS, q.device) if fused else part_m
     _split_decode_kernel[(batch, num_kv_heads, num_programs)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc, scale * LOG2E, win,
+        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc, counters, scale * LOG2E, win,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         out.stride(0), out.stride(1),
         PAGE=block_size, G=group, D=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
         SPLIT_KEYS=split_keys, DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
-        UPCAST=upcast, num_warps=num_warps, num_stages=num_stages,
+        UPCAST=upcast, FUSED_FOLD=fused, BLOCK_R=triton.next_power_of_2(group), num_warps=num_warps,
+        num_stages=num_stages,
     )
-    if num_programs > 1:
+    if num_programs > 1 and not fused:
         _fold_splits_kernel[(batch, num_heads)](
             part_m, part_l, part_acc, context_lens, out, win, num_programs, out.stride(0), out.stride(1),
             D=head_dim, BLOCK_D=block_d, SPLIT_KEYS=split_keys, num_warps=4,
