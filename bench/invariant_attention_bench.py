@@ -1,7 +1,8 @@
 """Decode attention a layer call, as the decode graphs run it: the default split-K kernel (``paged_decode_attention``)
 against ``DETERMINISTIC``'s two ways, the aligned prefill kernel on one-token chunks (what it ran at decode before
 ``kernels/invariant_decode_attention.py``) and the split decode kernel (also with 16-row query tiles, the smallest
-``tl.dot`` takes: the G heads of a decode query fill 2-8 of the prefill tile's 32-128 rows), at Gemma-4-26B-A4B's
+``tl.dot`` takes: the G heads of a decode query fill 2-8 of the prefill tile's 32-128 rows; and with 128-key splits
+instead of ``KV_SPLIT_KEYS``'s 256: either would change the prefill's bits too), at Gemma-4-26B-A4B's
 sliding and full layers and Qwen3-30B-A3B's layer, several batches and contexts. Each KV cache is cycled through
 enough copies that a call's keys are not in L2 from the previous one (``graph_timing.rotation``), every sequence at
 the same context.
@@ -70,6 +71,10 @@ def bench(layer: str, batch: int, ctx: int, device: torch.device, reps: int) -> 
         "split decode, BLOCK_M 16": lambda k, v, t, c: invariant_decode_attention(q, k, v, t, c, scale, window,
                                                                                   out=out, block_m=16,
                                                                                   max_context_len=MAX_MODEL_LEN),
+        # what 128-key splits would give (KV_SPLIT_KEYS is 256: the prefill takes the constant too)
+        "split decode, S 128": lambda k, v, t, c: invariant_decode_attention(q, k, v, t, c, scale, window, out=out,
+                                                                             split_keys=128,
+                                                                             max_context_len=MAX_MODEL_LEN),
     }
     result = {}
     for name, fn in kernels.items():
