@@ -4,7 +4,7 @@ against ``DETERMINISTIC``'s two ways, the aligned prefill kernel on one-token ch
 ``tl.dot`` takes: the G heads of a decode query fill 2-8 of the prefill tile's 32-128 rows; and with 128-key splits
 instead of ``KV_SPLIT_KEYS``'s 256: either would change the prefill's bits too), at Gemma-4-26B-A4B's
 sliding and full layers and Qwen3-30B-A3B's layer, several batches and contexts. Each KV cache is cycled through
-enough copies that a call's keys are not in L2 from the previous one (``graph_timing.rotation``), every sequence at
+enough copies that a call's keys are not in L2 from the previous one (``kit.graph_timing.rotation``), every sequence at
 the same context.
 
 Run on the device machine from the project root: ``python3 bench/invariant_attention_bench.py`` (~1-2 minutes);
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graph_timing import calls_per_graph, rotation, time_calls  # bench/ is on the path
+from kit.graph_timing import calls_per_graph, rotation, time_calls  # bench/ is on the path
 
 LAYERS = {  # name: (q heads, kv heads, head_dim, window)
     "26B-A4B sliding": (16, 8, 256, 1024),
