@@ -176,7 +176,7 @@ def test_gpu_decode_gives_the_bits_of_the_prompt_prefilled_in_chunks(num_heads: 
     decode = invariant_decode_attention(torch.stack([qs[-1] for qs in queries]), case.k_cache, case.v_cache,
                                         case.block_tables, case.context_lens, 1.0, window)
     for b, (ctx, qs) in enumerate(zip(ctx_lens, queries, strict=True)):
-        for cuts in ([0, ctx], [0, 100, 300, ctx], [0, ctx - 1, ctx]):
+        for cuts in ([0, ctx], [0, 100, 300 if ctx > 300 else 200, ctx], [0, ctx - 1, ctx]):
             last = last_of_schedule(qs, case, b, cuts, 1.0, window)
             assert torch.equal(last, decode[b]), (ctx, cuts)
 
