@@ -8,9 +8,9 @@ its divergence is printed (issue 43 measured 3 of 8 prompts identical in a loade
 to differ somewhere in the tokens or logprobs, which is what the deterministic mode is for.
 
 A ``heavy`` test runs the deterministic table's kernels (the fixed-tile GEMM, the one-row RMSNorm, the fixed-config
-MoE, the aligned prefill attention for every step, the decode graph staging) on the CPU under the Triton
-interpreter on a tiny Gemma 4 MoE. There ``tl.dot`` is numpy's matmul, whose CPU BLAS may sum a 64-row tile's last
-rows in another order, so that test asserts the tokens; the bitwise claim is the GPU tests'.
+MoE, the aligned prefill attention, the split decode attention at decode steps, the decode graph staging) on the CPU
+under the Triton interpreter on a tiny Gemma 4 MoE. There ``tl.dot`` is numpy's matmul, whose CPU BLAS may sum a
+64-row tile's last rows in another order, so that test asserts the tokens; the bitwise claim is the GPU tests'.
 """
 
 from __future__ import annotations

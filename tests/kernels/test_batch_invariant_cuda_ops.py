@@ -49,11 +49,12 @@ def sequence(total: int, heads: int, kv_heads: int, dim: int, block: int, dtype:
     return q, k_cache, v_cache, table
 
 
+@pytest.mark.parametrize("split_keys", [32, None])  # 32: three KV splits folded in order; None: one (256)
 @pytest.mark.parametrize("window", [None, 24])
-def test_aligned_key_tiles_make_chunking_invisible(window: int | None) -> None:
+def test_aligned_key_tiles_make_chunking_invisible(window: int | None, split_keys: int | None) -> None:
     total = 80
     q, k_cache, v_cache, table = sequence(total, 4, 2, 32, 8, torch.float32, 0)
-    kwargs = dict(block_m=16, block_n=16, align_kv=True)
+    kwargs = dict(block_m=16, block_n=16, align_kv=True, split_keys=split_keys)
     whole = run_schedule([0, total], q, k_cache, v_cache, table, window, **kwargs)
     tile_rows = 16 // 2  # BLOCK_Q: queries per 16-row tile at G = 2
     same_places = [0, 24, 56, total]  # chunks that start on tile boundaries: every query keeps its tile place

@@ -40,6 +40,10 @@ LOG2E = 1.4426950408889634
 # kernels upcast bf16 tiles to fp32 before each dot. Compiled kernels never take that branch.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 NO_WINDOW = 1 << 30
+KV_SPLIT_KEYS = 256
+"""``align_kv``'s KV split: keys at absolute positions ``[s * KV_SPLIT_KEYS, (s + 1) * KV_SPLIT_KEYS)`` form split
+``s`` (a multiple of every ``BLOCK_N``). A constant: a query's reduction order follows from it and the positions alone,
+whatever the batch, the chunking or the kernel (``kernels.invariant_decode_attention`` runs one split a program)."""
 
 
 @triton.jit
@@ -55,6 +59,106 @@ def _find_seq(cu_seqlens_q_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr):
         else:
             right = mid
     return left - 1
+
+
+@triton.jit
+def _fresh_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """An empty online-softmax state: running max (log2 domain; finite, as a row may see no key in a tile),
+    normaliser and unnormalised fp32 accumulator."""
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attend_keys(q, q_pos, m_i, l_i, acc, start, end, lo, hi, window, bt_row, k_cache_ptr, v_cache_ptr, kvh,
+                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask,
+                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                 ALIGN_KV: tl.constexpr):
+    """The online softmax of the rows ``q [BLOCK_M, BLOCK_D]`` (at positions ``q_pos``) over the key tiles at
+    ``start, start + BLOCK_N, ... < end``; keys outside ``[lo, hi)`` (``ALIGN_KV``; else below ``hi``) are not read.
+    A tile a row cannot see leaves its state exactly as it was (scores -inf: the max stays, alpha is 1, p is 0).
+    ``offs_n``, ``offs_d``: ``tl.arange`` over ``BLOCK_N`` and ``BLOCK_D``; ``d_mask``: ``offs_d < D``."""
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n  # [BLOCK_N]
+        kv_valid = pos < hi
+        if ALIGN_KV:
+            kv_valid = kv_valid & (pos >= lo)
+        blk = tl.load(bt_row + pos // PAGE, mask=kv_valid, other=0).to(tl.int64)
+        tok = pos % PAGE
+        k = tl.load(  # [BLOCK_D, BLOCK_N]
+            k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+            mask=kv_valid[None, :] & d_mask[:, None],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        delta = q_pos[:, None] - pos[None, :]
+        visible = kv_valid[None, :] & (delta >= 0) & (delta < window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(  # [BLOCK_N, BLOCK_D]
+            v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=kv_valid[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def split_state(q, q_pos, split_start, lo, hi, first, window, bt_row, k_cache_ptr, v_cache_ptr, kvh, stride_kb,
+                stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask,
+                PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                SPLIT_KEYS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The state of the KV split at ``split_start`` (a multiple of ``SPLIT_KEYS``) from a fresh one: its key tiles
+    from ``max(split_start, first)`` (``first``: ``lo`` rounded down to a tile) in order, keys in ``[lo, hi)``.
+    The one definition of a split's state: the aligned prefill and ``invariant_decode_attention`` both call it."""
+    m_i, l_i, acc = _fresh_state(BLOCK_M, BLOCK_D)
+    return _attend_keys(q, q_pos, m_i, l_i, acc, tl.maximum(split_start, first),
+                        tl.minimum(split_start + SPLIT_KEYS, hi), lo, hi, window, bt_row, k_cache_ptr, v_cache_ptr,
+                        kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n,
+                        offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION, UPCAST, True)
+
+
+@triton.jit
+def fold_split(m_t, l_t, acc_t, m_s, l_s, acc_s):
+    """The running total ``(m_t [R], l_t [R], acc_t [R, BLOCK_D])`` with one more split's state folded in: both
+    rescaled to their common max, the products rounded as one fma each (never left to the compiler's contraction,
+    which could differ between kernels). A row the split gave no key (``l_s == 0``) keeps its total bit for bit.
+    The one merge formula: the aligned prefill and ``invariant_decode_attention``'s merge both call it."""
+    m_new = tl.maximum(m_t, m_s)
+    alpha = tl.exp2(m_t - m_new)
+    beta = tl.exp2(m_s - m_new)
+    seen = l_s > 0.0
+    l_new = tl.fma(l_t, alpha, l_s * beta)
+    acc_new = tl.fma(acc_t, alpha[:, None], acc_s * beta[:, None])
+    return (tl.where(seen, m_new, m_t), tl.where(seen, l_new, l_t), tl.where(seen[:, None], acc_new, acc_t))
+
+
+@triton.jit
+def _aligned_state(q, q_pos, lo, hi, first, splits_begin, splits_end, window, bt_row, k_cache_ptr, v_cache_ptr, kvh,
+                   stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask,
+                   PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT_KEYS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The folded total of the splits starting at ``splits_begin, + SPLIT_KEYS, ... < splits_end``, in split order
+    from a fresh total (``split_state``, ``fold_split``)."""
+    m_t, l_t, acc_t = _fresh_state(BLOCK_M, BLOCK_D)
+    for s0 in range(splits_begin, splits_end, SPLIT_KEYS):
+        m_s, l_s, acc_s = split_state(q, q_pos, s0, lo, hi, first, window, bt_row, k_cache_ptr, v_cache_ptr, kvh,
+                                      stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
+                                      offs_n, offs_d, d_mask, PAGE, BLOCK_M, BLOCK_D, BLOCK_N, SPLIT_KEYS,
+                                      DOT_PRECISION, UPCAST)
+        m_t, l_t, acc_t = fold_split(m_t, l_t, acc_t, m_s, l_s, acc_s)
+    return m_t, l_t, acc_t
 
 
 @triton.jit(do_not_specialize=['num_seqs', 'stride_btb'])
@@ -90,6 +194,7 @@ def _paged_prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     ALIGN_KV: tl.constexpr = False,
+    SPLIT_KEYS: tl.constexpr = 256,  # ALIGN_KV: keys per KV split (a multiple of BLOCK_N)
 ):
     tile_idx = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -127,41 +232,18 @@ def _paged_prefill_kernel(
     if ALIGN_KV:  # key tiles at multiples of BLOCK_N whatever the tile's first query (keys before lo stay unread)
         first = lo // BLOCK_N * BLOCK_N
 
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a row may see no key in a tile
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i, l_i, acc = _fresh_state(BLOCK_M, BLOCK_D)
     bt_row = block_tables_ptr + b * stride_btb
-    for n0 in range(first, hi, BLOCK_N):
-        pos = n0 + offs_n  # [BLOCK_N]
-        kv_valid = pos < hi
-        if ALIGN_KV:
-            kv_valid = kv_valid & (pos >= lo)
-        blk = tl.load(bt_row + pos // PAGE, mask=kv_valid, other=0).to(tl.int64)
-        tok = pos % PAGE
-        k = tl.load(  # [BLOCK_D, BLOCK_N]
-            k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-            mask=kv_valid[None, :] & d_mask[:, None],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        delta = q_pos[:, None] - pos[None, :]
-        visible = kv_valid[None, :] & (delta >= 0) & (delta < window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(  # [BLOCK_N, BLOCK_D]
-            v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-            mask=kv_valid[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    if ALIGN_KV:  # the state of each KV split of SPLIT_KEYS positions from a fresh one, folded in split order
+        m_i, l_i, acc = _aligned_state(q, q_pos, lo, hi, first, first // SPLIT_KEYS * SPLIT_KEYS, hi, window, bt_row,
+                                       k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                       stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_M,
+                                       BLOCK_D, BLOCK_N, SPLIT_KEYS, DOT_PRECISION, UPCAST)
+    else:
+        m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, first, hi, lo, hi, window, bt_row, k_cache_ptr,
+                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+                                     stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION,
+                                     UPCAST, False)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
@@ -182,6 +264,14 @@ def _prefill_config(head_dim: int) -> tuple[int, int, int, int]:
     return 32, 32, 8, 2
 
 
+def tile_config(head_dim: int, group: int, block_m: int | None = None,
+                block_n: int | None = None) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a call (``paged_prefill_attention``'s overrides applied):
+    ``kernels.invariant_decode_attention`` launches with the same, so that a row's dots and sums are the same."""
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim)
+    return max(block_m or cfg_m, triton.next_power_of_2(group)), block_n or cfg_n, num_warps, num_stages
+
+
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, nH, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, nKV, D]
@@ -196,13 +286,17 @@ def paged_prefill_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     align_kv: bool = False,
+    split_keys: int | None = None,
 ) -> torch.Tensor:  # [T, nH, D]
     """Paged causal (+ sliding window) prefill attention; see the module docstring for the contract.
 
     ``align_kv`` (``DETERMINISTIC``): key tiles start at multiples of ``BLOCK_N`` (absolute positions) instead of at
     the window start of the tile's first query, so every query reduces its keys in the same tiles and order whether
     its prefix was computed in chunks, in one piece, by decodes or read from the cache (tiles it cannot see leave
-    its running max, sum and accumulator exactly as they were).
+    its running max, sum and accumulator exactly as they were). The tiles are grouped into KV splits of
+    ``split_keys`` positions (default ``KV_SPLIT_KEYS``; tests pass small ones): each split's state is computed from
+    a fresh one (``split_state``) and folded into the running total in split order (``fold_split``), so the
+    one-split-a-program decode kernel (``kernels.invariant_decode_attention``) gives a query the same bits.
 
     ``block_m``/``block_n`` override the tile sizes (powers of two, >= 16; tests use small ones to cross
     tile boundaries). ``block_m`` is raised to the next power of two >= G if smaller.
@@ -219,10 +313,11 @@ def paged_prefill_attention(
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim)
-    block_m = max(block_m or cfg_m, triton.next_power_of_2(group))
-    block_n = block_n or cfg_n
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n)
     block_q = block_m // group
+    split_keys = split_keys or KV_SPLIT_KEYS
+    if align_kv and split_keys % block_n:
+        raise ValueError(f"split_keys ({split_keys}) must be a multiple of the key tile ({block_n})")
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
@@ -253,6 +348,7 @@ def paged_prefill_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 or upcast else "tf32",
         UPCAST=upcast,
         ALIGN_KV=align_kv,
+        SPLIT_KEYS=split_keys,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -44,6 +44,7 @@ from inference_server.backends.cuda.projection_ops import (
 from inference_server.kernels.batch_invariant_cuda import invariant_fused_moe, invariant_int8_linear, invariant_matmul
 from inference_server.kernels.decode_attention import paged_decode_attention
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
+from inference_server.kernels.invariant_decode_attention import invariant_decode_attention
 from inference_server.kernels.kv_store import store_kv
 from inference_server.kernels.prefill_attention import paged_prefill_attention
 from inference_server.kernels.rope import rope_qk_
@@ -117,11 +118,14 @@ def cuda_attention_kwargs(options: CudaRunnerOptions) -> dict[str, Any]:
     """The ``PagedAttentionContext`` kernels of a CUDA runner with ``options``: the Triton KV store, prefill and decode
     kernels, the decode kernel with a fixed ``max_context_len`` (its split count then depends on the batch size only)
     and, with the kernels table, the norm + RoPE launches that store K/V or feed the decode kernel. ``deterministic``:
-    the prefill kernel with position-aligned key tiles for every step, decode-only ones too (no split-K decode kernel),
-    so a query reduces its keys in the same tiles and order whether its prefix was computed in chunks, in one piece,
-    by decodes or read from the cache."""
+    the prefill kernel with position-aligned key tiles folded in fixed KV splits (``align_kv``), and at decode-only
+    steps (CUDA graphs too) the decode kernel that runs a program a split and folds them in the same order
+    (``invariant_decode_attention``: the prefill's bits), so a query reduces its keys in the same tiles, splits and
+    order whether its prefix was computed in chunks, in one piece, by decodes or read from the cache."""
     if options.deterministic:
-        return dict(store=store_kv, prefill_attention=functools.partial(paged_prefill_attention, align_kv=True))
+        return dict(store=store_kv, prefill_attention=functools.partial(paged_prefill_attention, align_kv=True),
+                    decode_attention=functools.partial(invariant_decode_attention,
+                                                       max_context_len=options.max_model_len))
     kernels = options.kernels
     return dict(store=store_kv, prefill_attention=paged_prefill_attention,
                 decode_attention=functools.partial(paged_decode_attention, max_context_len=options.max_model_len),
