@@ -59,22 +59,25 @@ def expert_shape(preset: str) -> tuple[int, int, int, int]:
     return spec.num_experts, spec.hidden_size, spec.moe_intermediate_size, spec.experts_top_k
 
 
-def candidates(tokens: int, base, top_k: int, quick: int) -> list:
-    """Configs to time for ``tokens``, the heuristic ``base`` first; ``quick`` > 0 keeps only that many."""
+def candidates(tokens: int, base, top_k: int, quick: int, current=None) -> list:
+    """Configs to time for ``tokens``: the heuristic ``base`` first, then the config the engine uses today
+    (``current``: the nearest entry of the file being replaced), then the sweep. BLOCK_M goes no lower than half
+    the heuristic's (smaller blocks re-read each expert's weights once per block); ``quick`` > 0 keeps that many."""
     from inference_server.kernels.moe_configs import MoeGemmConfig, MoeKernelConfig
 
     rows = max(1, tokens * top_k)
-    block_ms = [m for m in (16, 32, 64, 128) if m <= max(16, 2 * triton.next_power_of_2(rows))]
+    block_ms = [m for m in (16, 32, 64, 128) if base.block_m // 2 <= m <= max(16, 2 * triton.next_power_of_2(rows))]
     tiles = [MoeGemmConfig(n, k, 1, w, s) for n, k, w, s in itertools.product((32, 64, 128), (64, 128), (4, 8), (3, 4))]
-    found = [base]
+    found = [base] + ([current] if current is not None and current != base else [])
     for block_m in block_ms:
         found += [MoeKernelConfig(block_m, tile, base.down) for tile in tiles]
     return found[:quick] if quick else found
 
 
 def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.device, reps: int, quick: int,
-                seed: int = 0, int8: bool = False) -> dict:
-    """The fastest config for one token count that matches the heuristic's output; a record of the sweep."""
+                seed: int = 0, int8: bool = False, current=None) -> dict:
+    """The fastest config for one token count that matches the heuristic's output; a record of the sweep, with the
+    time of ``current`` (the config the engine used for this token count before) where there was one."""
     from inference_server.kernels.fused_moe import fused_moe, moe_kernel_config
     from inference_server.kernels.moe_configs import MoeKernelConfig, config_to_json
 
@@ -115,7 +118,7 @@ def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.dev
 
     results: list[tuple[float, MoeKernelConfig]] = []
     rejected: list[str] = []
-    for config in candidates(tokens, base, K, quick):
+    for config in candidates(tokens, base, K, quick, current):
         seconds, status = run(config)
         if seconds is None:
             rejected.append(f"{config}: {status}")
@@ -134,8 +137,10 @@ def tune_tokens(tokens: int, shape: tuple[int, int, int, int], device: torch.dev
             rejected.append(f"{config}: {status}")
         elif seconds < best_seconds:
             best_seconds, best = seconds, config
+    current_seconds = next((s for s, c in results if c == current), None)
     return dict(tokens=tokens, config=config_to_json(best), us=round(best_seconds * 1e6, 2),
                 heuristic_us=round(base_seconds * 1e6, 2), speedup=round(base_seconds / best_seconds, 3),
+                current_us=None if current_seconds is None else round(current_seconds * 1e6, 2),
                 timed=len(results), rejected=rejected[:20])
 
 
@@ -150,10 +155,11 @@ def main() -> int:
     parser.add_argument("--int8", action="store_true", help="tune int8 experts (bf16 activations)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton reads the switch when it is imported (above): run again with it set.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "TRITON_INTERPRET": "1"})
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from inference_server.kernels.moe_configs import CONFIG_DIR, config_file_name, device_name
+    from inference_server.kernels.moe_configs import CONFIG_DIR, config_file_name, config_from_json, device_name
 
     shape = expert_shape(args.model)
     name = device_name(device)
@@ -163,13 +169,18 @@ def main() -> int:
                 experts=shape[0], hidden=shape[1], intermediate=shape[2], top_k=shape[3],
                 dtype="int8" if args.int8 else "bfloat16")
     out_dir.mkdir(parents=True, exist_ok=True)
-    records = []
+    # Token counts not tuned now keep their entries (the file name fixes the GPU, the expert shape and the dtype).
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    kept = {int(r["tokens"]): r for r in previous.get("sweep", [])}
+    used = {int(t): config_from_json(c) for t, c in previous.get("configs", {}).items()}
     for tokens in sorted({int(t) for t in args.tokens.split(",") if t}):
-        record = tune_tokens(tokens, shape, device, args.reps, args.quick, int8=args.int8)
-        records.append(record)
-        print(f"T={tokens}: {record['us']} us (heuristic {record['heuristic_us']} us, x{record['speedup']}) "
-              f"{record['config']}", flush=True)
+        current = used[min(used, key=lambda t: (abs(t - tokens), t))] if used else None
+        record = tune_tokens(tokens, shape, device, args.reps, args.quick, int8=args.int8, current=current)
+        kept[tokens] = record
+        print(f"T={tokens}: {record['us']} us (heuristic {record['heuristic_us']} us, x{record['speedup']}; "
+              f"before {record['current_us']} us) {record['config']}", flush=True)
         # Written after every token count, so a run stopped by a time limit keeps what it tuned.
+        records = [kept[t] for t in sorted(kept)]
         path.write_text(json.dumps(dict(meta=meta, configs={str(r["tokens"]): r["config"] for r in records},
                                         sweep=records), indent=1) + "\n")
     print(f"wrote {path}", flush=True)

@@ -106,7 +106,8 @@ def test_fused_moe_consults_the_tuned_configs_only_while_they_are_enabled(monkey
 
 
 def test_int8_dry_run_writes_the_int8_file(tmp_path: Path) -> None:
-    """``--int8`` tunes the int8-expert path and writes the ``dtype=int8`` file fused_moe reads for int8 experts."""
+    """``--int8`` tunes the int8-expert path and writes the ``dtype=int8`` file fused_moe reads for int8 experts;
+    a later run adds its token counts to the file."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "tune_triton_launch.py"), "--model", "qwen3-30b-a3b-tiny", "--int8",
@@ -119,3 +120,14 @@ def test_int8_dry_run_writes_the_int8_file(tmp_path: Path) -> None:
     assert written["meta"]["dtype"] == "int8" and set(written["configs"]) == {"1"}
     assert tuned_moe_config(1, SHAPE["hidden"], SHAPE["intermediate"], SHAPE["num_experts"], SHAPE["top_k"],
                             torch.int8, "cpu", tmp_path) == config_from_json(written["configs"]["1"])
+    # A second run for other token counts keeps the first run's entries and times the config they replace.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "tune_triton_launch.py"), "--model", "qwen3-30b-a3b-tiny", "--int8",
+         "--device", "cpu", "--tokens", "8", "--quick", "2", "--reps", "1", "--out-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / name).read_text())
+    assert set(written["configs"]) == {"1", "8"}
+    first, second = written["sweep"]
+    assert first["tokens"] == 1 and first["current_us"] is None
+    assert second["tokens"] == 8 and second["current_us"] is not None
