@@ -11,7 +11,9 @@ the physical limits of ``roofline.py`` into one markdown table (``<out>/table.md
   graph replay, logits, sampling, token read-back) timed with synchronize + perf_counter, and the same count
   of bare graph replays timed with CUDA events. Batches whose KV would not fit are skipped (recorded).
   With batch 1 in the list, a ``kernels`` record: the device time of each kernel of the B=1 step (profiler
-  over 5 bare replays, summed by kernel name) beside the step's memory-limited time.
+  over 5 bare replays, summed by kernel name) beside the step's memory-limited time. ``--prefill 8192``: a
+  ``prefill`` record per prompt length, one prompt prefilled in eager steps of ``--prefill-chunk`` tokens: wall
+  time (median of 3), prompt tok/s, fraction of the compute floor, and each kernel's device time.
 * offline: nano-vllm's workload (256 requests, prompt and output lengths U[100, 1024], seed 0, ignore EOS,
   temperature 0.6) through the real engine path, ``offline.LLM.generate`` (admission, scheduler, KV
   allocator, executor thread, runner). Output tokens / wall seconds, after a small warm-up generate.
@@ -154,6 +156,58 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
         return None
 
 
+def prefill_profile(runner, prompt_len: int, chunk: int, vocab: int, num_groups: int, block_size: int,
+                    floor_s: float, repeats: int = 3, top: int = 25) -> dict:
+    """One greedy prompt of ``prompt_len`` random tokens prefilled from position 0 in eager steps of ``chunk``
+    tokens, as the engine's chunked prefill runs it (blocks 0.. of every group): the wall time of the whole
+    prompt (synchronized, median of ``repeats`` after one untimed run), and the device time of each kernel of
+    one more run (torch.profiler, summed by name, largest first): what the device computes, and what the wall
+    adds to it (host dispatch the device waits for)."""
+    from inference_server.records.sampling_params import SamplingParams
+    from inference_server.records.steps import ScheduledSequence, StepPlan
+
+    gen = torch.Generator().manual_seed(prompt_len)
+    ids = torch.randint(100, vocab - 100, (prompt_len,), generator=gen).tolist()
+    greedy = SamplingParams(temperature=0.0, max_tokens=1)
+
+    def run() -> None:
+        for step, start in enumerate(range(0, prompt_len, chunk)):
+            end = min(prompt_len, start + chunk)
+            tables = (tuple(range(-(-end // block_size))),) * num_groups
+            sequence = ScheduledSequence(request_id=-2, token_ids=tuple(ids[start:end]), cached_len=start,
+                                         block_tables=tables, sample=end == prompt_len, sampling=greedy,
+                                         reset=start == 0, prompt_len=prompt_len)
+            runner.collect(runner.launch(StepPlan(step_id=step, sequences=(sequence,))))
+        runner.forget((-2,))
+        sync()
+
+    run()
+    walls = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - started)
+    wall = statistics.median(walls)
+    record = dict(prompt_len=prompt_len, chunk=chunk, wall_ms=round(wall * 1e3, 1),
+                  tok_s=round(prompt_len / wall), floor_fraction=round(floor_s / wall, 3))
+    if torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile
+
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+        by_name: dict[str, list[float]] = {}
+        for event in (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA):
+            us = getattr(event, "device_time", None)
+            entry = by_name.setdefault(event.name[:80], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.cuda_time if us is None else us
+        rows = sorted(by_name.items(), key=lambda item: -item[1][1])
+        record.update(kernel_ms=round(sum(t for _, t in by_name.values()) / 1e3, 1),
+                      launches=int(sum(c for c, _ in by_name.values())),
+                      top=[dict(name=n, launches=int(c), ms=round(t / 1e3, 2)) for n, (c, t) in rows[:top]])
+    return record
+
+
 # Runner options per --variants entry: "after" is the engine's default; "before" is the runner with its reference
 # ops (CudaRunnerOptions.reference_ops: the Triton norm, RoPE, attention, KV store, grouped MoE GEMMs and int8 GEMVs,
 # PyTorch for the rest, no PDL) and the untuned MoE configs; "untuned" is the default without the tuned MoE configs;
@@ -175,7 +229,8 @@ UNTUNED = ("before", "untuned")
 def bench_decode(name: str, preset: str, batches: list[int], context: int, steps: int, out: Path,
                  device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
                  quantization: str = "none", profile_batches: tuple[int, ...] = (1,),
-                 int8_embeddings: str = "auto", max_model_len: int | None = None, warmup: int = 3) -> None:
+                 int8_embeddings: str = "auto", max_model_len: int | None = None, warmup: int = 3,
+                 prefill_lens: tuple[int, ...] = (), prefill_chunk: int = 2048) -> None:
     """Per variant: build the runner (graphs captured), count the B=1 kernels and time each kernel of a step at
     ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
     listed). ``max_model_len``: the runner's model length (default: just what the timed steps need); the decode
@@ -212,8 +267,9 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     if not fits:
         return
     max_b = max(fits)
-    storage = PagedKVStorage(spec.cache_layers, {g: max_b * blocks_per_seq for g in groups}, bs, torch.bfloat16,
-                             device)
+    prefill_blocks = -(-max(prefill_lens, default=0) // bs)
+    storage = PagedKVStorage(spec.cache_layers, {g: max(max_b * blocks_per_seq, prefill_blocks) for g in groups}, bs,
+                             torch.bfloat16, device)
     for t in storage.keys + storage.values:
         t.normal_()  # random K/V: never time on zeros
     greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20)
@@ -221,7 +277,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
 
     for variant in variants:
         with moe_configs.tuned_configs(variant not in UNTUNED):  # the kernels launched in the block
-            options = CudaRunnerOptions(max_model_len=max(max_model_len or 0, blocks_per_seq * bs),
+            options = CudaRunnerOptions(max_model_len=max(max_model_len or 0, blocks_per_seq * bs, *prefill_lens),
                                         max_batch_size=max_b, capture=device.type == "cuda", **VARIANTS[variant])
             runner = CudaModelRunner(model, spec, storage, device, options)
             emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
@@ -238,6 +294,10 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
                     emit(out, kind="kernels", model=name, variant=variant, batch=batch,
                          limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context, *weight_bytes), 1),
                          **times)
+            for prompt_len in prefill_lens:
+                emit(out, kind="prefill", model=name, variant=variant,
+                     **prefill_profile(runner, prompt_len, prefill_chunk, spec.vocab_size, len(groups), bs,
+                                       roofline.prefill_floor(roofline.MODELS[name], prompt_len).seconds))
             del runner
             free_gpu()
     del storage, model
@@ -465,6 +525,9 @@ def main() -> None:
     ap.add_argument("--skip-offline", action="store_true")
     ap.add_argument("--profile-batches", default="1",
                     help="decode: batches whose step is profiled kernel by kernel (comma separated; empty: none)")
+    ap.add_argument("--prefill", default="",
+                    help="decode: prompt lengths whose chunked eager prefill is timed and profiled (comma separated)")
+    ap.add_argument("--prefill-chunk", type=int, default=2048, help="tokens a prefill step (MAX_NUM_BATCHED_TOKENS)")
     ap.add_argument("--overlap", default="on", help="offline runs: on, off, or a list such as on,off,on,off")
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
@@ -492,7 +555,9 @@ def main() -> None:
         bench_decode(a.model, preset, [int(b) for b in a.batches.split(",")], a.context, a.steps, a.out, device,
                      tuple(v.strip() for v in a.variants.split(",")), a.repeats, a.quantization,
                      tuple(int(b) for b in a.profile_batches.split(",") if b.strip()), a.int8_embeddings,
-                     a.max_model_len, warmup=1 if a.smoke else 3)  # a smoke run checks calls, not timings
+                     a.max_model_len, warmup=1 if a.smoke else 3,  # a smoke run checks calls, not timings
+                     prefill_lens=tuple(int(n) for n in a.prefill.split(",") if n.strip()),
+                     prefill_chunk=a.prefill_chunk)
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
         bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization,

@@ -34,6 +34,15 @@ def test_decode_dry_run_emits_a_decode_record_with_serial_and_overlapped_steps(t
     assert all(r["step_ms"] > 0 and r["overlap_ms"] > 0 and len(r["overlap_tok_s_runs"]) == 1 for r in decode)
 
 
+@pytest.mark.slow  # four interpreted prefills of a tiny prompt: ~45 s on the 2-core machine
+def test_prefill_dry_run_emits_a_prefill_record_per_prompt_length(tmp_path: Path) -> None:
+    records = engine_bench(tmp_path, "--skip-offline", "--batches", "1", "--steps", "1", "--context", "8",
+                           "--prefill", "12", "--prefill-chunk", "8")
+    prefill = [r for r in records if r["kind"] == "prefill"]
+    assert [(r["prompt_len"], r["chunk"]) for r in prefill] == [(12, 8)]
+    assert prefill[0]["wall_ms"] > 0 and prefill[0]["tok_s"] > 0
+
+
 def test_decode_variants_and_repeats_give_one_record_each_with_every_run(tmp_path: Path) -> None:
     records = engine_bench(tmp_path, "--skip-offline", "--batches", "1", "--steps", "1", "--context", "8",
                            "--variants", "before,after", "--repeats", "2")
