@@ -400,6 +400,20 @@ def test_prefill_kernel_matches_reference(
     assert_close(out, ref_paged_prefill_attention(*args), torch.float32)
 
 
+@pytest.mark.parametrize("window", [None, 17, 40])
+@pytest.mark.parametrize("num_heads", [1, 2])
+def test_prefill_kernel_unmasked_tiles_end_exactly_at_the_visible_keys(num_heads: int, window: int | None) -> None:
+    """Key tiles that every query of a query tile sees whole run without masks: prefixes and chunks at every
+    alignment to the 16-key tiles (and query tiles of 16 / 8 tokens) put those runs' ends one key before, at and
+    after a tile boundary, for the causal diagonal and the window edge alike."""
+    prefixes = [0, 1, 14, 15, 16, 17, 31, 32, 33, 47, 60]
+    chunks = [33, 17, 18, 16, 15, 2, 20, 1, 31, 16, 9]
+    q, case, cu = prefill_setup(prefixes, chunks, num_heads, 1, 16, 4, torch.float32, window)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.3, window)
+    out = paged_prefill_attention(*args, block_m=16, block_n=16)
+    assert_close(out, ref_paged_prefill_attention(*args), torch.float32)
+
+
 @pytest.mark.parametrize(("head_dim", "window", "tiles"), [(128, None, (16, 16)), (512, 4, (None, None))])
 def test_prefill_kernel_bf16_large_head_dim(
     head_dim: int, window: int | None, tiles: tuple[int | None, int | None]

@@ -75,38 +75,44 @@ def _fresh_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
 def _attend_keys(q, q_pos, m_i, l_i, acc, start, end, lo, hi, window, bt_row, k_cache_ptr, v_cache_ptr, kvh,
                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask,
                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 ALIGN_KV: tl.constexpr):
+                 ALIGN_KV: tl.constexpr, MASKED: tl.constexpr = True):
     """The online softmax of the rows ``q [BLOCK_M, BLOCK_D]`` (at positions ``q_pos``) over the key tiles at
     ``start, start + BLOCK_N, ... < end``; keys outside ``[lo, hi)`` (``ALIGN_KV``; else below ``hi``) are not read.
     A tile a row cannot see leaves its state exactly as it was (scores -inf: the max stays, alpha is 1, p is 0).
-    ``offs_n``, ``offs_d``: ``tl.arange`` over ``BLOCK_N`` and ``BLOCK_D``; ``d_mask``: ``offs_d < D``."""
+    ``offs_n``, ``offs_d``: ``tl.arange`` over ``BLOCK_N`` and ``BLOCK_D``; ``d_mask``: ``offs_d < D``.
+    ``MASKED`` False: the caller vouches that every row of interest sees every key of these tiles (no bounds, causal
+    or window test; the same bits as the masked loop for those rows)."""
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n  # [BLOCK_N]
         kv_valid = pos < hi
         if ALIGN_KV:
             kv_valid = kv_valid & (pos >= lo)
-        blk = tl.load(bt_row + pos // PAGE, mask=kv_valid, other=0).to(tl.int64)
+        if MASKED:
+            blk = tl.load(bt_row + pos // PAGE, mask=kv_valid, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + pos // PAGE).to(tl.int64)
         tok = pos % PAGE
-        k = tl.load(  # [BLOCK_D, BLOCK_N]
-            k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-            mask=kv_valid[None, :] & d_mask[:, None],
-            other=0.0,
-        )
+        k_ptrs = k_cache_ptr + blk[None, :] * stride_kb + tok[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=kv_valid[None, :] & d_mask[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        else:
+            k = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        delta = q_pos[:, None] - pos[None, :]
-        visible = kv_valid[None, :] & (delta >= 0) & (delta < window)
-        s = tl.where(visible, s, float("-inf"))
+        if MASKED:
+            delta = q_pos[:, None] - pos[None, :]
+            visible = kv_valid[None, :] & (delta >= 0) & (delta < window)
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(  # [BLOCK_N, BLOCK_D]
-            v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-            mask=kv_valid[:, None] & d_mask[None, :],
-            other=0.0,
-        )
+        v_ptrs = v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=kv_valid[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        else:
+            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -240,10 +246,28 @@ def _paged_prefill_kernel(
                                        stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_M,
                                        BLOCK_D, BLOCK_N, SPLIT_KEYS, DOT_PRECISION, UPCAST)
     else:
-        m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, first, hi, lo, hi, window, bt_row, k_cache_ptr,
+        # The key tiles first, first + BLOCK_N, ... < hi in order, in three runs: those that every query of the tile
+        # sees whole (from the last query's window start to the first query's position) without masks, the ones
+        # before (window edge) and after (causal diagonal) with them. The same tiles in the same order as one masked
+        # loop: the same bits for every stored row.
+        full_lo = tl.maximum(hi - window, 0)  # hi - 1 is the last query's position
+        full_hi = prefix + q_start + 1
+        tiles_lo = (tl.maximum(full_lo - first, 0) + BLOCK_N - 1) // BLOCK_N
+        tiles_hi = tl.maximum((full_hi - first) // BLOCK_N, tiles_lo)
+        edge_end = tl.minimum(first + tiles_lo * BLOCK_N, hi)
+        full_end = tl.maximum(tl.minimum(first + tiles_hi * BLOCK_N, hi), edge_end)  # empty when no tile is whole
+        m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, first, edge_end, lo, hi, window, bt_row, k_cache_ptr,
                                      v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
                                      stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION,
-                                     UPCAST, False)
+                                     UPCAST, False, True)
+        m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, edge_end, full_end, lo, hi, window, bt_row,
+                                     k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                     stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N,
+                                     DOT_PRECISION, UPCAST, False, False)
+        m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, full_end, hi, lo, hi, window, bt_row, k_cache_ptr,
+                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+                                     stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION,
+                                     UPCAST, False, True)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
