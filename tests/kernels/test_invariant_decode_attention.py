@@ -225,6 +225,11 @@ _COMPILE = '''
 
     # Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers, Gemma-4-E4B's (G 4), Qwen3-30B-A3B (G 8, D 128)
     for group, head_dim in ((2, 256), (8, 512), (4, 256), (4, 512), (8, 128)):
+        # the default (bf16, not aligned) prefill's larger tiles fit too
+        fast_m, fast_n, fast_warps, fast_stages = tile_config(head_dim, group, aligned=False)
+        compiled(_paged_prefill_kernel, dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=fast_m,
+                                             BLOCK_N=fast_n, BLOCK_Q=fast_m // group, DOT_PRECISION="tf32",
+                                             UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256), fast_warps, fast_stages)
         block_m, block_n, warps, stages = tile_config(head_dim, group)
         tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                      SPLIT_KEYS=256, DOT_PRECISION="tf32", UPCAST=False)
@@ -240,7 +245,8 @@ _COMPILE = '''
 
 def test_split_decode_and_aligned_prefill_compile_for_sm90() -> None:
     """Both kernels and the fold compile for the H200 at the served head sizes (the interpreter accepts code the
-    compiler rejects) within its shared memory, with the fold's explicit fmas."""
+    compiler rejects) within its shared memory, with the fold's explicit fmas; so does the default prefill with its
+    larger tiles."""
     from .test_kernels_compile_for_h200 import _compile_in_child
 
     _compile_in_child(textwrap.dedent(_COMPILE))
