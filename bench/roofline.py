@@ -15,9 +15,11 @@ same table as ../shared/bench/roofline.py):
   expected ``E * (1 - (1 - k/E)^B)`` of the E experts in each layer, and only those are read.
 * KV: each sequence reads its whole context on full-attention layers and at most ``window`` tokens on
   sliding layers (bf16, K and V).
-* FLOPs: 2 per active parameter per token (attention score FLOPs are left out: ~6% at context 512).
+* FLOPs: 2 per active parameter per token (a decode step leaves the attention's out: ~6% at context 512).
 
-Prefill reads every weight at least once and does 2 * active FLOPs per prompt token. The offline floor
+Prefill reads every weight at least once and does 2 * active FLOPs per prompt token plus the attention's: 4 per
+query head dimension and visible key (``attn_full``/``attn_sliding``: query heads x head_dim summed over the
+full / sliding layers, from the presets), which at 30k tokens is about a third of the total. The offline floor
 adds the prefill of all prompts to decode steps under continuous batching with every request admitted as
 soon as a batch slot frees (KV capacity is assumed unlimited, so the floor is optimistic for Gemma-4-31B).
 
@@ -50,6 +52,8 @@ class ModelCost:
     kv_sliding: int  # KV bytes per token over the sliding-window layers (bf16)
     window: int  # sliding window in tokens (0: no sliding layers)
     lm_head: int = 0  # of always_read: the lm_head (or tied embedding), which QUANTIZATION=int8 keeps in bf16
+    attn_full: int = 0  # query heads x head_dim summed over the full-attention layers (KV-sharing ones too)
+    attn_sliding: int = 0  # the same over the sliding-window layers
 
     @property
     def total_params(self) -> int:
@@ -61,6 +65,15 @@ class ModelCost:
             return 0.0
         return 1.0 - (1.0 - self.top_k / self.num_experts) ** batch
 
+    def attention_flops(self, prompt_len: int) -> float:
+        """Score and value FLOPs of a causal prefill of ``prompt_len`` tokens from position 0: 4 per query head
+        dimension and visible key (QK^T and PV), each query seeing its prefix (at most ``window`` keys on sliding
+        layers)."""
+        n, w = prompt_len, self.window or prompt_len
+        full_keys = n * (n + 1) / 2
+        sliding_keys = w * (w + 1) / 2 + (n - w) * w if n > w else full_keys
+        return 4.0 * (self.attn_full * full_keys + self.attn_sliding * sliding_keys)
+
     def kv_bytes(self, context: int) -> int:
         """KV bytes one sequence's decode step reads at ``context`` tokens."""
         return self.kv_full * context + self.kv_sliding * min(context, self.window)
@@ -70,25 +83,28 @@ MODELS: dict[str, ModelCost] = {
     "qwen3-30b-a3b": ModelCost(
         always_read=311_164_928 + 905_969_664 + 12_582_912,  # lm_head, attention, routers
         expert_params=28_991_029_248, num_experts=128, top_k=8, active_params=3_346_000_000,
-        kv_full=98_304, kv_sliding=0, window=0, lm_head=311_164_928),
+        kv_full=98_304, kv_sliding=0, window=0, lm_head=311_164_928, attn_full=196_608),
     "gemma-4-26b-a4b": ModelCost(
         always_read=738_197_504 + 1_110_179_840 + 535_265_280 + 10_901_760,  # tied lm_head, attn, MLP, routers
         expert_params=22_837_985_280, num_experts=128, top_k=8, active_params=3_822_530_560,
-        kv_full=20_480, kv_sliding=204_800, window=1024, lm_head=738_197_504),
+        kv_full=20_480, kv_sliding=204_800, window=1024, lm_head=738_197_504, attn_full=40_960, attn_sliding=102_400),
     "gemma-4-e2b": ModelCost(
         # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.349 B);
         # counted on the meta build of the preset. KV: 3 full layers of 15 cached (20 share their KV).
         always_read=402_653_184 + 1_877_105_920, expert_params=0, num_experts=1, top_k=1,
-        active_params=2_279_759_104, kv_full=6_144, kv_sliding=12_288, window=512, lm_head=402_653_184),
+        active_params=2_279_759_104, kv_full=6_144, kv_sliding=12_288, window=512, lm_head=402_653_184,
+        attn_full=28_672, attn_sliding=57_344),
     "gemma-4-e4b": ModelCost(
         # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.819 B);
         # counted on the meta build of the preset. KV: 4 full layers of 24 cached (18 share their KV).
         always_read=671_088_640 + 3_973_352_448, expert_params=0, num_experts=1, top_k=1,
-        active_params=4_644_441_088, kv_full=16_384, kv_sliding=40_960, window=512, lm_head=671_088_640),
+        active_params=4_644_441_088, kv_full=16_384, kv_sliding=40_960, window=512, lm_head=671_088_640,
+        attn_full=28_672, attn_sliding=71_680),
     "gemma-4-31b": ModelCost(
         always_read=1_409_286_144 + 8_477_736_960 + 20_808_990_720,  # tied lm_head, attention, MLP
         expert_params=0, num_experts=1, top_k=1, active_params=30_697_345_280,
-        kv_full=81_920, kv_sliding=819_200, window=1024, lm_head=1_409_286_144),
+        kv_full=81_920, kv_sliding=819_200, window=1024, lm_head=1_409_286_144,
+        attn_full=163_840, attn_sliding=409_600),
 }
 
 
@@ -118,9 +134,12 @@ def decode_step_floor(model: ModelCost, contexts: list[int], weight_bytes: float
     return _floor(params * weight_bytes + head + kv, 2.0 * model.active_params * batch)
 
 
-def prefill_floor(model: ModelCost, num_tokens: int, weight_bytes: float = 2.0) -> Floor:
-    """Prefill of ``num_tokens`` prompt tokens: every weight read once, 2 FLOPs per active param per token."""
-    return _floor(model.total_params * weight_bytes, 2.0 * model.active_params * num_tokens)
+def prefill_floor(model: ModelCost, prompt_lens: int | list[int], weight_bytes: float = 2.0) -> Floor:
+    """Prefill of one prompt of ``prompt_lens`` tokens (or of each prompt of a list): every weight read once,
+    2 FLOPs per active param per token plus the attention's (``ModelCost.attention_flops``)."""
+    lens = [prompt_lens] if isinstance(prompt_lens, int) else prompt_lens
+    flops = 2.0 * model.active_params * sum(lens) + sum(model.attention_flops(n) for n in lens)
+    return _floor(model.total_params * weight_bytes, flops)
 
 
 def nano_vllm_workload(num_requests: int = 256, seed: int = 0, max_input: int = 1024,
@@ -137,7 +156,7 @@ def offline_floor(model: ModelCost, prompt_lens: list[int], output_lens: list[in
                   weight_bytes: float = 2.0) -> tuple[float, int]:
     """(seconds, output tokens) of the least time the workload can take. Prefill yields each request's first
     token; every further token is one decode step of whatever runs then."""
-    seconds = prefill_floor(model, sum(prompt_lens), weight_bytes).seconds
+    seconds = prefill_floor(model, prompt_lens, weight_bytes).seconds
     waiting = deque(zip(prompt_lens, output_lens, strict=True))
     running: list[list[int]] = []  # [context, tokens still to decode]
     while waiting or running:

@@ -35,3 +35,18 @@ def test_gemma4_entries_match_the_built_model(name: str) -> None:
     assert (cost.kv_full, cost.kv_sliding) == (full, sum(c.bytes_per_token(2) for c in spec.cache_layers
                                                           if c.window is not None))
     assert sliding == {cost.window}
+
+
+@pytest.mark.parametrize("name", sorted(roofline.MODELS))
+def test_attention_widths_match_the_layers(name: str) -> None:
+    """The prefill floor's attention FLOPs: query heads x head_dim over the full and the sliding layers (KV-sharing
+    layers too: they compute their own queries), and a prompt's visible keys in closed form."""
+    spec = parse_model_spec(preset_config(name))
+    cost = roofline.MODELS[name]
+    widths = [(spec.num_attention_heads * layer.head_dim, layer.window) for layer in spec.layers]
+    assert cost.attn_full == sum(w for w, window in widths if window is None)
+    assert cost.attn_sliding == sum(w for w, window in widths if window is not None)
+    for n in (1, 5, cost.window or 7, (cost.window or 7) + 3):
+        keys = [(i + 1, min(i + 1, cost.window or n)) for i in range(n)]
+        want = 4.0 * sum(cost.attn_full * full + cost.attn_sliding * sliding for full, sliding in keys)
+        assert cost.attention_flops(n) == want
