@@ -278,7 +278,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
     for variant in variants:
         with moe_configs.tuned_configs(variant not in UNTUNED):  # the kernels launched in the block
             options = CudaRunnerOptions(max_model_len=max(max_model_len or 0, blocks_per_seq * bs, *prefill_lens),
-                                        max_batch_size=max_b, capture=device.type == "cuda", **VARIANTS[variant])
+                                        max_batch_size=max_b, **VARIANTS[variant])
             runner = CudaModelRunner(model, spec, storage, device, options)
             emit(out, kind="capture", model=name, variant=variant, buckets=list(runner.graphs.captured),
                  seconds=round(runner.capture_seconds, 2), gpu_gib=round(gpu_gib(), 2),

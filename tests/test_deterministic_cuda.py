@@ -69,7 +69,7 @@ def test_bf16_default_mode_is_not_batch_invariant_on_cuda(tmp_path: Path, preset
 
 @pytest.mark.heavy
 def test_deterministic_cuda_runner_in_the_triton_interpreter() -> None:
-    """The custom-cuda runner with ``DETERMINISTIC`` on the CPU (``capture=False`` graph staging), tiny Gemma 4 MoE."""
+    """The custom-cuda runner with ``DETERMINISTIC`` on the CPU (graph staging without capture), tiny Gemma 4 MoE."""
     import torch
 
     if torch.cuda.is_available():
@@ -89,7 +89,7 @@ def test_deterministic_cuda_runner_in_the_triton_interpreter() -> None:
     built = build_engine(config)
     runner = CudaModelRunner(built.loaded.model, built.loaded.spec, built.runner.storage, built.device,
                              CudaRunnerOptions(max_model_len=built.parts.max_model_len, max_batch_size=8,
-                                               capture=False, reference_ops=True, deterministic=True))
+                                               reference_ops=True, deterministic=True))
     built = attrs.evolve(built, parts=attrs.evolve(built.parts, step=RunnerPipeline(runner)), runner=runner)
     report = run_invariance(config, built)
     print(report.table())

@@ -94,7 +94,7 @@ def test_penalised_greedy_tokens_are_schedule_invariant() -> None:
 @pytest.mark.heavy
 def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter() -> None:
     """The custom-cuda runner's kernels (paged prefill over a cached prefix and released sliding blocks, decode,
-    KV store, fused MoE, norm, RoPE) and its graph staging (``capture=False``) on the CPU, through the same
+    KV store, fused MoE, norm, RoPE) and its graph staging (no capture off CUDA) on the CPU, through the same
     three runs: a tiny Gemma 4 MoE (window 8, block 4) under the Triton interpreter (~2 minutes)."""
     import torch
 
@@ -114,8 +114,7 @@ def test_custom_cuda_runner_is_schedule_invariant_in_the_triton_interpreter() ->
         stagger_tokens=3)
     built = build_engine(config)
     runner = CudaModelRunner(built.loaded.model, built.loaded.spec, built.runner.storage, built.device,
-                             CudaRunnerOptions(max_model_len=built.parts.max_model_len, max_batch_size=8,
-                                               capture=False))
+                             CudaRunnerOptions(max_model_len=built.parts.max_model_len, max_batch_size=8))
     built = attrs.evolve(built, parts=attrs.evolve(built.parts, step=RunnerPipeline(runner)), runner=runner)
     check(run_invariance(config, built), tie_margin=0.0)
     assert runner.graph_steps > 0 and runner.eager_steps > 0

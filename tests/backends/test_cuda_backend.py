@@ -222,7 +222,7 @@ def report(case: str, **stats: object) -> None:
             f.write(json.dumps(dict(case=case, **stats)) + "\n")
 
 
-def cuda_vs_reference(name: str, dtype: torch.dtype, device: str, steps: int, capture: bool,
+def cuda_vs_reference(name: str, dtype: torch.dtype, device: str, steps: int,
                       prompt_lens: tuple[int, int]) -> tuple[Comparison, CudaModelRunner]:
     spec, model = build(name, dtype, device)
     _, reference_model = build(name, dtype, device)  # the same weights, through the reference ops table
@@ -230,7 +230,7 @@ def cuda_vs_reference(name: str, dtype: torch.dtype, device: str, steps: int, ca
     script = Script(spec, num_groups(spec), steps, seed=1, prompt_lens=prompt_lens)
     n, m = len(script.seqs), script.blocks_per_seq
     reference = ModelRunner(reference_model, spec, storage_for(spec, n, m, dtype, device), torch.device(device))
-    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=capture)
+    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4)
     runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, dtype, device), torch.device(device),
                                        options))
     return compare(script, tokens_of(reference), tokens_of(runner), tap, steps), runner
@@ -251,7 +251,7 @@ def test_decode_buckets() -> None:
 def test_stage_pads_rows() -> None:
     """Padding rows get context 0 and slot -1; real rows get their slot and a zero-padded block table."""
     graphs = DecodeGraphs(lambda ids, step: ids, max_batch=8, num_groups=2, max_blocks=4, block_size=4,
-                          device=torch.device("cpu"), capture=False)
+                          device=torch.device("cpu"))
     seqs = [ScheduledSequence(request_id=i, token_ids=(7 + i,), cached_len=5 + i, block_tables=((3 * i, 3 * i + 1),
             (9, 3 * i + 2)), sample=True, sampling=GREEDY) for i in range(3)]
     assert graphs.fits(seqs) and not graphs.fits([*seqs[:2], attrs.evolve(seqs[2], token_ids=(1, 2))])
@@ -277,13 +277,13 @@ def test_static_decode_path_matches_reference_cpu(name: str) -> None:
     logits within 1e-4 of the reference; decode steps went through the static buffers (bucket 4, 3 rows
     padded by one in the first steps)."""
     torch.set_num_threads(1)
-    comparison, runner = cuda_vs_reference(name, torch.float32, "cpu", steps=6, capture=False, prompt_lens=(5, 12))
+    comparison, runner = cuda_vs_reference(name, torch.float32, "cpu", steps=6, prompt_lens=(5, 12))
     assert comparison.agree == comparison.total
     assert max(comparison.errors) < 1e-4
     assert runner.graph_steps == 5 and runner.eager_steps == 2  # prefill and the mixed join step ran eagerly
 
 
-def prompt_logprobs_against_reference(device: str, capture: bool) -> None:
+def prompt_logprobs_against_reference(device: str) -> None:
     """Prompt logprobs (fp32) of the CUDA runner equal the reference runner's, for a whole prompt and a
     prompt prefilled in two chunks in the same steps."""
     spec, _ = build("gemma-4-31b-tiny", torch.float32, device)
@@ -308,7 +308,7 @@ def prompt_logprobs_against_reference(device: str, capture: bool) -> None:
             runner: ModelRunner = ModelRunner(model, spec, storage, torch.device(device))
             results.append([runner.execute(plan).prompt_logprobs for plan in plans])
         else:
-            options = CudaRunnerOptions(max_model_len=4 * BLOCK, max_batch_size=4, capture=capture)
+            options = CudaRunnerOptions(max_model_len=4 * BLOCK, max_batch_size=4)
             runner = CudaModelRunner(model, spec, storage, torch.device(device), options)
             results.append([runner.execute(plan).prompt_logprobs for plan in plans])
     reference, ours = results
@@ -323,14 +323,14 @@ def prompt_logprobs_against_reference(device: str, capture: bool) -> None:
 
 @gpu
 def test_prompt_logprobs_equal_reference() -> None:
-    prompt_logprobs_against_reference("cuda", capture=True)
+    prompt_logprobs_against_reference("cuda")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernels in the CPU interpreter; "
                     "with CUDA present the gpu test covers this path")
 def test_prompt_logprobs_equal_reference_cpu() -> None:
     torch.set_num_threads(1)
-    prompt_logprobs_against_reference("cpu", capture=False)
+    prompt_logprobs_against_reference("cpu")
 
 
 # ------------------------------------------------------------------------------------------- GPU tests
@@ -339,7 +339,7 @@ def test_prompt_logprobs_equal_reference_cpu() -> None:
 @gpu
 @pytest.mark.parametrize("name", TINY)
 def test_fp32_greedy_tokens_equal_reference(name: str) -> None:
-    comparison, runner = cuda_vs_reference(name, torch.float32, "cuda", steps=64, capture=True, prompt_lens=(5, 40))
+    comparison, runner = cuda_vs_reference(name, torch.float32, "cuda", steps=64, prompt_lens=(5, 40))
     report(f"fp32 {name}", **comparison.stats(), graph_steps=runner.graph_steps)
     assert runner.graphs is not None and runner.graphs.captured == (1, 2, 4)
     assert runner.graph_steps == 63
@@ -374,7 +374,7 @@ def bf16_against_fp32(name: str, device: str, steps: int) -> dict:
     dev = torch.device(device)
     truth = ModelRunner(model32, spec, storage_for(spec, n, m, torch.float32, device), dev)
     reference = ModelRunner(reference16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev)
-    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=dev.type == "cuda")
+    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4)
     runner = tap16.watch(CudaModelRunner(model16, spec, storage_for(spec, n, m, torch.bfloat16, device), dev, options))
     run_truth, run_ref, run_ours = tokens_of(truth), tokens_of(reference), tokens_of(runner)
     err_ref, err_ours, err_between, agree_ref, agree_ours, pairs = [], [], [], 0, 0, 0
@@ -494,7 +494,7 @@ def test_eager_warmup_runs_each_size_and_leaves_no_trace() -> None:
     torch.set_num_threads(1)
     spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
     storage = storage_for(spec, 2, 4, torch.float32, "cpu")
-    options = CudaRunnerOptions(max_model_len=16, max_batch_size=2, eager_warmup_tokens=(9, 2, 1), capture=False,
+    options = CudaRunnerOptions(max_model_len=16, max_batch_size=2, eager_warmup_tokens=(9, 2, 1),
                                 cuda_graphs=False)
     runner = CudaModelRunner(model, spec, storage, torch.device("cpu"), options)
     assert runner.eager_steps == 0 and runner.tokens_computed == 0 and not runner._requests

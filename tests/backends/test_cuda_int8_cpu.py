@@ -40,7 +40,7 @@ def test_int8_model_on_the_cuda_runner_matches_the_reference_runner(name: str) -
     script = Script(spec, num_groups(spec), 4, seed=1, prompt_lens=(5, 12))
     n, m = len(script.seqs), script.blocks_per_seq
     reference = ModelRunner(reference_model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"))
-    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False)
+    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4)
     runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
                                        options))
     fused = [m for m in model.modules() if isinstance(m, SelfAttention) and m.qkv_weight is not None]
@@ -65,7 +65,7 @@ def test_int8_head_on_the_gpu_runner_matches_the_reference_runner(name: str) -> 
     script = Script(spec, num_groups(spec), 32, seed=1, prompt_lens=(5, 40))
     n, m = len(script.seqs), script.blocks_per_seq
     reference = ModelRunner(reference_model, spec, storage_for(spec, n, m, torch.float32, "cuda"), torch.device("cuda"))
-    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=True)
+    options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4)
     runner = tap.watch(CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cuda"),
                                        torch.device("cuda"), options))
     comparison = compare(script, tokens_of(reference), tokens_of(runner), tap, 32)

@@ -60,7 +60,7 @@ def make_runner(name: str, fused: bool, quantize: bool = False, graphs: bool = F
     spec, model = build(name, torch.float32, "cpu")
     if quantize:
         quantize_model_int8_(model, embeddings=True)  # the head too (the CPU backend's choice)
-    options = CudaRunnerOptions(max_model_len=blocks * BLOCK, max_batch_size=seqs, capture=False, cuda_graphs=graphs)
+    options = CudaRunnerOptions(max_model_len=blocks * BLOCK, max_batch_size=seqs, cuda_graphs=graphs)
     runner = CudaModelRunner(model, spec, storage_for(spec, seqs, blocks, torch.float32, "cpu"), torch.device("cpu"),
                              options)
     return runner if fused else without_fused_head(runner)
@@ -202,7 +202,7 @@ def test_greedy_decoding_through_the_static_path(quantize: bool) -> None:
     script = Script(spec, num_groups(spec), steps, seed=1, join=2, prompt_lens=(5, 12))
     n, m = len(script.seqs), script.blocks_per_seq
     runners = [CudaModelRunner(model, spec, storage_for(spec, n, m, torch.float32, "cpu"), torch.device("cpu"),
-                               CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, capture=False))
+                               CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4))
                for _ in range(2)]
     without_fused_head(runners[1])
     spies = [Spy.on(r) for r in runners]

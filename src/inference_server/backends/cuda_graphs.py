@@ -19,8 +19,8 @@ Invariants:
   hidden states ``[bucket, H]``) live in that pool too: read them before the next replay.
 * Capture happens with every row padded, so warm-up and capture write nothing into the KV cache.
 
-``capture=False`` keeps the same static-buffer path but calls the forward eagerly: on a machine without
-CUDA this checks the staging and padding logic with the Triton interpreter.
+Off CUDA nothing is captured: the same static-buffer path calls the forward eagerly, so a machine without CUDA
+checks the staging and padding logic with the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class DecodeGraphs:
     """Static decode inputs plus one captured graph per bucket; see the module docstring."""
 
     def __init__(self, forward: DecodeForward, *, max_batch: int, num_groups: int, max_blocks: int,
-                 block_size: int, device: torch.device, capture: bool) -> None:
+                 block_size: int, device: torch.device) -> None:
         self.forward = forward
         self.buckets = decode_buckets(max_batch)
         self.max_batch = max_batch
@@ -63,7 +63,7 @@ class DecodeGraphs:
         self.max_blocks = max_blocks
         self.block_size = block_size
         self.device = device
-        self.capture_enabled = capture
+        self.capture_enabled = device.type == "cuda"
         # int64 rows: 0 token ids, 1 positions, 2+g slot mapping of group g. One buffer, so staging is one copy.
         self._i64 = torch.zeros((2 + num_groups, max_batch), dtype=torch.int64, device=device)
         self._i64[2:] = -1

@@ -39,9 +39,10 @@ def early_release_classes_for(hidden_size: int) -> frozenset[str]:
 @attrs.frozen
 class CudaRunnerOptions:
     """What an operator sets on the CUDA runner (``build_cuda_runner``: ``CUDA_GRAPHS``, ``CUSTOM_BACKEND_COMPILE``,
-    ``MAX_BATCH_SIZE``), the tests' and benchmarks' ``capture`` and ``pdl``, and ``reference_ops``, the before of
-    every before/after. ``max_model_len`` bounds the static block tables and fixes the decode kernel's split choice;
-    ``capture=False`` runs graph-eligible steps eagerly on the static buffers."""
+    ``MAX_BATCH_SIZE``, ``DETERMINISTIC``), the tests' and benchmarks' ``pdl``, and ``reference_ops``, the before of
+    every before/after. ``max_model_len`` bounds the static block tables and fixes the decode kernel's split choice.
+    Graphs are captured on a CUDA device; elsewhere (the CPU tests) graph-eligible steps run eagerly on the same
+    static buffers."""
 
     max_model_len: int
     max_batch_size: int = 256
@@ -49,7 +50,6 @@ class CudaRunnerOptions:
     """Token counts of the eager steps run once at start-up (``eager_warmup_sizes``), so Triton compiles the
     kernel variants of prefill-carrying steps then rather than mid-serving."""
     cuda_graphs: bool = True
-    capture: bool = True
     compile: bool = False
     """``torch.compile`` of the model (``CUSTOM_BACKEND_COMPILE``): Inductor fuses the elementwise ops between the
     Triton kernels, so the ops it can trace stay the reference ones (the reference table but for the Triton MoE and

@@ -100,7 +100,7 @@ class CudaModelRunner(ModelRunner):
             max_blocks = -(-options.max_model_len // storage.block_size) + 1  # one block of slack
             self.graphs = DecodeGraphs(self._graph_forward, max_batch=options.max_batch_size,
                                        num_groups=self.num_groups, max_blocks=max_blocks,
-                                       block_size=storage.block_size, device=device, capture=options.capture)
+                                       block_size=storage.block_size, device=device)
             started = time.perf_counter()
             self.graphs.capture()
             self.capture_seconds = time.perf_counter() - started
@@ -229,7 +229,7 @@ def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVS
         else ()
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 eager_warmup_tokens=warmup,
-                                cuda_graphs=settings.cuda_graphs, capture=device.type == "cuda",
+                                cuda_graphs=settings.cuda_graphs,
                                 compile=settings.custom_backend_compile,
                                 reference_ops=settings.deterministic, deterministic=settings.deterministic)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)
