@@ -65,14 +65,14 @@ def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, cont
     cu = torch.tensor([0, chunk], dtype=torch.int32, device=device)
     ctx = torch.tensor([context], dtype=torch.int32, device=device)
     args = (q, k_cache, v_cache, tables, cu, ctx, head_dim ** -0.5, window)
-    current = prefill_attention._prefill_config(head_dim, aligned=False)
+    current = prefill_attention._prefill_config(head_dim, small_tiles=False)
     expected = prefill_attention.paged_prefill_attention(*args).float()
     results = []
     original = prefill_attention._prefill_config
     candidates = [current] + [c for c in CANDIDATES[max(k for k in CANDIDATES if k <= max(head_dim, 128))]
                               if c != current]
     for config in candidates[:quick] if quick else candidates:
-        prefill_attention._prefill_config = lambda _d, _aligned=True, config=config: config
+        prefill_attention._prefill_config = lambda _d, _small=True, config=config: config
         try:
             out = prefill_attention.paged_prefill_attention(*args)
             error = (out.float() - expected).abs().max().item()

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 from tests.kernels.reference_attention import ref_paged_decode_attention
 
-from inference_server.kernels import decode_attention
+from inference_server.kernels import decode_attention, prefill_attention
 from inference_server.kernels.decode_attention import (
     H200_NUM_SMS,
     choose_num_splits,
@@ -412,6 +412,32 @@ def test_prefill_kernel_unmasked_tiles_end_exactly_at_the_visible_keys(num_heads
     args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.3, window)
     out = paged_prefill_attention(*args, block_m=16, block_n=16)
     assert_close(out, ref_paged_prefill_attention(*args), torch.float32)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "window"),
+                         [(4, 2, 256, 40), (4, 2, 128, None), (8, 1, 512, None)])
+def test_prefill_kernel_long_bf16_chunks_take_the_long_chunk_tiles(
+    num_heads: int, num_kv_heads: int, head_dim: int, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 chunks that average LONG_CHUNK_TOKENS or more take the long-chunk tiles and match the reference; a step
+    of one-token rows beside a chunk keeps the small ones."""
+    chosen: list[bool] = []
+    config = prefill_attention._prefill_config
+
+    def spy(dim: int, small_tiles: bool = True) -> tuple[int, int, int, int]:
+        chosen.append(small_tiles)
+        return config(dim, small_tiles)
+
+    monkeypatch.setattr(prefill_attention, "_prefill_config", spy)
+    q, case, cu = prefill_setup([0, 70], [130, 70], num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window,
+                                qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, head_dim**-0.5, window)
+    assert_close(paged_prefill_attention(*args), ref_paged_prefill_attention(*args), torch.bfloat16)
+    q, case, cu = prefill_setup([5, 9, 3], [1, 1, 100], num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window,
+                                qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, head_dim**-0.5, window)
+    assert_close(paged_prefill_attention(*args), ref_paged_prefill_attention(*args), torch.bfloat16)
+    assert chosen == [False, True]
 
 
 @pytest.mark.parametrize(("head_dim", "window", "tiles"), [(128, None, (16, 16)), (512, 4, (None, None))])

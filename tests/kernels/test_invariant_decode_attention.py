@@ -225,8 +225,8 @@ _COMPILE = '''
 
     # Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers, Gemma-4-E4B's (G 4), Qwen3-30B-A3B (G 8, D 128)
     for group, head_dim in ((2, 256), (8, 512), (4, 256), (4, 512), (8, 128)):
-        # the default (bf16, not aligned) prefill's larger tiles fit too
-        fast_m, fast_n, fast_warps, fast_stages = tile_config(head_dim, group, aligned=False)
+        # the default prefill's long-chunk tiles fit too
+        fast_m, fast_n, fast_warps, fast_stages = tile_config(head_dim, group, small_tiles=False)
         compiled(_paged_prefill_kernel, dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=fast_m,
                                              BLOCK_N=fast_n, BLOCK_Q=fast_m // group, DOT_PRECISION="tf32",
                                              UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256), fast_warps, fast_stages)

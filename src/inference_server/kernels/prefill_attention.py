@@ -26,7 +26,7 @@ tiles, BLOCK_M=32, BLOCK_N=32, 8 warps, 2 stages (vLLM's H512 tuning, PR #43257)
 ~100 KiB smem, 180-200 registers, no spills, mma.sync (wgmma needs BLOCK_M >= 64). D=128 (128x64) and
 D=256 (64x32) use wgmma, ~96 KiB smem, no spills. fp32 caches (tests only) fit but spill. These are the tiles of
 ``DETERMINISTIC`` (its split decode kernel shares them) and of fp32 caches; bf16 calls otherwise take larger tiles
-tuned on the GPU (``_prefill_config``, ``bench/tune_prefill_attention.py``).
+tuned on the GPU when its chunks are long (``_prefill_config``, ``bench/tune_prefill_attention.py``).
 """
 
 from __future__ import annotations
@@ -279,25 +279,31 @@ def _paged_prefill_kernel(
     )
 
 
-def _prefill_config(head_dim: int, aligned: bool = True) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim. ``aligned`` (``DETERMINISTIC``, whose split decode
-    kernel shares the tiles and their registers, and fp32 caches): the small tiles of the module docstring.
-    Otherwise the tiles ``bench/tune_prefill_attention.py`` found fastest on the H200 for bf16 (docs/benchmarks.md)."""
+LONG_CHUNK_TOKENS = 64
+"""A call whose chunks average at least this many tokens takes the long-chunk tiles (``_prefill_config``)."""
+
+
+def _prefill_config(head_dim: int, small_tiles: bool = True) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim. ``small_tiles``: those of the module docstring, which
+    ``DETERMINISTIC``'s split decode kernel shares (its registers), fp32 caches need (shared memory), and a step of
+    mostly one-token rows (decodes beside a chunk) keeps (each row's tile is padded to BLOCK_M: a larger one only adds
+    compute). Otherwise the tiles ``bench/tune_prefill_attention.py`` found fastest for long bf16 chunks on the H200
+    (docs/benchmarks.md)."""
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:
-        return (128, 64, 8, 2) if aligned else (128, 128, 8, 3)
+        return (128, 64, 8, 2) if small_tiles else (128, 128, 8, 3)
     if head_dim <= 256:
-        return (64, 32, 8, 2) if aligned else (128, 64, 8, 2)
-    return (32, 32, 8, 2) if aligned else (64, 32, 8, 2)
+        return (64, 32, 8, 2) if small_tiles else (128, 64, 8, 2)
+    return (32, 32, 8, 2) if small_tiles else (64, 32, 8, 2)
 
 
 def tile_config(head_dim: int, group: int, block_m: int | None = None, block_n: int | None = None,
-                aligned: bool = True) -> tuple[int, int, int, int]:
+                small_tiles: bool = True) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a call (``paged_prefill_attention``'s overrides applied):
-    ``kernels.invariant_decode_attention`` launches with the aligned ones, so that a row's dots and sums are the
-    aligned prefill's."""
-    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim, aligned)
+    ``kernels.invariant_decode_attention`` launches with the small ones, the aligned prefill's, so that a row's dots
+    and sums are the aligned prefill's."""
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim, small_tiles)
     return max(block_m or cfg_m, triton.next_power_of_2(group)), block_n or cfg_n, num_warps, num_stages
 
 
@@ -342,8 +348,8 @@ def paged_prefill_attention(
         out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    aligned = align_kv or k_cache.dtype == torch.float32  # fp32 (tests): the large tiles overflow shared memory
-    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, aligned)
+    small_tiles = align_kv or k_cache.dtype == torch.float32 or num_tokens < LONG_CHUNK_TOKENS * num_seqs
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, small_tiles)
     block_q = block_m // group
     split_keys = split_keys or KV_SPLIT_KEYS
     if align_kv and split_keys % block_n:
