@@ -177,6 +177,26 @@ def test_output_does_not_depend_on_token_boundaries(
     assert checker.finished == (expected_reason is not None)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.text(alphabet="ab<\n", max_size=4), max_size=12),
+    stops=st.lists(st.text(alphabet="ab<\n", min_size=1, max_size=5), min_size=1, max_size=4),
+)
+def test_only_a_possible_stop_string_start_is_held_back(pieces: list[str], stops: list[str]) -> None:
+    """Until a match, everything is released at once except the longest suffix of the text so far that is a proper
+    prefix of some stop string (brute force here): nothing is held that could not become a stop string."""
+    checker = make(stop=tuple(stops))
+    text, released = "", ""
+    for piece in pieces:
+        update = checker.update(5, piece)
+        released += update.text
+        text += piece
+        if update.finished:
+            return
+        held = max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        assert released == text[: len(text) - held]
+
+
 def test_min_tokens_defers_eos_stop_ids_and_stop_strings() -> None:
     checker = StopChecker(max_tokens=10, eos_token_ids={1}, stop=["ab"], stop_token_ids={7}, min_tokens=3)
     assert checker.update(1, "x") == StopUpdate("x")  # EOS before min_tokens: just a token

@@ -68,6 +68,13 @@ class StopChecker:
         self._stop = tuple(stop)
         self._include_stop = include_stop_str_in_output
         self._keep = max((len(s) for s in self._stop), default=1) - 1  # tail chars a match may start in
+        # Every proper prefix of a stop string, by its last char, longest first: a suffix of the text that is such
+        # a prefix ends with the text's last char, so one dict lookup leaves a few C-level ``endswith`` calls.
+        by_last: dict[str, set[str]] = {}
+        for stop_str in self._stop:
+            for n in range(1, len(stop_str)):
+                by_last.setdefault(stop_str[n - 1], set()).add(stop_str[:n])
+        self._prefixes_by_last = {c: tuple(sorted(ps, key=len, reverse=True)) for c, ps in by_last.items()}
         self._tail = ""  # the last `_keep` chars of output text seen so far
         self._held = 0  # how many chars at the end of `_tail` are not yet released
         self.num_tokens = 0
@@ -147,10 +154,9 @@ class StopChecker:
 
     def _partial_match_len(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of some stop string."""
-        longest = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(buf)), longest, -1):
-                if buf.endswith(s[:n]):
-                    longest = n
-                    break
-        return longest
+        if not buf:
+            return 0
+        for prefix in self._prefixes_by_last.get(buf[-1], ()):
+            if buf.endswith(prefix):  # a prefix longer than buf never matches
+                return len(prefix)
+        return 0
