@@ -116,6 +116,17 @@ def count_kernels(runner, batch: int) -> int | None:
         return None
 
 
+def kernels_by_name(kernels: list) -> list[tuple[str, int, float]]:
+    """(name, launches, device µs) per kernel name of profiler CUDA events, the most device time first."""
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        us = getattr(event, "device_time", None)
+        entry = by_name.setdefault(event.name[:80], [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.cuda_time if us is None else us
+    return sorted(((name, int(count), us) for name, (count, us) in by_name.items()), key=lambda row: -row[2])
+
+
 def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | None:
     """Device time of each kernel of one decode step at ``batch`` (torch.profiler over ``replays`` bare graph
     replays, or the eager forward when the trace shows no kernels inside graphs), summed by kernel name:
@@ -138,19 +149,12 @@ def kernel_times(runner, batch: int, replays: int = 5, top: int = 30) -> dict | 
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             if kernels:
                 break
-        by_name: dict[str, list[float]] = {}
-        for event in kernels:
-            us = getattr(event, "device_time", None)
-            us = event.cuda_time if us is None else us
-            entry = by_name.setdefault(event.name[:80], [0, 0.0])
-            entry[0] += 1
-            entry[1] += us
-        rows = sorted(by_name.items(), key=lambda item: -item[1][1])
+        rows = kernels_by_name(kernels)
         return dict(source=source, bucket=bucket, replays=replays,
-                    kernels_per_step=round(sum(c for c, _ in by_name.values()) / replays, 1),
-                    us_per_step=round(sum(t for _, t in by_name.values()) / replays, 1),
+                    kernels_per_step=round(sum(c for _, c, _ in rows) / replays, 1),
+                    us_per_step=round(sum(t for _, _, t in rows) / replays, 1),
                     top=[dict(name=name, per_step=round(c / replays, 2), us_per_step=round(t / replays, 1))
-                         for name, (c, t) in rows[:top]])
+                         for name, c, t in rows[:top]])
     except Exception as err:  # the table is informative only
         print(f"kernel times failed: {err!r}", flush=True)
         return None
@@ -195,16 +199,9 @@ def prefill_profile(runner, prompt_len: int, chunk: int, vocab: int, num_groups:
 
         with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
             run()
-        by_name: dict[str, list[float]] = {}
-        for event in (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA):
-            us = getattr(event, "device_time", None)
-            entry = by_name.setdefault(event.name[:80], [0, 0.0])
-            entry[0] += 1
-            entry[1] += event.cuda_time if us is None else us
-        rows = sorted(by_name.items(), key=lambda item: -item[1][1])
-        record.update(kernel_ms=round(sum(t for _, t in by_name.values()) / 1e3, 1),
-                      launches=int(sum(c for c, _ in by_name.values())),
-                      top=[dict(name=n, launches=int(c), ms=round(t / 1e3, 2)) for n, (c, t) in rows[:top]])
+        rows = kernels_by_name([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA])
+        record.update(kernel_ms=round(sum(t for _, _, t in rows) / 1e3, 1), launches=sum(c for _, c, _ in rows),
+                      top=[dict(name=n, launches=c, ms=round(t / 1e3, 2)) for n, c, t in rows[:top]])
     return record
 
 
