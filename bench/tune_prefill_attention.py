@@ -4,9 +4,10 @@
 For each layer kind (Qwen3-30B-A3B head_dim 128; Gemma-4-26B-A4B sliding head_dim 256 and full head_dim 512, heads
 and window from the presets) one chunk of ``--chunk`` queries at the end of a ``--context``-token prompt (the last
 chunk of a chunked prefill, random bf16 K/V in 16-token pages) runs ``kernels.prefill_attention`` with each
-``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` candidate, timed with CUDA events (median of ``--reps`` calls after a
-warm-up); a candidate counts only if its output equals the current config's within bf16 rounding, and one that
-fails to compile (shared memory, registers) is listed as such. Prints one table per layer kind, fastest first,
+``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` candidate, timed by ``kit.graph_timing.time_calls`` (median of
+``--reps`` CUDA-graph replays after a warm-up; wall time on the CPU); a candidate counts only if its output equals
+the current config's within bf16 rounding, and one that fails to compile (shared memory, registers) is listed as
+such. Prints one table per layer kind, fastest first,
 with the attention TFLOP/s (causal: 2 x 2 x visible keys x head_dim FLOPs per query and head).
 
   python3 bench/tune_prefill_attention.py                     # on the H200, ~1-2 minutes
@@ -16,8 +17,8 @@ with the attention TFLOP/s (causal: 2 x 2 x visible keys x head_dim FLOPs per qu
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,10 +26,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from inference_server.kernels import prefill_attention  # noqa: E402
 from inference_server.models.loading.presets import preset_config  # noqa: E402
 from inference_server.models.spec import parse_model_spec  # noqa: E402
+from kit.graph_timing import time_calls  # noqa: E402
 
 CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages) to try
     128: list(itertools.product((128,), (64, 128), (4, 8), (2, 3, 4))),
@@ -79,18 +82,8 @@ def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, cont
             if error > 2 ** -6 * expected.abs().max().item():
                 results.append((f"differs {error:.1e}", None, config))
                 continue
-            times = []
-            for _ in range(reps):
-                if device.type == "cuda":
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    prefill_attention.paged_prefill_attention(*args, out=out)
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) / 1e3)
-                else:
-                    times.append(1.0)
-            results.append(("ok", statistics.median(times), config))
+            call = functools.partial(prefill_attention.paged_prefill_attention, *args, out=out)
+            results.append(("ok", time_calls([call], device, reps), config))
         except Exception as err:  # out of shared memory or registers: not a candidate
             results.append((f"failed: {type(err).__name__}", None, config))
         finally:
