@@ -68,9 +68,10 @@ def candidates(tokens: int, base, top_k: int, quick: int, current=None) -> list:
     rows = max(1, tokens * top_k)
     block_ms = [m for m in (16, 32, 64, 128) if base.block_m // 2 <= m <= max(16, 2 * triton.next_power_of_2(rows))]
     tiles = [MoeGemmConfig(n, k, 1, w, s) for n, k, w, s in itertools.product((32, 64, 128), (64, 128), (4, 8), (3, 4))]
-    found = [base] + ([current] if current is not None and current != base else [])
+    found = [base] + ([current] if current is not None else [])
     for block_m in block_ms:
         found += [MoeKernelConfig(block_m, tile, base.down) for tile in tiles]
+    found = list(dict.fromkeys(found))  # base or current may also be a sweep point: each is timed once
     return found[:quick] if quick else found
 
 
