@@ -37,13 +37,26 @@ CPU machine, the host side alone).
 
     python3 bench/serving_table.py --model gemma-4-26b-a4b --concurrency 64 --num-prompts 128 --repeats 3 \
         --input-len 512 --output-len 512 --env MAX_MODEL_LEN=4096 --json-schema --budget-s 540 --out $OUT/json
+
+``--arrivals LEN@RATE`` (the chunk policy's question, issue 42): each run is made twice on the same server, as
+measured, then again while prompts of ``LEN`` random tokens (``--arrivals-output-len`` out) arrive as a Poisson
+stream of ``RATE`` per second from the first measured request until the last one ends (the warm-up has no
+arrivals). The second row, ``<variant>+arrivals``, gives the measured streams' ITL under those prefills next to
+their ITL without them (``itl_p99_over_plain``), and the arriving prompts' own TTFT (``arrivals_ttft_*``).
+
+    python3 bench/serving_table.py --model gemma-4-26b-a4b --concurrency 64 --num-prompts 64 --repeats 3 \
+        --input-len 512 --output-len 256 --arrivals 8192@1 --env MAX_MODEL_LEN=16384 \
+        --variant MAX_NUM_BATCHED_TOKENS=4096 --variant MAX_NUM_BATCHED_TOKENS=8192 --out $OUT/chunks
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -59,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_bench
 from kit.host_sampling import top_threads
 from kit.server_process import launched
+from kit.sse_client import SSEConnection
 
 HERE = Path(__file__).resolve().parent
 
@@ -73,6 +87,77 @@ class Point:
 class Variant:
     name: str
     env: dict[str, str]
+
+
+@attrs.frozen
+class Arrivals:
+    """``--arrivals LEN@RATE``: prompts of ``input_len`` tokens arriving at ``rate`` per second (Poisson)."""
+
+    input_len: int
+    rate: float
+    output_len: int = 16
+
+    @classmethod
+    def parse(cls, text: str, output_len: int) -> Arrivals:
+        length, sep, rate = text.partition("@")
+        try:
+            arrivals = cls(int(length), float(rate), output_len)
+        except ValueError:
+            arrivals = None
+        if not sep or arrivals is None or arrivals.input_len < 1 or not 0 < arrivals.rate < math.inf:
+            raise SystemExit(f"--arrivals expects LEN@RATE (e.g. 8192@1), got {text!r}")
+        return arrivals
+
+
+async def run_with_arrivals(config: serve_bench.BenchConfig, arrivals: Arrivals,
+                            seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``config``'s measured run (no warm-up: the caller warms up first) while ``arrivals`` come, from the run's
+    start until its last request ends; the arrivals still in flight then are awaited, none start after. Returns
+    the run's report and the arrivals' (``serve_bench.summarize``)."""
+    host, port = config.host_port
+    results: list[serve_bench.RequestResult] = []
+    finished = trio.Event()
+    rng = random.Random(seed)
+
+    async def one(request: serve_bench.BenchRequest, result: serve_bench.RequestResult) -> None:
+        connection = SSEConnection(host, port)
+        try:
+            body = serve_bench.request_body(config.endpoint, config.model, request)
+            await serve_bench.send(connection, config.endpoint, body, result, config.request_timeout)
+        finally:
+            await connection.close()
+
+    async def arrive() -> None:
+        async with trio.open_nursery() as senders:
+            index = 0
+            while not finished.is_set():
+                request = serve_bench.random_requests(1, arrivals.input_len, arrivals.output_len, 0.0,
+                                                      config.vocab_size, seed * 7_919 + index)[0]
+                results.append(serve_bench.RequestResult(len(request.prompt_ids), request.output_len))
+                senders.start_soon(one, request, results[-1])
+                index += 1
+                with trio.move_on_after(rng.expovariate(arrivals.rate)):
+                    await finished.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(arrive)
+        try:
+            report = await serve_bench.run_benchmark(config)
+        finally:
+            finished.set()
+    return report, serve_bench.summarize(results)
+
+
+async def warm_up(config: serve_bench.BenchConfig) -> None:
+    """``config.warmup`` requests of ``config.warmup_output_len`` tokens out, as ``run_benchmark`` warms up."""
+    host, port = config.host_port
+    requests = serve_bench.random_requests(config.warmup, config.input_len,
+                                           config.warmup_output_len or config.output_len, config.range_ratio,
+                                           config.vocab_size, config.seed + 1_000_003)
+    warm = await serve_bench.run_requests(host, port, config.endpoint, config.model, requests, config.concurrency,
+                                          math.inf, config.seed, config.request_timeout)
+    if not any(r.success for r in warm):
+        raise SystemExit(f"every warm-up request failed: {sorted({r.error for r in warm})[:3]}")
 
 
 def parse_pairs(items: Sequence[str]) -> dict[str, str]:
@@ -192,51 +277,102 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def arrivals_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The ``--arrivals`` rows: the measured streams' ITL without and with the arriving prefills, and the
+    arriving prompts' TTFT."""
+    head = ("| variant | conc. | arrivals (tokens @ per s) | ITL p99 plain -> under arrivals ms (ratio) "
+            "| ITL median plain -> under ms | output tok/s plain -> under | arrivals done "
+            "| their TTFT median / p99 ms |")
+    lines = [head, "|" + "---|" * head.count(" |")]
+    for plain, loaded in itertools.pairwise(rows):
+        if "arrivals" not in loaded or "arrivals" in plain:
+            continue
+        done = f"{loaded['arrivals_completed']}" + (f" ({loaded['arrivals_failed']} failed)"
+                                                    if loaded["arrivals_failed"] else "")
+        lines.append(
+            f"| {plain['variant']} | {plain['concurrency']} | {loaded['arrivals']} "
+            f"| {_f(plain['itl_p99_ms'], '.1f')} -> {_f(loaded['itl_p99_ms'], '.1f')} "
+            f"({_f(loaded.get('itl_p99_over_plain'), '.2f')}) "
+            f"| {_f(plain['itl_median_ms'], '.1f')} -> {_f(loaded['itl_median_ms'], '.1f')} "
+            f"| {_f(plain['output_tok_s'])} -> {_f(loaded['output_tok_s'])} | {done} "
+            f"| {_f(loaded['arrivals_ttft_median_ms'])} / {_f(loaded['arrivals_ttft_p99_ms'])} |")
+    return "\n".join(lines)
+
+
 def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Point], args: argparse.Namespace,
                vocab_size: int, deadline: float, out: Path,
                engine: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Every concurrency of one running server: warm-up, then the repeats (with ``--json-schema``, each repeat
-    unconstrained then constrained, on the same prompts); one summarized row each."""
+    unconstrained then constrained, on the same prompts; with ``--arrivals``, each repeat plain then under the
+    arrivals, on the same prompts); one summarized row per kind."""
     rows = []
-    kinds = (False, True) if args.json_schema else (False,)
+    arrivals = Arrivals.parse(args.arrivals, args.arrivals_output_len) if args.arrivals else None
+    kinds = ("", "+json_schema") if args.json_schema else ("", "+arrivals") if arrivals else ("",)
     for point in points:
-        reports: dict[bool, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+        reports: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+        arrival_reports: list[dict[str, Any]] = []
         skipped = 0
         for repeat in range(args.repeats):
             if time.monotonic() >= deadline:
                 skipped = args.repeats - repeat
                 print(f"  budget spent: {skipped} run(s) of concurrency {point.concurrency} skipped", flush=True)
                 break
-            for constrained in kinds:
-                name = variant.name + ("+json_schema" if constrained else "")
+            for kind in kinds:
+                name = variant.name + kind
                 warmup = (point.concurrency if args.warmup is None else args.warmup) if repeat == 0 else 0
                 config = serve_bench.BenchConfig(
                     url=url, endpoint=args.endpoint, input_len=args.input_len, output_len=args.output_len,
                     range_ratio=args.range_ratio, num_prompts=point.num_prompts, concurrency=point.concurrency,
                     warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
                     vocab_size=vocab_size, server_pid=server_pid, request_timeout=args.request_timeout,
-                    json_schema=constrained)
+                    json_schema=kind == "+json_schema")
                 try:
-                    report = trio.run(serve_bench.run_benchmark, config)
+                    if kind == "+arrivals" and arrivals is not None:
+                        config = attrs.evolve(config, vocab_size=vocab_size or serve_bench.model_vocab_size(url))
+                        if warmup:
+                            trio.run(warm_up, config)
+                        report, arrived = trio.run(run_with_arrivals, attrs.evolve(config, warmup=0), arrivals,
+                                                   7 * config.seed + 1)
+                        report["arrivals"] = arrived
+                        arrival_reports.append(arrived)
+                    else:
+                        report = trio.run(serve_bench.run_benchmark, config)
                 except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
                     print(f"  {name} c={point.concurrency} run {repeat + 1}: {error!r}", flush=True)
                     continue
                 path = out / f"{name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
                 path.write_text(json.dumps(report, indent=1, default=str))
-                reports[constrained].append(report)
+                reports[kind].append(report)
                 ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))
+                extra = (f", ITL p99 {serve_bench.fmt_ms(report['itl']['p99_ms'])} ms, "
+                         f"{report['arrivals']['completed']} arrivals (TTFT median "
+                         f"{serve_bench.fmt_ms(report['arrivals']['ttft']['median_ms'])} ms)"
+                         if "arrivals" in report else "")
                 print(f"  {name} c={point.concurrency} run {repeat + 1}/{args.repeats}: "
-                      f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms, "
-                      f"{report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
-        for constrained in kinds:
-            name = variant.name + ("+json_schema" if constrained else "")
-            missing = args.repeats - len(reports[constrained])
-            rows.append(summarize_point(args.model, name, point, reports[constrained], missing,
+                      f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms"
+                      f"{extra}, {report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
+        for kind in kinds:
+            missing = args.repeats - len(reports[kind])
+            rows.append(summarize_point(args.model, variant.name + kind, point, reports[kind], missing,
                                         engine.get(point.concurrency)))
         if args.json_schema and rows[-1]["output_tok_s"] and rows[-2]["output_tok_s"]:
             rows[-1]["over_unconstrained"] = rows[-1]["output_tok_s"] / rows[-2]["output_tok_s"]
             print(f"  c={point.concurrency}: json_schema / unconstrained output tok/s = "
                   f"{rows[-1]['over_unconstrained']:.3f}", flush=True)
+        if arrivals is not None:
+            plain, loaded = rows[-2], rows[-1]
+            loaded.update(
+                arrivals=f"{arrivals.input_len}@{arrivals.rate:g}",
+                arrivals_completed=sum(r["completed"] for r in arrival_reports),
+                arrivals_failed=sum(r["failed"] for r in arrival_reports),
+                arrivals_ttft_median_ms=_median([r["ttft"]["median_ms"] for r in arrival_reports]),
+                arrivals_ttft_p99_ms=_median([r["ttft"]["p99_ms"] for r in arrival_reports]))
+            if plain["itl_p99_ms"] and loaded["itl_p99_ms"] is not None:
+                loaded["itl_p99_over_plain"] = loaded["itl_p99_ms"] / plain["itl_p99_ms"]
+            print(f"  c={point.concurrency} under {loaded['arrivals']}: ITL p99 {_f(loaded['itl_p99_ms'], '.1f')} "
+                  f"ms ({_f(loaded.get('itl_p99_over_plain'), '.2f')}x plain), {loaded['arrivals_completed']} "
+                  f"arrivals, their TTFT median / p99 {_f(loaded['arrivals_ttft_median_ms'])} / "
+                  f"{_f(loaded['arrivals_ttft_p99_ms'])} ms", flush=True)
     return rows
 
 
@@ -371,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --json-schema: a tokenizer folder (export-tokenizer) instead of the embedded one")
     parser.add_argument("--json-schema", action="store_true",
                         help="each run also with every request constrained by a JSON schema (see the docstring)")
+    parser.add_argument("--arrivals", default="", metavar="LEN@RATE",
+                        help="each run also while prompts of LEN tokens arrive at RATE per second (see the docstring)")
+    parser.add_argument("--arrivals-output-len", type=int, default=16, help="output tokens of each arriving prompt")
     parser.add_argument("--grammar-host-only", action="store_true",
                         help="with --json-schema: measure the host's grammar costs per step and start no server")
     return parser
@@ -385,6 +524,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(counts) != len(concurrencies):
         raise SystemExit("--num-prompts needs one count per concurrency")
     points = [Point(c, n) for c, n in zip(concurrencies, counts, strict=True)]
+    if args.arrivals and args.json_schema:
+        raise SystemExit("--arrivals and --json-schema each add a kind of run: use one at a time")
+    if args.arrivals:
+        Arrivals.parse(args.arrivals, args.arrivals_output_len)  # a bad value stops here, before any server start
     variants = [Variant("default", {})] + [Variant(v, parse_pairs(v.split(","))) for v in args.variant]
     print(schedule_text(args.model, variants, points, args.repeats, args.warmup, args.input_len, args.output_len),
           flush=True)
@@ -428,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"server {variant.name} ready in {time.monotonic() - t0:.1f} s at {url}", flush=True)
             rows += run_points(url, process.pid, variant, points, args, vocab_size, deadline, args.out, engine)
     table = markdown_table(rows)
+    if args.arrivals:
+        table += "\n\n" + arrivals_table(rows)
     (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
     (args.out / "table.md").write_text(table + "\n")
     print(f"\n{args.input_len} in / {args.output_len} out, {args.endpoint}, median of {args.repeats} runs; "

@@ -180,6 +180,34 @@ def test_serving_table_rows_from_a_running_server(embedded_server: tuple[int, st
     assert table.count("\n| embedded | default |") == 2
 
 
+def test_serving_table_runs_each_repeat_again_under_arrivals(embedded_server: tuple[int, str],
+                                                             tmp_path: Path) -> None:
+    """``--arrivals``: every repeat plain, then while long prompts arrive; the arrivals are counted (the first
+    arrives with the run's first request, so each loaded run has at least one) and tabled beside the plain row."""
+    pid, url = embedded_server
+    args = serving_table.build_parser().parse_args(
+        ["--model", "", "--concurrency", "2", "--num-prompts", "2", "--repeats", "2", "--input-len", "4",
+         "--output-len", "3", "--warmup", "1", "--arrivals", "24@5", "--arrivals-output-len", "2"])
+    rows = serving_table.run_points(url, pid, serving_table.Variant("default", {}), [serving_table.Point(2, 2)],
+                                    args, 0, math.inf, tmp_path, {})
+    assert [(r["variant"], r["runs"], r["failed"]) for r in rows] == [("default", 2, 0), ("default+arrivals", 2, 0)]
+    plain, loaded = rows
+    assert "arrivals" not in plain and loaded["arrivals"] == "24@5"
+    assert loaded["arrivals_completed"] >= 2 and loaded["arrivals_failed"] == 0
+    assert loaded["arrivals_ttft_median_ms"] > 0
+    assert loaded["itl_p99_over_plain"] == pytest.approx(loaded["itl_p99_ms"] / plain["itl_p99_ms"])
+    report = json.loads((tmp_path / "default+arrivals_c2_r1.json").read_text())
+    assert report["arrivals"]["total_input_tokens"] == 24 * report["arrivals"]["completed"]
+    table = serving_table.arrivals_table(rows)
+    assert table.count("\n| default | 2 | 24@5 |") == 1
+
+
+@pytest.mark.parametrize("text", ["8192", "8192@", "@1", "x@1", "8192@0", "0@1", "8192@inf"])
+def test_serving_table_refuses_a_malformed_arrivals_value(text: str) -> None:
+    with pytest.raises(SystemExit, match="LEN@RATE"):
+        serving_table.Arrivals.parse(text, 16)
+
+
 @pytest.mark.heavy
 def test_serving_table_end_to_end_on_the_embedded_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The whole driver: schedule, server start, runs, table (two server starts: about a minute on CPU)."""
