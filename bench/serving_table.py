@@ -340,7 +340,7 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
                 except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
                     print(f"  {name} c={point.concurrency} run {repeat + 1}: {error!r}", flush=True)
                     continue
-                path = out / f"{name.replace('=', '_')}_c{point.concurrency}_r{repeat}.json"
+                path = out / f"{name.replace('=', '_').replace('+', '_')}_c{point.concurrency}_r{repeat}.json"
                 path.write_text(json.dumps(report, indent=1, default=str))
                 reports[kind].append(report)
                 ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))

@@ -196,7 +196,7 @@ def test_serving_table_runs_each_repeat_again_under_arrivals(embedded_server: tu
     assert loaded["arrivals_completed"] >= 2 and loaded["arrivals_failed"] == 0
     assert loaded["arrivals_ttft_median_ms"] > 0
     assert loaded["itl_p99_over_plain"] == pytest.approx(loaded["itl_p99_ms"] / plain["itl_p99_ms"])
-    report = json.loads((tmp_path / "default+arrivals_c2_r1.json").read_text())
+    report = json.loads((tmp_path / "default_arrivals_c2_r1.json").read_text())
     assert report["arrivals"]["total_input_tokens"] == 24 * report["arrivals"]["completed"]
     table = serving_table.arrivals_table(rows)
     assert table.count("\n| default | 2 | 24@5 |") == 1
