@@ -16,7 +16,12 @@ import trio
 import trio.testing
 
 from inference_server.ipc.channel import SocketChannel, open_socket_channel
-from inference_server.ipc.frames import DataFrameEncoder, MessageTooLargeError, UnsendableMessageError
+from inference_server.ipc.frames import (
+    DataFrameEncoder,
+    MessageTooLargeError,
+    UnsendableMessageError,
+    credit_frame,
+)
 
 BOUND_S = 30
 
@@ -177,10 +182,12 @@ async def test_unsendable_messages_raise_at_send_and_the_channel_still_works() -
 async def test_peer_death_without_close_is_broken_after_the_messages_that_arrived() -> None:
     """The peer's socket closes with no close frame (as when its process dies): receive gives what fully
     arrived, then BrokenResourceError; send raises it too."""
-    sock_a, raw_peer = socket.socketpair()
+    sock_a, sock_peer = socket.socketpair()
+    raw_peer = trio.socket.from_stdlib_socket(sock_peer)
     with trio.fail_after(BOUND_S):
         async with open_socket_channel(sock_a, 4) as a:
-            raw_peer.sendall(bytes(DataFrameEncoder().encode("last words")) + b"\0\0")  # then a torn frame
+            assert await raw_peer.recv(64) == credit_frame(4)  # the opening grant
+            await raw_peer.send(bytes(DataFrameEncoder().encode("last words")) + b"\0\0")  # then a torn frame
             raw_peer.close()
             assert await a.receive() == "last words"
             with pytest.raises(trio.BrokenResourceError, match="gone"):

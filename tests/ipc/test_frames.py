@@ -70,21 +70,28 @@ def test_invalid_streams_are_protocol_errors(garbage: bytes) -> None:
         decoder.feed(b"\0")
 
 
-def test_receive_window_grants_capacity_then_one_per_message_taken() -> None:
-    window = ReceiveWindow(3)
-    assert window.take_owed() == 3
-    assert window.take_owed() == 0
-    for _ in range(3):
+def test_receive_window_grants_capacity_then_batches_without_stalling_the_sender() -> None:
+    window = ReceiveWindow(4)
+    assert window.grant_due
+    assert window.take_owed() == 4
+    assert not window.grant_due
+    for _ in range(4):
         window.arrived()
-    with pytest.raises(ProtocolError, match="more than the 3 messages"):
+    with pytest.raises(ProtocolError, match="more than the 4 messages"):
         window.arrived()
     window.taken()
+    assert window.grant_due  # the peer has nothing outstanding: it may be blocked, one taken lets one through
+    assert window.take_owed() == 1
     window.taken()
-    assert window.owed == 2
+    assert not window.grant_due  # the peer still holds a grant: wait for a batch (half the capacity)
+    window.taken()
+    assert window.grant_due
     assert window.take_owed() == 2
+    assert (window.buffered, window.owed, window.outstanding) == (1, 0, 3)
     window.arrived()
     window.arrived()
-    assert window.buffered == 3
+    window.arrived()
+    assert window.buffered == 4
 
 
 @pytest.mark.parametrize("capacity", [0, -1, MAX_CAPACITY + 1])

@@ -118,7 +118,8 @@ class SocketChannel:
             raise trio.ClosedResourceError("receive on a closed channel end")
         message = self._inbox.popleft()
         self._window.taken()
-        self._wake_writer()
+        if self._window.grant_due:
+            self._wake_writer()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return message
 
@@ -208,6 +209,8 @@ class SocketChannel:
                         self._senders.unpark_all()
                 if arrived:
                     self._receivers.unpark_all()
+                    if self._window.grant_due:
+                        self._wake_writer()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, EOFError, ProtocolError,
                 msgspec.DecodeError) as exc:
             self._break(exc)
@@ -215,7 +218,7 @@ class SocketChannel:
     async def _write_loop(self) -> None:
         try:
             while True:
-                if not self._outbox and self._window.owed == 0 and not self._closed:
+                if not self._outbox and not self._window.grant_due and not self._closed:
                     await self._writer_lot.park()
                     continue
                 # Let the tasks runnable now add to the batch (a producer's loop of sends, a consumer's loop of
@@ -228,7 +231,7 @@ class SocketChannel:
                         break
                 frames = self._outbox
                 self._outbox = []
-                owed = self._window.take_owed()
+                owed = self._window.take_owed() if self._window.grant_due else 0
                 if self._peer_closed or self._broken is not None:
                     # Nothing written now can be read: the peer closed its end or is gone.
                     if self._closed:

@@ -3,8 +3,9 @@
 Each direction of a channel is bounded the way a trio memory channel is: the receiving end buffers at most
 ``capacity`` messages that its user has not taken yet, and the sending end may only send what the receiver
 has granted. The receiver grants ``capacity`` credits when it opens, then one more for every message its user
-takes (grants are coalesced into one ``CREDIT`` frame whenever several are owed). So the messages sent but not
-yet received never exceed ``capacity``, and a send blocks exactly when a memory channel's would.
+takes (batched into CREDIT frames, never so late that a blocked sender waits for a message already taken,
+see :class:`ReceiveWindow`). So the messages sent but not yet received never exceed ``capacity``, and a
+send blocked at that bound resumes as soon as the receiver takes one, as with a memory channel.
 """
 
 from __future__ import annotations
@@ -36,10 +37,16 @@ class SendCredit:
 
 
 class ReceiveWindow:
-    """The receiving side's account: messages buffered and not taken, and grants owed to the peer.
+    """The receiving side's account: messages buffered and not taken, grants owed to the peer, and grants the
+    peer holds or has in flight (``outstanding``).
 
-    Invariant: ``buffered + granted_unused_by_peer <= capacity``, where the peer's unused grants are what it
-    may still send; a message arriving beyond ``capacity`` is a protocol violation.
+    Invariant: ``buffered + owed + outstanding == capacity``. A message arriving with nothing outstanding
+    is a protocol violation (the peer sent more than it was granted).
+
+    Grants are sent in batches (one CREDIT frame costs a write and a wake-up of the peer), but never late:
+    a grant is due when at least half the capacity is owed, or when the peer has nothing outstanding (then
+    it may be blocked in ``send``, and one message taken must let one more through, as in a memory
+    channel).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -48,12 +55,15 @@ class ReceiveWindow:
                              f"got {capacity}")
         self.capacity = capacity
         self.buffered = 0
+        self.outstanding = 0
         self._owed = capacity  # the opening grant
+        self._batch = max(1, capacity // 2)
 
     def arrived(self) -> None:
         """A message arrived from the peer."""
-        if self.buffered >= self.capacity:
+        if self.outstanding == 0:
             raise ProtocolError(f"the peer sent more than the {self.capacity} messages it was granted")
+        self.outstanding -= 1
         self.buffered += 1
 
     def taken(self) -> None:
@@ -68,7 +78,13 @@ class ReceiveWindow:
         """Grants not yet sent to the peer."""
         return self._owed
 
+    @property
+    def grant_due(self) -> bool:
+        """Whether the owed grants should go to the peer now."""
+        return self._owed >= self._batch or (self._owed > 0 and self.outstanding == 0)
+
     def take_owed(self) -> int:
-        """The grants to send now (all owed ones); the count is then zero until more are taken."""
+        """The grants to send now (all owed ones); they count as outstanding from here."""
         owed, self._owed = self._owed, 0
+        self.outstanding += owed
         return owed
