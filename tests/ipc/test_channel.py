@@ -125,6 +125,24 @@ async def test_clean_close_delivers_what_was_sent_then_end_of_channel() -> None:
                 await b.send("late")
 
 
+async def test_clean_close_crossing_the_receivers_grants_is_still_clean() -> None:
+    """With capacity 1 every message taken sends a grant, so the receiver's writes meet the sender's closed
+    socket (EPIPE); the close frame already in the receiver's socket still makes it a clean end."""
+    for _ in range(20):
+        with trio.fail_after(BOUND_S):
+            async with channel_pair(capacity_b=1) as (a, b), trio.open_nursery() as nursery:
+
+                async def send_then_close() -> None:
+                    for i in range(5):
+                        await a.send(i)
+                    await a.aclose()
+
+                nursery.start_soon(send_then_close)
+                assert [message async for message in b] == list(range(5))
+                with pytest.raises(trio.BrokenResourceError, match="closed its end"):
+                    await b.send("late")
+
+
 async def test_clean_close_wakes_a_peer_blocked_in_receive_and_in_send() -> None:
     outcomes: dict[str, type[BaseException]] = {}
     with trio.fail_after(BOUND_S):

@@ -77,6 +77,7 @@ class SocketChannel:
         self._closed = False  # this end's user closed it
         self._peer_closed = False  # a CLOSE frame arrived
         self._broken: BaseException | None = None  # the peer died or broke the protocol
+        self._write_failed = False  # a write found the peer's end closed
         self._receivers = trio.lowlevel.ParkingLot()
         self._senders = trio.lowlevel.ParkingLot()
         self._writer_lot = trio.lowlevel.ParkingLot()
@@ -186,14 +187,15 @@ class SocketChannel:
                 nursery.start_soon(self._write_loop)
 
     async def _read_loop(self) -> None:
+        """Decodes frames until the peer's close frame (a clean end) or an EOF, reset or bad frame without one
+        (the peer is gone). The reader alone decides which: a failed write may precede a close frame still
+        unread in our socket."""
         try:
             while True:
                 data = await self._stream.receive_some(_READ_SIZE)
                 if not data:
-                    if not self._peer_closed:
-                        torn = self._frames.pending_bytes
-                        raise EOFError(f"the peer's socket ended without a close frame ({torn} bytes of a torn frame)")
-                    return
+                    torn = self._frames.pending_bytes
+                    raise EOFError(f"the peer's socket ended without a close frame ({torn} bytes of a torn frame)")
                 arrived = False
                 for kind, payload in self._frames.feed(data):
                     if kind is FrameKind.DATA:
@@ -207,6 +209,8 @@ class SocketChannel:
                         self._peer_closed = True
                         self._receivers.unpark_all()
                         self._senders.unpark_all()
+                        self._wake_writer()
+                        return
                 if arrived:
                     self._receivers.unpark_all()
                     if self._window.grant_due:
@@ -232,22 +236,34 @@ class SocketChannel:
                 frames = self._outbox
                 self._outbox = []
                 owed = self._window.take_owed() if self._window.grant_due else 0
-                if self._peer_closed or self._broken is not None:
+                closing = self._closed  # read once: aclose may come while this write is under way
+                if self._peer_closed or self._broken is not None or self._write_failed:
                     # Nothing written now can be read: the peer closed its end or is gone.
-                    if self._closed:
+                    if closing:
                         return
                     continue
-                if self._closed:
+                if closing:
                     frames.append(CLOSE_FRAME)
                 elif owed:
                     frames.append(credit_frame(owed))
                 await self._stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
-                if self._closed:
+                if closing:
                     return
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._break(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            # The peer's end is closed: the reader will see its close frame (a clean close that crossed our
+            # write) or an EOF without one (a death) and say which; until then frames are dropped.
+            self._write_failed = True
+            if self._closed:
+                return
+            await self._drop_frames_until_closed()
         finally:
             self._writer_done.set()
+
+    async def _drop_frames_until_closed(self) -> None:
+        while not self._closed:
+            self._outbox.clear()
+            self._window.take_owed()
+            await self._writer_lot.park()
 
 
 @asynccontextmanager
