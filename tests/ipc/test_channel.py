@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -232,3 +233,22 @@ async def test_typed_receive_rejects_a_mistyped_message_as_broken() -> None:
             assert await b.receive() == TokenEvent(1, [2])
             with pytest.raises(trio.BrokenResourceError):
                 await b.receive()
+
+
+async def test_a_channel_over_a_connected_socket_path(tmp_path: Path) -> None:
+    path = str(tmp_path / "engine.sock")
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await listener.bind(path)
+    listener.listen(1)
+    with trio.fail_after(BOUND_S):
+        client = await trio.open_unix_socket(path)
+        accepted, _ = await listener.accept()
+        listener.close()
+        async with (
+            open_socket_channel(client, 2) as front,
+            open_socket_channel(trio.SocketStream(accepted), 2) as engine,
+        ):
+            await front.send({"prompt": [1, 2, 3]})
+            assert await engine.receive() == {"prompt": [1, 2, 3]}
+            await engine.send("done")
+            assert await front.receive() == "done"
