@@ -2,8 +2,9 @@
 
 * ``core/`` is pure Python: importing any ``inference_server.core`` module loads neither torch nor trio
   nor Quart (checked in a fresh interpreter, so nothing this test process imported can hide a violation).
-* ``ipc/frames`` and ``ipc/flow`` (the cross-process channel's wire format and credit accounting) are pure
-  Python too: importing them loads no trio (``ipc/channel`` is their trio shell).
+* ``ipc/frames``, ``ipc/flow`` and ``ipc/messages`` (the cross-process channel's wire format, credit accounting
+  and the engine split's messages) are pure Python too: importing them loads no trio (``ipc/channel`` is their
+  trio shell).
 * ``kernels/`` imports nothing of ``models/``.
 * The module import graph of ``inference_server`` has no cycles. Edges come from every ``import`` and
   ``from ... import`` statement in a module, at any depth (function-level imports count: a lazy import
@@ -148,7 +149,7 @@ def test_core_modules_import_no_torch_trio_or_quart() -> None:
 
 
 def test_ipc_wire_modules_import_no_trio() -> None:
-    pure = [f"{PACKAGE}.ipc.frames", f"{PACKAGE}.ipc.flow"]
+    pure = [f"{PACKAGE}.ipc.frames", f"{PACKAGE}.ipc.flow", f"{PACKAGE}.ipc.messages"]
     assert set(pure) <= set(package_modules())
     script = (
         "import importlib, json, sys\n"
