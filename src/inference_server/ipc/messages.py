@@ -44,7 +44,8 @@ class Abort(msgspec.Struct, array_like=True):
 
 
 class ToEngine(msgspec.Struct, tag=True):
-    """Whatever the front queued since its forwarder last sent: aborts are applied before submits."""
+    """Whatever the front queued since its forwarder last sent; the engine applies the submits, then the aborts
+    (which may name a request submitted in the same message)."""
 
     submits: list[Submit] = []
     aborts: list[Abort] = []

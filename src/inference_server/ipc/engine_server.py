@@ -1,0 +1,192 @@
+"""The engine process's side of the split: serve an engine to one front over a :class:`SocketChannel`.
+
+:func:`serve_engine` runs the engine, sends ``Hello`` once it is ready, then
+
+* a **receiver** applies each ``ToEngine`` (submits, then aborts: ``engine.submit`` never blocks) and
+  ``Drain`` (``engine.drain`` in a task of its own): it never awaits a send, so no cycle with the front can
+  deadlock (docs/ipc.md, decision 3);
+* one **reader** per request reads its handle and appends the admission and each update to the outbox
+  (synchronously: the outbox is unbounded, at most a request's tokens deep);
+* a **sender** sends everything in the outbox as one ``StepOutput`` whenever it has something and the channel
+  has credit: a lagging front gets fewer, larger messages, never one per token.
+
+When the engine stops (after a drain, or failing), the readers end with their terminal updates, the outbox is
+sent, then ``Stopped``; the caller closes the channel. When the front is gone (``EndOfChannel`` or
+``BrokenResourceError`` on receive), the engine is drained at once (``drain(0)``) and what it sends is dropped.
+
+First slice: the engine is today's in-process ``Engine`` (anything with its ``submit``/``run``/``drain``/``info``
+surface), read through its ``RequestHandle``s. The design's later form appends the scheduler's deliveries to
+the outbox directly, without a task per request.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Protocol
+
+import attrs
+import trio
+
+from inference_server.actors.request_handle import RequestHandle
+from inference_server.ipc.channel import SocketChannel
+from inference_server.ipc.messages import Admission, Drain, Hello, StepOutput, Stopped, ToEngine
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest, Rejected, RequestUpdate
+from inference_server.supervisor import EngineInfo
+
+
+class ServedEngine(Protocol):
+    """What :func:`serve_engine` needs of an engine (``supervisor.Engine`` has it)."""
+
+    def submit(self, request: GenerationRequest) -> RequestHandle: ...
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[object] = ...) -> None: ...
+
+    async def drain(self, timeout: float) -> None: ...
+
+
+def hello(info: EngineInfo) -> Hello:
+    """The engine's first message: ``info`` without the tokenizer (the front loads its own)."""
+    return Hello(info.model_name, info.max_model_len, info.vocab_size, sorted(info.eos_token_ids),
+                 info.default_max_tokens, info.model_root, info.tokenizer_folder, os.getpid(),
+                 trio.current_time() - time.monotonic())
+
+
+class _EngineServer:
+    def __init__(self, engine: ServedEngine, channel: SocketChannel) -> None:
+        self.engine = engine
+        self.channel = channel
+        self.handles: dict[int, RequestHandle] = {}  # front request id -> handle, until its terminal update
+        self.admissions: list[Admission] = []
+        self.updates: list[RequestUpdate] = []
+        self.outbox_ready = trio.Event()
+        self.readers_done = trio.Event()
+        self.readers_done.set()
+        self.live_readers = 0
+        self.failure: BaseException | None = None
+        self.finishing = False
+        self.front_gone = False
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            engine_done = trio.Event()
+
+            async def run_engine(task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
+                try:
+                    await self.engine.run(task_status=task_status)
+                except Exception as error:  # the engine already ended every request with an error update
+                    self.failure = error
+                finally:
+                    engine_done.set()
+
+            await nursery.start(run_engine)
+            if self.failure is None:
+                await self._send_quietly(hello(self.engine.info))
+            receiver = trio.CancelScope()
+            nursery.start_soon(self._sender)
+            nursery.start_soon(self._receiver, receiver, nursery)
+            await engine_done.wait()
+            await self.readers_done.wait()  # the engine ended every request: each reader has its terminal update
+            receiver.cancel()
+            self.finishing = True  # the sender sends what is left, then Stopped, and returns
+            self.outbox_ready.set()
+
+    async def _send_quietly(self, message: object) -> None:
+        """Send unless the front is gone (its requests are being drained; nobody reads the rest)."""
+        if self.front_gone:
+            return
+        try:
+            await self.channel.send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.front_gone = True
+
+    async def _receiver(self, scope: trio.CancelScope, nursery: trio.Nursery) -> None:
+        with scope:
+            try:
+                async for message in self.channel:
+                    if isinstance(message, ToEngine):
+                        # submits first: an abort may name a request submitted in the same message
+                        for submit in message.submits:
+                            self._start_reader(nursery, submit.request_id, self.engine.submit(submit.request))
+                        for abort in message.aborts:
+                            handle = self.handles.get(abort.request_id)
+                            if handle is not None:
+                                handle.abort()
+                    elif isinstance(message, Drain):
+                        nursery.start_soon(self.engine.drain, message.timeout)
+            except trio.BrokenResourceError:
+                pass
+            self.front_gone = True
+            # the front closed its end or died: nobody is left to read the requests
+            await self.engine.drain(0)
+
+    def _start_reader(self, nursery: trio.Nursery, request_id: int, handle: RequestHandle) -> None:
+        self.handles[request_id] = handle
+        self.live_readers += 1
+        if self.readers_done.is_set():
+            self.readers_done = trio.Event()
+        nursery.start_soon(self._read, request_id, handle)
+
+    async def _read(self, request_id: int, handle: RequestHandle) -> None:
+        """Put ``handle``'s admission and updates in the outbox, renamed with the front's id."""
+        try:
+            try:
+                await handle.admission()
+            except RequestError as error:
+                rejection = Rejected(error.code, error.message, error.param, error.retry_after)
+                self._append_admission(Admission(request_id, rejected=rejection))
+                return
+            self._append_admission(Admission(request_id, handle.prompt_token_ids))
+            try:
+                async for update in handle:
+                    self._append_update(attrs.evolve(update, request_id=request_id))
+            except RequestError as error:  # the stream ended without a terminal update
+                self._append_update(RequestUpdate(request_id, finish_reason="error", error=error.message))
+        finally:
+            handle.abort()  # idempotent; after the terminal update it only closes the stream
+            del self.handles[request_id]
+            self.live_readers -= 1
+            if self.live_readers == 0:
+                self.readers_done.set()
+
+    def _append_admission(self, admission: Admission) -> None:
+        self.admissions.append(admission)
+        self.outbox_ready.set()
+
+    def _append_update(self, update: RequestUpdate) -> None:
+        self.updates.append(update)
+        self.outbox_ready.set()
+
+    def _take_outbox(self, state: str | None = None) -> StepOutput:
+        output = StepOutput(self.admissions, self.updates, state)
+        self.admissions, self.updates = [], []
+        self.outbox_ready = trio.Event()
+        return output
+
+    async def _sender(self) -> None:
+        """Send the outbox as one message whenever it holds something (never cancelled: a message taken from
+        the outbox is always sent); when finishing, the rest with the final state, then ``Stopped``."""
+        while True:
+            await self.outbox_ready.wait()
+            await trio.lowlevel.checkpoint()  # let the readers woken by the same step append theirs
+            if self.finishing:
+                await self._send_quietly(self._take_outbox("failed" if self.failure is not None else "stopped"))
+                message = f"engine failure: {self.failure!r}" if self.failure is not None else "the engine stopped"
+                await self._send_quietly(Stopped(self.failure is not None, message))
+                return
+            await self._send_quietly(self._take_outbox())
+
+
+async def serve_engine(engine: ServedEngine, channel: SocketChannel) -> bool:
+    """Serve ``engine`` to the front at the other end of ``channel`` until the engine stops (see the module
+    docstring); returns whether it failed. The caller owns the channel (and closes it after this returns)."""
+    server = _EngineServer(engine, channel)
+    await server.serve()
+    return server.failure is not None

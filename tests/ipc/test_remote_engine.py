@@ -1,0 +1,184 @@
+"""The engine split in one process: a ``RemoteEngine`` (the front) and ``serve_engine`` around a real ``Engine``
+on the fake step, joined by a SocketChannel over a socketpair, both in one trio nursery.
+
+Waits are events: ``wait_all_tasks_blocked`` (the fake step takes no time, and a socketpair's bytes are
+readable as soon as written) and the fake step's ``gate``, under generous ``fail_after`` bounds.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from tests.fake_engine import FakeEngine, next_token
+
+from inference_server.actors.request_handle import RequestHandle
+from inference_server.core.kv_manager import KVManager
+from inference_server.core.scheduler import SchedulerConfig
+from inference_server.ipc.channel import open_socket_channel
+from inference_server.ipc.engine_server import serve_engine
+from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
+from inference_server.ipc.remote_engine import RemoteEngine
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.supervisor import Engine, EngineParts, EngineState
+
+BOUND_S = 60
+
+
+def ids_request(first: int, max_tokens: int, length: int = 5) -> GenerationRequest:
+    return GenerationRequest(SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                             prompt_ids=tuple(range(first, first + length)))
+
+
+def expected_tokens(request: GenerationRequest) -> list[int]:
+    """What the fake model generates for ``request`` (see tests/fake_engine.py)."""
+    assert request.prompt_ids is not None and request.params.max_tokens is not None
+    tokens, last, length = [], request.prompt_ids[-1], len(request.prompt_ids)
+    for _ in range(request.params.max_tokens):
+        last = next_token(length, last)
+        tokens.append(last)
+        length += 1
+    return tokens
+
+
+@attrs.define
+class Split:
+    remote: RemoteEngine
+    engine: Engine
+    fake: FakeEngine
+    engine_socket: socket.socket
+    front_error: list[BaseException]
+    engine_failed: list[bool]
+
+
+@asynccontextmanager
+async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> AsyncIterator[Split]:
+    """The front and the engine side running; on exit the front drains the engine and both sides stop."""
+    front_socket, engine_socket = socket.socketpair()
+    parts = EngineParts(step=fake, kv=KVManager(block_size=4, num_full_blocks=512), tokenizer=None,
+                        max_model_len=1024, vocab_size=512, eos_token_ids=frozenset(),
+                        scheduler_config=SchedulerConfig(max_batch_size=64, max_num_batched_tokens=512))
+    engine = Engine(parts)
+    async with (
+        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+        trio.open_nursery() as nursery,
+    ):
+        remote = RemoteEngine(front_channel, max_queue_size=256)
+        split = Split(remote, engine, fake, engine_socket, [], [])
+
+        async def engine_side() -> None:
+            async with open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as channel:
+                split.engine_failed.append(await serve_engine(engine, channel))
+
+        async def front(task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await remote.run(task_status=task_status)
+            except trio.BrokenResourceError as error:
+                split.front_error.append(error)
+
+        nursery.start_soon(engine_side)
+        await nursery.start(front)
+        yield split
+        if drain_at_exit:
+            remote.drain(BOUND_S)
+
+
+async def read_all(handle: RequestHandle) -> tuple[list[int], list[str | None]]:
+    """Every token of ``handle`` and each update's finish reason (the last must be the only one set)."""
+    async with handle:
+        await handle.admission()
+        tokens: list[int] = []
+        finishes: list[str | None] = []
+        async for update in handle:
+            tokens.extend(t.token_id for t in update.tokens)
+            finishes.append(update.finish_reason)
+    return tokens, finishes
+
+
+async def test_a_request_streams_its_tokens_in_order_and_ends_once() -> None:
+    request = ids_request(10, max_tokens=40)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            assert split.remote.hello is not None and split.remote.hello.max_model_len == 1024
+            tokens, finishes = await read_all(split.remote.submit(request))
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
+            split.engine.check_integrity()
+    assert tokens == expected_tokens(request)
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert split.remote.state is EngineState.STOPPED and split.engine_failed == [False]
+    assert split.remote.stopped is not None and not split.remote.stopped.failed
+
+
+async def test_many_concurrent_requests_each_get_their_own_tokens() -> None:
+    requests = [ids_request(3 + i, max_tokens=1 + (i * 7) % 50, length=1 + i % 9) for i in range(60)]
+    results: dict[int, tuple[list[int], list[str | None]]] = {}
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split, trio.open_nursery() as nursery:
+
+            async def one(i: int, request: GenerationRequest) -> None:
+                results[i] = await read_all(split.remote.submit(request))
+
+            for i, request in enumerate(requests):
+                nursery.start_soon(one, i, request)
+    for i, request in enumerate(requests):
+        tokens, finishes = results[i]
+        assert tokens == expected_tokens(request), i
+        assert finishes[-1] == "length" and all(f is None for f in finishes[:-1]), i
+    assert split.fake.tokens_emitted == sum(r.params.max_tokens or 0 for r in requests)
+    assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
+
+
+async def test_a_client_leaving_aborts_the_request_in_the_engine() -> None:
+    fake = FakeEngine(gate=trio.Event())
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake) as split:
+            handle = split.remote.submit(ids_request(10, max_tokens=500))
+            await handle.admission()
+            await trio.testing.wait_all_tasks_blocked()  # the first step waits at the gate
+            assert split.engine.counts().requests == 1
+            handle.abort()
+            await trio.testing.wait_all_tasks_blocked()  # the abort crossed
+            assert fake.gate is not None
+            fake.gate.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and split.engine.counts().kv_sequences == 0
+            assert len(split.remote.streams) == 0
+            split.engine.check_integrity()
+    assert fake.tokens_emitted <= 2  # the step in flight when the abort came, at most one more
+
+
+async def test_the_engine_side_dying_ends_every_open_handle_with_an_error() -> None:
+    fake = FakeEngine(gate=trio.Event())  # the requests are admitted and never get a token
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake, drain_at_exit=False) as split:
+            handles = [split.remote.submit(ids_request(10 + i, max_tokens=100)) for i in range(5)]
+            await trio.testing.wait_all_tasks_blocked()  # some admitted (the first step waits at the gate)
+            split.engine_socket.shutdown(socket.SHUT_RDWR)  # no close frame: the front sees a death
+            ends = []
+            for handle in handles:
+                async with handle:
+                    try:
+                        await handle.admission()
+                    except RequestError as error:  # not admitted yet: refused
+                        ends.append((error.code, error.message))
+                        continue
+                    updates = [update async for update in handle]
+                assert len(updates) == 1 and updates[0].error is not None
+                ends.append((updates[0].finish_reason, updates[0].error))
+            assert ends[0][0] == "error"  # the first request was admitted before the gate stopped the step
+            assert all(end in ("error", "unavailable") and "engine process is gone" in message
+                       for end, message in ends), ends
+            assert split.remote.failed
+            with pytest.raises(RequestError) as refused:
+                await split.remote.submit(ids_request(1, max_tokens=3)).admission()
+            assert refused.value.code == "unavailable"
+    assert len(split.front_error) == 1
+    assert split.engine.counts().requests == 0  # the engine side drained itself once its front was gone
