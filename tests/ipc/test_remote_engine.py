@@ -15,37 +15,18 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from tests.fake_engine import FakeEngine, next_token
+from tests.fake_engine import FakeEngine
+from tests.ipc.split_kit import expected_tokens, ids_request, read_all, split_parts
 
-from inference_server.actors.request_handle import RequestHandle
-from inference_server.core.kv_manager import KVManager
-from inference_server.core.scheduler import SchedulerConfig
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.engine_server import serve_engine
 from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
 from inference_server.ipc.remote_engine import RemoteEngine
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest
-from inference_server.records.sampling_params import SamplingParams
-from inference_server.supervisor import Engine, EngineParts, EngineState
+from inference_server.supervisor import Engine, EngineState
 
 BOUND_S = 60
-
-
-def ids_request(first: int, max_tokens: int, length: int = 5) -> GenerationRequest:
-    return GenerationRequest(SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                             prompt_ids=tuple(range(first, first + length)))
-
-
-def expected_tokens(request: GenerationRequest) -> list[int]:
-    """What the fake model generates for ``request`` (see tests/fake_engine.py)."""
-    assert request.prompt_ids is not None and request.params.max_tokens is not None
-    tokens, last, length = [], request.prompt_ids[-1], len(request.prompt_ids)
-    for _ in range(request.params.max_tokens):
-        last = next_token(length, last)
-        tokens.append(last)
-        length += 1
-    return tokens
 
 
 @attrs.define
@@ -62,10 +43,7 @@ class Split:
 async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> AsyncIterator[Split]:
     """The front and the engine side running; on exit the front drains the engine and both sides stop."""
     front_socket, engine_socket = socket.socketpair()
-    parts = EngineParts(step=fake, kv=KVManager(block_size=4, num_full_blocks=512), tokenizer=None,
-                        max_model_len=1024, vocab_size=512, eos_token_ids=frozenset(),
-                        scheduler_config=SchedulerConfig(max_batch_size=64, max_num_batched_tokens=512))
-    engine = Engine(parts)
+    engine = Engine(split_parts(fake))
     async with (
         open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
         trio.open_nursery() as nursery,
@@ -88,18 +66,6 @@ async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> Async
         yield split
         if drain_at_exit:
             remote.drain(BOUND_S)
-
-
-async def read_all(handle: RequestHandle) -> tuple[list[int], list[str | None]]:
-    """Every token of ``handle`` and each update's finish reason (the last must be the only one set)."""
-    async with handle:
-        await handle.admission()
-        tokens: list[int] = []
-        finishes: list[str | None] = []
-        async for update in handle:
-            tokens.extend(t.token_id for t in update.tokens)
-            finishes.append(update.finish_reason)
-    return tokens, finishes
 
 
 async def test_a_request_streams_its_tokens_in_order_and_ends_once() -> None:
