@@ -102,6 +102,19 @@ async def test_many_concurrent_requests_each_get_their_own_tokens() -> None:
     assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
 
 
+async def test_a_reader_that_lags_gets_every_token_coalesced() -> None:
+    request = ids_request(10, max_tokens=300)  # far more updates than a stream holds (STREAM_CAPACITY)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            handle = split.remote.submit(request)
+            await trio.testing.wait_all_tasks_blocked()  # the engine finished it; the front coalesced what its stream
+            # could not hold into the terminal update
+            assert split.engine.counts().requests == 0 and split.fake.tokens_emitted == 300
+            tokens, finishes = await read_all(handle)
+    assert tokens == expected_tokens(request)
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+
+
 async def test_a_client_leaving_aborts_the_request_in_the_engine() -> None:
     fake = FakeEngine(gate=trio.Event())
     with trio.fail_after(BOUND_S):

@@ -49,6 +49,7 @@ class RemoteEngine:
         self._drain: Drain | None = None
         self._unadmitted: set[int] = set()  # submitted, no admission yet: refused (not failed) if the engine dies
         self._wake = trio.Event()
+        self._pending_wake = trio.Event()  # set when updates wait behind a slow reader's full stream
 
     # -- client API ----------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -133,6 +134,8 @@ class RemoteEngine:
                         self.streams.admitted(admission.request_id, admission.prompt_token_ids)
                 for update in message.updates:
                     self.streams.deliver(update)  # False: the client left, and its abort is already queued
+                if self.streams.has_pending():
+                    self._pending_wake.set()
                 if message.state == "draining" and self.state is EngineState.READY:
                     self.state = EngineState.DRAINING
             elif isinstance(message, Stopped):
@@ -158,8 +161,10 @@ class RemoteEngine:
     async def _flush_pending(self) -> None:
         """Retry updates coalesced behind a slow reader's full stream (the scheduler does it in one process)."""
         while True:
-            await trio.sleep(RETRY_SECONDS)
-            if self.streams.has_pending():
+            await self._pending_wake.wait()
+            self._pending_wake = trio.Event()
+            while self.streams.has_pending():
+                await trio.sleep(RETRY_SECONDS)
                 self.streams.flush_pending()  # a caller found gone here has already queued its abort
 
     def _end_all(self, message: str) -> None:
