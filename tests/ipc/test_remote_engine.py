@@ -134,6 +134,19 @@ async def test_a_client_leaving_aborts_the_request_in_the_engine() -> None:
     assert fake.tokens_emitted <= 2  # the step in flight when the abort came, at most one more
 
 
+async def test_an_abort_in_the_same_message_as_its_submit_ends_the_request() -> None:
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            handles = [split.remote.submit(ids_request(10 + i, max_tokens=500)) for i in range(4)]
+            for handle in handles:
+                handle.abort()  # no checkpoint since the submits: one ToEngine carries both
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and split.engine.counts().stream_entries == 0
+            assert len(split.remote.streams) == 0
+            split.engine.check_integrity()
+    assert split.fake.tokens_emitted <= 2 * len(handles)  # far from their 500 tokens each
+
+
 async def test_the_engine_side_dying_ends_every_open_handle_with_an_error() -> None:
     fake = FakeEngine(gate=trio.Event())  # the requests are admitted and never get a token
     with trio.fail_after(BOUND_S):
