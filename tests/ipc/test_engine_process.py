@@ -72,7 +72,7 @@ async def test_requests_run_in_the_child_and_a_drain_stops_it_cleanly() -> None:
 
                 for i in range(len(requests)):
                     nursery.start_soon(one, i)
-            remote.drain(BOUND_S)
+            remote.request_drain(BOUND_S)
             assert await process.wait() == 0
     for i, request in enumerate(requests):
         tokens, finishes = results[i]

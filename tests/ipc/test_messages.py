@@ -8,6 +8,7 @@ here until the sample sets it, and then the round trip proves it crosses.
 
 from __future__ import annotations
 
+import pickle
 import socket
 from typing import Any
 
@@ -21,8 +22,11 @@ from inference_server.ipc.messages import (
     FRONT_TO_ENGINE,
     Abort,
     Admission,
+    CacheSnapshot,
+    Call,
     Drain,
     Hello,
+    Reply,
     StepOutput,
     Stopped,
     Submit,
@@ -38,6 +42,7 @@ from inference_server.records.requests import (
     TokenOutput,
 )
 from inference_server.records.sampling_params import SamplingParams
+from inference_server.telemetry.events import RequestRejected
 
 BOUND_S = 30
 
@@ -106,6 +111,8 @@ async def test_front_to_engine_messages_survive_field_for_field() -> None:
         ToEngine(),
         Drain(2.5),
         Drain(0.0),
+        Call(7, "counts"),
+        Call(8, "compile_constraints", [REQUEST]),
     ]
     received = await round_trip(sent, FRONT_TO_ENGINE)
     assert [type(m) for m in received] == [type(m) for m in sent]
@@ -122,11 +129,16 @@ async def test_engine_to_front_messages_survive_field_for_field() -> None:
         StepOutput([Admission(3, (5, 6, 7)), Admission(4, rejected=Rejected("overloaded", "full", None, 1.5))],
                    [UPDATE, RequestUpdate(5)], "draining"),
         StepOutput(),
+        StepOutput(events=pickle.dumps([RequestRejected(1.5, "overloaded", "full", "t-1")]), events_dropped=3),
+        Reply(7, counts={"requests": 2, "kv_blocks_cached": 9}),
+        Reply(8, snapshot=CacheSnapshot(4, 16, [11, 12])),
+        Reply(9, error=Rejected("invalid_request", "bad grammar", "response_format")),
         Stopped(True, "engine failure: boom"),
     ]
     received = await round_trip(sent, ENGINE_TO_FRONT)
     assert [type(m) for m in received] == [type(m) for m in sent]
     assert received == sent
     assert record_values(received[1].updates[0]) == record_values(UPDATE)
+    assert pickle.loads(received[3].events) == [RequestRejected(1.5, "overloaded", "full", "t-1")]
     assert record_values(received[1].admissions[1].rejected) == record_values(Rejected("overloaded", "full",
                                                                                         None, 1.5))

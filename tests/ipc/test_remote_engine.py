@@ -65,7 +65,7 @@ async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> Async
         await nursery.start(front)
         yield split
         if drain_at_exit:
-            remote.drain(BOUND_S)
+            remote.request_drain(BOUND_S)
 
 
 async def test_a_request_streams_its_tokens_in_order_and_ends_once() -> None:

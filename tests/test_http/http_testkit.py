@@ -159,6 +159,31 @@ def make_parts(model: FakeEngine, tokenizer: Tokenizer | None, **overrides: Any)
     return EngineParts(**values)
 
 
+def split_word_parts(settings: Settings) -> EngineParts:
+    """The engine process's parts in the split-server tests (``run_split_server(engine_factory=
+    "http_testkit:split_word_parts")``): the word engine with no tokenizer (token-id prompts), a 256-token
+    context, batch and queue sizes from ``settings``. From the environment: ``SPLIT_STEP_SECONDS`` (each step's
+    length, default 0.01) and ``SPLIT_GATE_FILE`` (steps wait until that file exists: a stalled engine whose
+    queue fills up)."""
+    import os
+
+    step_seconds = float(os.environ.get("SPLIT_STEP_SECONDS", "0.01"))
+    model = word_engine(step_seconds=step_seconds)
+    gate_file = os.environ.get("SPLIT_GATE_FILE")
+    if gate_file:
+        ungated = model.__call__
+
+        async def gated(plan: StepPlan) -> Any:
+            while not Path(gate_file).exists():
+                await trio.sleep(0.01)  # a poll of another process's signal, not a timing assumption
+            return await ungated(plan)
+
+        return make_parts(gated, None, max_batch_size=settings.max_batch_size,  # type: ignore[arg-type]
+                          max_queue_size=settings.max_queue_size, max_model_len=256)
+    return make_parts(model, None, max_batch_size=settings.max_batch_size, max_queue_size=settings.max_queue_size,
+                      max_model_len=256)
+
+
 @attrs.define
 class Served:
     """An engine with its app, and the Quart test client."""

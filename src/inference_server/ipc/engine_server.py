@@ -2,9 +2,13 @@
 
 :func:`serve_engine` runs the engine, sends ``Hello`` once it is ready, then
 
-* a **receiver** applies each ``ToEngine`` (submits, then aborts: ``engine.submit`` never blocks) and
+* a **receiver** applies each ``ToEngine`` (submits, then aborts: ``engine.submit`` never blocks), ``Call``
+  (counts and the prefix cache's snapshot answered at once; compiling constraints in a task of its own) and
   ``Drain`` (``engine.drain`` in a task of its own): it never awaits a send, so no cycle with the front can
   deadlock (docs/ipc.md, decision 3);
+* a telemetry **sink** on the engine's telemetry actor appends every event to the outbox (past
+  ``EVENT_BACKLOG`` unsent events they are dropped and counted, as the telemetry inbox does): the front's
+  ``Observability`` consumes them, so the engine process runs no stats, metrics or file sinks;
 * one **reader** per request reads its handle and appends the admission and each update to the outbox
   (synchronously: the outbox is unbounded, at most a request's tokens deep);
 * a **sender** sends everything in the outbox as one ``StepOutput`` whenever it has something and the channel
@@ -22,24 +26,49 @@ the outbox directly, without a task per request.
 from __future__ import annotations
 
 import os
+import pickle
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
 import trio
 
 from inference_server.actors.request_handle import RequestHandle
+from inference_server.actors.telemetry import Telemetry
 from inference_server.ipc.channel import SocketChannel
-from inference_server.ipc.messages import Admission, Drain, Hello, StepOutput, Stopped, ToEngine
+from inference_server.ipc.messages import (
+    Admission,
+    CacheSnapshot,
+    Call,
+    Drain,
+    Hello,
+    Reply,
+    StepOutput,
+    Stopped,
+    ToEngine,
+)
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected, RequestUpdate
-from inference_server.supervisor import EngineInfo
+from inference_server.supervisor import EngineCounts, EngineInfo, KVCacheSnapshot
+from inference_server.telemetry.events import TelemetryEvent
+
+EVENT_BACKLOG = 4096
+"""Most telemetry events waiting for the front; beyond it they are dropped and counted (never awaited)."""
 
 
 class ServedEngine(Protocol):
     """What :func:`serve_engine` needs of an engine (``supervisor.Engine`` has it)."""
 
+    telemetry: Telemetry
+
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
+
+    def counts(self) -> EngineCounts: ...
+
+    def kv_cache_snapshot(self) -> KVCacheSnapshot: ...
+
+    async def compile_constraints(self, requests: Sequence[GenerationRequest]) -> None: ...
 
     @property
     def info(self) -> EngineInfo: ...
@@ -66,6 +95,11 @@ class _EngineServer:
         self.handles: dict[int, RequestHandle] = {}  # front request id -> handle, until its terminal update
         self.admissions: list[Admission] = []
         self.updates: list[RequestUpdate] = []
+        self.replies: list[Reply] = []
+        self.events: list[TelemetryEvent] = []
+        self.events_dropped = 0  # by the backlog bound here
+        self.events_reported_dropped = 0  # both sides' drops already reported to the front
+        engine.telemetry.sinks.append(self._on_event)
         self.outbox_ready = trio.Event()
         self.readers_done = trio.Event()
         self.readers_done.set()
@@ -109,23 +143,56 @@ class _EngineServer:
 
     async def _receiver(self, scope: trio.CancelScope, nursery: trio.Nursery) -> None:
         with scope:
-            try:
-                async for message in self.channel:
-                    if isinstance(message, ToEngine):
-                        # submits first: an abort may name a request submitted in the same message
-                        for submit in message.submits:
-                            self._start_reader(nursery, submit.request_id, self.engine.submit(submit.request))
-                        for abort in message.aborts:
-                            handle = self.handles.get(abort.request_id)
-                            if handle is not None:
-                                handle.abort()
-                    elif isinstance(message, Drain):
-                        nursery.start_soon(self.engine.drain, message.timeout)
-            except trio.BrokenResourceError:
-                pass
-            self.front_gone = True
-            # the front closed its end or died: nobody is left to read the requests
-            await self.engine.drain(0)
+            async with trio.open_nursery() as calls:  # compiles end with the receiver: nobody awaits them then
+                await self._receive(nursery, calls)
+
+    async def _receive(self, nursery: trio.Nursery, calls: trio.Nursery) -> None:
+        try:
+            async for message in self.channel:
+                if isinstance(message, ToEngine):
+                    # submits first: an abort may name a request submitted in the same message
+                    for submit in message.submits:
+                        self._start_reader(nursery, submit.request_id, self.engine.submit(submit.request))
+                    for abort in message.aborts:
+                        handle = self.handles.get(abort.request_id)
+                        if handle is not None:
+                            handle.abort()
+                elif isinstance(message, Call):
+                    self._answer(message, calls)
+                elif isinstance(message, Drain):
+                    nursery.start_soon(self.engine.drain, message.timeout)
+        except trio.BrokenResourceError:
+            pass
+        self.front_gone = True
+        # the front closed its end or died: nobody is left to read the requests
+        await self.engine.drain(0)
+
+    def _answer(self, call: Call, nursery: trio.Nursery) -> None:
+        """Answer ``call`` (counts and the snapshot at once, without a checkpoint; a compile in a task)."""
+        if call.kind == "counts":
+            self._append_reply(Reply(call.call_id, counts=attrs.asdict(self.engine.counts())))
+        elif call.kind == "kv_cache_snapshot":
+            snapshot = self.engine.kv_cache_snapshot()
+            self._append_reply(Reply(call.call_id, snapshot=CacheSnapshot(snapshot.seq, snapshot.block_size,
+                                                                          list(snapshot.hashes))))
+        else:
+            nursery.start_soon(self._compile, call)
+
+    async def _compile(self, call: Call) -> None:
+        try:
+            await self.engine.compile_constraints(call.requests)
+        except RequestError as error:
+            self._append_reply(Reply(call.call_id, error=Rejected(error.code, error.message, error.param)))
+        else:
+            self._append_reply(Reply(call.call_id))
+
+    def _on_event(self, event: TelemetryEvent) -> None:
+        """The engine's telemetry sink (runs in its telemetry actor): queue the event for the front."""
+        if len(self.events) >= EVENT_BACKLOG:
+            self.events_dropped += 1
+            return
+        self.events.append(event)
+        self.outbox_ready.set()
 
     def _start_reader(self, nursery: trio.Nursery, request_id: int, handle: RequestHandle) -> None:
         self.handles[request_id] = handle
@@ -164,11 +231,28 @@ class _EngineServer:
         self.updates.append(update)
         self.outbox_ready.set()
 
-    def _take_outbox(self, state: str | None = None) -> StepOutput:
-        output = StepOutput(self.admissions, self.updates, state)
-        self.admissions, self.updates = [], []
+    def _append_reply(self, reply: Reply) -> None:
+        self.replies.append(reply)
+        self.outbox_ready.set()
+
+    def _take_outbox(self, state: str | None = None) -> tuple[StepOutput, list[Reply]]:
+        dropped = self.events_dropped + self.engine.telemetry.dropped_events
+        events = pickle.dumps(self.events, protocol=pickle.HIGHEST_PROTOCOL) if self.events else b""
+        output = StepOutput(self.admissions, self.updates, state, events, dropped - self.events_reported_dropped)
+        self.events_reported_dropped = dropped
+        replies = self.replies
+        self.admissions, self.updates, self.events, self.replies = [], [], [], []
         self.outbox_ready = trio.Event()
-        return output
+        return output, replies
+
+    async def _send_outbox(self, state: str | None = None) -> None:
+        """The outbox's step output (unless empty), then its replies: a reply follows the updates and events
+        that were ready before it."""
+        output, replies = self._take_outbox(state)
+        if output.admissions or output.updates or output.events or output.events_dropped or state is not None:
+            await self._send_quietly(output)
+        for reply in replies:
+            await self._send_quietly(reply)
 
     async def _sender(self) -> None:
         """Send the outbox as one message whenever it holds something (never cancelled: a message taken from
@@ -177,11 +261,11 @@ class _EngineServer:
             await self.outbox_ready.wait()
             await trio.lowlevel.checkpoint()  # let the readers woken by the same step append theirs
             if self.finishing:
-                await self._send_quietly(self._take_outbox("failed" if self.failure is not None else "stopped"))
+                await self._send_outbox("failed" if self.failure is not None else "stopped")
                 message = f"engine failure: {self.failure!r}" if self.failure is not None else "the engine stopped"
                 await self._send_quietly(Stopped(self.failure is not None, message))
                 return
-            await self._send_quietly(self._take_outbox())
+            await self._send_outbox()
 
 
 async def serve_engine(engine: ServedEngine, channel: SocketChannel) -> bool:

@@ -4,10 +4,15 @@ Pure msgspec Structs (no trio): the records they carry (``GenerationRequest``, `
 ``RequestUpdate``, ``Rejected``) are the attrs classes of ``records/``, which msgspec encodes and decodes as
 they are, so a field added to one of them crosses without a change here.
 
-Front to engine: :class:`ToEngine` (the submits and aborts queued since the forwarder last woke) and
+Front to engine: :class:`ToEngine` (the submits and aborts queued since the forwarder last woke), :class:`Call`
+(a question the HTTP layer awaits: counts, the prefix cache's snapshot, compiling constraints) and
 :class:`Drain`. Engine to front: :class:`Hello` first, then :class:`StepOutput` (everything that became ready
-since the last one: admissions and request updates), and :class:`Stopped` last. Decode each direction with
-its union (``FRONT_TO_ENGINE``, ``ENGINE_TO_FRONT``) as the channel's ``receive_type``.
+since the last one: admissions, request updates and the engine's telemetry events) and :class:`Reply` (one per
+``Call``), and :class:`Stopped` last. Decode each direction with its union (``FRONT_TO_ENGINE``,
+``ENGINE_TO_FRONT``) as the channel's ``receive_type``.
+
+Telemetry events cross pickled (``StepOutput.events``): they are attrs classes of several shapes, and msgspec
+decodes a union of such object types only when they are tagged Structs; both ends run the same code.
 
 First slice: the engine process still runs today's ``Engine`` (admission, tokenisation, detokenisation and
 stop strings included), so a :class:`Submit` carries the whole ``GenerationRequest`` and a step's updates
@@ -72,6 +77,38 @@ class Hello(msgspec.Struct, tag=True):
     """``trio.current_time() - time.monotonic()`` in the engine, to map its telemetry times."""
 
 
+CallKind = Literal["counts", "kv_cache_snapshot", "compile_constraints"]
+
+
+class Call(msgspec.Struct, tag=True):
+    """A question the front awaits an answer to (a :class:`Reply` with the same ``call_id``): ``counts``
+    (what the engine holds), ``kv_cache_snapshot`` (the prefix cache's block hashes) or ``compile_constraints``
+    (compile ``requests``' structured-output constraints, so their admission finds them compiled)."""
+
+    call_id: int
+    kind: CallKind
+    requests: list[GenerationRequest] = []
+
+
+class CacheSnapshot(msgspec.Struct, array_like=True):
+    """``supervisor.KVCacheSnapshot`` on the wire (this module imports nothing of trio)."""
+
+    seq: int
+    block_size: int
+    hashes: list[int]
+
+
+class Reply(msgspec.Struct, tag=True):
+    """The answer to the :class:`Call` with ``call_id``: ``counts`` (``supervisor.EngineCounts``' fields),
+    ``snapshot``, or nothing (compiled); ``error`` when the call failed (an invalid constraint: its code,
+    message and field)."""
+
+    call_id: int
+    counts: dict[str, int] | None = None
+    snapshot: CacheSnapshot | None = None
+    error: Rejected | None = None
+
+
 class Admission(msgspec.Struct, array_like=True):
     """A request's admission outcome: queued (its prompt as the model sees it) or ``rejected``."""
 
@@ -88,6 +125,10 @@ class StepOutput(msgspec.Struct, tag=True):
     updates: list[RequestUpdate] = []
     state: str | None = None
     """The engine's state when it changed (``draining``, ``stopped``, ``failed``)."""
+    events: bytes = b""
+    """The engine's telemetry events since the last message, pickled as one list (empty: none)."""
+    events_dropped: int = 0
+    """Events the engine dropped since the last message because too many were unsent (a lagging front)."""
 
 
 class Stopped(msgspec.Struct, tag=True):
@@ -97,8 +138,8 @@ class Stopped(msgspec.Struct, tag=True):
     message: str
 
 
-FRONT_TO_ENGINE = ToEngine | Drain
+FRONT_TO_ENGINE = ToEngine | Call | Drain
 """What the engine process receives."""
 
-ENGINE_TO_FRONT = Hello | StepOutput | Stopped
+ENGINE_TO_FRONT = Hello | StepOutput | Reply | Stopped
 """What the front receives."""
