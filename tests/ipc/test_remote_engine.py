@@ -22,6 +22,7 @@ from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.engine_server import serve_engine
 from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
 from inference_server.ipc.remote_engine import RemoteEngine
+from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest
 from inference_server.supervisor import Engine, EngineState
@@ -174,3 +175,51 @@ async def test_the_engine_side_dying_ends_every_open_handle_with_an_error() -> N
             assert refused.value.code == "unavailable"
     assert len(split.front_error) == 1
     assert split.engine.counts().requests == 0  # the engine side drained itself once its front was gone
+
+
+async def test_calls_answer_from_the_engine_and_its_telemetry_reaches_the_front() -> None:
+    """``read_counts``, ``read_kv_cache_snapshot`` and ``compile_constraints`` are calls answered by the engine
+    side; every event of a request (queued, first token, finished) reaches the front's telemetry, in order."""
+    request = ids_request(10, max_tokens=6)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            subscription = split.remote.telemetry.subscribe()
+            tokens, _ = await read_all(split.remote.submit(request))
+            assert tokens == expected_tokens(request)
+            counts = await split.remote.read_counts()
+            assert (counts.requests, counts.stream_entries, counts.kv_sequences, counts.kv_blocks_in_use) == (
+                0, 0, 0, 0)
+            assert counts.kv_blocks_cached == split.engine.counts().kv_blocks_cached > 0  # the prompt's blocks
+            snapshot = await split.remote.read_kv_cache_snapshot()
+            assert snapshot == split.engine.kv_cache_snapshot() and snapshot.hashes
+            constrained = GenerationRequest(attrs.evolve(request.params, constraint=Constraint.json_object()),
+                                            prompt_ids=request.prompt_ids)
+            with pytest.raises(RequestError) as refused:  # this engine has no grammar compiler
+                await split.remote.compile_constraints([constrained])
+            assert refused.value.code == "invalid_request" and refused.value.param == "response_format"
+            await split.remote.compile_constraints([request])  # nothing to compile: no call at all
+            kinds: list[str] = []
+            while "RequestFinished" not in kinds:
+                event = await subscription.receive()
+                assert event.time <= trio.current_time()  # mapped onto this side's clock
+                kinds.append(type(event).__name__)
+            assert kinds.index("RequestQueued") < kinds.index("FirstToken") < kinds.index("RequestFinished")
+
+
+async def test_progress_is_measured_in_the_front() -> None:
+    """``seconds_since_progress``: None while nothing is open; counting while a request waits on a stalled
+    engine; None again once it ended."""
+    fake = FakeEngine(gate=trio.Event())
+    request = ids_request(10, max_tokens=3)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake) as split:
+            assert split.remote.seconds_since_progress() is None
+            handle = split.remote.submit(request)
+            await trio.testing.wait_all_tasks_blocked()  # admitted; the first step waits at the gate
+            waited = split.remote.seconds_since_progress()
+            assert waited is not None and waited >= 0.0
+            assert fake.gate is not None
+            fake.gate.set()
+            tokens, _ = await read_all(handle)
+            assert tokens == expected_tokens(request)
+            assert split.remote.seconds_since_progress() is None

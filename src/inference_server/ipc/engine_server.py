@@ -105,6 +105,7 @@ class _EngineServer:
         self.readers_done.set()
         self.live_readers = 0
         self.failure: BaseException | None = None
+        self.failure_reported = False
         self.finishing = False
         self.front_gone = False
 
@@ -236,6 +237,9 @@ class _EngineServer:
         self.outbox_ready.set()
 
     def _take_outbox(self, state: str | None = None) -> tuple[StepOutput, list[Reply]]:
+        if state is None and self.engine.failed and not self.failure_reported:
+            state = "failed"  # with the first terminal updates of the failure: the front reads them as such
+        self.failure_reported = self.failure_reported or state == "failed"
         dropped = self.events_dropped + self.engine.telemetry.dropped_events
         events = pickle.dumps(self.events, protocol=pickle.HIGHEST_PROTOCOL) if self.events else b""
         output = StepOutput(self.admissions, self.updates, state, events, dropped - self.events_reported_dropped)

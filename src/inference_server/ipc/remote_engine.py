@@ -242,6 +242,8 @@ class RemoteEngine:
         """Deliver each message's admissions, then its updates; return at ``Stopped`` or a clean close."""
         async for message in self.channel:
             if isinstance(message, StepOutput):
+                if message.state == "failed":  # before the updates: their readers see a failed engine
+                    self.state = EngineState.FAILED
                 for admission in message.admissions:
                     self._unadmitted.discard(admission.request_id)
                     if admission.rejected is not None:
