@@ -35,7 +35,7 @@ import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
-from inference_server.config import Settings  # noqa: E402  (pure Python: no torch, no trio)
+from inference_server.config import Settings, SettingsError  # noqa: E402  (pure Python: no torch, no trio)
 
 if TYPE_CHECKING:
     from inference_server.supervisor import EngineParts
@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock = socket.socket(fileno=args.channel_fd)
     try:
         return serve_settings(settings, sock, args.engine_factory)
+    except SettingsError as error:  # a setting the device or the model refuses: its message says which
+        log.error("%s", error)
+        return EXIT_FAILED
     except Exception:
         log.exception("the engine process failed")
         return EXIT_FAILED

@@ -160,15 +160,20 @@ def run_split_server(settings: Settings, *, tokenizer: Callable[[], PromptTokeni
     otherwise."""
     child = spawn_engine(settings, engine_factory)
     exit_code = EXIT_FAILED
+    served = False
     try:
         front_tokenizer = tokenizer()
+        served = True
         exit_code = trio.run(_serve_split, child, front_tokenizer, settings, coalesce)
     except* OSError as errors:
         for error in _leaves(errors):
             log.error("cannot serve on %s:%s: %s", settings.host, settings.port, error)
     finally:
+        child.socket.close()  # the engine sees the front gone (if the channel did not close it already)
+        if not served:
+            child.process.kill()  # the front failed before serving (its tokenizer): nothing to drain
         status = child.reap(HARD_EXIT_GRACE_SECONDS)
-        if status != 0:
+        if status != 0 and served:
             exit_code = EXIT_FAILED
     return exit_code
 
