@@ -14,7 +14,7 @@ front's own tokenizer (loaded from the same settings, for chat templates and the
 ``telemetry`` is a telemetry actor in this process fed with the engine's events (``StepOutput.events``, their
 times mapped onto this process's trio clock), so the observability sinks, ``/telemetry/tail`` and ``/kv/events``
 live here; ``seconds_since_progress`` is measured here (the oldest open request's submit time against the last
-message that carried updates), so a wedged channel or engine process reads as a stall too.
+message that carried updates or events), so a wedged channel or engine process reads as a stall too.
 
 When the engine process stops (``Stopped``, then its clean close) every request has had its terminal update;
 when it dies (``BrokenResourceError``), every open handle ends at once -- a request not yet admitted with
@@ -166,7 +166,8 @@ class RemoteEngine:
 
     def seconds_since_progress(self) -> float | None:
         """How long open requests have waited without news from the engine (None when none is open): from
-        the last message that carried updates or, if later, the oldest open request's submit."""
+        the last message that carried updates or telemetry events (each step's ``StepCompleted``, so a long
+        chunked prefill is progress) or, if later, the oldest open request's submit."""
         if not self._open_since:
             return None
         oldest = min(self._open_since.values())
@@ -255,7 +256,7 @@ class RemoteEngine:
                     if update.finish_reason is not None:
                         self._open_since.pop(update.request_id, None)
                     self.streams.deliver(update)  # False: the client left, and its abort is already queued
-                if message.updates:
+                if message.updates or message.events:  # events: a step completed (a prefill chunk has no update)
                     self._last_progress = trio.current_time()
                 if message.events:
                     self._emit(pickle.loads(message.events))  # the engine process is this program: trusted
