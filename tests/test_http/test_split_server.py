@@ -25,6 +25,7 @@ import openai
 import pytest
 from test_serve_process import write_checkpoint
 
+from inference_server.server import DUPLICATE_SIGNAL_SECONDS
 from kit.server_process import wait_for_url
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the engine's pid")
@@ -316,3 +317,31 @@ def test_serve_with_a_separate_engine_process_serves_the_checkpoint(tmp_path: Pa
             process.kill()
             process.wait()
     assert "engine process started" in log_path.read_text()
+
+
+def test_a_second_signal_ends_the_engines_requests_now(tmp_path: Path) -> None:
+    """SIGTERM, then another after the duplicate window: the front sends ``Drain(0)``, the engine ends its
+    in-flight stream with the shutdown error at once (the fake steps make the stream last at least 12.5 s), and
+    both processes exit 0."""
+    with split_server(tmp_path, env={"SPLIT_STEP_SECONDS": "0.05"}) as server, \
+            httpx.Client(timeout=BOUND) as http:
+        engine_pid = server.engine_pid()
+        first_signal_at: list[float] = []
+
+        def signal_front(count: int) -> None:
+            if count == 1:
+                server.process.send_signal(signal.SIGTERM)
+                first_signal_at.append(time.monotonic())
+                wait_until(lambda: http.get(server.url + "/ready").status_code == 503, "draining", server)
+                # past the duplicate window: a protocol rule, not a timing guess
+                time.sleep(max(0.0, first_signal_at[0] + DUPLICATE_SIGNAL_SECONDS + 0.5 - time.monotonic()))
+                server.process.send_signal(signal.SIGTERM)
+
+        body = {"prompt_token_ids": [2, 9], "max_tokens": 250, "ignore_eos": True, "stream": True}
+        data = stream_events(http, server.url, body, signal_front)
+        assert data[-1] == "[DONE]"
+        final = json.loads(data[-2])
+        assert final["finish_reason"] == "error" and final["error"]["code"] == "shutdown", final
+        assert server.process.wait(timeout=BOUND) == 0, server.log()
+        wait_until(lambda: not is_running(engine_pid), "the engine's exit", server)
+    assert "ending in-flight requests now" in server.log()
