@@ -9,18 +9,19 @@
 * a telemetry **sink** on the engine's telemetry actor appends every event to the outbox (past
   ``EVENT_BACKLOG`` unsent events they are dropped and counted, as the telemetry inbox does): the front's
   ``Observability`` consumes them, so the engine process runs no stats, metrics or file sinks;
-* one **reader** per request reads its handle and appends the admission and each update to the outbox
-  (synchronously: the outbox is unbounded, at most a request's tokens deep);
+* the engine's request streams are ``OutboxStreams``: admission and the scheduler append each request's
+  admission and updates (after the stream interval) to the outbox synchronously, as they would deliver them
+  to a caller's stream, with no task per request (the outbox is unbounded, at most a request's tokens deep);
 * a **sender** sends everything in the outbox as one ``StepOutput`` whenever it has something and the channel
   has credit: a lagging front gets fewer, larger messages, never one per token.
 
-When the engine stops (after a drain, or failing), the readers end with their terminal updates, the outbox is
+When the engine stops (after a drain, or failing), every request has had its terminal update, the outbox is
 sent, then ``Stopped``; the caller closes the channel. When the front is gone (``EndOfChannel`` or
 ``BrokenResourceError`` on receive), the engine is drained at once (``drain(0)``) and what it sends is dropped.
 
-First slice: the engine is today's in-process ``Engine`` (anything with its ``submit``/``run``/``drain``/``info``
-surface), read through its ``RequestHandle``s. The design's later form appends the scheduler's deliveries to
-the outbox directly, without a task per request.
+The engine is today's in-process ``Engine`` (anything with its ``submit``/``run``/``drain``/``info``/``streams``
+surface), admission, detokenisation and stop strings included; a request's ``RequestHandle`` is kept only to
+abort it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import attrs
 import trio
 
 from inference_server.actors.request_handle import RequestHandle
+from inference_server.actors.request_streams import RequestStreams
 from inference_server.actors.telemetry import Telemetry
 from inference_server.ipc.channel import SocketChannel
 from inference_server.ipc.messages import (
@@ -48,6 +50,7 @@ from inference_server.ipc.messages import (
     Stopped,
     ToEngine,
 )
+from inference_server.ipc.outbox_streams import OutboxStreams
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected, RequestUpdate
 from inference_server.supervisor import EngineCounts, EngineInfo, KVCacheSnapshot
@@ -61,6 +64,7 @@ class ServedEngine(Protocol):
     """What :func:`serve_engine` needs of an engine (``supervisor.Engine`` has it)."""
 
     telemetry: Telemetry
+    streams: RequestStreams
 
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
 
@@ -92,7 +96,11 @@ class _EngineServer:
     def __init__(self, engine: ServedEngine, channel: SocketChannel) -> None:
         self.engine = engine
         self.channel = channel
-        self.handles: dict[int, RequestHandle] = {}  # front request id -> handle, until its terminal update
+        self.handles: dict[int, RequestHandle] = {}  # front request id -> handle (to abort), until its end
+        # Before the engine runs: its actors write each request's items into the outbox (no task per request).
+        self.streams = OutboxStreams(self._append_item, self._ended, interval_tokens=engine.streams.interval_tokens,
+                                     max_hold=engine.streams.max_hold)
+        engine.streams = self.streams
         self.admissions: list[Admission] = []
         self.updates: list[RequestUpdate] = []
         self.replies: list[Reply] = []
@@ -101,9 +109,6 @@ class _EngineServer:
         self.events_reported_dropped = 0  # both sides' drops already reported to the front
         engine.telemetry.sinks.append(self._on_event)
         self.outbox_ready = trio.Event()
-        self.readers_done = trio.Event()
-        self.readers_done.set()
-        self.live_readers = 0
         self.failure: BaseException | None = None
         self.failure_reported = False
         self.finishing = False
@@ -127,8 +132,7 @@ class _EngineServer:
             receiver = trio.CancelScope()
             nursery.start_soon(self._sender)
             nursery.start_soon(self._receiver, receiver, nursery)
-            await engine_done.wait()
-            await self.readers_done.wait()  # the engine ended every request: each reader has its terminal update
+            await engine_done.wait()  # every request has had its terminal item (the engine ends them all)
             receiver.cancel()
             self.finishing = True  # the sender sends what is left, then Stopped, and returns
             self.outbox_ready.set()
@@ -153,11 +157,14 @@ class _EngineServer:
                 if isinstance(message, ToEngine):
                     # submits first: an abort may name a request submitted in the same message
                     for submit in message.submits:
-                        self._start_reader(nursery, submit.request_id, self.engine.submit(submit.request))
+                        self.streams.submitting = submit.request_id
+                        handle = self.engine.submit(submit.request)
+                        if self.streams.is_live(handle.request_id):  # else refused at once, its Admission queued
+                            self.handles[submit.request_id] = handle
                     for abort in message.aborts:
-                        handle = self.handles.get(abort.request_id)
-                        if handle is not None:
-                            handle.abort()
+                        aborted = self.handles.get(abort.request_id)
+                        if aborted is not None:
+                            aborted.abort()
                 elif isinstance(message, Call):
                     self._answer(message, calls)
                 elif isinstance(message, Drain):
@@ -195,42 +202,17 @@ class _EngineServer:
         self.events.append(event)
         self.outbox_ready.set()
 
-    def _start_reader(self, nursery: trio.Nursery, request_id: int, handle: RequestHandle) -> None:
-        self.handles[request_id] = handle
-        self.live_readers += 1
-        if self.readers_done.is_set():
-            self.readers_done = trio.Event()
-        nursery.start_soon(self._read, request_id, handle)
-
-    async def _read(self, request_id: int, handle: RequestHandle) -> None:
-        """Put ``handle``'s admission and updates in the outbox, renamed with the front's id."""
-        try:
-            try:
-                await handle.admission()
-            except RequestError as error:
-                rejection = Rejected(error.code, error.message, error.param, error.retry_after)
-                self._append_admission(Admission(request_id, rejected=rejection))
-                return
-            self._append_admission(Admission(request_id, handle.prompt_token_ids))
-            try:
-                async for update in handle:
-                    self._append_update(attrs.evolve(update, request_id=request_id))
-            except RequestError as error:  # the stream ended without a terminal update
-                self._append_update(RequestUpdate(request_id, finish_reason="error", error=error.message))
-        finally:
-            handle.abort()  # idempotent; after the terminal update it only closes the stream
-            del self.handles[request_id]
-            self.live_readers -= 1
-            if self.live_readers == 0:
-                self.readers_done.set()
-
-    def _append_admission(self, admission: Admission) -> None:
-        self.admissions.append(admission)
+    def _append_item(self, item: Admission | RequestUpdate) -> None:
+        """The outbox streams' sink: a request's admission or update, already named with the front's id."""
+        if isinstance(item, Admission):
+            self.admissions.append(item)
+        else:
+            self.updates.append(item)
         self.outbox_ready.set()
 
-    def _append_update(self, update: RequestUpdate) -> None:
-        self.updates.append(update)
-        self.outbox_ready.set()
+    def _ended(self, request_id: int) -> None:
+        """A request's entry was removed (its end was queued, or the front's abort reached it)."""
+        self.handles.pop(request_id, None)
 
     def _append_reply(self, reply: Reply) -> None:
         self.replies.append(reply)
@@ -263,7 +245,7 @@ class _EngineServer:
         the outbox is always sent); when finishing, the rest with the final state, then ``Stopped``."""
         while True:
             await self.outbox_ready.wait()
-            await trio.lowlevel.checkpoint()  # let the readers woken by the same step append theirs
+            await trio.lowlevel.checkpoint()  # let whatever the same wake-up readies append too
             if self.finishing:
                 await self._send_outbox("failed" if self.failure is not None else "stopped")
                 message = f"engine failure: {self.failure!r}" if self.failure is not None else "the engine stopped"
