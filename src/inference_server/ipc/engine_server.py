@@ -53,8 +53,10 @@ from inference_server.ipc.messages import (
 from inference_server.ipc.outbox_streams import OutboxStreams
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected, RequestUpdate
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.supervisor import EngineCounts, EngineInfo, KVCacheSnapshot
-from inference_server.telemetry.events import TelemetryEvent
+from inference_server.telemetry.events import StepCompleted, TelemetryEvent
 
 EVENT_BACKLOG = 4096
 """Most telemetry events waiting for the front; beyond it they are dropped and counted (never awaited)."""
@@ -83,6 +85,18 @@ class ServedEngine(Protocol):
     async def run(self, *, task_status: trio.TaskStatus[object] = ...) -> None: ...
 
     async def drain(self, timeout: float) -> None: ...
+
+
+_NO_PARAMS = SamplingParams()
+
+
+def telemetry_plan(plan: StepPlan) -> StepPlan:
+    """``plan`` as the telemetry sinks read it (each sequence's request id, tokens, positions, ``reset`` and
+    ``sample``), without its block tables and sampling parameters: those were most of a forwarded step's bytes
+    and of its pickling on both sides."""
+    return StepPlan(plan.step_id, tuple(
+        ScheduledSequence(s.request_id, s.token_ids, s.cached_len, (), s.sample, _NO_PARAMS, s.reset, s.prompt_len)
+        for s in plan.sequences))
 
 
 def hello(info: EngineInfo) -> Hello:
@@ -199,6 +213,8 @@ class _EngineServer:
         if len(self.events) >= EVENT_BACKLOG:
             self.events_dropped += 1
             return
+        if isinstance(event, StepCompleted) and event.plan is not None:
+            event = attrs.evolve(event, plan=telemetry_plan(event.plan))
         self.events.append(event)
         self.outbox_ready.set()
 
