@@ -55,6 +55,15 @@ class EngineChild:
         return code
 
 
+def _stderr_fd() -> int | None:
+    """This process's standard error as a descriptor for the child's standard output (None: inherit stdout,
+    when standard error is no file, e.g. captured)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def spawn_engine(settings: Settings, factory: str = DEFAULT_ENGINE_FACTORY) -> EngineChild:
     """Start the engine process for ``settings`` (see the module docstring)."""
     front_end, engine_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -62,7 +71,7 @@ def spawn_engine(settings: Settings, factory: str = DEFAULT_ENGINE_FACTORY) -> E
         command = [sys.executable, "-m", "inference_server.engine_process", "--channel-fd", str(engine_end.fileno()),
                    "--settings", json.dumps(attrs.asdict(settings)), "--engine-factory", factory]
         process = subprocess.Popen(command, pass_fds=(engine_end.fileno(),), stdin=subprocess.DEVNULL,
-                                   stdout=sys.stderr.fileno())
+                                   stdout=_stderr_fd())
     except BaseException:
         front_end.close()
         raise

@@ -239,11 +239,14 @@ async def _serve_with(engine: ServingEngine,
                       settings: Settings, coalesce: bool, controls: ThreadControls | None) -> int:
     shutdown = Shutdown()
     with contextlib.ExitStack() as stack:
-        signals: AsyncIterator[int] = (
-            stack.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)) if controls is None
-            else controls._open())
         async with trio.open_nursery() as nursery:
             observability = await start_engine(nursery, shutdown)
+            # Signals are taken from here on: until the engine has started (a separate engine process loads its
+            # model meanwhile, minutes on a GPU) SIGTERM and SIGINT stop the process as they do while the
+            # in-process engine's model loads before trio starts (the engine process then dies with it).
+            signals: AsyncIterator[int] = (
+                stack.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)) if controls is None
+                else controls._open())
             binds = await _serve_engine(engine, observability, settings, coalesce, shutdown, signals, nursery)
             if controls is not None:
                 controls._listening(binds)
