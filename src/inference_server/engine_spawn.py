@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -69,7 +70,8 @@ def spawn_engine(settings: Settings, factory: str = DEFAULT_ENGINE_FACTORY) -> E
     front_end, engine_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         command = [sys.executable, "-m", "inference_server.engine_process", "--channel-fd", str(engine_end.fileno()),
-                   "--settings", json.dumps(attrs.asdict(settings)), "--engine-factory", factory]
+                   "--settings", json.dumps(attrs.asdict(settings)), "--engine-factory", factory,
+                   "--front-pid", str(os.getpid())]
         process = subprocess.Popen(command, pass_fds=(engine_end.fileno(),), stdin=subprocess.DEVNULL,
                                    stdout=_stderr_fd())
     except BaseException:

@@ -168,10 +168,15 @@ def split_word_parts(settings: Settings) -> EngineParts:
     """The engine process's parts in the split-server tests (``run_split_server(engine_factory=
     "http_testkit:split_word_parts")``): the word engine with no tokenizer (token-id prompts), a 256-token
     context, batch and queue sizes from ``settings``. From the environment: ``SPLIT_STEP_SECONDS`` (each step's
-    length, default 0.01) and ``SPLIT_GATE_FILE`` (steps wait until that file exists: a stalled engine whose
-    queue fills up)."""
+    length, default 0.01), ``SPLIT_GATE_FILE`` (steps wait until that file exists: a stalled engine whose
+    queue fills up) and ``SPLIT_START_FILE`` (the factory itself blocks until that file exists: an engine wedged
+    in its start-up, outside any event loop)."""
     import os
+    import time
 
+    start_file = os.environ.get("SPLIT_START_FILE")
+    while start_file and not Path(start_file).exists():
+        time.sleep(0.05)  # a poll of another process's signal, not a timing assumption
     step_seconds = float(os.environ.get("SPLIT_STEP_SECONDS", "0.01"))
     model = word_engine(step_seconds=step_seconds)
     gate_file = os.environ.get("SPLIT_GATE_FILE")

@@ -255,6 +255,37 @@ def test_the_front_dying_ends_the_engine(tmp_path: Path) -> None:
         wait_until(lambda: not is_running(engine_pid), "the engine's exit", server)
 
 
+def test_the_front_dying_while_the_engine_starts_ends_the_engine(tmp_path: Path) -> None:
+    """An engine process wedged in its start-up (no event loop yet, so no socket EOF is read) dies with its
+    front: ``PR_SET_PDEATHSIG``."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]),
+                   "SPLIT_START_FILE": str(tmp_path / "never")}
+    with (tmp_path / "server.log").open("wb") as log_file:
+        process = subprocess.Popen([sys.executable, "-c", server_code()], cwd=tmp_path, env=environment,
+                                   stdout=subprocess.DEVNULL, stderr=log_file)
+    engine_pid: int | None = None
+    try:
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+        deadline = time.monotonic() + START_TIMEOUT
+        while engine_pid is None and time.monotonic() < deadline:
+            listed = children.read_text().split()
+            engine_pid = int(listed[0]) if listed else None
+            time.sleep(0.05)  # a probe interval: the loop ends on the condition
+        assert engine_pid is not None, (tmp_path / "server.log").read_text()
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + BOUND
+        while is_running(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_running(engine_pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if engine_pid is not None and is_running(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)
+
+
 def test_a_group_signal_delivered_twice_drains_once(tmp_path: Path) -> None:
     """SIGTERM to the whole process group twice, 48 ms apart (``uv run``'s forwarding): the engine ignores both
     and the front takes them as one stop, so the in-flight stream drains to its end and both exit 0."""
