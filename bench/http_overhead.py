@@ -21,6 +21,12 @@ counts it) and TPOT ((last event - first event) / (tokens - 1), median over stre
     uv run python bench/http_overhead.py --engine-only    # the actor path alone, no HTTP
     uv run python bench/http_overhead.py --sinks all      # with every telemetry sink (none: without any)
     uv run python bench/http_overhead.py --coalesce on --stream-interval 1 2 4 8   # one server per interval
+    uv run python bench/http_overhead.py --split          # the engine in its own process (ENGINE_PROCESS=separate)
+
+With ``--split`` the server runs its engine in a child process (``server.run_split_server``, the fake step in
+the child) and the table adds each process's CPU per token: ``front µs/tok`` (HTTP, SSE, the RemoteEngine and
+the telemetry sinks) and ``engine µs/tok`` (admission, scheduler, KV allocator, executor, detokenisation and stop
+strings: the first slice of the split still runs them there); ``µs/token`` is both together.
 
 This is a benchmark, not a test; docs/benchmarks.md records its figures.
 """
@@ -52,6 +58,7 @@ from kit.sse_client import SSEConnection
 
 if TYPE_CHECKING:
     from inference_server.actors.executor import StepPipeline
+    from inference_server.models.tokenizer import Tokenizer
     from inference_server.records.steps import StepPlan, StepResult
     from inference_server.supervisor import EngineParts
 
@@ -90,12 +97,9 @@ def fake_parts(max_streams: int, step_ms: float, stream_interval: int = 1,
     runs in a worker thread while the loop keeps serving HTTP)."""
     from inference_server.core.kv_manager import KVManager
     from inference_server.core.scheduler import SchedulerConfig
-    from inference_server.models.loading.embedded import embedded_gguf_path
-    from inference_server.models.tokenizer import Tokenizer
     from inference_server.supervisor import EngineParts
 
-    cache_dir = Settings().resolved_cache_dir()
-    tokenizer = Tokenizer.from_gguf(embedded_gguf_path(cache_dir), cache_dir=cache_dir)
+    tokenizer = embedded_tokenizer()
     step = FakeEngine(step_ms / 1000, token=lambda length, _last: WORD_IDS[length % len(WORD_IDS)],
                       check_contiguous=False, keep_plans=False)
 
@@ -141,13 +145,14 @@ def _detach_telemetry_sinks() -> None:
 
 
 def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: bool, sinks: str = "default",
-          stream_interval: int = 1, stream_interval_ms: float = 100.0) -> int:
+          stream_interval: int = 1, stream_interval_ms: float = 100.0, split: bool = False) -> int:
     """Run the real server (``run_server``, which prints its URL) on ``fake_parts``. ``sinks``: ``none`` (no
     telemetry sink), ``default`` (stats and Prometheus, as ``serve`` always has) or ``all`` (plus the SQLite
-    run file, the JSONL timeline and profiler ranges, in a temporary folder)."""
+    run file, the JSONL timeline and profiler ranges, in a temporary folder). ``split``: ``run_split_server``,
+    whose engine process builds ``split_fake_parts``."""
     import tempfile
 
-    from inference_server.server import run_server
+    from inference_server.server import run_server, run_split_server
 
     if small_send_buffers:
         _small_send_buffers()
@@ -158,9 +163,35 @@ def serve(coalesce: bool, max_streams: int, step_ms: float, small_send_buffers: 
         folder = tempfile.mkdtemp(prefix="http-overhead-telemetry-")
         files = {"telemetry_dir": folder, "timeline_dir": folder}
     settings = Settings(host="127.0.0.1", port=0, log_level="warning", max_batch_size=max_streams,
-                        max_queue_size=4 * max_streams, **files)
+                        max_queue_size=4 * max_streams, stream_interval=stream_interval,
+                        stream_interval_ms=stream_interval_ms, **files)
+    if split:
+        here = Path(__file__).resolve().parent
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+        os.environ[STEP_MS_ENV] = str(step_ms)
+        return run_split_server(settings, tokenizer=embedded_tokenizer, engine_factory="http_overhead:split_fake_parts",
+                                coalesce=coalesce)
     parts = fake_parts(max_streams, step_ms, stream_interval, stream_interval_ms)
     return run_server(parts, settings, coalesce=coalesce)
+
+
+STEP_MS_ENV = "HTTP_OVERHEAD_STEP_MS"
+
+
+def split_fake_parts(settings: Settings) -> EngineParts:
+    """The engine process's parts with ``--split``: ``fake_parts`` sized by the front's settings, the step's
+    length from the environment (``HTTP_OVERHEAD_STEP_MS``)."""
+    return fake_parts(settings.max_batch_size, float(os.environ.get(STEP_MS_ENV, "0")), settings.stream_interval,
+                      settings.stream_interval_ms)
+
+
+def embedded_tokenizer() -> Tokenizer:
+    """The embedded Gemma 3 tokenizer (what ``fake_parts`` detokenises with)."""
+    from inference_server.models.loading.embedded import embedded_gguf_path
+    from inference_server.models.tokenizer import Tokenizer
+
+    cache_dir = Settings().resolved_cache_dir()
+    return Tokenizer.from_gguf(embedded_gguf_path(cache_dir), cache_dir=cache_dir)
 
 
 def engine_only(concurrency: int, max_tokens: int, seconds: float, warmup: float, stream_interval: int = 1,
@@ -316,6 +347,12 @@ def server_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def engine_child(pid: int) -> int | None:
+    """The split server's engine process (the front's only child), or None when it has none."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(children[0]) if len(children) == 1 else None
+
+
 @attrs.frozen
 class Row:
     server: str  # "on"/"off": our server with coalescing on/off; "bare": the bare Quart-Trio SSE app
@@ -331,6 +368,7 @@ class Row:
     itl_p99_ms: float = float("nan")
     tpot_ms: float = float("nan")  # median per stream of (last event - first event) / (tokens - 1)
     interval: int = 1  # the server's STREAM_INTERVAL (tokens per event after the first)
+    engine_cpu: float | None = None  # --split: the engine process's share of server_cpu (fraction of one core)
 
     @property
     def tokens_per_event(self) -> float:
@@ -344,25 +382,37 @@ class Row:
     def us_per_token(self) -> float:
         return self.server_cpu / self.tokens_per_s * 1e6 if self.tokens_per_s else 0.0
 
+    def split_us_per_token(self) -> tuple[float, float] | None:
+        """(front, engine) µs of CPU per token with ``--split``."""
+        if self.engine_cpu is None or not self.tokens_per_s:
+            return None
+        return ((self.server_cpu - self.engine_cpu) / self.tokens_per_s * 1e6,
+                self.engine_cpu / self.tokens_per_s * 1e6)
+
 
 async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: int, seconds: float,
                   warmup: float, server: str, read_interval: float = 0.0, interval: int = 1) -> Row:
     body = json.dumps({"prompt_token_ids": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True,
                        "temperature": 0, "stream": True}).encode()
     counters = Counters()
+    engine = engine_child(pid)  # --split: measured beside the front; its CPU is part of the server's
     async with trio.open_nursery() as nursery:
         for _ in range(concurrency):
             nursery.start_soon(client_loop, host, port, body, counters, read_interval)
         await trio.sleep(warmup)
         counters.measuring, cpu0, t0, c0 = True, server_cpu_seconds(pid), time.perf_counter(), time.process_time()
+        engine0 = server_cpu_seconds(engine) if engine is not None else 0.0
         await trio.sleep(seconds)
         counters.measuring, cpu1, t1, c1 = False, server_cpu_seconds(pid), time.perf_counter(), time.process_time()
+        engine1 = server_cpu_seconds(engine) if engine is not None else 0.0
         nursery.cancel_scope.cancel()
     wall = t1 - t0
+    engine_cpu = (engine1 - engine0) / wall if engine is not None else None
     return Row(server, concurrency, counters.tokens / wall, counters.events / wall, counters.streams / wall,
-               (cpu1 - cpu0) / wall, (c1 - c0) / wall, quantile_ms(counters.first_token_latencies, 0.5),
-               counters.errors, quantile_ms(counters.event_gaps, 0.5), quantile_ms(counters.event_gaps, 0.99),
-               quantile_ms(counters.per_token_times, 0.5), interval)
+               (cpu1 - cpu0) / wall + (engine_cpu or 0.0), (c1 - c0) / wall,
+               quantile_ms(counters.first_token_latencies, 0.5), counters.errors,
+               quantile_ms(counters.event_gaps, 0.5), quantile_ms(counters.event_gaps, 0.99),
+               quantile_ms(counters.per_token_times, 0.5), interval, engine_cpu)
 
 
 def quantile_ms(values: list[float], q: float) -> float:
@@ -371,12 +421,13 @@ def quantile_ms(values: list[float], q: float) -> float:
 
 
 def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients: bool, pure_sse: bool,
-                 sinks: str = "default", stream_interval: int = 1,
-                 stream_interval_ms: float = 100.0) -> tuple[subprocess.Popen, str, int]:
+                 sinks: str = "default", stream_interval: int = 1, stream_interval_ms: float = 100.0,
+                 split: bool = False) -> tuple[subprocess.Popen, str, int]:
     command = [sys.executable, __file__, "--serve", "--coalesce", "on" if coalesce else "off",
                "--max-streams", str(max_streams), "--step-ms", str(step_ms), "--sinks", sinks,
                "--stream-interval", str(stream_interval), "--stream-interval-ms", str(stream_interval_ms)]
     command += (["--slow-client-ms", "1"] if slow_clients else []) + (["--pure-sse"] if pure_sse else [])
+    command += ["--split"] if split else []
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     for line in process.stdout:
@@ -389,10 +440,12 @@ def start_server(coalesce: bool, max_streams: int, step_ms: float, slow_clients:
 def print_table(rows: list[Row], max_tokens: int, step_ms: float) -> None:
     print(f"\nstreams of {max_tokens} tokens, fake step {step_ms:g} ms; server: on/off = coalescing on/off, bare = "
           "bare Quart-Trio SSE app; interval = STREAM_INTERVAL; CPU = fraction of one core; ITL = gap between "
-          "a stream's events; TPOT = (last - first event) / (tokens - 1)")
+          "a stream's events; TPOT = (last - first event) / (tokens - 1); front/engine µs/tok: --split's two "
+          "processes (server CPU and µs/token are both together)")
     header = (f"{'server':>8} {'interval':>8} {'streams':>7} {'tokens/s':>9} {'events/s':>9} {'tok/event':>9} "
               f"{'streams/s':>9} {'server CPU':>10} {'client CPU':>10} {'µs/event':>9} {'µs/token':>9} "
-              f"{'TTFT p50':>9} {'ITL p50':>9} {'ITL p99':>9} {'TPOT':>9}")
+              f"{'TTFT p50':>9} {'ITL p50':>9} {'ITL p99':>9} {'TPOT':>9} {'front µs/tok':>12} "
+              f"{'engine µs/tok':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -404,6 +457,8 @@ def print_table(rows: list[Row], max_tokens: int, step_ms: float) -> None:
                  f"{r.us_per_event:>9.1f}" if has_events else f"{'-':>9}", f"{r.us_per_token:>9.1f}",
                  *(f"{ms:>7.1f}ms" if has_events else f"{'-':>9}"
                    for ms in (r.ttft_p50_ms, r.itl_p50_ms, r.itl_p99_ms, r.tpot_ms))]
+        split = r.split_us_per_token()
+        cells += [f"{split[0]:>12.1f}", f"{split[1]:>13.1f}"] if split is not None else [f"{'-':>12}", f"{'-':>13}"]
         print(" ".join(cells) + (f"  ({r.errors} errors)" if r.errors else ""))
 
 
@@ -431,6 +486,9 @@ def main() -> int:
                              "each (default: the server's default)")
     parser.add_argument("--stream-interval-ms", type=float, default=Settings().stream_interval_ms,
                         help="the server's STREAM_INTERVAL_MS (the longest a token is held back)")
+    parser.add_argument("--split", action="store_true",
+                        help="the server with its engine in a child process (ENGINE_PROCESS=separate); reports each "
+                             "process's CPU per token")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-streams", type=int, default=256, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -438,7 +496,7 @@ def main() -> int:
         if args.pure_sse:
             return serve_pure_sse()
         return serve(args.coalesce == "on", args.max_streams, args.step_ms, args.slow_client_ms > 0, args.sinks,
-                     args.stream_interval[0], args.stream_interval_ms)
+                     args.stream_interval[0], args.stream_interval_ms, args.split)
     rows = []
     if args.engine_only:
         rows = [engine_only(c, args.max_tokens, args.seconds, args.warmup, interval, args.stream_interval_ms)
@@ -449,11 +507,13 @@ def main() -> int:
     servers = [(c, i) for c in modes for i in args.stream_interval] if not args.pure_sse else [(False, 1)]
     for coalesce, interval in servers:
         process, host, port = start_server(coalesce, max(args.concurrency), args.step_ms, args.slow_client_ms > 0,
-                                           args.pure_sse, args.sinks, interval, args.stream_interval_ms)
+                                           args.pure_sse, args.sinks, interval, args.stream_interval_ms,
+                                           args.split and not args.pure_sse)
         try:
             for concurrency in args.concurrency:
                 row = trio.run(measure, host, port, process.pid, concurrency, args.max_tokens, args.seconds,
-                               args.warmup, "bare" if args.pure_sse else "on" if coalesce else "off",
+                               args.warmup, "bare" if args.pure_sse else ("on" if coalesce else "off")
+                               + ("/split" if args.split else ""),
                                args.slow_client_ms / 1000, interval)
                 rows.append(row)
                 print_table([row], args.max_tokens, args.step_ms)

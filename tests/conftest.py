@@ -33,6 +33,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true",
                      help="also run the tests marked slow (the rest of each sweep), whatever -m selects")
+    parser.addoption("--engine-process", choices=("in-process", "separate"), default="in-process",
+                     help="separate: the HTTP tests' serve fixture puts the engine behind the process boundary's "
+                          "RemoteEngine and serve_engine (a socketpair in the same trio run)")
 
 
 WORKERS_AT_MOST = 4

@@ -2,6 +2,9 @@
 
 * ``core/`` is pure Python: importing any ``inference_server.core`` module loads neither torch nor trio
   nor Quart (checked in a fresh interpreter, so nothing this test process imported can hide a violation).
+* ``ipc/frames``, ``ipc/flow`` and ``ipc/messages`` (the cross-process channel's wire format, credit accounting
+  and the engine split's messages) are pure Python too: importing them loads no trio (``ipc/channel`` is their
+  trio shell).
 * ``kernels/`` imports nothing of ``models/``.
 * The module import graph of ``inference_server`` has no cycles. Edges come from every ``import`` and
   ``from ... import`` statement in a module, at any depth (function-level imports count: a lazy import
@@ -137,6 +140,20 @@ def test_core_modules_import_no_torch_trio_or_quart() -> None:
     script = (
         "import importlib, json, sys\n"
         f"for name in {core!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in {FORBIDDEN_IN_CORE!r} if m in sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_ipc_wire_modules_import_no_trio() -> None:
+    pure = [f"{PACKAGE}.ipc.frames", f"{PACKAGE}.ipc.flow", f"{PACKAGE}.ipc.messages"]
+    assert set(pure) <= set(package_modules())
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {pure!r}:\n"
         "    importlib.import_module(name)\n"
         f"print(json.dumps(sorted(m for m in {FORBIDDEN_IN_CORE!r} if m in sys.modules)))\n"
     )

@@ -106,6 +106,11 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)
 
 
+def engine_parts(settings: Settings) -> EngineParts:
+    """``build_engine_parts(settings).parts``: what the engine process serves (``engine_process.py``)."""
+    return build_engine_parts(settings).parts
+
+
 def _log_loaded(loaded: LoadedModel | HFLoadedModel, device: torch.device, dtype: torch.dtype) -> None:
     log.info("loaded %s (%s) on %s as %s in %.1f s", loaded.name, loaded.spec.architecture, device, dtype,
              loaded.load_seconds)

@@ -25,6 +25,15 @@ forwarded by ``uv run``) and changes nothing. If the engine fails, every in-flig
 request has already received a terminal error event (the supervisor's failure policy); the server then
 stops the same way and exits with status 1.
 
+**With ``ENGINE_PROCESS=separate``** (``run_split_server``) the engine runs in a child process
+(``engine_process.py``) on a socketpair, and this process holds a ``RemoteEngine`` where it holds the ``Engine``
+otherwise: the HTTP app, the stop sequence and the signals are the same. The child ignores SIGINT and SIGTERM, so
+a signal to the process group stops the server once, through this process's drain (``Drain`` to the child, which
+answers ``Stopped`` and exits 0). The child dying ends every open stream with an error event, turns ``/ready``
+503 and stops the server with exit status 1; this process dying ends the child (its socket's EOF, and
+``PR_SET_PDEATHSIG``). The child is reaped before ``run_split_server`` returns (killed if it has not exited
+``HARD_EXIT_GRACE_SECONDS`` after the drain).
+
 **In a thread other than the main one** (a replica inside a Ray actor, ``control_plane``): signal handlers
 can only be installed in the main thread, so ``run_server(..., controls=ThreadControls())`` takes its
 "signals" from ``ThreadControls.stop`` (callable from any thread; a second call acts as a second signal)
@@ -41,15 +50,22 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Generic, TypeVar
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from inference_server.config import Settings
+from inference_server.core.validation import PromptTokenizer
+from inference_server.engine_spawn import DEFAULT_ENGINE_FACTORY, EngineChild, spawn_engine
+from inference_server.engine_surface import ServingEngine
 from inference_server.http import app_state, create_app
 from inference_server.http.state import AppState
+from inference_server.ipc.channel import open_socket_channel
+from inference_server.ipc.messages import ENGINE_TO_FRONT
+from inference_server.ipc.remote_engine import RemoteEngine
 from inference_server.supervisor import Engine, EngineParts
 from inference_server.telemetry.observability import Observability
 
@@ -61,14 +77,28 @@ HARD_EXIT_GRACE_SECONDS = 5.0
 DUPLICATE_SIGNAL_SECONDS = 1.0
 """A signal this soon after the first is the same stop delivered twice (see ``_watch_signals``)."""
 EXIT_OK, EXIT_FAILED = 0, 1
+T = TypeVar("T")
+FRONT_CHANNEL_CAPACITY = 8
+"""Messages the front buffers from the engine process (each a batch of steps' updates; docs/ipc.md, decision 3)."""
 
 
 def serve(settings: Settings) -> int:
     """Load the model named by ``settings`` and serve it over HTTP until a signal; the process exit status."""
+    if engine_process_mode(settings) == "separate":
+        from inference_server.models.loading.source import load_tokenizer
+
+        # The child loads the model while this process loads the tokenizer the HTTP layer uses.
+        return run_split_server(settings, tokenizer=lambda: load_tokenizer(settings))
     from inference_server.engine_factory import build_engine_parts
 
     built = build_engine_parts(settings)
     return run_server(built.parts, settings)
+
+
+def engine_process_mode(settings: Settings) -> str:
+    """``in-process`` or ``separate``: ``ENGINE_PROCESS``, with ``auto`` in-process for now on every device (the
+    split's H200 figures decide ``auto`` on CUDA; docs/ipc.md)."""
+    return "in-process" if settings.engine_process == "auto" else settings.engine_process
 
 
 class ThreadControls:
@@ -122,6 +152,32 @@ def run_server(parts: EngineParts, settings: Settings, *, coalesce: bool = True,
     return exit_code
 
 
+def run_split_server(settings: Settings, *, tokenizer: Callable[[], PromptTokenizer | None],
+                     engine_factory: str = DEFAULT_ENGINE_FACTORY, coalesce: bool = True) -> int:
+    """Serve with the engine in a child process (see the module docstring): spawn it (it builds its parts with
+    ``engine_factory``, a ``module:function`` taking the settings), load the front's ``tokenizer()`` meanwhile,
+    serve until a signal or the child's death, then reap the child. 0 after a signal and a clean drain, 1
+    otherwise."""
+    child = spawn_engine(settings, engine_factory)
+    exit_code = EXIT_FAILED
+    served = False
+    try:
+        front_tokenizer = tokenizer()
+        served = True
+        exit_code = trio.run(_serve_split, child, front_tokenizer, settings, coalesce)
+    except* OSError as errors:
+        for error in _leaves(errors):
+            log.error("cannot serve on %s:%s: %s", settings.host, settings.port, error)
+    finally:
+        child.socket.close()  # the engine sees the front gone (if the channel did not close it already)
+        if not served:
+            child.process.kill()  # the front failed before serving (its tokenizer): nothing to drain
+        status = child.reap(HARD_EXIT_GRACE_SECONDS)
+        if status != 0 and served:
+            exit_code = EXIT_FAILED
+    return exit_code
+
+
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return [leaf for error in group.exceptions
             for leaf in (_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
@@ -143,28 +199,62 @@ class Shutdown:
 
 
 async def _serve(parts: EngineParts, settings: Settings, coalesce: bool, controls: ThreadControls | None) -> int:
-    shutdown = Shutdown()
     engine = Engine(parts)
     # Telemetry sinks go on before the engine starts; the file sinks are closed (flushed, writer threads
     # joined) after it stopped, whichever way it stopped.
     observability = Observability.attach(engine.telemetry, parts.model_name, settings)
+
+    async def start(nursery: trio.Nursery, shutdown: Shutdown) -> Observability:
+        await nursery.start(supervise_engine, engine, shutdown.request)
+        return observability
+
     try:
-        with contextlib.ExitStack() as stack:
+        return await _serve_with(engine, start, settings, coalesce, controls)
+    finally:
+        observability.close()
+
+
+async def _serve_split(child: EngineChild, tokenizer: PromptTokenizer | None, settings: Settings,
+                       coalesce: bool) -> int:
+    observability: Observability | None = None
+    async with open_socket_channel(child.socket, FRONT_CHANNEL_CAPACITY, receive_type=ENGINE_TO_FRONT) as channel:
+        remote = RemoteEngine(channel, max_queue_size=settings.max_queue_size, tokenizer=tokenizer)
+
+        async def start(nursery: trio.Nursery, shutdown: Shutdown) -> Observability:
+            nonlocal observability
+            await nursery.start(supervise_remote_engine, remote, child, shutdown.request)
+            # Attached once the engine said Hello (its model name labels the metrics); no request ran before.
+            observability = Observability.attach(remote.telemetry, remote.info.model_name, settings)
+            return observability
+
+        try:
+            return await _serve_with(remote, start, settings, coalesce, None)
+        finally:
+            if observability is not None:
+                observability.close()
+
+
+async def _serve_with(engine: ServingEngine,
+                      start_engine: Callable[[trio.Nursery, Shutdown], Awaitable[Observability]],
+                      settings: Settings, coalesce: bool, controls: ThreadControls | None) -> int:
+    shutdown = Shutdown()
+    with contextlib.ExitStack() as stack:
+        async with trio.open_nursery() as nursery:
+            observability = await start_engine(nursery, shutdown)
+            # Signals are taken from here on: until the engine has started (a separate engine process loads its
+            # model meanwhile, minutes on a GPU) SIGTERM and SIGINT stop the process as they do while the
+            # in-process engine's model loads before trio starts (the engine process then dies with it).
             signals: AsyncIterator[int] = (
                 stack.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)) if controls is None
                 else controls._open())
-            async with trio.open_nursery() as nursery:
-                binds = await _serve_engine(engine, observability, settings, coalesce, shutdown, signals, nursery)
-                if controls is not None:
-                    controls._listening(binds)
-    finally:
-        observability.close()
+            binds = await _serve_engine(engine, observability, settings, coalesce, shutdown, signals, nursery)
+            if controls is not None:
+                controls._listening(binds)
     return shutdown.exit_code
 
 
-async def _serve_engine(engine: Engine, observability: Observability, settings: Settings, coalesce: bool,
+async def _serve_engine(engine: ServingEngine, observability: Observability, settings: Settings, coalesce: bool,
                         shutdown: Shutdown, signals: AsyncIterator[int], nursery: trio.Nursery) -> list[str]:
-    await nursery.start(supervise_engine, engine, shutdown.request)
     app = create_app(engine, settings, coalesce=coalesce, observability=observability)
     _freeze_startup_heap()
     nursery.start_soon(_watch_signals, signals, shutdown)
@@ -203,14 +293,35 @@ async def supervise_engine(engine: Engine, on_failure: Callable[[int], None], *,
         on_failure(EXIT_FAILED)
 
 
-class _StartedFlag:
+async def supervise_remote_engine(remote: RemoteEngine, child: EngineChild, on_failure: Callable[[int], None], *,
+                                  task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
+    """``supervise_engine`` for the engine process: run ``remote`` until the engine stops; once it is started,
+    its death (or a stop that was no drain, or a failed one) is logged and reported to ``on_failure`` (every
+    open request has then had its terminal update). A death during start-up propagates."""
+    started = _StartedFlag(task_status)
+    try:
+        await remote.run(task_status=started)  # type: ignore[arg-type]
+    except Exception as error:
+        if not started.done:
+            raise
+        log.error("the engine process (pid %d) died; in-flight requests were ended with an error (%s)",
+                  child.process.pid, child.status(), exc_info=error)
+        on_failure(EXIT_FAILED)
+        return
+    if remote.failed:
+        message = remote.stopped.message if remote.stopped is not None else "closed without stopping"
+        log.error("the engine process failed: %s", message)
+        on_failure(EXIT_FAILED)
+
+
+class _StartedFlag(Generic[T]):
     """A ``task_status`` that remembers whether ``started`` was called."""
 
-    def __init__(self, inner: trio.TaskStatus[Engine]) -> None:
+    def __init__(self, inner: trio.TaskStatus[T]) -> None:
         self.inner = inner
         self.done = False
 
-    def started(self, value: Engine) -> None:
+    def started(self, value: T) -> None:
         self.done = True
         self.inner.started(value)
 
@@ -243,7 +354,7 @@ async def _watch_signals(signals: AsyncIterator[int], shutdown: Shutdown) -> Non
             shutdown.drain_scope.cancel()
 
 
-async def _stop_sequence(engine: Engine, state: AppState, settings: Settings, shutdown: Shutdown) -> None:
+async def _stop_sequence(engine: ServingEngine, state: AppState, settings: Settings, shutdown: Shutdown) -> None:
     """Steps 1-3 of the module docstring, once shutdown is requested."""
     await shutdown.requested.wait()
     _start_watchdog(settings.shutdown_timeout + HARD_EXIT_GRACE_SECONDS, shutdown)
@@ -279,4 +390,4 @@ def _hypercorn_config(settings: Settings) -> Config:
     return config
 
 
-__all__ = ["ThreadControls", "run_server", "serve", "supervise_engine"]
+__all__ = ["ThreadControls", "run_server", "run_split_server", "serve", "supervise_engine"]

@@ -243,6 +243,14 @@ class Engine:
         hashes = () if kv.prefix_cache is None else tuple(kv.prefix_cache.block_hashes())
         return KVCacheSnapshot(kv.events.last_seq, kv.block_size, hashes)
 
+    async def read_counts(self) -> EngineCounts:
+        """``counts()`` for the ``ServingEngine`` surface (no checkpoint)."""
+        return self.counts()
+
+    async def read_kv_cache_snapshot(self) -> KVCacheSnapshot:
+        """``kv_cache_snapshot()`` for the ``ServingEngine`` surface (no checkpoint)."""
+        return self.kv_cache_snapshot()
+
     def check_integrity(self) -> None:
         """Assert the engine is consistent and, when idle, holds nothing but prefix-cache blocks: no
         requests, no stream entries, no KV sequences, no referenced blocks. Raises ``AssertionError``."""

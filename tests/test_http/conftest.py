@@ -29,11 +29,12 @@ def tokenizer(tokenizer_folder: Path) -> Tokenizer:
 
 
 @pytest.fixture
-def serve(tokenizer: Tokenizer) -> Callable[..., Any]:
+def serve(tokenizer: Tokenizer, request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``async with serve(model, **overrides) as served``: an engine with the tiny tokenizer, served."""
 
     def open_serving(model: FakeEngine | None = None, **kwargs: Any) -> Any:
         kwargs.setdefault("tokenizer", tokenizer)
+        kwargs.setdefault("separate", request.config.getoption("--engine-process") == "separate")
         return serving(model, **kwargs)
 
     return open_serving

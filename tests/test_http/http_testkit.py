@@ -30,7 +30,12 @@ from inference_server.config import Settings
 from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
+from inference_server.engine_surface import ServingEngine
 from inference_server.http import app_state, create_app
+from inference_server.ipc.channel import open_socket_channel
+from inference_server.ipc.engine_server import serve_engine
+from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
+from inference_server.ipc.remote_engine import RemoteEngine
 from inference_server.models.tokenizer import Tokenizer
 from inference_server.records.steps import PromptLogprobsChunk, StepPlan
 from inference_server.server import _hypercorn_config, supervise_engine
@@ -159,6 +164,36 @@ def make_parts(model: FakeEngine, tokenizer: Tokenizer | None, **overrides: Any)
     return EngineParts(**values)
 
 
+def split_word_parts(settings: Settings) -> EngineParts:
+    """The engine process's parts in the split-server tests (``run_split_server(engine_factory=
+    "http_testkit:split_word_parts")``): the word engine with no tokenizer (token-id prompts), a 256-token
+    context, batch and queue sizes from ``settings``. From the environment: ``SPLIT_STEP_SECONDS`` (each step's
+    length, default 0.01), ``SPLIT_GATE_FILE`` (steps wait until that file exists: a stalled engine whose
+    queue fills up) and ``SPLIT_START_FILE`` (the factory itself blocks until that file exists: an engine wedged
+    in its start-up, outside any event loop)."""
+    import os
+    import time
+
+    start_file = os.environ.get("SPLIT_START_FILE")
+    while start_file and not Path(start_file).exists():
+        time.sleep(0.05)  # a poll of another process's signal, not a timing assumption
+    step_seconds = float(os.environ.get("SPLIT_STEP_SECONDS", "0.01"))
+    model = word_engine(step_seconds=step_seconds)
+    gate_file = os.environ.get("SPLIT_GATE_FILE")
+    if gate_file:
+        ungated = model.__call__
+
+        async def gated(plan: StepPlan) -> Any:
+            while not Path(gate_file).exists():
+                await trio.sleep(0.01)  # a poll of another process's signal, not a timing assumption
+            return await ungated(plan)
+
+        return make_parts(gated, None, max_batch_size=settings.max_batch_size,  # type: ignore[arg-type]
+                          max_queue_size=settings.max_queue_size, max_model_len=256)
+    return make_parts(model, None, max_batch_size=settings.max_batch_size, max_queue_size=settings.max_queue_size,
+                      max_model_len=256)
+
+
 @attrs.define
 class Served:
     """An engine with its app, and the Quart test client."""
@@ -181,19 +216,46 @@ class Served:
 
 @asynccontextmanager
 async def serving(model: FakeEngine | None = None, tokenizer: Tokenizer | None = None, *,
-                  settings: Settings | None = None, coalesce: bool = True, **overrides: Any) -> AsyncIterator[Served]:
-    """Start an engine on a fake model, serve it with ``create_app`` and yield the test client."""
+                  settings: Settings | None = None, coalesce: bool = True, separate: bool = False,
+                  **overrides: Any) -> AsyncIterator[Served]:
+    """Start an engine on a fake model, serve it with ``create_app`` and yield the test client. ``separate``: the
+    app serves a ``RemoteEngine`` joined to the engine's ``serve_engine`` by a SocketChannel over a socketpair (the
+    process boundary's code, in this trio run: ``pytest --engine-process=separate``); ``Served.engine`` is then
+    the engine side's ``Engine``."""
     model = model or word_engine()
     failures: list[int] = []
     async with trio.open_nursery() as nursery:
-        engine = await nursery.start(supervise_engine, Engine(make_parts(model, tokenizer, **overrides)),
-                                     failures.append)
-        app = create_app(engine, settings or Settings(), coalesce=coalesce)
+        engine = Engine(make_parts(model, tokenizer, **overrides))
+        front: ServingEngine
+        if separate:
+            front = await nursery.start(_split_front, engine, tokenizer, failures)
+        else:
+            front = await nursery.start(supervise_engine, engine, failures.append)
+        app = create_app(front, settings or Settings(), coalesce=coalesce)
         async with app.test_app() as test_app:
             yield Served(engine, app, test_app.test_client(), model, failures)
         if model.gate is not None:
             model.gate.set()
-        await engine.drain(0)
+        await front.drain(0)
+
+
+async def _split_front(engine: Engine, tokenizer: Tokenizer | None, failures: list[int], *,
+                       task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
+    """``engine`` behind ``serve_engine`` and a ``RemoteEngine`` (started) on a socketpair; an engine failure
+    is recorded in ``failures`` as ``supervise_engine`` does."""
+    front_socket, engine_socket = socket.socketpair()
+    async with (open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+                trio.open_nursery() as nursery):
+        remote = RemoteEngine(front_channel, max_queue_size=engine.parts.max_queue_size, tokenizer=tokenizer)
+
+        async def engine_side() -> None:
+            async with open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as channel:
+                if await serve_engine(engine, channel):
+                    failures.append(1)
+
+        nursery.start_soon(engine_side)
+        await nursery.start(remote.run)
+        task_status.started(remote)
 
 
 # -- a real server on a loopback socket ---------------------------------------------------------------------

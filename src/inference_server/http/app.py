@@ -36,6 +36,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from inference_server.config import Settings
+from inference_server.engine_surface import ServingEngine
 from inference_server.http.access_log import AccessLog
 from inference_server.http.connection import ConnectionPolicy
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
@@ -52,7 +53,6 @@ from inference_server.http.schemas import ChatCompletionRequest, CompletionReque
 from inference_server.http.service import ServiceRoutes
 from inference_server.http.state import AppState
 from inference_server.http.utility import UtilityRoutes, package_version
-from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def app_state(app: QuartTrio) -> AppState:
     return app.extensions[STATE_KEY]
 
 
-def create_app(engine: Engine, settings: Settings, *, coalesce: bool = True,
+def create_app(engine: ServingEngine, settings: Settings, *, coalesce: bool = True,
                observability: Observability | None = None) -> QuartTrio:
     """The HTTP app serving ``engine`` (already running). ``coalesce=False`` sends one SSE event per token
     (only for measuring what coalescing buys). ``observability``: the engine's telemetry sinks (the server

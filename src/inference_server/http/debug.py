@@ -1,7 +1,8 @@
 """``GET /debug/engine``: what the engine holds right now, for leak checks after a load run.
 
 Read-only and cheap (a few counters): ``{"state", "requests", "stream_entries", "kv_sequences",
-"kv_blocks_in_use", "kv_blocks_cached"}`` from ``Engine.counts``. An idle engine must report 0 for
+"kv_blocks_in_use", "kv_blocks_cached"}`` from ``ServingEngine.read_counts`` (with a separate engine process:
+the engine's counts, and ``stream_entries`` on both sides together). An idle engine must report 0 for
 everything but ``kv_blocks_cached`` (the prefix cache keeps evictable blocks); ``bench/fault_run.py`` checks
 exactly that.
 """
@@ -22,4 +23,5 @@ class DebugRoutes:
     async def engine(self) -> Response:
         """``GET /debug/engine``."""
         engine = self.state.engine
-        return json_response({"state": engine.state.value, **attrs.asdict(engine.counts())})
+        counts = await engine.read_counts()
+        return json_response({"state": engine.state.value, **attrs.asdict(counts)})

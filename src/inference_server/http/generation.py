@@ -25,12 +25,12 @@ from quart import has_request_context, request
 
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.actors.request_streams import merge
+from inference_server.engine_surface import ServingEngine
 from inference_server.http.access_log import record_for
 from inference_server.http.errors import from_request_error, from_unsuccessful_finish
 from inference_server.http.sse import SUCCESSFUL_FINISHES
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, RequestUpdate
-from inference_server.supervisor import Engine
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Generation:
                     nursery.start_soon(read, index)
         return [r for r in results if r is not None]
 
-    async def successful_results(self, engine: Engine) -> list[RequestUpdate]:
+    async def successful_results(self, engine: ServingEngine) -> list[RequestUpdate]:
         """``collect``, then ``close``; raises the error of the first choice that did not end with ``stop`` or
         ``length`` (what every non-streaming route answers)."""
         try:
@@ -190,7 +190,7 @@ async def _pump(index: int, handle: RequestHandle, send: trio.MemorySendChannel[
         handle.close()
 
 
-async def admit(engine: Engine, requests: Sequence[GenerationRequest], tracker: ResponseTracker, *,
+async def admit(engine: ServingEngine, requests: Sequence[GenerationRequest], tracker: ResponseTracker, *,
                 renames: Mapping[str, str] | None = None) -> Generation:
     """Submit ``requests`` and wait until each is admitted; raises the first refusal as ``ApiError``
     (engine field names mapped to the route's through ``renames``)."""

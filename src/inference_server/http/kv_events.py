@@ -13,8 +13,9 @@ Lines (one JSON object each):
   chunk that follows steps and at least every ``HEARTBEAT_SECONDS`` (so a reader also learns that the
   replica is alive when it is idle).
 
-The snapshot is taken where no checkpoint separates it from subscribing, so every batch after its ``seq``
-reaches the feed (or is counted as lost).
+The snapshot is taken after subscribing, so every batch after its ``seq`` reaches the feed (or is counted as
+lost). In one process no checkpoint separates the two; with a separate engine process (``ENGINE_PROCESS``) a
+batch already in the snapshot may reach the feed after it, which the consumer's rule above skips.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from quart import Response
 
 from inference_server.actors.telemetry import Subscription
 from inference_server.core.block_hashes import HASH_SCHEME
+from inference_server.engine_surface import ServingEngine
 from inference_server.http.sse import dumps
 from inference_server.http.state import AppState
-from inference_server.supervisor import Engine
 from inference_server.telemetry.events import KVBlocksChanged, StepCompleted
 
 FEED_CAPACITY = 4096
@@ -46,20 +47,20 @@ class KVEventRoutes:
         """``GET /kv/events``: a snapshot, then the cache's changes and the load, until the client leaves."""
         engine = self.state.engine
         subscription = engine.telemetry.subscribe(FEED_CAPACITY)
-        first = _snapshot_line(engine)  # no checkpoint since subscribing: no batch can fall in between
+        first = await _snapshot_line(engine)  # subscribed first: no batch after the snapshot can be missed
         response = Response(_feed(engine, subscription, first), content_type=NDJSON_CONTENT_TYPE,
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         response.timeout = None  # type: ignore[assignment]
         return response
 
 
-def _snapshot_line(engine: Engine) -> bytes:
-    snapshot = engine.kv_cache_snapshot()
+async def _snapshot_line(engine: ServingEngine) -> bytes:
+    snapshot = await engine.read_kv_cache_snapshot()
     return _line({"event": "snapshot", "seq": snapshot.seq, "block_size": snapshot.block_size,
                   "hash_scheme": HASH_SCHEME, "hashes": list(snapshot.hashes)})
 
 
-async def _feed(engine: Engine, subscription: Subscription, first: bytes) -> AsyncIterator[bytes]:
+async def _feed(engine: ServingEngine, subscription: Subscription, first: bytes) -> AsyncIterator[bytes]:
     """The feed's chunks; yields outside any cancel scope (trio's rule for async generators) and
     unsubscribes in ``finally``."""
     load: dict[str, Any] = {"event": "load", "waiting": 0, "running": 0, "kv_usage": 0.0}
@@ -84,7 +85,7 @@ async def _feed(engine: Engine, subscription: Subscription, first: bytes) -> Asy
                     load.update(waiting=event.num_waiting, running=event.num_running, kv_usage=event.kv_usage)
             if subscription.dropped > lost:  # batches may be missing: a fresh snapshot repairs the copy
                 lost = subscription.dropped
-                lines.append(_snapshot_line(engine))
+                lines.append(await _snapshot_line(engine))
             lines.append(_line(load))
             yield b"".join(lines)
     except (trio.EndOfChannel, trio.ClosedResourceError):

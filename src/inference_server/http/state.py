@@ -7,6 +7,7 @@ import time
 import attrs
 
 from inference_server.config import Settings
+from inference_server.engine_surface import ServingEngine
 from inference_server.http.chat_output import resolve_parsers
 from inference_server.http.errors import model_not_found, unavailable
 from inference_server.http.generation import ResponseTracker
@@ -14,7 +15,6 @@ from inference_server.http.reasoning_parsers import ReasoningFormat
 from inference_server.http.token_text import TokenText
 from inference_server.http.tool_parsers import ToolCallFormat
 from inference_server.models.chat_templates import ChatStops
-from inference_server.supervisor import Engine
 from inference_server.telemetry.observability import Observability
 
 
@@ -22,7 +22,7 @@ from inference_server.telemetry.observability import Observability
 class AppState:
     """Owned by the app; ``server.serve`` flips ``draining`` on SIGTERM/SIGINT."""
 
-    engine: Engine
+    engine: ServingEngine
     settings: Settings
     observability: Observability
     tracker: ResponseTracker = attrs.Factory(ResponseTracker)

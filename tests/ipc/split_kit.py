@@ -1,0 +1,48 @@
+"""Helpers of the engine split tests (test_remote_engine, test_engine_process, engine_child): the engine they
+serve, requests on the fake model with the tokens it generates for them, and reading a handle to its end."""
+
+from __future__ import annotations
+
+from tests.fake_engine import FakeEngine, next_token
+
+from inference_server.actors.request_handle import RequestHandle
+from inference_server.core.kv_manager import KVManager
+from inference_server.core.scheduler import SchedulerConfig
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.supervisor import EngineParts
+
+
+def split_parts(fake: FakeEngine) -> EngineParts:
+    """The engine the split tests serve: no tokenizer (requests carry token ids), room for 64 requests."""
+    return EngineParts(step=fake, kv=KVManager(block_size=4, num_full_blocks=512), tokenizer=None,
+                       max_model_len=1024, vocab_size=512, eos_token_ids=frozenset(),
+                       scheduler_config=SchedulerConfig(max_batch_size=64, max_num_batched_tokens=512))
+
+
+def ids_request(first: int, max_tokens: int, length: int = 5) -> GenerationRequest:
+    return GenerationRequest(SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                             prompt_ids=tuple(range(first, first + length)))
+
+
+def expected_tokens(request: GenerationRequest) -> list[int]:
+    """What the fake model generates for ``request`` (see tests/fake_engine.py)."""
+    assert request.prompt_ids is not None and request.params.max_tokens is not None
+    tokens, last, length = [], request.prompt_ids[-1], len(request.prompt_ids)
+    for _ in range(request.params.max_tokens):
+        last = next_token(length, last)
+        tokens.append(last)
+        length += 1
+    return tokens
+
+
+async def read_all(handle: RequestHandle) -> tuple[list[int], list[str | None]]:
+    """Every token of ``handle`` and each update's finish reason (the last must be the only one set)."""
+    async with handle:
+        await handle.admission()
+        tokens: list[int] = []
+        finishes: list[str | None] = []
+        async for update in handle:
+            tokens.extend(t.token_id for t in update.tokens)
+            finishes.append(update.finish_reason)
+    return tokens, finishes

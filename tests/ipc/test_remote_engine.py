@@ -1,0 +1,225 @@
+"""The engine split in one process: a ``RemoteEngine`` (the front) and ``serve_engine`` around a real ``Engine``
+on the fake step, joined by a SocketChannel over a socketpair, both in one trio nursery.
+
+Waits are events: ``wait_all_tasks_blocked`` (the fake step takes no time, and a socketpair's bytes are
+readable as soon as written) and the fake step's ``gate``, under generous ``fail_after`` bounds.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from tests.fake_engine import FakeEngine
+from tests.ipc.split_kit import expected_tokens, ids_request, read_all, split_parts
+
+from inference_server.ipc.channel import open_socket_channel
+from inference_server.ipc.engine_server import serve_engine
+from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
+from inference_server.ipc.remote_engine import RemoteEngine
+from inference_server.records.constraints import Constraint
+from inference_server.records.errors import RequestError
+from inference_server.records.requests import GenerationRequest
+from inference_server.supervisor import Engine, EngineState
+
+BOUND_S = 60
+
+
+@attrs.define
+class Split:
+    remote: RemoteEngine
+    engine: Engine
+    fake: FakeEngine
+    engine_socket: socket.socket
+    front_error: list[BaseException]
+    engine_failed: list[bool]
+
+
+@asynccontextmanager
+async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> AsyncIterator[Split]:
+    """The front and the engine side running; on exit the front drains the engine and both sides stop."""
+    front_socket, engine_socket = socket.socketpair()
+    engine = Engine(split_parts(fake))
+    async with (
+        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+        trio.open_nursery() as nursery,
+    ):
+        remote = RemoteEngine(front_channel, max_queue_size=256)
+        split = Split(remote, engine, fake, engine_socket, [], [])
+
+        async def engine_side() -> None:
+            async with open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as channel:
+                split.engine_failed.append(await serve_engine(engine, channel))
+
+        async def front(task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await remote.run(task_status=task_status)
+            except trio.BrokenResourceError as error:
+                split.front_error.append(error)
+
+        nursery.start_soon(engine_side)
+        await nursery.start(front)
+        yield split
+        if drain_at_exit:
+            remote.request_drain(BOUND_S)
+
+
+async def test_a_request_streams_its_tokens_in_order_and_ends_once() -> None:
+    request = ids_request(10, max_tokens=40)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            assert split.remote.hello is not None and split.remote.hello.max_model_len == 1024
+            tokens, finishes = await read_all(split.remote.submit(request))
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
+            split.engine.check_integrity()
+    assert tokens == expected_tokens(request)
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert split.remote.state is EngineState.STOPPED and split.engine_failed == [False]
+    assert split.remote.stopped is not None and not split.remote.stopped.failed
+
+
+async def test_many_concurrent_requests_each_get_their_own_tokens() -> None:
+    requests = [ids_request(3 + i, max_tokens=1 + (i * 7) % 50, length=1 + i % 9) for i in range(60)]
+    results: dict[int, tuple[list[int], list[str | None]]] = {}
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split, trio.open_nursery() as nursery:
+
+            async def one(i: int, request: GenerationRequest) -> None:
+                results[i] = await read_all(split.remote.submit(request))
+
+            for i, request in enumerate(requests):
+                nursery.start_soon(one, i, request)
+    for i, request in enumerate(requests):
+        tokens, finishes = results[i]
+        assert tokens == expected_tokens(request), i
+        assert finishes[-1] == "length" and all(f is None for f in finishes[:-1]), i
+    assert split.fake.tokens_emitted == sum(r.params.max_tokens or 0 for r in requests)
+    assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
+
+
+async def test_a_reader_that_lags_gets_every_token_coalesced() -> None:
+    request = ids_request(10, max_tokens=300)  # far more updates than a stream holds (STREAM_CAPACITY)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            handle = split.remote.submit(request)
+            await trio.testing.wait_all_tasks_blocked()  # the engine finished it; the front coalesced what its stream
+            # could not hold into the terminal update
+            assert split.engine.counts().requests == 0 and split.fake.tokens_emitted == 300
+            tokens, finishes = await read_all(handle)
+    assert tokens == expected_tokens(request)
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+
+
+async def test_a_client_leaving_aborts_the_request_in_the_engine() -> None:
+    fake = FakeEngine(gate=trio.Event())
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake) as split:
+            handle = split.remote.submit(ids_request(10, max_tokens=500))
+            await handle.admission()
+            await trio.testing.wait_all_tasks_blocked()  # the first step waits at the gate
+            assert split.engine.counts().requests == 1
+            handle.abort()
+            await trio.testing.wait_all_tasks_blocked()  # the abort crossed
+            assert fake.gate is not None
+            fake.gate.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and split.engine.counts().kv_sequences == 0
+            assert len(split.remote.streams) == 0
+            split.engine.check_integrity()
+    assert fake.tokens_emitted <= 2  # the step in flight when the abort came, at most one more
+
+
+async def test_an_abort_in_the_same_message_as_its_submit_ends_the_request() -> None:
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            handles = [split.remote.submit(ids_request(10 + i, max_tokens=500)) for i in range(4)]
+            for handle in handles:
+                handle.abort()  # no checkpoint since the submits: one ToEngine carries both
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and split.engine.counts().stream_entries == 0
+            assert len(split.remote.streams) == 0
+            split.engine.check_integrity()
+    assert split.fake.tokens_emitted <= 2 * len(handles)  # far from their 500 tokens each
+
+
+async def test_the_engine_side_dying_ends_every_open_handle_with_an_error() -> None:
+    fake = FakeEngine(gate=trio.Event())  # the requests are admitted and never get a token
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake, drain_at_exit=False) as split:
+            handles = [split.remote.submit(ids_request(10 + i, max_tokens=100)) for i in range(5)]
+            await trio.testing.wait_all_tasks_blocked()  # some admitted (the first step waits at the gate)
+            split.engine_socket.shutdown(socket.SHUT_RDWR)  # no close frame: the front sees a death
+            ends = []
+            for handle in handles:
+                async with handle:
+                    try:
+                        await handle.admission()
+                    except RequestError as error:  # not admitted yet: refused
+                        ends.append((error.code, error.message))
+                        continue
+                    updates = [update async for update in handle]
+                assert len(updates) == 1 and updates[0].error is not None
+                ends.append((updates[0].finish_reason, updates[0].error))
+            assert ends[0][0] == "error"  # the first request was admitted before the gate stopped the step
+            assert all(end in ("error", "unavailable") and "engine process is gone" in message
+                       for end, message in ends), ends
+            assert split.remote.failed
+            with pytest.raises(RequestError) as refused:
+                await split.remote.submit(ids_request(1, max_tokens=3)).admission()
+            assert refused.value.code == "unavailable"
+    assert len(split.front_error) == 1
+    assert split.engine.counts().requests == 0  # the engine side drained itself once its front was gone
+
+
+async def test_calls_answer_from_the_engine_and_its_telemetry_reaches_the_front() -> None:
+    """``read_counts``, ``read_kv_cache_snapshot`` and ``compile_constraints`` are calls answered by the engine
+    side; every event of a request (queued, first token, finished) reaches the front's telemetry, in order."""
+    request = ids_request(10, max_tokens=6)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine()) as split:
+            subscription = split.remote.telemetry.subscribe()
+            tokens, _ = await read_all(split.remote.submit(request))
+            assert tokens == expected_tokens(request)
+            counts = await split.remote.read_counts()
+            assert (counts.requests, counts.stream_entries, counts.kv_sequences, counts.kv_blocks_in_use) == (
+                0, 0, 0, 0)
+            assert counts.kv_blocks_cached == split.engine.counts().kv_blocks_cached > 0  # the prompt's blocks
+            snapshot = await split.remote.read_kv_cache_snapshot()
+            assert snapshot == split.engine.kv_cache_snapshot() and snapshot.hashes
+            constrained = GenerationRequest(attrs.evolve(request.params, constraint=Constraint.json_object()),
+                                            prompt_ids=request.prompt_ids)
+            with pytest.raises(RequestError) as refused:  # this engine has no grammar compiler
+                await split.remote.compile_constraints([constrained])
+            assert refused.value.code == "invalid_request" and refused.value.param == "response_format"
+            await split.remote.compile_constraints([request])  # nothing to compile: no call at all
+            kinds: list[str] = []
+            while "RequestFinished" not in kinds:
+                event = await subscription.receive()
+                assert event.time <= trio.current_time()  # mapped onto this side's clock
+                kinds.append(type(event).__name__)
+            assert kinds.index("RequestQueued") < kinds.index("FirstToken") < kinds.index("RequestFinished")
+
+
+async def test_progress_is_measured_in_the_front() -> None:
+    """``seconds_since_progress``: None while nothing is open; counting while a request waits on a stalled
+    engine; None again once it ended."""
+    fake = FakeEngine(gate=trio.Event())
+    request = ids_request(10, max_tokens=3)
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake) as split:
+            assert split.remote.seconds_since_progress() is None
+            handle = split.remote.submit(request)
+            await trio.testing.wait_all_tasks_blocked()  # admitted; the first step waits at the gate
+            waited = split.remote.seconds_since_progress()
+            assert waited is not None and waited >= 0.0
+            assert fake.gate is not None
+            fake.gate.set()
+            tokens, _ = await read_all(handle)
+            assert tokens == expected_tokens(request)
+            assert split.remote.seconds_since_progress() is None
