@@ -22,7 +22,8 @@ a final table puts today's plan beside the fastest per point. Points run context
 (seconds) that stops before the end drops the longest contexts first (the tables say what was skipped).
 
   python3 bench/tune_attention.py                             # prefill, on the H200, ~1-2 minutes
-  python3 bench/tune_attention.py decode                      # decode, on the H200, under 150 s (--time-limit 105)
+  python3 bench/tune_attention.py decode                      # decode, on the H200, under 150 s (--time-limit 90)
+  python3 bench/tune_attention.py decode --tiles --models gemma-4-e4b,gemma-4-e2b --contexts 512 --batches 64,256
   TRITON_INTERPRET=1 uv run python bench/tune_attention.py --context 40 --chunk 16 --quick 2  # prefill dry run
   TRITON_INTERPRET=1 uv run python bench/tune_attention.py decode --models gemma-4-e2b --batches 1,16 \
       --contexts 40 --quick 3 --reps 1                        # decode dry run
@@ -31,8 +32,10 @@ a final table puts today's plan beside the fastest per point. Points run context
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import itertools
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -155,14 +158,16 @@ def today_plan(kind: DecodeKind, batch: int, visible: int, num_sms: int) -> Deco
                       choose_num_splits(batch, kind.kv_heads, visible, num_sms))
 
 
-def decode_candidates(kind: DecodeKind, batch: int, visible: int, num_sms: int) -> list[tuple[str, DecodePlan]]:
+def decode_candidates(kind: DecodeKind, batch: int, visible: int, num_sms: int,
+                      tiles: bool = False) -> list[tuple[str, DecodePlan]]:
     """(label, plan) to time, today's first, no plan twice: today's, the default, each with the block table a tile
-    ahead, and from ``MANY_SEQUENCES`` the ``DECODE_TILES`` of the head_dim with 1 split and the default's splits."""
+    ahead, and with ``tiles`` from ``MANY_SEQUENCES`` the ``DECODE_TILES`` of the head_dim with 1 split and the
+    default's splits (many more kernels to compile: a run of its own, on fewer points)."""
     today = today_plan(kind, batch, visible, num_sms)
     default = decode_plan(kind.head_dim, batch, kind.kv_heads, visible, num_sms)
     plans = [("today", today), ("default", default), ("today+ahead", attrs.evolve(today, table_ahead=True)),
              ("default+ahead", attrs.evolve(default, table_ahead=True))]
-    if batch >= decode_attention.MANY_SEQUENCES:
+    if tiles and batch >= decode_attention.MANY_SEQUENCES:
         tiles = DECODE_TILES[max(d for d in DECODE_TILES if d <= max(kind.head_dim, 128))]
         for (block_n, warps, stages), splits in itertools.product(tiles, sorted({1, default.num_splits})):
             plans.append(("tiles", DecodePlan(block_n, warps, stages, splits)))
@@ -176,20 +181,24 @@ def decode_candidates(kind: DecodeKind, batch: int, visible: int, num_sms: int) 
 
 
 def decode_case(kind: DecodeKind, batch: int, context: int, copies: int, device: torch.device,
+                compile_only: bool = False,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """q, the K and V caches, one block table per copy and the context lengths: every sequence at ``context`` keys,
-    its visible keys' pages at scattered blocks of a cache that holds only those (other table entries 0, unread)."""
+    its visible keys' pages at scattered blocks of a cache that holds only those (other table entries 0, unread).
+    ``compile_only``: the same shapes and strides over a cache of one block that every table entry names."""
     visible = min(context, kind.window or context)
     first_page, last_page = (context - visible) // PAGE, (context - 1) // PAGE
     pages = last_page - first_page + 1
-    blocks = copies * batch * pages
+    blocks = 1 if compile_only else copies * batch * pages
     gen = torch.Generator(device=device).manual_seed(kind.head_dim * 131 + batch)
     shape = (blocks, PAGE, kind.kv_heads, kind.head_dim)
     k_cache = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) * kind.head_dim ** -0.25
     v_cache = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
     q = torch.randn((batch, kind.heads, kind.head_dim), generator=gen, device=device,
                     dtype=torch.bfloat16) * kind.head_dim ** -0.25
-    order = torch.randperm(blocks, generator=gen, device=device).to(torch.int32).view(copies, batch, pages)
+    order = torch.randperm(blocks, generator=gen, device=device).to(torch.int32)
+    order = order.expand(copies * batch * pages) if compile_only else order
+    order = order.reshape(copies, batch, pages)
     tables = []
     for c in range(copies):
         table = torch.zeros((batch, last_page + 1), dtype=torch.int32, device=device)
@@ -200,14 +209,14 @@ def decode_case(kind: DecodeKind, batch: int, context: int, copies: int, device:
 
 
 def time_decode_point(kind: DecodeKind, batch: int, context: int, reps: int, quick: int, device: torch.device,
-                      num_sms: int) -> list[tuple[str, str, float | None, DecodePlan]]:
+                      num_sms: int, tiles: bool) -> list[tuple[str, str, float | None, DecodePlan]]:
     """(label, status, seconds per call or None, plan) of each candidate at one (kind, batch, context)."""
     visible = min(context, kind.window or context)
     call_bytes = decode_bytes(kind, batch, visible)
     copies = rotation(call_bytes, device_l2_bytes(device), max_copies=64)
     q, k_cache, v_cache, tables, lens = decode_case(kind, batch, context, copies, device)
     scale = kind.head_dim ** -0.5
-    candidates = decode_candidates(kind, batch, visible, num_sms)
+    candidates = decode_candidates(kind, batch, visible, num_sms, tiles)
     results: list[tuple[str, str, float | None, DecodePlan]] = []
     expected: torch.Tensor | None = None
     for label, plan in candidates[:quick] if quick else candidates:
@@ -227,6 +236,43 @@ def time_decode_point(kind: DecodeKind, batch: int, context: int, reps: int, qui
         except Exception as err:  # out of shared memory or registers: not a candidate
             results.append((label, f"failed: {type(err).__name__}", None, plan))
     return results
+
+
+def _compile_decode_jobs(device_type: str, jobs: list[tuple[DecodeKind, int, int, DecodePlan]]) -> int:
+    """Run each (kind, batch, context, plan) once over a one-block cache (``decode_case``'s ``compile_only``): in a
+    worker process, this compiles the kernels the timed run launches into Triton's disk cache, which the timing
+    process then loads instead of compiling them one after another."""
+    device = torch.device(device_type)
+    for kind, batch, context, plan in jobs:
+        q, k_cache, v_cache, tables, lens = decode_case(kind, batch, context, 1, device, compile_only=True)
+        paged_decode_attention(q, k_cache, v_cache, tables[0], lens, kind.head_dim ** -0.5, kind.window,
+                               max_context_len=context, plan=plan, out=torch.empty_like(q))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return len(jobs)
+
+
+def precompile_decode(points: list[tuple[DecodeKind, int, int]], args: argparse.Namespace, num_sms: int,
+                      device: torch.device) -> str:
+    """Compile every kernel variant the points' candidates launch, in ``--compile-workers`` processes at once (one
+    variant takes a second or two to compile, and a full run launches about a hundred)."""
+    jobs: dict[tuple[object, ...], tuple[DecodeKind, int, int, DecodePlan]] = {}
+    for kind, batch, context in points:
+        visible = min(context, kind.window or context)
+        candidates = decode_candidates(kind, batch, visible, num_sms, args.tiles)
+        for _, plan in candidates[:args.quick] if args.quick else candidates:
+            # what the launch specialises on: constexprs (the plan, the group, head_dim, splits padded) and the
+            # integers' divisibility by 16 (the split count, the window, the strides of the block table and caches)
+            key = (kind.heads // kind.kv_heads, kind.head_dim, kind.kv_heads % 16, kind.window, plan,
+                   plan.num_splits % 16, ((context - 1) // PAGE + 1) % 16, batch == 1)
+            jobs.setdefault(key, (kind, batch, context, plan))
+    work = list(jobs.values())
+    workers = max(1, min(args.compile_workers, len(work)))
+    started = time.monotonic()
+    chunks = [work[i::workers] for i in range(workers)]
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = sum(pool.map(_compile_decode_jobs, [device.type] * workers, chunks))
+    return f"compiled {done} kernel variants in {workers} processes in {time.monotonic() - started:.0f} s"
 
 
 def decode_bytes(kind: DecodeKind, batch: int, visible: int) -> int:
@@ -251,28 +297,35 @@ def run_decode(args: argparse.Namespace, device: torch.device) -> None:
     seen, skipped = set(), []
     print(f"decode: {len(kinds)} layer kinds, batches {batches}, contexts {contexts}; GB/s of the K and V read "
           f"(% of {args.hbm} TB/s)")
+    points = []
     for context in contexts:
         for kind in kinds:
             visible = min(context, kind.window or context)
             for batch in batches:
-                if (kind, batch, visible) in seen:
-                    continue  # a window's keys, as at the shorter context
-                seen.add((kind, batch, visible))
-                if time.monotonic() - started > args.time_limit:
-                    skipped.append(f"{kind.name} B={batch} ctx={context}")
-                    continue
-                rows = time_decode_point(kind, batch, context, args.reps, args.quick, device, num_sms)
-                summary.append((kind, batch, context, rows))
-                nbytes = decode_bytes(kind, batch, visible)
-                print(f"\n{kind.name}: {kind.heads}/{kind.kv_heads} heads, B={batch}, context {context} "
-                      f"({visible} keys visible, {nbytes / 1e6:.1f} MB of K+V)")
-                print("| plan | BLOCK_N | warps | stages | splits | ahead | us | GB/s | % HBM | status |\n"
-                      "|---|---|---|---|---|---|---|---|---|---|")
-                for label, status, seconds, plan in sorted(rows, key=lambda r: (r[2] is None, r[2] or 0.0)):
-                    us = f"{seconds * 1e6:.1f}" if seconds else "-"
-                    gbs = f"{nbytes / seconds / 1e9:.0f}" if seconds else "-"
-                    pct = f"{100 * nbytes / seconds / hbm:.0f}" if seconds else "-"
-                    print(f"| {label} | {plan_text(plan)} | {us} | {gbs} | {pct} | {status} |", flush=True)
+                if (kind, batch, visible) not in seen:  # else a window's keys, as at the shorter context
+                    seen.add((kind, batch, visible))
+                    points.append((kind, batch, context))
+    workers = args.compile_workers if args.compile_workers is not None else 12 if device.type == "cuda" else 0
+    if workers:
+        args.compile_workers = workers
+        print(precompile_decode(points, args, num_sms, device), flush=True)
+    for kind, batch, context in points:
+        visible = min(context, kind.window or context)
+        if time.monotonic() - started > args.time_limit:
+            skipped.append(f"{kind.name} B={batch} ctx={context}")
+            continue
+        rows = time_decode_point(kind, batch, context, args.reps, args.quick, device, num_sms, args.tiles)
+        summary.append((kind, batch, context, rows))
+        nbytes = decode_bytes(kind, batch, visible)
+        print(f"\n{kind.name}: {kind.heads}/{kind.kv_heads} heads, B={batch}, context {context} "
+              f"({visible} keys visible, {nbytes / 1e6:.1f} MB of K+V)")
+        print("| plan | BLOCK_N | warps | stages | splits | ahead | us | GB/s | % HBM | status |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
+        for label, status, seconds, plan in sorted(rows, key=lambda r: (r[2] is None, r[2] or 0.0)):
+            us = f"{seconds * 1e6:.1f}" if seconds else "-"
+            gbs = f"{nbytes / seconds / 1e9:.0f}" if seconds else "-"
+            pct = f"{100 * nbytes / seconds / hbm:.0f}" if seconds else "-"
+            print(f"| {label} | {plan_text(plan)} | {us} | {gbs} | {pct} | {status} |", flush=True)
     print("\nSummary: today's plan, the default plan and the fastest per point (µs per call, % of HBM bandwidth)")
     print("| kind | B | ctx | today us | today % | default us | default % | best | best plan (BLOCK_N, warps, "
           "stages, splits, ahead) | best us | best % | today / best |\n" + "|---" * 12 + "|")
@@ -322,8 +375,13 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(DECODE_MODELS), help="decode: presets whose layer kinds to time")
     parser.add_argument("--batches", default="64,256,16,1", help="decode: sequences per call")
     parser.add_argument("--contexts", default="512,2048,8192", help="decode: keys per sequence")
-    parser.add_argument("--time-limit", type=float, default=105.0,
+    parser.add_argument("--time-limit", type=float, default=90.0,
                         help="decode: seconds after which no further point starts")
+    parser.add_argument("--tiles", action="store_true",
+                        help="decode: also each DECODE_TILES config from 16 sequences (with fewer --models/--contexts)")
+    parser.add_argument("--compile-workers", type=int, default=None,
+                        help="decode: processes that compile the kernels before the timing (default 12 on a GPU, "
+                             "0 on the CPU; 0: each compiles at its first call)")
     parser.add_argument("--hbm", type=float, default=4.3, help="decode: HBM bandwidth in TB/s, for the %% column")
     parser.add_argument("--reps", type=int, default=None, help="timed replays (default 10 prefill, 5 decode)")
     parser.add_argument("--quick", type=int, default=0, help="time only the first N candidates (dry runs)")

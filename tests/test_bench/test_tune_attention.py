@@ -30,10 +30,14 @@ def test_dry_run_prints_a_table_per_layer_kind_with_the_current_config() -> None
 
 def test_decode_dry_run_times_today_and_the_default_plan_per_kind_and_batch() -> None:
     """Gemma-4-E2B's two layer kinds at 1 and 16 sequences of 40 keys: at 1 sequence today's plan is the default
-    (one row for both), at 16 the default plan is the many-sequence one (its own row); every point is summarised."""
+    (one row for both), at 16 the default plan is the many-sequence one (its own row); every point is summarised.
+    The kernels are first run by worker processes (``--compile-workers``)."""
     out = _dry_run("decode", "--models", "gemma-4-e2b", "--batches", "1,16", "--contexts", "40", "--quick", "3",
-                   "--reps", "1")
+                   "--reps", "1", "--compile-workers", "2")
     blocks = out.strip().split("\n\n")
+    # the candidates' kernels first run in 2 worker processes (on the GPU: compiled into Triton's cache): 2 kinds at
+    # 1 sequence (today's plan = the default, with and without the table ahead) and 16 (today, default, today+ahead)
+    assert "compiled 10 kernel variants in 2 processes" in blocks[0]
     points = [b for b in blocks if b.startswith("gemma-4-e2b")]
     assert [p.splitlines()[0].split(" (")[0] for p in points] == [
         "gemma-4-e2b D=256 W=512: 8/1 heads, B=1, context 40", "gemma-4-e2b D=256 W=512: 8/1 heads, B=16, context 40",
