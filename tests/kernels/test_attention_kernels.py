@@ -563,6 +563,27 @@ def test_gpu_decode(
 
 @gpu
 @requires_cuda
+@pytest.mark.parametrize("batch", [16, 64])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
+def test_gpu_decode_block_table_a_tile_ahead(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                                             scale: float, window: int | None) -> None:
+    """The default plan with the block table loaded a tile ahead (``DecodePlan.table_ahead``): the plain loop's
+    output bit for bit (the same sums in the same order), and the reference's, at contexts up to 8,192."""
+    gen = torch.Generator().manual_seed(batch + head_dim)
+    ctx_lens = torch.randint(1, 8193, (batch,), generator=gen).tolist()
+    ctx_lens[0] = 8192
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window,
+                           qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, scale, window)
+    plan = decode_attention.decode_plan(head_dim, batch, num_kv_heads, min(8192, window or 8192))
+    plain = paged_decode_attention(*args, plan=plan)
+    ahead = paged_decode_attention(*args, plan=attrs.evolve(plan, table_ahead=True))
+    assert torch.equal(ahead, plain)
+    assert_close(ahead, ref_paged_decode_attention(*args), torch.bfloat16)
+
+
+@gpu
+@requires_cuda
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
 def test_gpu_prefill(num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None) -> None:
     prefixes, chunks = [0, 3000, 517, 8000, 0], [2048, 1000, 1, 192, 77]
