@@ -120,8 +120,8 @@ def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, cont
 DECODE_MODELS = ("gemma-4-e4b", "gemma-4-e2b", "gemma-4-26b-a4b", "gemma-4-31b", "qwen3-30b-a3b")
 DECODE_TILES = {  # head_dim: (BLOCK_N, num_warps, num_stages) tried beside today's and the default plan's, from 16 seqs
     128: [(64, 4, 3), (64, 8, 2)],
-    256: [(32, 4, 3), (64, 4, 2), (32, 8, 3), (16, 4, 4)],
-    512: [(16, 4, 3), (32, 4, 3), (16, 8, 4), (32, 8, 2)],
+    256: [(32, 4, 3), (32, 4, 2), (64, 4, 2), (32, 8, 3), (16, 4, 4)],
+    512: [(16, 4, 3), (32, 4, 3), (32, 4, 2), (16, 8, 4), (32, 8, 2)],
 }
 PAGE = 16
 
@@ -161,12 +161,17 @@ def today_plan(kind: DecodeKind, batch: int, visible: int, num_sms: int) -> Deco
 def decode_candidates(kind: DecodeKind, batch: int, visible: int, num_sms: int,
                       tiles: bool = False) -> list[tuple[str, DecodePlan]]:
     """(label, plan) to time, today's first, no plan twice: today's, the default, each with the block table a tile
-    ahead, and with ``tiles`` from ``MANY_SEQUENCES`` the ``DECODE_TILES`` of the head_dim with 1 split and the
-    default's splits (many more kernels to compile: a run of its own, on fewer points)."""
+    ahead, from ``MANY_SEQUENCES`` at head_dim > 128 the default with half and twice its splits, and with ``tiles``
+    from ``MANY_SEQUENCES`` the ``DECODE_TILES`` of the head_dim with 1 split and the default's splits (many more
+    kernels to compile: a run of its own, on fewer points)."""
     today = today_plan(kind, batch, visible, num_sms)
     default = decode_plan(kind.head_dim, batch, kind.kv_heads, visible, num_sms)
     plans = [("today", today), ("default", default), ("today+ahead", attrs.evolve(today, table_ahead=True)),
              ("default+ahead", attrs.evolve(default, table_ahead=True))]
+    if kind.head_dim > 128 and batch >= decode_attention.MANY_SEQUENCES:  # the default's split count, halved/doubled
+        plans += [("default/2 splits", attrs.evolve(default, num_splits=max(1, default.num_splits // 2))),
+                  ("default x2 splits", attrs.evolve(default, num_splits=min(decode_attention.MAX_SPLITS,
+                                                                               2 * default.num_splits)))]
     if tiles and batch >= decode_attention.MANY_SEQUENCES:
         tiles = DECODE_TILES[max(d for d in DECODE_TILES if d <= max(kind.head_dim, 128))]
         for (block_n, warps, stages), splits in itertools.product(tiles, sorted({1, default.num_splits})):
