@@ -218,7 +218,7 @@ def time_decode_point(kind: DecodeKind, batch: int, context: int, reps: int, qui
     """(label, status, seconds per call or None, plan) of each candidate at one (kind, batch, context)."""
     visible = min(context, kind.window or context)
     call_bytes = decode_bytes(kind, batch, visible)
-    copies = rotation(call_bytes, device_l2_bytes(device), max_copies=64)
+    copies = rotation(call_bytes, device_l2_bytes(device), max_copies=256)
     q, k_cache, v_cache, tables, lens = decode_case(kind, batch, context, copies, device)
     scale = kind.head_dim ** -0.5
     candidates = decode_candidates(kind, batch, visible, num_sms, tiles)
