@@ -168,10 +168,12 @@ def decode_candidates(kind: DecodeKind, batch: int, visible: int, num_sms: int,
     default = decode_plan(kind.head_dim, batch, kind.kv_heads, visible, num_sms)
     plans = [("today", today), ("default", default), ("today+ahead", attrs.evolve(today, table_ahead=True)),
              ("default+ahead", attrs.evolve(default, table_ahead=True))]
-    if kind.head_dim > 128 and batch >= decode_attention.MANY_SEQUENCES:  # the default's split count, halved/doubled
+    if kind.head_dim > 128 and batch >= decode_attention.MANY_SEQUENCES:  # the default's splits halved/doubled, ...
         plans += [("default/2 splits", attrs.evolve(default, num_splits=max(1, default.num_splits // 2))),
                   ("default x2 splits", attrs.evolve(default, num_splits=min(decode_attention.MAX_SPLITS,
-                                                                               2 * default.num_splits)))]
+                                                                               2 * default.num_splits))),
+                  ("default-ahead", attrs.evolve(default, table_ahead=False)),  # ... the table in the loop, ...
+                  ("default 4 stages", attrs.evolve(default, num_stages=4))]  # ... two tiles ahead
     if tiles and batch >= decode_attention.MANY_SEQUENCES:
         tiles = DECODE_TILES[max(d for d in DECODE_TILES if d <= max(kind.head_dim, 128))]
         for (block_n, warps, stages), splits in itertools.product(tiles, sorted({1, default.num_splits})):

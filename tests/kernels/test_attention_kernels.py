@@ -405,9 +405,10 @@ def test_decode_many_sequence_plan_matches_reference(head_dim: int, window: int 
 
 def test_decode_plan_keeps_todays_plan_below_many_sequences_and_at_head_dim_128() -> None:
     """Batch 1-15 at any head_dim and head_dim 128 at any batch: ``decode_config``'s tiles and
-    ``choose_num_splits``'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512: 4 warps, 3 stages, 32- and
-    16-key tiles (K and V tiles of 16 KiB each), splits to about ``FILL_PROGRAMS_PER_SM`` programs an SM, each
-    split >= 64 keys of the longest range, never more than ``MAX_SPLITS``."""
+    ``choose_num_splits``'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512: 4 warps, 3 stages, the block
+    table a tile ahead, 32- and 16-key tiles (K and V tiles of 16 KiB each), splits to about
+    ``FILL_PROGRAMS_PER_SM`` programs an SM, each split >= 64 keys of the longest range, never more than
+    ``MAX_SPLITS``."""
     from inference_server.kernels.decode_attention import DecodePlan, decode_plan
 
     for head_dim in (128, 256, 512):
@@ -419,7 +420,7 @@ def test_decode_plan_keeps_todays_plan_below_many_sequences_and_at_head_dim_128(
                 if head_dim == 128 or batch < decode_attention.MANY_SEQUENCES:
                     assert plan == today, (head_dim, batch, kv_heads)
                     continue
-                assert (plan.num_warps, plan.num_stages, plan.table_ahead) == (4, 3, False)
+                assert (plan.num_warps, plan.num_stages, plan.table_ahead) == (4, 3, True)
                 assert plan.block_n * head_dim * 2 == 16 * 1024
                 assert 1 <= plan.num_splits <= min(decode_attention.MAX_SPLITS, max(1, bound // 64))
     # Gemma-4-E4B sliding (2 kv heads, window 512): 64 sequences, 128 programs -> 5 splits (4 x 132 / 128, rounded
@@ -671,9 +672,10 @@ _DECODE_COMPILE = textwrap.dedent('''
                                 options=dict(num_warps=warps, num_stages=2))
         assert "atom" in kernel.asm["ptx"] and kernel.metadata.shared <= 232448, (head_dim, kernel.metadata.shared)
     # decode_plan's many-sequence plans as the launcher runs them (Gemma 4 at 64 sequences of 512 keys: E2B, E4B,
-    # 26B-A4B and 31B sliding and full layers; 16-byte aligned pointers and head-dim strides), with the block table
-    # loaded a tile ahead once per head_dim: each fits the shared memory of two programs an SM (228 KB, 1 KB of it
-    # reserved per program), as the plan counts on
+    # 26B-A4B and 31B sliding and full layers; 16-byte aligned pointers and head-dim strides), and once per head_dim
+    # with the block table loaded in the iteration that uses it: each fits the shared memory of two programs an SM
+    # (228 KB, 1 KB of it reserved per program), as the plan counts on; with the table a tile ahead (the plan's) the
+    # pipeliner double-buffers the K and V tiles (shared memory for two of each), without it holds one
     import attrs
 
     from inference_server.kernels.decode_attention import _MERGE_ELEMENTS, decode_plan
@@ -685,11 +687,12 @@ _DECODE_COMPILE = textwrap.dedent('''
     for group, kv_heads, head_dim in ((8, 1, 256), (8, 1, 512), (4, 2, 256), (4, 2, 512), (2, 8, 256), (8, 2, 512),
                                       (2, 16, 256), (8, 4, 512)):
         plan = decode_plan(head_dim, 64, kv_heads, 512)
-        for ahead in (False, True):
+        assert plan.table_ahead
+        for ahead in (True, False):
             block_s = triton.next_power_of_2(plan.num_splits)
             chunk = max(1, min(block_s, _MERGE_ELEMENTS // (triton.next_power_of_2(group) * head_dim)))
             key = (group, head_dim, attrs.evolve(plan, table_ahead=ahead), block_s, chunk)
-            if key in done or (ahead and any(k[1] == head_dim and k[2].table_ahead for k in done)):
+            if key in done or (not ahead and any(k[1] == head_dim and not k[2].table_ahead for k in done)):
                 continue
             done.add(key)
             constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=plan.block_n,
@@ -701,8 +704,10 @@ _DECODE_COMPILE = textwrap.dedent('''
             kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs_),
                                     target=target, options=dict(num_warps=plan.num_warps,
                                                                 num_stages=plan.num_stages, launch_pdl=True))
-            assert "cp.async" in kernel.asm["ptx"], (key, "K/V loads not pipelined")
+            assert "cp.async" in kernel.asm["ptx"], (key, "loads not pipelined")
             assert 2 * (kernel.metadata.shared + 1024) <= 228 * 1024, (key, kernel.metadata.shared)
+            kv_tiles = 2 * plan.block_n * head_dim * 2  # bytes of one K and one V tile
+            assert (kernel.metadata.shared >= 2 * kv_tiles) == ahead, (key, kernel.metadata.shared, kv_tiles)
     assert len(done) >= 6, done
     print("compiled")
 ''')

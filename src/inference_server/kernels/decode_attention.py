@@ -23,7 +23,10 @@ to finish, found by an arrival counter, merges its G heads: one launch a layer f
 choice in :func:`choose_num_splits`.
 
 Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is read as ``[D, BLOCK_N]`` and V
-as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K.
+as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K. The
+launch follows a :class:`DecodePlan` (:func:`decode_plan`); its ``table_ahead`` loads the next tile's block-table
+entries an iteration early, without which Triton's pipeliner keeps one K/V tile in shared memory and waits out each
+tile's HBM round trip (see :func:`decode_plan`).
 
 At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (its time a layer is several times
 that of its K/V reads: docs/benchmarks.md, the decode attention at its real context). Hence the many
@@ -482,13 +485,17 @@ def decode_plan(head_dim: int, batch: int, num_kv_heads: int, max_context_len: i
     :func:`choose_num_splits`'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512 (Gemma 4 at serving batch),
     where that plan read K/V at about half of HBM bandwidth: splits even past a wave of programs, to about
     ``FILL_PROGRAMS_PER_SM`` programs an SM with >= ``MIN_TOKENS_PER_SPLIT`` keys each (a balanced tail, and loads
-    of one program overlap another's dots), on 4 warps and a 3-stage key loop, with 32-key tiles at D = 256 and
-    16-key tiles at D = 512 (3 stages of K and V tiles in 96 KiB of shared memory: two programs an SM)."""
+    of one program overlap another's dots), on 4 warps and a 3-stage key loop with the block table a tile ahead,
+    32-key tiles at D = 256 and 16-key tiles at D = 512. The table a tile ahead is what lets Triton's pipeliner
+    double-buffer the K/V tiles: with the table loaded in the iteration that uses it, the 3-stage loop pipelines
+    only the table loads and holds one K/V tile in shared memory (the compiled kernel's shared memory is one tile's,
+    ~41 KiB at D = 256), so each tile's HBM round trip is waited out; a tile ahead, the next tile's K/V is in flight
+    during this one's dots (~73 KiB at D = 256, ~80 KiB at D = 512: two programs an SM)."""
     if head_dim > 128 and batch >= MANY_SEQUENCES:
         programs = batch * num_kv_heads
         splits = min(triton.cdiv(FILL_PROGRAMS_PER_SM * num_sms, programs),
                      max(1, max_context_len // MIN_TOKENS_PER_SPLIT), MAX_SPLITS)
-        return DecodePlan(32 if head_dim <= 256 else 16, 4, 3, max(1, splits))
+        return DecodePlan(32 if head_dim <= 256 else 16, 4, 3, max(1, splits), table_ahead=True)
     block_n, num_warps, num_stages = decode_config(head_dim, batch, num_kv_heads)
     return DecodePlan(block_n, num_warps, num_stages, choose_num_splits(batch, num_kv_heads, max_context_len, num_sms))
 
