@@ -292,6 +292,30 @@ def plan_text(plan: DecodePlan) -> str:
     return f"{plan.block_n} | {plan.num_warps} | {plan.num_stages} | {plan.num_splits} | {ahead}"
 
 
+def compiled_variants() -> list[str]:
+    """A row per ``_paged_decode_kernel`` variant this process launched on the GPU: its group, head_dim, key tile,
+    warps, stages, split, table a tile ahead, shared memory bytes (two K/V tiles' worth or more: the pipeliner
+    double-buffers them), registers a thread and spilled bytes. From Triton's in-memory kernel cache, whose layout
+    changes between Triton versions: an unreadable cache gives one row that says so."""
+    fn = decode_attention._paged_decode_kernel
+    try:
+        rows = set()
+        for entry in fn.device_caches.values():
+            for kernel in entry[0].values():
+                consts = getattr(kernel.src, "constants", {})
+
+                def const(name: str, consts: dict[object, object] = consts) -> object:
+                    return consts.get((fn.arg_names.index(name),), consts.get(name, "?"))
+
+                md = kernel.metadata
+                rows.add((const("G"), const("D"), const("BLOCK_N"), md.num_warps, md.num_stages, const("SPLIT"),
+                          const("TABLE_AHEAD"), md.shared, getattr(kernel, "n_regs", "?"),
+                          getattr(kernel, "n_spills", "?")))
+        return ["| " + " | ".join(str(v) for v in row) + " |" for row in sorted(rows, key=str)]
+    except Exception as err:  # another Triton's cache layout
+        return [f"| unreadable: {type(err).__name__}: {err} |"]
+
+
 def run_decode(args: argparse.Namespace, device: torch.device) -> None:
     started = time.monotonic()
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
@@ -353,6 +377,10 @@ def run_decode(args: argparse.Namespace, device: torch.device) -> None:
         ratio = f"{today[2] / best[2]:.2f}" if today[2] and best[2] else "-"
         print(f"| {kind.name} | {batch} | {context} | {cells(today)} | {cells(default)} | {best[0]} | "
               f"{plan_text(best[3]).replace(' | ', ', ')} | {cells(best)} | {ratio} |", flush=True)
+    if device.type == "cuda":
+        print("\nCompiled variants (shared memory in bytes; regs a thread; spilled bytes)\n"
+              "| G | D | BLOCK_N | warps | stages | split | ahead | shared | regs | spills |\n" + "|---" * 10 + "|")
+        print("\n".join(compiled_variants()))
     if skipped:
         print(f"\nskipped past --time-limit {args.time_limit:.0f} s ({len(skipped)}): " + "; ".join(skipped))
     print(f"\ndecode done in {time.monotonic() - started:.0f} s")
