@@ -14,7 +14,9 @@ same table as ../shared/bench/roofline.py):
 * ``expert_params``: all routed-expert weights. With uniform routing a batch of B tokens touches an
   expected ``E * (1 - (1 - k/E)^B)`` of the E experts in each layer, and only those are read.
 * KV: each sequence reads its whole context on full-attention layers and at most ``window`` tokens on
-  sliding layers (bf16, K and V).
+  sliding layers (bf16, K and V). A KV-shared layer (Gemma-4-E2B/E4B's last layers, which reuse an earlier
+  layer's cache) reads that cache again: counted by default (``kv_full_read``/``kv_sliding_read``, every attention
+  layer's reads); ``rereads=False`` (``--unique-kv``) counts each cache layer once, the limit before 2026-12-04.
 * FLOPs: 2 per active parameter per token (a decode step leaves the attention's out: ~6% at context 512).
 
 Prefill reads every weight at least once and does 2 * active FLOPs per prompt token plus the attention's: 4 per
@@ -26,6 +28,7 @@ soon as a batch slot frees (KV capacity is assumed unlimited, so the floor is op
   python3 bench/roofline.py                                   # table: decode B=1/16/64/256 @512, offline
   python3 bench/roofline.py decode qwen3-30b-a3b --batch 1 --context 512
   python3 bench/roofline.py offline gemma-4-31b --requests 256 --int8
+  python3 bench/roofline.py --unique-kv                       # each KV cache layer read once (the old limit)
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class ModelCost:
     lm_head: int = 0  # of always_read: the lm_head (or tied embedding), which QUANTIZATION=int8 keeps in bf16
     attn_full: int = 0  # query heads x head_dim summed over the full-attention layers (KV-sharing ones too)
     attn_sliding: int = 0  # the same over the sliding-window layers
+    kv_full_read: int = 0  # KV bytes per token the full-attention layers read, KV-shared ones too (0: kv_full)
+    kv_sliding_read: int = 0  # the same over the sliding-window layers (0: kv_sliding)
 
     @property
     def total_params(self) -> int:
@@ -74,9 +79,12 @@ class ModelCost:
         sliding_keys = w * (w + 1) / 2 + (n - w) * w if n > w else full_keys
         return 4.0 * (self.attn_full * full_keys + self.attn_sliding * sliding_keys)
 
-    def kv_bytes(self, context: int) -> int:
-        """KV bytes one sequence's decode step reads at ``context`` tokens."""
-        return self.kv_full * context + self.kv_sliding * min(context, self.window)
+    def kv_bytes(self, context: int, rereads: bool = True) -> int:
+        """KV bytes one sequence's decode step reads at ``context`` tokens: every attention layer's, the KV-shared
+        layers' re-reads of another layer's cache included; ``rereads=False``: each cache layer's once."""
+        full = (self.kv_full_read or self.kv_full) if rereads else self.kv_full
+        sliding = (self.kv_sliding_read or self.kv_sliding) if rereads else self.kv_sliding
+        return full * context + sliding * min(context, self.window)
 
 
 MODELS: dict[str, ModelCost] = {
@@ -93,13 +101,13 @@ MODELS: dict[str, ModelCost] = {
         # counted on the meta build of the preset. KV: 3 full layers of 15 cached (20 share their KV).
         always_read=402_653_184 + 1_877_105_920, expert_params=0, num_experts=1, top_k=1,
         active_params=2_279_759_104, kv_full=6_144, kv_sliding=12_288, window=512, lm_head=402_653_184,
-        attn_full=28_672, attn_sliding=57_344),
+        attn_full=28_672, attn_sliding=57_344, kv_full_read=14_336, kv_sliding_read=28_672),  # 7 full, 28 sliding
     "gemma-4-e4b": ModelCost(
         # tied lm_head + everything else but the gathered tables (embedding, per-layer embedding 2.819 B);
         # counted on the meta build of the preset. KV: 4 full layers of 24 cached (18 share their KV).
         always_read=671_088_640 + 3_973_352_448, expert_params=0, num_experts=1, top_k=1,
         active_params=4_644_441_088, kv_full=16_384, kv_sliding=40_960, window=512, lm_head=671_088_640,
-        attn_full=28_672, attn_sliding=71_680),
+        attn_full=28_672, attn_sliding=71_680, kv_full_read=28_672, kv_sliding_read=71_680),  # 7 full, 35 sliding
     "gemma-4-31b": ModelCost(
         always_read=1_409_286_144 + 8_477_736_960 + 20_808_990_720,  # tied lm_head, attention, MLP
         expert_params=0, num_experts=1, top_k=1, active_params=30_697_345_280,
@@ -124,13 +132,14 @@ def _floor(num_bytes: float, flops: float) -> Floor:
 
 
 def decode_step_floor(model: ModelCost, contexts: list[int], weight_bytes: float = 2.0,
-                      head_bytes: float | None = None) -> Floor:
+                      head_bytes: float | None = None, rereads: bool = True) -> Floor:
     """One decode step of ``len(contexts)`` sequences at those context lengths; the lm_head's parameters take
-    ``head_bytes`` each (default ``weight_bytes``; 2 for the engine's int8, which keeps the head in bf16)."""
+    ``head_bytes`` each (default ``weight_bytes``; 2 for the engine's int8, which keeps the head in bf16).
+    ``rereads``: the KV-shared layers' reads counted (``ModelCost.kv_bytes``)."""
     batch = len(contexts)
     params = model.always_read - model.lm_head + model.expert_params * model.experts_touched(batch)
     head = model.lm_head * (weight_bytes if head_bytes is None else head_bytes)
-    kv = sum(model.kv_bytes(c) for c in contexts)
+    kv = sum(model.kv_bytes(c, rereads) for c in contexts)
     return _floor(params * weight_bytes + head + kv, 2.0 * model.active_params * batch)
 
 
@@ -153,7 +162,7 @@ def nano_vllm_workload(num_requests: int = 256, seed: int = 0, max_input: int = 
 
 
 def offline_floor(model: ModelCost, prompt_lens: list[int], output_lens: list[int], max_batch: int = 256,
-                  weight_bytes: float = 2.0) -> tuple[float, int]:
+                  weight_bytes: float = 2.0, rereads: bool = True) -> tuple[float, int]:
     """(seconds, output tokens) of the least time the workload can take. Prefill yields each request's first
     token; every further token is one decode step of whatever runs then."""
     seconds = prefill_floor(model, prompt_lens, weight_bytes).seconds
@@ -166,7 +175,7 @@ def offline_floor(model: ModelCost, prompt_lens: list[int], output_lens: list[in
         running = [r for r in running if r[1] > 0]
         if not running:
             continue
-        seconds += decode_step_floor(model, [r[0] for r in running], weight_bytes).seconds
+        seconds += decode_step_floor(model, [r[0] for r in running], weight_bytes, rereads=rereads).seconds
         for r in running:
             r[0] += 1
             r[1] -= 1
@@ -174,9 +183,10 @@ def offline_floor(model: ModelCost, prompt_lens: list[int], output_lens: list[in
 
 
 def decode_tok_s(model: str, batch: int, context: int, weight_bytes: float = 2.0,
-                 head_bytes: float | None = None) -> float:
-    """Ideal decode throughput (tokens/s) at ``batch`` sequences of ``context`` tokens."""
-    return batch / decode_step_floor(MODELS[model], [context] * batch, weight_bytes, head_bytes).seconds
+                 head_bytes: float | None = None, rereads: bool = True) -> float:
+    """Ideal decode throughput (tokens/s) at ``batch`` sequences of ``context`` tokens (``rereads``: see
+    ``decode_step_floor``)."""
+    return batch / decode_step_floor(MODELS[model], [context] * batch, weight_bytes, head_bytes, rereads).seconds
 
 
 def engine_weight_bytes(quantization: str, int8_head: bool = False) -> tuple[float, float]:
@@ -187,10 +197,12 @@ def engine_weight_bytes(quantization: str, int8_head: bool = False) -> tuple[flo
     return (1.0, 1.0 if int8_head else 2.0)
 
 
-def offline_tok_s(model: str, num_requests: int = 256, seed: int = 0, weight_bytes: float = 2.0) -> float:
+def offline_tok_s(model: str, num_requests: int = 256, seed: int = 0, weight_bytes: float = 2.0,
+                  rereads: bool = True) -> float:
     """Ideal output tokens/s of the nano-vllm offline workload."""
     prompts, outputs = nano_vllm_workload(num_requests, seed)
-    seconds, tokens = offline_floor(MODELS[model], [len(p) for p in prompts], outputs, weight_bytes=weight_bytes)
+    seconds, tokens = offline_floor(MODELS[model], [len(p) for p in prompts], outputs, weight_bytes=weight_bytes,
+                                    rereads=rereads)
     return tokens / seconds
 
 
@@ -205,20 +217,24 @@ def main() -> None:
                     help="int8 weight-only: 1 byte a weight, the lm_head in bf16 (QUANTIZATION=int8)")
     ap.add_argument("--int8-head", action="store_true",
                     help="with --int8: the lm_head int8 too (INT8_EMBEDDINGS=on)")
+    ap.add_argument("--unique-kv", action="store_true",
+                    help="each KV cache layer read once a step (the KV-shared layers' re-reads left out)")
     a = ap.parse_args()
+    rereads = not a.unique_kv
     wb, hb = engine_weight_bytes("int8" if a.int8 else "none", a.int8_head)
     if a.what == "decode":
-        step = decode_step_floor(MODELS[a.model], [a.context] * a.batch, wb, hb)
+        step = decode_step_floor(MODELS[a.model], [a.context] * a.batch, wb, hb, rereads)
         print(f"{a.model} decode B={a.batch} ctx={a.context}: floor {step.seconds * 1e3:.2f} ms/step "
               f"({step.bound}-bound), {a.batch / step.seconds:,.0f} tok/s")
     elif a.what == "offline":
-        print(f"{a.model} offline {a.requests} requests: {offline_tok_s(a.model, a.requests, 0, wb):,.0f} tok/s")
+        tok_s = offline_tok_s(a.model, a.requests, 0, wb, rereads)
+        print(f"{a.model} offline {a.requests} requests: {tok_s:,.0f} tok/s")
     else:
         print("| model | B=1 | B=16 | B=64 | B=256 | offline 256 |")
         print("|---|---|---|---|---|---|")
         for name in MODELS:
-            cells = [f"{decode_tok_s(name, b, a.context, wb, hb):,.0f}" for b in (1, 16, 64, 256)]
-            print(f"| {name} | {' | '.join(cells)} | {offline_tok_s(name, a.requests, 0, wb):,.0f} |")
+            cells = [f"{decode_tok_s(name, b, a.context, wb, hb, rereads):,.0f}" for b in (1, 16, 64, 256)]
+            print(f"| {name} | {' | '.join(cells)} | {offline_tok_s(name, a.requests, 0, wb, rereads):,.0f} |")
 
 
 if __name__ == "__main__":

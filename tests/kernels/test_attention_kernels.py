@@ -366,6 +366,72 @@ def test_choose_num_splits() -> None:
     assert choose_num_splits(1, 4, 8192, num_sms=H200_NUM_SMS) == choose_num_splits(1, 4, 8192)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(("window", "kv_before_wait"), [(None, False), (20, False), (None, True)])
+def test_decode_block_table_a_tile_ahead_matches_reference(num_splits: int, window: int | None,
+                                                           kv_before_wait: bool) -> None:
+    """``DecodePlan.table_ahead``: the key loop loads the next tile's block-table entries one iteration ahead; the
+    same result as the plain loop, bit for bit (the same sums in the same order), and the reference's. Sequences
+    of one to several 16-key tiles a split over 4-key blocks, a window, a padded slot, and the first tile loaded
+    before the PDL wait (the loop then starts at the second tile)."""
+    ctx_lens = [1, 16, 17, 40, 75, 0]
+    q, case = decode_setup(ctx_lens, 8, 2, 32, 4, torch.float32, window)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25, window)
+    plain = paged_decode_attention(*args, plan=decode_attention.DecodePlan(16, 4, 2, num_splits),
+                                   kv_before_wait=kv_before_wait)
+    ahead = paged_decode_attention(*args, plan=decode_attention.DecodePlan(16, 4, 2, num_splits, table_ahead=True),
+                                   kv_before_wait=kv_before_wait)
+    assert torch.equal(ahead, plain)
+    assert_close(ahead, ref_paged_decode_attention(*args), torch.float32)
+    assert torch.all(ahead[-1] == 0)
+
+
+@pytest.mark.parametrize(("head_dim", "window"), [(256, 200), (512, None)])
+def test_decode_many_sequence_plan_matches_reference(head_dim: int, window: int | None) -> None:
+    """``decode_plan`` at ``MANY_SEQUENCES`` sequences of head_dim 256 and 512 (the many-sequence plan: 32- and
+    16-key tiles, split to fill the SMs) against the reference, with sequences of uneven length in bf16, the plan
+    taken by default."""
+    batch = decode_attention.MANY_SEQUENCES
+    ctx_lens = [1 + (37 * i) % 250 for i in range(batch - 1)] + [0]  # up to 3 splits of 64-96 keys, windowed
+    q, case = decode_setup(ctx_lens, 4, 1, head_dim, 16, torch.bfloat16, window, qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, head_dim**-0.5, window)
+    plan = decode_attention.decode_plan(head_dim, batch, 1, min(256, window or 256))
+    assert plan.num_splits > 1 and plan.block_n == (32 if head_dim == 256 else 16)
+    out = paged_decode_attention(*args, max_context_len=256)
+    assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
+    assert torch.equal(out, paged_decode_attention(*args, plan=plan))
+    assert torch.all(out[-1] == 0)
+
+
+def test_decode_plan_keeps_todays_plan_below_many_sequences_and_at_head_dim_128() -> None:
+    """Batch 1-15 at any head_dim and head_dim 128 at any batch: ``decode_config``'s tiles and
+    ``choose_num_splits``'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512: 4 warps, 3 stages, the block
+    table a tile ahead, 32- and 16-key tiles (K and V tiles of 16 KiB each), splits to about
+    ``FILL_PROGRAMS_PER_SM`` programs an SM, each split >= 64 keys of the longest range, never more than
+    ``MAX_SPLITS``."""
+    from inference_server.kernels.decode_attention import DecodePlan, decode_plan
+
+    for head_dim in (128, 256, 512):
+        for batch in (1, 2, 15, 16, 64, 256):
+            for kv_heads, bound in ((1, 512), (2, 8192), (8, 1024)):
+                today = DecodePlan(*decode_config(head_dim, batch, kv_heads),
+                                   choose_num_splits(batch, kv_heads, bound))
+                plan = decode_plan(head_dim, batch, kv_heads, bound)
+                if head_dim == 128 or batch < decode_attention.MANY_SEQUENCES:
+                    assert plan == today, (head_dim, batch, kv_heads)
+                    continue
+                assert (plan.num_warps, plan.num_stages, plan.table_ahead) == (4, 3, True)
+                assert plan.block_n * head_dim * 2 == 16 * 1024
+                assert 1 <= plan.num_splits <= min(decode_attention.MAX_SPLITS, max(1, bound // 64))
+    # Gemma-4-E4B sliding (2 kv heads, window 512): 64 sequences, 128 programs -> 5 splits (4 x 132 / 128, rounded
+    # up); 256 sequences -> 2; 26B-A4B sliding (8 kv heads) at 256 sequences: 2,048 programs, no split
+    assert decode_plan(256, 64, 2, 512).num_splits == 5
+    assert decode_plan(256, 256, 2, 512).num_splits == 2
+    assert decode_plan(256, 256, 8, 1024).num_splits == 1
+    assert decode_plan(512, 16, 1, 100).num_splits == 1  # < 128 keys: one split of >= 64 keys
+    assert decode_plan(512, 16, 1, 1 << 20).num_splits == 33
+
+
 def test_decode_config_by_batch_regime() -> None:
     """(key tile, warps, stages): batch 1-2 at D <= 128 unpipelined on 8 warps; a wave of programs before splitting
     (64 E4B sequences, 2 kv heads) 32-key tiles for D >= 256, 4 warps, 3 stages; elsewhere the kernel's earlier
@@ -498,6 +564,27 @@ def test_gpu_decode(
 
 @gpu
 @requires_cuda
+@pytest.mark.parametrize("batch", [16, 64])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
+def test_gpu_decode_block_table_a_tile_ahead(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                                             scale: float, window: int | None) -> None:
+    """The default plan with the block table loaded a tile ahead (``DecodePlan.table_ahead``): the plain loop's
+    output bit for bit (the same sums in the same order), and the reference's, at contexts up to 8,192."""
+    gen = torch.Generator().manual_seed(batch + head_dim)
+    ctx_lens = torch.randint(1, 8193, (batch,), generator=gen).tolist()
+    ctx_lens[0] = 8192
+    q, case = decode_setup(ctx_lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window,
+                           qk_std=head_dim**-0.25)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, scale, window)
+    plan = decode_attention.decode_plan(head_dim, batch, num_kv_heads, min(8192, window or 8192))
+    plain = paged_decode_attention(*args, plan=plan)
+    ahead = paged_decode_attention(*args, plan=attrs.evolve(plan, table_ahead=True))
+    assert torch.equal(ahead, plain)
+    assert_close(ahead, ref_paged_decode_attention(*args), torch.bfloat16)
+
+
+@gpu
+@requires_cuda
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
 def test_gpu_prefill(num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None) -> None:
     prefixes, chunks = [0, 3000, 517, 8000, 0], [2048, 1000, 1, 192, 77]
@@ -574,7 +661,8 @@ _DECODE_COMPILE = textwrap.dedent('''
                                                                   (4, 512, 32, 8, 4, 1, 0)):
         constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n, SPLIT=True,
                           DOT_PRECISION="tf32", UPCAST=False, FUSED_REDUCE=True, BLOCK_S=16, SPLIT_CHUNK=chunk,
-                          BLOCK_R=group, USE_PDL=bool(early), Q_NORM_ROPE=q_norm, KV_BEFORE_WAIT=bool(early))
+                          BLOCK_R=group, USE_PDL=bool(early), Q_NORM_ROPE=q_norm, KV_BEFORE_WAIT=bool(early),
+                          TABLE_AHEAD=False)
         types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
                  "context_lens_ptr": "*i32", "out_ptr": "*bf16", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
                  "part_acc_ptr": "*fp32", "counter_ptr": "*i32", "qk_scale": "fp32", "qw_ptr": "*bf16",
@@ -583,6 +671,44 @@ _DECODE_COMPILE = textwrap.dedent('''
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
                                 options=dict(num_warps=warps, num_stages=2))
         assert "atom" in kernel.asm["ptx"] and kernel.metadata.shared <= 232448, (head_dim, kernel.metadata.shared)
+    # decode_plan's many-sequence plans as the launcher runs them (Gemma 4 at 64 sequences of 512 keys: E2B, E4B,
+    # 26B-A4B and 31B sliding and full layers; 16-byte aligned pointers and head-dim strides), and once per head_dim
+    # with the block table loaded in the iteration that uses it: each fits the shared memory of two programs an SM
+    # (228 KB, 1 KB of it reserved per program), as the plan counts on; with the table a tile ahead (the plan's) the
+    # pipeliner double-buffers the K and V tiles (shared memory for two of each), without it holds one
+    import attrs
+
+    from inference_server.kernels.decode_attention import _MERGE_ELEMENTS, decode_plan
+    aligned = ("stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
+               "stride_ob", "stride_oh")
+    attrs_ = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+              if n.endswith("_ptr") or n in aligned}
+    done = set()
+    for group, kv_heads, head_dim in ((8, 1, 256), (8, 1, 512), (4, 2, 256), (4, 2, 512), (2, 8, 256), (8, 2, 512),
+                                      (2, 16, 256), (8, 4, 512)):
+        plan = decode_plan(head_dim, 64, kv_heads, 512)
+        assert plan.table_ahead
+        for ahead in (True, False):
+            block_s = triton.next_power_of_2(plan.num_splits)
+            chunk = max(1, min(block_s, _MERGE_ELEMENTS // (triton.next_power_of_2(group) * head_dim)))
+            key = (group, head_dim, attrs.evolve(plan, table_ahead=ahead), block_s, chunk)
+            if key in done or (not ahead and any(k[1] == head_dim and not k[2].table_ahead for k in done)):
+                continue
+            done.add(key)
+            constexprs = dict(PAGE=16, G=group, BLOCK_G=16, D=head_dim, BLOCK_D=head_dim, BLOCK_N=plan.block_n,
+                              SPLIT=plan.num_splits > 1, DOT_PRECISION="tf32", UPCAST=False,
+                              FUSED_REDUCE=plan.num_splits > 1, BLOCK_S=block_s, SPLIT_CHUNK=chunk,
+                              BLOCK_R=triton.next_power_of_2(group), USE_PDL=True, Q_NORM_ROPE=0,
+                              KV_BEFORE_WAIT=False, TABLE_AHEAD=ahead)
+            signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+            kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs_),
+                                    target=target, options=dict(num_warps=plan.num_warps,
+                                                                num_stages=plan.num_stages, launch_pdl=True))
+            assert "cp.async" in kernel.asm["ptx"], (key, "loads not pipelined")
+            assert 2 * (kernel.metadata.shared + 1024) <= 228 * 1024, (key, kernel.metadata.shared)
+            kv_tiles = 2 * plan.block_n * head_dim * 2  # bytes of one K and one V tile
+            assert (kernel.metadata.shared >= 2 * kv_tiles) == ahead, (key, kernel.metadata.shared, kv_tiles)
+    assert len(done) >= 6, done
     print("compiled")
 ''')
 

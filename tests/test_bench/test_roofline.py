@@ -50,3 +50,24 @@ def test_attention_widths_match_the_layers(name: str) -> None:
         keys = [(i + 1, min(i + 1, cost.window or n)) for i in range(n)]
         want = 4.0 * sum(cost.attn_full * full + cost.attn_sliding * sliding for full, sliding in keys)
         assert cost.attention_flops(n) == want
+
+
+@pytest.mark.parametrize("name", sorted(roofline.MODELS))
+def test_decode_kv_reads_count_every_attention_layer(name: str) -> None:
+    """A decode step's KV reads: every attention layer reads its cache layer (``kv_slot``), so a KV-shared layer
+    (E2B's last 20, E4B's last 18) reads its source layer's cache again; ``rereads=False`` counts each cache layer
+    once (the limit before the re-reads were counted)."""
+    spec = parse_model_spec(preset_config(name))
+    cost = roofline.MODELS[name]
+    reads = [(spec.cache_layers[layer.kv_slot].bytes_per_token(2), layer.window) for layer in spec.layers]
+    full = sum(b for b, window in reads if window is None)
+    sliding = sum(b for b, window in reads if window is not None)
+    for context in (100, cost.window or 700, 3000):
+        visible = min(context, cost.window) if cost.window else context
+        assert cost.kv_bytes(context) == full * context + sliding * visible
+        assert cost.kv_bytes(context, rereads=False) == cost.kv_full * context + cost.kv_sliding * visible
+    shared = any(not layer.computes_kv for layer in spec.layers)
+    assert (cost.kv_bytes(3000) > cost.kv_bytes(3000, rereads=False)) == shared
+    floor = roofline.decode_step_floor(cost, [3000] * 64)
+    unique = roofline.decode_step_floor(cost, [3000] * 64, rereads=False)
+    assert floor.bytes - unique.bytes == 64 * (cost.kv_bytes(3000) - cost.kv_bytes(3000, rereads=False))

@@ -23,7 +23,10 @@ to finish, found by an arrival counter, merges its G heads: one launch a layer f
 choice in :func:`choose_num_splits`.
 
 Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is read as ``[D, BLOCK_N]`` and V
-as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K.
+as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K. The
+launch follows a :class:`DecodePlan` (:func:`decode_plan`); its ``table_ahead`` loads the next tile's block-table
+entries an iteration early, without which Triton's pipeliner keeps one K/V tile in shared memory and waits out each
+tile's HBM round trip (see :func:`decode_plan`).
 
 At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (its time a layer is several times
 that of its K/V reads: docs/benchmarks.md, the decode attention at its real context). Hence the many
@@ -256,6 +259,7 @@ def _paged_decode_kernel(
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
     Q_NORM_ROPE: tl.constexpr = 0,  # q is raw: normed (1: gemma, 2: qwen convention) and rotated here first
     KV_BEFORE_WAIT: tl.constexpr = False,  # the first key tile's earlier keys are loaded before the PDL wait
+    TABLE_AHEAD: tl.constexpr = False,  # the key loop loads the next tile's block-table entries one iteration ahead
 ):
     if not KV_BEFORE_WAIT:
         # PDL (kernels.pdl): the query, the context lengths, the block tables and the new K/V rows all come from
@@ -316,12 +320,25 @@ def _paged_decode_kernel(
         v0 = tl.where(fresh[:, None], v1, v0)
         m_i, l_i, acc = _attend_tile(q, k0, v0, pos0 < end, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
         first = start + BLOCK_N
-    for n0 in range(first, end, BLOCK_N):
-        pos = n0 + offs_n  # [BLOCK_N]
-        valid = pos < end
-        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, valid, PAGE), pos, valid, kvh, offs_d,
-                             d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
-        m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
+    if TABLE_AHEAD:
+        # The block-table entries of the next tile are loaded one iteration ahead, so a tile's K/V addresses are known
+        # when its iteration starts instead of one L2 round trip into it (the table load then K/V chain).
+        blk = _tile_blocks(bt_row, first + offs_n, first + offs_n < end, PAGE)
+        for n0 in range(first, end, BLOCK_N):
+            pos = n0 + offs_n  # [BLOCK_N]
+            valid = pos < end
+            blk_next = _tile_blocks(bt_row, pos + BLOCK_N, pos + BLOCK_N < end, PAGE)
+            k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, blk, pos, valid, kvh, offs_d, d_mask, stride_kb,
+                                 stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+            m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
+            blk = blk_next
+    else:
+        for n0 in range(first, end, BLOCK_N):
+            pos = n0 + offs_n  # [BLOCK_N]
+            valid = pos < end
+            k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, _tile_blocks(bt_row, pos, valid, PAGE), pos, valid, kvh,
+                                 offs_d, d_mask, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE)
+            m_i, l_i, acc = _attend_tile(q, k, v, valid, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
     # Release after the main loop (kernels.pdl's mode; the other releases right after the wait): only the epilogue
     # is left, so the next launch's CTAs (resident from here on, waiting) hold no shared memory and registers while
     # this kernel's programs still stream their tiles.
@@ -443,6 +460,46 @@ def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, in
     return block_n, 4 if head_dim <= 128 else 8, 2
 
 
+MANY_SEQUENCES = 16
+"""Batch from which :func:`decode_plan` takes the many-sequence plan for head_dim > 128."""
+FILL_PROGRAMS_PER_SM = 4
+"""Programs an SM the many-sequence plan's splits aim for (about two resident at once, two waves)."""
+
+
+@attrs.frozen
+class DecodePlan:
+    """How one ``paged_decode_attention`` call is launched: the key tile, warps and pipeline depth of the attention
+    launch, the split count (1: single pass), and whether the key loop loads the next tile's block-table entries one
+    iteration ahead (``table_ahead``). Any plan gives the same result up to the order of fp32 sums."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+    table_ahead: bool = False
+
+
+def decode_plan(head_dim: int, batch: int, num_kv_heads: int, max_context_len: int,
+                num_sms: int = H200_NUM_SMS) -> DecodePlan:
+    """The default plan. Below ``MANY_SEQUENCES`` or at head_dim <= 128: :func:`decode_config`'s tiles and
+    :func:`choose_num_splits`'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512 (Gemma 4 at serving batch),
+    where that plan read K/V at about half of HBM bandwidth: splits even past a wave of programs, to about
+    ``FILL_PROGRAMS_PER_SM`` programs an SM with >= ``MIN_TOKENS_PER_SPLIT`` keys each (a balanced tail, and loads
+    of one program overlap another's dots), on 4 warps and a 3-stage key loop with the block table a tile ahead,
+    32-key tiles at D = 256 and 16-key tiles at D = 512. The table a tile ahead is what lets Triton's pipeliner
+    double-buffer the K/V tiles: with the table loaded in the iteration that uses it, the 3-stage loop pipelines
+    only the table loads and holds one K/V tile in shared memory (the compiled kernel's shared memory is one tile's,
+    ~41 KiB at D = 256), so each tile's HBM round trip is waited out; a tile ahead, the next tile's K/V is in flight
+    during this one's dots (~73 KiB at D = 256, ~80 KiB at D = 512: two programs an SM)."""
+    if head_dim > 128 and batch >= MANY_SEQUENCES:
+        programs = batch * num_kv_heads
+        splits = min(triton.cdiv(FILL_PROGRAMS_PER_SM * num_sms, programs),
+                     max(1, max_context_len // MIN_TOKENS_PER_SPLIT), MAX_SPLITS)
+        return DecodePlan(32 if head_dim <= 256 else 16, 4, 3, max(1, splits), table_ahead=True)
+    block_n, num_warps, num_stages = decode_config(head_dim, batch, num_kv_heads)
+    return DecodePlan(block_n, num_warps, num_stages, choose_num_splits(batch, num_kv_heads, max_context_len, num_sms))
+
+
 def earlier_keys_before_wait(num_stages: int) -> bool:
     """``paged_decode_attention``'s default ``kv_before_wait``: where PDL is on and the key loop is not pipelined
     (``num_stages`` 1, :func:`decode_config`'s 1-2 sequences of head_dim <= 128), the one regime where it paid (see
@@ -481,17 +538,18 @@ def paged_decode_attention(
     num_warps: int | None = None,
     q_norm_rope: QueryNormRope | None = None,  # q is raw: normed and rotated in the attention launch first
     kv_before_wait: bool | None = None,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:  # [B, nH, D]
     """Paged decode attention; see the module docstring for the contract.
 
-    ``num_splits``: None picks one from the shapes (:func:`choose_num_splits`, using ``max_context_len`` if
-    given, else ``max_blocks * block_size``, capped by the window); 1 runs the single-pass kernel; >1 runs
+    ``plan``: the launch (:class:`DecodePlan`); None: :func:`decode_plan` of the shapes (using ``max_context_len``
+    if given, else ``max_blocks * block_size``, capped by the window). ``num_splits``, ``block_n``, ``num_stages``
+    and ``num_warps`` override the plan's. ``num_splits``: 1 runs the single-pass kernel; >1 runs
     split-KV and merges the splits inside the same launch (each kv head's last split to finish, by an arrival
     counter: one launch instead of two), or in ``_decode_reduce_kernel`` past ``_MAX_FUSED_HEADS`` kv heads (more
-    than the arrival counters hold). The two merges differ only in the order of fp32 sums. ``block_n`` overrides the
-    key tile (tests use it to cross tiles),
-    ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the attention launch (defaults:
-    :func:`decode_config`).
+    than the arrival counters hold). The two merges differ only in the order of fp32 sums. ``block_n``: the key tile
+    (tests use it to cross tiles), ``num_stages`` the key loop's pipeline depth, ``num_warps`` the warps of the
+    attention launch.
     With ``q_norm_rope`` every program norms and rotates its query rows itself (``QueryNormRope``): the same q as
     ``qk_norm_rope``'s up to the order of the fp32 sum of squares, one launch fewer a layer.
     ``kv_before_wait``: every program loads its first key tile's earlier keys (all but the query's own, which the
@@ -513,16 +571,15 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    if num_splits is None:
+    if plan is None:
         bound = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
         if window is not None:
             bound = min(bound, window)
-        num_sms = _num_sms(q.device.index if q.is_cuda else None)
-        num_splits = choose_num_splits(batch, num_kv_heads, bound, num_sms)
-    cfg_block_n, cfg_warps, cfg_stages = decode_config(head_dim, batch, num_kv_heads)
-    block_n = block_n or cfg_block_n
-    num_warps = num_warps or cfg_warps
-    num_stages = num_stages or cfg_stages
+        plan = decode_plan(head_dim, batch, num_kv_heads, bound, _num_sms(q.device.index if q.is_cuda else None))
+    num_splits = num_splits if num_splits is not None else plan.num_splits
+    block_n = block_n or plan.block_n
+    num_warps = num_warps or plan.num_warps
+    num_stages = num_stages or plan.num_stages
     block_d = max(16, triton.next_power_of_2(head_dim))
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
     common = dict(
@@ -536,6 +593,7 @@ def paged_decode_attention(
         UPCAST=upcast,
         Q_NORM_ROPE=0 if q_norm_rope is None else 1 if q_norm_rope.gemma else 2,
         KV_BEFORE_WAIT=kv_before_wait if kv_before_wait is not None else earlier_keys_before_wait(num_stages),
+        TABLE_AHEAD=plan.table_ahead,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(loop="attention"),

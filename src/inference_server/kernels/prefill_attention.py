@@ -26,7 +26,7 @@ tiles, BLOCK_M=32, BLOCK_N=32, 8 warps, 2 stages (vLLM's H512 tuning, PR #43257)
 ~100 KiB smem, 180-200 registers, no spills, mma.sync (wgmma needs BLOCK_M >= 64). D=128 (128x64) and
 D=256 (64x32) use wgmma, ~96 KiB smem, no spills. fp32 caches (tests only) fit but spill. These are the tiles of
 ``DETERMINISTIC`` (its split decode kernel shares them) and of fp32 caches; bf16 calls otherwise take larger tiles
-tuned on the GPU when its chunks are long (``_prefill_config``, ``bench/tune_prefill_attention.py``).
+tuned on the GPU when its chunks are long (``_prefill_config``, ``bench/tune_attention.py``).
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def _prefill_config(head_dim: int, small_tiles: bool = True) -> tuple[int, int, 
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim. ``small_tiles``: those of the module docstring, which
     ``DETERMINISTIC``'s split decode kernel shares (its registers), fp32 caches need (shared memory), and a step of
     mostly one-token rows (decodes beside a chunk) keeps (each row's tile is padded to BLOCK_M: a larger one only adds
-    compute). Otherwise the tiles ``bench/tune_prefill_attention.py`` found fastest for long bf16 chunks on the H200
+    compute). Otherwise the tiles ``bench/tune_attention.py`` found fastest for long bf16 chunks on the H200
     (docs/benchmarks.md)."""
     if head_dim <= 64:
         return 128, 64, 4, 3
