@@ -13,13 +13,14 @@ TFLOP/s (causal: 2 x 2 x visible keys x head_dim FLOPs per query and head).
 ``decode``: for each decode layer kind (query heads, kv heads, head_dim, window) of ``--models`` (Gemma-4-E2B, E4B,
 26B-A4B, 31B and Qwen3-30B-A3B) at each batch of ``--batches`` and context of ``--contexts`` (every sequence at that
 length; a windowed kind past its window reads the same keys, so those points are timed once), one
-``kernels.decode_attention`` call with today's plan (``decode_config`` + ``choose_num_splits``), the default
-``decode_plan``, and each candidate ``DecodePlan`` (key tile, warps, stages, splits, block table a tile ahead). The
-visible keys sit in pages scattered over a cache that holds only them, cycled over copies so that 2x the L2 lies between
-two reads of one copy (``kit.graph_timing.rotation``): what a step's layer reads, from HBM. Each row has µs per call and
-the GB/s of the K and V bytes read (visible keys x kv heads x head_dim x 2 x 2 bytes) against ``--hbm`` (4.3 TB/s);
-a final table puts today's plan beside the fastest per point. Points run context by context, so a ``--time-limit``
-(seconds) that stops before the end drops the longest contexts first (the tables say what was skipped).
+``kernels.decode_attention`` call with today's plan (``decode_plan``: ``decode_config``'s tiles and
+``choose_num_splits``'s splits) and each candidate ``DecodePlan`` (key tile, warps, stages, splits, block table a tile
+ahead). The visible keys sit in pages scattered over a cache that holds only them, cycled over copies so that 2x the L2
+lies between two reads of one copy (``kit.graph_timing.rotation``): what a step's layer reads, from HBM. Each row has
+µs per call and the GB/s of the K and V bytes read (visible keys x kv heads x head_dim x 2 x 2 bytes) against
+``--hbm`` (4.3 TB/s); a final table puts today's plan beside the fastest per point. Points run context by context, so
+a ``--time-limit`` (seconds) that stops before the end drops the longest contexts first (the tables say what was
+skipped).
 
   python3 bench/tune_attention.py                             # prefill, on the H200, ~1-2 minutes
   python3 bench/tune_attention.py decode                      # decode, on the H200, under 150 s (--time-limit 90)
@@ -50,8 +51,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from inference_server.kernels import decode_attention, prefill_attention  # noqa: E402
 from inference_server.kernels.decode_attention import (  # noqa: E402
     DecodePlan,
-    choose_num_splits,
-    decode_config,
     decode_plan,
     paged_decode_attention,
 )
@@ -118,7 +117,9 @@ def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, cont
 
 
 DECODE_MODELS = ("gemma-4-e4b", "gemma-4-e2b", "gemma-4-26b-a4b", "gemma-4-31b", "qwen3-30b-a3b")
-DECODE_TILES = {  # head_dim: (BLOCK_N, num_warps, num_stages) tried beside today's and the default plan's, from 16 seqs
+SWEEP_FROM_BATCH = 16
+"""Batch from which head_dim > 128 points time today's plan with other splits and stages too (``decode_candidates``)."""
+DECODE_TILES = {  # head_dim: (BLOCK_N, num_warps, num_stages) tried beside today's plan's, from SWEEP_FROM_BATCH seqs
     128: [(64, 4, 3), (64, 8, 2)],
     256: [(32, 4, 3), (32, 4, 2), (64, 4, 2), (32, 8, 3), (16, 4, 4)],
     512: [(16, 4, 3), (32, 4, 3), (32, 4, 2), (16, 8, 4), (32, 8, 2)],
@@ -153,30 +154,27 @@ def decode_kinds(models: list[str]) -> list[DecodeKind]:
 
 
 def today_plan(kind: DecodeKind, batch: int, visible: int, num_sms: int) -> DecodePlan:
-    """The plan before ``decode_plan``: ``decode_config``'s tiles, ``choose_num_splits``'s splits."""
-    return DecodePlan(*decode_config(kind.head_dim, batch, kind.kv_heads),
-                      choose_num_splits(batch, kind.kv_heads, visible, num_sms))
+    """The plan ``paged_decode_attention`` launches by default (``decode_plan``)."""
+    return decode_plan(kind.head_dim, batch, kind.kv_heads, visible, num_sms)
 
 
 def decode_candidates(kind: DecodeKind, batch: int, visible: int, num_sms: int,
                       tiles: bool = False) -> list[tuple[str, DecodePlan]]:
-    """(label, plan) to time, today's first, no plan twice: today's, the default, each with the block table a tile
-    ahead, from ``MANY_SEQUENCES`` at head_dim > 128 the default with half and twice its splits, and with ``tiles``
-    from ``MANY_SEQUENCES`` the ``DECODE_TILES`` of the head_dim with 1 split and the default's splits (many more
-    kernels to compile: a run of its own, on fewer points)."""
+    """(label, plan) to time, today's first, no plan twice: today's, today's with the block table a tile ahead, from
+    ``SWEEP_FROM_BATCH`` at head_dim > 128 today's with the table ahead and half (rounded up) or twice its splits, or
+    4 stages (two tiles ahead), and with ``tiles`` from ``SWEEP_FROM_BATCH`` the ``DECODE_TILES`` of the head_dim
+    with 1 split and today's splits (many more kernels to compile: a run of its own, on fewer points)."""
     today = today_plan(kind, batch, visible, num_sms)
-    default = decode_plan(kind.head_dim, batch, kind.kv_heads, visible, num_sms)
-    plans = [("today", today), ("default", default), ("today+ahead", attrs.evolve(today, table_ahead=True)),
-             ("default+ahead", attrs.evolve(default, table_ahead=True))]
-    if kind.head_dim > 128 and batch >= decode_attention.MANY_SEQUENCES:  # the default's splits halved/doubled, ...
-        plans += [("default/2 splits", attrs.evolve(default, num_splits=max(1, default.num_splits // 2))),
-                  ("default x2 splits", attrs.evolve(default, num_splits=min(decode_attention.MAX_SPLITS,
-                                                                               2 * default.num_splits))),
-                  ("default-ahead", attrs.evolve(default, table_ahead=False)),  # ... the table in the loop, ...
-                  ("default 4 stages", attrs.evolve(default, num_stages=4))]  # ... two tiles ahead
-    if tiles and batch >= decode_attention.MANY_SEQUENCES:
+    ahead = attrs.evolve(today, table_ahead=True)
+    plans = [("today", today), ("today+ahead", ahead)]
+    if kind.head_dim > 128 and batch >= SWEEP_FROM_BATCH:
+        plans += [("today/2 splits+ahead", attrs.evolve(ahead, num_splits=-(-today.num_splits // 2))),
+                  ("today x2 splits+ahead", attrs.evolve(ahead, num_splits=min(decode_attention.MAX_SPLITS,
+                                                                               2 * today.num_splits))),
+                  ("today+ahead 4 stages", attrs.evolve(ahead, num_stages=4))]
+    if tiles and batch >= SWEEP_FROM_BATCH:
         tiles = DECODE_TILES[max(d for d in DECODE_TILES if d <= max(kind.head_dim, 128))]
-        for (block_n, warps, stages), splits in itertools.product(tiles, sorted({1, default.num_splits})):
+        for (block_n, warps, stages), splits in itertools.product(tiles, sorted({1, today.num_splits})):
             plans.append(("tiles", DecodePlan(block_n, warps, stages, splits)))
     unique: dict[DecodePlan, str] = {}
     for label, plan in plans:
@@ -357,17 +355,16 @@ def run_decode(args: argparse.Namespace, device: torch.device) -> None:
             gbs = f"{nbytes / seconds / 1e9:.0f}" if seconds else "-"
             pct = f"{100 * nbytes / seconds / hbm:.0f}" if seconds else "-"
             print(f"| {label} | {plan_text(plan)} | {us} | {gbs} | {pct} | {status} |", flush=True)
-    print("\nSummary: today's plan, the default plan and the fastest per point (µs per call, % of HBM bandwidth)")
-    print("| kind | B | ctx | today us | today % | default us | default % | best | best plan (BLOCK_N, warps, "
-          "stages, splits, ahead) | best us | best % | today / best |\n" + "|---" * 12 + "|")
+    print("\nSummary: today's plan and the fastest per point (µs per call, % of HBM bandwidth)")
+    print("| kind | B | ctx | today us | today % | best | best plan (BLOCK_N, warps, stages, splits, ahead) | "
+          "best us | best % | today / best |\n" + "|---" * 10 + "|")
     for kind, batch, context, rows in summary:
         nbytes = decode_bytes(kind, batch, min(context, kind.window or context))
         timed = [r for r in rows if r[2]]
         if not timed:
-            print(f"| {kind.name} | {batch} | {context} | - | - | - | - | - | none timed | - | - | - |")
+            print(f"| {kind.name} | {batch} | {context} | - | - | - | none timed | - | - | - |")
             continue
         today = rows[0]
-        default = next((r for r in rows if "default" in r[0].split("=")), today)
         best = min(timed, key=lambda r: r[2] or 0.0)
 
         def cells(row: tuple[str, str, float | None, DecodePlan], nbytes: int = nbytes) -> str:
@@ -375,7 +372,7 @@ def run_decode(args: argparse.Namespace, device: torch.device) -> None:
             return f"{seconds * 1e6:.1f} | {100 * nbytes / seconds / hbm:.0f}" if seconds else "- | -"
 
         ratio = f"{today[2] / best[2]:.2f}" if today[2] and best[2] else "-"
-        print(f"| {kind.name} | {batch} | {context} | {cells(today)} | {cells(default)} | {best[0]} | "
+        print(f"| {kind.name} | {batch} | {context} | {cells(today)} | {best[0]} | "
               f"{plan_text(best[3]).replace(' | ', ', ')} | {cells(best)} | {ratio} |", flush=True)
     if device.type == "cuda":
         print("\nCompiled variants (shared memory in bytes; regs a thread; spilled bytes)\n"
@@ -413,7 +410,8 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=90.0,
                         help="decode: seconds after which no further point starts")
     parser.add_argument("--tiles", action="store_true",
-                        help="decode: also each DECODE_TILES config from 16 sequences (with fewer --models/--contexts)")
+                        help=f"decode: also each DECODE_TILES config from {SWEEP_FROM_BATCH} sequences "
+                             "(with fewer --models/--contexts)")
     parser.add_argument("--compile-workers", type=int, default=None,
                         help="decode: processes that compile the kernels before the timing (default 12 on a GPU, "
                              "0 on the CPU; 0: each compiles at its first call)")

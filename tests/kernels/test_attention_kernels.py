@@ -387,28 +387,24 @@ def test_decode_block_table_a_tile_ahead_matches_reference(num_splits: int, wind
 
 
 @pytest.mark.parametrize(("head_dim", "window"), [(256, 200), (512, None)])
-def test_decode_many_sequence_plan_matches_reference(head_dim: int, window: int | None) -> None:
-    """``decode_plan`` at ``MANY_SEQUENCES`` sequences of head_dim 256 and 512 (the many-sequence plan: 32- and
-    16-key tiles, split to fill the SMs) against the reference, with sequences of uneven length in bf16, the plan
-    taken by default."""
-    batch = decode_attention.MANY_SEQUENCES
+def test_decode_table_ahead_candidate_matches_reference(head_dim: int, window: int | None) -> None:
+    """The table-ahead plans ``bench/tune_attention.py`` times at 16 sequences and more of head_dim 256 and 512 (4
+    warps, 3 stages, 32- and 16-key tiles, split) against the reference, with sequences of uneven length in bf16, and
+    bit for bit against the same plan with the table loaded in the iteration that uses it."""
+    batch = 16
     ctx_lens = [1 + (37 * i) % 250 for i in range(batch - 1)] + [0]  # up to 3 splits of 64-96 keys, windowed
     q, case = decode_setup(ctx_lens, 4, 1, head_dim, 16, torch.bfloat16, window, qk_std=head_dim**-0.25)
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, head_dim**-0.5, window)
-    plan = decode_attention.decode_plan(head_dim, batch, 1, min(256, window or 256))
-    assert plan.num_splits > 1 and plan.block_n == (32 if head_dim == 256 else 16)
-    out = paged_decode_attention(*args, max_context_len=256)
+    plan = decode_attention.DecodePlan(32 if head_dim == 256 else 16, 4, 3, 3, table_ahead=True)
+    out = paged_decode_attention(*args, plan=plan)
     assert_close(out, ref_paged_decode_attention(*args), torch.bfloat16)
-    assert torch.equal(out, paged_decode_attention(*args, plan=plan))
+    assert torch.equal(out, paged_decode_attention(*args, plan=attrs.evolve(plan, table_ahead=False)))
     assert torch.all(out[-1] == 0)
 
 
-def test_decode_plan_keeps_todays_plan_below_many_sequences_and_at_head_dim_128() -> None:
-    """Batch 1-15 at any head_dim and head_dim 128 at any batch: ``decode_config``'s tiles and
-    ``choose_num_splits``'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512: 4 warps, 3 stages, the block
-    table a tile ahead, 32- and 16-key tiles (K and V tiles of 16 KiB each), splits to about
-    ``FILL_PROGRAMS_PER_SM`` programs an SM, each split >= 64 keys of the longest range, never more than
-    ``MAX_SPLITS``."""
+def test_decode_plan_is_decode_config_and_choose_num_splits() -> None:
+    """The default plan at every head_dim and batch: ``decode_config``'s tiles and ``choose_num_splits``'s splits,
+    the block table loaded in the iteration that uses it."""
     from inference_server.kernels.decode_attention import DecodePlan, decode_plan
 
     for head_dim in (128, 256, 512):
@@ -416,20 +412,10 @@ def test_decode_plan_keeps_todays_plan_below_many_sequences_and_at_head_dim_128(
             for kv_heads, bound in ((1, 512), (2, 8192), (8, 1024)):
                 today = DecodePlan(*decode_config(head_dim, batch, kv_heads),
                                    choose_num_splits(batch, kv_heads, bound))
-                plan = decode_plan(head_dim, batch, kv_heads, bound)
-                if head_dim == 128 or batch < decode_attention.MANY_SEQUENCES:
-                    assert plan == today, (head_dim, batch, kv_heads)
-                    continue
-                assert (plan.num_warps, plan.num_stages, plan.table_ahead) == (4, 3, True)
-                assert plan.block_n * head_dim * 2 == 16 * 1024
-                assert 1 <= plan.num_splits <= min(decode_attention.MAX_SPLITS, max(1, bound // 64))
-    # Gemma-4-E4B sliding (2 kv heads, window 512): 64 sequences, 128 programs -> 5 splits (4 x 132 / 128, rounded
-    # up); 256 sequences -> 2; 26B-A4B sliding (8 kv heads) at 256 sequences: 2,048 programs, no split
-    assert decode_plan(256, 64, 2, 512).num_splits == 5
-    assert decode_plan(256, 256, 2, 512).num_splits == 2
-    assert decode_plan(256, 256, 8, 1024).num_splits == 1
-    assert decode_plan(512, 16, 1, 100).num_splits == 1  # < 128 keys: one split of >= 64 keys
-    assert decode_plan(512, 16, 1, 1 << 20).num_splits == 33
+                assert decode_plan(head_dim, batch, kv_heads, bound) == today, (head_dim, batch, kv_heads)
+                assert decode_plan(head_dim, batch, kv_heads, bound, num_sms=66) == attrs.evolve(
+                    today, num_splits=choose_num_splits(batch, kv_heads, bound, num_sms=66))
+    assert not decode_plan(256, 64, 2, 512).table_ahead
 
 
 def test_decode_config_by_batch_regime() -> None:
@@ -671,14 +657,15 @@ _DECODE_COMPILE = textwrap.dedent('''
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target,
                                 options=dict(num_warps=warps, num_stages=2))
         assert "atom" in kernel.asm["ptx"] and kernel.metadata.shared <= 232448, (head_dim, kernel.metadata.shared)
-    # decode_plan's many-sequence plans as the launcher runs them (Gemma 4 at 64 sequences of 512 keys: E2B, E4B,
-    # 26B-A4B and 31B sliding and full layers; 16-byte aligned pointers and head-dim strides), and once per head_dim
-    # with the block table loaded in the iteration that uses it: each fits the shared memory of two programs an SM
-    # (228 KB, 1 KB of it reserved per program), as the plan counts on; with the table a tile ahead (the plan's) the
-    # pipeliner double-buffers the K and V tiles (shared memory for two of each), without it holds one
+    # The table-ahead candidates bench/tune_attention.py times (4 warps, 3 stages, 32-key tiles at D 256, 16-key at
+    # D 512, today's splits) as the launcher runs them (Gemma 4 at 64 sequences of 512 keys: E2B, E4B, 26B-A4B and
+    # 31B sliding and full layers; 16-byte aligned pointers and head-dim strides), and once per head_dim with the
+    # block table loaded in the iteration that uses it: each fits the shared memory of two programs an SM (228 KB,
+    # 1 KB of it reserved per program); with the table a tile ahead the pipeliner double-buffers the K and V tiles
+    # (shared memory for two of each), without it holds one
     import attrs
 
-    from inference_server.kernels.decode_attention import _MERGE_ELEMENTS, decode_plan
+    from inference_server.kernels.decode_attention import _MERGE_ELEMENTS, DecodePlan, choose_num_splits
     aligned = ("stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
                "stride_ob", "stride_oh")
     attrs_ = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
@@ -686,8 +673,7 @@ _DECODE_COMPILE = textwrap.dedent('''
     done = set()
     for group, kv_heads, head_dim in ((8, 1, 256), (8, 1, 512), (4, 2, 256), (4, 2, 512), (2, 8, 256), (8, 2, 512),
                                       (2, 16, 256), (8, 4, 512)):
-        plan = decode_plan(head_dim, 64, kv_heads, 512)
-        assert plan.table_ahead
+        plan = DecodePlan(32 if head_dim == 256 else 16, 4, 3, choose_num_splits(64, kv_heads, 512), table_ahead=True)
         for ahead in (True, False):
             block_s = triton.next_power_of_2(plan.num_splits)
             chunk = max(1, min(block_s, _MERGE_ELEMENTS // (triton.next_power_of_2(group) * head_dim)))

@@ -24,9 +24,10 @@ choice in :func:`choose_num_splits`.
 
 Tiles: the G query heads are padded to 16 rows (the smallest tl.dot M), K is read as ``[D, BLOCK_N]`` and V
 as ``[BLOCK_N, D]`` straight from the pages (16-byte cp.async gathers), both issued before the scores need K. The
-launch follows a :class:`DecodePlan` (:func:`decode_plan`); its ``table_ahead`` loads the next tile's block-table
-entries an iteration early, without which Triton's pipeliner keeps one K/V tile in shared memory and waits out each
-tile's HBM round trip (see :func:`decode_plan`).
+launch follows a :class:`DecodePlan` (default: :func:`decode_plan`). A plan's ``table_ahead`` (the default never
+sets it) loads the next tile's block-table entries an iteration early, with which Triton's pipeliner double-buffers
+the K/V tiles (with the table loaded in the iteration that uses it, it keeps one K/V tile in shared memory); the
+output is the same bit for bit.
 
 At batch 1 the kernel is a chain of dependent round trips, not a stream of bytes (its time a layer is several times
 that of its K/V reads: docs/benchmarks.md, the decode attention at its real context). Hence the many
@@ -460,12 +461,6 @@ def decode_config(head_dim: int, batch: int, num_kv_heads: int) -> tuple[int, in
     return block_n, 4 if head_dim <= 128 else 8, 2
 
 
-MANY_SEQUENCES = 16
-"""Batch from which :func:`decode_plan` takes the many-sequence plan for head_dim > 128."""
-FILL_PROGRAMS_PER_SM = 4
-"""Programs an SM the many-sequence plan's splits aim for (about two resident at once, two waves)."""
-
-
 @attrs.frozen
 class DecodePlan:
     """How one ``paged_decode_attention`` call is launched: the key tile, warps and pipeline depth of the attention
@@ -481,21 +476,10 @@ class DecodePlan:
 
 def decode_plan(head_dim: int, batch: int, num_kv_heads: int, max_context_len: int,
                 num_sms: int = H200_NUM_SMS) -> DecodePlan:
-    """The default plan. Below ``MANY_SEQUENCES`` or at head_dim <= 128: :func:`decode_config`'s tiles and
-    :func:`choose_num_splits`'s splits. From ``MANY_SEQUENCES`` at head_dim 256 and 512 (Gemma 4 at serving batch),
-    where that plan read K/V at about half of HBM bandwidth: splits even past a wave of programs, to about
-    ``FILL_PROGRAMS_PER_SM`` programs an SM with >= ``MIN_TOKENS_PER_SPLIT`` keys each (a balanced tail, and loads
-    of one program overlap another's dots), on 4 warps and a 3-stage key loop with the block table a tile ahead,
-    32-key tiles at D = 256 and 16-key tiles at D = 512. The table a tile ahead is what lets Triton's pipeliner
-    double-buffer the K/V tiles: with the table loaded in the iteration that uses it, the 3-stage loop pipelines
-    only the table loads and holds one K/V tile in shared memory (the compiled kernel's shared memory is one tile's,
-    ~41 KiB at D = 256), so each tile's HBM round trip is waited out; a tile ahead, the next tile's K/V is in flight
-    during this one's dots (~73 KiB at D = 256, ~80 KiB at D = 512: two programs an SM)."""
-    if head_dim > 128 and batch >= MANY_SEQUENCES:
-        programs = batch * num_kv_heads
-        splits = min(triton.cdiv(FILL_PROGRAMS_PER_SM * num_sms, programs),
-                     max(1, max_context_len // MIN_TOKENS_PER_SPLIT), MAX_SPLITS)
-        return DecodePlan(32 if head_dim <= 256 else 16, 4, 3, max(1, splits), table_ahead=True)
+    """The plan ``paged_decode_attention`` launches when given none: :func:`decode_config`'s tiles and
+    :func:`choose_num_splits`'s splits, the block table loaded in the iteration that uses it. :class:`DecodePlan`
+    exists so that ``bench/tune_attention.py`` can time other plans against this one in the same run (docs/benchmarks.md
+    keeps the ones that lost)."""
     block_n, num_warps, num_stages = decode_config(head_dim, batch, num_kv_heads)
     return DecodePlan(block_n, num_warps, num_stages, choose_num_splits(batch, num_kv_heads, max_context_len, num_sms))
 
