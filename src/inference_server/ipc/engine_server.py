@@ -67,6 +67,9 @@ class ServedEngine(Protocol):
 
     telemetry: Telemetry
     streams: RequestStreams
+    text_in_front: bool
+
+    def cached_prompt_tokens(self, request_id: int) -> int: ...
 
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
 
@@ -113,8 +116,9 @@ class _EngineServer:
         self.handles: dict[int, RequestHandle] = {}  # front request id -> handle (to abort), until its end
         # Before the engine runs: its actors write each request's items into the outbox (no task per request).
         self.streams = OutboxStreams(self._append_item, self._ended, interval_tokens=engine.streams.interval_tokens,
-                                     max_hold=engine.streams.max_hold)
+                                     max_hold=engine.streams.max_hold, cached_tokens=engine.cached_prompt_tokens)
         engine.streams = self.streams
+        engine.text_in_front = True  # the front detokenises and matches stop strings (docs/ipc.md, decision 1)
         self.admissions: list[Admission] = []
         self.updates: list[RequestUpdate] = []
         self.replies: list[Reply] = []
