@@ -213,6 +213,15 @@ class Engine:
         request = self.scheduler.requests.get(request_id)
         return 0 if request is None else request.num_cached_prompt_tokens
 
+    def end_on_stop(self, request_id: int) -> None:
+        """A separate front matched a stop string (docs/ipc.md, decision 1): end the request with the
+        scheduler's next look at its aborts, finished by ``stop`` (what its telemetry counts). Its stream stays
+        open until then, so the steps before still deliver (the front drops them) and the terminal update
+        goes out as for any finish. Never blocks; a request that already ended is left alone."""
+        if self.streams.is_live(request_id) and self._abort_send is not None:
+            with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                self._abort_send.send_nowait(Abort(request_id, "stop"))
+
     def _client_left(self, request_id: int) -> None:
         """A handle was closed before its terminal update: drop the stream entry and abort at once."""
         if self.streams.client_left(request_id) and self._abort_send is not None:

@@ -71,6 +71,8 @@ class ServedEngine(Protocol):
 
     def cached_prompt_tokens(self, request_id: int) -> int: ...
 
+    def end_on_stop(self, request_id: int) -> None: ...
+
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
 
     def counts(self) -> EngineCounts: ...
@@ -182,7 +184,10 @@ class _EngineServer:
                     for abort in message.aborts:
                         aborted = self.handles.get(abort.request_id)
                         if aborted is not None:
-                            aborted.abort()
+                            if abort.reason == "stop":  # a stop string in the front: ends as a stop
+                                self.engine.end_on_stop(aborted.request_id)
+                            else:
+                                aborted.abort()
                 elif isinstance(message, Call):
                     self._answer(message, calls)
                 elif isinstance(message, Drain):
