@@ -20,8 +20,10 @@ sent, then ``Stopped``; the caller closes the channel. When the front is gone (`
 ``BrokenResourceError`` on receive), the engine is drained at once (``drain(0)``) and what it sends is dropped.
 
 The engine is today's in-process ``Engine`` (anything with its ``submit``/``run``/``drain``/``info``/``streams``
-surface), admission, detokenisation and stop strings included; a request's ``RequestHandle`` is kept only to
-abort it.
+surface), admission included, with ``text_in_front`` set: no detokenizer and no stop strings (the front runs
+them, docs/ipc.md decision 1), so updates carry token ids with empty text. A request's ``RequestHandle`` is kept
+only to abort it; an ``Abort(reason="stop")`` (a stop string matched in the front) ends it as a ``stop``
+(``Engine.end_on_stop``), and its terminal update still goes to the front, which drops it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ list is unbounded: at most one per request, and closing never blocks). ``run`` r
 and routes each ``StepOutput``'s admissions and updates into the streams; it never awaits a send to the
 engine, so the two directions cannot deadlock (docs/ipc.md, decision 3).
 
+Text is made here (docs/ipc.md, decision 1): the engine's updates carry token ids with empty text; each admitted
+request gets an ``ipc/front_text.RequestText`` (detokenizer and stop checker with the strings) that rewrites
+its updates as the in-process scheduler builds them. A stop string ends the client's stream at once and queues
+``Abort(reason="stop")``; the engine's later updates for that request, its terminal one included, are dropped.
+
 The rest of the ``ServingEngine`` surface (``engine_surface.py``): ``info`` is the engine's ``Hello`` with the
 front's own tokenizer (loaded from the same settings, for chat templates and the tokenizer routes);
 ``read_counts``, ``read_kv_cache_snapshot`` and ``compile_constraints`` are ``Call``s answered by a ``Reply``;
