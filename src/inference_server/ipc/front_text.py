@@ -65,6 +65,7 @@ class RequestText:
         if update.finish_reason == "length" and tokens and not checker.finished:
             last = tokens[-1]  # the budget ran out: what was held back is released, as the checker's own length does
             tokens[-1] = attrs.evolve(last, text=last.text + checker.flush())
-        if not tokens:
-            return update, False
-        return attrs.evolve(update, tokens=tuple(tokens)), False
+        if update.finished:
+            return (attrs.evolve(update, tokens=tuple(tokens)) if tokens else update), False
+        # the cached count rode on the first update for this process only: the client's running updates carry 0
+        return attrs.evolve(update, tokens=tuple(tokens), cached_prompt_tokens=0), False
