@@ -22,11 +22,13 @@ counts it) and TPOT ((last event - first event) / (tokens - 1), median over stre
     uv run python bench/http_overhead.py --sinks all      # with every telemetry sink (none: without any)
     uv run python bench/http_overhead.py --coalesce on --stream-interval 1 2 4 8   # one server per interval
     uv run python bench/http_overhead.py --split          # the engine in its own process (ENGINE_PROCESS=separate)
+    uv run python bench/http_overhead.py --split --stop '<end_of_turn>' '<start_of_turn>'   # a chat's stop strings
 
 With ``--split`` the server runs its engine in a child process (``server.run_split_server``, the fake step in
 the child) and the table adds each process's CPU per token: ``front µs/tok`` (HTTP, SSE, the RemoteEngine and
-the telemetry sinks) and ``engine µs/tok`` (admission, scheduler, KV allocator, executor, detokenisation and stop
-strings: the first slice of the split still runs them there); ``µs/token`` is both together.
+the telemetry sinks, detokenisation and stop strings) and ``engine µs/tok`` (admission, scheduler, KV allocator,
+executor); ``µs/token`` is both together. ``--stop '<end_of_turn>' '<start_of_turn>'`` adds what Gemma's chat
+template puts on every chat request (stop strings that never match here).
 
 This is a benchmark, not a test; docs/benchmarks.md records its figures.
 """
@@ -391,9 +393,10 @@ class Row:
 
 
 async def measure(host: str, port: int, pid: int, concurrency: int, max_tokens: int, seconds: float,
-                  warmup: float, server: str, read_interval: float = 0.0, interval: int = 1) -> Row:
+                  warmup: float, server: str, read_interval: float = 0.0, interval: int = 1,
+                  stop: tuple[str, ...] = ()) -> Row:
     body = json.dumps({"prompt_token_ids": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True,
-                       "temperature": 0, "stream": True}).encode()
+                       "temperature": 0, "stream": True, **({"stop": list(stop)} if stop else {})}).encode()
     counters = Counters()
     engine = engine_child(pid)  # --split: measured beside the front; its CPU is part of the server's
     async with trio.open_nursery() as nursery:
@@ -486,6 +489,9 @@ def main() -> int:
                              "each (default: the server's default)")
     parser.add_argument("--stream-interval-ms", type=float, default=Settings().stream_interval_ms,
                         help="the server's STREAM_INTERVAL_MS (the longest a token is held back)")
+    parser.add_argument("--stop", nargs="+", default=[], metavar="STRING",
+                        help="stop strings on every request, e.g. a chat template's '<end_of_turn>' "
+                             "'<start_of_turn>' (the fake tokens never match them: the cost of looking)")
     parser.add_argument("--split", action="store_true",
                         help="the server with its engine in a child process (ENGINE_PROCESS=separate); reports each "
                              "process's CPU per token")
@@ -514,7 +520,7 @@ def main() -> int:
                 row = trio.run(measure, host, port, process.pid, concurrency, args.max_tokens, args.seconds,
                                args.warmup, "bare" if args.pure_sse else ("on" if coalesce else "off")
                                + ("/split" if args.split else ""),
-                               args.slow_client_ms / 1000, interval)
+                               args.slow_client_ms / 1000, interval, tuple(args.stop))
                 rows.append(row)
                 print_table([row], args.max_tokens, args.step_ms)
         finally:

@@ -162,6 +162,9 @@ class Engine:
         self._shutdown_message: str | None = None
         self.scheduler_actor: SchedulerActor | None = None
         self.executor: Executor | None = None
+        self.text_in_front = False
+        """Set before ``run`` by the engine process (``ipc/engine_server.py``): its front detokenises and
+        matches stop strings, so admission gives requests neither (updates carry empty text)."""
 
     # -- client API ----------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -204,6 +207,20 @@ class Engine:
             if scope.cancelled_caught:
                 raise RequestError("invalid_request", f"{constraint.field}: the constraint did not compile within "
                                    f"{COMPILE_TIMEOUT:g} s", constraint.field)
+
+    def cached_prompt_tokens(self, request_id: int) -> int:
+        """Prompt tokens of a running request that its prefix cache hit covered (0 once it ended)."""
+        request = self.scheduler.requests.get(request_id)
+        return 0 if request is None else request.num_cached_prompt_tokens
+
+    def end_on_stop(self, request_id: int) -> None:
+        """A separate front matched a stop string (docs/ipc.md, decision 1): end the request with the
+        scheduler's next look at its aborts, finished by ``stop`` (what its telemetry counts). Its stream stays
+        open until then, so the steps before still deliver (the front drops them) and the terminal update
+        goes out as for any finish. Never blocks; a request that already ended is left alone."""
+        if self.streams.is_live(request_id) and self._abort_send is not None:
+            with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                self._abort_send.send_nowait(Abort(request_id, "stop"))
 
     def _client_left(self, request_id: int) -> None:
         """A handle was closed before its terminal update: drop the stream entry and abort at once."""
@@ -327,7 +344,7 @@ class Engine:
             admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,
             admission_timeout=parts.admission_timeout, kv_limits=kv_limits(parts), emit=emit,
-            default_max_tokens=parts.default_max_tokens, grammar=parts.grammar)
+            default_max_tokens=parts.default_max_tokens, grammar=parts.grammar, text_in_front=self.text_in_front)
         async with trio.open_nursery() as pipeline:
             self._pipeline_scope = pipeline.cancel_scope
             await pipeline.start(self.executor.run)

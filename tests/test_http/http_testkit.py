@@ -203,6 +203,7 @@ class Served:
     client: Any
     model: FakeEngine
     failures: list[int]
+    separate: bool = False
 
     @property
     def state(self):
@@ -212,6 +213,16 @@ class Served:
         """No request holds KV blocks (every path released exactly once)."""
         kv = self.engine.parts.kv
         return not self.engine.scheduler.requests and kv.num_sequences == 0 and kv.full_pool.num_referenced == 0
+
+    async def kv_settles_idle(self, timeout: float = 30.0) -> bool:
+        """``kv_is_idle`` at once in one process. With a separate engine the front ends a stream on a stop
+        string before the engine ends the request (docs/ipc.md, decision 1): idle once the front's abort has
+        reached the engine, waited for up to ``timeout`` seconds (then the answer is False)."""
+        if self.separate:
+            with trio.move_on_after(timeout):
+                while not self.kv_is_idle():
+                    await trio.sleep(0.005)
+        return self.kv_is_idle()
 
 
 @asynccontextmanager
@@ -233,7 +244,7 @@ async def serving(model: FakeEngine | None = None, tokenizer: Tokenizer | None =
             front = await nursery.start(supervise_engine, engine, failures.append)
         app = create_app(front, settings or Settings(), coalesce=coalesce)
         async with app.test_app() as test_app:
-            yield Served(engine, app, test_app.test_client(), model, failures)
+            yield Served(engine, app, test_app.test_client(), model, failures, separate)
         if model.gate is not None:
             model.gate.set()
         await front.drain(0)

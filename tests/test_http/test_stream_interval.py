@@ -29,7 +29,7 @@ async def stream(serve: Any, interval: int, path: str, body: dict[str, Any], *,
                      stream_interval_ms=hold_ms) as served:
         with trio.fail_after(60):
             result = await post_stream(served.client, path, body)
-        assert result.status == 200 and served.kv_is_idle()
+        assert result.status == 200 and await served.kv_settles_idle()
         return result.events
 
 

@@ -47,8 +47,11 @@ class Admission:
                  tokenizer: PromptTokenizer | None, *, max_model_len: int, vocab_size: int,
                  eos_token_ids: frozenset[int], admission_timeout: float, kv_limits: KVLimits | None,
                  emit: Callable[[TelemetryEvent], None], default_max_tokens: int | None = None,
-                 grammar: GrammarCompiler | None = None) -> None:
+                 grammar: GrammarCompiler | None = None, text_in_front: bool = False) -> None:
         self.inbox = inbox
+        self.text_in_front = text_in_front
+        """A separate engine process: requests get no detokenizer and no stop strings here (the front
+        process detokenises and matches them; docs/ipc.md, decision 1)."""
         self.to_scheduler = to_scheduler
         self.streams = streams
         self.tokenizer = tokenizer
@@ -106,7 +109,7 @@ class Admission:
             params = attrs.evolve(params, eos_token_ids=tuple(sorted(self.eos_token_ids)))
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids,
                                              skip_special_tokens=params.skip_special_tokens) \
-            if self.tokenizer is not None else None
+            if self.tokenizer is not None and not self.text_in_front else None
         self._arrivals += 1
         return Request(
             request_id=submission.request_id, prompt_ids=prompt_ids, params=params,
@@ -114,6 +117,6 @@ class Admission:
             deadline=submission.arrival_time + self.admission_timeout if self.admission_timeout else None,
             session_id=incoming.session_id, priority=incoming.priority,
             extra_key=incoming.cache_salt, detokenizer=detokenizer,
-            stop_checker=StopChecker.from_params(params, self.eos_token_ids),
+            stop_checker=StopChecker.from_params(params, self.eos_token_ids, stop_strings=not self.text_in_front),
             trace_id=incoming.trace_id,
         )

@@ -42,7 +42,7 @@ from inference_server.core.kv_backlog import KVTurnover, estimated_wait
 from inference_server.core.kv_grants import StepDemand, StepGrant
 from inference_server.core.request import Request
 from inference_server.core.scheduler import Scheduler
-from inference_server.records.requests import Abort, Rejected, RequestUpdate
+from inference_server.records.requests import Abort, FinishReason, Rejected, RequestUpdate
 from inference_server.records.steps import StepPlan, StepResult
 from inference_server.telemetry import profiler_ranges
 from inference_server.telemetry.events import (
@@ -139,9 +139,10 @@ class SchedulerActor:
         """Every abort and new request already sent (aborts first: they only free room)."""
         while True:
             try:
-                self._abort(self.aborts.receive_nowait().request_id)
+                abort = self.aborts.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
+            self._abort(abort.request_id, abort.reason)
         while not self.inbox_closed:
             try:
                 request = self.inbox.receive_nowait()
@@ -176,7 +177,7 @@ class SchedulerActor:
         except trio.EndOfChannel:
             await trio.sleep_forever()  # no more aborts can come; wait for the other wake-ups
         else:
-            self._abort(abort.request_id)
+            self._abort(abort.request_id, abort.reason)
         done.cancel()
 
     def _next_deadline(self) -> float:
@@ -188,9 +189,10 @@ class SchedulerActor:
             wake = min(wake, trio.current_time() + RETRY_SECONDS)
         return wake
 
-    def _abort(self, request_id: int) -> None:
-        """The caller is gone (or asked to stop): end the request and free its KV with the next demand."""
-        update = self.core.abort(request_id)
+    def _abort(self, request_id: int, reason: FinishReason = "abort") -> None:
+        """The caller is gone (or asked to stop; ``stop``: a separate front matched a stop string): end the
+        request and free its KV with the next demand."""
+        update = self.core.abort(request_id, reason)
         if update is not None:
             self._report_update(update, trio.current_time())
             self.streams.deliver(update)  # removes the entry if the caller is still there

@@ -82,12 +82,17 @@ class StopChecker:
         self.stop_reason: str | int | None = None
 
     @classmethod
-    def from_params(cls, params: SamplingParams, eos_token_ids: Collection[int]) -> StopChecker:
-        """A checker for one request (``eos_token_ids``: the model's EOS ids, from its generation config)."""
+    def from_params(cls, params: SamplingParams, eos_token_ids: Collection[int], *, stop_strings: bool = True,
+                    max_tokens: int | None = None) -> StopChecker:
+        """A checker for one request (``eos_token_ids``: the model's EOS ids, from its generation config).
+
+        With a separate engine process (docs/ipc.md, decision 1) each request has two: the engine's, with
+        ``stop_strings=False`` (token-level finishes only: it sees no text), and the front's, with the strings
+        and ``max_tokens`` unbounded (the engine's ``length`` finish tells it when the budget ran out)."""
         return cls(
-            max_tokens=params.resolved_max_tokens(),
+            max_tokens=params.resolved_max_tokens() if max_tokens is None else max_tokens,
             eos_token_ids=eos_token_ids,
-            stop=params.stop,
+            stop=params.stop if stop_strings else (),
             stop_token_ids=params.stop_token_ids,
             ignore_eos=params.ignore_eos and params.constraint is None,  # a complete constraint allows only EOS
             include_stop_str_in_output=params.include_stop_str_in_output,

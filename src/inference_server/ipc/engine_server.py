@@ -20,8 +20,10 @@ sent, then ``Stopped``; the caller closes the channel. When the front is gone (`
 ``BrokenResourceError`` on receive), the engine is drained at once (``drain(0)``) and what it sends is dropped.
 
 The engine is today's in-process ``Engine`` (anything with its ``submit``/``run``/``drain``/``info``/``streams``
-surface), admission, detokenisation and stop strings included; a request's ``RequestHandle`` is kept only to
-abort it.
+surface), admission included, with ``text_in_front`` set: no detokenizer and no stop strings (the front runs
+them, docs/ipc.md decision 1), so updates carry token ids with empty text. A request's ``RequestHandle`` is kept
+only to abort it; an ``Abort(reason="stop")`` (a stop string matched in the front) ends it as a ``stop``
+(``Engine.end_on_stop``), and its terminal update still goes to the front, which drops it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class ServedEngine(Protocol):
 
     telemetry: Telemetry
     streams: RequestStreams
+    text_in_front: bool
+
+    def cached_prompt_tokens(self, request_id: int) -> int: ...
+
+    def end_on_stop(self, request_id: int) -> None: ...
 
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
 
@@ -113,8 +120,9 @@ class _EngineServer:
         self.handles: dict[int, RequestHandle] = {}  # front request id -> handle (to abort), until its end
         # Before the engine runs: its actors write each request's items into the outbox (no task per request).
         self.streams = OutboxStreams(self._append_item, self._ended, interval_tokens=engine.streams.interval_tokens,
-                                     max_hold=engine.streams.max_hold)
+                                     max_hold=engine.streams.max_hold, cached_tokens=engine.cached_prompt_tokens)
         engine.streams = self.streams
+        engine.text_in_front = True  # the front detokenises and matches stop strings (docs/ipc.md, decision 1)
         self.admissions: list[Admission] = []
         self.updates: list[RequestUpdate] = []
         self.replies: list[Reply] = []
@@ -178,7 +186,10 @@ class _EngineServer:
                     for abort in message.aborts:
                         aborted = self.handles.get(abort.request_id)
                         if aborted is not None:
-                            aborted.abort()
+                            if abort.reason == "stop":  # a stop string in the front: ends as a stop
+                                self.engine.end_on_stop(aborted.request_id)
+                            else:
+                                aborted.abort()
                 elif isinstance(message, Call):
                     self._answer(message, calls)
                 elif isinstance(message, Drain):

@@ -9,6 +9,10 @@ channel in the engine process, so there is no task per request, and no item wait
 unbounded (a lagging front gets fewer, larger messages), so a stream here is never full and never coalesces
 (the front's own ``RequestStreams`` coalesce behind a slow client).
 
+The front detokenises and matches stop strings (docs/ipc.md, decision 1): it may end a request on a stop
+string before the engine's terminal update, so each request's first update carries its
+``cached_prompt_tokens`` (``cached_tokens``, asked of the engine then), which the front's terminal reports.
+
 The front's id of the request being submitted is set (``submitting``) just before ``Engine.submit``, which
 opens the entry synchronously.
 """
@@ -38,17 +42,23 @@ _EMPTY = _Statistics()
 class _OutboxSend:
     """Stands in for one request's memory channel send end (what ``RequestStreams`` calls on it)."""
 
-    __slots__ = ("closed", "front_id", "on_close", "sink")
+    __slots__ = ("cached_tokens", "closed", "front_id", "on_close", "sink")
 
-    def __init__(self, front_id: int, sink: Sink, on_close: Callable[[int], None]) -> None:
+    def __init__(self, front_id: int, sink: Sink, on_close: Callable[[int], None],
+                 cached_tokens: Callable[[int], int] | None) -> None:
         self.front_id = front_id
         self.sink = sink
         self.on_close = on_close
         self.closed = False
+        self.cached_tokens = cached_tokens  # None once the first update went out
 
     def send_nowait(self, item: StreamItem) -> None:
         if isinstance(item, RequestUpdate):
-            self.sink(attrs.evolve(item, request_id=self.front_id))
+            if self.cached_tokens is not None and not item.finished:
+                cached, self.cached_tokens = self.cached_tokens(item.request_id), None
+                self.sink(attrs.evolve(item, request_id=self.front_id, cached_prompt_tokens=cached))
+            else:
+                self.sink(attrs.evolve(item, request_id=self.front_id))
         elif isinstance(item, Admitted):
             self.sink(Admission(self.front_id, item.prompt_token_ids))
         elif isinstance(item, Rejected):
@@ -68,17 +78,19 @@ class OutboxStreams(RequestStreams):
     caller left)."""
 
     def __init__(self, sink: Sink, on_end: Callable[[int], None], *, interval_tokens: int = 1,
-                 max_hold: float = 0.1) -> None:
+                 max_hold: float = 0.1, cached_tokens: Callable[[int], int] | None = None) -> None:
         super().__init__(interval_tokens=interval_tokens, max_hold=max_hold)
         self.sink = sink
         self.on_end = on_end
+        self.cached_tokens = cached_tokens
+        """The engine's request id -> its prompt tokens found in the prefix cache (sent on its first update)."""
         self.submitting = 0
         """The front's id of the request ``Engine.submit`` opens next."""
         send, self._nothing = trio.open_memory_channel[StreamItem](0)
         send.close()  # every handle's stream: nothing is read from it (the handle only aborts)
 
     def open(self, request_id: int) -> trio.MemoryReceiveChannel[StreamItem]:
-        send = _OutboxSend(self.submitting, self.sink, self.on_end)
+        send = _OutboxSend(self.submitting, self.sink, self.on_end, self.cached_tokens)
         # RequestStreams only calls send_nowait, statistics and close on an entry's send end
         self._entries[request_id] = _Entry(cast(Any, send))
         return self._nothing

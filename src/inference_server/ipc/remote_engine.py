@@ -8,6 +8,11 @@ list is unbounded: at most one per request, and closing never blocks). ``run`` r
 and routes each ``StepOutput``'s admissions and updates into the streams; it never awaits a send to the
 engine, so the two directions cannot deadlock (docs/ipc.md, decision 3).
 
+Text is made here (docs/ipc.md, decision 1): the engine's updates carry token ids with empty text; each admitted
+request gets an ``ipc/front_text.RequestText`` (detokenizer and stop checker with the strings) that rewrites
+its updates as the in-process scheduler builds them. A stop string ends the client's stream at once and queues
+``Abort(reason="stop")``; the engine's later updates for that request, its terminal one included, are dropped.
+
 The rest of the ``ServingEngine`` surface (``engine_surface.py``): ``info`` is the engine's ``Hello`` with the
 front's own tokenizer (loaded from the same settings, for chat templates and the tokenizer routes);
 ``read_counts``, ``read_kv_cache_snapshot`` and ``compile_constraints`` are ``Call``s answered by a ``Reply``;
@@ -39,6 +44,7 @@ from inference_server.actors.telemetry import Telemetry
 from inference_server.core.validation import PromptTokenizer
 from inference_server.ipc.channel import SocketChannel
 from inference_server.ipc.frames import ProtocolError
+from inference_server.ipc.front_text import RequestText
 from inference_server.ipc.messages import (
     Abort,
     Call,
@@ -53,6 +59,7 @@ from inference_server.ipc.messages import (
 )
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected
+from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import EngineCounts, EngineInfo, EngineState, KVCacheSnapshot
 from inference_server.telemetry.events import TelemetryEvent
 
@@ -87,6 +94,13 @@ class RemoteEngine:
         self._last_progress: float | None = None  # trio time of the last message with updates
         self._clock_shift = 0.0  # add to an engine telemetry time to get this process's trio time
         self._stopped = trio.Event()
+        # Text in the front (docs/ipc.md, decision 1): each request's params until its admission, then its
+        # detokenizer and stop checker until its end; requests ended here on a stop string whose engine-side
+        # end has not arrived yet (their later updates are dropped).
+        self._params: dict[int, SamplingParams] = {}
+        self._texts: dict[int, RequestText] = {}
+        self._ended_here: set[int] = set()
+        self._eos_token_ids: frozenset[int] = frozenset()  # the engine's (its Hello)
 
     # -- client API ----------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -101,6 +115,7 @@ class RemoteEngine:
         else:
             self._submits.append(Submit(request_id, request, time.monotonic()))
             self._unadmitted.add(request_id)
+            self._params[request_id] = request.params
             self._open_since[request_id] = trio.current_time()
             self._wake.set()
         return handle
@@ -110,6 +125,8 @@ class RemoteEngine:
         if self.streams.client_left(request_id):
             self._unadmitted.discard(request_id)
             self._open_since.pop(request_id, None)
+            self._params.pop(request_id, None)
+            self._texts.pop(request_id, None)
             self._aborts.append(Abort(request_id))
             self._wake.set()
 
@@ -213,6 +230,7 @@ class RemoteEngine:
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"the engine's first message is a {type(hello).__name__}, not Hello")
             self.hello = hello
+            self._eos_token_ids = frozenset(hello.eos_token_ids)
             self._clock_shift = (trio.current_time() - time.monotonic()) - hello.clock_offset
             if self.state is EngineState.STARTING:
                 self.state = EngineState.READY
@@ -247,14 +265,33 @@ class RemoteEngine:
                     self.state = EngineState.FAILED
                 for admission in message.admissions:
                     self._unadmitted.discard(admission.request_id)
+                    params = self._params.pop(admission.request_id, None)
                     if admission.rejected is not None:
                         self._open_since.pop(admission.request_id, None)
                         self.streams.reject(admission.request_id, admission.rejected)
                     else:
+                        if params is not None:  # else the client left: its abort is queued
+                            self._texts[admission.request_id] = RequestText(
+                                params, admission.prompt_token_ids, self.tokenizer, self._eos_token_ids)
                         self.streams.admitted(admission.request_id, admission.prompt_token_ids)
                 for update in message.updates:
+                    request_id = update.request_id
+                    text = self._texts.get(request_id)
+                    if text is not None:
+                        update, ended_here = text.apply(update)
+                        if update.finish_reason is not None:
+                            del self._texts[request_id]
+                        if ended_here:  # a stop string: the client's stream ends now, the engine's soon
+                            self._ended_here.add(request_id)
+                            self._aborts.append(Abort(request_id, "stop", str(update.stop_reason),
+                                                      update.completion_tokens))
+                            self._wake.set()
+                    elif request_id in self._ended_here:  # ended here on a stop string: the engine's tail
+                        if update.finish_reason is not None:
+                            self._ended_here.discard(request_id)
+                        continue
                     if update.finish_reason is not None:
-                        self._open_since.pop(update.request_id, None)
+                        self._open_since.pop(request_id, None)
                     self.streams.deliver(update)  # False: the client left, and its abort is already queued
                 if message.updates or message.events:  # events: a step completed (a prefill chunk has no update)
                     self._last_progress = trio.current_time()
@@ -313,6 +350,9 @@ class RemoteEngine:
         self._unadmitted.clear()
         self._submits.clear()
         self._open_since.clear()
+        self._params.clear()
+        self._texts.clear()
+        self._ended_here.clear()
         self._calls.clear()
         for waiter in self._replies.values():
             waiter.send_nowait(None)  # a waiting call learns that the engine is gone

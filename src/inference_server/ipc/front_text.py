@@ -1,0 +1,71 @@
+"""``RequestText``: one request's detokenisation and stop strings in the front process (docs/ipc.md, decision 1).
+
+With a separate engine process the engine runs each request's ``StopChecker`` without stop strings and no
+detokenizer: its updates carry token ids (with logprobs) and empty text, and end only for token-level reasons
+(EOS, stop token ids, ``max_tokens``) or the engine's own (abort, error, timeout). The front runs, per request,
+the ``IncrementalDetokenizer`` and a ``StopChecker`` with the strings and rewrites each update as the in-process
+scheduler would have built it: the same text (held back while it may start a stop string), the same finish.
+
+The front's checker has the engine's EOS ids, stop token ids, ``min_tokens`` and ``ignore_eos`` (so both agree on
+every token-level finish, token by token) but no length bound (the engine resolves ``max_tokens`` against the
+model's limits; its ``length`` finish releases what was held back, as the checker's own would). When the
+front's checker ends the request on a token the engine did not end it on (a stop string), :meth:`apply` builds
+the terminal update here and says so: the caller delivers it, asks the engine to stop the request, and drops the
+engine's later updates for it.
+
+Pure Python: no trio (``tests/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Collection
+
+import attrs
+
+from inference_server.core.detokenizer import IncrementalDetokenizer, TokenDecoder
+from inference_server.core.stop_checker import StopChecker
+from inference_server.records.requests import RequestUpdate, TokenOutput
+from inference_server.records.sampling_params import SamplingParams
+
+
+class RequestText:
+    """See the module docstring: built once the request's admission (its prompt ids) reached the front."""
+
+    __slots__ = ("cached_prompt_tokens", "checker", "detokenizer", "prompt_tokens")
+
+    def __init__(self, params: SamplingParams, prompt_ids: tuple[int, ...], tokenizer: TokenDecoder | None,
+                 eos_token_ids: Collection[int]) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids,
+                                                  skip_special_tokens=params.skip_special_tokens) \
+            if tokenizer is not None else None
+        self.checker = StopChecker.from_params(params, eos_token_ids, max_tokens=sys.maxsize)
+        self.prompt_tokens = len(prompt_ids)
+        self.cached_prompt_tokens = 0
+
+    def apply(self, update: RequestUpdate) -> tuple[RequestUpdate, bool]:
+        """``update`` (the engine's, text empty) with its text; True when this process ended the request (a
+        stop string, the update returned is its terminal one and the engine has not ended it)."""
+        if update.cached_prompt_tokens and not update.finished:  # the engine sends it with the first update
+            self.cached_prompt_tokens = update.cached_prompt_tokens
+        detokenizer, checker = self.detokenizer, self.checker
+        tokens: list[TokenOutput] = []
+        for token in update.tokens:
+            token_id = token.token_id
+            stop = checker.update(token_id, detokenizer.add_token(token_id) if detokenizer is not None else "")
+            tokens.append(TokenOutput(token_id, stop.text, token.logprob, token.top_logprobs))
+            if stop.finish_reason is not None:
+                if len(tokens) == len(update.tokens) and update.finish_reason == stop.finish_reason:
+                    break  # the engine ended it on this same token (EOS, a stop token id): its terminal stands
+                return RequestUpdate(
+                    update.request_id, tuple(tokens), stop.finish_reason, stop.stop_reason,
+                    prompt_tokens=self.prompt_tokens, completion_tokens=checker.num_tokens,
+                    cached_prompt_tokens=self.cached_prompt_tokens, prompt_logprobs=update.prompt_logprobs,
+                ), update.finish_reason is None
+        if update.finish_reason == "length" and tokens and not checker.finished:
+            last = tokens[-1]  # the budget ran out: what was held back is released, as the checker's own length does
+            tokens[-1] = attrs.evolve(last, text=last.text + checker.flush())
+        if update.finished:
+            return (attrs.evolve(update, tokens=tuple(tokens)) if tokens else update), False
+        # the cached count rode on the first update for this process only: the client's running updates carry 0
+        return attrs.evolve(update, tokens=tuple(tokens), cached_prompt_tokens=0), False
