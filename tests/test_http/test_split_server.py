@@ -81,11 +81,16 @@ def split_server(tmp_path: Path, *, env: dict[str, str] | None = None, new_sessi
         engine_pid = server.engine_pid()
         yield server
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        if engine_pid is not None and is_running(engine_pid):
-            os.kill(engine_pid, signal.SIGKILL)
+        kill_both(process, engine_pid)
+
+
+def kill_both(front: subprocess.Popen[bytes], engine_pid: int | None) -> None:
+    """A test's cleanup: the front killed and reaped if it still runs, then the engine process if it is left."""
+    if front.poll() is None:
+        front.kill()
+        front.wait()
+    if engine_pid is not None and is_running(engine_pid):
+        os.kill(engine_pid, signal.SIGKILL)
 
 
 def is_running(pid: int) -> bool:
@@ -279,11 +284,7 @@ def test_the_front_dying_while_the_engine_starts_ends_the_engine(tmp_path: Path)
             time.sleep(0.05)
         assert not is_running(engine_pid)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        if engine_pid is not None and is_running(engine_pid):
-            os.kill(engine_pid, signal.SIGKILL)
+        kill_both(process, engine_pid)
 
 
 def test_a_group_signal_delivered_twice_drains_once(tmp_path: Path) -> None:
