@@ -66,6 +66,17 @@ def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode)
 
 
+def invariant_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                           style: NormStyle) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``Ops.add_rms_norm`` for ``DETERMINISTIC``: ``triton_add_rms_norm`` with one row a program, so a row's add and
+    sum of squares are the same whatever the row count; None (the table's add, then ``invariant_rms_norm``) where the
+    kernel does not take the inputs."""
+    mode = add_norm_kernel_mode(x, residual, style)
+    if mode is None:
+        return None
+    return triton_norm.fused_add_rmsnorm(x, residual, weight, eps, mode, block_rows=INVARIANT_NORM_ROWS)
+
+
 def norm_add_kernel_takes(a: torch.Tensor, a_norm: layers.NormWeights, b: torch.Tensor | None,
                            b_norm: layers.NormWeights | None, sum_norm: layers.NormWeights | None,
                            residual: torch.Tensor | None, scale: torch.Tensor | None,

@@ -27,6 +27,7 @@ from inference_server.backends.cuda.moe_ops import (
     triton_mlp_beside_experts,
 )
 from inference_server.backends.cuda.norm_ops import (
+    invariant_add_rms_norm,
     invariant_rms_norm,
     triton_add_rms_norm,
     triton_norm_add,
@@ -61,12 +62,18 @@ def cuda_ops(options: CudaRunnerOptions) -> Ops:
     """The table a CUDA runner with ``options`` binds to its model (see the module docstring)."""
     if options.deterministic:
         # DETERMINISTIC: every op whose reduction order could follow the step's token count pinned to one
-        # configuration: the fixed-tile GEMM for every float projection and the head, an int8 weight converted in the
-        # call and sent through it, the RMSNorm one row a program, the grouped-GEMM MoE with one config per layer
-        # shape (never the decode GEMVs). RoPE and the reference's routing, activations and RoPE tables are
-        # elementwise or one row at a time; no fused weights, no fusions (docs/architecture.md, Deterministic).
+        # configuration: the fixed-tile GEMM for every float projection and the head (over the fused q/k/v and
+        # gate/up weights: its split follows N and K, never M), an int8 weight converted in the call and sent through
+        # it, the RMSNorm and the residual add + norm one row a program, the grouped-GEMM MoE with one config per
+        # layer shape (never the decode GEMVs). The launches that are already one row (or one row and head) a program
+        # whatever the step join them: routing, Gemma 4's sandwich norm + add, the q/k norms + RoPE, the gated
+        # activation and the RoPE tables (elementwise). Never the fusions a step takes or leaves by its token count
+        # (the GEMV fusions, the fused router GEMV, the MLP beside the experts): docs/architecture.md, Deterministic.
         return Ops(norm=invariant_rms_norm, rope=rope_qk_, linear=invariant_matmul,
-                   int8_linear=invariant_int8_linear, fused_moe=invariant_fused_moe)
+                   int8_linear=invariant_int8_linear, fused_moe=invariant_fused_moe, rope_cos_sin=triton_rope_cos_sin,
+                   gated_activation=triton_gated_activation, route=triton_route, fused_weights=True,
+                   fusions=Fusions(add_rms_norm=invariant_add_rms_norm, qk_norm_rope=triton_qk_norm_rope,
+                                   norm_add=triton_norm_add))
     moe = functools.partial(triton_fused_moe, decode_max_tokens=moe_decode_max_tokens(options))
     if options.compile:
         # Under torch.compile the Triton MoE and int8 GEMVs are called eagerly (graph breaks) and the norm, RoPE and
@@ -125,7 +132,8 @@ def cuda_attention_kwargs(options: CudaRunnerOptions) -> dict[str, Any]:
     if options.deterministic:
         return dict(store=store_kv, prefill_attention=functools.partial(paged_prefill_attention, align_kv=True),
                     decode_attention=functools.partial(invariant_decode_attention,
-                                                       max_context_len=options.max_model_len))
+                                                       max_context_len=options.max_model_len),
+                    norm_rope_store=triton_qk_norm_rope_store)
     kernels = options.kernels
     return dict(store=store_kv, prefill_attention=paged_prefill_attention,
                 decode_attention=functools.partial(paged_decode_attention, max_context_len=options.max_model_len),

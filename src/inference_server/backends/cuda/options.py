@@ -67,14 +67,22 @@ class CudaRunnerOptions:
 
     deterministic: bool = attrs.field(default=False)
     """``DETERMINISTIC``: the batch-invariant table (``op_table.cuda_ops``' deterministic branch) and the prefill
-    attention kernel with position-aligned key tiles for every step. Needs ``reference_ops`` (no fused weights, no
-    fused greedy head, the full logits and the sampler) and no ``compile`` (Inductor picks its own reductions);
+    attention kernel with position-aligned key tiles for every step. Needs ``reference_ops`` (no fused greedy head:
+    the full logits and the sampler; no PDL; fused weights all the same, ``fuse_weights``) and no ``compile``
+    (Inductor picks its own reductions);
     ``build_cuda_runner`` sets the first with it."""
 
     @deterministic.validator
     def _deterministic_needs_reference_ops(self, _attribute: object, value: bool) -> None:
         if value and (self.compile or not self.reference_ops):
             raise ValueError("CudaRunnerOptions(deterministic=True) needs reference_ops=True and compile=False")
+
+    @property
+    def fuse_weights(self) -> bool:
+        """Whether the runner fuses q/k/v and gate/up into one weight each and folds Gemma 4's router scale into its
+        norm (``Ops.fused_weights``): everywhere but the reference ops, and in the deterministic table too (one
+        invariant GEMM instead of three and two)."""
+        return not self.reference_ops or self.deterministic
 
     @property
     def kernels(self) -> bool:

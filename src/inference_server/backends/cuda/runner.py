@@ -82,7 +82,7 @@ class CudaModelRunner(ModelRunner):
         # Under torch.compile the Triton kernels are called eagerly (graph breaks), the attention context too.
         self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
         self._dense_gemv = options.kernels  # the greedy head's 1-2 row GEMV path (_head_gemv_logits)
-        if not options.reference_ops:
+        if options.fuse_weights:
             for module in model.modules():
                 if isinstance(module, SelfAttention):
                     module.fuse_qkv()
