@@ -124,8 +124,10 @@ def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, 
     if ALL_SPLITS:
         _store_output(total, b_ptr, y_ptr, rm, rn, tile_mask, N, stride_ym, stride_yn, HAS_BIAS)
     else:
+        # ``total`` (``0 + p_s``; the compiler reads no loop variable after its loop) has ``p_s``'s bits but for a -0
+        # made +0, which changes no sum started at +0: such a sum is never -0, and x + 0 == x + -0 for every x but -0
         tile = rm[:, None] * stride_pm + rn[None, :] * stride_pn
-        tl.store(part_ptr + first * stride_ps + tile, acc, mask=tile_mask)
+        tl.store(part_ptr + first * stride_ps + tile, total, mask=tile_mask)
         # Each split program counts itself in; the last to arrive folds (as invariant_decode_attention's fused
         # fold: the barrier puts this program's partial stores before the counter's release, acq_rel at GPU scope;
         # the last program's acquire makes the others' visible, and its loads bypass L1).
