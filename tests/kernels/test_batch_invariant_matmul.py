@@ -4,7 +4,7 @@ the other rows' values (a row first, last or mid-way in batches of 1 to 130 rows
 The split launch's fold (the tile's last split program adds the partials) is checked bitwise against the one-program
 sum. CPU runs use TRITON_INTERPRET=1 at small shapes; the ``gpu`` tests run bf16 at Qwen3-30B-A3B's and
 Gemma-4-26B-A4B's projection shapes, where cuBLAS's rows are checked to differ (what the kernel is for), and the fold
-against the one-program sum there, where the split programs finish in any order."""
+against the one-program sum there, where the split programs finish in any order, and in a CUDA graph's replays."""
 
 import os
 
@@ -154,3 +154,23 @@ def test_bf16_fold_gives_the_one_launch_bits_at_model_shapes(k: int, n: int) -> 
             assert torch.equal(invariant_matmul(x, w, b), one_launch), m
         torch.cuda.synchronize()
         assert not fold_counters(DEV).any()
+
+
+@gpu
+def test_bf16_fold_replays_in_a_cuda_graph_with_the_eager_bits() -> None:
+    """The runners capture decode steps after an eager warm-up (the counters' first use, outside the capture): the
+    graph's replays launch with the counters the fold left at zero, so each replay gives the eager bits."""
+    k, n, m = 2816, 2112, 8
+    assert takes_split_launch(m, n, k)
+    x, w, b = fold_case(k, n, m, torch.bfloat16, bias=True)
+    eager = invariant_matmul(x, w, b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = invariant_matmul(x, w, b)
+    for _ in range(10):
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)
+    assert not fold_counters(DEV).any()
