@@ -433,6 +433,40 @@ PDL_COMPILE = textwrap.dedent('''
 ''')
 
 
+INVARIANT_MATMUL_COMPILE = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from inference_server.kernels.batch_invariant_matmul import CONFIG, _invariant_matmul_kernel
+
+    target = GPUTarget("cuda", 90, 64)
+    fn, c = _invariant_matmul_kernel, CONFIG
+    for dtype in ("bf16", "fp32"):
+        for all_splits in (True, False):  # every split in one program; a program a split, the last folding
+            constexprs = dict(HAS_BIAS=True, FP32_DOT=dtype == "fp32", UPCAST=False, ALL_SPLITS=all_splits,
+                              BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k)
+            types = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "y_ptr"), f"*{dtype}")
+            if not all_splits:
+                types |= {"part_ptr": "*fp32", "counter_ptr": "*i32"}
+            signature = {n: "constexpr" if n in constexprs else types.get(n, f"*{dtype}" if n.endswith("_ptr")
+                                                                          else "i32") for n in fn.arg_names}
+            kernel = triton.compile(source(fn, signature, constexprs), target=target,
+                                    options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+            ptx = kernel.asm["ptx"]
+            assert kernel.metadata.shared <= 227 * 1024, (dtype, all_splits, kernel.metadata.shared)
+            assert ("wgmma" in ptx) == (dtype == "bf16"), dtype  # tensor cores for bf16, IEEE fp32 FMAs for fp32
+            if all_splits:
+                assert "atom." not in ptx
+            else:
+                # the partials' stores, a barrier, then the counter's acq_rel add; the fold's loads bypass L1 and
+                # the counter is put back to zero after them
+                add = ptx.index("atom.global.gpu.acq_rel.add")
+                assert "bar.sync" in ptx[ptx.rindex("st.global", 0, add):add], dtype
+                assert "ld.global.cg" in ptx[add:] and "atom.global" in ptx[ptx.rindex("ld.global.cg"):], dtype
+    print("compiled")
+''')
+
+
 def _compile_in_child(script: str) -> None:
     pytest.importorskip("triton.backends.nvidia", reason="Triton's CUDA backend (and its ptxas) is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -460,3 +494,10 @@ def test_pdl_kernels_compile_for_sm90_with_griddepcontrol() -> None:
     """Every kernel that takes ``USE_PDL`` (kernels.pdl) compiles for sm_90 with it on (the PTX has the wait and the
     release, the launch carries the PDL attribute) and off (no ``griddepcontrol`` at all: today's code)."""
     _compile_in_child(PDL_COMPILE)
+
+
+def test_batch_invariant_matmul_compiles_for_sm90_with_its_fold() -> None:
+    """The deterministic GEMM (``kernels.batch_invariant_matmul``) in both modes, bf16 and fp32: the interpreter
+    runs code the compiler rejects (a loop's variable read after the loop), and the split launch's fold must keep
+    its barrier before the counter's acq_rel add and read the partials past L1."""
+    _compile_in_child(INVARIANT_MATMUL_COMPILE)

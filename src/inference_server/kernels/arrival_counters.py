@@ -1,12 +1,12 @@
 """Zeroed int32 arrival counters for kernels whose last program to finish does a launch's final step.
 
-Several kernels end with "the last program to arrive" (``router.linear_route`` routes every row,
-``moe_decode`` adds a token's K expert outputs, ``decode_attention`` merges a kv head's splits): each program
-counts itself in with an atomic add, the one that sees the count reach its total does the rest and puts the counter
-back to zero. The buffers live here, one per (owner, device), allocated zeroed on first use and left zeroed by every
-launch, so launches in stream order (eager or replayed in CUDA graphs) share them; two launches of one owner must
-not run concurrently. The first use on a device must not be inside a CUDA graph capture (the allocation would be
-captured), which the runners' warm-up before capture guarantees.
+Several kernels end with "the last program to arrive" (``router.linear_route`` routes every row, ``moe_decode`` adds
+a token's K expert outputs, ``decode_attention`` merges a kv head's splits, ``batch_invariant_matmul`` folds an
+output tile's K splits): each program counts itself in with an atomic add, the one that sees the count reach its
+total does the rest and puts the counter back to zero. The buffers live here, one per (owner, device), allocated
+zeroed on first use and left zeroed by every launch, so launches in stream order (eager or replayed in CUDA graphs)
+share them; two launches of one owner must not run concurrently. The first use on a device must not be inside a CUDA
+graph capture (the allocation would be captured), which the runners' warm-up before capture guarantees.
 """
 
 from __future__ import annotations

@@ -6,18 +6,24 @@ dtype), ``bias [N]`` or None; products accumulated in fp32 by ``tl.dot`` over K 
 upwards (no TF32 for fp32 inputs), rounded once to x's dtype.
 
 Why it is invariant: one tile configuration for every shape (``CONFIG``: no M buckets, no autotuning), and a split
-of K that depends on N and K alone (``split_k``): a program sums its K blocks from its split's first upwards, the
-splits' fp32 partials are added in split order by a second kernel, and rows of a tile do not interact in ``tl.dot``.
+of K that depends on N and K alone (``split_k``): each split's fp32 partial is summed over its K blocks from its
+first upwards, the partials are added from zero in split order, and rows of a tile do not interact in ``tl.dot``.
 So a row's arithmetic is the same whichever M-tile it sits in and however many rows the call has. What the default
 path does instead: cuBLAS picks a kernel (and a split-K) by M, and the engine's Triton GEMV takes small M with its
 own reduction (``kernels.dense_linear``).
 
 Why split K: at decode a call has one M-tile, so without a split a projection of narrow N runs N / BLOCK_N programs
-(22 for a 2,816-wide output) and reads its weight far below the memory bandwidth. Small calls therefore give each
-split a program of its own and sum the fp32 partials in a second launch; large calls (a prefill chunk), whose tiles
-already fill the GPU, run one program per tile that accumulates each split from zero in turn and adds it to the
-running total in split order. Both compute ``((0 + p_0) + p_1) + ... + bias`` with the same ``p_s``, so which one a
-call takes (by its size) changes no bit; the second costs no workspace and no extra launch.
+(22 for a 2,816-wide output) and reads its weight far below the memory bandwidth. Small calls (fewer than
+``ONE_LAUNCH_TILES`` tiles) therefore give each split a program of its own, which stores its fp32 partial to a
+per-call workspace and counts itself in on the tile's arrival counter (``kernels.arrival_counters``); the tile's
+last program to arrive folds the tile's partials from zero in split order, adds the bias, stores the output and
+puts the counter back to zero, in the same launch. Large calls (a prefill chunk), whose tiles already fill the GPU,
+run one program per tile that accumulates each split from zero in turn and adds it to the running total in split
+order. Both compute ``((0 + p_0) + p_1) + ... + bias`` in fp32 with the same ``p_s``, rounded once, so which one a
+call takes (by its size) changes no bit, nor does which split program happens to arrive last; the second needs no
+workspace and no counters. Two split launches must not run concurrently (one stream: the counters are shared), and
+the first split launch on a device must not be inside a CUDA graph capture (the runners' eager warm-up of each
+bucket comes first).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import attrs
 import torch
 import triton
 import triton.language as tl
+
+from inference_server.kernels.arrival_counters import arrival_counters
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -47,7 +55,10 @@ TARGET_PROGRAMS = 256
 """Programs one M-tile's call aims at (``split_k``): enough to spread a decode GEMM's weight read over the GPU."""
 MAX_SPLIT = 16
 ONE_LAUNCH_TILES = TARGET_PROGRAMS
-"""Calls with at least this many output tiles (or one split) run every split in one program, in one launch."""
+"""Calls with at least this many output tiles (or one split) run every split in one program; smaller calls give
+each split a program and fold the partials in the tile's last one."""
+FOLD_COUNTERS = ONE_LAUNCH_TILES
+"""Arrival counters of the split launch, one per output tile: its calls have fewer tiles than ``ONE_LAUNCH_TILES``."""
 
 
 def split_k(n: int, k: int, config: MatmulConfig = CONFIG) -> int:
@@ -59,20 +70,33 @@ def split_k(n: int, k: int, config: MatmulConfig = CONFIG) -> int:
 
 
 @triton.jit
-def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, SPLITS,
-                             stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
+def _store_output(total, b_ptr, y_ptr, rm, rn, tile_mask, N, stride_ym, stride_yn, HAS_BIAS: tl.constexpr):
+    """``total (+ bias)`` in fp32, rounded once to y's dtype and stored: both paths' last step, one code."""
+    if HAS_BIAS:
+        total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :] * stride_yn, total.to(y_ptr.dtype.element_ty),
+             mask=tile_mask)
+
+
+@triton.jit
+def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, K, K_PER_SPLIT, SPLITS,
+                             stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                             stride_ps, stride_pm, stride_pn,
                              HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, UPCAST: tl.constexpr,
                              ALL_SPLITS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One ``[BLOCK_M, BLOCK_N]`` tile. ``ALL_SPLITS``: the program sums the ``SPLITS`` K ranges of
-    ``K_PER_SPLIT`` in order, each from zero, adds the bias and stores the output. Otherwise it computes the one
-    range of ``program_id(2)``: with one split the output itself (bias added, cast), else fp32 partials at
-    ``y_ptr + split * stride_ys``."""
+    ``K_PER_SPLIT`` in order, each from zero, adds the bias and stores the output (``part_ptr`` and
+    ``counter_ptr`` unused). Otherwise (``SPLITS > 1``) it computes the one range of ``program_id(2)``, stores its
+    fp32 partial at ``part_ptr + split * stride_ps``, and the tile's last program to arrive (its int32 counter at
+    ``counter_ptr + pid_m * num_programs(1) + pid_n``, zero before the launch and put back to zero) folds the
+    tile's partials in split order from zero, adds the bias and stores the output."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    tile_mask = (rm[:, None] < M) & (rn[None, :] < N)
     if ALL_SPLITS:
         first, last = 0, SPLITS
     else:
@@ -97,27 +121,26 @@ def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, S
             else:
                 acc = tl.dot(a, b, acc)
         total += acc
-    if HAS_BIAS:
-        total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    out = y_ptr if ALL_SPLITS else y_ptr + first * stride_ys
-    tl.store(out + rm[:, None] * stride_ym + rn[None, :] * stride_yn, total.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-@triton.jit
-def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLITS, stride_ys, stride_ym, stride_out_m, stride_out_n,
-                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """``y = sum over splits in split order (+ bias)``, fp32, cast once: partials ``[SPLITS, M, N]`` contiguous."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M * N
-    row = offs // N
-    col = offs % N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, SPLITS):
-        acc += tl.load(part_ptr + s * stride_ys + row * stride_ym + col, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_out_m + col * stride_out_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if ALL_SPLITS:
+        _store_output(total, b_ptr, y_ptr, rm, rn, tile_mask, N, stride_ym, stride_yn, HAS_BIAS)
+    else:
+        # ``total`` (``0 + p_s``; the compiler reads no loop variable after its loop) has ``p_s``'s bits but for a -0
+        # made +0, which changes no sum started at +0: such a sum is never -0, and x + 0 == x + -0 for every x but -0
+        tile = rm[:, None] * stride_pm + rn[None, :] * stride_pn
+        tl.store(part_ptr + first * stride_ps + tile, total, mask=tile_mask)
+        # Each split program counts itself in; the last to arrive folds (as invariant_decode_attention's fused
+        # fold: the barrier puts this program's partial stores before the counter's release, acq_rel at GPU scope;
+        # the last program's acquire makes the others' visible, and its loads bypass L1).
+        tl.debug_barrier()
+        counter = counter_ptr + pid_m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(counter, 1)
+        if arrived == SPLITS - 1:
+            folded = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in range(0, SPLITS):  # from zero in split order: ALL_SPLITS's ``total``, the same bits
+                folded += tl.load(part_ptr + split * stride_ps + tile, mask=tile_mask, other=0.0,
+                                  cache_modifier=".cg")
+            _store_output(folded, b_ptr, y_ptr, rm, rn, tile_mask, N, stride_ym, stride_yn, HAS_BIAS)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
 
 
 def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,18 +158,17 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps,
                      num_stages=c.num_stages)
         b = bias if bias is not None else weight
-        if splits == 1 or tiles[0] * tiles[1] >= ONE_LAUNCH_TILES:  # one launch (module doc: the same bits)
+        if splits == 1 or tiles[0] * tiles[1] >= ONE_LAUNCH_TILES:  # every split in one program (module doc)
             _invariant_matmul_kernel[(*tiles, 1)](
-                flat, weight, b, y, m, n, k, k_per_split, splits, flat.stride(0), flat.stride(1), weight.stride(0),
-                weight.stride(1), 0, y.stride(0), y.stride(1), HAS_BIAS=bias is not None, ALL_SPLITS=True, **flags)
-        else:
+                flat, weight, b, y, y, y, m, n, k, k_per_split, splits, flat.stride(0), flat.stride(1),
+                weight.stride(0), weight.stride(1), y.stride(0), y.stride(1), 0, 0, 0,
+                HAS_BIAS=bias is not None, ALL_SPLITS=True, **flags)
+        else:  # a program a split, the tile's last to arrive folds: still one launch
+            assert tiles[0] * tiles[1] <= FOLD_COUNTERS, (tiles, FOLD_COUNTERS)
             partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+            counters = arrival_counters("batch_invariant_matmul", FOLD_COUNTERS, x.device)
             _invariant_matmul_kernel[(*tiles, splits)](
-                flat, weight, b, partials, m, n, k, k_per_split, splits, flat.stride(0), flat.stride(1),
-                weight.stride(0), weight.stride(1), partials.stride(0), partials.stride(1), partials.stride(2),
-                HAS_BIAS=False, ALL_SPLITS=False, **flags)
-            block = 1024
-            _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-                partials, b, y, m, n, splits, partials.stride(0), partials.stride(1), y.stride(0), y.stride(1),
-                HAS_BIAS=bias is not None, BLOCK=block)
+                flat, weight, b, y, partials, counters, m, n, k, k_per_split, splits, flat.stride(0), flat.stride(1),
+                weight.stride(0), weight.stride(1), y.stride(0), y.stride(1), *partials.stride(),
+                HAS_BIAS=bias is not None, ALL_SPLITS=False, **flags)
     return y.reshape(*x.shape[:-1], n)
