@@ -8,7 +8,8 @@
   deadlock (docs/ipc.md, decision 3);
 * a telemetry **sink** on the engine's telemetry actor appends every event to the outbox (past
   ``EVENT_BACKLOG`` unsent events they are dropped and counted, as the telemetry inbox does): the front's
-  ``Observability`` consumes them, so the engine process runs no stats, metrics or file sinks;
+  ``Observability`` consumes them, so the engine process runs no stats, metrics or file sinks; a step's plan
+  goes as its ``PlanDigest`` (what the sinks read, pickled as columns);
 * the engine's request streams are ``OutboxStreams``: admission and the scheduler append each request's
   admission and updates (after the stream interval) to the outbox synchronously, as they would deliver them
   to a caller's stream, with no task per request (the outbox is unbounded, at most a request's tokens deep);
@@ -55,8 +56,7 @@ from inference_server.ipc.messages import (
 from inference_server.ipc.outbox_streams import OutboxStreams
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected, RequestUpdate
-from inference_server.records.sampling_params import SamplingParams
-from inference_server.records.steps import ScheduledSequence, StepPlan
+from inference_server.records.steps import PlanDigest
 from inference_server.supervisor import EngineCounts, EngineInfo, KVCacheSnapshot
 from inference_server.telemetry.events import StepCompleted, TelemetryEvent
 
@@ -92,18 +92,6 @@ class ServedEngine(Protocol):
     async def run(self, *, task_status: trio.TaskStatus[object] = ...) -> None: ...
 
     async def drain(self, timeout: float) -> None: ...
-
-
-_NO_PARAMS = SamplingParams()
-
-
-def telemetry_plan(plan: StepPlan) -> StepPlan:
-    """``plan`` as the telemetry sinks read it (each sequence's request id, tokens, positions, ``reset`` and
-    ``sample``), without its block tables and sampling parameters: those were most of a forwarded step's bytes
-    and of its pickling on both sides."""
-    return StepPlan(plan.step_id, tuple(
-        ScheduledSequence(s.request_id, s.token_ids, s.cached_len, (), s.sample, _NO_PARAMS, s.reset, s.prompt_len)
-        for s in plan.sequences))
 
 
 def hello(info: EngineInfo) -> Hello:
@@ -225,7 +213,7 @@ class _EngineServer:
             self.events_dropped += 1
             return
         if isinstance(event, StepCompleted) and event.plan is not None:
-            event = attrs.evolve(event, plan=telemetry_plan(event.plan))
+            event = attrs.evolve(event, plan=PlanDigest.of(event.plan))
         self.events.append(event)
         self.outbox_ready.set()
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from inference_server.records.steps import StepPlan
+    from inference_server.records.steps import PlanView
 
 
 @attrs.frozen
@@ -74,7 +74,7 @@ class StepCompleted:
     kv_usage: float  # fraction of full-group KV blocks in use
     num_preempted: int
     # What the step did, by reference (free for the scheduler; sinks read the composition off the plan).
-    plan: StepPlan | None = None
+    plan: PlanView | None = None
     preempted: tuple[int, ...] = ()  # request ids preempted by this step's grant
     kv_usage_sliding: float | None = None  # fraction of sliding-window KV blocks in use (None: no such group)
     schedule_seconds: float = 0.0  # demand, grant and plan (the scheduler's side of the step)

@@ -45,7 +45,7 @@ def _batch(record: StepRecord) -> list[list]:
     intermediate records: this runs once per step in the writer thread)."""
     if record.plan is None:
         return []
-    return [[s.request_id, len(s.token_ids), "d" if len(s.token_ids) == 1 and s.cached_len >= s.prompt_len else "p"]
+    return [[s.request_id, s.num_tokens, "d" if s.num_tokens == 1 and s.cached_len >= s.prompt_len else "p"]
             for s in record.plan.sequences]
 
 

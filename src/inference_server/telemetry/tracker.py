@@ -161,7 +161,7 @@ class RequestTracker:
                 sampled += seq.sample
                 continue
             session = request.session_id or ""
-            sessions[session] = sessions.get(session, 0) + len(seq.token_ids)
+            sessions[session] = sessions.get(session, 0) + seq.num_tokens
             if seq.sample:
                 sampled += 1
                 last = request.last_sampled
