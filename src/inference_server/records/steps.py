@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -117,9 +118,9 @@ class SequenceDigest(NamedTuple):
 def _digest_from_columns(step_id: int, request_ids: tuple[int, ...], num_tokens: tuple[int, ...],
                          cached_lens: tuple[int, ...], prompt_lens: tuple[int, ...], resets: tuple[bool, ...],
                          samples: tuple[bool, ...]) -> PlanDigest:
-    return PlanDigest(step_id, tuple(map(SequenceDigest._make,
-                                         zip(request_ids, num_tokens, cached_lens, prompt_lens, resets, samples,
-                                             strict=True))))
+    # tuple.__new__ straight from the rows: the namedtuple's own _make adds a Python call per sequence (front CPU)
+    rows = zip(request_ids, num_tokens, cached_lens, prompt_lens, resets, samples, strict=True)
+    return PlanDigest(step_id, tuple(map(tuple.__new__, itertools.repeat(SequenceDigest), rows)))
 
 
 @attrs.frozen
