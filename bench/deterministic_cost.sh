@@ -2,7 +2,7 @@
 # Issue 43's cost of DETERMINISTIC=true in one device call (<= 10 minutes): output tok/s over HTTP, the default
 # server against a DETERMINISTIC=true one, at c=1 and c=64, median of 3, for Gemma-4-26B-A4B then Qwen3-30B-A3B
 # (dummy weights, bf16). Run from the project root on the device machine with `.whl` carried
-# (../shared/device/wheels.sh); one serving_table.py call per model, each starting two servers. Back under $OUT (six
+# (bash bench/device_wheels.sh); one serving_table.py call per model, each starting two servers. Back under $OUT (six
 # files: the device returns at most eight): det-cost-<model>.log (console), .md (table) and .json (rows); the
 # per-run reports and server logs stay in /tmp/det-cost-<model>/ on the device.
 #
