@@ -13,4 +13,7 @@ for p in partial-json-parser jsonschema jsonschema-specifications referencing rp
   get --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any "$p==$(pin $p)"
 done
+# py-spy (not a project dependency): a sampling profile of the serving processes on the device's host CPU
+# (`/tmp/site/bin/py-spy record --subprocesses -f raw ...`), where the engine process's per-step host work shows.
+get --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 py-spy==0.4.3
 ls .whl | wc -l
