@@ -3,6 +3,9 @@ serve, requests on the fake model with the tokens it generates for them, and rea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from tests.fake_engine import FakeEngine, next_token
 
 from inference_server.actors.request_handle import RequestHandle
@@ -46,3 +49,26 @@ async def read_all(handle: RequestHandle) -> tuple[list[int], list[str | None]]:
             tokens.extend(t.token_id for t in update.tokens)
             finishes.append(update.finish_reason)
     return tokens, finishes
+
+
+class CharTokenizer:
+    """A front's tokenizer for the split tests (``PromptTokenizer``): one id per character (its code point modulo
+    the fake model's vocabulary, never 0), a chat template that joins ``role: content`` lines and raises on a
+    message whose content is ``"{% bad"``. It records what it tokenised."""
+
+    def __init__(self, vocab_size: int = 512) -> None:
+        self.vocab_size = vocab_size
+        self.encoded: list[str] = []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.encoded.append(text)
+        return [1 + ord(c) % (self.vocab_size - 1) for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(96 + i % 26) for i in ids)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False, **template_kwargs: Any) -> list[int]:
+        if any(m.get("content") == "{% bad" for m in messages):
+            raise ValueError("unexpected end of template")
+        return self.encode("\n".join(f"{m['role']}: {m['content']}" for m in messages))

@@ -61,6 +61,7 @@ REQUEST = GenerationRequest(
     add_special_tokens=False, session_id="s", priority=3, trace_id="t", cache_salt="salt",
     truncate_prompt_tokens=100, truncation_side="right", add_generation_prompt=False, continue_final_message=True,
     tools=({"type": "function", "function": {"name": "f"}},), chat_template_kwargs={"enable_thinking": False},
+    tokenized_from="messages",
 )
 UPDATE = RequestUpdate(
     3, (TokenOutput(11, "ab", -0.25, ((12, -1.0),)), TokenOutput(13, "", -0.5)), "stop", "END", "boom",

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 from tests.fake_engine import FakeEngine
-from tests.ipc.split_kit import expected_tokens, ids_request, read_all, split_parts
+from tests.ipc.split_kit import CharTokenizer, expected_tokens, ids_request, read_all, split_parts
 
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.engine_server import serve_engine
@@ -24,7 +24,8 @@ from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
 from inference_server.ipc.remote_engine import RemoteEngine
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
-from inference_server.records.requests import GenerationRequest
+from inference_server.records.requests import ChatMessage, GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineState
 
 BOUND_S = 60
@@ -41,7 +42,8 @@ class Split:
 
 
 @asynccontextmanager
-async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> AsyncIterator[Split]:
+async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True,
+                       tokenizer: CharTokenizer | None = None) -> AsyncIterator[Split]:
     """The front and the engine side running; on exit the front drains the engine and both sides stop."""
     front_socket, engine_socket = socket.socketpair()
     engine = Engine(split_parts(fake))
@@ -49,7 +51,7 @@ async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True) -> Async
         open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
         trio.open_nursery() as nursery,
     ):
-        remote = RemoteEngine(front_channel, max_queue_size=256)
+        remote = RemoteEngine(front_channel, max_queue_size=256, tokenizer=tokenizer)
         split = Split(remote, engine, fake, engine_socket, [], [])
 
         async def engine_side() -> None:
@@ -101,6 +103,38 @@ async def test_many_concurrent_requests_each_get_their_own_tokens() -> None:
         assert finishes[-1] == "length" and all(f is None for f in finishes[:-1]), i
     assert split.fake.tokens_emitted == sum(r.params.max_tokens or 0 for r in requests)
     assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
+
+
+async def test_text_and_chat_prompts_are_tokenised_in_the_front() -> None:
+    """The engine side has no tokenizer (``split_parts``): a text or chat prompt reaching it would be refused
+    there; the front's tokenizer turns them into ids, and a template error or a bad sampling value never reaches
+    the engine. Errors the engine's admission raises about the prompt still name the field the client sent."""
+    tokenizer = CharTokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    text = GenerationRequest(params, prompt="hello there")
+    chat = GenerationRequest(params, messages=(ChatMessage(role="user", content="hi"),))
+    with trio.fail_after(BOUND_S):
+        async with split_engine(FakeEngine(), tokenizer=tokenizer) as split:
+            for request, source in ((text, "hello there"), (chat, "user: hi")):
+                handle = split.remote.submit(request)
+                tokens, finishes = await read_all(handle)
+                ids = tuple(tokenizer.encode(source))
+                assert handle.prompt_token_ids == ids
+                assert tokens == expected_tokens(GenerationRequest(params, prompt_ids=ids))
+                assert finishes[-1] == "length"
+            bad_template = GenerationRequest(params, messages=(ChatMessage(role="user", content="{% bad"),))
+            bad_value = GenerationRequest(SamplingParams(temperature=-1.0), messages=bad_template.messages)
+            too_long = GenerationRequest(SamplingParams(max_tokens=1020), messages=chat.messages)
+            refusals = []
+            for request in (bad_template, bad_value, too_long):
+                with pytest.raises(RequestError) as refused:
+                    await split.remote.submit(request).admission()
+                refusals.append((refused.value.code, refused.value.param))
+            await trio.testing.wait_all_tasks_blocked()
+            assert split.engine.counts().requests == 0 and len(split.remote.streams) == 0
+    assert refusals[0] == ("invalid_request", "messages")  # the template, refused in the front
+    assert refusals[1][0] == "invalid_request" and refusals[1][1] != "messages"  # the value first, as admission
+    assert refusals[2] == ("context_length_exceeded", "messages")  # by the engine, naming the chat's field
 
 
 async def test_a_reader_that_lags_gets_every_token_coalesced() -> None:

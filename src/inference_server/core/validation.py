@@ -132,7 +132,7 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     if bad is not None:
         raise RequestError("invalid_request", f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
                            "prompt")
-    prompt_field = "messages" if request.messages is not None else "prompt"
+    prompt_field = request.tokenized_from or ("messages" if request.messages is not None else "prompt")
     params = request.params
     if params.max_tokens is None:
         rest = max(1, max_model_len - len(prompt_ids))

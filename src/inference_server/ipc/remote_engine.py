@@ -8,6 +8,12 @@ list is unbounded: at most one per request, and closing never blocks). ``run`` r
 and routes each ``StepOutput``'s admissions and updates into the streams; it never awaits a send to the
 engine, so the two directions cannot deadlock (docs/ipc.md, decision 3).
 
+Prompts are tokenised here (admission's tokenisation and chat templates, docs/ipc.md): a text or chat request is
+validated as admission validates its sampling values, then turned into token ids with the front's tokenizer
+before it is queued, and one the tokenizer or template refuses is rejected here (as admission would, with its
+``RequestRejected`` event) without reaching the engine; the engine process gets ``prompt_ids`` and
+``tokenized_from`` (the field errors name) and runs the rest of admission.
+
 Text is made here (docs/ipc.md, decision 1): the engine's updates carry token ids with empty text; each admitted
 request gets an ``ipc/front_text.RequestText`` (detokenizer and stop checker with the strings) that rewrites
 its updates as the in-process scheduler builds them. A stop string ends the client's stream at once and queues
@@ -30,6 +36,7 @@ requests are refused as unavailable, and ``run`` raises.
 from __future__ import annotations
 
 import itertools
+import logging
 import pickle
 import time
 from collections.abc import Sequence
@@ -41,7 +48,7 @@ from inference_server.actors.request_handle import RequestHandle
 from inference_server.actors.request_streams import RequestStreams
 from inference_server.actors.scheduler import RETRY_SECONDS
 from inference_server.actors.telemetry import Telemetry
-from inference_server.core.validation import PromptTokenizer
+from inference_server.core.validation import PromptTokenizer, tokenize
 from inference_server.ipc.channel import SocketChannel
 from inference_server.ipc.frames import ProtocolError
 from inference_server.ipc.front_text import RequestText
@@ -61,13 +68,16 @@ from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, Rejected
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import EngineCounts, EngineInfo, EngineState, KVCacheSnapshot
-from inference_server.telemetry.events import TelemetryEvent
+from inference_server.telemetry.events import RequestRejected, TelemetryEvent
+
+log = logging.getLogger(__name__)
 
 
 class RemoteEngine:
     """See the module docstring. ``max_queue_size`` bounds the submits not yet sent (beyond it ``submit``
     refuses with ``overloaded`` at once, as the in-process engine's admission queue does); ``tokenizer`` is what
-    ``info`` serves to the HTTP layer (the engine process tokenises the requests)."""
+    ``info`` serves to the HTTP layer and what tokenises text and chat requests before they are sent (None: the
+    engine process's admission answers them, as it would in process)."""
 
     def __init__(self, channel: SocketChannel, *, max_queue_size: int, tokenizer: PromptTokenizer | None = None
                  ) -> None:
@@ -113,12 +123,40 @@ class RemoteEngine:
             self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later",
                                                      retry_after=1.0))
         else:
+            try:
+                request = self._tokenized(request)
+            except RequestError as error:
+                self._refuse(request_id, request, error)
+                return handle
+            except Exception as error:  # a bug triggered by this request's input: fail it, not the front
+                log.exception("tokenising request %d failed", request_id)
+                self._refuse(request_id, request,
+                             RequestError("internal", f"the request could not be prepared: {error!r}"))
+                return handle
             self._submits.append(Submit(request_id, request, time.monotonic()))
             self._unadmitted.add(request_id)
             self._params[request_id] = request.params
             self._open_since[request_id] = trio.current_time()
             self._wake.set()
         return handle
+
+    def _tokenized(self, request: GenerationRequest) -> GenerationRequest:
+        """``request`` with its prompt as token ids (the module docstring), or as it is when it has ids already
+        or this front has no tokenizer. Raises admission's ``RequestError``s in admission's order: the sampling
+        values first, then the prompt."""
+        if request.prompt_ids is not None or self.tokenizer is None:
+            return request
+        assert self.hello is not None  # READY: the engine said Hello
+        request.params.validate()
+        request.params.validate_vocabulary(self.hello.vocab_size)
+        prompt_ids = tokenize(request, self.tokenizer)
+        return attrs.evolve(request, prompt=None, messages=None, prompt_ids=prompt_ids,
+                            tokenized_from="messages" if request.messages is not None else "prompt")
+
+    def _refuse(self, request_id: int, request: GenerationRequest, error: RequestError) -> None:
+        """Reject a request before it was sent, as admission would (its rejection and telemetry event)."""
+        self.streams.reject(request_id, Rejected(error.code, error.message, error.param))
+        self.telemetry.emit(RequestRejected(trio.current_time(), error.code, error.message, request.trace_id))
 
     def _client_left(self, request_id: int) -> None:
         """A handle closed before its terminal update: drop its stream and tell the engine."""

@@ -75,6 +75,9 @@ class GenerationRequest:
     chat template as ``tools=``, as transformers' ``apply_chat_template`` does; None: no ``tools`` variable."""
     chat_template_kwargs: Mapping[str, Any] | None = None
     """Chat only: extra variables for the chat template (``{"enable_thinking": false}``)."""
+    tokenized_from: Literal["prompt", "messages"] | None = None
+    """Set where a front process tokenised the prompt (or applied the chat template) itself and sends
+    ``prompt_ids``: the field the client sent, which errors about the prompt name (docs/ipc.md)."""
 
 
 @hot_record
