@@ -21,7 +21,7 @@ import contextlib
 import enum
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
 import trio
@@ -165,6 +165,9 @@ class Engine:
         self.text_in_front = False
         """Set before ``run`` by the engine process (``ipc/engine_server.py``): its front detokenises and
         matches stop strings, so admission gives requests neither (updates carry empty text)."""
+        self.before_plan: Callable[[], Awaitable[None]] | None = None
+        """Set before ``run`` by the engine process: the scheduler awaits it before each plan (``SchedulerActor``'s
+        output backpressure); None in process (the streams coalesce for a slow reader instead)."""
 
     # -- client API ----------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -339,7 +342,7 @@ class Engine:
             self.scheduler, to_scheduler_receive, abort_receive, demand_send, grant_receive, plan_send,
             result_receive, self.streams, emit, max_queued_tokens=parts.max_queued_tokens,
             kv_capacity_tokens=kv.full_pool.num_blocks * kv.block_size, admission_timeout=parts.admission_timeout,
-            depth=depth)
+            depth=depth, before_plan=self.before_plan)
         admission = Admission(
             admission_receive, to_scheduler_send, self.streams, parts.tokenizer, max_model_len=parts.max_model_len,
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,

@@ -8,6 +8,7 @@ readable as soon as written) and the fake step's ``gate``, under generous ``fail
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,8 +20,8 @@ from tests.fake_engine import FakeEngine
 from tests.ipc.split_kit import CharTokenizer, expected_tokens, ids_request, read_all, split_parts
 
 from inference_server.ipc.channel import open_socket_channel
-from inference_server.ipc.engine_server import serve_engine
-from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE
+from inference_server.ipc.engine_server import UNSENT_STEPS, serve_engine
+from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE, StepOutput, Submit, ToEngine
 from inference_server.ipc.remote_engine import RemoteEngine
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
@@ -148,6 +149,39 @@ async def test_a_reader_that_lags_gets_every_token_coalesced() -> None:
             tokens, finishes = await read_all(handle)
     assert tokens == expected_tokens(request)
     assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+
+
+async def test_the_engine_steps_at_the_pace_of_a_front_that_stops_reading() -> None:
+    """A front that takes no message (its receive buffer of 2 full): the engine plans at most ``UNSENT_STEPS``
+    steps past its last send, then waits instead of computing the rest of the request into its outbox; once the
+    front reads, the request goes on and ends with every token, in order."""
+    fake = FakeEngine()
+    request = ids_request(10, max_tokens=300)
+    front_socket, engine_socket = socket.socketpair()
+    engine = Engine(split_parts(fake))
+    tokens: list[int] = []
+    finish: str | None = None
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+
+            async def engine_side() -> None:
+                async with open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as channel:
+                    await serve_engine(engine, channel)
+
+            nursery.start_soon(engine_side)
+            async with open_socket_channel(front_socket, 2, receive_type=ENGINE_TO_FRONT) as front:
+                await front.send(ToEngine([Submit(1, request, time.monotonic())], []))
+                await trio.testing.wait_all_tasks_blocked()
+                stalled_at = fake.tokens_emitted
+                assert 0 < stalled_at <= 2 * UNSENT_STEPS + 4, stalled_at  # not the 300 an unbounded outbox takes
+                async for message in front:
+                    if isinstance(message, StepOutput):
+                        for update in message.updates:
+                            tokens.extend(t.token_id for t in update.tokens)
+                            finish = update.finish_reason or finish
+                        if finish is not None:
+                            break
+    assert tokens == expected_tokens(request) and finish == "length"
 
 
 async def test_a_client_leaving_aborts_the_request_in_the_engine() -> None:

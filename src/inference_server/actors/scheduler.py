@@ -23,6 +23,10 @@ KV backpressure: a new request whose prompt the KV cache cannot take before its 
 rate the cache has been turning over (``core/kv_backlog.py``), is refused at once as ``overloaded`` with a
 retry hint rather than queued to time out.
 
+Output backpressure (``before_plan``): an engine whose updates leave through a bounded channel (the engine
+process, ``ipc/engine_server.py``) passes a hook the loop awaits before each plan; it returns at once unless the
+reader has fallen several steps behind, so the GPU then runs at the reader's pace instead of piling up tokens.
+
 Shutdown is by closing: when the inbox closes, the loop finishes the work it has, then returns and closes
 its outgoing channels, which ends the KV allocator and the executor.
 """
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -87,8 +91,11 @@ class SchedulerActor:
         kv_capacity_tokens: int = 0,
         admission_timeout: float = 0.0,
         depth: int = 0,
+        before_plan: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.core = core
+        self.before_plan = before_plan
+        """Awaited before each plan (the module docstring's output backpressure); None: never waits."""
         self.inbox = inbox
         self.aborts = aborts
         self.demands = demands
@@ -233,6 +240,9 @@ class SchedulerActor:
     async def _step(self) -> bool:
         """Plan and send one step, and receive the result due (see the module docstring); False when nothing
         was planned (the caller then drains or waits for a message)."""
+        if self.before_plan is not None:
+            await self.before_plan()
+            self._take_messages()  # what arrived while it waited (aborts first of all)
         scheduling_began = trio.current_time()
         with profiler_ranges.phase("schedule", self.core.next_step_id):
             await self.demands.send(self.core.demand())

@@ -14,7 +14,12 @@
   admission and updates (after the stream interval) to the outbox synchronously, as they would deliver them
   to a caller's stream, with no task per request (the outbox is unbounded, at most a request's tokens deep);
 * a **sender** sends everything in the outbox as one ``StepOutput`` whenever it has something and the channel
-  has credit: a lagging front gets fewer, larger messages, never one per token.
+  has credit: a lagging front gets fewer, larger messages, never one per token;
+* the scheduler awaits :meth:`_EngineServer.before_plan` before each plan: while more than ``UNSENT_STEPS``
+  steps were planned since the last message went out and requests' output waits in the outbox (the front reads
+  slower than the engine steps, and the channel's credit is spent), it waits for the next send, so the GPU runs
+  at the front's pace instead of piling tokens into the outbox (docs/ipc.md, decision 3). Telemetry events alone
+  never make it wait.
 
 When the engine stops (after a drain, or failing), every request has had its terminal update, the outbox is
 sent, then ``Stopped``; the caller closes the channel. When the front is gone (``EndOfChannel`` or
@@ -32,7 +37,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -60,6 +65,8 @@ from inference_server.records.steps import PlanDigest
 from inference_server.supervisor import EngineCounts, EngineInfo, KVCacheSnapshot
 from inference_server.telemetry.events import StepCompleted, TelemetryEvent
 
+UNSENT_STEPS = 4
+"""Steps the scheduler may plan past the last message sent while requests' output waits unsent."""
 EVENT_BACKLOG = 4096
 """Most telemetry events waiting for the front; beyond it they are dropped and counted (never awaited)."""
 
@@ -70,6 +77,7 @@ class ServedEngine(Protocol):
     telemetry: Telemetry
     streams: RequestStreams
     text_in_front: bool
+    before_plan: Callable[[], Awaitable[None]] | None
 
     def cached_prompt_tokens(self, request_id: int) -> int: ...
 
@@ -111,6 +119,9 @@ class _EngineServer:
                                      max_hold=engine.streams.max_hold, cached_tokens=engine.cached_prompt_tokens)
         engine.streams = self.streams
         engine.text_in_front = True  # the front detokenises and matches stop strings (docs/ipc.md, decision 1)
+        engine.before_plan = self.before_plan
+        self.planned_since_send = 0  # plans since the last message went out (or the front went)
+        self.sent = trio.Event()  # set (and replaced) whenever a message went out
         self.admissions: list[Admission] = []
         self.updates: list[RequestUpdate] = []
         self.replies: list[Reply] = []
@@ -252,8 +263,19 @@ class _EngineServer:
         output, replies = self._take_outbox(state)
         if output.admissions or output.updates or output.events or output.events_dropped or state is not None:
             await self._send_quietly(output)
+            self.planned_since_send = 0
+            self.sent.set()  # a scheduler waiting in before_plan goes on
+            self.sent = trio.Event()
         for reply in replies:
             await self._send_quietly(reply)
+
+    async def before_plan(self) -> None:
+        """The scheduler's hook before each plan (the module docstring): returns at once unless more than
+        ``UNSENT_STEPS`` plans went by since the last send and requests' output waits in the outbox."""
+        self.planned_since_send += 1
+        while (self.planned_since_send > UNSENT_STEPS and (self.updates or self.admissions)
+               and not self.front_gone):
+            await self.sent.wait()
 
     async def _sender(self) -> None:
         """Send the outbox as one message whenever it holds something (never cancelled: a message taken from
