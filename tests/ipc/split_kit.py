@@ -54,14 +54,12 @@ async def read_all(handle: RequestHandle) -> tuple[list[int], list[str | None]]:
 class CharTokenizer:
     """A front's tokenizer for the split tests (``PromptTokenizer``): one id per character (its code point modulo
     the fake model's vocabulary, never 0), a chat template that joins ``role: content`` lines and raises on a
-    message whose content is ``"{% bad"``. It records what it tokenised."""
+    message whose content is ``"{% bad"``."""
 
     def __init__(self, vocab_size: int = 512) -> None:
         self.vocab_size = vocab_size
-        self.encoded: list[str] = []
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        self.encoded.append(text)
         return [1 + ord(c) % (self.vocab_size - 1) for c in text]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

@@ -14,10 +14,11 @@ since the last one: admissions, request updates and the engine's telemetry event
 Telemetry events cross pickled (``StepOutput.events``): they are attrs classes of several shapes, and msgspec
 decodes a union of such object types only when they are tagged Structs; both ends run the same code.
 
-The engine process still runs today's ``Engine`` admission (tokenisation, chat templates), so a :class:`Submit`
-carries the whole ``GenerationRequest``. Detokenisation and stop strings run in the front: a step's updates
-carry token ids and logprobs with empty text and end only for the engine's reasons (EOS, stop token ids,
-length, abort, error, timeout); a request's first update carries its ``cached_prompt_tokens``.
+The front tokenises text and chat prompts (``RemoteEngine.submit``), so a :class:`Submit` carries a
+``GenerationRequest`` with ``prompt_ids`` (and ``tokenized_from``); the engine process's admission does the rest
+(validation, truncation, the context and KV checks). Detokenisation and stop strings run in the front too: a
+step's updates carry token ids and logprobs with empty text and end only for the engine's reasons (EOS, stop
+token ids, length, abort, error, timeout); a request's first update carries its ``cached_prompt_tokens``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 import attrs
@@ -115,12 +115,17 @@ class SequenceDigest(NamedTuple):
     sample: bool
 
 
+def _digests(rows: Iterable[tuple[int, int, int, int, bool, bool]]) -> tuple[SequenceDigest, ...]:
+    """``SequenceDigest``s of ``rows`` by ``tuple.__new__``: the namedtuple's own constructor adds a Python call
+    per sequence, on every step of both processes."""
+    return tuple(map(tuple.__new__, itertools.repeat(SequenceDigest), rows))
+
+
 def _digest_from_columns(step_id: int, request_ids: tuple[int, ...], num_tokens: tuple[int, ...],
                          cached_lens: tuple[int, ...], prompt_lens: tuple[int, ...], resets: tuple[bool, ...],
                          samples: tuple[bool, ...]) -> PlanDigest:
-    # tuple.__new__ straight from the rows: the namedtuple's own _make adds a Python call per sequence (front CPU)
-    rows = zip(request_ids, num_tokens, cached_lens, prompt_lens, resets, samples, strict=True)
-    return PlanDigest(step_id, tuple(map(tuple.__new__, itertools.repeat(SequenceDigest), rows)))
+    return PlanDigest(step_id, _digests(zip(request_ids, num_tokens, cached_lens, prompt_lens, resets, samples,
+                                            strict=True)))
 
 
 @attrs.frozen
@@ -134,8 +139,8 @@ class PlanDigest:
 
     @classmethod
     def of(cls, plan: PlanView) -> PlanDigest:
-        return cls(plan.step_id, tuple(SequenceDigest(s.request_id, s.num_tokens, s.cached_len, s.prompt_len,
-                                                      s.reset, s.sample) for s in plan.sequences))
+        return cls(plan.step_id, _digests((s.request_id, s.num_tokens, s.cached_len, s.prompt_len, s.reset, s.sample)
+                                          for s in plan.sequences))
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         columns = tuple(zip(*self.sequences, strict=True)) if self.sequences else ((),) * len(SequenceDigest._fields)
