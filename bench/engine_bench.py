@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import sys
@@ -227,7 +228,7 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
                  device: torch.device, variants: tuple[str, ...] = ("after",), repeats: int = 1,
                  quantization: str = "none", profile_batches: tuple[int, ...] = (1,),
                  int8_embeddings: str = "auto", max_model_len: int | None = None, warmup: int = 3,
-                 prefill_lens: tuple[int, ...] = (), prefill_chunk: int = 2048) -> None:
+                 prefill_lens: tuple[int, ...] = (), prefill_chunks: tuple[int, ...] = (2048,)) -> None:
     """Per variant: build the runner (graphs captured), count the B=1 kernels and time each kernel of a step at
     ``profile_batches``, then per batch ``repeats`` timed loops of ``steps`` steps (median reported, every run
     listed). ``max_model_len``: the runner's model length (default: just what the timed steps need); the decode
@@ -291,9 +292,9 @@ def bench_decode(name: str, preset: str, batches: list[int], context: int, steps
                     emit(out, kind="kernels", model=name, variant=variant, batch=batch,
                          limit_us=round(1e6 * batch / roofline.decode_tok_s(name, batch, context, *weight_bytes), 1),
                          **times)
-            for prompt_len in prefill_lens:
+            for prompt_len, chunk in itertools.product(prefill_lens, prefill_chunks):
                 emit(out, kind="prefill", model=name, variant=variant,
-                     **prefill_profile(runner, prompt_len, prefill_chunk, spec.vocab_size, len(groups), bs,
+                     **prefill_profile(runner, prompt_len, chunk, spec.vocab_size, len(groups), bs,
                                        roofline.prefill_floor(roofline.MODELS[name], prompt_len).seconds))
             del runner
             free_gpu()
@@ -524,7 +525,8 @@ def main() -> None:
                     help="decode: batches whose step is profiled kernel by kernel (comma separated; empty: none)")
     ap.add_argument("--prefill", default="",
                     help="decode: prompt lengths whose chunked eager prefill is timed and profiled (comma separated)")
-    ap.add_argument("--prefill-chunk", type=int, default=2048, help="tokens a prefill step (MAX_NUM_BATCHED_TOKENS)")
+    ap.add_argument("--prefill-chunk", default="2048",
+                    help="tokens a prefill step (MAX_NUM_BATCHED_TOKENS); a comma list times each prompt at each")
     ap.add_argument("--overlap", default="on", help="offline runs: on, off, or a list such as on,off,on,off")
     ap.add_argument("--smoke", action="store_true", help="the -tiny preset and a small workload (checks the script)")
     ap.add_argument("--hf-log", type=Path, action="append", default=[])
@@ -554,7 +556,7 @@ def main() -> None:
                      tuple(int(b) for b in a.profile_batches.split(",") if b.strip()), a.int8_embeddings,
                      a.max_model_len, warmup=1 if a.smoke else 3,  # a smoke run checks calls, not timings
                      prefill_lens=tuple(int(n) for n in a.prefill.split(",") if n.strip()),
-                     prefill_chunk=a.prefill_chunk)
+                     prefill_chunks=tuple(int(n) for n in a.prefill_chunk.split(",")))
     if not a.skip_offline:
         overlaps = tuple(v.strip() == "on" for v in a.overlap.split(","))
         bench_offline(a.model, preset, a.requests, a.out, a.smoke, device, overlaps, a.quantization,

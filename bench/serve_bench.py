@@ -428,6 +428,7 @@ class BenchConfig:
     request_rate: float = math.inf
     warmup: int = 0
     warmup_output_len: int = 0  # 0: --output-len (short warm-ups still run every prefill and the batch's decode)
+    warmup_input_len: int = 0  # 0: --input-len (a long-context run warms up on short prompts)
     seed: int = 0
     vocab_size: int = 0  # 0: GET /tokenizer_info's model_vocab_size
     server_pid: int = 0  # 0: the process listening on the URL's port; -1: do not sample the server's CPU
@@ -471,7 +472,8 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
                                        config.user_len, config.output_len, vocab_size, config.seed)
                 if config.dataset == "shared-prefix" else None)
     if config.warmup:
-        warmup = random_requests(config.warmup, config.input_len, config.warmup_output_len or config.output_len,
+        warmup = random_requests(config.warmup, config.warmup_input_len or config.input_len,
+                                 config.warmup_output_len or config.output_len,
                                  config.range_ratio, vocab_size, config.seed + 1_000_003)
         warm = await run_requests(host, port, config.endpoint, config.model, warmup, config.concurrency,
                                   math.inf, config.seed, config.request_timeout)
@@ -482,21 +484,21 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
     gpu = GpuSampler(config.gpu_index)
     before = server.snapshot() if server else None
     gpu.start()
-    cpu0 = time.process_time()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     if sessions is not None:
         results = await run_sessions(host, port, config.endpoint, config.model, sessions, config.concurrency,
                                      config.request_timeout)
     else:
         results = await run_requests(host, port, config.endpoint, config.model, requests, config.concurrency,
                                      config.request_rate, config.seed, config.request_timeout)
-    cpu1 = time.process_time()
+    cpu1, wall1 = time.process_time(), time.perf_counter()
     gpu_report = gpu.stop()
     server_cpu = server.delta(before, server.snapshot()) if server and before else None
     report = summarize(results)
     rate = config.request_rate if math.isfinite(config.request_rate) else "inf"
     report.update(config=attrs.asdict(config) | {"vocab_size": vocab_size, "server_pid": pid, "request_rate": rate},
                   gpu=gpu_report, gpu_error=gpu.error, server_cpu=server_cpu,
-                  client_cpu_cores=(cpu1 - cpu0) / report["duration_s"],
+                  client_cpu_cores=(cpu1 - cpu0) / max(wall1 - wall0, 1e-9),  # not duration_s: 0 if all failed
                   date=time.strftime("%Y-%m-%d %H:%M:%S"))
     return report
 

@@ -81,6 +81,7 @@ HERE = Path(__file__).resolve().parent
 class Point:
     concurrency: int
     num_prompts: int
+    input_len: int
 
 
 @attrs.frozen
@@ -151,7 +152,7 @@ async def run_with_arrivals(config: serve_bench.BenchConfig, arrivals: Arrivals,
 async def warm_up(config: serve_bench.BenchConfig) -> None:
     """``config.warmup`` requests of ``config.warmup_output_len`` tokens out, as ``run_benchmark`` warms up."""
     host, port = config.host_port
-    requests = serve_bench.random_requests(config.warmup, config.input_len,
+    requests = serve_bench.random_requests(config.warmup, config.warmup_input_len or config.input_len,
                                            config.warmup_output_len or config.output_len, config.range_ratio,
                                            config.vocab_size, config.seed + 1_000_003)
     warm = await serve_bench.run_requests(host, port, config.endpoint, config.model, requests, config.concurrency,
@@ -171,13 +172,13 @@ def parse_pairs(items: Sequence[str]) -> dict[str, str]:
 
 
 def schedule_text(model: str, variants: Sequence[Variant], points: Sequence[Point], repeats: int, warmup: int | None,
-                  input_len: int, output_len: int) -> str:
-    lines = [f"schedule for {model or 'the embedded model'}: {input_len} tokens in, {output_len} out"]
+                  output_len: int) -> str:
+    lines = [f"schedule for {model or 'the embedded model'}: {output_len} tokens out"]
     for variant in variants:
         lines.append(f"  server start: {variant.name}")
         for p in points:
             w = p.concurrency if warmup is None else warmup
-            lines.append(f"    concurrency {p.concurrency}: {w} short warm-up requests, then "
+            lines.append(f"    {p.input_len} tokens in, concurrency {p.concurrency}: {w} short warm-up requests, then "
                          f"{repeats} x {p.num_prompts} requests")
     total = sum(repeats * p.num_prompts for p in points) * len(variants)
     lines.append(f"  {total} measured requests, {total * output_len} output tokens in all")
@@ -230,7 +231,8 @@ def summarize_point(model: str, variant: str, point: Point, reports: Sequence[di
     rates = [r["output_throughput"] for r in reports]
     median_run = sorted(reports, key=lambda r: r["output_throughput"])[len(reports) // 2] if reports else None
     row: dict[str, Any] = {
-        "model": model or "embedded", "variant": variant, "concurrency": point.concurrency,
+        "model": model or "embedded", "variant": variant, "input_len": point.input_len,
+        "concurrency": point.concurrency,
         "num_prompts": point.num_prompts, "runs": len(reports), "skipped_runs": skipped,
         "failed": sum(r["failed"] for r in reports),
         "output_tok_s": _median(rates), "output_tok_s_min": min(rates, default=None),
@@ -258,7 +260,7 @@ def _f(value: float | None, spec: str = ".0f") -> str:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ("| model | variant | conc. | runs x prompts | output tok/s (min-max) | TTFT median / p99 ms "
+    head = ("| model | variant | tokens in | conc. | runs x prompts | output tok/s (min-max) | TTFT median / p99 ms "
             "| ITL median / p99 ms | GPU busy | GPU W | server cores | busiest threads (cores) "
             "| engine-only step ms (tok/s) | HTTP / engine |")
     lines = [head, "|" + "---|" * head.count(" |")]
@@ -268,7 +270,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         engine = "n/a" if r["engine_step_ms"] is None else f"{r['engine_step_ms']:.2f} ({r['engine_tok_s']:.0f})"
         ratio = _f(r.get("http_over_engine"), ".2f")
         lines.append(
-            f"| {r['model']} | {r['variant']} | {r['concurrency']} | {runs} "
+            f"| {r['model']} | {r['variant']} | {r['input_len']} | {r['concurrency']} | {runs} "
             f"| {_f(r['output_tok_s'])} ({_f(r['output_tok_s_min'])}-{_f(r['output_tok_s_max'])}) "
             f"| {_f(r['ttft_median_ms'])} / {_f(r['ttft_p99_ms'])} "
             f"| {_f(r['itl_median_ms'], '.1f')} / {_f(r['itl_p99_ms'], '.1f')} "
@@ -321,7 +323,8 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
                 name = variant.name + kind
                 warmup = (point.concurrency if args.warmup is None else args.warmup) if repeat == 0 else 0
                 config = serve_bench.BenchConfig(
-                    url=url, endpoint=args.endpoint, input_len=args.input_len, output_len=args.output_len,
+                    url=url, endpoint=args.endpoint, input_len=point.input_len, output_len=args.output_len,
+                    warmup_input_len=args.warmup_input_len,
                     range_ratio=args.range_ratio, num_prompts=point.num_prompts, concurrency=point.concurrency,
                     warmup=warmup, warmup_output_len=args.warmup_output_len, seed=1000 * point.concurrency + repeat,
                     vocab_size=vocab_size, server_pid=server_pid, request_timeout=args.request_timeout,
@@ -340,7 +343,8 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
                 except (SystemExit, Exception) as error:  # e.g. every warm-up request failed: keep the other rows
                     print(f"  {name} c={point.concurrency} run {repeat + 1}: {error!r}", flush=True)
                     continue
-                path = out / f"{name.replace('=', '_').replace('+', '_')}_c{point.concurrency}_r{repeat}.json"
+                path = out / (f"{name.replace('=', '_').replace('+', '_')}_in{point.input_len}_c{point.concurrency}"
+                              f"_r{repeat}.json")
                 path.write_text(json.dumps(report, indent=1, default=str))
                 reports[kind].append(report)
                 ttft, itl = (serve_bench.fmt_ms(report[key]["median_ms"]) for key in ("ttft", "itl"))
@@ -489,7 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=None, help="warm-up requests per concurrency (default: C)")
     parser.add_argument("--warmup-output-len", type=int, default=16, help="output tokens of each warm-up request")
-    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--input-len", default="512",
+                        help="prompt tokens; a comma list runs every concurrency at each length on the same server")
+    parser.add_argument("--warmup-input-len", type=int, default=0,
+                        help="prompt tokens of each warm-up request (default: the point's --input-len)")
     parser.add_argument("--output-len", type=int, default=512)
     parser.add_argument("--range-ratio", type=float, default=0.0)
     parser.add_argument("--endpoint", choices=serve_bench.ENDPOINTS, default="/v1/completions")
@@ -523,13 +530,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = [int(n) for n in args.num_prompts.split(",")]
     if len(counts) != len(concurrencies):
         raise SystemExit("--num-prompts needs one count per concurrency")
-    points = [Point(c, n) for c, n in zip(concurrencies, counts, strict=True)]
+    input_lens = [int(n) for n in str(args.input_len).split(",")]
+    points = [Point(c, n, length) for length in input_lens for c, n in zip(concurrencies, counts, strict=True)]
     if args.arrivals and args.json_schema:
         raise SystemExit("--arrivals and --json-schema each add a kind of run: use one at a time")
     if args.arrivals:
         Arrivals.parse(args.arrivals, args.arrivals_output_len)  # a bad value stops here, before any server start
     variants = [Variant("default", {})] + [Variant(v, parse_pairs(v.split(","))) for v in args.variant]
-    print(schedule_text(args.model, variants, points, args.repeats, args.warmup, args.input_len, args.output_len),
+    print(schedule_text(args.model, variants, points, args.repeats, args.warmup, args.output_len),
           flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     engine = engine_only(args.model, concurrencies, args.out / "engine", args.budget_s) \
@@ -575,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table += "\n\n" + arrivals_table(rows)
     (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
     (args.out / "table.md").write_text(table + "\n")
-    print(f"\n{args.input_len} in / {args.output_len} out, {args.endpoint}, median of {args.repeats} runs; "
+    print(f"\n{args.output_len} tokens out, {args.endpoint}, median of {args.repeats} runs; "
           f"wall {time.monotonic() - started:.0f} s\n{table}", flush=True)
     return 0 if rows and all(r["runs"] and not r["failed"] for r in rows) else 1
 

@@ -170,14 +170,16 @@ def test_serving_table_rows_from_a_running_server(embedded_server: tuple[int, st
     args = serving_table.build_parser().parse_args(
         ["--model", "", "--concurrency", "1,2", "--num-prompts", "1,2", "--repeats", "2", "--input-len", "4",
          "--output-len", "2", "--warmup", "0"])
-    points = [serving_table.Point(1, 1), serving_table.Point(2, 2)]
+    points = [serving_table.Point(1, 1, 4), serving_table.Point(2, 2, 6)]
     rows = serving_table.run_points(url, pid, serving_table.Variant("default", {}), points, args, 0, math.inf,
                                     tmp_path, {})
-    assert [(r["concurrency"], r["runs"], r["failed"]) for r in rows] == [(1, 2, 0), (2, 2, 0)]
+    assert [(r["input_len"], r["concurrency"], r["runs"], r["failed"]) for r in rows] == [(4, 1, 2, 0), (6, 2, 2, 0)]
     assert all(r["output_tok_s_min"] <= r["output_tok_s"] <= r["output_tok_s_max"] for r in rows)
-    assert len(list(tmp_path.glob("default_c*_r*.json"))) == 4
+    assert len(list(tmp_path.glob("default_in*_c*_r*.json"))) == 4
+    report = json.loads((tmp_path / "default_in6_c2_r1.json").read_text())
+    assert report["total_input_tokens"] == 6 * 2
     table = serving_table.markdown_table(rows)
-    assert table.count("\n| embedded | default |") == 2
+    assert table.count("\n| embedded | default | 4 | 1 |") == 1 and table.count("\n| embedded | default | 6 | 2 |") == 1
 
 
 def test_serving_table_runs_each_repeat_again_under_arrivals(embedded_server: tuple[int, str],
@@ -188,7 +190,7 @@ def test_serving_table_runs_each_repeat_again_under_arrivals(embedded_server: tu
     args = serving_table.build_parser().parse_args(
         ["--model", "", "--concurrency", "2", "--num-prompts", "2", "--repeats", "2", "--input-len", "4",
          "--output-len", "3", "--warmup", "1", "--arrivals", "24@5", "--arrivals-output-len", "2"])
-    rows = serving_table.run_points(url, pid, serving_table.Variant("default", {}), [serving_table.Point(2, 2)],
+    rows = serving_table.run_points(url, pid, serving_table.Variant("default", {}), [serving_table.Point(2, 2, 4)],
                                     args, 0, math.inf, tmp_path, {})
     assert [(r["variant"], r["runs"], r["failed"]) for r in rows] == [("default", 2, 0), ("default+arrivals", 2, 0)]
     plain, loaded = rows
@@ -196,7 +198,7 @@ def test_serving_table_runs_each_repeat_again_under_arrivals(embedded_server: tu
     assert loaded["arrivals_completed"] >= 2 and loaded["arrivals_failed"] == 0
     assert loaded["arrivals_ttft_median_ms"] > 0
     assert loaded["itl_p99_over_plain"] == pytest.approx(loaded["itl_p99_ms"] / plain["itl_p99_ms"])
-    report = json.loads((tmp_path / "default_arrivals_c2_r1.json").read_text())
+    report = json.loads((tmp_path / "default_arrivals_in4_c2_r1.json").read_text())
     assert report["arrivals"]["total_input_tokens"] == 24 * report["arrivals"]["completed"]
     table = serving_table.arrivals_table(rows)
     assert table.count("\n| default | 2 | 24@5 |") == 1
