@@ -84,6 +84,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         scheduler_config=SchedulerConfig(
             max_batch_size=settings.max_batch_size,
             max_num_batched_tokens=limits.step_token_budget,
+            max_prefill_tokens=limits.prefill_token_budget,
             prefill_mode=settings.prefill_mode,
             max_active_kv_tokens=settings.max_active_kv_tokens,
         ),

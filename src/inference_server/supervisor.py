@@ -136,7 +136,7 @@ def kv_limits(parts: EngineParts) -> KVLimits:
     return KVLimits(block_size=kv.block_size, full_blocks=kv.full_pool.num_blocks,
                     sliding_blocks=kv.sliding_pool.num_blocks if kv.sliding_pool is not None else 0,
                     sliding_window=kv.sliding_window,
-                    max_step_tokens=config.max_num_batched_tokens if chunked else None)
+                    max_step_tokens=config.prefill_step_tokens if chunked else None)
 
 
 def _referenced_cached(pool: BlockPool) -> int:

@@ -8,6 +8,7 @@ import torch
 from inference_server.backends.factory import (
     CPU_MAX_MODEL_LEN,
     CPU_STEP_TOKEN_BUDGET,
+    CUDA_PREFILL_BUDGET_FACTOR,
     CUDA_STEP_TOKEN_BUDGET,
     engine_limits,
 )
@@ -57,3 +58,18 @@ def test_the_step_token_budget_is_sized_to_the_device(device: torch.device, conf
     limits = engine_limits(Settings(max_num_batched_tokens=configured), QWEN, device, pool(65_536))
     assert limits.step_token_budget == expected
     assert CPU_STEP_TOKEN_BUDGET < CUDA_STEP_TOKEN_BUDGET
+
+
+@pytest.mark.parametrize(
+    ("device", "step", "prefill", "expected"),
+    [
+        (CPU, 0, 0, CPU_STEP_TOKEN_BUDGET),  # a CPU step stays short with or without decodes
+        (CUDA, 0, 0, CUDA_PREFILL_BUDGET_FACTOR * CUDA_STEP_TOKEN_BUDGET),
+        (CUDA, 512, 0, CUDA_PREFILL_BUDGET_FACTOR * 512),  # follows a configured step budget
+        (CPU, 0, 1024, 1024),  # MAX_PREFILL_TOKENS wins wherever it is set...
+        (CUDA, 4096, 1024, 4096),  # ...but never below the step budget
+    ],
+)
+def test_the_prefill_step_budget(device: torch.device, step: int, prefill: int, expected: int) -> None:
+    settings = Settings(max_num_batched_tokens=step, max_prefill_tokens=prefill)
+    assert engine_limits(settings, QWEN, device, pool(65_536)).prefill_token_budget == expected

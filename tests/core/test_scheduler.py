@@ -144,6 +144,37 @@ def test_chunked_prefill_never_stalls_running_decodes() -> None:
         scheduler.on_step_result(runner.execute(plan))
 
 
+def test_a_step_without_decodes_takes_the_prefill_budget() -> None:
+    """``max_prefill_tokens``: a prompt alone is prefilled in chunks of the larger budget; once a request decodes,
+    every step (the rest of a prompt, a newcomer's chunks) keeps ``max_num_batched_tokens``."""
+    scheduler = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32)
+    runner = FakeEngine()
+    scheduler.add(request(1, prompt_len=40, max_tokens=20))
+    sizes = []
+    for _ in range(2):  # 32 tokens, then the last 8 (nothing decodes yet)
+        plan = scheduler.schedule()
+        sizes.append(plan.num_tokens)
+        scheduler.on_step_result(runner.execute(plan))
+    assert sizes == [32, 8]
+    scheduler.add(request(2, prompt_len=40, first_token=100))
+    for _ in range(4):  # request 1 decodes: request 2's prompt comes 7 tokens a step beside its decode
+        plan = scheduler.schedule()
+        assert [len(s.token_ids) for s in plan.sequences] == [1, 7]
+        scheduler.on_step_result(runner.execute(plan))
+    assert make_scheduler(max_num_batched_tokens=8).config.prefill_step_tokens == 8  # 0: the step budget
+    assert make_scheduler(max_num_batched_tokens=8, max_prefill_tokens=4).config.prefill_step_tokens == 8
+
+
+@pytest.mark.parametrize("mode", ["monolithic", "chunked", "batched"])
+def test_the_prefill_budget_keeps_outputs(mode: str) -> None:
+    scheduler = make_scheduler(prefill_mode=mode, max_num_batched_tokens=4, max_prefill_tokens=16)
+    lengths = [(1, 3), (2, 23), (3, 9), (4, 17)]
+    for rid, length in lengths:
+        scheduler.add(request(rid, prompt_len=length, first_token=rid * 20))
+    results = run_to_completion(scheduler, FakeEngine())
+    assert {rid: out for rid, (out, _) in results.items()} == {rid: run_alone(rid * 20, n) for rid, n in lengths}
+
+
 def test_preemption_under_a_tiny_pool_loses_nothing_and_keeps_outputs() -> None:
     prompts = [(rid, 5 + rid) for rid in range(1, 7)]
     roomy = make_scheduler(num_blocks=256)

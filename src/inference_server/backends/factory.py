@@ -29,6 +29,9 @@ CUDA_STEP_TOKEN_BUDGET = 2048
 CPU_STEP_TOKEN_BUDGET = 256
 """Default step token budget off CUDA: a step must stay short (about a second on a small CPU, see
 docs/reliability.md), because aborts, deadlines and new requests are honoured between steps."""
+CUDA_PREFILL_BUDGET_FACTOR = 4
+"""A CUDA step without decodes takes this many times the step budget by default (``MAX_PREFILL_TOKENS=0``): a long
+prompt alone is prefilled in larger chunks, which run closer to the compute limit (docs/benchmarks.md, Prefill)."""
 
 
 @attrs.frozen
@@ -43,6 +46,9 @@ class EngineLimits:
     """Tokens the full-attention KV pool holds: no single sequence can be longer."""
     step_token_budget: int
     """Tokens one step may compute (``MAX_NUM_BATCHED_TOKENS``, or the device's default when it is 0)."""
+    prefill_token_budget: int
+    """Tokens a step that carries no decodes may compute (``MAX_PREFILL_TOKENS``, or the device's default when it
+    is 0); never below ``step_token_budget``. The largest step the runner compiles for."""
 
 
 def _requested_model_len(settings: Settings, spec: ModelSpec, device: torch.device) -> int:
@@ -63,8 +69,11 @@ def engine_limits(settings: Settings, spec: ModelSpec, device: torch.device, kv:
     capacity = kv.full_pool.num_blocks * kv.block_size
     budget = settings.max_num_batched_tokens or (
         CUDA_STEP_TOKEN_BUDGET if device.type == "cuda" else CPU_STEP_TOKEN_BUDGET)
+    prefill_budget = max(budget, settings.max_prefill_tokens or (
+        CUDA_PREFILL_BUDGET_FACTOR * budget if device.type == "cuda" else budget))
     return EngineLimits(max_model_len=min(_requested_model_len(settings, spec, device), capacity),
-                        vocab_size=spec.vocab_size, kv_capacity_tokens=capacity, step_token_budget=budget)
+                        vocab_size=spec.vocab_size, kv_capacity_tokens=capacity, step_token_budget=budget,
+                        prefill_token_budget=prefill_budget)
 
 
 def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device) -> int:
@@ -128,7 +137,7 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
         from inference_server.backends.cuda.runner import build_cuda_runner
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
-                                 step_token_budget=limits.step_token_budget)
+                                 step_token_budget=limits.prefill_token_budget)
     if settings.deterministic:
         from inference_server.backends import deterministic
 

@@ -1,7 +1,8 @@
 """Iteration-level continuous batching: which tokens of which requests the next step computes.
 
 Each call to ``schedule`` builds one ``StepPlan`` under a token budget (``max_num_batched_tokens``) and a
-sequence cap (``max_batch_size``): running decodes first, then prefill work in the order the policy gives.
+sequence cap (``max_batch_size``): running decodes first, then prefill work in the order the policy gives. A
+step with no decodes takes the larger ``max_prefill_tokens``: no stream's inter-token latency waits on it.
 A request that finishes frees its slot and KV at once, so the very next plan refills it.
 
 Prefill modes (``PREFILL_MODE``):
@@ -46,8 +47,15 @@ PREFILL_MODES = ("monolithic", "chunked", "batched")
 class SchedulerConfig:
     max_batch_size: int = 256
     max_num_batched_tokens: int = 2048
+    max_prefill_tokens: int = 0  # budget of a step without decodes; 0 (or less): max_num_batched_tokens
     prefill_mode: str = "chunked"
     max_active_kv_tokens: int = 0  # 0 = no cap beyond the pool itself
+
+    @property
+    def prefill_step_tokens(self) -> int:
+        """The token budget of a step that carries no decodes: nothing's inter-token latency waits on it, so it
+        may be longer, and a long prompt alone is prefilled in fewer, larger (more efficient) chunks."""
+        return max(self.max_num_batched_tokens, self.max_prefill_tokens)
 
     def __attrs_post_init__(self) -> None:
         if self.prefill_mode not in PREFILL_MODES:
@@ -159,7 +167,8 @@ class Scheduler:
         self.last_finished.clear()
         demand = StepDemand(
             releases=tuple(self._releases), items=tuple(decodes + prefills + admissions),
-            victims=self._victims(tuple(self.running)), token_budget=self.config.max_num_batched_tokens,
+            victims=self._victims(tuple(self.running)),
+            token_budget=self.config.max_num_batched_tokens if decodes else self.config.prefill_step_tokens,
             max_sequences=self.config.max_batch_size,
             max_new=1 if self.config.prefill_mode == "monolithic" else None,
         )
