@@ -34,8 +34,8 @@ All methods are synchronous and called from tasks of the one trio thread, so the
 from __future__ import annotations
 
 import contextlib
+import itertools
 
-import attrs
 import trio
 
 from inference_server.records.requests import Admitted, Rejected, RequestUpdate, StreamItem
@@ -46,7 +46,7 @@ STREAM_CAPACITY = 32  # updates a consumer may lag before further tokens are coa
 def merge(first: RequestUpdate, second: RequestUpdate) -> RequestUpdate:
     """One update carrying both updates' tokens and prompt logprobs (and the second's finish, if any)."""
     prompt_logprobs = second.prompt_logprobs if second.prompt_logprobs is not None else first.prompt_logprobs
-    return attrs.evolve(second, tokens=first.tokens + second.tokens, prompt_logprobs=prompt_logprobs)
+    return second.with_tokens(first.tokens + second.tokens, prompt_logprobs)
 
 
 def merge_all(updates: list[RequestUpdate]) -> RequestUpdate:
@@ -55,8 +55,8 @@ def merge_all(updates: list[RequestUpdate]) -> RequestUpdate:
     if len(updates) == 1:
         return last
     prompt_logprobs = next((u.prompt_logprobs for u in reversed(updates) if u.prompt_logprobs is not None), None)
-    tokens = tuple(token for update in updates for token in update.tokens)
-    return attrs.evolve(last, tokens=tokens, prompt_logprobs=prompt_logprobs)
+    return last.with_tokens(tuple(itertools.chain.from_iterable(update.tokens for update in updates)),
+                            prompt_logprobs)
 
 
 class _Entry:
@@ -126,20 +126,23 @@ class RequestStreams:
             self._remove(request_id)  # a fresh stream cannot be full: its reader is gone
             return False
 
-    def deliver(self, update: RequestUpdate) -> bool:
+    def deliver(self, update: RequestUpdate, now: float | None = None) -> bool:
         """Send, hold (stream interval) or coalesce an update; False when the caller is gone (the entry is
-        then removed)."""
+        then removed). ``now``: the current time, when the caller delivers many updates at once (one clock read
+        for a whole step's updates instead of one per token); read here when None."""
         request_id = update.request_id
         entry = self._entries.get(request_id)
         if entry is None:
             return False
         if self.interval_tokens > 1 and not update.finished:
+            if now is None:
+                now = trio.current_time()
             if entry.started and request_id not in self._pending:
-                if self._hold(entry, request_id, update):
+                if self._hold(entry, request_id, update, now):
                     return True
                 update = entry.release()
             else:
-                entry.last_arrival = trio.current_time()
+                entry.last_arrival = now
         elif entry.held:
             del self._holding[request_id]
             update = entry.release(update)
@@ -148,11 +151,10 @@ class RequestStreams:
             update = merge(pending, update)
         return self._try_send(update)
 
-    def _hold(self, entry: _Entry, request_id: int, update: RequestUpdate) -> bool:
-        """Add ``update`` to the held ones; False when they must all go out now, in which case the caller
-        releases them: ``interval_tokens`` are held, or holding them until the next token (expected as far
-        away as this one came after the last) would take the oldest past ``max_hold``."""
-        now = trio.current_time()
+    def _hold(self, entry: _Entry, request_id: int, update: RequestUpdate, now: float) -> bool:
+        """Add ``update`` (arrived at ``now``) to the held ones; False when they must all go out now, in which
+        case the caller releases them: ``interval_tokens`` are held, or holding them until the next token
+        (expected as far away as this one came after the last) would take the oldest past ``max_hold``."""
         gap, entry.last_arrival = now - entry.last_arrival, now
         was_holding = bool(entry.held)
         since = entry.held_since if was_holding else now
