@@ -134,7 +134,7 @@ class RequestStreams:
         entry = self._entries.get(request_id)
         if entry is None:
             return False
-        if self.interval_tokens > 1 and not update.finished:
+        if self.interval_tokens > 1 and update.finish_reason is None:
             if now is None:
                 now = trio.current_time()
             if entry.started and request_id not in self._pending:
@@ -229,7 +229,7 @@ class RequestStreams:
         if entry is None:
             return False
         stream = entry.send
-        if not update.finished and stream.statistics().current_buffer_used >= self.capacity - 1:
+        if update.finish_reason is None and stream.statistics().current_buffer_used >= self.capacity - 1:
             self._pending[update.request_id] = update  # keep the last slot for the terminal update
             return True
         try:
@@ -242,7 +242,7 @@ class RequestStreams:
             return False
         if update.tokens:
             entry.started = True
-        if update.finished:
+        if update.finish_reason is not None:
             self._remove(update.request_id)
         return True
 

@@ -111,7 +111,7 @@ class StopChecker:
 
     def update(self, token_id: int, text: str) -> StopUpdate:
         """Account for one generated token and the text its detokenization added."""
-        if self.finished:
+        if self.finish_reason is not None:
             raise RuntimeError("StopChecker.update called after the request finished")
         self.num_tokens += 1
         may_stop = self.num_tokens >= self._min_tokens

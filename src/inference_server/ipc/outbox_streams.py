@@ -53,7 +53,7 @@ class _OutboxSend:
 
     def send_nowait(self, item: StreamItem) -> None:
         if isinstance(item, RequestUpdate):
-            if self.cached_tokens is not None and not item.finished:
+            if self.cached_tokens is not None and item.finish_reason is None:
                 cached, self.cached_tokens = self.cached_tokens(item.request_id), None
                 self.sink(item.renamed(self.front_id, cached))
             else:
