@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference_server.actors.request_handle import RequestHandle
-from inference_server.actors.request_streams import RequestStreams, merge, merge_all
+from inference_server.actors.request_streams import RequestStreams, _Entry, merge, merge_all
 from inference_server.records.requests import Admitted, PromptTokenLogprob, RequestUpdate, StreamItem, TokenOutput
 
 MAX_HOLD = 1 / 16  # binary fractions: mock times add up exactly
@@ -217,6 +217,18 @@ UPDATES = st.lists(
 @given(updates=UPDATES)
 def test_merge_all_equals_merging_pairwise(updates: list[RequestUpdate]) -> None:
     assert merge_all(updates) == reduce(merge, updates)
+
+
+@settings(max_examples=100, deadline=None)
+@given(updates=UPDATES, with_last=st.booleans())
+def test_released_held_updates_equal_merge_all(updates: list[RequestUpdate], with_last: bool) -> None:
+    """A stream entry folds held updates as they arrive; releasing them gives what merging them all gives."""
+    entry = _Entry(trio.open_memory_channel[StreamItem](1)[0])
+    held = updates[:-1] if with_last else updates
+    for held_update in held:
+        entry.hold(held_update)
+    assert entry.release(updates[-1] if with_last else None) == merge_all(updates)
+    assert entry.held is None and not entry.held_tokens and entry.held_logprobs is None
 
 
 @given(updates=UPDATES)

@@ -31,6 +31,7 @@ def test_the_digest_reads_as_the_plan_and_survives_pickling(rows: list[tuple[int
         (s.request_id, s.num_tokens, s.cached_len, s.prompt_len, s.reset, s.sample) for s in plan.sequences]
     assert pickle.loads(pickle.dumps(digest, protocol=pickle.HIGHEST_PROTOCOL)) == digest
     assert pickle.loads(pickle.dumps(digest)) == digest
+    assert PlanDigest.of(digest) == digest  # a digest of any plan view, not only of a StepPlan
 
 
 def test_a_digest_gives_the_sinks_the_plans_batch() -> None:

@@ -34,11 +34,18 @@ All methods are synchronous and called from tasks of the one trio thread, so the
 from __future__ import annotations
 
 import contextlib
+import itertools
 
-import attrs
 import trio
 
-from inference_server.records.requests import Admitted, Rejected, RequestUpdate, StreamItem
+from inference_server.records.requests import (
+    Admitted,
+    PromptTokenLogprob,
+    Rejected,
+    RequestUpdate,
+    StreamItem,
+    TokenOutput,
+)
 
 STREAM_CAPACITY = 32  # updates a consumer may lag before further tokens are coalesced into one update
 
@@ -46,7 +53,7 @@ STREAM_CAPACITY = 32  # updates a consumer may lag before further tokens are coa
 def merge(first: RequestUpdate, second: RequestUpdate) -> RequestUpdate:
     """One update carrying both updates' tokens and prompt logprobs (and the second's finish, if any)."""
     prompt_logprobs = second.prompt_logprobs if second.prompt_logprobs is not None else first.prompt_logprobs
-    return attrs.evolve(second, tokens=first.tokens + second.tokens, prompt_logprobs=prompt_logprobs)
+    return second.with_tokens(first.tokens + second.tokens, prompt_logprobs)
 
 
 def merge_all(updates: list[RequestUpdate]) -> RequestUpdate:
@@ -55,30 +62,44 @@ def merge_all(updates: list[RequestUpdate]) -> RequestUpdate:
     if len(updates) == 1:
         return last
     prompt_logprobs = next((u.prompt_logprobs for u in reversed(updates) if u.prompt_logprobs is not None), None)
-    tokens = tuple(token for update in updates for token in update.tokens)
-    return attrs.evolve(last, tokens=tokens, prompt_logprobs=prompt_logprobs)
+    return last.with_tokens(tuple(itertools.chain.from_iterable(update.tokens for update in updates)),
+                            prompt_logprobs)
 
 
 class _Entry:
-    """One live stream: its send end and the updates the stream interval holds back."""
+    """One live stream: its send end and the updates the stream interval holds back.
 
-    __slots__ = ("held", "held_since", "held_tokens", "last_arrival", "send", "started")
+    Held updates are folded as they arrive (their tokens into one list, the latest prompt logprobs, the latest update
+    for the other fields), so releasing them builds one tuple and one record (what ``merge_all`` of them gives)
+    without another pass over them."""
+
+    __slots__ = ("held", "held_logprobs", "held_since", "held_tokens", "last_arrival", "send", "started")
 
     def __init__(self, send: trio.MemorySendChannel[StreamItem]) -> None:
         self.send = send
         self.started = False  # a token has gone out (the first one is never held)
-        self.held: list[RequestUpdate] = []
-        self.held_tokens = 0
+        self.held: RequestUpdate | None = None  # the latest held update; None: nothing is held
+        self.held_tokens: list[TokenOutput] = []  # the held updates' tokens, in order
+        self.held_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # the latest held prompt logprobs
         self.held_since = 0.0  # when the first held update arrived
         self.last_arrival = -float("inf")  # when the last non-terminal update arrived
 
+    def hold(self, update: RequestUpdate) -> None:
+        """Add ``update`` to the held ones."""
+        self.held = update
+        self.held_tokens.extend(update.tokens)
+        if update.prompt_logprobs is not None:
+            self.held_logprobs = update.prompt_logprobs
+
     def release(self, update: RequestUpdate | None = None) -> RequestUpdate:
         """Every held update (and ``update``) as one; nothing is held afterwards."""
-        held = self.held
         if update is not None:
-            held.append(update)
-        self.held, self.held_tokens = [], 0
-        return merge_all(held)
+            self.hold(update)
+        last = self.held
+        assert last is not None, "release() with nothing held"
+        merged = last.with_tokens(tuple(self.held_tokens), self.held_logprobs)
+        self.held, self.held_tokens, self.held_logprobs = None, [], None
+        return merged
 
 
 class RequestStreams:
@@ -126,21 +147,24 @@ class RequestStreams:
             self._remove(request_id)  # a fresh stream cannot be full: its reader is gone
             return False
 
-    def deliver(self, update: RequestUpdate) -> bool:
+    def deliver(self, update: RequestUpdate, now: float | None = None) -> bool:
         """Send, hold (stream interval) or coalesce an update; False when the caller is gone (the entry is
-        then removed)."""
+        then removed). ``now``: the current time, when the caller delivers many updates at once (one clock read
+        for a whole step's updates instead of one per token); read here when None."""
         request_id = update.request_id
         entry = self._entries.get(request_id)
         if entry is None:
             return False
-        if self.interval_tokens > 1 and not update.finished:
+        if self.interval_tokens > 1 and update.finish_reason is None:
+            if now is None:
+                now = trio.current_time()
             if entry.started and request_id not in self._pending:
-                if self._hold(entry, request_id, update):
+                if self._hold(entry, request_id, update, now):
                     return True
                 update = entry.release()
             else:
-                entry.last_arrival = trio.current_time()
-        elif entry.held:
+                entry.last_arrival = now
+        elif entry.held is not None:
             del self._holding[request_id]
             update = entry.release(update)
         pending = self._pending.pop(request_id, None)
@@ -148,17 +172,15 @@ class RequestStreams:
             update = merge(pending, update)
         return self._try_send(update)
 
-    def _hold(self, entry: _Entry, request_id: int, update: RequestUpdate) -> bool:
-        """Add ``update`` to the held ones; False when they must all go out now, in which case the caller
-        releases them: ``interval_tokens`` are held, or holding them until the next token (expected as far
-        away as this one came after the last) would take the oldest past ``max_hold``."""
-        now = trio.current_time()
+    def _hold(self, entry: _Entry, request_id: int, update: RequestUpdate, now: float) -> bool:
+        """Add ``update`` (arrived at ``now``) to the held ones; False when they must all go out now, in which
+        case the caller releases them: ``interval_tokens`` are held, or holding them until the next token
+        (expected as far away as this one came after the last) would take the oldest past ``max_hold``."""
         gap, entry.last_arrival = now - entry.last_arrival, now
-        was_holding = bool(entry.held)
+        was_holding = entry.held is not None
         since = entry.held_since if was_holding else now
-        entry.held.append(update)
-        entry.held_tokens += len(update.tokens)
-        if entry.held_tokens < self.interval_tokens and now - since + gap < self.max_hold:
+        entry.hold(update)
+        if len(entry.held_tokens) < self.interval_tokens and now - since + gap < self.max_hold:
             if not was_holding:
                 entry.held_since = now
                 self._holding[request_id] = entry
@@ -206,7 +228,7 @@ class RequestStreams:
         for request_id in list(self._entries):
             entry = self._entries[request_id]
             final = RequestUpdate(request_id=request_id, finish_reason="error", error=message)
-            if entry.held:
+            if entry.held is not None:
                 final = entry.release(final)
             pending = self._pending.pop(request_id, None)
             if pending is not None:
@@ -219,7 +241,7 @@ class RequestStreams:
         """Pending and held updates belong to live entries only."""
         stray = (set(self._pending) | set(self._holding)) - set(self._entries)
         assert not stray, f"pending or held updates for removed streams: {sorted(stray)}"
-        unlisted = [i for i, e in self._entries.items() if e.held and i not in self._holding]
+        unlisted = [i for i, e in self._entries.items() if e.held is not None and i not in self._holding]
         assert not unlisted, f"held updates not listed for flushing: {unlisted}"
 
     def _try_send(self, update: RequestUpdate) -> bool:
@@ -227,7 +249,7 @@ class RequestStreams:
         if entry is None:
             return False
         stream = entry.send
-        if not update.finished and stream.statistics().current_buffer_used >= self.capacity - 1:
+        if update.finish_reason is None and stream.statistics().current_buffer_used >= self.capacity - 1:
             self._pending[update.request_id] = update  # keep the last slot for the terminal update
             return True
         try:
@@ -240,7 +262,7 @@ class RequestStreams:
             return False
         if update.tokens:
             entry.started = True
-        if update.finished:
+        if update.finish_reason is not None:
             self._remove(update.request_id)
         return True
 

@@ -303,8 +303,10 @@ class SchedulerActor:
 
     def _send(self, updates: list[RequestUpdate]) -> None:
         """Updates to their streams; a request whose caller is gone is aborted (unless it just ended)."""
+        now = trio.current_time()  # one clock read for the step: its updates arrive together
+        deliver = self.streams.deliver
         for update in updates:
-            if not self.streams.deliver(update) and not update.finished:
+            if not deliver(update, now) and not update.finished:
                 self._abort(update.request_id)
 
     def _report_update(self, update: RequestUpdate, now: float) -> None:

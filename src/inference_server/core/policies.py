@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from inference_server.core.request import Request
 
@@ -44,7 +45,7 @@ class SchedulingPolicy:
         """The running request with the largest key is preempted first (lowest priority, newest)."""
         return (request.priority, request.arrival_index)
 
-    def on_arrival(self, request: Request, active_sessions: set[str]) -> None:
+    def on_arrival(self, request: Request, active_sessions: AbstractSet[str]) -> None:
         """Called when a request enters the waiting queue for the first time."""
 
     def charge(self, request: Request, prompt_tokens: int, output_tokens: int) -> None:
@@ -65,7 +66,7 @@ class FairSharePolicy(SchedulingPolicy):
     def victim_key(self, request: Request) -> SortKey:
         return (request.priority, self.counters[session_of(request)], request.arrival_index)
 
-    def on_arrival(self, request: Request, active_sessions: set[str]) -> None:
+    def on_arrival(self, request: Request, active_sessions: AbstractSet[str]) -> None:
         session = session_of(request)
         if session in active_sessions:
             return

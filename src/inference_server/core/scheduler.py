@@ -23,7 +23,9 @@ sequence on the release list of the next demand exactly once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 import attrs
 
@@ -79,6 +81,9 @@ class Scheduler:
         self.waiting_prompt_tokens = 0  # prompt tokens of the waiting requests (the overload check reads it)
         self.last_started: list[int] = []  # requests the last plan started (or restarted after preemption)
         self._decode_demands: dict[int, Demand] = {}  # a running request's decode demand never changes
+        # Requests held per session, kept as they come and go: ``active_sessions`` is asked on every arrival, and
+        # collecting it from every request held made each arrival cost as much as the requests held.
+        self._session_counts: Counter[str] = Counter()
 
     # -- queries -------------------------------------------------------------------------------------
     @property
@@ -95,8 +100,9 @@ class Scheduler:
         """The id the next plan will carry (profiler ranges name the step before it is planned)."""
         return self._step_id
 
-    def active_sessions(self) -> set[str]:
-        return {session_of(r) for r in self.requests.values()}
+    def active_sessions(self) -> AbstractSet[str]:
+        """The sessions of the requests held (waiting or running): a live view, not a copy."""
+        return self._session_counts.keys()
 
     # -- request lifecycle ---------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -104,6 +110,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id} already added")
         self.policy.on_arrival(request, self.active_sessions())
         self.requests[request.request_id] = request
+        self._session_counts[session_of(request)] += 1
         self.waiting.append(request)
         self.waiting_prompt_tokens += len(request.prompt_ids)
 
@@ -134,6 +141,10 @@ class Scheduler:
             self.waiting_prompt_tokens -= len(request.prompt_ids)
         request.status = RequestStatus.FINISHED
         del self.requests[request.request_id]
+        session = session_of(request)
+        self._session_counts[session] -= 1
+        if not self._session_counts[session]:
+            del self._session_counts[session]
         self.last_finished[request.request_id] = request
         return RequestUpdate(
             request_id=request.request_id, tokens=tokens, finish_reason=reason, stop_reason=stop_reason,
@@ -384,6 +395,7 @@ class Scheduler:
             assert r.status is RequestStatus.WAITING and self.requests[r.request_id] is r
         assert len(self.running) + len(self.waiting) == len(self.requests)
         assert self.waiting_prompt_tokens == sum(len(r.prompt_ids) for r in self.waiting)
+        assert self._session_counts == Counter(session_of(r) for r in self.requests.values())
         if kv is not None:
             kv.check_integrity()
             pending = {rid for rid, _ in self._releases}

@@ -47,6 +47,11 @@ class StopUpdate:
         return self.finish_reason is not None
 
 
+_NOTHING_YET = StopUpdate("")
+"""A token that released no text and ended nothing: one shared record (records are never changed), so a checker
+fed no text (the engine process's, which sees only token ids) builds none per token."""
+
+
 class StopChecker:
     """Decides, token by token, when one request is done and how much of its text may be shown."""
 
@@ -106,7 +111,7 @@ class StopChecker:
 
     def update(self, token_id: int, text: str) -> StopUpdate:
         """Account for one generated token and the text its detokenization added."""
-        if self.finished:
+        if self.finish_reason is not None:
             raise RuntimeError("StopChecker.update called after the request finished")
         self.num_tokens += 1
         may_stop = self.num_tokens >= self._min_tokens
@@ -121,7 +126,7 @@ class StopChecker:
             released = text
         if self.num_tokens >= self._max_tokens:
             return self._finish("length", None, released + self.flush())
-        return StopUpdate(released)
+        return StopUpdate(released) if released else _NOTHING_YET
 
     def flush(self) -> str:
         """Release held-back text, e.g. when the caller ends the request for its own reasons."""

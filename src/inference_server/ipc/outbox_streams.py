@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-import attrs
 import trio
 
 from inference_server.actors.request_streams import RequestStreams, _Entry
@@ -54,11 +53,11 @@ class _OutboxSend:
 
     def send_nowait(self, item: StreamItem) -> None:
         if isinstance(item, RequestUpdate):
-            if self.cached_tokens is not None and not item.finished:
+            if self.cached_tokens is not None and item.finish_reason is None:
                 cached, self.cached_tokens = self.cached_tokens(item.request_id), None
-                self.sink(attrs.evolve(item, request_id=self.front_id, cached_prompt_tokens=cached))
+                self.sink(item.renamed(self.front_id, cached))
             else:
-                self.sink(attrs.evolve(item, request_id=self.front_id))
+                self.sink(item.renamed(self.front_id))
         elif isinstance(item, Admitted):
             self.sink(Admission(self.front_id, item.prompt_token_ids))
         elif isinstance(item, Rejected):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import attrs
 
@@ -117,34 +119,40 @@ class SequenceDigest(NamedTuple):
 
 def _digests(rows: Iterable[tuple[int, int, int, int, bool, bool]]) -> tuple[SequenceDigest, ...]:
     """``SequenceDigest``s of ``rows`` by ``tuple.__new__``: the namedtuple's own constructor adds a Python call
-    per sequence, on every step of both processes."""
+    per sequence."""
     return tuple(map(tuple.__new__, itertools.repeat(SequenceDigest), rows))
 
 
-def _digest_from_columns(step_id: int, request_ids: tuple[int, ...], num_tokens: tuple[int, ...],
-                         cached_lens: tuple[int, ...], prompt_lens: tuple[int, ...], resets: tuple[bool, ...],
-                         samples: tuple[bool, ...]) -> PlanDigest:
-    return PlanDigest(step_id, _digests(zip(request_ids, num_tokens, cached_lens, prompt_lens, resets, samples,
-                                            strict=True)))
+DigestColumns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...],
+                      tuple[bool, ...]]
+"""A plan's sequences as one column per ``SequenceDigest`` field, in the fields' order."""
+
+_FIELD_GETTERS = tuple(map(operator.attrgetter, SequenceDigest._fields))
 
 
 @attrs.frozen
 class PlanDigest:
     """A ``StepPlan`` as telemetry reads it (``PlanView``): what the engine process forwards of each step to the
-    front's telemetry. It pickles as one column of ints per field (``__reduce__``), not as an object per sequence:
-    a step of 256 sequences pickled as ``ScheduledSequence`` objects cost ~0.5 ms on each side of the split."""
+    front's telemetry. It holds and pickles one column per ``SequenceDigest`` field, not an object per sequence:
+    the engine process builds them with one ``map`` per field over the plan, and only the front, where telemetry
+    reads them, spells out the rows (``sequences``, built once, on first use)."""
 
     step_id: int
-    sequences: tuple[SequenceDigest, ...]
+    columns: DigestColumns
 
     @classmethod
     def of(cls, plan: PlanView) -> PlanDigest:
-        return cls(plan.step_id, _digests((s.request_id, s.num_tokens, s.cached_len, s.prompt_len, s.reset, s.sample)
-                                          for s in plan.sequences))
+        sequences = plan.sequences
+        return cls(plan.step_id, cast(DigestColumns, tuple(
+            tuple(map(getter, sequences)) for getter in _FIELD_GETTERS)))
+
+    @functools.cached_property
+    def sequences(self) -> tuple[SequenceDigest, ...]:
+        """The plan's sequences as telemetry reads them (``PlannedSequence``)."""
+        return _digests(zip(*self.columns, strict=True))
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        columns = tuple(zip(*self.sequences, strict=True)) if self.sequences else ((),) * len(SequenceDigest._fields)
-        return _digest_from_columns, (self.step_id, *columns)
+        return PlanDigest, (self.step_id, self.columns)  # the columns only, never rows a front spelled out
 
 
 @hot_record
