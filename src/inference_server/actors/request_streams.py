@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Sized
 
 import trio
 
@@ -73,10 +74,13 @@ class _Entry:
     for the other fields), so releasing them builds one tuple and one record (what ``merge_all`` of them gives)
     without another pass over them."""
 
-    __slots__ = ("held", "held_logprobs", "held_since", "held_tokens", "last_arrival", "send", "started")
+    __slots__ = ("buffer", "held", "held_logprobs", "held_since", "held_tokens", "last_arrival", "send", "started")
 
-    def __init__(self, send: trio.MemorySendChannel[StreamItem]) -> None:
+    def __init__(self, send: trio.MemorySendChannel[StreamItem], buffer: Sized | None = None) -> None:
         self.send = send
+        # What the stream holds unread, for the "is it full" test on every send: the channel's own buffer, read
+        # by length, because ``statistics()`` builds a record on each call. ``buffer``: a stand-in send end's.
+        self.buffer: Sized = send._state.data if buffer is None else buffer
         self.started = False  # a token has gone out (the first one is never held)
         self.held: RequestUpdate | None = None  # the latest held update; None: nothing is held
         self.held_tokens: list[TokenOutput] = []  # the held updates' tokens, in order
@@ -249,7 +253,7 @@ class RequestStreams:
         if entry is None:
             return False
         stream = entry.send
-        if update.finish_reason is None and stream.statistics().current_buffer_used >= self.capacity - 1:
+        if update.finish_reason is None and len(entry.buffer) >= self.capacity - 1:
             self._pending[update.request_id] = update  # keep the last slot for the terminal update
             return True
         try:

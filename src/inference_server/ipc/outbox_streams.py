@@ -31,13 +31,6 @@ from inference_server.records.requests import Admitted, Rejected, RequestUpdate,
 Sink = Callable[[Admission | RequestUpdate], None]
 
 
-class _Statistics:
-    current_buffer_used = 0  # the outbox never fills: a stream here is never full
-
-
-_EMPTY = _Statistics()
-
-
 class _OutboxSend:
     """Stands in for one request's memory channel send end (what ``RequestStreams`` calls on it)."""
 
@@ -63,9 +56,6 @@ class _OutboxSend:
         elif isinstance(item, Rejected):
             self.sink(Admission(self.front_id, rejected=item))
 
-    def statistics(self) -> _Statistics:
-        return _EMPTY
-
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -90,6 +80,7 @@ class OutboxStreams(RequestStreams):
 
     def open(self, request_id: int) -> trio.MemoryReceiveChannel[StreamItem]:
         send = _OutboxSend(self.submitting, self.sink, self.on_end, self.cached_tokens)
-        # RequestStreams only calls send_nowait, statistics and close on an entry's send end
-        self._entries[request_id] = _Entry(cast(Any, send))
+        # RequestStreams only calls send_nowait and close on an entry's send end; its buffer is always empty
+        # (the outbox never fills: a stream here is never full)
+        self._entries[request_id] = _Entry(cast(Any, send), ())
         return self._nothing
