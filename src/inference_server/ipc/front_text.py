@@ -21,8 +21,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Collection
 
-import attrs
-
 from inference_server.core.detokenizer import IncrementalDetokenizer, TokenDecoder
 from inference_server.core.stop_checker import StopChecker
 from inference_server.records.requests import RequestUpdate, TokenOutput
@@ -64,8 +62,11 @@ class RequestText:
                 ), update.finish_reason is None
         if update.finish_reason == "length" and tokens and not checker.finished:
             last = tokens[-1]  # the budget ran out: what was held back is released, as the checker's own length does
-            tokens[-1] = attrs.evolve(last, text=last.text + checker.flush())
+            tokens[-1] = TokenOutput(last.token_id, last.text + checker.flush(), last.logprob, last.top_logprobs)
+        # Copies with the record's own constructor, not ``attrs.evolve`` (``RequestUpdate.with_tokens`` says why):
+        # this runs on every update of every stream.
         if update.finished:
-            return (attrs.evolve(update, tokens=tuple(tokens)) if tokens else update), False
+            return (update.with_tokens(tuple(tokens), update.prompt_logprobs) if tokens else update), False
         # the cached count rode on the first update for this process only: the client's running updates carry 0
-        return attrs.evolve(update, tokens=tuple(tokens), cached_prompt_tokens=0), False
+        return RequestUpdate(update.request_id, tuple(tokens), None, update.stop_reason, update.error,
+                             update.prompt_tokens, update.completion_tokens, 0, update.prompt_logprobs), False

@@ -312,6 +312,7 @@ class RemoteEngine:
                             self._texts[admission.request_id] = RequestText(
                                 params, admission.prompt_token_ids, self.tokenizer, self._eos_token_ids)
                         self.streams.admitted(admission.request_id, admission.prompt_token_ids)
+                now = trio.current_time()  # one clock read for the message's deliveries, as the scheduler's per step
                 for update in message.updates:
                     request_id = update.request_id
                     text = self._texts.get(request_id)
@@ -330,9 +331,9 @@ class RemoteEngine:
                         continue
                     if update.finish_reason is not None:
                         self._open_since.pop(request_id, None)
-                    self.streams.deliver(update)  # False: the client left, and its abort is already queued
+                    self.streams.deliver(update, now)  # False: the client left, and its abort is already queued
                 if message.updates or message.events:  # events: a step completed (a prefill chunk has no update)
-                    self._last_progress = trio.current_time()
+                    self._last_progress = now
                 if message.events:
                     self._emit(pickle.loads(message.events))  # the engine process is this program: trusted
                 self.telemetry.dropped_events += message.events_dropped
