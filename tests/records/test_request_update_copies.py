@@ -18,6 +18,8 @@ def test_every_field_is_set_apart_from_its_default() -> None:
 def test_with_tokens_is_evolve() -> None:
     tokens = (TokenOutput(1, "b", -1.0), TokenOutput(2, "c", -2.0))
     assert UPDATE.with_tokens(tokens, None) == attrs.evolve(UPDATE, tokens=tokens, prompt_logprobs=None)
+    assert UPDATE.with_tokens(tokens, None, 0) == attrs.evolve(UPDATE, tokens=tokens, prompt_logprobs=None,
+                                                               cached_prompt_tokens=0)
 
 
 def test_renamed_is_evolve() -> None:

@@ -63,10 +63,7 @@ class RequestText:
         if update.finish_reason == "length" and tokens and not checker.finished:
             last = tokens[-1]  # the budget ran out: what was held back is released, as the checker's own length does
             tokens[-1] = TokenOutput(last.token_id, last.text + checker.flush(), last.logprob, last.top_logprobs)
-        # Copies with the record's own constructor, not ``attrs.evolve`` (``RequestUpdate.with_tokens`` says why):
-        # this runs on every update of every stream.
         if update.finished:
             return (update.with_tokens(tuple(tokens), update.prompt_logprobs) if tokens else update), False
         # the cached count rode on the first update for this process only: the client's running updates carry 0
-        return RequestUpdate(update.request_id, tuple(tokens), None, update.stop_reason, update.error,
-                             update.prompt_tokens, update.completion_tokens, 0, update.prompt_logprobs), False
+        return update.with_tokens(tuple(tokens), update.prompt_logprobs, cached_prompt_tokens=0), False

@@ -119,13 +119,15 @@ class RequestUpdate:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def with_tokens(self, tokens: tuple[TokenOutput, ...],
-                    prompt_logprobs: tuple[PromptTokenLogprob, ...] | None) -> RequestUpdate:
-        """This update with ``tokens`` and ``prompt_logprobs`` instead of its own: ``attrs.evolve`` without its
-        per-field introspection, which costs several times the record itself (held and coalesced tokens are
-        merged this way on every stream's interval). Positional, in the fields' order."""
+    def with_tokens(self, tokens: tuple[TokenOutput, ...], prompt_logprobs: tuple[PromptTokenLogprob, ...] | None,
+                    cached_prompt_tokens: int | None = None) -> RequestUpdate:
+        """This update with ``tokens`` and ``prompt_logprobs`` (and ``cached_prompt_tokens``, when given) instead of
+        its own: ``attrs.evolve`` without its per-field introspection, which costs several times the record itself
+        (held and coalesced tokens are merged this way on every stream's interval, and the front rewrites every
+        update with its text). Positional, in the fields' order."""
+        cached = self.cached_prompt_tokens if cached_prompt_tokens is None else cached_prompt_tokens
         return RequestUpdate(self.request_id, tokens, self.finish_reason, self.stop_reason, self.error,
-                             self.prompt_tokens, self.completion_tokens, self.cached_prompt_tokens, prompt_logprobs)
+                             self.prompt_tokens, self.completion_tokens, cached, prompt_logprobs)
 
     def renamed(self, request_id: int, cached_prompt_tokens: int | None = None) -> RequestUpdate:
         """This update for ``request_id`` (and ``cached_prompt_tokens``, when given): how the engine process names
