@@ -460,6 +460,19 @@ def model_vocab_size(url: str) -> int:
     return int(info.get("model_vocab_size") or info["vocab_size"])
 
 
+async def warm_up(config: BenchConfig, vocab_size: int) -> None:
+    """``config.warmup`` requests (``warmup_input_len`` / ``warmup_output_len`` tokens, defaulting to the run's), on
+    other prompts than the measured ones, not counted; every one failing stops the benchmark."""
+    host, port = config.host_port
+    requests = random_requests(config.warmup, config.warmup_input_len or config.input_len,
+                               config.warmup_output_len or config.output_len, config.range_ratio, vocab_size,
+                               config.seed + 1_000_003)
+    warm = await run_requests(host, port, config.endpoint, config.model, requests, config.concurrency, math.inf,
+                              config.seed, config.request_timeout)
+    if not any(r.success for r in warm):
+        raise SystemExit(f"every warm-up request failed: {sorted({r.error for r in warm})[:3]}")
+
+
 async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
     """Warm up, then run and measure ``config``'s workload; the report as a JSON-able dict."""
     host, port = config.host_port
@@ -472,13 +485,7 @@ async def run_benchmark(config: BenchConfig) -> dict[str, Any]:
                                        config.user_len, config.output_len, vocab_size, config.seed)
                 if config.dataset == "shared-prefix" else None)
     if config.warmup:
-        warmup = random_requests(config.warmup, config.warmup_input_len or config.input_len,
-                                 config.warmup_output_len or config.output_len,
-                                 config.range_ratio, vocab_size, config.seed + 1_000_003)
-        warm = await run_requests(host, port, config.endpoint, config.model, warmup, config.concurrency,
-                                  math.inf, config.seed, config.request_timeout)
-        if not any(r.success for r in warm):
-            raise SystemExit(f"every warm-up request failed: {sorted({r.error for r in warm})[:3]}")
+        await warm_up(config, vocab_size)
     pid = config.server_pid or (listening_pid(port) or -1 if host in ("127.0.0.1", "localhost", "::1") else -1)
     server = ThreadCpu(pid) if pid > 0 else None
     gpu = GpuSampler(config.gpu_index)

@@ -149,18 +149,6 @@ async def run_with_arrivals(config: serve_bench.BenchConfig, arrivals: Arrivals,
     return report, serve_bench.summarize(results)
 
 
-async def warm_up(config: serve_bench.BenchConfig) -> None:
-    """``config.warmup`` requests of ``config.warmup_output_len`` tokens out, as ``run_benchmark`` warms up."""
-    host, port = config.host_port
-    requests = serve_bench.random_requests(config.warmup, config.warmup_input_len or config.input_len,
-                                           config.warmup_output_len or config.output_len, config.range_ratio,
-                                           config.vocab_size, config.seed + 1_000_003)
-    warm = await serve_bench.run_requests(host, port, config.endpoint, config.model, requests, config.concurrency,
-                                          math.inf, config.seed, config.request_timeout)
-    if not any(r.success for r in warm):
-        raise SystemExit(f"every warm-up request failed: {sorted({r.error for r in warm})[:3]}")
-
-
 def parse_pairs(items: Sequence[str]) -> dict[str, str]:
     pairs = {}
     for item in items:
@@ -333,7 +321,7 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
                     if kind == "+arrivals" and arrivals is not None:
                         config = attrs.evolve(config, vocab_size=vocab_size or serve_bench.model_vocab_size(url))
                         if warmup:
-                            trio.run(warm_up, config)
+                            trio.run(serve_bench.warm_up, config, config.vocab_size)
                         report, arrived = trio.run(run_with_arrivals, attrs.evolve(config, warmup=0), arrivals,
                                                    7 * config.seed + 1)
                         report["arrivals"] = arrived
@@ -530,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = [int(n) for n in args.num_prompts.split(",")]
     if len(counts) != len(concurrencies):
         raise SystemExit("--num-prompts needs one count per concurrency")
-    input_lens = [int(n) for n in str(args.input_len).split(",")]
+    input_lens = [int(n) for n in args.input_len.split(",")]
     points = [Point(c, n, length) for length in input_lens for c, n in zip(concurrencies, counts, strict=True)]
     if args.arrivals and args.json_schema:
         raise SystemExit("--arrivals and --json-schema each add a kind of run: use one at a time")
