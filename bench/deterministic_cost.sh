@@ -13,9 +13,7 @@
 # slower at batch 1), c=64: 64 warm-ups x 16 tokens + 3 x 64 requests (~3 s each at ~3,000 tok/s). So ~2 x 60 + 40 s
 # per model, ~320 s for both; serving_table's --budget-s skips what would start after 560 s in all (the table says
 # which), so the call ends with tables rather than a kill.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp}
+. bench/kit/device_call.sh
 for m in gemma-4-26b-a4b qwen3-30b-a3b; do
   left=$((560 - SECONDS)); [ $m = gemma-4-26b-a4b ] && left=280
   [ $left -gt 60 ] || { echo "$m skipped: ${left} s left"; continue; }

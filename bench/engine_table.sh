@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One device call: engine-only decode of every model on the consolidated tree (issue 40), the default variant,
 # B = 1/16/64/256 (31B: 1/16/64), median of 3; one log per model under $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+. bench/kit/device_call.sh
 for m in qwen3-30b-a3b gemma-4-26b-a4b gemma-4-e4b gemma-4-e2b gemma-4-31b; do
   [ $SECONDS -lt 540 ] || break
   b=1,16,64,256; [ $m = gemma-4-31b ] && b=1,16,64

@@ -10,8 +10,7 @@
 # The log under $OUT names every test with its time as it ends, so a run cut by the call's limit still says where
 # the time went.
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+. bench/kit/device_call.sh
 start=$SECONDS
 timeout "${GPU_SUITE_SECONDS:-560}" python3 -m pytest -m gpu -v -o console_output_style=times -p no:cacheprovider --durations=25 -W ignore \
   ${*:-tests/kernels tests/backends tests/actors tests/test_schedule_invariance.py} 2>&1 \

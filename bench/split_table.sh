@@ -5,19 +5,7 @@
 # profiles on a 2-core VM cannot show: the runner's host work per step). Decides ENGINE_PROCESS=auto on CUDA.
 # Run from the project root on the device machine with `.whl` carried (bash bench/device_wheels.sh: it holds py-spy).
 # Back under $OUT: split-<model>.log / .md and engine-spy.json (speedscope; open at speedscope.app).
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-OUT=${OUT:-/tmp}
-table() {  # name, end of its budget (s since the call began), serving_table arguments...
-  local name=$1 end=$2; shift 2
-  local left=$((end - SECONDS))
-  [ $left -gt 60 ] || { echo "== $name skipped: ${left} s left"; return; }
-  timeout $((590 - SECONDS)) python3 bench/serving_table.py "$@" --repeats 3 --budget-s $left --out /tmp/$name \
-    > $OUT/$name.log 2>&1
-  cp /tmp/$name/table.md $OUT/$name.md 2>/dev/null
-  echo "== $name (t=${SECONDS} s)"; grep "ready in\|skipped\|budget" $OUT/$name.log
-  cat $OUT/$name.md 2>/dev/null || tail -20 $OUT/$name.log
-}
+. bench/kit/device_call.sh
 spy() {  # once E4B's engine process exists, wait for the c=100 runs, then sample it for 20 s
   local pid=""
   for _ in $(seq 600); do pid=$(pgrep -f inference_server.engine_process | head -1); [ -n "$pid" ] && break; sleep 0.5; done
@@ -28,6 +16,6 @@ spy() {  # once E4B's engine process exists, wait for the c=100 runs, then sampl
 }
 spy &
 common=(--concurrency 1,100 --num-prompts 8,100 --input-len 512 --output-len 512 --env MAX_MODEL_LEN=4096)
-table split-e4b 300 --model gemma-4-e4b "${common[@]}" --variant ENGINE_PROCESS=separate
-table split-e2b 575 --model gemma-4-e2b "${common[@]}" --variant ENGINE_PROCESS=separate
+serving_table_run split-e4b 300 --model gemma-4-e4b "${common[@]}" --variant ENGINE_PROCESS=separate
+serving_table_run split-e2b 575 --model gemma-4-e2b "${common[@]}" --variant ENGINE_PROCESS=separate
 wait
