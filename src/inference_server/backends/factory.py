@@ -137,7 +137,7 @@ def build_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorag
         from inference_server.backends.cuda.runner import build_cuda_runner
 
         return build_cuda_runner(settings, loaded, storage, device, max_model_len=limits.max_model_len,
-                                 step_token_budget=limits.prefill_token_budget)
+                                 largest_step_tokens=limits.prefill_token_budget)
     if settings.deterministic:
         from inference_server.backends import deterministic
 

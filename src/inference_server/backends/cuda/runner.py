@@ -210,10 +210,10 @@ class CudaModelRunner(ModelRunner):
         return super()._forward(plan)  # eager, through this runner's model function and context class
 
 
-def eager_warmup_sizes(step_token_budget: int) -> tuple[int, ...]:
-    """Step sizes to compile at start-up: the budget, then halving down to 1 (each MoE BLOCK_M class and
+def eager_warmup_sizes(largest_step_tokens: int) -> tuple[int, ...]:
+    """Step sizes to compile at start-up: the largest step, then halving down to 1 (each MoE BLOCK_M class and
     alignment chunking a prefill-carrying step can meet lies on this ladder), largest first."""
-    sizes, size = [], max(1, step_token_budget)
+    sizes, size = [], max(1, largest_step_tokens)
     while size >= 1:
         sizes.append(size)
         size //= 2
@@ -221,12 +221,13 @@ def eager_warmup_sizes(step_token_budget: int) -> tuple[int, ...]:
 
 
 def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,
-                      max_model_len: int, step_token_budget: int = 0) -> CudaModelRunner:
+                      max_model_len: int, largest_step_tokens: int = 0) -> CudaModelRunner:
     """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``),
     ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's
-    ``max_model_len`` (``factory.engine_limits``: already capped by the full-attention pool)."""
-    warmup = eager_warmup_sizes(min(step_token_budget, max_model_len)) if step_token_budget and device.type == "cuda" \
-        else ()
+    ``max_model_len`` (``factory.engine_limits``: already capped by the full-attention pool); the eager step sizes
+    up to ``largest_step_tokens`` (the prefill-only budget) are compiled at start."""
+    warmup = eager_warmup_sizes(min(largest_step_tokens, max_model_len)) \
+        if largest_step_tokens and device.type == "cuda" else ()
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 eager_warmup_tokens=warmup,
                                 cuda_graphs=settings.cuda_graphs,
