@@ -135,6 +135,51 @@ async def test_agent_history_and_template_kwargs_reach_the_template(serve, qwen_
         assert think_close in rendered, "enable_thinking: false closed an empty think block in the prompt"
 
 
+async def test_replies_appended_as_the_openai_sdk_sends_them_back_render_as_plain_history(
+        serve, qwen_tokenizer: Tokenizer) -> None:
+    """The agent loop ``messages.append(completion.choices[0].message)``: the OpenAI SDK writes back every field
+    its reply object holds. The ``.parse()`` and ``.stream()`` helpers' messages (recorded from openai-python
+    3.57) add ``refusal``, ``annotations``, ``audio``, ``function_call``, ``parsed``, and on each call ``index``
+    and ``function.parsed_arguments``; the history must render as the plain one does."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    plain = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
+    echoed_call = {**call, "index": 0, "function": {**call["function"], "parsed_arguments": {"city": "Paris"}}}
+    echoed = {"content": "", "refusal": None, "role": "assistant", "annotations": None, "audio": None,
+              "function_call": None, "tool_calls": [echoed_call], "parsed": None}
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        rendered = []
+        for history in (plain, [plain[0], echoed, plain[2]]):
+            response = await served.client.post("/v1/chat/completions", json={
+                "messages": history, "tools": TOOLS, "max_tokens": 2, "return_token_ids": True})
+            body = await response.get_json()
+            assert response.status_code == 200, body
+            rendered.append(body["prompt_token_ids"])
+        assert rendered[0] == rendered[1]
+        # A structured-output reply written back: its parsed object and refusal are not rendered either.
+        parsed_reply = {"role": "assistant", "content": '{"city": "Paris"}', "refusal": None,
+                        "parsed": {"city": "Paris"}, "tool_calls": None}
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": [*MESSAGES, parsed_reply, *MESSAGES], "max_tokens": 2, "return_token_ids": True})
+        body = await response.get_json()
+        assert response.status_code == 200, body
+        plain_reply = {"role": "assistant", "content": '{"city": "Paris"}'}
+        assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template([*MESSAGES, plain_reply, *MESSAGES])
+
+
+@pytest.mark.parametrize(("field", "value"), [("audio", {"id": "audio_1"}),
+                                              ("function_call", {"name": "f", "arguments": "{}"})])
+async def test_a_history_message_with_audio_or_a_legacy_function_call_is_refused(
+        serve, qwen_tokenizer: Tokenizer, field: str, value: Any) -> None:
+    history = [*MESSAGES, {"role": "assistant", "content": "x", field: value}, *MESSAGES]
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 2})
+        body = await response.get_json()
+        assert response.status_code == 400, body
+        assert body["error"]["param"] == f"messages[1].{field}"
+        assert body["error"]["code"] == "unsupported_parameter"
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"tool_choice": "auto"}, "tool_choice"),  # needs tools
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),

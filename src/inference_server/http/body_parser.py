@@ -288,13 +288,23 @@ def _api_error(error: BaseException) -> ApiError:
     return invalid_request(f"invalid value for {param!r}: {leaf}" if param else str(leaf), param)
 
 
+def is_empty(value: Any) -> bool:
+    """Whether an unsupported field's value is one of the empty values that mean "not used"."""
+    return any(value == empty and type(value) is type(empty) for empty in _EMPTY_VALUES)
+
+
+def check_unsupported(name: str, value: Any, param: str) -> None:
+    """Raise the 400 ``unsupported_parameter`` for ``UNSUPPORTED_FIELDS[name]`` (at ``param``) unless
+    ``value`` is empty."""
+    if not is_empty(value):
+        raise invalid_request(UNSUPPORTED_FIELDS[name], param, code="unsupported_parameter")
+
+
 def _reject_unsupported(body: dict[str, Any]) -> dict[str, Any]:
     """Drop recognised-but-unsupported fields sent empty; raise for the others."""
     for name in [key for key in body if key in UNSUPPORTED_FIELDS]:
-        if any(body[name] == empty and type(body[name]) is type(empty) for empty in _EMPTY_VALUES):
-            body = {key: value for key, value in body.items() if key != name}
-            continue
-        raise invalid_request(UNSUPPORTED_FIELDS[name], name, code="unsupported_parameter")
+        check_unsupported(name, body[name], name)
+        body = {key: value for key, value in body.items() if key != name}
     return body
 
 

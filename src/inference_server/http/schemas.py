@@ -143,6 +143,9 @@ class FunctionCallInput:
 
     name: str
     arguments: Any = None
+    parsed_arguments: Any = None
+    """The OpenAI SDK's parse of ``arguments`` (``.parse()`` and the stream helper keep it on the message a
+    client appends to ``messages``): accepted and ignored, ``arguments`` is the call."""
 
 
 @attrs.frozen(kw_only=True)
@@ -152,13 +155,20 @@ class ToolCallInput:
     function: FunctionCallInput
     id: str | None = None
     type: str | None = None
+    index: int | None = None
+    """The stream's call index, kept by the OpenAI SDK's stream helper on the calls it accumulates: ignored."""
 
 
 @attrs.frozen(kw_only=True)
 class ChatMessageInput:
     """A chat message. ``name`` (passed to the template for ``tool`` messages) and ``type`` are accepted (lm-eval
     and AIPerf send them); ``tool_calls``, ``tool_call_id`` and ``reasoning_content`` carry an agent loop's
-    history to the chat template."""
+    history to the chat template.
+
+    ``refusal``, ``annotations``, ``parsed``, ``audio`` and ``function_call`` are the fields of a reply the
+    OpenAI SDK writes back when a client appends ``completion.choices[0].message`` to ``messages`` (the
+    ``.parse()`` and stream helpers' messages carry them all, mostly null): the first three are ignored, as
+    vLLM does; ``audio`` and ``function_call`` are refused unless empty (``chat_tools.message_extras``)."""
 
     role: str
     content: ContentInput = None
@@ -167,6 +177,11 @@ class ChatMessageInput:
     tool_calls: list[ToolCallInput] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    refusal: str | None = None
+    annotations: Any = None
+    parsed: Any = None
+    audio: Any = None
+    function_call: Any = None
 
 
 @attrs.frozen(kw_only=True)
