@@ -3,7 +3,8 @@
 The request becomes one chat ``GenerationRequest``: ``instructions`` is a leading system message, ``input``
 a string (one user message) or a list of items (``responses_input``: messages, ``function_call``,
 ``function_call_output`` and ``reasoning`` items of an agent loop). ``max_output_tokens`` caps the output
-(absent: the rest of the context, as on chat); ``temperature`` and ``top_p`` sample. It is admitted,
+(absent: ``DEFAULT_MAX_TOKENS``, at most the rest of the context, as on chat); ``temperature`` and ``top_p``
+sample. It is admitted,
 collected or streamed by the same code as chat (``generation.admit``, ``sse.sse_body``); ``responses_format``
 builds the bodies and events, ``responses_items`` the output items.
 
