@@ -167,6 +167,30 @@ async def test_replies_appended_as_the_openai_sdk_sends_them_back_render_as_plai
         assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template([*MESSAGES, plain_reply, *MESSAGES])
 
 
+async def test_tokenize_gives_the_ids_chat_runs_on_for_an_agent_history_with_tools(
+        serve, qwen_tokenizer: Tokenizer) -> None:
+    """``/tokenize`` with ``messages`` renders them as chat does (its contract: the ids a generation request
+    runs on): an assistant's ``tool_calls`` and a ``tool`` result's id reach the template, and vLLM's ``tools``
+    and ``chat_template_kwargs`` are taken as on chat."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
+    kwargs = {"enable_thinking": False}
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        chat = await (await served.client.post("/v1/chat/completions", json={
+            "messages": history, "tools": TOOLS, "chat_template_kwargs": kwargs, "max_tokens": 1,
+            "return_token_ids": True})).get_json()
+        for body, expected in (({"tools": TOOLS, "chat_template_kwargs": kwargs}, chat["prompt_token_ids"]),
+                               ({}, qwen_tokenizer.apply_chat_template(
+                                   [history[0], {**history[1], "content": "", "tool_calls": [{**call, "function": {
+                                       "name": "get_weather", "arguments": {"city": "Paris"}}}]}, history[2]]))):
+            response = await served.client.post("/tokenize", json={"messages": history, **body})
+            payload = await response.get_json()
+            assert response.status_code == 200, payload
+            assert payload["tokens"] == expected
+        assert qwen_tokenizer.token_to_id('"get_weather",') in chat["prompt_token_ids"]
+
+
 @pytest.mark.parametrize(("field", "value"), [("audio", {"id": "audio_1"}),
                                               ("function_call", {"name": "f", "arguments": "{}"})])
 async def test_a_history_message_with_audio_or_a_legacy_function_call_is_refused(

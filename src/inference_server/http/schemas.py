@@ -231,12 +231,14 @@ class ChatCompletionRequest(OpenAIOutputFields):
 
 @attrs.frozen(kw_only=True)
 class TokenizeRequest:
-    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered with the served chat template.
-    ``add_special_tokens`` defaults as vLLM's: true for a prompt, false for messages (the template writes
-    them)."""
+    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered with the served chat template (with
+    ``tools`` and ``chat_template_kwargs`` as on chat, vLLM's fields). ``add_special_tokens`` defaults as
+    vLLM's: true for a prompt, false for messages (the template writes them)."""
 
     prompt: str | None = None
     messages: list[ChatMessageInput] | None = None
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: Any = None
     model: str | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
