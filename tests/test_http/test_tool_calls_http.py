@@ -14,6 +14,8 @@ from tests.fake_engine import FakeEngine
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from inference_server.http.chat_tools import history_calls
+from inference_server.http.schemas import FunctionCallInput, ToolCallInput
 from inference_server.models.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
@@ -189,6 +191,17 @@ async def test_tokenize_gives_the_ids_chat_runs_on_for_an_agent_history_with_too
             assert response.status_code == 200, payload
             assert payload["tokens"] == expected
         assert qwen_tokenizer.token_to_id('"get_weather",') in chat["prompt_token_ids"]
+
+
+@pytest.mark.parametrize("arguments", ["", "  ", None, "{}", {}])
+def test_an_earlier_call_without_arguments_reaches_the_template_as_an_empty_object(arguments: Any) -> None:
+    """A call to a function without parameters may come back with ``arguments`` empty (``""``: a stream
+    accumulator that received no fragment, frameworks that serialise no arguments so): it reaches the template as
+    ``{}``, as vLLM passes it, not as an empty string that templates write verbatim (``"arguments": }``, which
+    the Qwen3 and embedded templates would render)."""
+    call = ToolCallInput(function=FunctionCallInput(name="get_weather", arguments=arguments), id="call_1")
+    [entry] = history_calls([call], 1)
+    assert entry["function"] == {"name": "get_weather", "arguments": {}}
 
 
 @pytest.mark.parametrize(("field", "value"), [("audio", {"id": "audio_1"}),

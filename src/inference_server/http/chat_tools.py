@@ -181,7 +181,11 @@ def template_kwargs(value: Any) -> dict[str, Any] | None:
 
 
 def decoded_arguments(arguments: Any) -> Any:
-    """An earlier call's ``arguments`` as the template gets them: JSON text decoded when it is an object."""
+    """An earlier call's ``arguments`` as the template gets them: JSON text decoded when it is an object; absent
+    or empty text (a call without parameters, as some clients and stream accumulators write it) is ``{}``, as
+    vLLM passes it: templates write a string verbatim, and ``""`` would render ``"arguments": }``."""
+    if isinstance(arguments, str) and not arguments.strip():
+        return {}
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
