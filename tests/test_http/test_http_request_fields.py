@@ -178,6 +178,19 @@ async def test_response_format_text_is_the_default(serve) -> None:
         assert "yaml" in error["message"]
 
 
+async def test_modalities_text_asks_for_what_is_served(serve) -> None:
+    """OpenAI's ``modalities: ["text"]`` asks for text output, the default and all this server writes: it is
+    served as if absent; asking for audio is the 400 ``unsupported_parameter`` naming the field."""
+    async with serve() as served:
+        plain = await (await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3})).get_json()
+        text = await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3, "modalities": ["text"]})
+        assert text.status_code == 200, await text.get_data()
+        assert (await text.get_json())["choices"] == plain["choices"]
+        for modalities in (["text", "audio"], ["audio"]):
+            refused = await served.client.post(CHAT, json={"messages": HELLO, "modalities": modalities})
+            await assert_error(refused, 400, "unsupported_parameter", "modalities")
+
+
 STRUCTURAL_TAG = {"type": "structural_tag", "triggers": ["<function="], "structures": [
     {"begin": "<function=get_weather>", "end": "</function>",
      "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]}
