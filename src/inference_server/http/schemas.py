@@ -24,6 +24,9 @@ LogitBiasInput = dict[str, float] | None
 class StreamOptions:
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
+    include_obfuscation: bool | None = None
+    """OpenAI's side-channel padding of stream events: never written, so ``false`` is what is served and ``true``
+    a 400 (``convert.refuse_obfuscation``)."""
     min_characters: int | None = None
     """Hold a choice's streamed text until at least this many characters are buffered (the last chunk carries
     the rest); also accepted as the body's top-level ``min_characters``, as vLLM's tests send it."""
