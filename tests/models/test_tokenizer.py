@@ -301,3 +301,28 @@ def test_chat_template_setting_must_name_a_file(tmp_path: Path) -> None:
         read_chat_template(str(tmp_path / "missing.jinja"))
     (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}")
     assert read_chat_template(str(tmp_path / "t.jinja")) == "{{ messages[0]['content'] }}"
+
+
+def byte_level_backend() -> BackendTokenizer:
+    """A small byte-level BPE (GPT-2 / Qwen style): every byte is a symbol of its alphabet."""
+    backend = BackendTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(CORPUS, trainer)
+    return backend
+
+
+def test_token_bytes_join_to_the_text_where_byte_tokens_alone_read_u_fffd(tokenizer: Tokenizer) -> None:
+    """OpenAI's logprobs ``bytes``: a character split over byte tokens is those tokens' bytes joined, though
+    each decodes alone to U+FFFD; SentencePiece byte fallback (``<0xF0>``) and byte-level BPE alike."""
+    byte_level = Tokenizer(byte_level_backend(), special_tokens={"bos_token": "<bos>", "eos_token": "<eos>"},
+                           eos_token_ids=frozenset(), chat_template=None, name="byte-level")
+    text = "the capital of 𓀀 is 😀 中文"
+    for each in (tokenizer, byte_level):
+        ids = each.encode(text, add_special_tokens=False)
+        assert any(each.decode([i]) == "\ufffd" for i in ids), "the text has characters split over tokens"
+        assert b"".join(each.token_bytes(i) for i in ids) == text.encode()
+        eos = each.token_to_id("<eos>")
+        assert eos is not None and each.token_bytes(eos) == b"<eos>"  # a special token: its text

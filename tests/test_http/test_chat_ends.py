@@ -72,6 +72,10 @@ async def test_default_max_tokens_caps_chat_without_max_tokens(serve) -> None:
         # An explicit max_tokens is not capped by the default.
         longer = await (await served.client.post("/v1/chat/completions", json={**body, "max_tokens": 9})).get_json()
         assert longer["usage"]["completion_tokens"] == 9
+        # The Responses API, served over the chat path, is capped alike when it sets no max_output_tokens.
+        response = await (await served.client.post("/v1/responses", json={"input": "hello"})).get_json()
+        assert response["usage"]["output_tokens"] == 5, response
+        assert response["incomplete_details"] == {"reason": "max_output_tokens"}
         # Completions keep OpenAI's default of 16.
         completion = await (await served.client.post("/v1/completions", json={"prompt": "hello"})).get_json()
         assert completion["usage"]["completion_tokens"] == 16

@@ -178,6 +178,36 @@ async def test_response_format_text_is_the_default(serve) -> None:
         assert "yaml" in error["message"]
 
 
+async def test_modalities_text_asks_for_what_is_served(serve) -> None:
+    """OpenAI's ``modalities: ["text"]`` asks for text output, the default and all this server writes: it is
+    served as if absent; asking for audio is the 400 ``unsupported_parameter`` naming the field."""
+    async with serve() as served:
+        plain = await (await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3})).get_json()
+        text = await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3, "modalities": ["text"]})
+        assert text.status_code == 200, await text.get_data()
+        assert (await text.get_json())["choices"] == plain["choices"]
+        for modalities in (["text", "audio"], ["audio"]):
+            refused = await served.client.post(CHAT, json={"messages": HELLO, "modalities": modalities})
+            await assert_error(refused, 400, "unsupported_parameter", "modalities")
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT, {"messages": HELLO}), (COMPLETIONS, {"prompt": PROMPT_IDS}), ("/v1/responses", {"input": "hello"})])
+async def test_stream_options_include_obfuscation_false_is_served(serve, path: str, body: dict) -> None:
+    """OpenAI's ``stream_options.include_obfuscation``: ``false`` (what OpenAI's SDK documents for saving
+    bandwidth) asks for what this server streams anyway, no ``obfuscation`` padding; ``true`` asks for padding it
+    does not write, a 400 ``unsupported_parameter`` naming the field."""
+    limit = {"max_output_tokens": 3} if path == "/v1/responses" else {"max_tokens": 3}
+    async with serve() as served:
+        streamed = await post_stream(served.client, path, {**body, **limit, "stream": True,
+                                                           "stream_options": {"include_obfuscation": False}})
+        assert streamed.status == 200, streamed.body
+        assert b"obfuscation" not in streamed.body
+        refused = await served.client.post(path, json={**body, **limit, "stream": True,
+                                                       "stream_options": {"include_obfuscation": True}})
+        await assert_error(refused, 400, "unsupported_parameter", "stream_options.include_obfuscation")
+
+
 STRUCTURAL_TAG = {"type": "structural_tag", "triggers": ["<function="], "structures": [
     {"begin": "<function=get_weather>", "end": "</function>",
      "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]}

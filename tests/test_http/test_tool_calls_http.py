@@ -14,6 +14,8 @@ from tests.fake_engine import FakeEngine
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from inference_server.http.chat_tools import history_calls
+from inference_server.http.schemas import FunctionCallInput, ToolCallInput
 from inference_server.models.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
@@ -133,6 +135,86 @@ async def test_agent_history_and_template_kwargs_reach_the_template(serve, qwen_
         assert body["prompt_token_ids"] == rendered
         think_close = qwen_tokenizer.token_to_id("</think>")
         assert think_close in rendered, "enable_thinking: false closed an empty think block in the prompt"
+
+
+async def test_replies_appended_as_the_openai_sdk_sends_them_back_render_as_plain_history(
+        serve, qwen_tokenizer: Tokenizer) -> None:
+    """The agent loop ``messages.append(completion.choices[0].message)``: the OpenAI SDK writes back every field
+    its reply object holds. The ``.parse()`` and ``.stream()`` helpers' messages (recorded from openai-python
+    3.57) add ``refusal``, ``annotations``, ``audio``, ``function_call``, ``parsed``, and on each call ``index``
+    and ``function.parsed_arguments``; the history must render as the plain one does."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    plain = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
+    echoed_call = {**call, "index": 0, "function": {**call["function"], "parsed_arguments": {"city": "Paris"}}}
+    echoed = {"content": "", "refusal": None, "role": "assistant", "annotations": None, "audio": None,
+              "function_call": None, "tool_calls": [echoed_call], "parsed": None}
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        rendered = []
+        for history in (plain, [plain[0], echoed, plain[2]]):
+            response = await served.client.post("/v1/chat/completions", json={
+                "messages": history, "tools": TOOLS, "max_tokens": 2, "return_token_ids": True})
+            body = await response.get_json()
+            assert response.status_code == 200, body
+            rendered.append(body["prompt_token_ids"])
+        assert rendered[0] == rendered[1]
+        # A structured-output reply written back: its parsed object and refusal are not rendered either.
+        parsed_reply = {"role": "assistant", "content": '{"city": "Paris"}', "refusal": None,
+                        "parsed": {"city": "Paris"}, "tool_calls": None}
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": [*MESSAGES, parsed_reply, *MESSAGES], "max_tokens": 2, "return_token_ids": True})
+        body = await response.get_json()
+        assert response.status_code == 200, body
+        plain_reply = {"role": "assistant", "content": '{"city": "Paris"}'}
+        assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template([*MESSAGES, plain_reply, *MESSAGES])
+
+
+async def test_tokenize_gives_the_ids_chat_runs_on_for_an_agent_history_with_tools(
+        serve, qwen_tokenizer: Tokenizer) -> None:
+    """``/tokenize`` with ``messages`` renders them as chat does (its contract: the ids a generation request
+    runs on): an assistant's ``tool_calls`` and a ``tool`` result's id reach the template, and vLLM's ``tools``
+    and ``chat_template_kwargs`` are taken as on chat."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "days 3"}]
+    kwargs = {"enable_thinking": False}
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        chat = await (await served.client.post("/v1/chat/completions", json={
+            "messages": history, "tools": TOOLS, "chat_template_kwargs": kwargs, "max_tokens": 1,
+            "return_token_ids": True})).get_json()
+        for body, expected in (({"tools": TOOLS, "chat_template_kwargs": kwargs}, chat["prompt_token_ids"]),
+                               ({}, qwen_tokenizer.apply_chat_template(
+                                   [history[0], {**history[1], "content": "", "tool_calls": [{**call, "function": {
+                                       "name": "get_weather", "arguments": {"city": "Paris"}}}]}, history[2]]))):
+            response = await served.client.post("/tokenize", json={"messages": history, **body})
+            payload = await response.get_json()
+            assert response.status_code == 200, payload
+            assert payload["tokens"] == expected
+        assert qwen_tokenizer.token_to_id('"get_weather",') in chat["prompt_token_ids"]
+
+
+@pytest.mark.parametrize("arguments", ["", "  ", None, "{}", {}])
+def test_an_earlier_call_without_arguments_reaches_the_template_as_an_empty_object(arguments: Any) -> None:
+    """A call to a function without parameters may come back with ``arguments`` empty (``""``: a stream
+    accumulator that received no fragment, frameworks that serialise no arguments so): it reaches the template as
+    ``{}``, as vLLM passes it, not as an empty string that templates write verbatim (``"arguments": }``, which
+    the Qwen3 and embedded templates would render)."""
+    call = ToolCallInput(function=FunctionCallInput(name="get_weather", arguments=arguments), id="call_1")
+    [entry] = history_calls([call], 1)
+    assert entry["function"] == {"name": "get_weather", "arguments": {}}
+
+
+@pytest.mark.parametrize(("field", "value"), [("audio", {"id": "audio_1"}),
+                                              ("function_call", {"name": "f", "arguments": "{}"})])
+async def test_a_history_message_with_audio_or_a_legacy_function_call_is_refused(
+        serve, qwen_tokenizer: Tokenizer, field: str, value: Any) -> None:
+    history = [*MESSAGES, {"role": "assistant", "content": "x", field: value}, *MESSAGES]
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 2})
+        body = await response.get_json()
+        assert response.status_code == 400, body
+        assert body["error"]["param"] == f"messages[1].{field}"
+        assert body["error"]["code"] == "unsupported_parameter"
 
 
 @pytest.mark.parametrize(("fields", "param"), [

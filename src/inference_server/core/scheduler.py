@@ -33,6 +33,7 @@ from inference_server.core.kv_grants import Demand, StepDemand, StepGrant
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.policies import SchedulingPolicy, session_of
 from inference_server.core.request import Request, RequestStatus
+from inference_server.core.stop_checker import ends_after_last_token
 from inference_server.records.requests import FinishReason, PromptTokenLogprob, RequestUpdate, TokenOutput
 from inference_server.records.steps import (
     PENDING_TOKEN,
@@ -353,12 +354,15 @@ class Scheduler:
             if stop is None:
                 token = TokenOutput(token_id, text, sampled.logprob, sampled.top_logprobs)
                 update = RequestUpdate(request.request_id, (token,))
+            elif stop.finish_reason is None:
+                update = RequestUpdate(request.request_id,
+                                       (TokenOutput(token_id, stop.text, sampled.logprob, sampled.top_logprobs),))
             else:
-                token = TokenOutput(token_id, stop.text, sampled.logprob, sampled.top_logprobs)
-                if stop.finish_reason is None:
-                    update = RequestUpdate(request.request_id, (token,))
-                else:
-                    update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, tokens=(token,))
+                text = stop.text
+                if request.detokenizer is not None and ends_after_last_token(stop):
+                    text += request.detokenizer.flush()  # an incomplete last character is not dropped
+                token = TokenOutput(token_id, text, sampled.logprob, sampled.top_logprobs)
+                update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, tokens=(token,))
             append(attrs.evolve(update, prompt_logprobs=prompt_logprobs) if prompt_logprobs else update)
         return updates
 

@@ -52,6 +52,14 @@ _NOTHING_YET = StopUpdate("")
 fed no text (the engine process's, which sees only token ids) builds none per token."""
 
 
+def ends_after_last_token(update: StopUpdate) -> bool:
+    """Whether ``update`` ends the output after its token (``length``, EOS, a stop token id): then the output
+    is every token's text, and a character the detokenizer still holds back (its bytes incomplete) belongs to
+    it, released as ``decode`` writes it (U+FFFD). A stop string ends the output at the match instead, and
+    whatever follows the match is dropped anyway."""
+    return update.finish_reason is not None and not isinstance(update.stop_reason, str)
+
+
 class StopChecker:
     """Decides, token by token, when one request is done and how much of its text may be shown."""
 

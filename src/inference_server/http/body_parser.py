@@ -13,7 +13,8 @@ Strictness, where plain ``json`` + cattrs would be lenient (every failure is an 
   field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list);
   integers must fit in 64 bits.
 * Unknown fields are errors naming the field. A few fields we know but do not support (``functions``, ...)
-  get a message saying so; sent empty or null they are ignored.
+  get a message saying so; sent empty or null (or asking for what is served anyway: ``modalities: ["text"]``)
+  they are ignored.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 }
 """Fields we recognise but cannot honour: an error that says so, unless sent empty (then ignored)."""
 _EMPTY_VALUES: tuple[Any, ...] = (None, [], {}, "none", 0, False)
+SERVED_VALUES: dict[str, tuple[Any, ...]] = {"modalities": (["text"],)}
+"""Values of those fields that ask for what the server does anyway (``modalities: ["text"]``, OpenAI's
+default): ignored like empty ones, where refusing them would refuse a request for exactly what is served."""
 
 
 # -- the converter ----------------------------------------------------------------------------------------
@@ -288,13 +292,24 @@ def _api_error(error: BaseException) -> ApiError:
     return invalid_request(f"invalid value for {param!r}: {leaf}" if param else str(leaf), param)
 
 
+def is_empty(value: Any) -> bool:
+    """Whether an unsupported field's value is one of the empty values that mean "not used"."""
+    return any(value == empty and type(value) is type(empty) for empty in _EMPTY_VALUES)
+
+
+def check_unsupported(name: str, value: Any, param: str) -> None:
+    """Raise the 400 ``unsupported_parameter`` for ``UNSUPPORTED_FIELDS[name]`` (at ``param``) unless
+    ``value`` is empty or one of ``SERVED_VALUES[name]``."""
+    if not is_empty(value) and not any(value == served and type(value) is type(served)
+                                       for served in SERVED_VALUES.get(name, ())):
+        raise invalid_request(UNSUPPORTED_FIELDS[name], param, code="unsupported_parameter")
+
+
 def _reject_unsupported(body: dict[str, Any]) -> dict[str, Any]:
     """Drop recognised-but-unsupported fields sent empty; raise for the others."""
     for name in [key for key in body if key in UNSUPPORTED_FIELDS]:
-        if any(body[name] == empty and type(body[name]) is type(empty) for empty in _EMPTY_VALUES):
-            body = {key: value for key, value in body.items() if key != name}
-            continue
-        raise invalid_request(UNSUPPORTED_FIELDS[name], name, code="unsupported_parameter")
+        check_unsupported(name, body[name], name)
+        body = {key: value for key, value in body.items() if key != name}
     return body
 
 

@@ -18,7 +18,9 @@ Semantics (docs/api.md):
   names the server itself passes (``messages``, ``tools``, ``add_generation_prompt``, ...) are refused.
 * History: an assistant message's ``tool_calls`` (``arguments`` JSON text is decoded to an object for the
   template, as vLLM does: the templates write objects), a ``tool`` message's ``tool_call_id`` and ``name``,
-  and an assistant's ``reasoning_content`` reach the template.
+  and an assistant's ``reasoning_content`` reach the template. What the OpenAI SDK adds to a reply appended
+  to ``messages`` as it came back (``refusal``, ``annotations``, ``parsed``, a call's ``index`` and
+  ``parsed_arguments``) is accepted and left out of it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from inference_server.http.body_parser import check_unsupported
 from inference_server.http.chat_output import ChatOutputSpec
 from inference_server.http.errors import invalid_request
 from inference_server.http.gemma4_tool_grammar import gemma4_calls_lark
@@ -178,7 +181,11 @@ def template_kwargs(value: Any) -> dict[str, Any] | None:
 
 
 def decoded_arguments(arguments: Any) -> Any:
-    """An earlier call's ``arguments`` as the template gets them: JSON text decoded when it is an object."""
+    """An earlier call's ``arguments`` as the template gets them: JSON text decoded when it is an object; absent
+    or empty text (a call without parameters, as some clients and stream accumulators write it) is ``{}``, as
+    vLLM passes it: templates write a string verbatim, and ``""`` would render ``"arguments": }``."""
+    if isinstance(arguments, str) and not arguments.strip():
+        return {}
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
@@ -203,7 +210,11 @@ def history_calls(calls: list[ToolCallInput] | None, index: int) -> tuple[Mappin
 
 
 def message_extras(message: ChatMessageInput, role: str, index: int) -> dict[str, Any]:
-    """The optional ``ChatMessage`` fields of ``message`` (see the module docstring)."""
+    """The optional ``ChatMessage`` fields of ``message`` (see the module docstring). A reply's ``audio`` or
+    legacy ``function_call`` written back into the history is refused unless empty, as on the request itself;
+    its other SDK-echoed fields (``refusal``, ``annotations``, ``parsed``) do not reach the template."""
+    check_unsupported("audio", message.audio, f"messages[{index}].audio")
+    check_unsupported("function_call", message.function_call, f"messages[{index}].function_call")
     extras: dict[str, Any] = {}
     if message.tool_calls:
         if role != "assistant":

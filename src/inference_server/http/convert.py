@@ -161,3 +161,12 @@ def min_characters(body_value: int | None, options: StreamOptions | None, stream
     if not stream:
         raise invalid_request(f"{field} applies to streamed responses only; send stream: true", field)
     return value
+
+
+def refuse_obfuscation(include_obfuscation: bool | None, param: str = "stream_options.include_obfuscation") -> None:
+    """OpenAI's ``stream_options.include_obfuscation``: this server never pads stream events with an
+    ``obfuscation`` field, so ``false`` (or absent) is served and ``true`` is a 400 ``unsupported_parameter``:
+    a client asking for the side-channel mitigation is told it is not there, rather than silently not given it."""
+    if include_obfuscation:
+        raise invalid_request("stream obfuscation is not supported: send include_obfuscation false or leave it out",
+                              param, "unsupported_parameter")

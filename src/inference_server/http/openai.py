@@ -61,6 +61,7 @@ from inference_server.http.convert import (
     chat_prompt_flags,
     header_id,
     min_characters,
+    refuse_obfuscation,
     sampling_params,
     structured_fields,
     truncation_side,
@@ -340,6 +341,8 @@ def _check_output_fields(body: OpenAIRecord) -> None:
     is read with the sampling fields (``constraint_fields``)."""
     if body.stream_options is not None and not body.stream:
         raise invalid_request("stream_options can only be set when stream is true", "stream_options")
+    if body.stream_options is not None:
+        refuse_obfuscation(body.stream_options.include_obfuscation)
     min_characters(body.min_characters, body.stream_options, body.stream)
 
 

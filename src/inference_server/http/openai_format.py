@@ -26,8 +26,10 @@ its first chunk when streaming; at the top level of a chat response and of its f
 
 Logprobs: completions give ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
 (each ``top_logprobs`` dict holds the top-n and the sampled token); chat gives ``{"content": [{"token",
-"logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``. Logprobs are those of the raw
-model distribution (before temperature and penalties), as vLLM returns them.
+"logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``, where ``bytes`` are the token's own
+(OpenAI's contract: a character split over byte tokens is their ``bytes`` joined, though each ``token`` alone
+reads U+FFFD). Logprobs are those of the raw model distribution (before temperature and penalties), as vLLM
+returns them.
 """
 
 from __future__ import annotations
@@ -66,12 +68,21 @@ class OutputOptions:
         """How a logprobs entry names a token."""
         return _as_id if self.tokens_as_ids else state.token_text
 
+    def token_bytes(self, state: AppState) -> Callable[[int], list[int]]:
+        """A chat logprobs entry's ``bytes``: the token's own (a byte token's byte, not U+FFFD's UTF-8), or
+        those of its ``token_id:N`` name."""
+        return _as_id_bytes if self.tokens_as_ids else state.token_text.bytes
+
 
 NO_OPTIONS = OutputOptions()
 
 
 def _as_id(token_id: int) -> str:
     return f"token_id:{token_id}"
+
+
+def _as_id_bytes(token_id: int) -> list[int]:
+    return list(_as_id(token_id).encode())
 
 
 # -- logprobs ----------------------------------------------------------------------------------------------
@@ -132,17 +143,17 @@ def vllm_prompt_logprobs(prompt: Sequence[PromptTokenLogprob], state: AppState) 
     return out
 
 
-def _chat_token(token_id: int, logprob: float, name: Callable[[int], str]) -> dict[str, Any]:
-    text = name(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+def _chat_token(token_id: int, logprob: float, name: Callable[[int], str],
+                token_bytes: Callable[[int], list[int]]) -> dict[str, Any]:
+    return {"token": name(token_id), "logprob": logprob, "bytes": token_bytes(token_id)}
 
 
 def chat_logprobs(tokens: Sequence[TokenOutput], state: AppState,
                   options: OutputOptions = NO_OPTIONS) -> list[dict[str, Any]]:
     """The chat ``logprobs.content`` entries for ``tokens``."""
-    name = options.token_text(state)
-    return [{**_chat_token(t.token_id, t.logprob, name),
-             "top_logprobs": [_chat_token(i, lp, name) for i, lp in t.top_logprobs]} for t in tokens]
+    name, token_bytes = options.token_text(state), options.token_bytes(state)
+    return [{**_chat_token(t.token_id, t.logprob, name, token_bytes),
+             "top_logprobs": [_chat_token(i, lp, name, token_bytes) for i, lp in t.top_logprobs]} for t in tokens]
 
 
 # -- shared bookkeeping ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The request becomes one chat ``GenerationRequest``: ``instructions`` is a leading system message, ``input``
 a string (one user message) or a list of items (``responses_input``: messages, ``function_call``,
 ``function_call_output`` and ``reasoning`` items of an agent loop). ``max_output_tokens`` caps the output
-(absent: the rest of the context, as on chat); ``temperature`` and ``top_p`` sample. It is admitted,
+(absent: ``DEFAULT_MAX_TOKENS``, at most the rest of the context, as on chat); ``temperature`` and ``top_p``
+sample. It is admitted,
 collected or streamed by the same code as chat (``generation.admit``, ``sse.sse_body``); ``responses_format``
 builds the bodies and events, ``responses_items`` the output items.
 
@@ -31,7 +32,7 @@ from quart import Response, g, request
 
 from inference_server.http.chat_tools import ToolRequest, forced_call_constraint
 from inference_server.http.constraint_fields import after_reasoning, from_text_format
-from inference_server.http.convert import SESSION_ID_HEADER, header_id, sampling_params
+from inference_server.http.convert import SESSION_ID_HEADER, header_id, refuse_obfuscation, sampling_params
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import admit
 from inference_server.http.openai import keep_marker_tokens
@@ -127,6 +128,8 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     if body.truncation not in (None, "disabled"):
         raise invalid_request("only truncation: \"disabled\" is supported (a prompt over the context is a 400)",
                               "truncation", "unsupported_parameter")
+    if body.stream_options is not None:
+        refuse_obfuscation(body.stream_options.include_obfuscation)
 
 
 def reasoning_kwargs(reasoning: ReasoningConfig | None) -> dict[str, Any] | None:

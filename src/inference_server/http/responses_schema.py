@@ -101,6 +101,13 @@ class TextConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ResponseStreamOptions:
+    """``stream_options``: only OpenAI's ``include_obfuscation`` (``convert.refuse_obfuscation``)."""
+
+    include_obfuscation: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ResponsesRequest:
     """``POST /v1/responses``."""
 
@@ -111,6 +118,7 @@ class ResponsesRequest:
     temperature: float | None = None
     top_p: float | None = None
     stream: bool | None = None
+    stream_options: ResponseStreamOptions | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None

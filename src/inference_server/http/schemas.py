@@ -24,6 +24,9 @@ LogitBiasInput = dict[str, float] | None
 class StreamOptions:
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
+    include_obfuscation: bool | None = None
+    """OpenAI's side-channel padding of stream events: never written, so ``false`` is what is served and ``true``
+    a 400 (``convert.refuse_obfuscation``)."""
     min_characters: int | None = None
     """Hold a choice's streamed text until at least this many characters are buffered (the last chunk carries
     the rest); also accepted as the body's top-level ``min_characters``, as vLLM's tests send it."""
@@ -143,6 +146,9 @@ class FunctionCallInput:
 
     name: str
     arguments: Any = None
+    parsed_arguments: Any = None
+    """The OpenAI SDK's parse of ``arguments`` (``.parse()`` and the stream helper keep it on the message a
+    client appends to ``messages``): accepted and ignored, ``arguments`` is the call."""
 
 
 @attrs.frozen(kw_only=True)
@@ -152,13 +158,20 @@ class ToolCallInput:
     function: FunctionCallInput
     id: str | None = None
     type: str | None = None
+    index: int | None = None
+    """The stream's call index, kept by the OpenAI SDK's stream helper on the calls it accumulates: ignored."""
 
 
 @attrs.frozen(kw_only=True)
 class ChatMessageInput:
     """A chat message. ``name`` (passed to the template for ``tool`` messages) and ``type`` are accepted (lm-eval
     and AIPerf send them); ``tool_calls``, ``tool_call_id`` and ``reasoning_content`` carry an agent loop's
-    history to the chat template."""
+    history to the chat template.
+
+    ``refusal``, ``annotations``, ``parsed``, ``audio`` and ``function_call`` are the fields of a reply the
+    OpenAI SDK writes back when a client appends ``completion.choices[0].message`` to ``messages`` (the
+    ``.parse()`` and stream helpers' messages carry them all, mostly null): the first three are ignored, as
+    vLLM does; ``audio`` and ``function_call`` are refused unless empty (``chat_tools.message_extras``)."""
 
     role: str
     content: ContentInput = None
@@ -167,6 +180,11 @@ class ChatMessageInput:
     tool_calls: list[ToolCallInput] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    refusal: str | None = None
+    annotations: Any = None
+    parsed: Any = None
+    audio: Any = None
+    function_call: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -216,12 +234,14 @@ class ChatCompletionRequest(OpenAIOutputFields):
 
 @attrs.frozen(kw_only=True)
 class TokenizeRequest:
-    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered with the served chat template.
-    ``add_special_tokens`` defaults as vLLM's: true for a prompt, false for messages (the template writes
-    them)."""
+    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered with the served chat template (with
+    ``tools`` and ``chat_template_kwargs`` as on chat, vLLM's fields). ``add_special_tokens`` defaults as
+    vLLM's: true for a prompt, false for messages (the template writes them)."""
 
     prompt: str | None = None
     messages: list[ChatMessageInput] | None = None
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: Any = None
     model: str | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None

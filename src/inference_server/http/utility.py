@@ -3,7 +3,9 @@
 Shapes are vLLM's, so its clients and scripts work unchanged:
 
 * ``/tokenize`` takes a ``prompt`` (``add_special_tokens`` default true) or chat ``messages`` rendered with
-  the served chat template (``add_generation_prompt`` default true unless ``continue_final_message``,
+  the served chat template as chat renders them (an agent history's ``tool_calls``, ``tool_call_id``, ``name``
+  and ``reasoning_content`` included; ``tools`` and ``chat_template_kwargs`` as on chat with ``tool_choice``
+  ``auto``; ``add_generation_prompt`` default true unless ``continue_final_message``,
   ``add_special_tokens`` default false, since the template writes them; ``continue_final_message`` as on chat:
   the final message is the assistant's and stays open, and both flags true is a 400); it answers
   ``{"count", "max_model_len", "tokens", "token_strs"}``, where
@@ -26,6 +28,7 @@ from typing import Any
 
 from quart import Response
 
+from inference_server.http.chat_tools import template_kwargs, tool_request
 from inference_server.http.convert import chat_prompt_flags
 from inference_server.http.errors import invalid_request, model_not_found
 from inference_server.http.openai import _chat_message
@@ -47,6 +50,15 @@ class UtilityRoutes:
     def __init__(self, state: AppState) -> None:
         self.state = state
 
+    def _template_kwargs(self, body: TokenizeRequest) -> dict[str, Any]:
+        """The template variables chat would pass for these ``tools`` (checked as on chat, ``tool_choice``
+        ``auto``) and ``chat_template_kwargs``."""
+        kwargs = template_kwargs(body.chat_template_kwargs) or {}
+        tools = tool_request(body.tools, None, None, self.state.tool_format, self.state.reasoning_format)
+        if tools.template_tools is not None:
+            kwargs["tools"] = [dict(tool) for tool in tools.template_tools]
+        return kwargs
+
     async def tokenize(self) -> Response:
         """``POST /tokenize``."""
         body = await read_body(TokenizeRequest)
@@ -60,15 +72,16 @@ class UtilityRoutes:
                 raise invalid_request("messages must not be empty", "messages")
             add_generation_prompt, continue_final = chat_prompt_flags(
                 body.add_generation_prompt, body.continue_final_message, messages[-1].role)
+            kwargs = self._template_kwargs(body)
             try:
-                text = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
+                text = tokenizer.apply_chat_template([m.template_dict() for m in messages],
                                                      add_generation_prompt=add_generation_prompt, tokenize=False,
-                                                     continue_final_message=continue_final)
+                                                     continue_final_message=continue_final, **kwargs)
             except Exception as error:  # a template error is the request's problem, as on chat
                 raise invalid_request(f"cannot apply the chat template: {error}", "messages") from None
             add_special_tokens = body.add_special_tokens is True
         else:
-            for field in ("add_generation_prompt", "continue_final_message"):
+            for field in ("add_generation_prompt", "continue_final_message", "tools", "chat_template_kwargs"):
                 if getattr(body, field) is not None:
                     raise invalid_request(f"{field} applies to messages only", field)
             assert body.prompt is not None

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Collection
 
 from inference_server.core.detokenizer import IncrementalDetokenizer, TokenDecoder
-from inference_server.core.stop_checker import StopChecker
+from inference_server.core.stop_checker import StopChecker, ends_after_last_token
 from inference_server.records.requests import RequestUpdate, TokenOutput
 from inference_server.records.sampling_params import SamplingParams
 
@@ -41,6 +41,14 @@ class RequestText:
         self.prompt_tokens = len(prompt_ids)
         self.cached_prompt_tokens = 0
 
+    def _release_held_character(self, tokens: list[TokenOutput]) -> None:
+        """The output ended after ``tokens[-1]``: add to its text the incomplete character the detokenizer holds
+        back (as U+FFFD, as ``decode`` writes it; ``stop_checker.ends_after_last_token``)."""
+        if self.detokenizer is not None:
+            last = tokens[-1]
+            tokens[-1] = TokenOutput(last.token_id, last.text + self.detokenizer.flush(), last.logprob,
+                                     last.top_logprobs)
+
     def apply(self, update: RequestUpdate) -> tuple[RequestUpdate, bool]:
         """``update`` (the engine's, text empty) with its text; True when this process ended the request (a
         stop string, the update returned is its terminal one and the engine has not ended it)."""
@@ -54,6 +62,8 @@ class RequestText:
             tokens.append(TokenOutput(token_id, stop.text, token.logprob, token.top_logprobs))
             if stop.finish_reason is not None:
                 if len(tokens) == len(update.tokens) and update.finish_reason == stop.finish_reason:
+                    if ends_after_last_token(stop):  # nothing more will complete a held character
+                        self._release_held_character(tokens)
                     break  # the engine ended it on this same token (EOS, a stop token id): its terminal stands
                 return RequestUpdate(
                     update.request_id, tuple(tokens), stop.finish_reason, stop.stop_reason,
@@ -63,6 +73,7 @@ class RequestText:
         if update.finish_reason == "length" and tokens and not checker.finished:
             last = tokens[-1]  # the budget ran out: what was held back is released, as the checker's own length does
             tokens[-1] = TokenOutput(last.token_id, last.text + checker.flush(), last.logprob, last.top_logprobs)
+            self._release_held_character(tokens)
         if update.finished:
             return (update.with_tokens(tuple(tokens), update.prompt_logprobs) if tokens else update), False
         # the cached count rode on the first update for this process only: the client's running updates carry 0

@@ -60,8 +60,19 @@ _SENTENCEPIECE_DECODERS = (
     {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
                                       {"type": "ByteFallback"}, {"type": "Fuse"}]},
 )
-_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> the byte it stands for: printable Latin-1 bytes are
+    themselves, the others (controls, space, ...) are shifted to U+0100 and up, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(shifted)}
+
+
+_BYTE_LEVEL_BYTES = _byte_level_alphabet()
 
 
 def default_cache_dir() -> Path:
@@ -227,6 +238,21 @@ class Tokenizer:
                     piece = None  # part of a character (or invalid bytes): only whole runs decode exactly
         pieces[token_id] = piece
         return piece
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` contributes to a decode, as OpenAI's logprobs ``bytes`` give them. A token
+        that is part of a character (a byte-fallback ``<0xF0>``, a byte-level BPE piece holding a partial UTF-8
+        sequence) decodes alone to U+FFFD, but its own bytes are exact: joined with its neighbours' they form
+        the character, which is what ``bytes`` is for. Every other token: the UTF-8 of its decode."""
+        text = self._backend.decode([token_id], skip_special_tokens=False)
+        if _REPLACEMENT_CHARACTER in text and token_id not in self._added_token_ids:
+            token = self._backend.id_to_token(token_id) or ""
+            kind = self._piece_decoder
+            if kind == "sentencepiece" and (byte := _BYTE_TOKEN.fullmatch(token)):
+                return bytes([int(byte.group(1), 16)])
+            if kind == "byte_level" and token and all(c in _BYTE_LEVEL_BYTES for c in token):
+                return bytes(_BYTE_LEVEL_BYTES[c] for c in token)
+        return text.encode("utf-8", "replace")
 
     @cached_property
     def _pieces(self) -> dict[int, str | None]:
