@@ -191,6 +191,29 @@ async def test_modalities_text_asks_for_what_is_served(serve) -> None:
             await assert_error(refused, 400, "unsupported_parameter", "modalities")
 
 
+async def test_openai_bookkeeping_fields_are_served_on_chat_and_responses(serve) -> None:
+    """What OpenAI's SDKs send for its own bookkeeping (``store``, ``metadata``, ``service_tier`` auto/default,
+    ``prompt_cache_key``, ``safety_identifier``) changes nothing here and is served as if absent; a service tier
+    this server does not have (``priority``, ``flex``) is the 400 ``unsupported_parameter`` naming the field."""
+    fields = {"store": True, "metadata": {"app": "eval"}, "service_tier": "auto", "prompt_cache_key": "k1",
+              "safety_identifier": "user-7"}
+    async with serve() as served:
+        plain = await (await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3})).get_json()
+        for extra in (fields, {"store": False, "service_tier": "default"}):
+            sent = await served.client.post(CHAT, json={"messages": HELLO, "max_tokens": 3, **extra})
+            assert sent.status_code == 200, await sent.get_data()
+            assert (await sent.get_json())["choices"] == plain["choices"]
+        answered = await served.client.post("/v1/responses", json={
+            "input": "hello", "max_output_tokens": 3, **{k: v for k, v in fields.items() if k != "store"}})
+        assert answered.status_code == 200, await answered.get_data()
+        for path, body in ((CHAT, {"messages": HELLO}), ("/v1/responses", {"input": "hello"})):
+            for tier in ("priority", "flex"):
+                refused = await served.client.post(path, json={**body, "service_tier": tier})
+                await assert_error(refused, 400, "unsupported_parameter", "service_tier")
+        await assert_error(await served.client.post(CHAT, json={"messages": HELLO, "metadata": {"n": 1}}),
+                           400, "invalid_value", "metadata['n']")
+
+
 @pytest.mark.parametrize(("path", "body"), [
     (CHAT, {"messages": HELLO}), (COMPLETIONS, {"prompt": PROMPT_IDS}), ("/v1/responses", {"input": "hello"})])
 async def test_stream_options_include_obfuscation_false_is_served(serve, path: str, body: dict) -> None:

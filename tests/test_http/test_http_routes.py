@@ -145,6 +145,8 @@ async def test_trace_and_session_ids_reach_the_engine(serve) -> None:
                                  headers={"X-Session-Id": "bob"})
         generated = await served.client.post("/generate", json={"prompt": "hi", "max_tokens": 1, "session_id": "carol",
                                                                  "trace_id": "body-trace"})
+        await served.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                 "max_tokens": 1, "safety_identifier": "dave"})
         assert generated.headers["X-Trace-Id"] == "body-trace"
         fresh = await served.client.get("/health")
         assert len(fresh.headers["X-Trace-Id"]) == 32
@@ -153,11 +155,12 @@ async def test_trace_and_session_ids_reach_the_engine(serve) -> None:
             async for event in events:
                 if isinstance(event, RequestQueued):
                     queued.append((event.trace_id, event.session_id))
-                if len(queued) == 3:
+                if len(queued) == 4:
                     break
         assert queued[0] == ("trace-123", "alice")
         assert queued[1][1] == "bob"
         assert queued[2] == ("body-trace", "carol")
+        assert queued[3][1] == "dave"  # safety_identifier, user's successor in OpenAI's API, keys the session
 
 
 @pytest.fixture

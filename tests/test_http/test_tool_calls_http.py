@@ -137,6 +137,28 @@ async def test_agent_history_and_template_kwargs_reach_the_template(serve, qwen_
         assert think_close in rendered, "enable_thinking: false closed an empty think block in the prompt"
 
 
+async def test_reasoning_effort_on_chat_sets_enable_thinking(serve, qwen_tokenizer: Tokenizer) -> None:
+    """Chat's ``reasoning_effort`` renders the template as the Responses API's ``reasoning.effort`` does:
+    ``none`` with ``enable_thinking: false``, any other level with ``true``; sent beside a disagreeing
+    ``chat_template_kwargs.enable_thinking`` it is a 400 (neither silently wins), an unknown level too."""
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        for effort, thinking in (("none", False), ("low", True), ("high", True)):
+            response = await served.client.post("/v1/chat/completions", json={
+                "messages": MESSAGES, "max_tokens": 1, "return_token_ids": True, "reasoning_effort": effort})
+            body = await response.get_json()
+            assert response.status_code == 200, body
+            assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template(MESSAGES, enable_thinking=thinking)
+        agreeing = await served.client.post("/v1/chat/completions", json={
+            "messages": MESSAGES, "max_tokens": 1, "reasoning_effort": "none",
+            "chat_template_kwargs": {"enable_thinking": False}})
+        assert agreeing.status_code == 200, await agreeing.get_data()
+        for fields in ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+                       {"reasoning_effort": "extreme"}):
+            refused = await served.client.post("/v1/chat/completions", json={"messages": MESSAGES, **fields})
+            assert refused.status_code == 400, await refused.get_data()
+            assert (await refused.get_json())["error"]["param"] == "reasoning_effort"
+
+
 async def test_replies_appended_as_the_openai_sdk_sends_them_back_render_as_plain_history(
         serve, qwen_tokenizer: Tokenizer) -> None:
     """The agent loop ``messages.append(completion.choices[0].message)``: the OpenAI SDK writes back every field

@@ -45,6 +45,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
                                       "continue_final_message", "chat_template", "tokenize"})
 TOOL_CHOICE_MODES = ("none", "auto", "required")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 @attrs.frozen
@@ -178,6 +179,30 @@ def template_kwargs(value: Any) -> dict[str, Any] | None:
             raise invalid_request(f"chat_template_kwargs may not set {key!r}: it is a request field or set by "
                                   "the server", f"chat_template_kwargs.{key}")
     return dict(value)
+
+
+def effort_template_kwargs(effort: str | None, param: str) -> dict[str, Any] | None:
+    """A reasoning effort (chat's ``reasoning_effort``, the Responses API's ``reasoning.effort``) as the
+    template's ``enable_thinking``: ``none`` turns thinking off, any other level on (the served templates have
+    no graded budget); absent, nothing (the template's default)."""
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise invalid_request(f"{param} must be one of {', '.join(REASONING_EFFORTS)}, got {effort[:40]!r}", param)
+    return {"enable_thinking": effort != "none"}
+
+
+def with_effort(kwargs: dict[str, Any] | None, effort: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` with a reasoning effort's ``enable_thinking`` added; a request whose two
+    fields disagree is a 400 (neither silently wins)."""
+    if effort is None:
+        return kwargs
+    if kwargs is None:
+        return effort
+    if "enable_thinking" in kwargs and kwargs["enable_thinking"] != effort["enable_thinking"]:
+        raise invalid_request("reasoning_effort and chat_template_kwargs.enable_thinking disagree; send one of them",
+                              "reasoning_effort")
+    return {**kwargs, **effort}
 
 
 def decoded_arguments(arguments: Any) -> Any:

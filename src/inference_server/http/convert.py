@@ -170,3 +170,15 @@ def refuse_obfuscation(include_obfuscation: bool | None, param: str = "stream_op
     if include_obfuscation:
         raise invalid_request("stream obfuscation is not supported: send include_obfuscation false or leave it out",
                               param, "unsupported_parameter")
+
+
+SERVICE_TIERS = ("auto", "default")
+
+
+def refuse_service_tier(service_tier: str | None) -> None:
+    """OpenAI's ``service_tier``: this server has one tier, so ``auto`` and ``default`` (or absent) are served and
+    any other (``flex``, ``priority``, ``scale``) is a 400 ``unsupported_parameter``: a client paying for a
+    latency class is told it is not there, rather than silently not given it."""
+    if service_tier is not None and service_tier not in SERVICE_TIERS:
+        raise invalid_request(f"service_tier {service_tier[:40]!r} is not offered: this server has one tier "
+                              "(send auto or default, or leave it out)", "service_tier", "unsupported_parameter")

@@ -49,10 +49,12 @@ from quart import Response, g, request
 from inference_server.http.chat_output import ChatOutputSpec
 from inference_server.http.chat_tools import (
     ToolRequest,
+    effort_template_kwargs,
     forced_call_constraint,
     message_extras,
     template_kwargs,
     tool_request,
+    with_effort,
 )
 from inference_server.http.constraint_fields import after_reasoning, constraint_of
 from inference_server.http.convert import (
@@ -62,6 +64,7 @@ from inference_server.http.convert import (
     header_id,
     min_characters,
     refuse_obfuscation,
+    refuse_service_tier,
     sampling_params,
     structured_fields,
     truncation_side,
@@ -202,7 +205,9 @@ class OpenAIRoutes:
         if not messages:
             raise invalid_request("messages must not be empty", "messages")
         tools = self._tool_request(body)
-        kwargs = template_kwargs(body.chat_template_kwargs)
+        kwargs = with_effort(template_kwargs(body.chat_template_kwargs),
+                             effort_template_kwargs(body.reasoning_effort, "reasoning_effort"))
+        refuse_service_tier(body.service_tier)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid_request("top_logprobs requires logprobs: true", "top_logprobs")
         if body.prompt_logprobs is not None and body.stream:
@@ -224,7 +229,7 @@ class OpenAIRoutes:
             raise invalid_request("tool_choice required or a named tool cannot be combined with structured output "
                                   "(response_format, structured_outputs, guided_*)", "tool_choice")
         params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)
-        session = self._session(body.user)
+        session = self._session(body.user or body.safety_identifier)
         side = truncation_side(body)
         requests = [
             GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,

@@ -30,9 +30,15 @@ from typing import Any
 import attrs
 from quart import Response, g, request
 
-from inference_server.http.chat_tools import ToolRequest, forced_call_constraint
+from inference_server.http.chat_tools import ToolRequest, effort_template_kwargs, forced_call_constraint
 from inference_server.http.constraint_fields import after_reasoning, from_text_format
-from inference_server.http.convert import SESSION_ID_HEADER, header_id, refuse_obfuscation, sampling_params
+from inference_server.http.convert import (
+    SESSION_ID_HEADER,
+    header_id,
+    refuse_obfuscation,
+    refuse_service_tier,
+    sampling_params,
+)
 from inference_server.http.errors import invalid_request
 from inference_server.http.generation import admit
 from inference_server.http.openai import keep_marker_tokens
@@ -45,7 +51,6 @@ from inference_server.http.schemas import SamplingFields
 from inference_server.http.state import AppState
 from inference_server.records.requests import ChatMessage, GenerationRequest
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 STATEFUL_FIELDS = {
     "previous_response_id": "previous_response_id needs stored responses, and this server stores none: send the "
                             "whole conversation in input",
@@ -111,7 +116,8 @@ class ResponsesRoutes:
             logprobs=None, constraint=forced or constraint))
         kwargs = reasoning_kwargs(body.reasoning)
         params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)
-        session = header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.user
+        session = (header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.user
+                   or body.safety_identifier)
         return GenerationRequest(params=params, messages=tuple(messages), session_id=session, trace_id=g.trace_id,
                                  tools=tools.template_tools, chat_template_kwargs=kwargs)
 
@@ -130,13 +136,9 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
                               "truncation", "unsupported_parameter")
     if body.stream_options is not None:
         refuse_obfuscation(body.stream_options.include_obfuscation)
+    refuse_service_tier(body.service_tier)
 
 
 def reasoning_kwargs(reasoning: ReasoningConfig | None) -> dict[str, Any] | None:
     """``reasoning.effort`` as the template's ``enable_thinking`` (see the module docstring)."""
-    if reasoning is None or reasoning.effort is None:
-        return None
-    if reasoning.effort not in REASONING_EFFORTS:
-        raise invalid_request(f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, got "
-                              f"{reasoning.effort[:40]!r}", "reasoning.effort")
-    return {"enable_thinking": reasoning.effort != "none"}
+    return effort_template_kwargs(reasoning.effort if reasoning is not None else None, "reasoning.effort")

@@ -128,6 +128,9 @@ class ResponsesRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     reasoning: ReasoningConfig | None = None
+    service_tier: str | None = None  # one tier here: auto or default (``convert.refuse_service_tier``)
+    prompt_cache_key: str | None = None  # the prefix cache needs no key: accepted, unused
+    safety_identifier: str | None = None  # keys the session when ``user`` is absent
     # Refused unless empty (they need stored state or output this server does not produce).
     previous_response_id: str | None = None
     conversation: Any = None

@@ -223,10 +223,18 @@ class ChatCompletionRequest(OpenAIOutputFields):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: Any = None
+    reasoning_effort: str | None = None
     prompt_logprobs: int | None = None
     echo: bool | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    # OpenAI fields with nothing to change here (docs/api.md): nothing is stored, there is one service tier,
+    # the prefix cache needs no key; ``safety_identifier`` (``user``'s successor) keys the session as ``user`` does.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 # -- vLLM's utility routes (/tokenize, /detokenize) -------------------------------------------------------
