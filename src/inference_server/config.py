@@ -31,6 +31,20 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, mini
                                                   "check": check})
 
 
+def parse_allowed_origins(value: str) -> frozenset[str]:
+    """``ALLOWED_ORIGINS``: ``*``, or comma-separated origins ``scheme://host[:port]`` (no path, no trailing
+    slash: a browser's ``Origin`` has neither, so such an entry could never match). Raises ``ValueError``
+    naming a malformed entry."""
+    origins = frozenset(part.strip() for part in value.split(",") if part.strip())
+    if "*" in origins and len(origins) > 1:
+        raise ValueError("* allows every origin: send it alone")
+    for origin in origins - {"*"}:
+        scheme, separator, rest = origin.partition("://")
+        if not separator or scheme not in ("http", "https") or not rest or "/" in rest:
+            raise ValueError(f"{origin!r} is not an origin such as https://app.example.com or http://localhost:3000")
+    return origins
+
+
 @attrs.frozen
 class Settings:
     model: str = _field("", "Model to serve: a Hugging Face checkpoint folder, a .gguf file or a preset name "
@@ -158,6 +172,10 @@ class Settings:
                                     "meta); empty: off.")
     timeline_dir: str = _field("", "Folder for the per-run JSONL step timeline (one line per scheduler "
                                    "decision) and profiler ranges per step phase; empty: off.")
+    allowed_origins: str = _field("", "Browser origins allowed to call the API cross-origin (CORS): comma-separated "
+                                      "origins such as https://app.example.com,http://localhost:3000, or * for "
+                                      "any. Empty: none (no CORS headers; browsers block cross-origin calls).",
+                                  check=parse_allowed_origins)
     access_log: bool = _field(True, "One log line per HTTP request (method, path, status, trace id, tokens in / "
                                     "out, TTFT, total time) on the inference_server.access logger.")
     log_level: str = _field("info", "Logging level.", ("debug", "info", "warning", "error"))

@@ -15,6 +15,7 @@ Framework settings that matter:
   without reading it, and the client would see a broken pipe rather than the 413.
 * ``AccessLog`` (``http/access_log.py``, unless ``ACCESS_LOG=false``) writes one line per request once its
   response is sent: method, path, status, trace id, tokens in / out, TTFT and total time.
+* ``CorsPolicy`` (``http/cors.py``, only with ``ALLOWED_ORIGINS``): browser cross-origin access.
 * ``ConnectionPolicy`` (``http/connection.py``) wraps the ASGI app: ``Connection: close`` whenever the
   connection will not or should not be reused (a body left unread, or the server draining).
 
@@ -35,11 +36,12 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from inference_server.config import Settings
+from inference_server.config import Settings, parse_allowed_origins
 from inference_server.engine_surface import ServingEngine
 from inference_server.http.access_log import AccessLog
 from inference_server.http.connection import ConnectionPolicy
 from inference_server.http.convert import TRACE_ID_HEADER, header_id
+from inference_server.http.cors import CorsPolicy
 from inference_server.http.debug import DebugRoutes
 from inference_server.http.errors import ApiError, from_http_status, internal_error
 from inference_server.http.kv_events import KVEventRoutes
@@ -140,6 +142,9 @@ def create_app(engine: ServingEngine, settings: Settings, *, coalesce: bool = Tr
     app.asgi_app = ConnectionPolicy(app.asgi_app, lambda: state.draining)  # type: ignore[method-assign,assignment,arg-type]
     if settings.access_log:
         app.asgi_app = AccessLog(app.asgi_app, TRACE_ID_HEADER)  # type: ignore[method-assign,assignment,arg-type]
+    allowed_origins = parse_allowed_origins(settings.allowed_origins)
+    if allowed_origins:  # outermost: a preflight is answered before the access log and the connection policy
+        app.asgi_app = CorsPolicy(app.asgi_app, allowed_origins)  # type: ignore[method-assign,assignment,arg-type]
     for route in _routes(state):
         app.add_url_rule(route.path, endpoint=route.path, view_func=route.handler, methods=[route.method])
     _register_trace_ids(app)
