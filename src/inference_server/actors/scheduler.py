@@ -220,9 +220,11 @@ class SchedulerActor:
 
     def _overload(self, request: Request) -> Rejected | None:
         """``overloaded`` when the queue holds too many prompt tokens, or the KV cache cannot take this
-        prompt before its admission deadline (see ``core/kv_backlog.py``)."""
+        prompt before its admission deadline (see ``core/kv_backlog.py``). The queued-token cap bounds what
+        waits behind others: a request that finds nothing queued passes it whatever its length, since a
+        429 (retry later) must be an answer that a later retry can change."""
         queued = self.core.waiting_prompt_tokens
-        if queued + len(request.prompt_ids) > self.max_queued_tokens:
+        if queued and queued + len(request.prompt_ids) > self.max_queued_tokens:
             return Rejected("overloaded", f"the server has {queued} prompt tokens queued; retry later",
                             retry_after=1.0)
         if not self.admission_timeout or not self.kv_capacity_tokens:
