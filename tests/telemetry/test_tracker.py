@@ -66,3 +66,15 @@ def test_a_restart_after_its_preemption_is_reported_counts_once() -> None:
                   RequestFinished(4.0, 1, "length", 8, 4, 0, 4.0, 1.0, None, None)]:
         tracker(event)
     assert [record.preemptions for record in records.ended] == [1]
+
+
+def test_an_abort_before_its_preemption_is_reported_counts_the_preemption() -> None:
+    """Request 1 is preempted by grant 1 and aborted before ``StepCompleted(1)`` reports it: its record
+    takes the scheduler's count from ``RequestFinished`` (it used to say 0)."""
+    records = Records()
+    tracker = RequestTracker([records])
+    for event in [RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
+                  RequestFinished(1.5, 1, "abort", 8, 1, 0, 1.5, 1.0, None, None, preemptions=1),
+                  step(1, preempted=(1,), running=0)]:
+        tracker(event)
+    assert [record.preemptions for record in records.ended] == [1]

@@ -325,7 +325,7 @@ class SchedulerActor:
                 now, update.request_id, update.finish_reason, update.prompt_tokens, update.completion_tokens,
                 update.cached_prompt_tokens, now - request.arrival_time,
                 (request.first_token_time or now) - request.arrival_time, request.session_id, request.trace_id,
-                update.error))
+                update.error, request.num_preemptions))
 
     def _finished_request(self, update: RequestUpdate) -> Request | None:
         return self.core.last_finished.get(update.request_id)

@@ -59,6 +59,7 @@ class RequestFinished:
     session_id: str | None
     trace_id: str | None
     error: str | None = None
+    preemptions: int = 0  # the scheduler's count for this request (a preemption may not be reported yet)
 
 
 @attrs.frozen

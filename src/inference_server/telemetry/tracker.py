@@ -140,7 +140,9 @@ class RequestTracker:
             first_token=request.first_token, finished=event.time, prompt_tokens=event.prompt_tokens,
             cached_prompt_tokens=event.cached_prompt_tokens, output_tokens=event.completion_tokens,
             finish_reason=event.finish_reason, error=event.error,
-            preemptions=request.preemptions + request.restarts_ahead)  # each early restart followed a preemption
+            # Each early restart followed a preemption; the scheduler's own count also has those whose report
+            # has not arrived yet (a request aborted after its preemption, before that step was reported).
+            preemptions=max(request.preemptions + request.restarts_ahead, event.preemptions))
         request.restarts_ahead = 0
         request.running = False
         for consumer in self.consumers:
