@@ -28,6 +28,7 @@ from inference_server.records.errors import RequestError
 from inference_server.records.requests import ChatMessage, GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineState
+from inference_server.telemetry.events import RequestRejected
 
 BOUND_S = 60
 
@@ -325,3 +326,29 @@ async def test_a_hung_engine_process_does_not_hold_the_drain() -> None:
         assert refused.value.code == "unavailable" and "did not stop" in refused.value.message
         assert remote.failed
     assert len(errors) == 1 and isinstance(errors[0], EngineStopTimeout)
+
+
+async def test_a_full_front_queue_is_a_counted_rejection() -> None:
+    """A submit refused because the front's queue of unsent submits is full is a rejection like any other:
+    its ``RequestRejected`` reaches the telemetry (``/metrics``' rejections, ``/scheduler/stats``), as the
+    in-process engine's full admission queue does. It used to be answered 429 and counted nowhere (48 of 50
+    refusals of a burst were missing from ``inference_server:rejections_total``)."""
+    front_socket, engine_socket = socket.socketpair()
+    async with (
+        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+        open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as engine_channel,
+        trio.open_nursery() as nursery,
+    ):
+        remote = RemoteEngine(front_channel, max_queue_size=1)
+        await engine_channel.send(Hello("m", 1024, 100, [0], None, "", "", 0, 0.0))
+        await nursery.start(remote.run)
+        subscription = remote.telemetry.subscribe()
+        remote.submit(ids_request(10, max_tokens=3))  # queued, not sent yet
+        refused = remote.submit(ids_request(20, max_tokens=3))  # no checkpoint between: the first is unsent
+        with pytest.raises(RequestError) as error:
+            await refused.admission()
+        assert error.value.code == "overloaded"
+        with trio.fail_after(BOUND_S):
+            event = await subscription.receive()
+        assert isinstance(event, RequestRejected) and event.code == "overloaded"
+        nursery.cancel_scope.cancel()

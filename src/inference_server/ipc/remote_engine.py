@@ -138,6 +138,9 @@ class RemoteEngine:
         elif len(self._submits) >= self.max_queue_size:
             self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later",
                                                      retry_after=1.0))
+            # counted as the in-process engine's full admission queue is (rejections in /metrics, /scheduler/stats)
+            self.telemetry.emit(RequestRejected(trio.current_time(), "overloaded", "admission queue full",
+                                                request.trace_id))
         else:
             try:
                 request = self._tokenized(request)
