@@ -5,8 +5,10 @@ before the tracker hears that it was preempted."""
 
 from __future__ import annotations
 
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.telemetry.events import RequestFinished, RequestQueued, RequestStarted, StepCompleted
-from inference_server.telemetry.records import RequestRecord
+from inference_server.telemetry.records import RequestRecord, StepRecord
 from inference_server.telemetry.tracker import RecordConsumer, RequestTracker
 
 
@@ -78,3 +80,35 @@ def test_an_abort_before_its_preemption_is_reported_counts_the_preemption() -> N
                   step(1, preempted=(1,), running=0)]:
         tracker(event)
     assert [record.preemptions for record in records.ended] == [1]
+
+
+class Latencies(RecordConsumer):
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def step(self, record: StepRecord) -> None:
+        self.counts.append(sum(count for _, count in record.inter_token_latencies))
+
+
+def sampling_step(step_id: int, *request_ids: int, discarded: tuple[int, ...] = ()) -> StepCompleted:
+    plan = StepPlan(step_id, tuple(ScheduledSequence(r, (5,), 3, ((0,),), True, SamplingParams(), False, 3)
+                                   for r in request_ids))
+    return StepCompleted(float(step_id), step_id, len(request_ids), 0, len(request_ids), 0.01, 0,
+                         len(request_ids), 0.1, 0, plan, discarded=discarded)
+
+
+def test_a_discarded_sample_is_no_inter_token_latency() -> None:
+    """With overlap a step samples for a request that was aborted or preempted while it ran; its token is
+    dropped (no client sees it), so it is no inter-token latency either. Such samples used to be counted:
+    ``vllm:inter_token_latency_seconds_count`` exceeded the tokens generated after the first ones (791 against
+    817 - 47 = 770 in a run with preemptions and clients leaving), and the next real token's latency was
+    measured from the dropped one."""
+    latencies = Latencies()
+    tracker = RequestTracker([latencies])
+    for request_id in (1, 2):
+        tracker(RequestQueued(0.0, request_id, 3, None, None, 0))
+        tracker(RequestStarted(0.0, request_id, 0))
+    tracker(sampling_step(0, 1, 2))  # first tokens: no latency yet
+    tracker(sampling_step(1, 1, 2, discarded=(2,)))  # request 2 was preempted meanwhile: its token dropped
+    tracker(sampling_step(2, 1))
+    assert latencies.counts == [0, 1, 1]

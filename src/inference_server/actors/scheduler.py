@@ -282,7 +282,7 @@ class SchedulerActor:
         self._undelivered.extend(updates)
         self._undelivered_step = result.step_id
         self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds,
-                          num_generated=sum(len(u.tokens) for u in updates))
+                          num_generated=sum(len(u.tokens) for u in updates), updates=updates)
         if self.depth > 0:
             self.flush_deliveries()
 
@@ -331,7 +331,11 @@ class SchedulerActor:
         return self.core.last_finished.get(update.request_id)
 
     def _report_step(self, plan: StepPlan, result: StepResult, grant: StepGrant, schedule_seconds: float,
-                     deliver_seconds: float, *, num_generated: int) -> None:
+                     deliver_seconds: float, *, num_generated: int, updates: list[RequestUpdate]) -> None:
+        discarded: tuple[int, ...] = ()
+        if num_generated != len(result.tokens):  # rare: a sampled token was dropped (its request ended or was
+            kept = {u.request_id for u in updates if u.tokens}  # preempted while the step ran, with overlap)
+            discarded = tuple(t.request_id for t in result.tokens if t.request_id not in kept)
         decode = sum(1 for s in plan.sequences if len(s.token_ids) == 1 and s.cached_len >= s.prompt_len)
         sliding_free = grant.sliding_free_fraction
         self.emit(StepCompleted(
@@ -340,6 +344,7 @@ class SchedulerActor:
             num_waiting=len(self.core.waiting), num_running=len(self.core.running),
             kv_usage=1.0 - grant.free_fraction, num_preempted=len(grant.preempted), plan=plan,
             preempted=grant.preempted, kv_usage_sliding=None if sliding_free is None else 1.0 - sliding_free,
-            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated))
+            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated,
+            discarded=discarded))
 
 

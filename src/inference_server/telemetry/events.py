@@ -83,6 +83,9 @@ class StepCompleted:
     num_generated: int | None = None
     """Output tokens this step added to requests (None: count the plan's sampled sequences). Differs from the
     plan with overlap: a token sampled for a request that stopped or was preempted meanwhile is discarded."""
+    discarded: tuple[int, ...] = ()
+    """Request ids the plan sampled for whose token was discarded (so: no token reached a client, and no
+    inter-token latency)."""
 
 
 @attrs.frozen

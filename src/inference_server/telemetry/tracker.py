@@ -166,6 +166,7 @@ class RequestTracker:
         sampled = 0
         now = event.time
         live = self.live
+        discarded = frozenset(event.discarded)  # sampled, but no token reached the client: no latency
         # Once per planned sequence per step, on the event loop: locals and the common case first.
         for seq in event.plan.sequences if event.plan is not None else ():
             request = live.get(seq.request_id)
@@ -176,7 +177,7 @@ class RequestTracker:
                 continue
             session = request.session_id or ""
             sessions[session] = sessions.get(session, 0) + seq.num_tokens
-            if seq.sample:
+            if seq.sample and seq.request_id not in discarded:
                 sampled += 1
                 last = request.last_sampled
                 if last is not None:
