@@ -71,7 +71,7 @@ async def test_debug_engine_answers_503_when_the_engine_does_not_answer(serve, m
         async def never_answers() -> None:
             await trio.sleep_forever()
 
-        monkeypatch.setattr(served.engine, "read_counts", never_answers)
+        monkeypatch.setattr(served.state.engine, "read_counts", never_answers)  # the engine the routes ask
         with trio.fail_after(30):
             response = await served.client.get("/debug/engine")
         body = await response.get_json()
