@@ -85,10 +85,14 @@ FRONT_CHANNEL_CAPACITY = 8
 def serve(settings: Settings) -> int:
     """Load the model named by ``settings`` and serve it over HTTP until a signal; the process exit status."""
     if engine_process_mode(settings) == "separate":
+        from inference_server.core.faults import parse_faults
+        from inference_server.fault_injection import with_tokenizer_faults
         from inference_server.models.loading.source import load_tokenizer
 
-        # The child loads the model while this process loads the tokenizer the HTTP layer uses.
-        return run_split_server(settings, tokenizer=lambda: load_tokenizer(settings))
+        # The child loads the model while this process loads the tokenizer the HTTP layer uses; that one
+        # tokenizes the prompts, so it is the one a tokenizer fault goes on.
+        return run_split_server(settings, tokenizer=lambda: with_tokenizer_faults(load_tokenizer(settings),
+                                                                                  parse_faults(settings.faults)))
     from inference_server.engine_factory import build_engine_parts
 
     built = build_engine_parts(settings)

@@ -305,3 +305,29 @@ async def test_queued_token_cap_rejects_as_overloaded(autojump_clock: trio.testi
             assert (await collect(handle)).finish_reason == "length"
         engine.close()
     assert_kv_clean(engine)
+
+
+async def test_queued_token_cap_takes_a_longer_prompt_when_nothing_is_queued(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A prompt longer than MAX_QUEUED_TOKENS used to be refused as overloaded (429, retry in 1 s) even with
+    nothing queued: every retry got the same answer. The cap bounds what waits behind others; a request that
+    finds the queue empty is taken (and one behind it is refused while it waits)."""
+    step = FakeEngine(step_seconds=1.0)
+    parts = fake_parts(step, max_queued_tokens=4,
+                       scheduler_config=SchedulerConfig(max_batch_size=1, max_num_batched_tokens=64))
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        first = engine.submit(ids_request(10))
+        assert await first.admission() == 5
+        assert (await collect(first)).finish_reason == "length"
+        running = engine.submit(ids_request(20))  # runs: the queue is empty again
+        assert await running.admission() == 5
+        await trio.sleep(0.01)
+        waiting = engine.submit(ids_request(30))  # waits behind it: the queue was empty
+        assert await waiting.admission() == 5
+        await trio.sleep(0.01)
+        assert (await refusal(engine.submit(ids_request(40)))).code == "overloaded"  # 5 queued ahead + 5 > 4
+        for handle in (running, waiting):
+            assert (await collect(handle)).finish_reason == "length"
+        engine.close()
+    assert_kv_clean(engine)

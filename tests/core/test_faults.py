@@ -177,3 +177,33 @@ def test_the_tokenizer_wrapper_raises_for_the_chosen_requests_and_delegates_the_
     always = FaultyTokenizer(CharTokenizer(), FaultDecisions(FaultSpec(tokenizer_error=1.0)))
     with pytest.raises(InjectedFault, match="tokenizer_error"):
         always.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+class TemplateTokenizer(CharTokenizer):
+    def __init__(self) -> None:
+        self.template_kwargs: dict[str, object] = {}
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, *,  # type: ignore[override]
+                            continue_final_message: bool = False, **template_kwargs: object) -> list[int]:
+        self.template_kwargs = template_kwargs
+        return super().apply_chat_template(messages, add_generation_prompt,
+                                           continue_final_message=continue_final_message)
+
+
+def test_the_tokenizer_wrapper_passes_the_template_arguments_on() -> None:
+    """Admission passes a chat request's ``tools`` and ``chat_template_kwargs`` to the template as keyword
+    arguments; the wrapper used to accept none, so with ``tokenizer_error`` on every such request failed
+    (400 "cannot apply the chat template: ... unexpected keyword argument 'tools'"), not just the chosen ones."""
+    inner = TemplateTokenizer()
+    tokenizer = FaultyTokenizer(inner, FaultDecisions(FaultSpec(tokenizer_error=0.5, seed=4)))
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    served = 0
+    for _ in range(10):
+        try:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=tools,
+                                                enable_thinking=False)
+        except InjectedFault:
+            continue
+        served += 1
+        assert ids == [ord("x")] and inner.template_kwargs == {"tools": tools, "enable_thinking": False}
+    assert served > 0

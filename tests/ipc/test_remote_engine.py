@@ -21,13 +21,14 @@ from tests.ipc.split_kit import CharTokenizer, expected_tokens, ids_request, rea
 
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.engine_server import UNSENT_STEPS, serve_engine
-from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE, StepOutput, Submit, ToEngine
-from inference_server.ipc.remote_engine import RemoteEngine
+from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE, Hello, StepOutput, Submit, ToEngine
+from inference_server.ipc.remote_engine import STOP_GRACE_SECONDS, EngineStopTimeout, RemoteEngine
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import ChatMessage, GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineState
+from inference_server.telemetry.events import RequestRejected
 
 BOUND_S = 60
 
@@ -291,3 +292,63 @@ async def test_progress_is_measured_in_the_front() -> None:
             tokens, _ = await read_all(handle)
             assert tokens == expected_tokens(request)
             assert split.remote.seconds_since_progress() is None
+
+
+async def test_a_hung_engine_process_does_not_hold_the_drain() -> None:
+    """An engine process that said Hello and then stopped answering (SIGSTOP, a device hang in its step):
+    the drain used to wait for its ``Stopped`` forever, so SIGTERM ended only at the hard-exit watchdog, with
+    status 0 and open streams cut without their terminal event. It now waits ``STOP_GRACE_SECONDS`` past the
+    drain's timeout, then ends every open request with one error, turns FAILED, and ``run`` raises."""
+    front_socket, engine_socket = socket.socketpair()
+    errors: list[BaseException] = []
+    async with (
+        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+        open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as hung_engine,
+        trio.open_nursery() as nursery,
+    ):
+        remote = RemoteEngine(front_channel, max_queue_size=8)
+
+        async def front(task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await remote.run(task_status=task_status)
+            except trio.BrokenResourceError as error:
+                errors.append(error)
+
+        await hung_engine.send(Hello("hung", 1024, 100, [0], None, "", "", 0, 0.0))
+        await nursery.start(front)
+        handle = remote.submit(ids_request(10, max_tokens=5))  # sent; never admitted nor answered
+        began = time.monotonic()
+        with trio.fail_after(BOUND_S):
+            await remote.drain(0.2)
+        assert time.monotonic() - began >= 0.2 + STOP_GRACE_SECONDS * 0.9
+        with pytest.raises(RequestError) as refused:
+            await handle.admission()
+        assert refused.value.code == "unavailable" and "did not stop" in refused.value.message
+        assert remote.failed
+    assert len(errors) == 1 and isinstance(errors[0], EngineStopTimeout)
+
+
+async def test_a_full_front_queue_is_a_counted_rejection() -> None:
+    """A submit refused because the front's queue of unsent submits is full is a rejection like any other:
+    its ``RequestRejected`` reaches the telemetry (``/metrics``' rejections, ``/scheduler/stats``), as the
+    in-process engine's full admission queue does. It used to be answered 429 and counted nowhere (48 of 50
+    refusals of a burst were missing from ``inference_server:rejections_total``)."""
+    front_socket, engine_socket = socket.socketpair()
+    async with (
+        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+        open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as engine_channel,
+        trio.open_nursery() as nursery,
+    ):
+        remote = RemoteEngine(front_channel, max_queue_size=1)
+        await engine_channel.send(Hello("m", 1024, 100, [0], None, "", "", 0, 0.0))
+        await nursery.start(remote.run)
+        subscription = remote.telemetry.subscribe()
+        remote.submit(ids_request(10, max_tokens=3))  # queued, not sent yet
+        refused = remote.submit(ids_request(20, max_tokens=3))  # no checkpoint between: the first is unsent
+        with pytest.raises(RequestError) as error:
+            await refused.admission()
+        assert error.value.code == "overloaded"
+        with trio.fail_after(BOUND_S):
+            event = await subscription.receive()
+        assert isinstance(event, RequestRejected) and event.code == "overloaded"
+        nursery.cancel_scope.cancel()

@@ -7,6 +7,8 @@ import logging
 import re
 
 import pytest
+import trio
+from http_testkit import word_engine
 
 from inference_server.config import Settings
 from inference_server.http.access_log import AccessRecord
@@ -64,3 +66,20 @@ def test_record_line_format() -> None:
     record.first_token_at = 10.25
     assert record.line("POST", "/generate", 200, "t", 12.5) == \
         "POST /generate 200 trace=t in=5 out=2 ttft=0.250s total=2.500s"
+
+
+async def test_a_client_that_leaves_before_the_answer_is_logged_with_its_trace(
+        serve, caplog: pytest.LogCaptureFixture) -> None:
+    """A non-streamed request whose client leaves before the response starts has no response headers to read
+    the trace id from: its line used to say ``trace=-``, so the one request an operator looks for (an abort)
+    could not be matched with its telemetry. The trace id is taken from the request as it is admitted."""
+    caplog.set_level(logging.INFO, logger="inference_server.access")
+    async with serve(word_engine(step_seconds=0.1)) as served:
+        with trio.move_on_after(0.5):
+            await served.client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 40},
+                                     headers={"X-Trace-Id": "left-1"})
+        with trio.fail_after(30):
+            while not any(r.name == "inference_server.access" for r in caplog.records):
+                await trio.sleep(0.01)
+    (line,) = access_lines(caplog)
+    assert (line["status"], line["trace"], line["in"]) == ("-", "left-1", "2")

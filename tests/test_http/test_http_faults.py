@@ -8,6 +8,7 @@ from http_testkit import post_stream, word_engine
 
 from inference_server.core.fault_wrappers import FaultyTokenizer
 from inference_server.core.faults import FaultDecisions, FaultSpec
+from inference_server.http import debug
 from inference_server.supervisor import EngineState
 
 SPEC = FaultSpec(tokenizer_error=0.4, seed=3)
@@ -58,3 +59,21 @@ async def test_a_tokenizer_fault_fails_only_that_request(serve, tokenizer) -> No
         assert debug.status_code == 200
         assert counts == {"state": "ready", "requests": 0, "stream_entries": 0, "kv_sequences": 0,
                           "kv_blocks_in_use": 0, "kv_blocks_cached": counts["kv_blocks_cached"]}
+
+
+async def test_debug_engine_answers_503_when_the_engine_does_not_answer(serve, monkeypatch) -> None:
+    """With ``ENGINE_PROCESS=separate`` the counts are a question to the engine process; one that stopped
+    answering (SIGSTOP, a hang in a step) used to leave ``GET /debug/engine`` waiting forever (every probe a
+    hung connection). It now answers 503 after ``COUNTS_TIMEOUT_SECONDS``; never zeros, which a leak check
+    would take for a clean engine."""
+    monkeypatch.setattr(debug, "COUNTS_TIMEOUT_SECONDS", 0.2)
+    async with serve(word_engine(step_seconds=0.01)) as served:
+        async def never_answers() -> None:
+            await trio.sleep_forever()
+
+        monkeypatch.setattr(served.state.engine, "read_counts", never_answers)  # the engine the routes ask
+        with trio.fail_after(30):
+            response = await served.client.get("/debug/engine")
+        body = await response.get_json()
+        assert response.status_code == 503 and response.headers["Retry-After"]
+        assert body["error"]["code"] == "unavailable" and "did not answer" in body["error"]["message"]

@@ -377,3 +377,36 @@ def test_a_second_signal_ends_the_engines_requests_now(tmp_path: Path) -> None:
         assert server.process.wait(timeout=BOUND) == 0, server.log()
         wait_until(lambda: not is_running(engine_pid), "the engine's exit", server)
     assert "ending in-flight requests now" in server.log()
+
+
+def test_tokenizer_faults_reach_the_front_that_tokenizes(tmp_path: Path) -> None:
+    """``FAULTS=tokenizer_error=1`` with ``ENGINE_PROCESS=separate``: the front tokenizes the prompts, so it
+    is the front's tokenizer that must fail. The wrapper used to go only on the engine process's tokenizer,
+    which never sees a text prompt there: the fault was silently off and every request was served."""
+    checkpoint = write_checkpoint(tmp_path / "tiny-gemma")
+    env = {**os.environ, "MODEL": str(checkpoint), "DEVICE": "cpu", "HOST": "127.0.0.1", "PORT": "0",
+           "SERVED_MODEL_NAME": "tiny", "ENGINE_PROCESS": "separate", "LOG_LEVEL": "info",
+           "FAULTS": "tokenizer_error=1"}
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=tmp_path, env=env,
+                                   stdout=subprocess.PIPE, stderr=log_file)
+    try:
+        url = wait_for_url(process, START_TIMEOUT)
+        assert url is not None, log_path.read_text()
+        with httpx.Client(timeout=BOUND) as http:
+            for path, body in [("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2}),
+                               ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
+                                                         "messages": [{"role": "user", "content": "hello"}]})]:
+                response = http.post(url + path, json=body)
+                assert response.status_code == 400, response.text
+                error = response.json()["error"]
+                assert error["code"] == "invalid_request" and "injected tokenizer_error" in error["message"]
+            served = http.post(url + "/generate", json={"prompt_token_ids": [5, 6, 7], "max_tokens": 2})
+            assert served.status_code == 200, served.text
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=BOUND) == 0, log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

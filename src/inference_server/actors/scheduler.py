@@ -220,9 +220,11 @@ class SchedulerActor:
 
     def _overload(self, request: Request) -> Rejected | None:
         """``overloaded`` when the queue holds too many prompt tokens, or the KV cache cannot take this
-        prompt before its admission deadline (see ``core/kv_backlog.py``)."""
+        prompt before its admission deadline (see ``core/kv_backlog.py``). The queued-token cap bounds what
+        waits behind others: a request that finds nothing queued passes it whatever its length, since a
+        429 (retry later) must be an answer that a later retry can change."""
         queued = self.core.waiting_prompt_tokens
-        if queued + len(request.prompt_ids) > self.max_queued_tokens:
+        if queued and queued + len(request.prompt_ids) > self.max_queued_tokens:
             return Rejected("overloaded", f"the server has {queued} prompt tokens queued; retry later",
                             retry_after=1.0)
         if not self.admission_timeout or not self.kv_capacity_tokens:
@@ -280,7 +282,7 @@ class SchedulerActor:
         self._undelivered.extend(updates)
         self._undelivered_step = result.step_id
         self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds,
-                          num_generated=sum(len(u.tokens) for u in updates))
+                          num_generated=sum(len(u.tokens) for u in updates), updates=updates)
         if self.depth > 0:
             self.flush_deliveries()
 
@@ -323,13 +325,17 @@ class SchedulerActor:
                 now, update.request_id, update.finish_reason, update.prompt_tokens, update.completion_tokens,
                 update.cached_prompt_tokens, now - request.arrival_time,
                 (request.first_token_time or now) - request.arrival_time, request.session_id, request.trace_id,
-                update.error))
+                update.error, request.num_preemptions))
 
     def _finished_request(self, update: RequestUpdate) -> Request | None:
         return self.core.last_finished.get(update.request_id)
 
     def _report_step(self, plan: StepPlan, result: StepResult, grant: StepGrant, schedule_seconds: float,
-                     deliver_seconds: float, *, num_generated: int) -> None:
+                     deliver_seconds: float, *, num_generated: int, updates: list[RequestUpdate]) -> None:
+        discarded: tuple[int, ...] = ()
+        if num_generated != len(result.tokens):  # rare: a sampled token was dropped (its request ended or was
+            kept = {u.request_id for u in updates if u.tokens}  # preempted while the step ran, with overlap)
+            discarded = tuple(t.request_id for t in result.tokens if t.request_id not in kept)
         decode = sum(1 for s in plan.sequences if len(s.token_ids) == 1 and s.cached_len >= s.prompt_len)
         sliding_free = grant.sliding_free_fraction
         self.emit(StepCompleted(
@@ -338,6 +344,7 @@ class SchedulerActor:
             num_waiting=len(self.core.waiting), num_running=len(self.core.running),
             kv_usage=1.0 - grant.free_fraction, num_preempted=len(grant.preempted), plan=plan,
             preempted=grant.preempted, kv_usage_sliding=None if sliding_free is None else 1.0 - sliding_free,
-            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated))
+            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated,
+            discarded=discarded))
 
 

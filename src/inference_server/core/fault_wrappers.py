@@ -92,10 +92,12 @@ class FaultyTokenizer:
         return self._inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, *,
-                            continue_final_message: bool = False) -> list[int]:
+                            continue_final_message: bool = False, **template_kwargs: Any) -> list[int]:
+        """The inner template's ids; ``template_kwargs`` (a request's ``tools``, ``chat_template_kwargs``)
+        go on to it as admission passes them."""
         self._maybe_fail()
         return self._inner.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                               continue_final_message=continue_final_message)
+                                               continue_final_message=continue_final_message, **template_kwargs)
 
     def _maybe_fail(self) -> None:
         if self._decisions.fires("tokenizer_error"):

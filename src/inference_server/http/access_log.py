@@ -7,7 +7,9 @@ time from the request's arrival to the first generated token the server read; ``
 nothing. The lines go to the ``inference_server.access`` logger at INFO; ``ACCESS_LOG=false`` turns them off.
 
 ``AccessLog`` is ASGI middleware: it reads the status and ``X-Trace-Id`` from the response start, and leaves
-an ``AccessRecord`` in the ASGI scope for the generation routes to fill (``record_for(scope)``).
+an ``AccessRecord`` in the ASGI scope for the generation routes to fill (``record_for(scope)``). A generation
+route also records its request's trace id as it is submitted: a client that leaves before the response starts
+gets no response headers, and its line still names the trace.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class AccessRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     first_token_at: float | None = None
+    trace_id: str | None = None  # the request's, set as it is submitted (the response may never start)
 
     def admitted(self, prompt_tokens: int) -> None:
         self.prompt_tokens = (self.prompt_tokens or 0) + prompt_tokens
@@ -94,5 +97,5 @@ class AccessLog:
         try:
             await self.app(scope, receive, observed_send)
         finally:
-            log.info("%s", record.line(scope.get("method", "-"), scope.get("path", "-"), status, trace_id,
-                                        time.perf_counter()))
+            log.info("%s", record.line(scope.get("method", "-"), scope.get("path", "-"), status,
+                                        trace_id or record.trace_id, time.perf_counter()))

@@ -19,10 +19,18 @@ closing the connection, all inside the same call; Quart-Trio cancels the app as 
 the socket's ``send_eof``): the socket was never closed and the connection never recycled, so the next
 request on it waited forever (the 413 keep-alive hang) and the idle timeout was never re-armed. Every await
 in that path is bounded (the socket write is already shielded by Hypercorn; the rest are in-memory).
+
+That final send may also find Hypercorn closing the connection under it: when the client leaves in the middle
+of a request body (it read an early error and closed), Hypercorn's reader closes the connection with a
+``send_eof`` that does not take the send lock the app's writes hold, so the app's last write of the response
+(already delivered: only its empty end is left) raises ``trio.BusyResourceError``. The connection is being
+closed for a client that is gone, so the middleware ends the response quietly instead of letting Hypercorn
+log an "Error in ASGI Framework" traceback for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -75,7 +83,8 @@ class ConnectionPolicy:
                 if not any(name.lower() == b"connection" for name, _ in headers):
                     message = {**message, "headers": [*headers, CONNECTION_CLOSE]}
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                with trio.CancelScope(shield=True):
+                # BusyResourceError: Hypercorn is closing the connection of a client that left (module docstring).
+                with trio.CancelScope(shield=True), contextlib.suppress(trio.BusyResourceError):
                     await send(message)
                 return
             await send(message)

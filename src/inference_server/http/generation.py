@@ -201,6 +201,7 @@ async def admit(engine: ServingEngine, requests: Sequence[GenerationRequest], tr
     handles = [engine.submit(request) for request in requests]
     access = record_for(request.scope) if has_request_context() else None
     if access is not None:
+        access.trace_id = next((r.trace_id for r in requests if r.trace_id), access.trace_id)
         for handle in handles:
             handle.observer = access.observe
     tracker.opened()

@@ -30,7 +30,11 @@ message that carried updates or events), so a wedged channel or engine process r
 When the engine process stops (``Stopped``, then its clean close) every request has had its terminal update;
 when it dies (``BrokenResourceError``), every open handle ends at once -- a request not yet admitted with
 ``Rejected("unavailable")``, an admitted one with a terminal error update -- the state turns ``FAILED``, new
-requests are refused as unavailable, and ``run`` raises.
+requests are refused as unavailable, and ``run`` raises. An engine process that does not answer a drain
+(stopped, or hung in a step: its socket stays open, so no death is seen) is treated the same way once the
+drain's timeout plus ``STOP_GRACE_SECONDS`` has passed: ``run`` raises ``EngineStopTimeout``, so the server's
+stop goes on (open streams get their terminal error, the exit status is 1) instead of waiting for its hard-exit
+watchdog.
 """
 
 from __future__ import annotations
@@ -72,6 +76,16 @@ from inference_server.telemetry.events import RequestRejected, TelemetryEvent
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE_SECONDS = 3.0
+"""How long past a drain's timeout the engine process may take to say ``Stopped`` (its last step, on a slow
+device, may still be running when its drain ends the requests) before it is taken for hung. The server's
+hard-exit watchdog fires ``HARD_EXIT_GRACE_SECONDS`` (5 s) past the drain's timeout: this leaves the open
+responses time to write their terminal errors before it."""
+
+
+class EngineStopTimeout(trio.BrokenResourceError):
+    """The engine process did not stop within a drain's timeout plus ``STOP_GRACE_SECONDS``: it is hung."""
+
 
 class RemoteEngine:
     """See the module docstring. ``max_queue_size`` bounds the submits not yet sent (beyond it ``submit``
@@ -104,6 +118,8 @@ class RemoteEngine:
         self._last_progress: float | None = None  # trio time of the last message with updates
         self._clock_shift = 0.0  # add to an engine telemetry time to get this process's trio time
         self._stopped = trio.Event()
+        self._run_scope = trio.CancelScope()  # cancelled by a drain that finds the engine process hung
+        self._hung: str | None = None  # why, then
         # Text in the front (docs/ipc.md, decision 1): each request's params until its admission, then its
         # detokenizer and stop checker until its end; requests ended here on a stop string whose engine-side
         # end has not arrived yet (their later updates are dropped).
@@ -122,6 +138,9 @@ class RemoteEngine:
         elif len(self._submits) >= self.max_queue_size:
             self.streams.reject(request_id, Rejected("overloaded", "the admission queue is full; retry later",
                                                      retry_after=1.0))
+            # counted as the in-process engine's full admission queue is (rejections in /metrics, /scheduler/stats)
+            self.telemetry.emit(RequestRejected(trio.current_time(), "overloaded", "admission queue full",
+                                                request.trace_id))
         else:
             try:
                 request = self._tokenized(request)
@@ -251,6 +270,15 @@ class RemoteEngine:
         request)."""
         if not self._stopped.is_set():
             self.request_drain(timeout)
+        with trio.move_on_after(timeout + STOP_GRACE_SECONDS):
+            await self._stopped.wait()
+            return
+        # Hung (see the module docstring): end the open requests here, then stop ``run``, which raises.
+        self._hung = f"the engine process did not stop within {timeout + STOP_GRACE_SECONDS:g} s of its drain"
+        log.error("%s: taking it for hung", self._hung)
+        self.state = EngineState.FAILED
+        self._end_all(self._hung)
+        self._run_scope.cancel()
         await self._stopped.wait()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -258,7 +286,10 @@ class RemoteEngine:
         """Wait for the engine's ``Hello`` (then report started), forward submits, aborts and calls, and route
         its messages until it stops; raises ``trio.BrokenResourceError`` when the engine process died."""
         try:
-            await self._run(task_status)
+            with self._run_scope:
+                await self._run(task_status)
+            if self._hung is not None:
+                raise EngineStopTimeout(self._hung)
         finally:
             self._stopped.set()
 

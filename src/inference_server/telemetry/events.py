@@ -59,6 +59,7 @@ class RequestFinished:
     session_id: str | None
     trace_id: str | None
     error: str | None = None
+    preemptions: int = 0  # the scheduler's count for this request (a preemption may not be reported yet)
 
 
 @attrs.frozen
@@ -82,6 +83,9 @@ class StepCompleted:
     num_generated: int | None = None
     """Output tokens this step added to requests (None: count the plan's sampled sequences). Differs from the
     plan with overlap: a token sampled for a request that stopped or was preempted meanwhile is discarded."""
+    discarded: tuple[int, ...] = ()
+    """Request ids the plan sampled for whose token was discarded (so: no token reached a client, and no
+    inter-token latency)."""
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ class LiveRequest:
     last_sampled: float | None = None
     running: bool = False
     preemptions: int = 0
+    restarts_ahead: int = 0  # restarts seen before the report of the preemption they follow (module docstring)
 
 
 class RecordConsumer:
@@ -100,7 +101,13 @@ class RequestTracker:
 
     def _started(self, event: RequestStarted) -> None:
         request = self.live.get(event.request_id)
-        if request is None or request.running:
+        if request is None:
+            return
+        if request.running:
+            if request.admitted is not None:  # restarted before its preemption was reported (overlap)
+                request.restarts_ahead += 1
+                for consumer in self.consumers:
+                    consumer.started(request, event.cached_prompt_tokens, False)
             return
         first_time = request.admitted is None
         if first_time:
@@ -132,7 +139,11 @@ class RequestTracker:
             priority=request.priority, arrival=arrival, admitted=request.admitted,
             first_token=request.first_token, finished=event.time, prompt_tokens=event.prompt_tokens,
             cached_prompt_tokens=event.cached_prompt_tokens, output_tokens=event.completion_tokens,
-            finish_reason=event.finish_reason, error=event.error, preemptions=request.preemptions)
+            finish_reason=event.finish_reason, error=event.error,
+            # Each early restart followed a preemption; the scheduler's own count also has those whose report
+            # has not arrived yet (a request aborted after its preemption, before that step was reported).
+            preemptions=max(request.preemptions + request.restarts_ahead, event.preemptions))
+        request.restarts_ahead = 0
         request.running = False
         for consumer in self.consumers:
             consumer.finished(record)
@@ -140,7 +151,10 @@ class RequestTracker:
     def _step(self, event: StepCompleted) -> None:
         for request_id in event.preempted:
             request = self.live.get(request_id)
-            if request is not None and request.running:
+            if request is not None and request.restarts_ahead:  # already running again: only count it
+                request.restarts_ahead -= 1
+                request.preemptions += 1
+            elif request is not None and request.running:
                 request.running = False
                 request.preemptions += 1
                 self.num_running -= 1
@@ -152,6 +166,7 @@ class RequestTracker:
         sampled = 0
         now = event.time
         live = self.live
+        discarded = frozenset(event.discarded)  # sampled, but no token reached the client: no latency
         # Once per planned sequence per step, on the event loop: locals and the common case first.
         for seq in event.plan.sequences if event.plan is not None else ():
             request = live.get(seq.request_id)
@@ -162,7 +177,7 @@ class RequestTracker:
                 continue
             session = request.session_id or ""
             sessions[session] = sessions.get(session, 0) + seq.num_tokens
-            if seq.sample:
+            if seq.sample and seq.request_id not in discarded:
                 sampled += 1
                 last = request.last_sampled
                 if last is not None:
