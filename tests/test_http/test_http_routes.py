@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 import trio
-from http_testkit import MODEL_NAME, fake_token, word_engine
+from http_testkit import MODEL_NAME, assert_error, fake_token, word_engine
 
 from inference_server.telemetry.events import RequestQueued
 
@@ -161,6 +161,35 @@ async def test_trace_and_session_ids_reach_the_engine(serve) -> None:
         assert queued[1][1] == "bob"
         assert queued[2] == ("body-trace", "carol")
         assert queued[3][1] == "dave"  # safety_identifier, user's successor in OpenAI's API, keys the session
+
+
+async def test_x_request_id_is_read_as_the_trace_id_and_echoed(serve) -> None:
+    """OpenAI's request-id header: sent without ``X-Trace-Id`` it is the trace id (and beats ``/generate``'s body
+    field, as the trace header does); every response echoes the trace id under both names, so the OpenAI SDK's
+    ``request_id`` finds the server's telemetry key."""
+    async with serve() as served:
+        events = served.engine.telemetry.subscribe()
+        sent = await served.client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 1},
+                                        headers={"X-Request-Id": "req-42"})
+        assert sent.headers["X-Trace-Id"] == sent.headers["X-Request-Id"] == "req-42"
+        both = await served.client.post("/generate", json={"prompt": "hi", "max_tokens": 1, "trace_id": "body"},
+                                        headers={"X-Request-Id": "req-43", "X-Trace-Id": "trace-43"})
+        assert both.headers["X-Trace-Id"] == both.headers["X-Request-Id"] == "trace-43"
+        native = await served.client.post("/generate", json={"prompt": "hi", "max_tokens": 1, "trace_id": "body"},
+                                          headers={"X-Request-Id": "req-44"})
+        assert native.headers["X-Request-Id"] == "req-44"
+        fresh = await served.client.get("/health")
+        assert fresh.headers["X-Request-Id"] == fresh.headers["X-Trace-Id"]
+        bad = await served.client.post("/v1/completions", json={"prompt": "hello"}, headers={"X-Request-Id": "a b"})
+        await assert_error(bad, 400, "invalid_value", "X-Request-Id")
+        queued = []
+        with trio.move_on_after(30):
+            async for event in events:
+                if isinstance(event, RequestQueued):
+                    queued.append(event.trace_id)
+                if len(queued) == 3:
+                    break
+        assert queued == ["req-42", "trace-43", "req-44"]
 
 
 @pytest.fixture

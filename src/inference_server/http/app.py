@@ -20,8 +20,9 @@ Framework settings that matter:
   connection will not or should not be reused (a body left unread, or the server draining).
 
 Every error is JSON in the OpenAI shape, including 404 (unknown route), 405 (wrong method, with ``Allow``),
-408, 413 and 500; nothing is ever HTML. Every response carries ``X-Trace-Id``: the client's (validated:
-1-128 visible ASCII characters) or a fresh one; generation routes pass it to the engine as the request's
+408, 413 and 500; nothing is ever HTML. Every response carries ``X-Trace-Id`` (and the same value as
+``X-Request-Id``, OpenAI's name): the client's (``X-Trace-Id``, else ``X-Request-Id``; validated: 1-128 visible
+ASCII characters) or a fresh one; generation routes pass it to the engine as the request's
 trace id.
 """
 
@@ -40,7 +41,7 @@ from inference_server.config import Settings, parse_allowed_origins
 from inference_server.engine_surface import ServingEngine
 from inference_server.http.access_log import AccessLog
 from inference_server.http.connection import ConnectionPolicy
-from inference_server.http.convert import TRACE_ID_HEADER, header_id
+from inference_server.http.convert import REQUEST_ID_HEADER, TRACE_ID_HEADER, client_trace_id
 from inference_server.http.cors import CorsPolicy
 from inference_server.http.debug import DebugRoutes
 from inference_server.http.errors import ApiError, from_http_status, internal_error
@@ -156,13 +157,14 @@ def _register_trace_ids(app: QuartTrio) -> None:
     @app.before_request
     async def assign_trace_id() -> None:
         g.trace_id = uuid.uuid4().hex
-        g.trace_id = header_id(request.headers.get(TRACE_ID_HEADER), TRACE_ID_HEADER) or g.trace_id
+        g.trace_id = client_trace_id(request.headers) or g.trace_id
 
     @app.after_request
     async def echo_trace_id(response: Response) -> Response:
         trace_id = g.get("trace_id")
         if trace_id is not None:
             response.headers[TRACE_ID_HEADER] = trace_id
+            response.headers[REQUEST_ID_HEADER] = trace_id
         return response
 
 

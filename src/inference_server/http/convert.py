@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
+from werkzeug.datastructures import Headers
+
 from inference_server.http.constraint_fields import constraint_of
 from inference_server.http.errors import invalid_request
 from inference_server.http.schemas import LogitBiasInput, SamplingFields, StopInput, StreamOptions
@@ -21,6 +23,9 @@ DEFAULT_MAX_TOKENS = 16
 """Output cap of a completion that sets none (the OpenAI API's default for ``/v1/completions``)."""
 MAX_HEADER_ID_LENGTH = 128
 TRACE_ID_HEADER = "X-Trace-Id"
+REQUEST_ID_HEADER = "X-Request-Id"
+"""OpenAI's (and vLLM's) name for a request id: read as the trace id when no ``X-Trace-Id`` is sent, and echoed
+with it (the OpenAI SDK's ``request_id`` reads it)."""
 SESSION_ID_HEADER = "X-Session-Id"
 MAX_NAMED_KEYS = 20
 """Most offending ``logit_bias`` keys an error lists by name (the rest are counted)."""
@@ -104,6 +109,12 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         min_tokens=_or(fields.min_tokens, DEFAULTS.min_tokens),
     )
     return params
+
+
+def client_trace_id(headers: Headers) -> str | None:
+    """The trace id a client sent: ``X-Trace-Id``, else ``X-Request-Id`` (each held to ``header_id``'s rule)."""
+    return (header_id(headers.get(TRACE_ID_HEADER), TRACE_ID_HEADER)
+            or header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER))
 
 
 def header_id(value: str | None, header: str) -> str | None:

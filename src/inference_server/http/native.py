@@ -22,7 +22,7 @@ from quart import Response, g, request
 from inference_server.http.convert import (
     DEFAULT_MAX_TOKENS,
     SESSION_ID_HEADER,
-    TRACE_ID_HEADER,
+    client_trace_id,
     header_id,
     sampling_params,
     truncation_side,
@@ -48,7 +48,7 @@ class NativeRoutes:
         body = await read_body(GenerateRequest)
         if (body.prompt is None) == (body.prompt_token_ids is None):
             raise invalid_request("send exactly one of 'prompt' (text) or 'prompt_token_ids'", "prompt")
-        if request.headers.get(TRACE_ID_HEADER) is None and body.trace_id is not None:
+        if client_trace_id(request.headers) is None and body.trace_id is not None:  # a header wins over the body
             g.trace_id = header_id(body.trace_id, "trace_id")
         params = sampling_params(body, max_tokens=_or_default(body.max_tokens), logprobs=body.logprobs,
                                  prompt_logprobs=body.prompt_logprobs, vocab_size=state.engine.info.vocab_size)
