@@ -85,5 +85,7 @@ class TailFilter:
             return None
         return {"event": "step", "t": event.time, "step_id": event.step_id, "sequences": event.num_sequences,
                 "prefill_tokens": event.num_prefill_tokens, "decode_tokens": event.num_decode_tokens,
-                "preempted": list(event.preempted), "waiting": event.num_waiting, "running": event.num_running,
+                "preempted": list(event.preempted),
+                "waiting": event.num_waiting if event.step_waiting is None else event.step_waiting,
+                "running": event.num_running if event.step_running is None else event.step_running,
                 "kv_usage": event.kv_usage, "seconds": event.seconds}
