@@ -17,6 +17,7 @@ from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts, EngineState
+from inference_server.telemetry.events import StepCompleted
 
 from .conftest import fake_parts, tiny_model_parts
 
@@ -330,4 +331,30 @@ async def test_queued_token_cap_takes_a_longer_prompt_when_nothing_is_queued(
         for handle in (running, waiting):
             assert (await collect(handle)).finish_reason == "length"
         engine.close()
+    assert_kv_clean(engine)
+
+
+
+
+async def test_a_step_report_counts_the_requests_of_its_own_step(fake_step: FakeEngine) -> None:
+    """With overlap, step N is reported after step N+1's grant and after step N's tokens ended requests: its
+    waiting / running counts (the step's row in the run file and timeline, its ``/telemetry/tail`` line)
+    must still be those right after its own grant, so the request that ended with step N is running in it."""
+    parts = fake_parts(fake_step, scheduler_config=SchedulerConfig(max_batch_size=3, max_num_batched_tokens=64))
+    engine = Engine(parts)
+    steps: list[StepCompleted] = []
+    engine.telemetry.sinks.append(lambda event: steps.append(event) if isinstance(event, StepCompleted) else None)
+    short = ids_request(10, params=SamplingParams(temperature=0.0, max_tokens=2))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        handles = [engine.submit(r) for r in (short, ids_request(20), ids_request(30))]
+        async with trio.open_nursery() as clients:
+            for handle in handles:
+                clients.start_soon(collect, handle)
+        engine.close()
+    planned = [s for s in steps if s.plan is not None and s.plan.sequences]
+    assert sum(1 for s in planned if 1 in {q.request_id for q in s.plan.sequences}) >= 2  # it ran, then ended
+    for step in planned:  # room for all three: nothing waits, and each request in the batch is running
+        assert step.plan is not None and step.step_running is not None
+        assert (step.step_running >= len(step.plan.sequences), step.step_waiting) == (True, 0), step.step_id
     assert_kv_clean(engine)

@@ -69,3 +69,13 @@ def test_report_refuses_what_is_not_a_run_file(tmp_path: Path, capsys: pytest.Ca
     junk.write_text("not a database")
     assert main(["report", str(junk)]) == 2
     assert "not a run file" in capsys.readouterr().err
+
+
+def test_tail_describes_every_line_the_server_sends() -> None:
+    """Each NDJSON line kind of ``/telemetry/tail`` gets a readable line, not its raw JSON."""
+    lines = [{"event": "subscribed", "capacity": 1024, "session_id": None, "trace_id": None},
+             {"event": "kv_blocks", "t": 2.5, "seq": 13, "stored": 2, "removed": 3},
+             {"event": "lost", "events": 4, "total": 9}]
+    described = [tail_cli.describe(line) for line in lines]
+    assert not any(text.lstrip().startswith("{") for text in described), described
+    assert described[1].split() == ["2.500", "kv", "blocks", "seq", "13", "stored", "2", "removed", "3"]

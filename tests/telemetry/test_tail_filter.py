@@ -50,3 +50,15 @@ def test_session_filter_keeps_its_requests_and_their_steps_and_hides_rejections(
 def test_trace_filter_and_no_steps() -> None:
     assert shown(TailFilter(trace_id="t2", steps=False)) == [("queued", 2), ("first_token", 2)]
     assert shown(TailFilter(trace_id="t3")) == [("rejected", "t3")]
+
+
+def test_a_filtered_tail_shows_the_step_that_made_a_requests_last_token() -> None:
+    """The scheduler reports a step's finished requests before the step itself (``RequestFinished``, then
+    ``StepCompleted``), so the step that sampled a request's last token comes after its ``finished`` line:
+    a filtered tail must still show that step, and only that one."""
+    tail = TailFilter(session_id="alice")
+    events = [RequestQueued(0.0, 1, 4, "alice", "t1", 0), step(0, 1),
+              RequestFinished(0.5, 1, "length", 4, 2, 0, 0.5, 0.2, "alice", "t1"), step(1, 1), step(2, 1)]
+    lines = [line for line in map(tail.line, events) if line is not None]
+    assert [(line["event"], line.get("step_id")) for line in lines] == [
+        ("queued", None), ("step", 0), ("finished", None), ("step", 1)]

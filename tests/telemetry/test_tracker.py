@@ -5,6 +5,8 @@ before the tracker hears that it was preempted."""
 
 from __future__ import annotations
 
+import attrs
+
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.records.steps import ScheduledSequence, StepPlan
 from inference_server.telemetry.events import RequestFinished, RequestQueued, RequestStarted, StepCompleted
@@ -112,3 +114,18 @@ def test_a_discarded_sample_is_no_inter_token_latency() -> None:
     tracker(sampling_step(1, 1, 2, discarded=(2,)))  # request 2 was preempted meanwhile: its token dropped
     tracker(sampling_step(2, 1))
     assert latencies.counts == [0, 1, 1]
+
+
+def test_a_step_record_shows_its_own_queue_and_the_gauges_the_queue_now() -> None:
+    """Step 0 reported after grant 1 admitted two more requests: its record (run file, timeline) keeps the
+    queue of its own grant, while the running / waiting gauges follow the queue now."""
+    rows: list[StepRecord] = []
+
+    class Steps(RecordConsumer):
+        def step(self, record: StepRecord) -> None:
+            rows.append(record)
+
+    tracker = RequestTracker([Steps()])
+    tracker(attrs.evolve(step(0, waiting=0, running=3), step_waiting=1, step_running=1))
+    assert (rows[0].num_waiting, rows[0].num_running) == (1, 1)
+    assert (tracker.num_waiting, tracker.num_running) == (0, 3)

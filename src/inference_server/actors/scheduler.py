@@ -72,6 +72,8 @@ class _InFlight:
     grant: StepGrant
     schedule_seconds: float
     began: float
+    waiting: int  # the queue right after this step's grant: what the step's report shows (not the later state)
+    running: int
 
 
 class SchedulerActor:
@@ -258,7 +260,8 @@ class SchedulerActor:
             request = self.core.requests[request_id]
             self.emit(RequestStarted(now, request_id, request.num_cached_prompt_tokens))
         await self.plans.send(plan)
-        self._in_flight.append(_InFlight(plan, grant, now - scheduling_began, scheduling_began))
+        self._in_flight.append(_InFlight(plan, grant, now - scheduling_began, scheduling_began,
+                                         len(self.core.waiting), len(self.core.running)))
         if self.depth == 0:
             self.flush_deliveries()  # the previous step's tokens reach clients while this step runs
         if len(self._in_flight) > self.depth:
@@ -281,7 +284,7 @@ class SchedulerActor:
             self._report_update(update, now)
         self._undelivered.extend(updates)
         self._undelivered_step = result.step_id
-        self._report_step(step.plan, result, step.grant, step.schedule_seconds, self._last_deliver_seconds,
+        self._report_step(step, result, self._last_deliver_seconds,
                           num_generated=sum(len(u.tokens) for u in updates), updates=updates)
         if self.depth > 0:
             self.flush_deliveries()
@@ -330,8 +333,9 @@ class SchedulerActor:
     def _finished_request(self, update: RequestUpdate) -> Request | None:
         return self.core.last_finished.get(update.request_id)
 
-    def _report_step(self, plan: StepPlan, result: StepResult, grant: StepGrant, schedule_seconds: float,
-                     deliver_seconds: float, *, num_generated: int, updates: list[RequestUpdate]) -> None:
+    def _report_step(self, step: _InFlight, result: StepResult, deliver_seconds: float, *, num_generated: int,
+                     updates: list[RequestUpdate]) -> None:
+        plan, grant = step.plan, step.grant
         discarded: tuple[int, ...] = ()
         if num_generated != len(result.tokens):  # rare: a sampled token was dropped (its request ended or was
             kept = {u.request_id for u in updates if u.tokens}  # preempted while the step ran, with overlap)
@@ -344,7 +348,7 @@ class SchedulerActor:
             num_waiting=len(self.core.waiting), num_running=len(self.core.running),
             kv_usage=1.0 - grant.free_fraction, num_preempted=len(grant.preempted), plan=plan,
             preempted=grant.preempted, kv_usage_sliding=None if sliding_free is None else 1.0 - sliding_free,
-            schedule_seconds=schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated,
-            discarded=discarded))
+            schedule_seconds=step.schedule_seconds, deliver_seconds=deliver_seconds, num_generated=num_generated,
+            discarded=discarded, step_waiting=step.waiting, step_running=step.running))
 
 

@@ -71,6 +71,8 @@ def describe(line: dict[str, Any]) -> str:
                 f"e2e {line['e2e']:.3f} s  trace {line['trace_id']}{error}")
     if kind == "rejected":
         return f"{t} rejected trace {line['trace_id']}  {line['code']}: {line['message']}"
+    if kind == "kv_blocks":
+        return f"{t} kv blocks seq {line['seq']}  stored {line['stored']}  removed {line['removed']}"
     if kind == "lost":
         return f"{'':12} lost {line['events']} events (this reader fell behind; {line['total']} in all)"
     if kind == "subscribed":

@@ -70,7 +70,7 @@ class StepCompleted:
     num_prefill_tokens: int
     num_decode_tokens: int
     seconds: float
-    num_waiting: int
+    num_waiting: int  # the queue now (the gauges are resynchronised from these)
     num_running: int
     kv_usage: float  # fraction of full-group KV blocks in use
     num_preempted: int
@@ -86,6 +86,11 @@ class StepCompleted:
     discarded: tuple[int, ...] = ()
     """Request ids the plan sampled for whose token was discarded (so: no token reached a client, and no
     inter-token latency)."""
+    step_waiting: int | None = None
+    step_running: int | None = None
+    """The queue right after this step's grant, what the step's record shows (None: ``num_waiting`` /
+    ``num_running``). With overlap a step is reported after the next step's grant, so the queue *now* can
+    already hold the next step's admissions and lack the requests that ended with this one."""
 
 
 @attrs.frozen

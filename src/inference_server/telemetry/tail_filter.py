@@ -30,6 +30,9 @@ class TailFilter:
         self.trace_id = trace_id
         self.steps = steps
         self._matching: set[int] = set()
+        # Matching requests that ended since the last step: a step's finished requests are reported before
+        # the step itself, so the next step line is the one that sampled their last token.
+        self._ending: set[int] = set()
 
     @property
     def filtered(self) -> bool:
@@ -70,6 +73,7 @@ class TailFilter:
             return {"event": "first_token", "t": event.time, "request_id": event.request_id, "ttft": event.ttft}
         if isinstance(event, RequestFinished):
             self._matching.discard(event.request_id)
+            self._ending.add(event.request_id)
             return {"event": "finished", "t": event.time, "request_id": event.request_id,
                     "trace_id": event.trace_id, "session_id": event.session_id,
                     "finish_reason": event.finish_reason, "prompt_tokens": event.prompt_tokens,
@@ -78,12 +82,15 @@ class TailFilter:
         return None
 
     def _step(self, event: StepCompleted) -> dict[str, Any] | None:
+        ending, self._ending = self._ending, set()
         if not self.steps:
             return None
         ids = [s.request_id for s in event.plan.sequences] if event.plan is not None else []
-        if self.filtered and not self._matching.intersection(ids):
+        if self.filtered and not (self._matching.intersection(ids) or ending.intersection(ids)):
             return None
         return {"event": "step", "t": event.time, "step_id": event.step_id, "sequences": event.num_sequences,
                 "prefill_tokens": event.num_prefill_tokens, "decode_tokens": event.num_decode_tokens,
-                "preempted": list(event.preempted), "waiting": event.num_waiting, "running": event.num_running,
+                "preempted": list(event.preempted),
+                "waiting": event.num_waiting if event.step_waiting is None else event.step_waiting,
+                "running": event.num_running if event.step_running is None else event.step_running,
                 "kv_usage": event.kv_usage, "seconds": event.seconds}

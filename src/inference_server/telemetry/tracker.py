@@ -195,7 +195,9 @@ class RequestTracker:
             deliver_seconds=event.deliver_seconds, num_prefill_tokens=event.num_prefill_tokens,
             num_decode_tokens=event.num_decode_tokens,
             num_sampled=sampled if event.num_generated is None else event.num_generated,
-            num_waiting=event.num_waiting, num_running=event.num_running, kv_usage_full=event.kv_usage,
+            num_waiting=event.num_waiting if event.step_waiting is None else event.step_waiting,
+            num_running=event.num_running if event.step_running is None else event.step_running,
+            kv_usage_full=event.kv_usage,
             kv_usage_sliding=event.kv_usage_sliding, admitted=tuple(admitted), preempted=event.preempted,
             finished=ended, plan=event.plan, inter_token_latencies=tuple(itls.items()),
             session_tokens=tuple(sessions.items()))
