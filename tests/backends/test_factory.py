@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -10,9 +12,10 @@ from inference_server.backends.factory import (
     CPU_STEP_TOKEN_BUDGET,
     CUDA_PREFILL_BUDGET_FACTOR,
     CUDA_STEP_TOKEN_BUDGET,
+    build_kv_manager,
     engine_limits,
 )
-from inference_server.config import Settings
+from inference_server.config import Settings, SettingsError
 from inference_server.core.kv_manager import KVManager
 from inference_server.models.loading.presets import preset_config
 from inference_server.models.spec import parse_model_spec
@@ -73,3 +76,17 @@ def test_the_step_token_budget_is_sized_to_the_device(device: torch.device, conf
 def test_the_prefill_step_budget(device: torch.device, step: int, prefill: int, expected: int) -> None:
     settings = Settings(max_num_batched_tokens=step, max_prefill_tokens=prefill)
     assert engine_limits(settings, QWEN, device, pool(65_536)).prefill_token_budget == expected
+
+
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "gemma-4-e2b"])  # full attention only; sliding + full
+def test_a_kv_cache_too_small_for_the_model_is_a_settings_error(preset: str) -> None:
+    """A ``KV_CACHE_TOKENS`` below one sliding window plus one full-attention block used to stop start-up with a
+    ``ValueError`` traceback (or, without a sliding group, build an empty pool); it is a ``SettingsError`` naming
+    the setting and the least value that works, and that value builds (a ``BlockPool`` refuses zero blocks)."""
+    spec = parse_model_spec(preset_config(preset))
+    with pytest.raises(SettingsError, match="KV_CACHE_TOKENS") as refused:
+        build_kv_manager(Settings(kv_cache_tokens=1), spec, CPU, torch.float32, prefix_cache=False)
+    least = int(re.search(r"at least (\d+)", str(refused.value)).group(1))  # type: ignore[union-attr]
+    with pytest.raises(SettingsError):
+        build_kv_manager(Settings(kv_cache_tokens=least - 1), spec, CPU, torch.float32, prefix_cache=False)
+    build_kv_manager(Settings(kv_cache_tokens=least), spec, CPU, torch.float32, prefix_cache=False)  # builds

@@ -14,7 +14,7 @@ import torch
 
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.backends.paged_kv import FULL_GROUP, SLIDING_GROUP, PagedKVStorage
-from inference_server.config import Settings
+from inference_server.config import Settings, SettingsError
 from inference_server.core.kv_capacity import KVGeometry, plan_pool_sizes
 from inference_server.core.kv_manager import KVManager
 from inference_server.models.architectures.ops import REFERENCE_OPS, Ops
@@ -93,8 +93,14 @@ def build_kv_manager(settings: Settings, spec: ModelSpec, device: torch.device, 
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
     geometry = KVGeometry.from_cache_layers(spec.cache_layers, dtype_bytes=dtype_bytes,
                                             block_size=settings.kv_block_size)
-    sizes = plan_pool_sizes(geometry, kv_budget(settings, geometry, device),
-                            min(settings.kv_expected_sequence_tokens, model_len))
+    budget = kv_budget(settings, geometry, device)
+    if budget < geometry.minimum_budget_bytes:  # a setting's error, not a traceback
+        least = -(-geometry.minimum_budget_bytes // geometry.bytes_per_token)
+        setting = ("KV_CACHE_TOKENS" if settings.kv_cache_tokens or device.type != "cuda"
+                   else "KV_CACHE_MEMORY_FRACTION")
+        raise SettingsError(f"{setting}: the KV cache would hold {budget // geometry.bytes_per_token} tokens; this "
+                            f"model needs at least {least} (one sliding window plus one full-attention block)")
+    sizes = plan_pool_sizes(geometry, budget, min(settings.kv_expected_sequence_tokens, model_len))
     windows = {layer.window for layer in spec.cache_layers if layer.window is not None}
     return KVManager(block_size=settings.kv_block_size, num_full_blocks=sizes.num_full_blocks,
                      num_sliding_blocks=sizes.num_sliding_blocks, sliding_window=max(windows) if windows else None,

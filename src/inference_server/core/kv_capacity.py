@@ -69,6 +69,12 @@ class KVGeometry:
             return 0
         return _ceil_div(self.sliding_window, self.block_size) + 1
 
+    @property
+    def minimum_budget_bytes(self) -> int:
+        """The smallest budget ``plan_pool_sizes`` accepts: one sliding window's blocks and one full-attention
+        block."""
+        return self.sliding_blocks_per_window * self.sliding_block_bytes + self.full_block_bytes
+
     def sliding_blocks_per_sequence(self, num_tokens: int) -> int:
         return min(_ceil_div(num_tokens, self.block_size), self.sliding_blocks_per_window)
 
@@ -89,6 +95,8 @@ def plan_pool_sizes(geometry: KVGeometry, budget_bytes: int, expected_sequence_t
     Shorter sequences than expected run out of sliding blocks first, longer ones of full blocks; either
     way the scheduler preempts. The sliding pool always gets at least one full window.
     """
+    if budget_bytes < geometry.minimum_budget_bytes:
+        raise ValueError("the budget does not hold one sliding window plus a full-attention block")
     if geometry.sliding_window is None:
         return PoolSizes(num_full_blocks=budget_bytes // geometry.full_block_bytes, num_sliding_blocks=0)
     full_bytes = _ceil_div(expected_sequence_tokens, geometry.block_size) * geometry.full_block_bytes
