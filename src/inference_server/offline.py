@@ -7,6 +7,7 @@ stream to its terminal update and shuts the engine down cleanly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import attrs
 import trio
@@ -71,6 +72,22 @@ async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest
     return completions
 
 
+Prompt: TypeAlias = str | Sequence[int]
+"""One prompt of the offline API: text, or token ids."""
+
+
+def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """``prompts`` as a list of prompts: one text or one token-id list is a batch of one (vLLM's
+    ``LLM.generate`` takes either). Without this a string was iterated into one prompt per character and a
+    token-id list into one prompt per id."""
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(item, int) for item in items):
+        return [items]  # type: ignore[list-item]  # a list of ints is one token-id prompt
+    return items  # type: ignore[return-value]
+
+
 class LLM:
     """Load a model once; ``generate`` runs batches of prompts through the actor engine."""
 
@@ -83,12 +100,17 @@ class LLM:
     def tokenizer(self):
         return self.built.loaded.tokenizer
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
                  *, chat: bool = False) -> list[Completion]:
-        """Complete each prompt (text, token ids, or a user message when ``chat``)."""
+        """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
+        one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt."""
         from inference_server.records.requests import ChatMessage
 
+        prompts = prompt_list(prompts)
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams: give one for every "
+                             "prompt or one per prompt")
         requests = []
         for prompt, p in zip(prompts, per_prompt, strict=True):
             if chat:

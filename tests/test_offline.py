@@ -1,0 +1,36 @@
+"""The offline ``LLM`` API as vLLM's users call it: one prompt or a batch, one SamplingParams or one each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from inference_server.config import Settings
+from inference_server.offline import LLM
+from inference_server.records.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm() -> Iterator[LLM]:
+    """A tiny dummy-weight model (no tokenizer: token-id prompts; text prompts end with a request error)."""
+    yield LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024))
+
+
+def test_one_token_id_prompt_is_a_batch_of_one(tiny_llm: LLM) -> None:
+    [single] = tiny_llm.generate([5, 6, 7], GREEDY)
+    [batched] = tiny_llm.generate([[5, 6, 7]], GREEDY)
+    assert single.prompt_tokens == 3 and single.finish_reason == "length"
+    assert single.token_ids == batched.token_ids
+
+
+def test_one_text_prompt_is_a_batch_of_one(tiny_llm: LLM) -> None:
+    completions = tiny_llm.generate("hello", GREEDY)  # not one prompt per character
+    assert len(completions) == 1
+
+
+def test_params_of_another_length_than_the_prompts_is_a_clear_error(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
+        tiny_llm.generate([[5, 6], [7, 8]], [GREEDY])
