@@ -6,8 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from inference_server import offline
+from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
-from inference_server.offline import LLM
+from inference_server.offline import LLM, Completion
 from inference_server.records.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
@@ -34,3 +36,24 @@ def test_one_text_prompt_is_a_batch_of_one(tiny_llm: LLM) -> None:
 def test_params_of_another_length_than_the_prompts_is_a_clear_error(tiny_llm: LLM) -> None:
     with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
         tiny_llm.generate([[5, 6], [7, 8]], [GREEDY])
+
+
+def test_an_interrupted_generate_raises_keyboard_interrupt_and_the_llm_stays_usable(
+        tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C mid-generate (KeyboardInterrupt raised in a task while the request holds KV and the runner's
+    state): the caller's ``except KeyboardInterrupt`` sees it, and the next call completes as a fresh one."""
+    long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    [expected] = tiny_llm.generate([[5, 6, 7]], long)
+
+    async def interrupted(handle: RequestHandle) -> Completion:
+        async with handle:
+            await handle.admission()
+            await anext(handle)  # a first token: the request is scheduled and holds KV
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(offline, "collect", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            tiny_llm.generate([[5, 6, 7], [8, 9]], long)
+    [again] = tiny_llm.generate([[5, 6, 7]], long)
+    assert again == expected

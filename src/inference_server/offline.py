@@ -88,11 +88,28 @@ def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     return items  # type: ignore[return-value]
 
 
+def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
+    """The ``KeyboardInterrupt`` inside ``error`` (trio wraps a Ctrl-C that reached a task in its nurseries'
+    exception groups, where a caller's ``except KeyboardInterrupt`` cannot see it), or None."""
+    if isinstance(error, KeyboardInterrupt):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        interrupts, _ = error.split(KeyboardInterrupt)
+        if interrupts is not None:
+            return KeyboardInterrupt()
+    return None
+
+
 class LLM:
     """Load a model once; ``generate`` runs batches of prompts through the actor engine."""
 
     def __init__(self, settings: Settings | None = None) -> None:
-        self.built: BuiltEngine = build_engine_parts(settings or Settings())
+        self.settings = settings or Settings()
+        self.built: BuiltEngine = build_engine_parts(self.settings)
+        self.stale = False
+        """Whether a ``generate`` ended by an exception (Ctrl-C, an actor crash): its engine was cancelled
+        mid-step, so the KV manager, the step pipeline and the runner may still hold its requests, and the
+        next call rebuilds the engine parts (reloading the model) instead of reusing them."""
         self.chat_stops = ChatStops.of(self.built.loaded.tokenizer, self.built.parts.eos_token_ids)
         """The chat template's turn markers, added to chat requests' stops as the HTTP chat route does."""
 
@@ -120,4 +137,15 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
                 requests.append(GenerationRequest(params=p, prompt_ids=tuple(prompt)))
-        return trio.run(generate_with, self.built.parts, requests)
+        if self.stale:
+            del self.built  # the old model's memory goes before the new one loads
+            self.built = build_engine_parts(self.settings)
+            self.stale = False
+        try:
+            return trio.run(generate_with, self.built.parts, requests)
+        except BaseException as error:
+            self.stale = True
+            interrupt = interrupt_of(error)
+            if interrupt is None or interrupt is error:
+                raise
+            raise interrupt from error
