@@ -57,3 +57,8 @@ def test_an_interrupted_generate_raises_keyboard_interrupt_and_the_llm_stays_usa
             tiny_llm.generate([[5, 6, 7], [8, 9]], long)
     [again] = tiny_llm.generate([[5, 6, 7]], long)
     assert again == expected
+
+
+def test_a_token_id_prompt_as_a_chat_message_is_an_error(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="chat=True takes text prompts"):
+        tiny_llm.generate([[5, 6, 7]], GREEDY, chat=True)

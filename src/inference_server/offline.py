@@ -131,8 +131,10 @@ class LLM:
         requests = []
         for prompt, p in zip(prompts, per_prompt, strict=True):
             if chat:
+                if not isinstance(prompt, str):  # str() of token ids would send "[5, 6, 7]" as the message
+                    raise ValueError("chat=True takes text prompts (each one user message), not token ids")
                 requests.append(GenerationRequest(params=self.chat_stops.apply(p),
-                                                  messages=(ChatMessage("user", str(prompt)),)))
+                                                  messages=(ChatMessage("user", prompt),)))
             elif isinstance(prompt, str):
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
