@@ -62,3 +62,13 @@ def test_an_interrupted_generate_raises_keyboard_interrupt_and_the_llm_stays_usa
 def test_a_token_id_prompt_as_a_chat_message_is_an_error(tiny_llm: LLM) -> None:
     with pytest.raises(ValueError, match="chat=True takes text prompts"):
         tiny_llm.generate([[5, 6, 7]], GREEDY, chat=True)
+
+
+def test_logprobs_return_the_top_alternatives_of_every_token(tiny_llm: LLM) -> None:
+    [completion] = tiny_llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, logprobs=2))
+    assert len(completion.top_logprobs) == len(completion.token_ids) == 3
+    for token_id, logprob, top in zip(completion.token_ids, completion.logprobs, completion.top_logprobs,
+                                      strict=True):
+        assert len(top) == 2
+        assert top[0][0] == token_id and top[0][1] == pytest.approx(logprob)  # greedy: the best one
+        assert top[0][1] >= top[1][1]

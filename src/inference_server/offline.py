@@ -32,6 +32,10 @@ class Completion:
     prompt_tokens: int
     error: str | None = None
     logprobs: tuple[float, ...] = ()
+    """Each output token's logprob (with ``SamplingParams.logprobs`` set)."""
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per output token, the ``SamplingParams.logprobs`` best (token id, logprob) pairs, best first (what the
+    HTTP routes return as ``top_logprobs``)."""
     prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # with ``SamplingParams.prompt_logprobs``
 
 
@@ -45,7 +49,8 @@ async def collect(handle: RequestHandle) -> Completion:
             return Completion("", (), "error", 0, error=f"{error.code}: {error.message}")
     return Completion("".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
                       result.finish_reason or "error", prompt_tokens, result.error,
-                      tuple(t.logprob for t in result.tokens), result.prompt_logprobs)
+                      tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens),
+                      result.prompt_logprobs)
 
 
 async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
