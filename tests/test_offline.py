@@ -72,3 +72,11 @@ def test_logprobs_return_the_top_alternatives_of_every_token(tiny_llm: LLM) -> N
         assert len(top) == 2
         assert top[0][0] == token_id and top[0][1] == pytest.approx(logprob)  # greedy: the best one
         assert top[0][1] >= top[1][1]
+
+
+def test_max_tokens_none_is_capped_at_default_max_tokens() -> None:
+    """As ``SamplingParams.max_tokens`` and ``DEFAULT_MAX_TOKENS`` document: not the rest of the context."""
+    llm = LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024,
+                       default_max_tokens=5))
+    [completion] = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
+    assert len(completion.token_ids) == 5 and completion.finish_reason == "length"
