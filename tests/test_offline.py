@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 import pytest
+import trio
 
 from inference_server import offline
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
 from inference_server.offline import LLM, Completion
+from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
+from inference_server.supervisor import EngineParts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
 
@@ -80,3 +84,40 @@ def test_max_tokens_none_is_capped_at_default_max_tokens() -> None:
                        default_max_tokens=5))
     [completion] = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
     assert len(completion.token_ids) == 5 and completion.finish_reason == "length"
+
+
+def test_calls_from_two_threads_take_turns(tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call's request holds KV while a second thread calls generate: the second waits for the first
+    (both engines would use the same KV manager and runner) and both complete."""
+    [expected] = tiny_llm.generate([[5, 6, 7]], GREEDY)
+    runs: list[int] = []
+    second_run = threading.Event()
+    real_generate_with, real_collect = offline.generate_with, offline.collect
+
+    async def counted(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        runs.append(len(runs))
+        if len(runs) == 2:
+            second_run.set()
+        return await real_generate_with(parts, requests)
+
+    async def first_waits(handle: RequestHandle) -> Completion:
+        if len(runs) == 1:  # the first run, its request submitted: give the other thread its chance to start
+            await trio.to_thread.run_sync(second_run.wait, 1.0)
+        return await real_collect(handle)
+
+    monkeypatch.setattr(offline, "generate_with", counted)
+    monkeypatch.setattr(offline, "collect", first_waits)
+    results: list[list[Completion] | BaseException] = []
+
+    def call() -> None:
+        try:
+            results.append(tiny_llm.generate([[5, 6, 7]], GREEDY))
+        except BaseException as error:  # the assertion below shows it
+            results.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert results == [[expected], [expected]]

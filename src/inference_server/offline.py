@@ -6,6 +6,7 @@ stream to its terminal update and shuts the engine down cleanly.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -111,6 +112,9 @@ class LLM:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.built: BuiltEngine = build_engine_parts(self.settings)
+        self.running = threading.Lock()
+        """Held by a ``generate`` call: every call runs an engine over the same KV manager and runner, so calls
+        from several threads take turns (two engines at once would both number their requests from 1)."""
         self.stale = False
         """Whether a ``generate`` ended by an exception (Ctrl-C, an actor crash): its engine was cancelled
         mid-step, so the KV manager, the step pipeline and the runner may still hold its requests, and the
@@ -144,6 +148,11 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
                 requests.append(GenerationRequest(params=p, prompt_ids=tuple(prompt)))
+        with self.running:
+            return self._run(requests)
+
+    def _run(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """One engine run over the shared parts (the caller holds ``running``)."""
         if self.stale:
             del self.built  # the old model's memory goes before the new one loads
             self.built = build_engine_parts(self.settings)
