@@ -121,3 +121,9 @@ def test_calls_from_two_threads_take_turns(tiny_llm: LLM, monkeypatch: pytest.Mo
     for thread in threads:
         thread.join(timeout=120)
     assert results == [[expected], [expected]]
+
+
+def test_without_params_a_prompt_samples_with_the_defaults(tiny_llm: LLM) -> None:
+    [completion] = tiny_llm.generate([5, 6, 7])  # vLLM's LLM.generate(prompts): SamplingParams()
+    assert completion.error is None and completion.prompt_tokens == 3
+    assert 1 <= len(completion.token_ids) <= 16  # SamplingParams().max_tokens

@@ -126,13 +126,17 @@ class LLM:
     def tokenizer(self):
         return self.built.loaded.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, chat: bool = False) -> list[Completion]:
         """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
-        one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt."""
+        one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt; None:
+        ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params)."""
         from inference_server.records.requests import ChatMessage
 
         prompts = prompt_list(prompts)
+        if params is None:
+            params = SamplingParams()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams: give one for every "
