@@ -127,3 +127,15 @@ def test_without_params_a_prompt_samples_with_the_defaults(tiny_llm: LLM) -> Non
     [completion] = tiny_llm.generate([5, 6, 7])  # vLLM's LLM.generate(prompts): SamplingParams()
     assert completion.error is None and completion.prompt_tokens == 3
     assert 1 <= len(completion.token_ids) <= 16  # SamplingParams().max_tokens
+
+
+def test_a_batch_larger_than_the_admission_queue_completes_whole() -> None:
+    """MAX_QUEUE_SIZE and MAX_QUEUED_TOKENS are a server's backpressure; an offline batch past them waits."""
+    llm = LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024,
+                       max_queue_size=4, max_queued_tokens=8))
+    prompts = [[5, 6, 7 + i] for i in range(12)]
+    completions = llm.generate(prompts, GREEDY)
+    assert [c.error for c in completions] == [None] * 12
+    assert [c.prompt_tokens for c in completions] == [3] * 12
+    [alone] = llm.generate(prompts[-1], GREEDY)
+    assert completions[-1].token_ids == alone.token_ids

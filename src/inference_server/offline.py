@@ -7,6 +7,7 @@ stream to its terminal update and shuts the engine down cleanly.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -72,10 +73,70 @@ async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) 
     return engine, [r for r in results if r is not None]
 
 
+class Turnover:
+    """A batch's requests in the engine now, and those refused as ``overloaded`` that wait for a place.
+
+    Each request that ends (or gives up) hands its place to the longest waiter, one at a time: waking every
+    waiter at each end would resubmit them all, to be refused again, at every one of the batch's ends."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.waiting: deque[trio.Event] = deque()
+
+    def hand_on(self) -> None:
+        """Wake the longest waiter, if any, to submit again."""
+        if self.waiting:
+            self.waiting.popleft().set()
+
+    async def wait_for_a_place(self) -> None:
+        place = trio.Event()
+        self.waiting.append(place)
+        await place.wait()
+
+
+def is_overloaded(completion: Completion) -> bool:
+    """Whether the engine refused the request as ``overloaded`` (a full admission queue, the queued-token cap
+    or the KV backlog): a refusal that a later submission can change."""
+    return completion.error is not None and completion.error.partition(":")[0] == "overloaded"
+
+
+async def collect_through_overload(engine: Engine, request: GenerationRequest, turnover: Turnover) -> Completion:
+    """Submit ``request`` and read it to its end; refused as ``overloaded`` while other requests of the batch
+    are in flight, submit it again once one of them ends. The engine's caps (``MAX_QUEUE_SIZE``,
+    ``MAX_QUEUED_TOKENS``, the admission timeout) are a server's backpressure for its clients; an offline
+    batch is one client that waits, so a batch larger than the queue completes whole (as vLLM's
+    ``LLM.generate`` does) instead of its excess ending ``overloaded``."""
+    while True:
+        turnover.in_flight += 1
+        try:
+            completion = await collect(engine.submit(request))
+        finally:
+            turnover.in_flight -= 1
+        if is_overloaded(completion) and turnover.in_flight > 0:
+            # a later end of one of those in flight hands this request a place (the last of them to end or be
+            # refused always hands one on, so no waiter is left behind)
+            await turnover.wait_for_a_place()
+            continue
+        turnover.hand_on()  # an end, or a refusal with nothing else in the engine (it cannot fit): a place
+        return completion
+
+
 async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """The completions of ``requests`` on a fresh engine over ``parts``."""
-    _, completions = await run_engine(parts, requests)
-    return completions
+    """The completions of ``requests``, in order, on a fresh engine over ``parts`` (the engine stopped after);
+    requests refused as ``overloaded`` are submitted again as the batch's others end."""
+    results: list[Completion | None] = [None] * len(requests)
+    turnover = Turnover()
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        async with trio.open_nursery() as clients:
+            for index, request in enumerate(requests):
+
+                async def consume(i: int = index, r: GenerationRequest = request) -> None:
+                    results[i] = await collect_through_overload(engine, r, turnover)
+
+                clients.start_soon(consume)
+        engine.close()
+    return [r for r in results if r is not None]
 
 
 Prompt: TypeAlias = str | Sequence[int]
