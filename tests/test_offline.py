@@ -139,3 +139,14 @@ def test_a_batch_larger_than_the_admission_queue_completes_whole() -> None:
     assert [c.prompt_tokens for c in completions] == [3] * 12
     [alone] = llm.generate(prompts[-1], GREEDY)
     assert completions[-1].token_ids == alone.token_ids
+
+
+def test_vllm_prompt_dicts_are_prompts_and_anything_else_is_a_type_error(tiny_llm: LLM) -> None:
+    [by_ids] = tiny_llm.generate([5, 6, 7], GREEDY)
+    [single] = tiny_llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY)
+    [listed, text] = tiny_llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt": "hi"}], GREEDY)
+    assert single.token_ids == listed.token_ids == by_ids.token_ids
+    assert text.error is not None and "no tokenizer" in text.error  # a text prompt, not the text "prompt"
+    for bad in ({"prompt": "hi", "multi_modal_data": {}}, [1.5, 2.0], [[5, None]], 7):
+        with pytest.raises(TypeError, match="a prompt"):
+            tiny_llm.generate(bad, GREEDY)  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 import trio
@@ -139,20 +139,36 @@ async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest
     return [r for r in results if r is not None]
 
 
-Prompt: TypeAlias = str | Sequence[int]
-"""One prompt of the offline API: text, or token ids."""
+Prompt: TypeAlias = str | Sequence[int] | Mapping[str, Any]
+"""One prompt of the offline API: text, token ids, or vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``."""
 
 
-def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    """``prompts`` as a list of prompts: one text or one token-id list is a batch of one (vLLM's
-    ``LLM.generate`` takes either). Without this a string was iterated into one prompt per character and a
-    token-id list into one prompt per id."""
-    if isinstance(prompts, str):
-        return [prompts]
+def one_prompt(item: object) -> str | tuple[int, ...]:
+    """``item`` as text or token ids; raises ``TypeError`` naming anything else (without it, a dict was
+    iterated as its keys: ``{"prompt": "Hi"}`` completed the text "prompt")."""
+    if isinstance(item, Mapping):
+        if set(item) == {"prompt"} and isinstance(item["prompt"], str):
+            return item["prompt"]
+        if set(item) != {"prompt_token_ids"}:
+            raise TypeError(f"a prompt dict is {{'prompt': text}} or {{'prompt_token_ids': ids}}, got {item!r:.100}")
+        item = item["prompt_token_ids"]
+    if isinstance(item, str):
+        return item
+    if isinstance(item, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        return tuple(item)
+    raise TypeError(f"a prompt is text, token ids or a dict of either, got {item!r:.100}")
+
+
+def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | tuple[int, ...]]:
+    """``prompts`` as a list of prompts: one text, one token-id list or one prompt dict is a batch of one
+    (vLLM's ``LLM.generate`` takes either). Without this a string was iterated into one prompt per character
+    and a token-id list into one prompt per id."""
+    if isinstance(prompts, str | Mapping) or not isinstance(prompts, Iterable):
+        return [one_prompt(prompts)]  # one prompt, or a TypeError naming what is not one
     items = list(prompts)
     if items and all(isinstance(item, int) for item in items):
-        return [items]  # type: ignore[list-item]  # a list of ints is one token-id prompt
-    return items  # type: ignore[return-value]
+        return [one_prompt(items)]  # a list of ints is one token-id prompt
+    return [one_prompt(item) for item in items]
 
 
 def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
@@ -195,15 +211,15 @@ class LLM:
         ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params)."""
         from inference_server.records.requests import ChatMessage
 
-        prompts = prompt_list(prompts)
+        batch = prompt_list(prompts)
         if params is None:
             params = SamplingParams()
-        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(per_prompt) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams: give one for every "
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
+        if len(per_prompt) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(per_prompt)} SamplingParams: give one for every "
                              "prompt or one per prompt")
         requests = []
-        for prompt, p in zip(prompts, per_prompt, strict=True):
+        for prompt, p in zip(batch, per_prompt, strict=True):
             if chat:
                 if not isinstance(prompt, str):  # str() of token ids would send "[5, 6, 7]" as the message
                     raise ValueError("chat=True takes text prompts (each one user message), not token ids")
@@ -212,7 +228,7 @@ class LLM:
             elif isinstance(prompt, str):
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
-                requests.append(GenerationRequest(params=p, prompt_ids=tuple(prompt)))
+                requests.append(GenerationRequest(params=p, prompt_ids=prompt))
         with self.running:
             return self._run(requests)
 
