@@ -150,3 +150,14 @@ def test_vllm_prompt_dicts_are_prompts_and_anything_else_is_a_type_error(tiny_ll
     for bad in ({"prompt": "hi", "multi_modal_data": {}}, [1.5, 2.0], [[5, None]], 7):
         with pytest.raises(TypeError, match="a prompt"):
             tiny_llm.generate(bad, GREEDY)  # type: ignore[arg-type]
+
+
+def test_a_call_from_inside_a_trio_loop_is_refused_without_a_reload(tiny_llm: LLM) -> None:
+    async def inside() -> list[Completion]:
+        return tiny_llm.generate([5, 6, 7], GREEDY)
+
+    with pytest.raises(RuntimeError, match="from inside a running trio loop"):
+        trio.run(inside)
+    assert not tiny_llm.stale  # the engine never ran: the next call reuses it
+    [completion] = trio.run(trio.to_thread.run_sync, lambda: tiny_llm.generate([5, 6, 7], GREEDY))
+    assert completion.error is None

@@ -183,6 +183,15 @@ def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def in_trio_run() -> bool:
+    """Whether this thread is inside a running ``trio.run`` (where another ``trio.run`` cannot start)."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
+
+
 class LLM:
     """Load a model once; ``generate`` runs batches of prompts through the actor engine."""
 
@@ -229,6 +238,9 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
                 requests.append(GenerationRequest(params=p, prompt_ids=prompt))
+        if in_trio_run():  # before trio.run refuses it: that refusal would mark the engine stale for nothing
+            raise RuntimeError("LLM.generate runs its own trio.run: call it from a thread "
+                               "(trio.to_thread.run_sync), not from inside a running trio loop")
         with self.running:
             return self._run(requests)
 
