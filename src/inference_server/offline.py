@@ -1,7 +1,9 @@
 """Offline Python API: ``LLM(settings).generate(prompts, params)``, through the same actors as the server.
 
-Each ``generate`` call runs the engine under its own ``trio.run``, submits every prompt, collects each
-stream to its terminal update and shuts the engine down cleanly.
+Each ``generate`` call runs the engine under its own ``trio.run``, submits every prompt (again, as others
+end, those the engine refused as overloaded), collects each stream to its terminal update and shuts the
+engine down cleanly. Calls on one ``LLM`` take turns; one ended by an exception leaves the next to rebuild
+the engine parts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
 from inference_server.engine_factory import BuiltEngine, build_engine_parts
 from inference_server.models.chat_templates import ChatStops
+from inference_server.models.tokenizer import Tokenizer
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
@@ -209,7 +212,8 @@ class LLM:
         """The chat template's turn markers, added to chat requests' stops as the HTTP chat route does."""
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer (None for a preset with dummy weights: token-id prompts only)."""
         return self.built.loaded.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
