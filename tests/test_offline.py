@@ -161,3 +161,19 @@ def test_a_call_from_inside_a_trio_loop_is_refused_without_a_reload(tiny_llm: LL
     assert not tiny_llm.stale  # the engine never ran: the next call reuses it
     [completion] = trio.run(trio.to_thread.run_sync, lambda: tiny_llm.generate([5, 6, 7], GREEDY))
     assert completion.error is None
+
+
+def test_a_rebuild_that_fails_is_tried_again_at_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024))
+    llm.stale = True  # as after an interrupted call
+    real_build = offline.build_engine_parts
+
+    def out_of_memory(settings: Settings) -> object:
+        raise MemoryError("injected: the reload failed")
+
+    monkeypatch.setattr(offline, "build_engine_parts", out_of_memory)
+    with pytest.raises(MemoryError):
+        llm.generate([5, 6, 7], GREEDY)
+    monkeypatch.setattr(offline, "build_engine_parts", real_build)
+    [completion] = llm.generate([5, 6, 7], GREEDY)
+    assert completion.error is None and not llm.stale

@@ -251,7 +251,9 @@ class LLM:
     def _run(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """One engine run over the shared parts (the caller holds ``running``)."""
         if self.stale:
-            del self.built  # the old model's memory goes before the new one loads
+            # the old model's memory goes before the new one loads; popped, not deleted: after a rebuild that
+            # raised (it stays stale) there is no old one left, and the next call must try again, not fail here
+            vars(self).pop("built", None)
             self.built = build_engine_parts(self.settings)
             self.stale = False
         try:
