@@ -158,7 +158,8 @@ class SamplingParams:
         max_tokens, logprobs = self.max_tokens, self.logprobs
         scoring = self.prompt_logprobs is not None
         ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= (0 if scoring else 1))
-        _require(ok_max, "max_tokens", "an integer >= 1 (0 only with prompt_logprobs or echo)", max_tokens)
+        _require(ok_max, "max_tokens", "an integer >= 1 (0 only with prompt_logprobs, or echo on /v1/completions)",
+                 max_tokens)
         ok_logprobs = logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS)
         _require(ok_logprobs, "logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
         prompt_logprobs = self.prompt_logprobs
