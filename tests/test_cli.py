@@ -47,3 +47,14 @@ def test_an_invalid_faults_flag_stops_serve_before_anything_loads(capsys: pytest
     assert main(["serve", "--faults", "step_error=0.1,alloc_refuse"]) == 2
     assert "FAULTS='step_error=0.1,alloc_refuse' is invalid: item 'alloc_refuse' is not name=value" \
         in capsys.readouterr().err
+
+
+def test_ctrl_c_during_generate_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inference_server import offline
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt  # what LLM.generate raises on Ctrl-C
+
+    monkeypatch.setattr(offline.LLM, "generate", interrupted)
+    assert main(["generate", "hi", "--model", "gemma-4-31b-tiny", "--dummy-weights", "--device", "cpu",
+                 "--kv-cache-tokens", "1024"]) == 130

@@ -120,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # offline.LLM.generate unwraps a Ctrl-C from trio's exception groups
+        return 130
     except BaseExceptionGroup as group:  # an actor crashed: every request already got its terminal error
         if group.subgroup(KeyboardInterrupt) is not None:
             return 130

@@ -118,10 +118,11 @@ class Settings:
                                         "responses and metrics report. Empty: derived from MODEL.")
     max_model_len: int = _field(0, "Longest context (prompt + output) in tokens; 0: the model's own limit, "
                                    "capped at 8192 on CPU.", minimum=0)
-    default_max_tokens: int = _field(1024, "Output cap (tokens) of a chat request that sets no max_tokens: the "
-                                           "reply stops at min(this, the rest of the context) with finish_reason "
-                                           "length. /v1/completions and /generate keep OpenAI's 16. 0: the rest "
-                                           "of the context.", minimum=0)
+    default_max_tokens: int = _field(1024, "Output cap (tokens) of a request that sets no max_tokens (a chat "
+                                           "request, or the offline LLM's max_tokens=None): the reply stops at "
+                                           "min(this, the rest of the context) with finish_reason length. "
+                                           "/v1/completions and /generate keep OpenAI's 16. 0: the rest of the "
+                                           "context.", minimum=0)
     max_batch_size: int = _field(256, "Most sequences in one step.", minimum=1)
     max_num_batched_tokens: int = _field(0, "Token budget of one step (prefill chunks plus decodes); 0: 2048 "
                                             "on CUDA, 256 elsewhere (a CPU step stays about a second long, "

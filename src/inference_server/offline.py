@@ -1,12 +1,17 @@
 """Offline Python API: ``LLM(settings).generate(prompts, params)``, through the same actors as the server.
 
-Each ``generate`` call runs the engine under its own ``trio.run``, submits every prompt, collects each
-stream to its terminal update and shuts the engine down cleanly.
+Each ``generate`` call runs the engine under its own ``trio.run``, submits every prompt (again, as others
+end, those the engine refused as overloaded), collects each stream to its terminal update and shuts the
+engine down cleanly. Calls on one ``LLM`` take turns; one ended by an exception leaves the next to rebuild
+the engine parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 import trio
@@ -15,6 +20,7 @@ from inference_server.actors.request_handle import RequestHandle
 from inference_server.config import Settings
 from inference_server.engine_factory import BuiltEngine, build_engine_parts
 from inference_server.models.chat_templates import ChatStops
+from inference_server.models.tokenizer import Tokenizer
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest, PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
@@ -31,6 +37,10 @@ class Completion:
     prompt_tokens: int
     error: str | None = None
     logprobs: tuple[float, ...] = ()
+    """Each output token's logprob (with ``SamplingParams.logprobs`` set)."""
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per output token, the ``SamplingParams.logprobs`` best (token id, logprob) pairs, best first (what the
+    HTTP routes return as ``top_logprobs``)."""
     prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # with ``SamplingParams.prompt_logprobs``
 
 
@@ -44,7 +54,8 @@ async def collect(handle: RequestHandle) -> Completion:
             return Completion("", (), "error", 0, error=f"{error.code}: {error.message}")
     return Completion("".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
                       result.finish_reason or "error", prompt_tokens, result.error,
-                      tuple(t.logprob for t in result.tokens), result.prompt_logprobs)
+                      tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens),
+                      result.prompt_logprobs)
 
 
 async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
@@ -65,37 +76,191 @@ async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) 
     return engine, [r for r in results if r is not None]
 
 
+class Turnover:
+    """A batch's requests in the engine now, and those refused as ``overloaded`` that wait for a place.
+
+    Each request that ends (or gives up) hands its place to the longest waiter, one at a time: waking every
+    waiter at each end would resubmit them all, to be refused again, at every one of the batch's ends."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.waiting: deque[trio.Event] = deque()
+
+    def hand_on(self) -> None:
+        """Wake the longest waiter, if any, to submit again."""
+        if self.waiting:
+            self.waiting.popleft().set()
+
+    async def wait_for_a_place(self) -> None:
+        place = trio.Event()
+        self.waiting.append(place)
+        await place.wait()
+
+
+def is_overloaded(completion: Completion) -> bool:
+    """Whether the engine refused the request as ``overloaded`` (a full admission queue, the queued-token cap
+    or the KV backlog): a refusal that a later submission can change."""
+    return completion.error is not None and completion.error.partition(":")[0] == "overloaded"
+
+
+async def collect_through_overload(engine: Engine, request: GenerationRequest, turnover: Turnover) -> Completion:
+    """Submit ``request`` and read it to its end; refused as ``overloaded`` while other requests of the batch
+    are in flight, submit it again once one of them ends. The engine's caps (``MAX_QUEUE_SIZE``,
+    ``MAX_QUEUED_TOKENS``, the admission timeout) are a server's backpressure for its clients; an offline
+    batch is one client that waits, so a batch larger than the queue completes whole (as vLLM's
+    ``LLM.generate`` does) instead of its excess ending ``overloaded``."""
+    while True:
+        turnover.in_flight += 1
+        try:
+            completion = await collect(engine.submit(request))
+        finally:
+            turnover.in_flight -= 1
+        if is_overloaded(completion) and turnover.in_flight > 0:
+            # a later end of one of those in flight hands this request a place (the last of them to end or be
+            # refused always hands one on, so no waiter is left behind)
+            await turnover.wait_for_a_place()
+            continue
+        turnover.hand_on()  # an end, or a refusal with nothing else in the engine (it cannot fit): a place
+        return completion
+
+
 async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """The completions of ``requests`` on a fresh engine over ``parts``."""
-    _, completions = await run_engine(parts, requests)
-    return completions
+    """The completions of ``requests``, in order, on a fresh engine over ``parts`` (the engine stopped after);
+    requests refused as ``overloaded`` are submitted again as the batch's others end."""
+    results: list[Completion | None] = [None] * len(requests)
+    turnover = Turnover()
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(parts).run)
+        async with trio.open_nursery() as clients:
+            for index, request in enumerate(requests):
+
+                async def consume(i: int = index, r: GenerationRequest = request) -> None:
+                    results[i] = await collect_through_overload(engine, r, turnover)
+
+                clients.start_soon(consume)
+        engine.close()
+    return [r for r in results if r is not None]
+
+
+Prompt: TypeAlias = str | Sequence[int] | Mapping[str, Any]
+"""One prompt of the offline API: text, token ids, or vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``."""
+
+
+def one_prompt(item: object) -> str | tuple[int, ...]:
+    """``item`` as text or token ids; raises ``TypeError`` naming anything else (without it, a dict was
+    iterated as its keys: ``{"prompt": "Hi"}`` completed the text "prompt")."""
+    if isinstance(item, Mapping):
+        if set(item) == {"prompt"} and isinstance(item["prompt"], str):
+            return item["prompt"]
+        if set(item) != {"prompt_token_ids"}:
+            raise TypeError(f"a prompt dict is {{'prompt': text}} or {{'prompt_token_ids': ids}}, got {item!r:.100}")
+        item = item["prompt_token_ids"]
+    if isinstance(item, str):
+        return item
+    if isinstance(item, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        return tuple(item)
+    raise TypeError(f"a prompt is text, token ids or a dict of either, got {item!r:.100}")
+
+
+def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | tuple[int, ...]]:
+    """``prompts`` as a list of prompts: one text, one token-id list or one prompt dict is a batch of one
+    (vLLM's ``LLM.generate`` takes either). Without this a string was iterated into one prompt per character
+    and a token-id list into one prompt per id."""
+    if isinstance(prompts, str | Mapping) or not isinstance(prompts, Iterable):
+        return [one_prompt(prompts)]  # one prompt, or a TypeError naming what is not one
+    items = list(prompts)
+    if items and all(isinstance(item, int) for item in items):
+        return [one_prompt(items)]  # a list of ints is one token-id prompt
+    return [one_prompt(item) for item in items]
+
+
+def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
+    """The ``KeyboardInterrupt`` inside ``error`` (trio wraps a Ctrl-C that reached a task in its nurseries'
+    exception groups, where a caller's ``except KeyboardInterrupt`` cannot see it), or None."""
+    if isinstance(error, KeyboardInterrupt):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        interrupts, _ = error.split(KeyboardInterrupt)
+        if interrupts is not None:
+            return KeyboardInterrupt()
+    return None
+
+
+def in_trio_run() -> bool:
+    """Whether this thread is inside a running ``trio.run`` (where another ``trio.run`` cannot start)."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
 
 
 class LLM:
     """Load a model once; ``generate`` runs batches of prompts through the actor engine."""
 
     def __init__(self, settings: Settings | None = None) -> None:
-        self.built: BuiltEngine = build_engine_parts(settings or Settings())
+        self.settings = settings or Settings()
+        self.built: BuiltEngine = build_engine_parts(self.settings)
+        self.running = threading.Lock()
+        """Held by a ``generate`` call: every call runs an engine over the same KV manager and runner, so calls
+        from several threads take turns (two engines at once would both number their requests from 1)."""
+        self.stale = False
+        """Whether a ``generate`` ended by an exception (Ctrl-C, an actor crash): its engine was cancelled
+        mid-step, so the KV manager, the step pipeline and the runner may still hold its requests, and the
+        next call rebuilds the engine parts (reloading the model) instead of reusing them."""
         self.chat_stops = ChatStops.of(self.built.loaded.tokenizer, self.built.parts.eos_token_ids)
         """The chat template's turn markers, added to chat requests' stops as the HTTP chat route does."""
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer (None for a preset with dummy weights: token-id prompts only)."""
         return self.built.loaded.tokenizer
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, chat: bool = False) -> list[Completion]:
-        """Complete each prompt (text, token ids, or a user message when ``chat``)."""
+        """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
+        one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt; None:
+        ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params)."""
         from inference_server.records.requests import ChatMessage
 
-        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        batch = prompt_list(prompts)
+        if params is None:
+            params = SamplingParams()
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
+        if len(per_prompt) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(per_prompt)} SamplingParams: give one for every "
+                             "prompt or one per prompt")
         requests = []
-        for prompt, p in zip(prompts, per_prompt, strict=True):
+        for prompt, p in zip(batch, per_prompt, strict=True):
             if chat:
+                if not isinstance(prompt, str):  # str() of token ids would send "[5, 6, 7]" as the message
+                    raise ValueError("chat=True takes text prompts (each one user message), not token ids")
                 requests.append(GenerationRequest(params=self.chat_stops.apply(p),
-                                                  messages=(ChatMessage("user", str(prompt)),)))
+                                                  messages=(ChatMessage("user", prompt),)))
             elif isinstance(prompt, str):
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
-                requests.append(GenerationRequest(params=p, prompt_ids=tuple(prompt)))
-        return trio.run(generate_with, self.built.parts, requests)
+                requests.append(GenerationRequest(params=p, prompt_ids=prompt))
+        if in_trio_run():  # before trio.run refuses it: that refusal would mark the engine stale for nothing
+            raise RuntimeError("LLM.generate runs its own trio.run: call it from a thread "
+                               "(trio.to_thread.run_sync), not from inside a running trio loop")
+        with self.running:
+            return self._run(requests)
+
+    def _run(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """One engine run over the shared parts (the caller holds ``running``)."""
+        if self.stale:
+            # the old model's memory goes before the new one loads; popped, not deleted: after a rebuild that
+            # raised (it stays stale) there is no old one left, and the next call must try again, not fail here
+            vars(self).pop("built", None)
+            self.built = build_engine_parts(self.settings)
+            self.stale = False
+        try:
+            return trio.run(generate_with, self.built.parts, requests)
+        except BaseException as error:
+            self.stale = True
+            interrupt = interrupt_of(error)
+            if interrupt is None or interrupt is error:
+                raise
+            raise interrupt from error

@@ -100,3 +100,9 @@ def test_min_tokens_stop_ids_follow_ignore_eos() -> None:
     params = SamplingParams(min_tokens=2, stop_token_ids=(9, 4), eos_token_ids=(1,))
     assert params.min_tokens_stop_ids() == (1, 4, 9)
     assert attrs.evolve(params, ignore_eos=True).min_tokens_stop_ids() == (4, 9)
+
+
+def test_max_tokens_zero_error_names_echo_as_the_completions_field() -> None:
+    """/generate and the offline API have no ``echo``: the message says where that field lives."""
+    with pytest.raises(ValueError, match=r"\(0 only with prompt_logprobs, or echo on /v1/completions\)"):
+        SamplingParams(max_tokens=0).validate()

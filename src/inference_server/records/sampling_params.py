@@ -55,8 +55,9 @@ class SamplingParams:
     seed: int | None = None
     """Per-request seed: the same seed, prompt and params give the same tokens. None = unseeded."""
     max_tokens: int | None = 16
-    """Most output tokens to generate (finish reason ``"length"`` when reached). ``None``: the rest of the
-    context (admission resolves it to ``max_model_len`` minus the prompt before the request is queued).
+    """Most output tokens to generate (finish reason ``"length"`` when reached). ``None``: admission resolves
+    it before the request is queued to ``DEFAULT_MAX_TOKENS`` (1024 by default), never more than the rest of
+    the context (``max_model_len`` minus the prompt); with ``DEFAULT_MAX_TOKENS=0``, the rest of the context.
     ``0`` (only with ``prompt_logprobs``): only the prompt is computed (scoring); the request ends
     ``"length"`` with no output token."""
     stop: tuple[str, ...] = ()
@@ -157,7 +158,8 @@ class SamplingParams:
         max_tokens, logprobs = self.max_tokens, self.logprobs
         scoring = self.prompt_logprobs is not None
         ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= (0 if scoring else 1))
-        _require(ok_max, "max_tokens", "an integer >= 1 (0 only with prompt_logprobs or echo)", max_tokens)
+        _require(ok_max, "max_tokens", "an integer >= 1 (0 only with prompt_logprobs, or echo on /v1/completions)",
+                 max_tokens)
         ok_logprobs = logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS)
         _require(ok_logprobs, "logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
         prompt_logprobs = self.prompt_logprobs

@@ -1,0 +1,179 @@
+"""The offline ``LLM`` API as vLLM's users call it: one prompt or a batch, one SamplingParams or one each."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import pytest
+import trio
+
+from inference_server import offline
+from inference_server.actors.request_handle import RequestHandle
+from inference_server.config import Settings
+from inference_server.offline import LLM, Completion
+from inference_server.records.requests import GenerationRequest
+from inference_server.records.sampling_params import SamplingParams
+from inference_server.supervisor import EngineParts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm() -> Iterator[LLM]:
+    """A tiny dummy-weight model (no tokenizer: token-id prompts; text prompts end with a request error)."""
+    yield LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024))
+
+
+def test_one_token_id_prompt_is_a_batch_of_one(tiny_llm: LLM) -> None:
+    [single] = tiny_llm.generate([5, 6, 7], GREEDY)
+    [batched] = tiny_llm.generate([[5, 6, 7]], GREEDY)
+    assert single.prompt_tokens == 3 and single.finish_reason == "length"
+    assert single.token_ids == batched.token_ids
+
+
+def test_one_text_prompt_is_a_batch_of_one(tiny_llm: LLM) -> None:
+    completions = tiny_llm.generate("hello", GREEDY)  # not one prompt per character
+    assert len(completions) == 1
+
+
+def test_params_of_another_length_than_the_prompts_is_a_clear_error(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
+        tiny_llm.generate([[5, 6], [7, 8]], [GREEDY])
+
+
+def test_an_interrupted_generate_raises_keyboard_interrupt_and_the_llm_stays_usable(
+        tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C mid-generate (KeyboardInterrupt raised in a task while the request holds KV and the runner's
+    state): the caller's ``except KeyboardInterrupt`` sees it, and the next call completes as a fresh one."""
+    long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    [expected] = tiny_llm.generate([[5, 6, 7]], long)
+
+    async def interrupted(handle: RequestHandle) -> Completion:
+        async with handle:
+            await handle.admission()
+            await anext(handle)  # a first token: the request is scheduled and holds KV
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(offline, "collect", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            tiny_llm.generate([[5, 6, 7], [8, 9]], long)
+    [again] = tiny_llm.generate([[5, 6, 7]], long)
+    assert again == expected
+
+
+def test_a_token_id_prompt_as_a_chat_message_is_an_error(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="chat=True takes text prompts"):
+        tiny_llm.generate([[5, 6, 7]], GREEDY, chat=True)
+
+
+def test_logprobs_return_the_top_alternatives_of_every_token(tiny_llm: LLM) -> None:
+    [completion] = tiny_llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, logprobs=2))
+    assert len(completion.top_logprobs) == len(completion.token_ids) == 3
+    for token_id, logprob, top in zip(completion.token_ids, completion.logprobs, completion.top_logprobs,
+                                      strict=True):
+        assert len(top) == 2
+        assert top[0][0] == token_id and top[0][1] == pytest.approx(logprob)  # greedy: the best one
+        assert top[0][1] >= top[1][1]
+
+
+def test_max_tokens_none_is_capped_at_default_max_tokens() -> None:
+    """As ``SamplingParams.max_tokens`` and ``DEFAULT_MAX_TOKENS`` document: not the rest of the context."""
+    llm = LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024,
+                       default_max_tokens=5))
+    [completion] = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
+    assert len(completion.token_ids) == 5 and completion.finish_reason == "length"
+
+
+def test_calls_from_two_threads_take_turns(tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call's request holds KV while a second thread calls generate: the second waits for the first
+    (both engines would use the same KV manager and runner) and both complete."""
+    [expected] = tiny_llm.generate([[5, 6, 7]], GREEDY)
+    runs: list[int] = []
+    second_run = threading.Event()
+    real_generate_with, real_collect = offline.generate_with, offline.collect
+
+    async def counted(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        runs.append(len(runs))
+        if len(runs) == 2:
+            second_run.set()
+        return await real_generate_with(parts, requests)
+
+    async def first_waits(handle: RequestHandle) -> Completion:
+        if len(runs) == 1:  # the first run, its request submitted: give the other thread its chance to start
+            await trio.to_thread.run_sync(second_run.wait, 1.0)
+        return await real_collect(handle)
+
+    monkeypatch.setattr(offline, "generate_with", counted)
+    monkeypatch.setattr(offline, "collect", first_waits)
+    results: list[list[Completion] | BaseException] = []
+
+    def call() -> None:
+        try:
+            results.append(tiny_llm.generate([[5, 6, 7]], GREEDY))
+        except BaseException as error:  # the assertion below shows it
+            results.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert results == [[expected], [expected]]
+
+
+def test_without_params_a_prompt_samples_with_the_defaults(tiny_llm: LLM) -> None:
+    [completion] = tiny_llm.generate([5, 6, 7])  # vLLM's LLM.generate(prompts): SamplingParams()
+    assert completion.error is None and completion.prompt_tokens == 3
+    assert 1 <= len(completion.token_ids) <= 16  # SamplingParams().max_tokens
+
+
+def test_a_batch_larger_than_the_admission_queue_completes_whole() -> None:
+    """MAX_QUEUE_SIZE and MAX_QUEUED_TOKENS are a server's backpressure; an offline batch past them waits."""
+    llm = LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024,
+                       max_queue_size=4, max_queued_tokens=8))
+    prompts = [[5, 6, 7 + i] for i in range(12)]
+    completions = llm.generate(prompts, GREEDY)
+    assert [c.error for c in completions] == [None] * 12
+    assert [c.prompt_tokens for c in completions] == [3] * 12
+    [alone] = llm.generate(prompts[-1], GREEDY)
+    assert completions[-1].token_ids == alone.token_ids
+
+
+def test_vllm_prompt_dicts_are_prompts_and_anything_else_is_a_type_error(tiny_llm: LLM) -> None:
+    [by_ids] = tiny_llm.generate([5, 6, 7], GREEDY)
+    [single] = tiny_llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY)
+    [listed, text] = tiny_llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt": "hi"}], GREEDY)
+    assert single.token_ids == listed.token_ids == by_ids.token_ids
+    assert text.error is not None and "no tokenizer" in text.error  # a text prompt, not the text "prompt"
+    for bad in ({"prompt": "hi", "multi_modal_data": {}}, [1.5, 2.0], [[5, None]], 7):
+        with pytest.raises(TypeError, match="a prompt"):
+            tiny_llm.generate(bad, GREEDY)  # type: ignore[arg-type]
+
+
+def test_a_call_from_inside_a_trio_loop_is_refused_without_a_reload(tiny_llm: LLM) -> None:
+    async def inside() -> list[Completion]:
+        return tiny_llm.generate([5, 6, 7], GREEDY)
+
+    with pytest.raises(RuntimeError, match="from inside a running trio loop"):
+        trio.run(inside)
+    assert not tiny_llm.stale  # the engine never ran: the next call reuses it
+    [completion] = trio.run(trio.to_thread.run_sync, lambda: tiny_llm.generate([5, 6, 7], GREEDY))
+    assert completion.error is None
+
+
+def test_a_rebuild_that_fails_is_tried_again_at_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = LLM(Settings(model="gemma-4-31b-tiny", dummy_weights=True, device="cpu", kv_cache_tokens=1024))
+    llm.stale = True  # as after an interrupted call
+    real_build = offline.build_engine_parts
+
+    def out_of_memory(settings: Settings) -> object:
+        raise MemoryError("injected: the reload failed")
+
+    monkeypatch.setattr(offline, "build_engine_parts", out_of_memory)
+    with pytest.raises(MemoryError):
+        llm.generate([5, 6, 7], GREEDY)
+    monkeypatch.setattr(offline, "build_engine_parts", real_build)
+    [completion] = llm.generate([5, 6, 7], GREEDY)
+    assert completion.error is None and not llm.stale
