@@ -46,6 +46,17 @@ def test_unknown_override_is_rejected() -> None:
         load_settings(overrides={"MAX_BATCHSIZE": "3"}, environ={}, dotenv_path=None)
 
 
+def test_a_dotenv_setting_in_another_case_is_an_error_other_keys_are_ignored(tmp_path: Path) -> None:
+    """``max_batch_size=5`` in ``.env`` was ignored silently (names are case-sensitive): it names the setting's
+    real spelling instead; a key that is no setting (another program's variable) stays ignored."""
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("HF_TOKEN=x\nmax_batch_size=5\nPort=9000\n")
+    with pytest.raises(SettingsError, match=r"Port, max_batch_size would be ignored.*\(PORT, MAX_BATCH_SIZE\)"):
+        load_settings(environ={}, dotenv_path=dotenv)
+    dotenv.write_text("HF_TOKEN=x\nMAX_BATCH_SIZE=5\n")
+    assert load_settings(environ={}, dotenv_path=dotenv).max_batch_size == 5
+
+
 def settings_help() -> list[tuple[str, str, str]]:
     """(environment name, default, help) for every setting, in declaration order: what .env.example documents."""
     rows = []

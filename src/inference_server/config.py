@@ -242,14 +242,22 @@ def load_settings(
     """Settings from defaults, then ``dotenv_path`` (if it exists), then ``environ``, then ``overrides``.
 
     Keys are environment names (``MAX_BATCH_SIZE``); unknown keys in ``overrides`` are an error, unknown
-    environment variables are ignored.
+    environment variables are ignored, and so are unknown ``.env`` keys except a setting's name in another case
+    (``max_batch_size``), an error.
     """
     from dotenv import dotenv_values
 
     fields = {env_name(f): f for f in attrs.fields(Settings)}
     layers: list[Mapping[str, str | None]] = []
     if dotenv_path is not None and Path(dotenv_path).is_file():
-        layers.append(dotenv_values(dotenv_path))
+        dotenv = dotenv_values(dotenv_path)
+        # .env may hold other programs' variables, but a setting's name in another case is a mistake that
+        # would otherwise be ignored silently (environment names are case-sensitive)
+        miscased = sorted(key for key in dotenv if key not in fields and key.upper() in fields)
+        if miscased:
+            raise SettingsError(f"{dotenv_path}: {', '.join(miscased)} would be ignored: settings are upper case "
+                                f"({', '.join(key.upper() for key in miscased)})")
+        layers.append(dotenv)
     layers.append(os.environ if environ is None else environ)
     unknown = sorted(set(overrides or {}) - set(fields))
     if unknown:
