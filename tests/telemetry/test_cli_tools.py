@@ -79,3 +79,13 @@ def test_tail_describes_every_line_the_server_sends() -> None:
     described = [tail_cli.describe(line) for line in lines]
     assert not any(text.lstrip().startswith("{") for text in described), described
     assert described[1].split() == ["2.500", "kv", "blocks", "seq", "13", "stored", "2", "removed", "3"]
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_run_without_requests_or_steps_plots_without_warnings(tmp_path: Path) -> None:
+    """A run that served nothing (started and stopped) used to print matplotlib's "No artists with labels"
+    warnings from empty legends; its plots are written quietly."""
+    from inference_server.cli.report import plot
+
+    written = plot({"requests": [], "steps": []}, tmp_path)
+    assert [path.name for path in written] == ["latency_cdf.png", "throughput_queue.png", "kv_usage.png"]

@@ -100,7 +100,7 @@ def plot(run: dict[str, Any], out: Path) -> list[Path]:
             ax.step(ordered * 1000, np.arange(1, ordered.size + 1) / ordered.size, where="post", label=name)
     ax.set(xscale="log", xlabel="milliseconds (log)", ylabel="fraction of requests", title="Latency CDFs")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    _legend(ax)
     written.append(_save(fig, out / "latency_cdf.png"))
 
     steps = run["steps"]
@@ -117,7 +117,7 @@ def plot(run: dict[str, Any], out: Path) -> list[Path]:
     bottom.set(xlabel="seconds since start", ylabel="requests", title="Queue depth")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        _legend(ax)
     written.append(_save(fig, out / "throughput_queue.png"))
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -128,9 +128,16 @@ def plot(run: dict[str, Any], out: Path) -> list[Path]:
         ax.plot([t for t, _ in sliding], [100 * u for _, u in sliding], label="sliding-window blocks")
     ax.set(xlabel="seconds since start", ylabel="% in use", ylim=(0, 100), title="KV cache usage")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    _legend(ax)
     written.append(_save(fig, out / "kv_usage.png"))
     return written
+
+
+def _legend(ax: Any) -> None:
+    """A legend when the axes have labelled lines (a run without requests or steps has none, and matplotlib
+    warns for an empty legend)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
 
 
 def _save(fig: Any, path: Path) -> Path:
