@@ -58,24 +58,6 @@ async def collect(handle: RequestHandle) -> Completion:
                       result.prompt_logprobs)
 
 
-async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
-    """Start an engine on ``parts``, run ``requests`` concurrently, stop the engine; returns the stopped
-    engine (for inspection) and one completion per request, in order."""
-    results: list[Completion | None] = [None] * len(requests)
-    async with trio.open_nursery() as nursery:
-        engine: Engine = await nursery.start(Engine(parts).run)
-        async with trio.open_nursery() as clients:
-            for index, request in enumerate(requests):
-                handle = engine.submit(request)
-
-                async def consume(i: int = index, h: RequestHandle = handle) -> None:
-                    results[i] = await collect(h)
-
-                clients.start_soon(consume)
-        engine.close()
-    return engine, [r for r in results if r is not None]
-
-
 class Turnover:
     """A batch's requests in the engine now, and those refused as ``overloaded`` that wait for a place.
 
@@ -85,6 +67,11 @@ class Turnover:
     def __init__(self) -> None:
         self.in_flight = 0
         self.waiting: deque[trio.Event] = deque()
+
+    def submit(self, engine: Engine, request: GenerationRequest) -> RequestHandle:
+        """``engine.submit(request)``, counted in flight until its ``collect_through_overload`` reads its end."""
+        self.in_flight += 1
+        return engine.submit(request)
 
     def hand_on(self) -> None:
         """Wake the longest waiter, if any, to submit again."""
@@ -103,43 +90,52 @@ def is_overloaded(completion: Completion) -> bool:
     return completion.error is not None and completion.error.partition(":")[0] == "overloaded"
 
 
-async def collect_through_overload(engine: Engine, request: GenerationRequest, turnover: Turnover) -> Completion:
-    """Submit ``request`` and read it to its end; refused as ``overloaded`` while other requests of the batch
-    are in flight, submit it again once one of them ends. The engine's caps (``MAX_QUEUE_SIZE``,
-    ``MAX_QUEUED_TOKENS``, the admission timeout) are a server's backpressure for its clients; an offline
-    batch is one client that waits, so a batch larger than the queue completes whole (as vLLM's
-    ``LLM.generate`` does) instead of its excess ending ``overloaded``."""
+async def collect_through_overload(engine: Engine, request: GenerationRequest, handle: RequestHandle,
+                                   turnover: Turnover) -> Completion:
+    """Read ``request`` (submitted as ``handle`` by ``turnover.submit``) to its end; refused as ``overloaded``
+    while other requests of the batch are in flight, submit it again once one of them ends. The engine's caps
+    (``MAX_QUEUE_SIZE``, ``MAX_QUEUED_TOKENS``, the admission timeout) are a server's backpressure for its
+    clients; an offline batch is one client that waits, so a batch larger than the queue completes whole (as
+    vLLM's ``LLM.generate`` does) instead of its excess ending ``overloaded``."""
     while True:
-        turnover.in_flight += 1
         try:
-            completion = await collect(engine.submit(request))
+            completion = await collect(handle)
         finally:
             turnover.in_flight -= 1
         if is_overloaded(completion) and turnover.in_flight > 0:
             # a later end of one of those in flight hands this request a place (the last of them to end or be
             # refused always hands one on, so no waiter is left behind)
             await turnover.wait_for_a_place()
+            handle = turnover.submit(engine, request)
             continue
         turnover.hand_on()  # an end, or a refusal with nothing else in the engine (it cannot fit): a place
         return completion
 
 
-async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """The completions of ``requests``, in order, on a fresh engine over ``parts`` (the engine stopped after);
-    requests refused as ``overloaded`` are submitted again as the batch's others end."""
+async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
+    """Start an engine on ``parts``, run ``requests`` concurrently (submitted in order; those refused as
+    ``overloaded`` again as the batch's others end, ``collect_through_overload``), stop the engine; returns the
+    stopped engine (for inspection) and one completion per request, in order."""
     results: list[Completion | None] = [None] * len(requests)
     turnover = Turnover()
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
         async with trio.open_nursery() as clients:
             for index, request in enumerate(requests):
+                handle = turnover.submit(engine, request)
 
-                async def consume(i: int = index, r: GenerationRequest = request) -> None:
-                    results[i] = await collect_through_overload(engine, r, turnover)
+                async def consume(i: int = index, r: GenerationRequest = request, h: RequestHandle = handle) -> None:
+                    results[i] = await collect_through_overload(engine, r, h, turnover)
 
                 clients.start_soon(consume)
         engine.close()
-    return [r for r in results if r is not None]
+    return engine, [r for r in results if r is not None]
+
+
+async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    """The completions of ``requests``, in order, on a fresh engine over ``parts`` (``run_engine``'s)."""
+    _, completions = await run_engine(parts, requests)
+    return completions
 
 
 Prompt: TypeAlias = str | Sequence[int] | Mapping[str, Any]
