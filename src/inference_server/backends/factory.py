@@ -94,13 +94,15 @@ def build_kv_manager(settings: Settings, spec: ModelSpec, device: torch.device, 
     geometry = KVGeometry.from_cache_layers(spec.cache_layers, dtype_bytes=dtype_bytes,
                                             block_size=settings.kv_block_size)
     budget = kv_budget(settings, geometry, device)
-    if budget < geometry.minimum_budget_bytes:  # a setting's error, not a traceback
+    try:
+        sizes = plan_pool_sizes(geometry, budget, min(settings.kv_expected_sequence_tokens, model_len))
+    except ValueError:  # the budget is below the model's minimum: a setting's error, not a traceback
         least = -(-geometry.minimum_budget_bytes // geometry.bytes_per_token)
         setting = ("KV_CACHE_TOKENS" if settings.kv_cache_tokens or device.type != "cuda"
                    else "KV_CACHE_MEMORY_FRACTION")
-        raise SettingsError(f"{setting}: the KV cache would hold {budget // geometry.bytes_per_token} tokens; this "
-                            f"model needs at least {least} (one sliding window plus one full-attention block)")
-    sizes = plan_pool_sizes(geometry, budget, min(settings.kv_expected_sequence_tokens, model_len))
+        raise SettingsError(f"{setting}: the KV cache would hold {budget // geometry.bytes_per_token} tokens; "
+                            f"this model needs at least {least} (one sliding window plus one full-attention "
+                            "block)") from None
     windows = {layer.window for layer in spec.cache_layers if layer.window is not None}
     return KVManager(block_size=settings.kv_block_size, num_full_blocks=sizes.num_full_blocks,
                      num_sliding_blocks=sizes.num_sliding_blocks, sliding_window=max(windows) if windows else None,

@@ -95,7 +95,7 @@ def plan_pool_sizes(geometry: KVGeometry, budget_bytes: int, expected_sequence_t
     Shorter sequences than expected run out of sliding blocks first, longer ones of full blocks; either
     way the scheduler preempts. The sliding pool always gets at least one full window.
     """
-    if budget_bytes < geometry.minimum_budget_bytes:
+    if budget_bytes < geometry.minimum_budget_bytes:  # (so every split below leaves a full block: at least one)
         raise ValueError("the budget does not hold one sliding window plus a full-attention block")
     if geometry.sliding_window is None:
         return PoolSizes(num_full_blocks=budget_bytes // geometry.full_block_bytes, num_sliding_blocks=0)
@@ -104,6 +104,4 @@ def plan_pool_sizes(geometry: KVGeometry, budget_bytes: int, expected_sequence_t
     num_sliding = budget_bytes * sliding_bytes // (full_bytes + sliding_bytes) // geometry.sliding_block_bytes
     num_sliding = max(num_sliding, geometry.sliding_blocks_per_window)
     num_full = (budget_bytes - num_sliding * geometry.sliding_block_bytes) // geometry.full_block_bytes
-    if num_full <= 0:
-        raise ValueError("the budget does not hold one sliding window plus a full-attention block")
     return PoolSizes(num_full_blocks=num_full, num_sliding_blocks=num_sliding)

@@ -292,16 +292,15 @@ def _api_error(error: BaseException) -> ApiError:
     return invalid_request(f"invalid value for {param!r}: {leaf}" if param else str(leaf), param)
 
 
-def is_empty(value: Any) -> bool:
-    """Whether an unsupported field's value is one of the empty values that mean "not used"."""
-    return any(value == empty and type(value) is type(empty) for empty in _EMPTY_VALUES)
+def _is_one_of(value: Any, candidates: tuple[Any, ...]) -> bool:
+    """``value in candidates`` of the same type (``0`` is not ``False``, ``1.0`` not ``1``)."""
+    return any(value == candidate and type(value) is type(candidate) for candidate in candidates)
 
 
 def check_unsupported(name: str, value: Any, param: str) -> None:
     """Raise the 400 ``unsupported_parameter`` for ``UNSUPPORTED_FIELDS[name]`` (at ``param``) unless
-    ``value`` is empty or one of ``SERVED_VALUES[name]``."""
-    if not is_empty(value) and not any(value == served and type(value) is type(served)
-                                       for served in SERVED_VALUES.get(name, ())):
+    ``value`` is empty (one of the values that mean "not used") or one of ``SERVED_VALUES[name]``."""
+    if not _is_one_of(value, _EMPTY_VALUES) and not _is_one_of(value, SERVED_VALUES.get(name, ())):
         raise invalid_request(UNSUPPORTED_FIELDS[name], param, code="unsupported_parameter")
 
 

@@ -24,14 +24,7 @@ cookies.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from inference_server.http.connection import ASGIApp, Message, Receive, Scope, Send
 
 ALLOWED_METHODS = b"GET, POST, DELETE, OPTIONS"
 EXPOSED_HEADERS = b"X-Trace-Id, Retry-After"
