@@ -92,6 +92,13 @@ class StepCompleted:
     ``num_running``). With overlap a step is reported after the next step's grant, so the queue *now* can
     already hold the next step's admissions and lack the requests that ended with this one."""
 
+    @property
+    def queue_at_step(self) -> tuple[int, int]:
+        """(waiting, running) as this step's record shows them: ``step_waiting`` / ``step_running``, else the
+        queue now."""
+        return (self.num_waiting if self.step_waiting is None else self.step_waiting,
+                self.num_running if self.step_running is None else self.step_running)
+
 
 @attrs.frozen
 class KVBlocksChanged:

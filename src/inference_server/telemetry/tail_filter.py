@@ -88,9 +88,8 @@ class TailFilter:
         ids = [s.request_id for s in event.plan.sequences] if event.plan is not None else []
         if self.filtered and not (self._matching.intersection(ids) or ending.intersection(ids)):
             return None
+        waiting, running = event.queue_at_step
         return {"event": "step", "t": event.time, "step_id": event.step_id, "sequences": event.num_sequences,
                 "prefill_tokens": event.num_prefill_tokens, "decode_tokens": event.num_decode_tokens,
-                "preempted": list(event.preempted),
-                "waiting": event.num_waiting if event.step_waiting is None else event.step_waiting,
-                "running": event.num_running if event.step_running is None else event.step_running,
+                "preempted": list(event.preempted), "waiting": waiting, "running": running,
                 "kv_usage": event.kv_usage, "seconds": event.seconds}
