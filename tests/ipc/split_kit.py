@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import trio
 from tests.fake_engine import FakeEngine, next_token
 
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
+from inference_server.ipc.remote_engine import RemoteEngine
 from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import EngineParts
@@ -37,6 +39,16 @@ def expected_tokens(request: GenerationRequest) -> list[int]:
         tokens.append(last)
         length += 1
     return tokens
+
+
+async def run_front(remote: RemoteEngine, errors: list[BaseException], *,
+                    task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
+    """``remote.run`` for ``nursery.start``; the ``BrokenResourceError`` it ends with when the engine side dies
+    (or is taken for hung) is kept in ``errors`` for the test to check, not raised into its nursery."""
+    try:
+        await remote.run(task_status=task_status)
+    except trio.BrokenResourceError as error:
+        errors.append(error)
 
 
 async def read_all(handle: RequestHandle) -> tuple[list[int], list[str | None]]:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
-from tests.ipc.split_kit import expected_tokens, ids_request, read_all
+from tests.ipc.split_kit import expected_tokens, ids_request, read_all, run_front
 
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.messages import ENGINE_TO_FRONT
@@ -43,14 +43,7 @@ async def engine_child(step_seconds: float) -> AsyncIterator[tuple[RemoteEngine,
             trio.open_nursery() as nursery,
         ):
             remote = RemoteEngine(channel, max_queue_size=256)
-
-            async def front(task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
-                try:
-                    await remote.run(task_status=task_status)
-                except trio.BrokenResourceError as error:
-                    deaths.append(error)
-
-            await nursery.start(front)
+            await nursery.start(run_front, remote, deaths)
             yield remote, process, deaths
     finally:
         if process.returncode is None:

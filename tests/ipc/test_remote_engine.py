@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from tests.fake_engine import FakeEngine
-from tests.ipc.split_kit import CharTokenizer, expected_tokens, ids_request, read_all, split_parts
+from tests.ipc.split_kit import CharTokenizer, expected_tokens, ids_request, read_all, run_front, split_parts
 
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.engine_server import UNSENT_STEPS, serve_engine
@@ -60,14 +60,8 @@ async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True,
             async with open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as channel:
                 split.engine_failed.append(await serve_engine(engine, channel))
 
-        async def front(task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
-            try:
-                await remote.run(task_status=task_status)
-            except trio.BrokenResourceError as error:
-                split.front_error.append(error)
-
         nursery.start_soon(engine_side)
-        await nursery.start(front)
+        await nursery.start(run_front, remote, split.front_error)
         yield split
         if drain_at_exit:
             remote.request_drain(BOUND_S)
@@ -307,15 +301,8 @@ async def test_a_hung_engine_process_does_not_hold_the_drain() -> None:
         trio.open_nursery() as nursery,
     ):
         remote = RemoteEngine(front_channel, max_queue_size=8)
-
-        async def front(task_status: trio.TaskStatus[RemoteEngine] = trio.TASK_STATUS_IGNORED) -> None:
-            try:
-                await remote.run(task_status=task_status)
-            except trio.BrokenResourceError as error:
-                errors.append(error)
-
         await hung_engine.send(Hello("hung", 1024, 100, [0], None, "", "", 0, 0.0))
-        await nursery.start(front)
+        await nursery.start(run_front, remote, errors)
         handle = remote.submit(ids_request(10, max_tokens=5))  # sent; never admitted nor answered
         began = time.monotonic()
         with trio.fail_after(BOUND_S):

@@ -5,6 +5,8 @@ before the tracker hears that it was preempted."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from inference_server.records.sampling_params import SamplingParams
@@ -25,6 +27,15 @@ class Records(RecordConsumer):
 def step(step_id: int, *, preempted: tuple[int, ...] = (), waiting: int = 0, running: int = 1) -> StepCompleted:
     return StepCompleted(float(step_id), step_id, running, 0, running, 0.01, waiting, running, 0.5,
                          len(preempted), preempted=preempted)
+
+
+def recorded_preemptions(events: list[Any]) -> list[int]:
+    """The preemption counts of the request records a fresh tracker writes from ``events``."""
+    records = Records()
+    tracker = RequestTracker([records])
+    for event in events:
+        tracker(event)
+    return [record.preemptions for record in records.ended]
 
 
 def test_a_restart_reported_before_its_preemption_still_counts_every_preemption() -> None:
@@ -52,36 +63,27 @@ def test_a_restart_reported_before_its_preemption_still_counts_every_preemption(
 
 
 def test_an_abort_between_an_early_restart_and_its_preemption_report_counts_the_preemption() -> None:
-    records = Records()
-    tracker = RequestTracker([records])
-    for event in [RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
-                  RequestStarted(2.0, 1, 0), RequestFinished(2.5, 1, "abort", 8, 1, 0, 2.5, 1.0, None, None),
-                  step(1, preempted=(1,), running=0)]:
-        tracker(event)
-    assert [record.preemptions for record in records.ended] == [1]
+    assert recorded_preemptions([
+        RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
+        RequestStarted(2.0, 1, 0), RequestFinished(2.5, 1, "abort", 8, 1, 0, 2.5, 1.0, None, None),
+        step(1, preempted=(1,), running=0)]) == [1]
 
 
 def test_a_restart_after_its_preemption_is_reported_counts_once() -> None:
     """The ordinary order (no overlap, or a restart some steps later) counts each preemption once."""
-    records = Records()
-    tracker = RequestTracker([records])
-    for event in [RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
-                  step(1, preempted=(1,), waiting=1, running=0), RequestStarted(3.0, 1, 0), step(2),
-                  RequestFinished(4.0, 1, "length", 8, 4, 0, 4.0, 1.0, None, None)]:
-        tracker(event)
-    assert [record.preemptions for record in records.ended] == [1]
+    assert recorded_preemptions([
+        RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
+        step(1, preempted=(1,), waiting=1, running=0), RequestStarted(3.0, 1, 0), step(2),
+        RequestFinished(4.0, 1, "length", 8, 4, 0, 4.0, 1.0, None, None)]) == [1]
 
 
 def test_an_abort_before_its_preemption_is_reported_counts_the_preemption() -> None:
     """Request 1 is preempted by grant 1 and aborted before ``StepCompleted(1)`` reports it: its record
     takes the scheduler's count from ``RequestFinished`` (it used to say 0)."""
-    records = Records()
-    tracker = RequestTracker([records])
-    for event in [RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
-                  RequestFinished(1.5, 1, "abort", 8, 1, 0, 1.5, 1.0, None, None, preemptions=1),
-                  step(1, preempted=(1,), running=0)]:
-        tracker(event)
-    assert [record.preemptions for record in records.ended] == [1]
+    assert recorded_preemptions([
+        RequestQueued(0.0, 1, 8, None, None, 0), RequestStarted(0.0, 1, 0), step(0),
+        RequestFinished(1.5, 1, "abort", 8, 1, 0, 1.5, 1.0, None, None, preemptions=1),
+        step(1, preempted=(1,), running=0)]) == [1]
 
 
 class Latencies(RecordConsumer):

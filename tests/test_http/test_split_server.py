@@ -312,12 +312,13 @@ def test_a_group_signal_delivered_twice_drains_once(tmp_path: Path) -> None:
     assert "the engine process exits (drained)" in log_text
 
 
-def test_serve_with_a_separate_engine_process_serves_the_checkpoint(tmp_path: Path) -> None:
-    """``inference-server serve`` with ``ENGINE_PROCESS=separate``: the front loads the tokenizer (chat template,
-    detokenised text), the child the model."""
+@contextmanager
+def serving_checkpoint(tmp_path: Path, **settings: str) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """``inference-server serve`` with ``ENGINE_PROCESS=separate`` on a tiny real checkpoint (``settings`` added to
+    its environment): yields the front process, its URL and its log file; killed if still running at the end."""
     checkpoint = write_checkpoint(tmp_path / "tiny-gemma")
     env = {**os.environ, "MODEL": str(checkpoint), "DEVICE": "cpu", "HOST": "127.0.0.1", "PORT": "0",
-           "SERVED_MODEL_NAME": "tiny", "ENGINE_PROCESS": "separate", "LOG_LEVEL": "info"}
+           "SERVED_MODEL_NAME": "tiny", "ENGINE_PROCESS": "separate", "LOG_LEVEL": "info", **settings}
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=tmp_path, env=env,
@@ -325,6 +326,17 @@ def test_serve_with_a_separate_engine_process_serves_the_checkpoint(tmp_path: Pa
     try:
         url = wait_for_url(process, START_TIMEOUT)
         assert url is not None, log_path.read_text()
+        yield process, url, log_path
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_with_a_separate_engine_process_serves_the_checkpoint(tmp_path: Path) -> None:
+    """``inference-server serve`` with ``ENGINE_PROCESS=separate``: the front loads the tokenizer (chat template,
+    detokenised text), the child the model."""
+    with serving_checkpoint(tmp_path) as (process, url, log_path):
         client = openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["tiny"]
         stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
@@ -344,10 +356,6 @@ def test_serve_with_a_separate_engine_process_serves_the_checkpoint(tmp_path: Pa
         assert refused.value.param == "response_format" and "tokenizer" in str(refused.value)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=BOUND) == 0, log_path.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert "engine process started" in log_path.read_text()
 
 
@@ -383,30 +391,16 @@ def test_tokenizer_faults_reach_the_front_that_tokenizes(tmp_path: Path) -> None
     """``FAULTS=tokenizer_error=1`` with ``ENGINE_PROCESS=separate``: the front tokenizes the prompts, so it
     is the front's tokenizer that must fail. The wrapper used to go only on the engine process's tokenizer,
     which never sees a text prompt there: the fault was silently off and every request was served."""
-    checkpoint = write_checkpoint(tmp_path / "tiny-gemma")
-    env = {**os.environ, "MODEL": str(checkpoint), "DEVICE": "cpu", "HOST": "127.0.0.1", "PORT": "0",
-           "SERVED_MODEL_NAME": "tiny", "ENGINE_PROCESS": "separate", "LOG_LEVEL": "info",
-           "FAULTS": "tokenizer_error=1"}
-    log_path = tmp_path / "server.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen([sys.executable, "-m", "inference_server", "serve"], cwd=tmp_path, env=env,
-                                   stdout=subprocess.PIPE, stderr=log_file)
-    try:
-        url = wait_for_url(process, START_TIMEOUT)
-        assert url is not None, log_path.read_text()
-        with httpx.Client(timeout=BOUND) as http:
-            for path, body in [("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2}),
-                               ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
-                                                         "messages": [{"role": "user", "content": "hello"}]})]:
-                response = http.post(url + path, json=body)
-                assert response.status_code == 400, response.text
-                error = response.json()["error"]
-                assert error["code"] == "invalid_request" and "injected tokenizer_error" in error["message"]
-            served = http.post(url + "/generate", json={"prompt_token_ids": [5, 6, 7], "max_tokens": 2})
-            assert served.status_code == 200, served.text
+    with serving_checkpoint(tmp_path, FAULTS="tokenizer_error=1") as (process, url, log_path), \
+            httpx.Client(timeout=BOUND) as http:
+        for path, body in [("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2}),
+                           ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
+                                                     "messages": [{"role": "user", "content": "hello"}]})]:
+            response = http.post(url + path, json=body)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "invalid_request" and "injected tokenizer_error" in error["message"]
+        served = http.post(url + "/generate", json={"prompt_token_ids": [5, 6, 7], "max_tokens": 2})
+        assert served.status_code == 200, served.text
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=BOUND) == 0, log_path.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
