@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from inference_server.backends.paged_kv import StepTensors
-from inference_server.backends.transfer import staged
+from inference_server.backends.transfer import padded_rows, staged, staged_array
 from inference_server.records.steps import ScheduledSequence
 from inference_server.startup import Progress, phase
 
@@ -154,9 +154,8 @@ class DecodeGraphs:
         ctx = [s.cached_len + 1 for s in sequences] + [0] * pad
         self.context_lens[:bucket].copy_(staged(ctx, torch.int32, self.device), non_blocking=True)
         for g in range(self.num_groups):
-            width = max(1, max(len(s.block_tables[g]) for s in sequences))
-            rows = [list(s.block_tables[g]) + [0] * (width - len(s.block_tables[g])) for s in sequences]
-            self.block_tables[g][:batch, :width].copy_(staged(rows, torch.int32, self.device), non_blocking=True)
+            rows = padded_rows([s.block_tables[g] for s in sequences])  # [batch, width]
+            self.block_tables[g][:batch, : rows.shape[1]].copy_(staged_array(rows, self.device), non_blocking=True)
         return bucket
 
     def run(self, bucket: int) -> torch.Tensor:

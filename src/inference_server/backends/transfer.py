@@ -8,6 +8,10 @@ pinned buffers that the host reads only after the step's event has completed (``
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 
@@ -21,6 +25,24 @@ def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 def staged(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A Python list as a host tensor ready for a ``non_blocking`` copy to ``device`` (pinned for a GPU)."""
     host = torch.tensor(values, dtype=dtype)
+    return host.pin_memory() if torch.device(device).type == "cuda" else host
+
+
+def padded_rows(rows: Sequence[Sequence[int]]) -> np.ndarray:
+    """``rows`` of different lengths as one ``int32 [len(rows), longest (at least 1)]`` array, zero past each row's
+    end. Built by numpy from one flat pass over the values: a decode step stages every sequence's block table this
+    way, a list of lists through ``torch.tensor`` cost several times more."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    width = max(1, int(lengths.max(initial=0)))
+    dense = np.zeros((len(rows), width), dtype=np.int32)
+    dense[np.arange(width) < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32,
+                                                              count=int(lengths.sum()))
+    return dense
+
+
+def staged_array(values: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A numpy array as a host tensor ready for a ``non_blocking`` copy to ``device`` (pinned for a GPU)."""
+    host = torch.from_numpy(values)
     return host.pin_memory() if torch.device(device).type == "cuda" else host
 
 
