@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
+import attrs
 import pytest
 import trio
 
@@ -177,3 +178,98 @@ def test_a_rebuild_that_fails_is_tried_again_at_the_next_call(monkeypatch: pytes
     monkeypatch.setattr(offline, "build_engine_parts", real_build)
     [completion] = llm.generate([5, 6, 7], GREEDY)
     assert completion.error is None and not llm.stale
+
+
+# -- stop_reason ----------------------------------------------------------------------------------------------
+
+
+def test_stop_reason_is_the_stop_token_id_and_none_for_eos_and_length(tiny_llm: LLM) -> None:
+    """vLLM's ``CompletionOutput.stop_reason``: the stop token id that ended the output, None for EOS or length."""
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [free_run] = tiny_llm.generate([5, 6, 7], free)
+    assert free_run.finish_reason == "length" and free_run.stop_reason is None
+    stop_id = free_run.token_ids[2]
+    first = free_run.token_ids.index(stop_id)
+    [stopped] = tiny_llm.generate([5, 6, 7], attrs.evolve(free, stop_token_ids=(stop_id,)))
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_id
+    assert stopped.token_ids == free_run.token_ids[:first + 1]
+    eos = min(tiny_llm.built.parts.eos_token_ids)
+    [ended] = tiny_llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=6, logit_bias=((eos, 100.0),)))
+    assert ended.token_ids == (eos,) and ended.finish_reason == "stop" and ended.stop_reason is None
+    assert ended.outputs[0].stop_reason is None
+
+
+# -- n samples ------------------------------------------------------------------------------------------------
+
+
+def test_n_gives_each_prompt_n_indexed_samples_each_seeded_seed_plus_its_index(tiny_llm: LLM) -> None:
+    """vLLM's ``SamplingParams(n=...)``: ``outputs`` holds n samples indexed 0..n-1; seeded, sample j is what the
+    same request alone with seed ``seed + j`` gives (the HTTP routes' ``n``), so the samples differ."""
+    params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=11, n=3)
+    first, second = tiny_llm.generate([[5, 6, 7], [8, 9]], params)
+    for completion, prompt in ((first, [5, 6, 7]), (second, [8, 9])):
+        assert [o.index for o in completion.outputs] == [0, 1, 2]
+        assert completion.prompt_token_ids == tuple(prompt) and completion.prompt_tokens == len(prompt)
+        for j, output in enumerate(completion.outputs):
+            [alone] = tiny_llm.generate(prompt, attrs.evolve(params, n=1, seed=11 + j))
+            assert output.token_ids == alone.token_ids and output.finish_reason == "length"
+        assert len({o.token_ids for o in completion.outputs}) > 1
+        assert completion.text == completion.outputs[0].text  # the shortcuts are the first sample's
+        assert completion.outputs[0].cumulative_logprob == pytest.approx(sum(completion.outputs[0].logprobs))
+
+
+def test_n_is_per_prompt_and_an_invalid_n_is_that_prompt_s_error(tiny_llm: LLM) -> None:
+    greedy_two = attrs.evolve(GREEDY, n=2)
+    one, two, bad = tiny_llm.generate([[5, 6, 7], [5, 6, 7], [5, 6, 7]],
+                                      [GREEDY, greedy_two, attrs.evolve(GREEDY, n=0)])
+    assert len(one.outputs) == 1 and [o.token_ids for o in two.outputs] == [one.token_ids] * 2  # greedy: equal
+    assert len(bad.outputs) == 1 and bad.error is not None and "n must be an integer >= 1" in bad.error
+
+
+# -- chat -----------------------------------------------------------------------------------------------------
+
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% for tool in tools or [] %}{{ tool['function']['name'] }} {% endfor %}"
+    "{% if greet %}hello {% endif %}{% for message in messages %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+"""The test tokenizer's turns, plus each tool's name and a ``greet`` variable (``chat_template_kwargs``)."""
+HELLO = [{"role": "user", "content": "hello world"}]
+TOOL = {"type": "function", "function": {"name": "paris", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture(scope="module")
+def text_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+    """A tiny random-weight checkpoint with the tests' word-level tokenizer, served with ``TOOLS_TEMPLATE``."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from tests.test_http.http_testkit import write_tokenizer_folder
+
+    from inference_server.models.loading.loader import build_model, init_dummy_weights
+    from inference_server.models.loading.presets import preset_config
+    from inference_server.models.spec import parse_model_spec
+
+    folder = tmp_path_factory.mktemp("offline-chat")
+    config = preset_config("gemma-4-31b-tiny")
+    model = build_model(parse_model_spec(config), torch.float32, "cpu")
+    init_dummy_weights(model, seed=0)
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    write_tokenizer_folder(folder)
+    (folder / "template.jinja").write_text(TOOLS_TEMPLATE)
+    yield LLM(Settings(model=str(folder), device="cpu", kv_cache_tokens=1024,
+                       chat_template=str(folder / "template.jinja")))
+
+
+def test_stop_reason_is_the_stop_string_that_ended_the_text(text_llm: LLM) -> None:
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [free_run] = text_llm.generate("hello world", free)
+    stop = free_run.text.split()[1]
+    [stopped] = text_llm.generate("hello world", attrs.evolve(free, stop=(stop,)))
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+    assert stopped.text == free_run.text[:free_run.text.index(stop)]

@@ -8,6 +8,7 @@ the engine parts.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,34 +29,101 @@ from inference_server.supervisor import Engine, EngineParts
 
 
 @attrs.frozen
-class Completion:
-    """One finished request: its text, tokens and why it ended."""
+class CompletionOutput:
+    """One sample of a prompt (vLLM's ``CompletionOutput``): its text, tokens and why it ended."""
 
+    index: int
+    """Which of the prompt's ``SamplingParams.n`` samples this is (0-based; ``Completion.outputs`` is in order)."""
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str
-    prompt_tokens: int
+    """``stop``, ``length``, or ``error`` (a refused request, or an engine failure: ``error`` says which)."""
+    stop_reason: str | int | None = None
+    """What ended a ``stop`` finish (vLLM's ``stop_reason``): the stop string, or the stop token id (one of
+    ``SamplingParams.stop_token_ids``, or a chat turn marker that is not an EOS id); None for an EOS token, a
+    ``length`` finish and any other end."""
     error: str | None = None
     logprobs: tuple[float, ...] = ()
-    """Each output token's logprob (with ``SamplingParams.logprobs`` set)."""
+    """Each output token's logprob."""
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
     """Per output token, the ``SamplingParams.logprobs`` best (token id, logprob) pairs, best first (what the
     HTTP routes return as ``top_logprobs``)."""
+
+    @property
+    def cumulative_logprob(self) -> float:
+        """The sum of the output tokens' logprobs (vLLM's ``cumulative_logprob``: ranks a prompt's samples)."""
+        return math.fsum(self.logprobs)
+
+
+@attrs.frozen
+class Completion:
+    """One prompt's result (vLLM's ``RequestOutput``): its samples and its prompt.
+
+    ``outputs`` holds ``SamplingParams.n`` samples, by ``index``. ``text``, ``token_ids``, ``finish_reason``,
+    ``stop_reason``, ``error``, ``logprobs`` and ``top_logprobs`` are the first sample's (all of it when ``n`` is
+    1, the default)."""
+
+    outputs: tuple[CompletionOutput, ...]
+    prompt_tokens: int
+    prompt_token_ids: tuple[int, ...] = ()
+    """The prompt as the model saw it (after the chat template and truncation); empty for a refused request."""
     prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # with ``SamplingParams.prompt_logprobs``
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+    @property
+    def stop_reason(self) -> str | int | None:
+        return self.outputs[0].stop_reason
+
+    @property
+    def error(self) -> str | None:
+        return self.outputs[0].error
+
+    @property
+    def logprobs(self) -> tuple[float, ...]:
+        return self.outputs[0].logprobs
+
+    @property
+    def top_logprobs(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        return self.outputs[0].top_logprobs
 
 
 async def collect(handle: RequestHandle) -> Completion:
-    """Read a request to its end through its handle (closing it)."""
+    """Read a request to its end through its handle (closing it): a completion of one output."""
     async with handle:
         try:
             prompt_tokens = await handle.admission()
             result = await handle.result()
         except RequestError as error:
-            return Completion("", (), "error", 0, error=f"{error.code}: {error.message}")
-    return Completion("".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
-                      result.finish_reason or "error", prompt_tokens, result.error,
-                      tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens),
-                      result.prompt_logprobs)
+            return Completion((CompletionOutput(0, "", (), "error", error=f"{error.code}: {error.message}"),), 0)
+    output = CompletionOutput(0, "".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
+                              result.finish_reason or "error", result.stop_reason, result.error,
+                              tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens))
+    return Completion((output,), prompt_tokens, handle.prompt_token_ids, result.prompt_logprobs)
+
+
+def grouped(completions: Sequence[Completion], counts: Sequence[int]) -> list[Completion]:
+    """The completions of consecutive requests, ``counts[i]`` of them for prompt ``i``, as one completion per
+    prompt whose outputs are its samples in order (each indexed by its place); the prompt's fields come from its
+    first admitted sample (all samples share the prompt)."""
+    out, start = [], 0
+    for count in counts:
+        samples = completions[start:start + count]
+        start += count
+        admitted = next((c for c in samples if c.prompt_tokens), samples[0])
+        outputs = tuple(attrs.evolve(c.outputs[0], index=j) for j, c in enumerate(samples))
+        out.append(attrs.evolve(admitted, outputs=outputs))
+    return out
 
 
 class Turnover:
@@ -170,6 +238,19 @@ def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | tuple[int, ...
     return [one_prompt(item) for item in items]
 
 
+def params_per_item(params: SamplingParams | Sequence[SamplingParams] | None, count: int,
+                    items: str) -> list[SamplingParams]:
+    """One ``SamplingParams`` for each of ``count`` prompts or conversations (``items`` names them in the
+    error): one for all, one each, or None for ``SamplingParams()``."""
+    if params is None:
+        params = SamplingParams()
+    per_item = list(params) if isinstance(params, Sequence) else [params] * count
+    if len(per_item) != count:
+        raise ValueError(f"{count} {items} but {len(per_item)} SamplingParams: give one for every "
+                         f"{items.removesuffix('s')} or one per {items.removesuffix('s')}")
+    return per_item
+
+
 def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
     """The ``KeyboardInterrupt`` inside ``error`` (trio wraps a Ctrl-C that reached a task in its nurseries'
     exception groups, where a caller's ``except KeyboardInterrupt`` cannot see it), or None."""
@@ -217,19 +298,15 @@ class LLM:
                  *, chat: bool = False) -> list[Completion]:
         """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
         one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt; None:
-        ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params)."""
-        from inference_server.records.requests import ChatMessage
-
+        ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params). Returns one
+        completion per prompt, in order, each with its ``SamplingParams.n`` samples in ``outputs``."""
         batch = prompt_list(prompts)
-        if params is None:
-            params = SamplingParams()
-        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
-        if len(per_prompt) != len(batch):
-            raise ValueError(f"{len(batch)} prompts but {len(per_prompt)} SamplingParams: give one for every "
-                             "prompt or one per prompt")
+        per_prompt = params_per_item(params, len(batch), "prompts")
         requests = []
         for prompt, p in zip(batch, per_prompt, strict=True):
             if chat:
+                from inference_server.records.requests import ChatMessage
+
                 if not isinstance(prompt, str):  # str() of token ids would send "[5, 6, 7]" as the message
                     raise ValueError("chat=True takes text prompts (each one user message), not token ids")
                 requests.append(GenerationRequest(params=self.chat_stops.apply(p),
@@ -238,11 +315,18 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
                 requests.append(GenerationRequest(params=p, prompt_ids=prompt))
+        return self._complete(requests)
+
+    def _complete(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Run each request's samples (``SamplingParams.samples``: ``n`` engine requests, seeds derived) and
+        group them back into one completion per request."""
+        samples = [[attrs.evolve(r, params=p) for p in r.params.samples()] for r in requests]
         if in_trio_run():  # before trio.run refuses it: that refusal would mark the engine stale for nothing
             raise RuntimeError("LLM.generate runs its own trio.run: call it from a thread "
                                "(trio.to_thread.run_sync), not from inside a running trio loop")
         with self.running:
-            return self._run(requests)
+            completions = self._run([sample for group in samples for sample in group])
+        return grouped(completions, [len(group) for group in samples])
 
     def _run(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """One engine run over the shared parts (the caller holds ``running``)."""
