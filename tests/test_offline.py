@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import pytest
@@ -273,3 +274,85 @@ def test_stop_reason_is_the_stop_string_that_ended_the_text(text_llm: LLM) -> No
     [stopped] = text_llm.generate("hello world", attrs.evolve(free, stop=(stop,)))
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
     assert stopped.text == free_run.text[:free_run.text.index(stop)]
+
+
+def test_chat_renders_the_conversation_with_the_model_template_as_the_http_route(text_llm: LLM) -> None:
+    """One conversation (a list of message dicts) is a batch of one; its prompt is the served template's
+    rendering, the same ids as the tokenizer's ``apply_chat_template``; a batch of conversations keeps order."""
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    [reply] = text_llm.chat(HELLO, GREEDY)
+    assert reply.error is None and reply.prompt_token_ids == tuple(tokenizer.apply_chat_template(HELLO))
+    [as_generate] = text_llm.generate(list(reply.prompt_token_ids), GREEDY)
+    assert reply.token_ids == as_generate.token_ids
+    other = [{"role": "system", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"},
+                                                                              {"type": "text", "text": "c"}]}]
+    first, second = text_llm.chat([HELLO, other], GREEDY)
+    assert first.token_ids == reply.token_ids
+    assert second.prompt_token_ids == tuple(tokenizer.apply_chat_template(
+        [{"role": "system", "content": "a"}, {"role": "user", "content": "b\nc"}]))  # text parts joined
+    assert text_llm.chat([], GREEDY) == []  # an empty batch, as vLLM's
+
+
+def test_chat_passes_tools_and_template_kwargs_to_the_template(text_llm: LLM) -> None:
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    [reply] = text_llm.chat(HELLO, GREEDY, tools=[TOOL], chat_template_kwargs={"greet": True})
+    expected = tokenizer.apply_chat_template(HELLO, tools=[TOOL], greet=True)
+    assert reply.prompt_token_ids == tuple(expected)
+    assert tokenizer.token_to_id("paris") in expected and tokenizer.token_to_id("hello") in expected[:4]
+
+
+def test_chat_continues_the_final_assistant_message(text_llm: LLM) -> None:
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    prefill = [*HELLO, {"role": "assistant", "content": "paris is"}]
+    [reply] = text_llm.chat(prefill, GREEDY, continue_final_message=True)
+    expected = tokenizer.apply_chat_template(prefill, add_generation_prompt=False, continue_final_message=True)
+    assert reply.error is None and reply.prompt_token_ids == tuple(expected)
+    assert expected[-2:] == [tokenizer.token_to_id("paris"), tokenizer.token_to_id("is")]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda llm: llm.chat([{"role": "bot", "content": "hi"}]), "messages[0].role: unknown role 'bot'"),
+    (lambda llm: llm.chat([{"role": "user", "contnt": "hi"}]), "messages[0].contnt: unknown field"),
+    (lambda llm: llm.chat([[]]), "messages: messages must not be empty"),
+    (lambda llm: llm.chat(HELLO, add_generation_prompt=True, continue_final_message=True),
+     "continue_final_message: continue_final_message and add_generation_prompt cannot both be true"),
+    (lambda llm: llm.chat(HELLO, continue_final_message=True), "needs the last message to be the assistant's"),
+    (lambda llm: llm.chat(HELLO, tools=[{"type": "function", "function": {"name": "a b"}}]),
+     "tools[0].function.name: tool name 'a b' must be"),
+    (lambda llm: llm.chat(HELLO, chat_template_kwargs={"tools": []}), "chat_template_kwargs may not set 'tools'"),
+    (lambda llm: llm.chat([HELLO, HELLO], [GREEDY]), "2 conversations but 1 SamplingParams"),
+])
+def test_a_conversation_the_http_route_refuses_is_a_value_error_naming_the_field(
+        text_llm: LLM, call: Callable[[LLM], object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(text_llm)
+
+
+def test_a_chat_reply_ends_at_a_turn_marker_with_its_id_as_stop_reason(text_llm: LLM) -> None:
+    """The template's turn markers end a chat reply as on the HTTP route: one that is not an EOS id is reported
+    as the stop token id (vLLM reports Gemma's ``<end_of_turn>`` so, a stop id from its generation config); an
+    EOS id (here ``<end_of_turn>``) as None."""
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    start, end = tokenizer.token_to_id("<start_of_turn>"), tokenizer.token_to_id("<end_of_turn>")
+    assert start is not None and end is not None and end in text_llm.built.parts.eos_token_ids
+    for marker, reason in ((start, start), (end, None)):
+        [reply] = text_llm.chat(HELLO, SamplingParams(temperature=0.0, max_tokens=5, logit_bias=((marker, 100.0),)))
+        assert reply.finish_reason == "stop" and reply.stop_reason == reason and reply.text == ""
+
+
+def test_chat_with_n_samples_each_reply(text_llm: LLM) -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=3, n=2)
+    [reply] = text_llm.chat(HELLO, params)
+    assert [o.index for o in reply.outputs] == [0, 1]
+    [second] = text_llm.chat(HELLO, attrs.evolve(params, n=1, seed=4))
+    assert reply.outputs[1].token_ids == second.token_ids
+
+
+def test_messages_that_are_not_conversations_are_a_type_error(text_llm: LLM) -> None:
+    for bad in ("hello", HELLO[0], [HELLO, "hello"]):
+        with pytest.raises(TypeError, match="message dicts"):
+            text_llm.chat(bad, GREEDY)  # type: ignore[arg-type]

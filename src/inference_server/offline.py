@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -23,9 +23,11 @@ from inference_server.engine_factory import BuiltEngine, build_engine_parts
 from inference_server.models.chat_templates import ChatStops
 from inference_server.models.tokenizer import Tokenizer
 from inference_server.records.errors import RequestError
-from inference_server.records.requests import GenerationRequest, PromptTokenLogprob
+from inference_server.records.requests import ChatMessage, GenerationRequest, PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -251,6 +253,81 @@ def params_per_item(params: SamplingParams | Sequence[SamplingParams] | None, co
     return per_item
 
 
+Conversation: TypeAlias = Sequence[Mapping[str, Any]]
+"""One chat of the offline API: OpenAI-style message dicts (``{"role": "user", "content": "Hi"}``)."""
+
+
+def conversation_list(messages: Conversation | Sequence[Conversation]) -> list[Sequence[object]]:
+    """``messages`` as a list of conversations: a list of message dicts is one conversation, a list of such
+    lists a batch (vLLM's rule: the first item decides; an empty list is an empty batch)."""
+    if isinstance(messages, str | Mapping) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages is a list of message dicts or a list of such lists, got {messages!r:.100}")
+    items = list(messages)
+    if not items or (isinstance(items[0], Sequence) and not isinstance(items[0], str | Mapping)):
+        for item in items:
+            if isinstance(item, str | Mapping) or not isinstance(item, Sequence):
+                raise TypeError(f"a batch of conversations holds lists of message dicts, got {item!r:.100}")
+        return [list(item) for item in items]
+    return [items]
+
+
+def http_checked(check: Callable[[], T]) -> T:
+    """``check()``, an ``ApiError`` of the HTTP chat route's own checks raised as the ``ValueError`` a Python
+    caller expects, naming the field (``messages[0].role: ...``)."""
+    from inference_server.http.errors import ApiError
+
+    try:
+        return check()
+    except ApiError as error:
+        raise ValueError(f"{error.param}: {error.message}" if error.param else error.message) from None
+
+
+def conversation_messages(conversation: Sequence[object]) -> tuple[ChatMessage, ...]:
+    """One conversation's messages, read as ``/v1/chat/completions`` reads its ``messages`` (the same parser and
+    rules: roles, text content parts joined by newlines, an agent loop's ``tool_calls`` / ``tool_call_id`` /
+    ``name`` / ``reasoning_content``, unknown keys refused); raises ``ValueError`` naming the field."""
+    from inference_server.http.body_parser import structure
+    from inference_server.http.openai import chat_messages
+    from inference_server.http.schemas import ChatCompletionRequest
+
+    body = {"messages": [dict(m) if isinstance(m, Mapping) else m for m in conversation]}
+    return http_checked(lambda: chat_messages(structure(body, ChatCompletionRequest).messages))
+
+
+def chat_options(tools: object, chat_template_kwargs: object
+                 ) -> tuple[tuple[dict[str, Any], ...] | None, dict[str, Any] | None]:
+    """``tools`` and ``chat_template_kwargs`` checked as the HTTP chat route checks them (function tools with
+    valid, unique names; no template variable the server sets itself): the template's ``tools`` (None for none
+    or an empty list) and extra variables; raises ``ValueError`` naming the field."""
+    from inference_server.http.body_parser import structure
+    from inference_server.http.chat_tools import check_tools, template_kwargs
+    from inference_server.http.schemas import ChatCompletionRequest
+
+    body: dict[str, Any] = {"messages": []}
+    if tools is not None:
+        body["tools"] = [dict(t) if isinstance(t, Mapping) else t for t in tools] \
+            if isinstance(tools, Sequence) and not isinstance(tools, str) else tools
+    if chat_template_kwargs is not None:
+        body["chat_template_kwargs"] = dict(chat_template_kwargs) if isinstance(chat_template_kwargs, Mapping) \
+            else chat_template_kwargs
+
+    def check() -> tuple[tuple[dict[str, Any], ...] | None, dict[str, Any] | None]:
+        fields = structure(body, ChatCompletionRequest)
+        return check_tools(fields.tools) or None, template_kwargs(fields.chat_template_kwargs)
+
+    return http_checked(check)
+
+
+def chat_flags(add_generation_prompt: bool | None, continue_final_message: bool,
+               last_role: str) -> tuple[bool, bool]:
+    """``(add_generation_prompt, continue_final_message)`` by the HTTP chat route's rules: the first defaults to
+    ``not continue_final_message``, both true is an error, and only an assistant's final message is continued;
+    raises ``ValueError`` naming the argument."""
+    from inference_server.http.convert import chat_prompt_flags
+
+    return http_checked(lambda: chat_prompt_flags(add_generation_prompt, continue_final_message, last_role))
+
+
 def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
     """The ``KeyboardInterrupt`` inside ``error`` (trio wraps a Ctrl-C that reached a task in its nurseries'
     exception groups, where a caller's ``except KeyboardInterrupt`` cannot see it), or None."""
@@ -305,8 +382,6 @@ class LLM:
         requests = []
         for prompt, p in zip(batch, per_prompt, strict=True):
             if chat:
-                from inference_server.records.requests import ChatMessage
-
                 if not isinstance(prompt, str):  # str() of token ids would send "[5, 6, 7]" as the message
                     raise ValueError("chat=True takes text prompts (each one user message), not token ids")
                 requests.append(GenerationRequest(params=self.chat_stops.apply(p),
@@ -317,12 +392,40 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt_ids=prompt))
         return self._complete(requests)
 
+    def chat(self, messages: Conversation | Sequence[Conversation],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             add_generation_prompt: bool | None = None, continue_final_message: bool = False,
+             tools: Sequence[Mapping[str, Any]] | None = None,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[Completion]:
+        """Reply to each conversation (vLLM's ``LLM.chat``): one conversation (a list of OpenAI-style message
+        dicts) or a list of them; ``sampling_params`` (vLLM's name) as ``generate``'s ``params``. Each
+        conversation is rendered by the model's chat template exactly as ``/v1/chat/completions`` renders it (its
+        message rules, ``tools`` as function definitions, ``chat_template_kwargs`` as extra template variables),
+        and each reply ends at the template's turn markers as there. ``add_generation_prompt`` defaults to
+        ``not continue_final_message``; ``continue_final_message`` leaves the final message (the assistant's)
+        open for the model to continue. A conversation or field the HTTP route would refuse raises ``ValueError``
+        naming it, before anything runs; a refusal by the engine (a template error, a prompt too long) is that
+        completion's ``error``."""
+        conversations = conversation_list(messages)
+        per_conversation = params_per_item(sampling_params, len(conversations), "conversations")
+        checked_tools, kwargs = chat_options(tools, chat_template_kwargs)
+        requests = []
+        for conversation, p in zip(conversations, per_conversation, strict=True):
+            chat_messages = conversation_messages(conversation)
+            generation_prompt, continue_final = chat_flags(add_generation_prompt, continue_final_message,
+                                                           chat_messages[-1].role)
+            requests.append(GenerationRequest(params=self.chat_stops.apply(p), messages=chat_messages,
+                                              add_generation_prompt=generation_prompt,
+                                              continue_final_message=continue_final, tools=checked_tools,
+                                              chat_template_kwargs=kwargs))
+        return self._complete(requests)
+
     def _complete(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Run each request's samples (``SamplingParams.samples``: ``n`` engine requests, seeds derived) and
         group them back into one completion per request."""
         samples = [[attrs.evolve(r, params=p) for p in r.params.samples()] for r in requests]
         if in_trio_run():  # before trio.run refuses it: that refusal would mark the engine stale for nothing
-            raise RuntimeError("LLM.generate runs its own trio.run: call it from a thread "
+            raise RuntimeError("LLM.generate and LLM.chat run their own trio.run: call them from a thread "
                                "(trio.to_thread.run_sync), not from inside a running trio loop")
         with self.running:
             completions = self._run([sample for group in samples for sample in group])

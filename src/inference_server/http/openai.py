@@ -201,9 +201,7 @@ class OpenAIRoutes:
 
     def _chat_requests(self, body: ChatCompletionRequest
                        ) -> tuple[list[GenerationRequest], int, dict[str, str], ChatOutputSpec]:
-        messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
-        if not messages:
-            raise invalid_request("messages must not be empty", "messages")
+        messages = chat_messages(body.messages)
         tools = self._tool_request(body)
         kwargs = with_effort(template_kwargs(body.chat_template_kwargs),
                              effort_template_kwargs(body.reasoning_effort, "reasoning_effort"))
@@ -362,6 +360,16 @@ def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:
     if body.max_completion_tokens is not None:
         return body.max_completion_tokens, "max_completion_tokens"
     return body.max_tokens, "max_tokens"
+
+
+def chat_messages(inputs: Sequence[ChatMessageInput]) -> tuple[ChatMessage, ...]:
+    """A chat request's messages as the chat template sees them (roles, text content, an agent loop's history);
+    a 400 naming the field for an empty list or a message the server cannot render. The offline ``LLM.chat``
+    reads its conversations through this too."""
+    messages = tuple(_chat_message(m, i) for i, m in enumerate(inputs))
+    if not messages:
+        raise invalid_request("messages must not be empty", "messages")
+    return messages
 
 
 def _chat_message(message: ChatMessageInput, index: int) -> ChatMessage:
