@@ -1,8 +1,10 @@
-"""Offline Python API: ``LLM(settings).generate(prompts, params)``, through the same actors as the server.
+"""Offline Python API (vLLM's ``LLM``; docs/offline.md): ``LLM(settings).generate(prompts, params)`` and
+``LLM(settings).chat(conversations, params)``, through the same actors as the server.
 
-Each ``generate`` call runs the engine under its own ``trio.run``, submits every prompt (again, as others
-end, those the engine refused as overloaded), collects each stream to its terminal update and shuts the
-engine down cleanly. Calls on one ``LLM`` take turns; one ended by an exception leaves the next to rebuild
+Each call runs the engine under its own ``trio.run``, submits one engine request per sample of every prompt
+(``SamplingParams.samples``; again, as others end, those the engine refused as overloaded), collects each stream
+to its terminal update, shuts the engine down cleanly and groups the samples back into one ``Completion`` per
+prompt. Calls on one ``LLM`` take turns; one ended by an exception leaves the next to rebuild
 the engine parts.
 """
 
