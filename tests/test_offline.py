@@ -271,7 +271,7 @@ def test_stop_reason_is_the_stop_string_that_ended_the_text(text_llm: LLM) -> No
     free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     [free_run] = text_llm.generate("hello world", free)
     stop = free_run.text.split()[1]
-    [stopped] = text_llm.generate("hello world", attrs.evolve(free, stop=(stop,)))
+    [stopped] = text_llm.generate("hello world", attrs.evolve(free, stop=[stop]))  # a list, as in vLLM
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
     assert stopped.text == free_run.text[:free_run.text.index(stop)]
 

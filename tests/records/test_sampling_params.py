@@ -119,3 +119,13 @@ def test_each_sample_is_one_sequence_seeded_seed_plus_its_index() -> None:
     assert SamplingParams(seed=5).samples() == (SamplingParams(seed=5),)
     assert SamplingParams(n=2, seed=2**63 - 1).samples()[1].seed == 0  # wrapped inside the seed range
     assert SamplingParams(n=0).samples() == (SamplingParams(n=0),)  # left for validation to refuse
+
+
+def test_stops_are_taken_as_vllm_users_write_them() -> None:
+    """vLLM's ``stop`` is a string or a list, its ``stop_token_ids`` a list: kept as the tuples the engine uses."""
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(stop=["a", "b"], stop_token_ids=[3, 4]) == SamplingParams(stop=("a", "b"),
+                                                                                     stop_token_ids=(3, 4))
+    assert attrs.evolve(SamplingParams(), stop=["x"]).stop == ("x",)
+    with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings"):
+        SamplingParams(stop={"x"}).validate()  # type: ignore[arg-type]

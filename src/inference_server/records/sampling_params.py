@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 
@@ -29,6 +30,14 @@ def _is_int(value: object) -> bool:
 
 def _is_real(value: object) -> bool:
     return (isinstance(value, float) or _is_int(value)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _as_tuple(value: Any) -> Any:
+    """``stop`` / ``stop_token_ids`` as vLLM's users write them: one string is a stop of its own, a list a tuple;
+    anything else is kept for ``validate`` to name."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _require(ok: bool, field: str, accepted: str, value: object) -> None:
@@ -65,9 +74,9 @@ class SamplingParams:
     the context (``max_model_len`` minus the prompt); with ``DEFAULT_MAX_TOKENS=0``, the rest of the context.
     ``0`` (only with ``prompt_logprobs``): only the prompt is computed (scoring); the request ends
     ``"length"`` with no output token."""
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     """Stop strings: output ends before the first one that appears (or after it, see below)."""
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_tuple)
     """Token ids that end the output (in addition to EOS, and even with ``ignore_eos``)."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS tokens (benchmarks)."""
