@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+import attrs
 import pytest
 import trio
 
@@ -177,3 +179,180 @@ def test_a_rebuild_that_fails_is_tried_again_at_the_next_call(monkeypatch: pytes
     monkeypatch.setattr(offline, "build_engine_parts", real_build)
     [completion] = llm.generate([5, 6, 7], GREEDY)
     assert completion.error is None and not llm.stale
+
+
+# -- stop_reason ----------------------------------------------------------------------------------------------
+
+
+def test_stop_reason_is_the_stop_token_id_and_none_for_eos_and_length(tiny_llm: LLM) -> None:
+    """vLLM's ``CompletionOutput.stop_reason``: the stop token id that ended the output, None for EOS or length."""
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [free_run] = tiny_llm.generate([5, 6, 7], free)
+    assert free_run.finish_reason == "length" and free_run.stop_reason is None
+    stop_id = free_run.token_ids[2]
+    first = free_run.token_ids.index(stop_id)
+    [stopped] = tiny_llm.generate([5, 6, 7], attrs.evolve(free, stop_token_ids=(stop_id,)))
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_id
+    assert stopped.token_ids == free_run.token_ids[:first + 1]
+    eos = min(tiny_llm.built.parts.eos_token_ids)
+    [ended] = tiny_llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=6, logit_bias=((eos, 100.0),)))
+    assert ended.token_ids == (eos,) and ended.finish_reason == "stop" and ended.stop_reason is None
+    assert ended.outputs[0].stop_reason is None
+
+
+# -- n samples ------------------------------------------------------------------------------------------------
+
+
+def test_n_gives_each_prompt_n_indexed_samples_each_seeded_seed_plus_its_index(tiny_llm: LLM) -> None:
+    """vLLM's ``SamplingParams(n=...)``: ``outputs`` holds n samples indexed 0..n-1; seeded, sample j is what the
+    same request alone with seed ``seed + j`` gives (the HTTP routes' ``n``), so the samples differ."""
+    params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=11, n=3)
+    first, second = tiny_llm.generate([[5, 6, 7], [8, 9]], params)
+    for completion, prompt in ((first, [5, 6, 7]), (second, [8, 9])):
+        assert [o.index for o in completion.outputs] == [0, 1, 2]
+        assert completion.prompt_token_ids == tuple(prompt) and completion.prompt_tokens == len(prompt)
+        for j, output in enumerate(completion.outputs):
+            [alone] = tiny_llm.generate(prompt, attrs.evolve(params, n=1, seed=11 + j))
+            assert output.token_ids == alone.token_ids and output.finish_reason == "length"
+        assert len({o.token_ids for o in completion.outputs}) > 1
+        assert completion.text == completion.outputs[0].text  # the shortcuts are the first sample's
+        assert completion.outputs[0].cumulative_logprob == pytest.approx(sum(completion.outputs[0].logprobs))
+
+
+def test_n_is_per_prompt_and_an_invalid_n_is_that_prompt_s_error(tiny_llm: LLM) -> None:
+    greedy_two = attrs.evolve(GREEDY, n=2)
+    one, two, bad = tiny_llm.generate([[5, 6, 7], [5, 6, 7], [5, 6, 7]],
+                                      [GREEDY, greedy_two, attrs.evolve(GREEDY, n=0)])
+    assert len(one.outputs) == 1 and [o.token_ids for o in two.outputs] == [one.token_ids] * 2  # greedy: equal
+    assert len(bad.outputs) == 1 and bad.error is not None and "n must be an integer >= 1" in bad.error
+
+
+# -- chat -----------------------------------------------------------------------------------------------------
+
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% for tool in tools or [] %}{{ tool['function']['name'] }} {% endfor %}"
+    "{% if greet %}hello {% endif %}{% for message in messages %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+"""The test tokenizer's turns, plus each tool's name and a ``greet`` variable (``chat_template_kwargs``)."""
+HELLO = [{"role": "user", "content": "hello world"}]
+TOOL = {"type": "function", "function": {"name": "paris", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture(scope="module")
+def text_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+    """A tiny random-weight checkpoint with the tests' word-level tokenizer, served with ``TOOLS_TEMPLATE``."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from tests.test_http.http_testkit import write_tokenizer_folder
+
+    from inference_server.models.loading.loader import build_model, init_dummy_weights
+    from inference_server.models.loading.presets import preset_config
+    from inference_server.models.spec import parse_model_spec
+
+    folder = tmp_path_factory.mktemp("offline-chat")
+    config = preset_config("gemma-4-31b-tiny")
+    model = build_model(parse_model_spec(config), torch.float32, "cpu")
+    init_dummy_weights(model, seed=0)
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    write_tokenizer_folder(folder)
+    (folder / "template.jinja").write_text(TOOLS_TEMPLATE)
+    yield LLM(Settings(model=str(folder), device="cpu", kv_cache_tokens=1024,
+                       chat_template=str(folder / "template.jinja")))
+
+
+def test_stop_reason_is_the_stop_string_that_ended_the_text(text_llm: LLM) -> None:
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [free_run] = text_llm.generate("hello world", free)
+    stop = free_run.text.split()[1]
+    [stopped] = text_llm.generate("hello world", attrs.evolve(free, stop=[stop]))  # a list, as in vLLM
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+    assert stopped.text == free_run.text[:free_run.text.index(stop)]
+
+
+def test_chat_renders_the_conversation_with_the_model_template_as_the_http_route(text_llm: LLM) -> None:
+    """One conversation (a list of message dicts) is a batch of one; its prompt is the served template's
+    rendering, the same ids as the tokenizer's ``apply_chat_template``; a batch of conversations keeps order."""
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    [reply] = text_llm.chat(HELLO, GREEDY)
+    assert reply.error is None and reply.prompt_token_ids == tuple(tokenizer.apply_chat_template(HELLO))
+    [as_generate] = text_llm.generate(list(reply.prompt_token_ids), GREEDY)
+    assert reply.token_ids == as_generate.token_ids
+    other = [{"role": "system", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"},
+                                                                              {"type": "text", "text": "c"}]}]
+    first, second = text_llm.chat([HELLO, other], GREEDY)
+    assert first.token_ids == reply.token_ids
+    assert second.prompt_token_ids == tuple(tokenizer.apply_chat_template(
+        [{"role": "system", "content": "a"}, {"role": "user", "content": "b\nc"}]))  # text parts joined
+    assert text_llm.chat([], GREEDY) == []  # an empty batch, as vLLM's
+
+
+def test_chat_passes_tools_and_template_kwargs_to_the_template(text_llm: LLM) -> None:
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    [reply] = text_llm.chat(HELLO, GREEDY, tools=[TOOL], chat_template_kwargs={"greet": True})
+    expected = tokenizer.apply_chat_template(HELLO, tools=[TOOL], greet=True)
+    assert reply.prompt_token_ids == tuple(expected)
+    assert tokenizer.token_to_id("paris") in expected and tokenizer.token_to_id("hello") in expected[:4]
+
+
+def test_chat_continues_the_final_assistant_message(text_llm: LLM) -> None:
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    prefill = [*HELLO, {"role": "assistant", "content": "paris is"}]
+    [reply] = text_llm.chat(prefill, GREEDY, continue_final_message=True)
+    expected = tokenizer.apply_chat_template(prefill, add_generation_prompt=False, continue_final_message=True)
+    assert reply.error is None and reply.prompt_token_ids == tuple(expected)
+    assert expected[-2:] == [tokenizer.token_to_id("paris"), tokenizer.token_to_id("is")]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda llm: llm.chat([{"role": "bot", "content": "hi"}]), "messages[0].role: unknown role 'bot'"),
+    (lambda llm: llm.chat([{"role": "user", "contnt": "hi"}]), "messages[0].contnt: unknown field"),
+    (lambda llm: llm.chat([[]]), "messages: messages must not be empty"),
+    (lambda llm: llm.chat(HELLO, add_generation_prompt=True, continue_final_message=True),
+     "continue_final_message: continue_final_message and add_generation_prompt cannot both be true"),
+    (lambda llm: llm.chat(HELLO, continue_final_message=True), "needs the last message to be the assistant's"),
+    (lambda llm: llm.chat(HELLO, tools=[{"type": "function", "function": {"name": "a b"}}]),
+     "tools[0].function.name: tool name 'a b' must be"),
+    (lambda llm: llm.chat(HELLO, chat_template_kwargs={"tools": []}), "chat_template_kwargs may not set 'tools'"),
+    (lambda llm: llm.chat([HELLO, HELLO], [GREEDY]), "2 conversations but 1 SamplingParams"),
+])
+def test_a_conversation_the_http_route_refuses_is_a_value_error_naming_the_field(
+        text_llm: LLM, call: Callable[[LLM], object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(text_llm)
+
+
+def test_a_chat_reply_ends_at_a_turn_marker_with_its_id_as_stop_reason(text_llm: LLM) -> None:
+    """The template's turn markers end a chat reply as on the HTTP route: one that is not an EOS id is reported
+    as the stop token id (vLLM reports Gemma's ``<end_of_turn>`` so, a stop id from its generation config); an
+    EOS id (here ``<end_of_turn>``) as None."""
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    start, end = tokenizer.token_to_id("<start_of_turn>"), tokenizer.token_to_id("<end_of_turn>")
+    assert start is not None and end is not None and end in text_llm.built.parts.eos_token_ids
+    for marker, reason in ((start, start), (end, None)):
+        [reply] = text_llm.chat(HELLO, SamplingParams(temperature=0.0, max_tokens=5, logit_bias=((marker, 100.0),)))
+        assert reply.finish_reason == "stop" and reply.stop_reason == reason and reply.text == ""
+
+
+def test_chat_with_n_samples_each_reply(text_llm: LLM) -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=3, n=2)
+    [reply] = text_llm.chat(HELLO, params)
+    assert [o.index for o in reply.outputs] == [0, 1]
+    [second] = text_llm.chat(HELLO, attrs.evolve(params, n=1, seed=4))
+    assert reply.outputs[1].token_ids == second.token_ids
+
+
+def test_messages_that_are_not_conversations_are_a_type_error(text_llm: LLM) -> None:
+    for bad in ("hello", HELLO[0], [HELLO, "hello"]):
+        with pytest.raises(TypeError, match="message dicts"):
+            text_llm.chat(bad, GREEDY)  # type: ignore[arg-type]

@@ -1,17 +1,20 @@
-"""Offline Python API: ``LLM(settings).generate(prompts, params)``, through the same actors as the server.
+"""Offline Python API (vLLM's ``LLM``; docs/offline.md): ``LLM(settings).generate(prompts, params)`` and
+``LLM(settings).chat(conversations, params)``, through the same actors as the server.
 
-Each ``generate`` call runs the engine under its own ``trio.run``, submits every prompt (again, as others
-end, those the engine refused as overloaded), collects each stream to its terminal update and shuts the
-engine down cleanly. Calls on one ``LLM`` take turns; one ended by an exception leaves the next to rebuild
+Each call runs the engine under its own ``trio.run``, submits one engine request per sample of every prompt
+(``SamplingParams.samples``; again, as others end, those the engine refused as overloaded), collects each stream
+to its terminal update, shuts the engine down cleanly and groups the samples back into one ``Completion`` per
+prompt. Calls on one ``LLM`` take turns; one ended by an exception leaves the next to rebuild
 the engine parts.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -22,40 +25,109 @@ from inference_server.engine_factory import BuiltEngine, build_engine_parts
 from inference_server.models.chat_templates import ChatStops
 from inference_server.models.tokenizer import Tokenizer
 from inference_server.records.errors import RequestError
-from inference_server.records.requests import GenerationRequest, PromptTokenLogprob
+from inference_server.records.requests import ChatMessage, GenerationRequest, PromptTokenLogprob
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineParts
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class CompletionOutput:
+    """One sample of a prompt (vLLM's ``CompletionOutput``): its text, tokens and why it ended."""
+
+    index: int
+    """Which of the prompt's ``SamplingParams.n`` samples this is (0-based; ``Completion.outputs`` is in order)."""
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    """``stop``, ``length``, or ``error`` (a refused request, or an engine failure: ``error`` says which)."""
+    stop_reason: str | int | None = None
+    """What ended a ``stop`` finish (vLLM's ``stop_reason``): the stop string, or the stop token id (one of
+    ``SamplingParams.stop_token_ids``, or a chat turn marker that is not an EOS id); None for an EOS token, a
+    ``length`` finish and any other end."""
+    error: str | None = None
+    logprobs: tuple[float, ...] = ()
+    """Each output token's logprob."""
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per output token, the ``SamplingParams.logprobs`` best (token id, logprob) pairs, best first (what the
+    HTTP routes return as ``top_logprobs``)."""
+
+    @property
+    def cumulative_logprob(self) -> float:
+        """The sum of the output tokens' logprobs (vLLM's ``cumulative_logprob``: ranks a prompt's samples)."""
+        return math.fsum(self.logprobs)
 
 
 @attrs.frozen
 class Completion:
-    """One finished request: its text, tokens and why it ended."""
+    """One prompt's result (vLLM's ``RequestOutput``): its samples and its prompt.
 
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str
+    ``outputs`` holds ``SamplingParams.n`` samples, by ``index``. ``text``, ``token_ids``, ``finish_reason``,
+    ``stop_reason``, ``error``, ``logprobs`` and ``top_logprobs`` are the first sample's (all of it when ``n`` is
+    1, the default)."""
+
+    outputs: tuple[CompletionOutput, ...]
     prompt_tokens: int
-    error: str | None = None
-    logprobs: tuple[float, ...] = ()
-    """Each output token's logprob (with ``SamplingParams.logprobs`` set)."""
-    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
-    """Per output token, the ``SamplingParams.logprobs`` best (token id, logprob) pairs, best first (what the
-    HTTP routes return as ``top_logprobs``)."""
+    prompt_token_ids: tuple[int, ...] = ()
+    """The prompt as the model saw it (after the chat template and truncation); empty for a refused request."""
     prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # with ``SamplingParams.prompt_logprobs``
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+    @property
+    def stop_reason(self) -> str | int | None:
+        return self.outputs[0].stop_reason
+
+    @property
+    def error(self) -> str | None:
+        return self.outputs[0].error
+
+    @property
+    def logprobs(self) -> tuple[float, ...]:
+        return self.outputs[0].logprobs
+
+    @property
+    def top_logprobs(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        return self.outputs[0].top_logprobs
 
 
 async def collect(handle: RequestHandle) -> Completion:
-    """Read a request to its end through its handle (closing it)."""
+    """Read a request to its end through its handle (closing it): a completion of one output."""
     async with handle:
         try:
             prompt_tokens = await handle.admission()
             result = await handle.result()
         except RequestError as error:
-            return Completion("", (), "error", 0, error=f"{error.code}: {error.message}")
-    return Completion("".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
-                      result.finish_reason or "error", prompt_tokens, result.error,
-                      tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens),
-                      result.prompt_logprobs)
+            return Completion((CompletionOutput(0, "", (), "error", error=f"{error.code}: {error.message}"),), 0)
+    output = CompletionOutput(0, "".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
+                              result.finish_reason or "error", result.stop_reason, result.error,
+                              tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens))
+    return Completion((output,), prompt_tokens, handle.prompt_token_ids, result.prompt_logprobs)
+
+
+def grouped(completions: Sequence[Completion], counts: Sequence[int]) -> list[Completion]:
+    """The completions of consecutive requests, ``counts[i]`` of them for prompt ``i``, as one completion per
+    prompt whose outputs are its samples in order (each indexed by its place); the prompt's fields come from its
+    first admitted sample (all samples share the prompt)."""
+    out, start = [], 0
+    for count in counts:
+        samples = completions[start:start + count]
+        start += count
+        admitted = next((c for c in samples if c.prompt_tokens), samples[0])
+        outputs = tuple(attrs.evolve(c.outputs[0], index=j) for j, c in enumerate(samples))
+        out.append(attrs.evolve(admitted, outputs=outputs))
+    return out
 
 
 class Turnover:
@@ -170,6 +242,94 @@ def prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | tuple[int, ...
     return [one_prompt(item) for item in items]
 
 
+def params_per_item(params: SamplingParams | Sequence[SamplingParams] | None, count: int,
+                    items: str) -> list[SamplingParams]:
+    """One ``SamplingParams`` for each of ``count`` prompts or conversations (``items`` names them in the
+    error): one for all, one each, or None for ``SamplingParams()``."""
+    if params is None:
+        params = SamplingParams()
+    per_item = list(params) if isinstance(params, Sequence) else [params] * count
+    if len(per_item) != count:
+        raise ValueError(f"{count} {items} but {len(per_item)} SamplingParams: give one for every "
+                         f"{items.removesuffix('s')} or one per {items.removesuffix('s')}")
+    return per_item
+
+
+Conversation: TypeAlias = Sequence[Mapping[str, Any]]
+"""One chat of the offline API: OpenAI-style message dicts (``{"role": "user", "content": "Hi"}``)."""
+
+
+def conversation_list(messages: Conversation | Sequence[Conversation]) -> list[Sequence[object]]:
+    """``messages`` as a list of conversations: a list of message dicts is one conversation, a list of such
+    lists a batch (vLLM's rule: the first item decides; an empty list is an empty batch)."""
+    if isinstance(messages, str | Mapping) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages is a list of message dicts or a list of such lists, got {messages!r:.100}")
+    items = list(messages)
+    if not items or (isinstance(items[0], Sequence) and not isinstance(items[0], str | Mapping)):
+        for item in items:
+            if isinstance(item, str | Mapping) or not isinstance(item, Sequence):
+                raise TypeError(f"a batch of conversations holds lists of message dicts, got {item!r:.100}")
+        return [list(item) for item in items]
+    return [items]
+
+
+def http_checked(check: Callable[[], T]) -> T:
+    """``check()``, an ``ApiError`` of the HTTP chat route's own checks raised as the ``ValueError`` a Python
+    caller expects, naming the field (``messages[0].role: ...``)."""
+    from inference_server.http.errors import ApiError
+
+    try:
+        return check()
+    except ApiError as error:
+        raise ValueError(f"{error.param}: {error.message}" if error.param else error.message) from None
+
+
+def conversation_messages(conversation: Sequence[object]) -> tuple[ChatMessage, ...]:
+    """One conversation's messages, read as ``/v1/chat/completions`` reads its ``messages`` (the same parser and
+    rules: roles, text content parts joined by newlines, an agent loop's ``tool_calls`` / ``tool_call_id`` /
+    ``name`` / ``reasoning_content``, unknown keys refused); raises ``ValueError`` naming the field."""
+    from inference_server.http.body_parser import structure
+    from inference_server.http.openai import chat_messages
+    from inference_server.http.schemas import ChatCompletionRequest
+
+    body = {"messages": [dict(m) if isinstance(m, Mapping) else m for m in conversation]}
+    return http_checked(lambda: chat_messages(structure(body, ChatCompletionRequest).messages))
+
+
+def chat_options(tools: object, chat_template_kwargs: object
+                 ) -> tuple[tuple[dict[str, Any], ...] | None, dict[str, Any] | None]:
+    """``tools`` and ``chat_template_kwargs`` checked as the HTTP chat route checks them (function tools with
+    valid, unique names; no template variable the server sets itself): the template's ``tools`` (None for none
+    or an empty list) and extra variables; raises ``ValueError`` naming the field."""
+    from inference_server.http.body_parser import structure
+    from inference_server.http.chat_tools import check_tools, template_kwargs
+    from inference_server.http.schemas import ChatCompletionRequest
+
+    body: dict[str, Any] = {"messages": []}
+    if tools is not None:
+        body["tools"] = [dict(t) if isinstance(t, Mapping) else t for t in tools] \
+            if isinstance(tools, Sequence) and not isinstance(tools, str) else tools
+    if chat_template_kwargs is not None:
+        body["chat_template_kwargs"] = dict(chat_template_kwargs) if isinstance(chat_template_kwargs, Mapping) \
+            else chat_template_kwargs
+
+    def check() -> tuple[tuple[dict[str, Any], ...] | None, dict[str, Any] | None]:
+        fields = structure(body, ChatCompletionRequest)
+        return check_tools(fields.tools) or None, template_kwargs(fields.chat_template_kwargs)
+
+    return http_checked(check)
+
+
+def chat_flags(add_generation_prompt: bool | None, continue_final_message: bool,
+               last_role: str) -> tuple[bool, bool]:
+    """``(add_generation_prompt, continue_final_message)`` by the HTTP chat route's rules: the first defaults to
+    ``not continue_final_message``, both true is an error, and only an assistant's final message is continued;
+    raises ``ValueError`` naming the argument."""
+    from inference_server.http.convert import chat_prompt_flags
+
+    return http_checked(lambda: chat_prompt_flags(add_generation_prompt, continue_final_message, last_role))
+
+
 def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
     """The ``KeyboardInterrupt`` inside ``error`` (trio wraps a Ctrl-C that reached a task in its nurseries'
     exception groups, where a caller's ``except KeyboardInterrupt`` cannot see it), or None."""
@@ -217,16 +377,10 @@ class LLM:
                  *, chat: bool = False) -> list[Completion]:
         """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
         one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt; None:
-        ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params)."""
-        from inference_server.records.requests import ChatMessage
-
+        ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params). Returns one
+        completion per prompt, in order, each with its ``SamplingParams.n`` samples in ``outputs``."""
         batch = prompt_list(prompts)
-        if params is None:
-            params = SamplingParams()
-        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
-        if len(per_prompt) != len(batch):
-            raise ValueError(f"{len(batch)} prompts but {len(per_prompt)} SamplingParams: give one for every "
-                             "prompt or one per prompt")
+        per_prompt = params_per_item(params, len(batch), "prompts")
         requests = []
         for prompt, p in zip(batch, per_prompt, strict=True):
             if chat:
@@ -238,11 +392,46 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
                 requests.append(GenerationRequest(params=p, prompt_ids=prompt))
+        return self._complete(requests)
+
+    def chat(self, messages: Conversation | Sequence[Conversation],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             add_generation_prompt: bool | None = None, continue_final_message: bool = False,
+             tools: Sequence[Mapping[str, Any]] | None = None,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[Completion]:
+        """Reply to each conversation (vLLM's ``LLM.chat``): one conversation (a list of OpenAI-style message
+        dicts) or a list of them; ``sampling_params`` (vLLM's name) as ``generate``'s ``params``. Each
+        conversation is rendered by the model's chat template exactly as ``/v1/chat/completions`` renders it (its
+        message rules, ``tools`` as function definitions, ``chat_template_kwargs`` as extra template variables),
+        and each reply ends at the template's turn markers as there. ``add_generation_prompt`` defaults to
+        ``not continue_final_message``; ``continue_final_message`` leaves the final message (the assistant's)
+        open for the model to continue. A conversation or field the HTTP route would refuse raises ``ValueError``
+        naming it, before anything runs; a refusal by the engine (a template error, a prompt too long) is that
+        completion's ``error``."""
+        conversations = conversation_list(messages)
+        per_conversation = params_per_item(sampling_params, len(conversations), "conversations")
+        checked_tools, kwargs = chat_options(tools, chat_template_kwargs)
+        requests = []
+        for conversation, p in zip(conversations, per_conversation, strict=True):
+            chat_messages = conversation_messages(conversation)
+            generation_prompt, continue_final = chat_flags(add_generation_prompt, continue_final_message,
+                                                           chat_messages[-1].role)
+            requests.append(GenerationRequest(params=self.chat_stops.apply(p), messages=chat_messages,
+                                              add_generation_prompt=generation_prompt,
+                                              continue_final_message=continue_final, tools=checked_tools,
+                                              chat_template_kwargs=kwargs))
+        return self._complete(requests)
+
+    def _complete(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Run each request's samples (``SamplingParams.samples``: ``n`` engine requests, seeds derived) and
+        group them back into one completion per request."""
+        samples = [[attrs.evolve(r, params=p) for p in r.params.samples()] for r in requests]
         if in_trio_run():  # before trio.run refuses it: that refusal would mark the engine stale for nothing
-            raise RuntimeError("LLM.generate runs its own trio.run: call it from a thread "
+            raise RuntimeError("LLM.generate and LLM.chat run their own trio.run: call them from a thread "
                                "(trio.to_thread.run_sync), not from inside a running trio loop")
         with self.running:
-            return self._run(requests)
+            completions = self._run([sample for group in samples for sample in group])
+        return grouped(completions, [len(group) for group in samples])
 
     def _run(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """One engine run over the shared parts (the caller holds ``running``)."""

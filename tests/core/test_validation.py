@@ -29,3 +29,11 @@ def test_ids_are_accepted_exactly_when_each_is_an_int_in_the_vocabulary(ids: lis
     with pytest.raises(RequestError) as raised:
         _prepare(tuple(ids))
     assert f"prompt token id {bad[0]} is outside" in raised.value.message
+
+
+def test_an_engine_request_for_several_samples_is_refused() -> None:
+    """``n`` > 1 is expanded by the caller (``SamplingParams.samples``); the engine runs one sequence a request."""
+    request = GenerationRequest(params=SamplingParams(max_tokens=1, n=2), prompt_ids=(1, 2))
+    with pytest.raises(RequestError, match="n=2: an engine request is one sequence") as raised:
+        prepare(request, None, max_model_len=1000, vocab_size=VOCAB)
+    assert raised.value.param == "n"

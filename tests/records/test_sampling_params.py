@@ -32,6 +32,8 @@ from inference_server.records.sampling_params import MAX_LOGPROBS, SamplingParam
         ("frequency_penalty", -2.01, "[-2, 2]"),
         ("seed", 2**64, "None or an integer"),
         ("seed", 1.5, "None or an integer"),
+        ("n", 0, "an integer >= 1"),
+        ("n", 2.0, "an integer >= 1"),
         ("max_tokens", 0, ">= 1"),
         ("logprobs", -1, f"[0, {MAX_LOGPROBS}]"),
         ("logprobs", MAX_LOGPROBS + 1, f"[0, {MAX_LOGPROBS}]"),
@@ -106,3 +108,24 @@ def test_max_tokens_zero_error_names_echo_as_the_completions_field() -> None:
     """/generate and the offline API have no ``echo``: the message says where that field lives."""
     with pytest.raises(ValueError, match=r"\(0 only with prompt_logprobs, or echo on /v1/completions\)"):
         SamplingParams(max_tokens=0).validate()
+
+
+def test_each_sample_is_one_sequence_seeded_seed_plus_its_index() -> None:
+    """vLLM's ``n``: sample j of a seeded request uses ``seed + j`` (sample 0 the seed itself), so the samples
+    differ and each is reproducible alone; unseeded samples stay unseeded."""
+    seeded = SamplingParams(n=3, seed=7, temperature=0.8)
+    assert seeded.samples() == tuple(attrs.evolve(seeded, n=1, seed=7 + j) for j in range(3))
+    assert SamplingParams(n=2).samples() == (SamplingParams(), SamplingParams())
+    assert SamplingParams(seed=5).samples() == (SamplingParams(seed=5),)
+    assert SamplingParams(n=2, seed=2**63 - 1).samples()[1].seed == 0  # wrapped inside the seed range
+    assert SamplingParams(n=0).samples() == (SamplingParams(n=0),)  # left for validation to refuse
+
+
+def test_stops_are_taken_as_vllm_users_write_them() -> None:
+    """vLLM's ``stop`` is a string or a list, its ``stop_token_ids`` a list: kept as the tuples the engine uses."""
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(stop=["a", "b"], stop_token_ids=[3, 4]) == SamplingParams(stop=("a", "b"),
+                                                                                     stop_token_ids=(3, 4))
+    assert attrs.evolve(SamplingParams(), stop=["x"]).stop == ("x",)
+    with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings"):
+        SamplingParams(stop={"x"}).validate()  # type: ignore[arg-type]

@@ -123,6 +123,9 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     ``default_max_tokens``: the output cap of a request that sets none (``DEFAULT_MAX_TOKENS``), never more
     than the rest of the context; ``None``: the rest of the context."""
     request.params.validate()
+    if request.params.n != 1:
+        raise RequestError("invalid_request", f"n={request.params.n}: an engine request is one sequence; its "
+                           "caller submits one request per sample (SamplingParams.sample)", "n")
     request.params.validate_vocabulary(vocab_size)
     prompt_ids = truncate(tokenize(request, tokenizer), request.truncate_prompt_tokens, max_model_len,
                           request.truncation_side)

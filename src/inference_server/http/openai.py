@@ -5,8 +5,9 @@ Conventions (see docs/api.md for every field):
 * ``model`` must be a served name (``/v1/models``: ``SERVED_MODEL_NAME``'s aliases) or absent; anything else is
   404 ``model_not_found``. Responses report the first name.
 * ``n`` choices (1..``MAX_N``) are ``n`` engine requests submitted together; with a ``seed``, choice ``j``
-  uses ``seed + j`` so the choices differ and stay reproducible. A list of prompts gives ``len(prompts) * n``
-  choices, choice ``i * n + j`` being prompt ``i``'s ``j``-th.
+  uses ``seed + j`` (``SamplingParams.sample``, as the offline ``LLM``'s ``n``) so the choices differ and stay
+  reproducible. A list of prompts gives ``len(prompts) * n`` choices, choice ``i * n + j`` being prompt ``i``'s
+  ``j``-th.
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
 * Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
   capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
@@ -98,7 +99,6 @@ MAX_N = 16
 MAX_CHOICES = 256
 """Most choices per request (prompts times ``n``)."""
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-_SEED_MODULUS = 2**63
 
 
 class OpenAIRoutes:
@@ -172,7 +172,7 @@ class OpenAIRoutes:
         session = self._session(body.user)
         side = truncation_side(body)
         requests = [
-            GenerationRequest(params=_choice_params(params, j), prompt=p if isinstance(p, str) else None,
+            GenerationRequest(params=params.sample(j), prompt=p if isinstance(p, str) else None,
                               prompt_ids=p if not isinstance(p, str) else None,
                               add_special_tokens=body.add_special_tokens is not False, session_id=session,
                               priority=body.priority or 0, trace_id=g.trace_id,
@@ -201,9 +201,7 @@ class OpenAIRoutes:
 
     def _chat_requests(self, body: ChatCompletionRequest
                        ) -> tuple[list[GenerationRequest], int, dict[str, str], ChatOutputSpec]:
-        messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
-        if not messages:
-            raise invalid_request("messages must not be empty", "messages")
+        messages = chat_messages(body.messages)
         tools = self._tool_request(body)
         kwargs = with_effort(template_kwargs(body.chat_template_kwargs),
                              effort_template_kwargs(body.reasoning_effort, "reasoning_effort"))
@@ -232,7 +230,7 @@ class OpenAIRoutes:
         session = self._session(body.user or body.safety_identifier)
         side = truncation_side(body)
         requests = [
-            GenerationRequest(params=_choice_params(params, j), messages=messages, session_id=session,
+            GenerationRequest(params=params.sample(j), messages=messages, session_id=session,
                               priority=body.priority or 0, trace_id=g.trace_id,
                               truncate_prompt_tokens=body.truncate_prompt_tokens, truncation_side=side,
                               add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
@@ -326,13 +324,6 @@ def _choice_count(n: int | None, prompts: int) -> int:
     return n
 
 
-def _choice_params(params: SamplingParams, j: int) -> SamplingParams:
-    """Choice ``j``'s params: the request's, with seed ``seed + j`` when seeded."""
-    if j == 0 or params.seed is None:
-        return params
-    return attrs.evolve(params, seed=(params.seed + j) % _SEED_MODULUS)
-
-
 def _stream_usage(options: StreamOptions | None) -> tuple[bool, bool]:
     """(include_usage, continuous usage): per-chunk usage only together with ``include_usage`` (vLLM)."""
     if options is None:
@@ -369,6 +360,16 @@ def _chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:
     if body.max_completion_tokens is not None:
         return body.max_completion_tokens, "max_completion_tokens"
     return body.max_tokens, "max_tokens"
+
+
+def chat_messages(inputs: Sequence[ChatMessageInput]) -> tuple[ChatMessage, ...]:
+    """A chat request's messages as the chat template sees them (roles, text content, an agent loop's history);
+    a 400 naming the field for an empty list or a message the server cannot render. The offline ``LLM.chat``
+    reads its conversations through this too."""
+    messages = tuple(_chat_message(m, i) for i, m in enumerate(inputs))
+    if not messages:
+        raise invalid_request("messages must not be empty", "messages")
+    return messages
 
 
 def _chat_message(message: ChatMessageInput, index: int) -> ChatMessage:

@@ -88,7 +88,8 @@ def turn_markers(template: str | None, token_to_id: Callable[[str], int | None],
 # would miss a marker emitted as its own token). Neither shows in the reply unless
 # ``include_stop_str_in_output``. Ids that already end generation (the model's EOS ids) are not repeated, so
 # such a finish still reports ``stop_reason: null``. A request with ``ignore_eos`` (benchmarks fixing the
-# output length) gets none. The HTTP chat route and the offline ``LLM.generate(chat=True)`` apply them.
+# output length) gets none. The HTTP chat route and the offline ``LLM.chat`` (and ``generate(chat=True)``) apply
+# them.
 
 
 @attrs.frozen

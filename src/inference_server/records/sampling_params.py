@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 
@@ -19,6 +20,8 @@ MAX_LOGIT_BIAS = 100.0
 """``logit_bias`` values lie in [-100, 100] (the OpenAI API's range)."""
 
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+_SAMPLE_SEED_MODULUS = 2**63
+"""Derived sample seeds (``SamplingParams.sample``) wrap below this, so they stay in ``_SEED_RANGE``."""
 
 
 def _is_int(value: object) -> bool:
@@ -27,6 +30,14 @@ def _is_int(value: object) -> bool:
 
 def _is_real(value: object) -> bool:
     return (isinstance(value, float) or _is_int(value)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _as_tuple(value: Any) -> Any:
+    """``stop`` / ``stop_token_ids`` as vLLM's users write them: one string is a stop of its own, a list a tuple;
+    anything else is kept for ``validate`` to name."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _require(ok: bool, field: str, accepted: str, value: object) -> None:
@@ -54,15 +65,18 @@ class SamplingParams:
     """OpenAI semantics over output tokens: subtracted from a token's logit once per time it was output."""
     seed: int | None = None
     """Per-request seed: the same seed, prompt and params give the same tokens. None = unseeded."""
+    n: int = 1
+    """Samples per prompt (vLLM's ``n``), expanded by the caller before the engine: the offline ``LLM`` and the
+    HTTP routes submit one engine request per sample (``sample``), and admission refuses any other ``n``."""
     max_tokens: int | None = 16
     """Most output tokens to generate (finish reason ``"length"`` when reached). ``None``: admission resolves
     it before the request is queued to ``DEFAULT_MAX_TOKENS`` (1024 by default), never more than the rest of
     the context (``max_model_len`` minus the prompt); with ``DEFAULT_MAX_TOKENS=0``, the rest of the context.
     ``0`` (only with ``prompt_logprobs``): only the prompt is computed (scoring); the request ends
     ``"length"`` with no output token."""
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     """Stop strings: output ends before the first one that appears (or after it, see below)."""
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_tuple)
     """Token ids that end the output (in addition to EOS, and even with ``ignore_eos``)."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS tokens (benchmarks)."""
@@ -92,6 +106,23 @@ class SamplingParams:
     """Structured output: every sampled token is masked to those the constraint allows (greedy, sampled and
     seeded alike; returned logprobs and top logprobs are those of the masked distribution). Once the
     constraint is complete only EOS is allowed, and the request ends ``"stop"``."""
+
+    def sample(self, index: int) -> SamplingParams:
+        """The engine request of sample ``index`` (0-based) of these params' ``n``: one sequence (``n=1``) and,
+        when seeded, the seed ``seed + index`` (vLLM's derivation for ``n`` > 1, wrapped below 2**63), so the
+        samples differ and each stays reproducible; sample 0 keeps the seed itself."""
+        seed = self.seed if self.seed is None or index == 0 else (self.seed + index) % _SAMPLE_SEED_MODULUS
+        if self.n == 1 and seed == self.seed:
+            return self
+        return attrs.evolve(self, n=1, seed=seed)
+
+    def samples(self) -> tuple[SamplingParams, ...]:
+        """Each sample's engine params (``sample(0)`` ... ``sample(n - 1)``); an ``n`` that is not an integer >= 1:
+        these params alone, unchanged, so that admission refuses them naming ``n``."""
+        n = self.n
+        if not _is_int(n) or n < 1:
+            return (self,)
+        return tuple(self.sample(index) for index in range(n))
 
     def resolved_max_tokens(self) -> int:
         """``max_tokens`` once admission has resolved ``None`` (the rest of the context) to a number."""
@@ -155,6 +186,7 @@ class SamplingParams:
         seed, (lo, hi) = self.seed, _SEED_RANGE
         ok_seed = seed is None or (_is_int(seed) and lo <= seed <= hi)
         _require(ok_seed, "seed", f"None or an integer in [{lo}, {hi}]", seed)
+        _require(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
         max_tokens, logprobs = self.max_tokens, self.logprobs
         scoring = self.prompt_logprobs is not None
         ok_max = max_tokens is None or (_is_int(max_tokens) and max_tokens >= (0 if scoring else 1))
