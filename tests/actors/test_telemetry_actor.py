@@ -58,3 +58,27 @@ async def test_a_closed_subscriber_is_forgotten() -> None:
         await trio.sleep(0.01)
         telemetry.close()
     assert telemetry.events_seen == 1 and telemetry.subscriber_drops == 0
+
+
+async def test_a_burst_of_events_is_delivered_in_one_turn_of_the_actor() -> None:
+    """The actor drains what its inbox holds when it wakes, instead of one trio turn per event (while producers
+    run on, the inbox and what its events hold would pile up)."""
+    telemetry = Telemetry()
+    turns = 0
+    seen_at: list[int] = []
+    telemetry.sinks.append(lambda _: seen_at.append(turns))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(telemetry.run)
+
+        async def ticker() -> None:  # counts trio turns: it runs once in each
+            nonlocal turns
+            while len(seen_at) < 50:
+                turns += 1
+                await trio.lowlevel.checkpoint()
+
+        for i in range(50):
+            telemetry.emit(event(i))
+        nursery.start_soon(ticker)
+        await trio.testing.wait_all_tasks_blocked()
+        telemetry.close()
+    assert len(seen_at) == 50 and len(set(seen_at)) == 1, seen_at

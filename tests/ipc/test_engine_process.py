@@ -91,3 +91,18 @@ async def test_a_killed_engine_process_ends_every_open_handle_with_an_error() ->
                 assert rest[-1].error is not None and "engine process is gone" in rest[-1].error
             assert await process.wait() == -signal.SIGKILL
     assert len(deaths) == 1 and remote.failed
+
+
+def test_the_engine_process_freezes_its_start_up_heap_and_raises_the_young_threshold() -> None:
+    import gc
+
+    from inference_server.engine_process import GC_YOUNG_THRESHOLD, settle_heap
+
+    before = gc.get_threshold()
+    try:
+        settle_heap()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, before[1], before[2])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from inference_server.core.detokenizer import IncrementalDetokenizer
 from inference_server.core.stop_checker import StopChecker
 from inference_server.ipc.front_text import RequestText
+from inference_server.ipc.messages import Tokens
 from inference_server.records.requests import RequestUpdate, TokenOutput
 from inference_server.records.sampling_params import SamplingParams
 
@@ -54,7 +55,7 @@ def split(params: SamplingParams, tokens: list[int], sizes: list[int]) -> tuple[
     front = RequestText(params, (1,), CharDecoder(), {EOS})
     text = ""
     for update in updates:
-        out, _ = front.apply(update)
+        out, _ = front.apply(Tokens.of(update, 7))
         assert all(t.logprob == -0.5 for t in out.tokens)
         text += "".join(t.text for t in out.tokens)
         if out.finished:
@@ -78,7 +79,6 @@ def test_the_front_makes_the_text_one_process_makes(tokens: list[int], stop: lis
 def test_a_stop_string_ends_the_request_in_the_front_before_the_engine() -> None:
     params = SamplingParams(max_tokens=20, stop=("ab",))
     front = RequestText(params, (1,), CharDecoder(), {EOS})
-    out, ended_here = front.apply(RequestUpdate(7, (TokenOutput(5, "", 0.0), TokenOutput(3, "", 0.0),
-                                                    TokenOutput(1, "", 0.0))))
+    out, ended_here = front.apply(Tokens(7, [5, 3, 1], [0.0, 0.0, 0.0]))
     assert ended_here and out.finish_reason == "stop" and out.stop_reason == "ab"
     assert [t.text for t in out.tokens] == ["c", ""] and out.completion_tokens == 2  # ends at the match

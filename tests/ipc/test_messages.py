@@ -3,7 +3,8 @@ field of the records they carry.
 
 The records' samples set every field to a value that is not its default, and a test checks that from the
 classes' own field lists: a field added to ``GenerationRequest``, ``SamplingParams`` or ``RequestUpdate`` fails
-here until the sample sets it, and then the round trip proves it crosses.
+here until the sample sets it (and, for ``RequestUpdate``, until ``Tokens`` carries it), and then the round trip
+proves it crosses.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from inference_server.ipc.messages import (
     Stopped,
     Submit,
     ToEngine,
+    Tokens,
 )
 from inference_server.records.constraints import Constraint
 from inference_server.records.requests import (
@@ -68,6 +70,9 @@ UPDATE = RequestUpdate(
     prompt_tokens=4, completion_tokens=2, cached_prompt_tokens=1,
     prompt_logprobs=(PromptTokenLogprob(5, None), PromptTokenLogprob(6, -0.75, ((7, -2.0),))),
 )
+
+UPDATE_WITHOUT_TEXT = attrs.evolve(UPDATE, tokens=tuple(attrs.evolve(t, text="") for t in UPDATE.tokens))
+"""What the front rebuilds of ``UPDATE`` from its ``Tokens`` (the engine's text is empty; the front makes it)."""
 
 
 def record_values(record: Any) -> Any:
@@ -128,7 +133,7 @@ async def test_engine_to_front_messages_survive_field_for_field() -> None:
     sent: list[Any] = [
         Hello("m", 4096, 512, [1, 2], 256, "/models/m", "/models/m/tok", 1234, 0.5),
         StepOutput([Admission(3, (5, 6, 7)), Admission(4, rejected=Rejected("overloaded", "full", None, 1.5))],
-                   [UPDATE, RequestUpdate(5)], "draining"),
+                   [Tokens.of(UPDATE, 3), Tokens.of(RequestUpdate(5), 5)], "draining"),
         StepOutput(),
         StepOutput(events=pickle.dumps([RequestRejected(1.5, "overloaded", "full", "t-1")]), events_dropped=3),
         Reply(7, counts={"requests": 2, "kv_blocks_cached": 9}),
@@ -139,7 +144,29 @@ async def test_engine_to_front_messages_survive_field_for_field() -> None:
     received = await round_trip(sent, ENGINE_TO_FRONT)
     assert [type(m) for m in received] == [type(m) for m in sent]
     assert received == sent
-    assert record_values(received[1].updates[0]) == record_values(UPDATE)
+    assert record_values(received[1].updates[0].update()) == record_values(UPDATE_WITHOUT_TEXT)
+    assert received[1].updates[1].update() == RequestUpdate(5)
     assert pickle.loads(received[3].events) == [RequestRejected(1.5, "overloaded", "full", "t-1")]
     assert record_values(received[1].admissions[1].rejected) == record_values(Rejected("overloaded", "full",
                                                                                         None, 1.5))
+
+
+def test_tokens_carry_every_field_of_an_update_but_the_text() -> None:
+    tokens = Tokens.of(UPDATE, 9, cached_prompt_tokens=0)
+    assert tokens.token_ids == [11, 13] and tokens.logprobs == [-0.25, -0.5]
+    assert tokens.top_logprobs == [((12, -1.0),), ()]
+    assert tokens.update() == attrs.evolve(UPDATE_WITHOUT_TEXT, request_id=9, cached_prompt_tokens=0)
+    assert Tokens.of(UPDATE, 3).update() == UPDATE_WITHOUT_TEXT
+    assert Tokens.of(RequestUpdate(4, (TokenOutput(1, "", -1.0),)), 4).top_logprobs is None  # none: not sent
+    # a field added to RequestUpdate fails here until Tokens carries it (``tokens`` travels as the columns)
+    carried = set(Tokens.__struct_fields__) - {"token_ids", "logprobs", "top_logprobs"}
+    assert carried == {f.name for f in attrs.fields(RequestUpdate)} - {"tokens"}
+
+
+def test_a_steps_tokens_cross_as_ids_not_records() -> None:
+    import msgspec
+
+    updates = [RequestUpdate(i, (TokenOutput(100, "", -0.5),)) for i in range(64)]
+    step = StepOutput(updates=[Tokens.of(update, update.request_id) for update in updates])
+    # ids, logprobs and the other fields by position: no record per token, no field names
+    assert len(msgspec.msgpack.encode(step)) * 5 < len(msgspec.msgpack.encode(updates))

@@ -172,7 +172,7 @@ async def test_the_engine_steps_at_the_pace_of_a_front_that_stops_reading() -> N
                 async for message in front:
                     if isinstance(message, StepOutput):
                         for update in message.updates:
-                            tokens.extend(t.token_id for t in update.tokens)
+                            tokens.extend(update.token_ids)
                             finish = update.finish_reason or finish
                         if finish is not None:
                             break

@@ -1,4 +1,4 @@
-"""``RequestUpdate.with_tokens`` and ``renamed`` build their copies field by field (positionally, for speed): they
+"""``RequestUpdate.with_tokens`` builds its copies field by field (positionally, for speed): it
 must give exactly what ``attrs.evolve`` gives, for every field, so a field added to the record is not dropped."""
 
 import attrs
@@ -21,7 +21,3 @@ def test_with_tokens_is_evolve() -> None:
     assert UPDATE.with_tokens(tokens, None, 0) == attrs.evolve(UPDATE, tokens=tokens, prompt_logprobs=None,
                                                                cached_prompt_tokens=0)
 
-
-def test_renamed_is_evolve() -> None:
-    assert UPDATE.renamed(9) == attrs.evolve(UPDATE, request_id=9)
-    assert UPDATE.renamed(9, 0) == attrs.evolve(UPDATE, request_id=9, cached_prompt_tokens=0)

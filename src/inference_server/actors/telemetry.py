@@ -95,8 +95,21 @@ class Telemetry:
         async with self._receive:
             async for event in self._receive:
                 self._deliver(event)
+                self._deliver_waiting()
         for subscriber in self._subscribers:
             subscriber._send.close()
+
+    def _deliver_waiting(self) -> None:
+        """Every event already in the inbox, in this same turn: one wake-up of the actor per burst (a step's
+        events, a request's end) instead of a trio turn per event, so the inbox never lags behind the producers
+        holding what its events hold (a step's plan) alive."""
+        receive = self._receive.receive_nowait
+        while True:
+            try:
+                event = receive()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            self._deliver(event)
 
     def _deliver(self, event: TelemetryEvent) -> None:
         self.events_seen += 1

@@ -57,10 +57,11 @@ from inference_server.ipc.messages import (
     StepOutput,
     Stopped,
     ToEngine,
+    Tokens,
 )
 from inference_server.ipc.outbox_streams import OutboxStreams
 from inference_server.records.errors import RequestError
-from inference_server.records.requests import GenerationRequest, Rejected, RequestUpdate
+from inference_server.records.requests import GenerationRequest, Rejected
 from inference_server.records.steps import PlanDigest
 from inference_server.supervisor import EngineCounts, EngineInfo, KVCacheSnapshot
 from inference_server.telemetry.events import StepCompleted, TelemetryEvent
@@ -123,7 +124,7 @@ class _EngineServer:
         self.planned_since_send = 0  # plans since the last message went out (or the front went)
         self.sent = trio.Event()  # set (and replaced) whenever a message went out
         self.admissions: list[Admission] = []
-        self.updates: list[RequestUpdate] = []
+        self.updates: list[Tokens] = []
         self.replies: list[Reply] = []
         self.events: list[TelemetryEvent] = []
         self.events_dropped = 0  # by the backlog bound here
@@ -228,7 +229,7 @@ class _EngineServer:
         self.events.append(event)
         self.outbox_ready.set()
 
-    def _append_item(self, item: Admission | RequestUpdate) -> None:
+    def _append_item(self, item: Admission | Tokens) -> None:
         """The outbox streams' sink: a request's admission or update, already named with the front's id."""
         if isinstance(item, Admission):
             self.admissions.append(item)

@@ -18,13 +18,18 @@ Pure Python: no trio (``tests/test_layering.py``).
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Collection
 
 from inference_server.core.detokenizer import IncrementalDetokenizer, TokenDecoder
 from inference_server.core.stop_checker import StopChecker, ends_after_last_token
+from inference_server.ipc.messages import Tokens
 from inference_server.records.requests import RequestUpdate, TokenOutput
 from inference_server.records.sampling_params import SamplingParams
+
+_NO_TOPS = itertools.repeat(())
+"""Each token's top logprobs when the update has none (``zip`` stops at the ids)."""
 
 
 class RequestText:
@@ -49,19 +54,21 @@ class RequestText:
             tokens[-1] = TokenOutput(last.token_id, last.text + self.detokenizer.flush(), last.logprob,
                                      last.top_logprobs)
 
-    def apply(self, update: RequestUpdate) -> tuple[RequestUpdate, bool]:
-        """``update`` (the engine's, text empty) with its text; True when this process ended the request (a
-        stop string, the update returned is its terminal one and the engine has not ended it)."""
+    def apply(self, update: Tokens) -> tuple[RequestUpdate, bool]:
+        """The engine's ``update`` (ids, no text) as a ``RequestUpdate`` with its text; True when this process
+        ended the request (a stop string, the update returned is its terminal one and the engine has not ended
+        it)."""
         if update.cached_prompt_tokens and not update.finished:  # the engine sends it with the first update
             self.cached_prompt_tokens = update.cached_prompt_tokens
         detokenizer, checker = self.detokenizer, self.checker
+        token_ids = update.token_ids
+        tops = update.top_logprobs or _NO_TOPS
         tokens: list[TokenOutput] = []
-        for token in update.tokens:
-            token_id = token.token_id
+        for token_id, logprob, top in zip(token_ids, update.logprobs, tops, strict=False):  # tops may be endless
             stop = checker.update(token_id, detokenizer.add_token(token_id) if detokenizer is not None else "")
-            tokens.append(TokenOutput(token_id, stop.text, token.logprob, token.top_logprobs))
+            tokens.append(TokenOutput(token_id, stop.text, logprob, top))
             if stop.finish_reason is not None:
-                if len(tokens) == len(update.tokens) and update.finish_reason == stop.finish_reason:
+                if len(tokens) == len(token_ids) and update.finish_reason == stop.finish_reason:
                     if ends_after_last_token(stop):  # nothing more will complete a held character
                         self._release_held_character(tokens)
                     break  # the engine ended it on this same token (EOS, a stop token id): its terminal stands
@@ -75,6 +82,6 @@ class RequestText:
             tokens[-1] = TokenOutput(last.token_id, last.text + checker.flush(), last.logprob, last.top_logprobs)
             self._release_held_character(tokens)
         if update.finished:
-            return (update.with_tokens(tuple(tokens), update.prompt_logprobs) if tokens else update), False
+            return update.update(tuple(tokens)), False
         # the cached count rode on the first update for this process only: the client's running updates carry 0
-        return update.with_tokens(tuple(tokens), update.prompt_logprobs, cached_prompt_tokens=0), False
+        return update.update(tuple(tokens), cached_prompt_tokens=0), False

@@ -4,7 +4,8 @@ memory channels read by callers in the same process.
 ``serve_engine`` installs one as ``Engine.streams`` before the engine runs. Everything ``RequestStreams`` does
 stays (one owner and one end per entry, the stream interval, ``is_live``), but where it would send an item
 into a request's memory channel it hands it to ``sink`` with the front's id of the request: ``Admitted`` and
-``Rejected`` become ``Admission``s, ``RequestUpdate``s are renamed with the front's id. Nothing reads a
+``Rejected`` become ``Admission``s, ``RequestUpdate``s become ``Tokens`` (ids and logprobs, no text) named with
+the front's id. Nothing reads a
 channel in the engine process, so there is no task per request, and no item waits here: the sink's outbox is
 unbounded (a lagging front gets fewer, larger messages), so a stream here is never full and never coalesces
 (the front's own ``RequestStreams`` coalesce behind a slow client).
@@ -25,10 +26,10 @@ from typing import Any, cast
 import trio
 
 from inference_server.actors.request_streams import RequestStreams, _Entry
-from inference_server.ipc.messages import Admission
+from inference_server.ipc.messages import Admission, Tokens
 from inference_server.records.requests import Admitted, Rejected, RequestUpdate, StreamItem
 
-Sink = Callable[[Admission | RequestUpdate], None]
+Sink = Callable[[Admission | Tokens], None]
 
 
 class _Statistics:
@@ -55,9 +56,9 @@ class _OutboxSend:
         if isinstance(item, RequestUpdate):
             if self.cached_tokens is not None and item.finish_reason is None:
                 cached, self.cached_tokens = self.cached_tokens(item.request_id), None
-                self.sink(item.renamed(self.front_id, cached))
+                self.sink(Tokens.of(item, self.front_id, cached))
             else:
-                self.sink(item.renamed(self.front_id))
+                self.sink(Tokens.of(item, self.front_id))
         elif isinstance(item, Admitted):
             self.sink(Admission(self.front_id, item.prompt_token_ids))
         elif isinstance(item, Rejected):

@@ -344,11 +344,11 @@ class RemoteEngine:
                                 params, admission.prompt_token_ids, self.tokenizer, self._eos_token_ids)
                         self.streams.admitted(admission.request_id, admission.prompt_token_ids)
                 now = trio.current_time()  # one clock read for the message's deliveries, as the scheduler's per step
-                for update in message.updates:
-                    request_id = update.request_id
+                for tokens in message.updates:
+                    request_id = tokens.request_id
                     text = self._texts.get(request_id)
                     if text is not None:
-                        update, ended_here = text.apply(update)
+                        update, ended_here = text.apply(tokens)
                         if update.finish_reason is not None:
                             del self._texts[request_id]
                         if ended_here:  # a stop string: the client's stream ends now, the engine's soon
@@ -357,9 +357,11 @@ class RemoteEngine:
                                                       update.completion_tokens))
                             self._wake.set()
                     elif request_id in self._ended_here:  # ended here on a stop string: the engine's tail
-                        if update.finish_reason is not None:
+                        if tokens.finish_reason is not None:
                             self._ended_here.discard(request_id)
                         continue
+                    else:  # no text made here (its client left): the update as the engine built it
+                        update = tokens.update()
                     if update.finish_reason is not None:
                         self._open_since.pop(request_id, None)
                     self.streams.deliver(update, now)  # False: the client left, and its abort is already queued

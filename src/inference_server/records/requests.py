@@ -129,13 +129,6 @@ class RequestUpdate:
         return RequestUpdate(self.request_id, tokens, self.finish_reason, self.stop_reason, self.error,
                              self.prompt_tokens, self.completion_tokens, cached, prompt_logprobs)
 
-    def renamed(self, request_id: int, cached_prompt_tokens: int | None = None) -> RequestUpdate:
-        """This update for ``request_id`` (and ``cached_prompt_tokens``, when given): how the engine process names
-        each update with the front's id (``with_tokens`` says why not ``attrs.evolve``)."""
-        cached = self.cached_prompt_tokens if cached_prompt_tokens is None else cached_prompt_tokens
-        return RequestUpdate(request_id, self.tokens, self.finish_reason, self.stop_reason, self.error,
-                             self.prompt_tokens, self.completion_tokens, cached, self.prompt_logprobs)
-
 
 @attrs.frozen
 class Admitted:
