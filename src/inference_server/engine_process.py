@@ -46,9 +46,9 @@ if TYPE_CHECKING:
 
 PR_SET_PDEATHSIG = 1
 CHANNEL_CAPACITY = 16
+"""Messages the engine buffers from the front (each a batch of submits and aborts; docs/ipc.md, decision 3)."""
 GC_YOUNG_THRESHOLD = 10_000
 """Net allocations of tracked objects that start a young collection in this process (CPython's default: 700)."""
-"""Messages the engine buffers from the front (each a batch of submits and aborts; docs/ipc.md, decision 3)."""
 EXIT_OK, EXIT_FAILED = 0, 1
 
 log = logging.getLogger("inference_server.engine_process")
