@@ -95,8 +95,7 @@ class Settings:
     engine_process: str = _field("auto", "Where `serve` runs the engine (scheduler, KV cache, model): in-process "
                                          "(one process with HTTP) or separate (a child process on a Unix socket, "
                                          "so HTTP and the engine loop do not share one GIL; docs/ipc.md). auto is "
-                                         "in-process for now, on every device: separate on CUDA waits for the H200 "
-                                         "figures of bench/http_overhead.py --split.",
+                                         "separate when the model runs on CUDA, in-process elsewhere.",
                                  ("auto", "in-process", "separate"))
     host: str = _field("127.0.0.1", "Address the HTTP server listens on.")
     port: int = _field(8000, "Port the HTTP server listens on.", minimum=0)

@@ -100,9 +100,14 @@ def serve(settings: Settings) -> int:
 
 
 def engine_process_mode(settings: Settings) -> str:
-    """``in-process`` or ``separate``: ``ENGINE_PROCESS``, with ``auto`` in-process for now on every device (the
-    split's H200 figures decide ``auto`` on CUDA; docs/ipc.md)."""
-    return "in-process" if settings.engine_process == "auto" else settings.engine_process
+    """``in-process`` or ``separate``: ``ENGINE_PROCESS``, with ``auto`` separate where the model runs on CUDA
+    (the engine loop then has a core of its own; docs/benchmarks.md) and in-process elsewhere, where the model's own
+    compute dwarfs the serving stack's and a second process would only add start-up time and memory."""
+    if settings.engine_process != "auto":
+        return settings.engine_process
+    from inference_server.runtime import resolve_device  # torch: only when auto must look at the device
+
+    return "separate" if resolve_device(settings).type == "cuda" else "in-process"
 
 
 class ThreadControls:

@@ -23,9 +23,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import torch
 from test_serve_process import write_checkpoint
 
-from inference_server.server import DUPLICATE_SIGNAL_SECONDS
+from inference_server.config import Settings
+from inference_server.server import DUPLICATE_SIGNAL_SECONDS, engine_process_mode
 from kit.server_process import wait_for_url
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the engine's pid")
@@ -404,3 +406,15 @@ def test_tokenizer_faults_reach_the_front_that_tokenizes(tmp_path: Path) -> None
         assert served.status_code == 200, served.text
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=BOUND) == 0, log_path.read_text()
+
+
+def test_auto_runs_the_engine_in_its_own_process_where_the_model_runs_on_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert engine_process_mode(Settings()) == "separate"
+    assert engine_process_mode(Settings(device="cpu")) == "in-process"
+    assert engine_process_mode(Settings(engine_process="in-process")) == "in-process"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert engine_process_mode(Settings()) == "in-process"
+    assert engine_process_mode(Settings(device="cpu", engine_process="separate")) == "separate"
