@@ -39,6 +39,13 @@ def test_one_text_prompt_is_a_batch_of_one(tiny_llm: LLM) -> None:
     assert len(completions) == 1
 
 
+def test_generate_takes_vllms_keyword_and_an_empty_batch(tiny_llm: LLM) -> None:
+    [by_keyword] = tiny_llm.generate([5, 6, 7], sampling_params=GREEDY)  # vLLM's LLM.generate keyword
+    [by_position] = tiny_llm.generate([5, 6, 7], GREEDY)
+    assert by_keyword.token_ids == by_position.token_ids and len(by_keyword.token_ids) == 3
+    assert tiny_llm.generate([], GREEDY) == []  # an empty batch, as vLLM's
+
+
 def test_params_of_another_length_than_the_prompts_is_a_clear_error(tiny_llm: LLM) -> None:
     with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
         tiny_llm.generate([[5, 6], [7, 8]], [GREEDY])

@@ -1,5 +1,5 @@
-"""Offline Python API (vLLM's ``LLM``; docs/offline.md): ``LLM(settings).generate(prompts, params)`` and
-``LLM(settings).chat(conversations, params)``, through the same actors as the server.
+"""Offline Python API (vLLM's ``LLM``; docs/offline.md): ``LLM(settings).generate(prompts, sampling_params)`` and
+``LLM(settings).chat(conversations, sampling_params)``, through the same actors as the server.
 
 Each call runs the engine under its own ``trio.run``, submits one engine request per sample of every prompt
 (``SamplingParams.samples``; again, as others end, those the engine refused as overloaded), collects each stream
@@ -373,14 +373,15 @@ class LLM:
         return self.built.loaded.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, chat: bool = False) -> list[Completion]:
         """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
-        one token-id list) is a batch of one. ``params`` is one for every prompt or one per prompt; None:
+        one token-id list) is a batch of one, an empty list an empty batch. ``sampling_params`` (vLLM's name) is
+        one for every prompt or one per prompt; None:
         ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params). Returns one
         completion per prompt, in order, each with its ``SamplingParams.n`` samples in ``outputs``."""
         batch = prompt_list(prompts)
-        per_prompt = params_per_item(params, len(batch), "prompts")
+        per_prompt = params_per_item(sampling_params, len(batch), "prompts")
         requests = []
         for prompt, p in zip(batch, per_prompt, strict=True):
             if chat:
@@ -400,7 +401,7 @@ class LLM:
              tools: Sequence[Mapping[str, Any]] | None = None,
              chat_template_kwargs: Mapping[str, Any] | None = None) -> list[Completion]:
         """Reply to each conversation (vLLM's ``LLM.chat``): one conversation (a list of OpenAI-style message
-        dicts) or a list of them; ``sampling_params`` (vLLM's name) as ``generate``'s ``params``. Each
+        dicts) or a list of them; ``sampling_params`` as ``generate``'s. Each
         conversation is rendered by the model's chat template exactly as ``/v1/chat/completions`` renders it (its
         message rules, ``tools`` as function definitions, ``chat_template_kwargs`` as extra template variables),
         and each reply ends at the template's turn markers as there. ``add_generation_prompt`` defaults to
