@@ -129,3 +129,13 @@ def test_stops_are_taken_as_vllm_users_write_them() -> None:
     assert attrs.evolve(SamplingParams(), stop=["x"]).stop == ("x",)
     with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings"):
         SamplingParams(stop={"x"}).validate()  # type: ignore[arg-type]
+
+
+def test_logit_bias_and_allowed_ids_are_taken_as_vllm_users_write_them() -> None:
+    """vLLM's ``logit_bias`` is a dict of token id to bias, its ``allowed_token_ids`` a list: kept as tuples."""
+    params = SamplingParams(logit_bias={5: -100.0, 2: 3}, allowed_token_ids=[1, 2])  # type: ignore[arg-type]
+    assert params == SamplingParams(logit_bias=((5, -100.0), (2, 3)), allowed_token_ids=(1, 2))
+    assert SamplingParams(logit_bias=[[5, 1.0]]).logit_bias == ((5, 1.0),)  # type: ignore[arg-type]
+    params.validate()
+    with pytest.raises(ValueError, match="logit_bias must be"):
+        SamplingParams(logit_bias={5: 101.0}).validate()  # type: ignore[arg-type]

@@ -40,6 +40,16 @@ def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _as_pairs(value: Any) -> Any:
+    """``logit_bias`` as vLLM's users write it: a dict of token id to bias, or a list of pairs, as a tuple of
+    ``(id, bias)`` tuples; anything else is kept for ``validate`` to name."""
+    if isinstance(value, dict):
+        return tuple(value.items())
+    if isinstance(value, list):
+        return tuple(tuple(pair) if isinstance(pair, list) else pair for pair in value)
+    return value
+
+
 def _require(ok: bool, field: str, accepted: str, value: object) -> None:
     if not ok:
         raise RequestError("invalid_request", f"{field} must be {accepted}, got {value!r}", field)
@@ -88,10 +98,10 @@ class SamplingParams:
     the prefix cache until its prompt logprobs are computed."""
     include_stop_str_in_output: bool = False
     """Keep the matched stop string (or stop token's text) at the end of the output."""
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_as_pairs)
     """(token id, bias) pairs added to the raw logits before penalties and sampling (OpenAI's ``logit_bias``:
     -100 bans a token in practice, 100 all but forces it). Returned logprobs stay those of the raw model."""
-    allowed_token_ids: tuple[int, ...] | None = None
+    allowed_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     """vLLM's ``allowed_token_ids``: only these ids may be sampled (None = any)."""
     min_tokens: int = 0
     """vLLM's ``min_tokens``: nothing ends the output before this many tokens: EOS and ``stop_token_ids``
