@@ -288,20 +288,27 @@ async def test_progress_is_measured_in_the_front() -> None:
             assert split.remote.seconds_since_progress() is None
 
 
+@asynccontextmanager
+async def front_of_a_silent_engine(max_queue_size: int) -> AsyncIterator[tuple[RemoteEngine, trio.Nursery]]:
+    """A ``RemoteEngine`` (not yet running: the test starts it in the nursery) whose engine side said ``Hello``
+    and then reads and answers nothing."""
+    front_socket, engine_socket = socket.socketpair()
+    async with (
+        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
+        open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as silent_engine,
+        trio.open_nursery() as nursery,
+    ):
+        await silent_engine.send(Hello("silent", 1024, 100, [0], None, "", "", 0, 0.0))
+        yield RemoteEngine(front_channel, max_queue_size=max_queue_size), nursery
+
+
 async def test_a_hung_engine_process_does_not_hold_the_drain() -> None:
     """An engine process that said Hello and then stopped answering (SIGSTOP, a device hang in its step):
     the drain used to wait for its ``Stopped`` forever, so SIGTERM ended only at the hard-exit watchdog, with
     status 0 and open streams cut without their terminal event. It now waits ``STOP_GRACE_SECONDS`` past the
     drain's timeout, then ends every open request with one error, turns FAILED, and ``run`` raises."""
-    front_socket, engine_socket = socket.socketpair()
     errors: list[BaseException] = []
-    async with (
-        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
-        open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as hung_engine,
-        trio.open_nursery() as nursery,
-    ):
-        remote = RemoteEngine(front_channel, max_queue_size=8)
-        await hung_engine.send(Hello("hung", 1024, 100, [0], None, "", "", 0, 0.0))
+    async with front_of_a_silent_engine(max_queue_size=8) as (remote, nursery):
         await nursery.start(run_front, remote, errors)
         handle = remote.submit(ids_request(10, max_tokens=5))  # sent; never admitted nor answered
         began = time.monotonic()
@@ -320,14 +327,7 @@ async def test_a_full_front_queue_is_a_counted_rejection() -> None:
     its ``RequestRejected`` reaches the telemetry (``/metrics``' rejections, ``/scheduler/stats``), as the
     in-process engine's full admission queue does. It used to be answered 429 and counted nowhere (48 of 50
     refusals of a burst were missing from ``inference_server:rejections_total``)."""
-    front_socket, engine_socket = socket.socketpair()
-    async with (
-        open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
-        open_socket_channel(engine_socket, 16, receive_type=FRONT_TO_ENGINE) as engine_channel,
-        trio.open_nursery() as nursery,
-    ):
-        remote = RemoteEngine(front_channel, max_queue_size=1)
-        await engine_channel.send(Hello("m", 1024, 100, [0], None, "", "", 0, 0.0))
+    async with front_of_a_silent_engine(max_queue_size=1) as (remote, nursery):
         await nursery.start(remote.run)
         subscription = remote.telemetry.subscribe()
         remote.submit(ids_request(10, max_tokens=3))  # queued, not sent yet
