@@ -61,10 +61,7 @@ from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_ca
 CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages) to try
     128: list(itertools.product((128,), (64, 128), (4, 8), (2, 3, 4))),
     256: list(itertools.product((64, 128), (32, 64), (8,), (2, 3))),
-    # BLOCK_M 128 (16 query tokens a tile at G=8) with 16 warps: the accumulator is 128 fp32 registers a thread, Q
-    # and one or two K/V stages in shared memory; twice the FLOPs per K/V byte of BLOCK_M 64.
-    512: [*itertools.product((32, 64), (32, 64), (8,), (1, 2)),
-          (128, 16, 16, 2), (128, 32, 16, 1), (128, 16, 16, 1), (64, 16, 8, 3), (64, 32, 4, 2)],
+    512: list(itertools.product((32, 64), (32, 64), (8,), (1, 2))),
 }
 
 
