@@ -271,7 +271,7 @@ def test_a_backlog_of_prompts_takes_the_prefill_budget_beside_decodes() -> None:
         steps.append((decoding, len(scheduler.requests) - decoding, plan.num_tokens))
         scheduler.on_step_result(runner.execute(plan))
     assert steps[:3] == [(0, 12, 32), (3, 9, 32), (6, 6, 8)]  # 3 prompts and a part, twice; then 6 decodes, 6 left
-    assert all(tokens <= 8 for decodes, backlog, tokens in steps if 0 < decodes and backlog <= decodes)
+    assert all(tokens <= 8 for decodes, backlog, tokens in steps if decodes > 0 and backlog <= decodes)
     off = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32, num_blocks=256,
                          backlog_prefill=False)
     for rid in range(1, 13):
