@@ -427,6 +427,11 @@ def test_chat_renders_with_a_per_call_chat_template_instead_of_the_model_s(text_
     assert served.prompt_token_ids == tuple(tokenizer.apply_chat_template(HELLO))
 
 
+def test_a_per_call_chat_template_needs_the_model_s_tokenizer(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="chat_template needs the model's tokenizer"):
+        tiny_llm.chat(HELLO, GREEDY, chat_template=PLAIN_TEMPLATE)
+
+
 @pytest.mark.parametrize("template", ["{% for m in messages %}", "{{ raise_exception('no') }}"])
 def test_a_per_call_chat_template_that_fails_is_a_value_error(text_llm: LLM, template: str) -> None:
     with pytest.raises(ValueError, match="chat_template: cannot apply the chat template"):

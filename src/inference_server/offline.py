@@ -388,17 +388,23 @@ def no_lora(lora_request: object) -> None:
                          "base model's weights only)")
 
 
-def rendered_with(template: str, tokenizer: Tokenizer | None, request: GenerationRequest) -> GenerationRequest:
-    """A chat ``request`` rendered by ``template`` (vLLM's per-call ``chat_template``, a Jinja string) instead of
-    the model's: the same request with the rendering's token ids as its prompt (``tokenized_from`` messages, as
-    a front process sends a rendered chat), through admission's own rendering (``validation.tokenize``). A
-    template that does not parse or raises is a ``ValueError``, before anything runs."""
-    from inference_server.core.validation import tokenize
-
+def template_tokenizer(template: str, tokenizer: Tokenizer | None) -> Tokenizer:
+    """The model's tokenizer rendering with ``template`` (vLLM's per-call ``chat_template``, a Jinja string);
+    a ``ValueError`` for a model without a tokenizer."""
     if tokenizer is None:
         raise ValueError("chat_template needs the model's tokenizer (this model has none: send token ids)")
+    return tokenizer.with_chat_template(template)
+
+
+def rendered_with(tokenizer: Tokenizer, request: GenerationRequest) -> GenerationRequest:
+    """A chat ``request`` rendered by ``tokenizer``'s template (``template_tokenizer``) instead of the model's:
+    the same request with the rendering's token ids as its prompt (``tokenized_from`` messages, as a front
+    process sends a rendered chat), through admission's own rendering (``validation.tokenize``). A template
+    that does not parse or raises is a ``ValueError``, before anything runs."""
+    from inference_server.core.validation import tokenize
+
     try:
-        ids = tokenize(request, tokenizer.with_chat_template(template))
+        ids = tokenize(request, tokenizer)
     except RequestError as error:  # admission's message: "cannot apply the chat template: ..."
         raise ValueError(f"chat_template: {error.message}") from None
     return attrs.evolve(request, messages=None, prompt_ids=ids, tokenized_from="messages")
@@ -499,6 +505,7 @@ class LLM:
             raise TypeError(f"chat_template is the Jinja template's text, got {chat_template!r:.100}")
         conversations = conversation_list(messages)
         per_conversation = params_per_item(sampling_params, len(conversations), "conversations")
+        renderer = None if chat_template is None else template_tokenizer(chat_template, self.tokenizer)
         checked_tools, kwargs = chat_options(tools, chat_template_kwargs)
         requests = []
         for conversation, p in zip(conversations, per_conversation, strict=True):
@@ -509,8 +516,8 @@ class LLM:
                                         add_generation_prompt=generation_prompt,
                                         continue_final_message=continue_final, tools=checked_tools,
                                         chat_template_kwargs=kwargs)
-            if chat_template is not None:
-                request = rendered_with(chat_template, self.tokenizer, request)
+            if renderer is not None:  # compiled once, at its first conversation
+                request = rendered_with(renderer, request)
             requests.append(request)
         return self._complete(requests, use_tqdm)
 
