@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
@@ -103,11 +105,12 @@ def test_calls_from_two_threads_take_turns(tiny_llm: LLM, monkeypatch: pytest.Mo
     second_run = threading.Event()
     real_generate_with, real_collect = offline.generate_with, offline.collect
 
-    async def counted(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    async def counted(parts: EngineParts, requests: Sequence[GenerationRequest],
+                      on_done: Callable[[int], None] | None = None) -> list[Completion]:
         runs.append(len(runs))
         if len(runs) == 2:
             second_run.set()
-        return await real_generate_with(parts, requests)
+        return await real_generate_with(parts, requests, on_done)
 
     async def first_waits(handle: RequestHandle) -> Completion:
         if len(runs) == 1:  # the first run, its request submitted: give the other thread its chance to start
@@ -234,6 +237,51 @@ def test_n_is_per_prompt_and_an_invalid_n_is_that_prompt_s_error(tiny_llm: LLM) 
     assert len(bad.outputs) == 1 and bad.error is not None and "n must be an integer >= 1" in bad.error
 
 
+def test_use_tqdm_true_shows_a_bar_over_the_prompts_and_false_shows_none(
+        tiny_llm: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's ``use_tqdm`` (lm-eval's vLLM backend passes it): a bar over completed prompts, or nothing."""
+    pytest.importorskip("tqdm")
+    [quiet] = tiny_llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert "Processed prompts" not in capsys.readouterr().err
+    shown = tiny_llm.generate([[5, 6, 7], [8, 9]], GREEDY, use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and "2/2" in err
+    assert shown[0].token_ids == quiet.token_ids  # the bar changes nothing else
+
+
+def test_use_tqdm_without_tqdm_installed_shows_nothing(
+        tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # ``import tqdm`` raises ImportError
+    [completion] = tiny_llm.generate([[5, 6, 7]], GREEDY, use_tqdm=True)
+    assert completion.finish_reason == "length" and "Processed prompts" not in capsys.readouterr().err
+
+
+def test_use_tqdm_a_callable_builds_the_bar_ticked_once_per_prompt_whatever_its_n(tiny_llm: LLM) -> None:
+    """A callable builds the bar as vLLM calls it (``total=``, ``desc=``, ...); a prompt with ``n=3`` samples
+    ticks it once, when its last sample ends."""
+    tqdm = pytest.importorskip("tqdm").tqdm
+    out, bars = io.StringIO(), []
+
+    def build(**kwargs: object) -> object:
+        bars.append(tqdm(**kwargs, file=out))
+        return bars[-1]
+
+    tiny_llm.generate([[5, 6, 7], [8, 9]], [GREEDY, attrs.evolve(GREEDY, n=3)], use_tqdm=build)
+    [bar] = bars
+    assert (bar.total, bar.n, bar.desc) == (2, 2, "Processed prompts") and "2/2" in out.getvalue()
+    assert tiny_llm.generate([], GREEDY, use_tqdm=build) == [] and len(bars) == 1  # no bar for nothing
+
+
+def test_lora_request_none_is_accepted_and_any_adapter_is_a_clear_error(tiny_llm: LLM) -> None:
+    [plain] = tiny_llm.generate([[5, 6, 7]], GREEDY)
+    [none] = tiny_llm.generate([[5, 6, 7]], GREEDY, lora_request=None)
+    assert none.token_ids == plain.token_ids
+    for call in (lambda: tiny_llm.generate([[5, 6, 7]], GREEDY, lora_request=object()),
+                 lambda: tiny_llm.chat(HELLO, GREEDY, lora_request=("adapter", 1, "/path"))):
+        with pytest.raises(ValueError, match="LoRA adapters are not supported"):
+            call()
+
+
 # -- chat -----------------------------------------------------------------------------------------------------
 
 TOOLS_TEMPLATE = (
@@ -357,6 +405,37 @@ def test_chat_with_n_samples_each_reply(text_llm: LLM) -> None:
     assert [o.index for o in reply.outputs] == [0, 1]
     [second] = text_llm.chat(HELLO, attrs.evolve(params, n=1, seed=4))
     assert reply.outputs[1].token_ids == second.token_ids
+
+
+PLAIN_TEMPLATE = ("{% for message in messages %}{{ message['role'] }} {{ message['content'] }} {% endfor %}"
+                  "{% if add_generation_prompt %}model {% endif %}")
+"""A per-call template (vLLM's ``LLM.chat(chat_template=...)``) other than the served ``TOOLS_TEMPLATE``."""
+
+
+def test_chat_renders_with_a_per_call_chat_template_instead_of_the_model_s(text_llm: LLM) -> None:
+    tokenizer = text_llm.tokenizer
+    assert tokenizer is not None
+    [reply] = text_llm.chat(HELLO, GREEDY, chat_template=PLAIN_TEMPLATE, use_tqdm=False)
+    expected = tokenizer.with_chat_template(PLAIN_TEMPLATE).apply_chat_template(HELLO)
+    assert reply.error is None and reply.prompt_token_ids == tuple(expected)
+    assert expected != tokenizer.apply_chat_template(HELLO)  # not the served template
+    prefill = [*HELLO, {"role": "assistant", "content": "paris is"}]
+    [continued] = text_llm.chat(prefill, GREEDY, chat_template=PLAIN_TEMPLATE, continue_final_message=True)
+    assert continued.prompt_token_ids == tuple(tokenizer.with_chat_template(PLAIN_TEMPLATE).apply_chat_template(
+        prefill, add_generation_prompt=False, continue_final_message=True))
+    [served] = text_llm.chat(HELLO, GREEDY)  # the next call without one: the model's template again
+    assert served.prompt_token_ids == tuple(tokenizer.apply_chat_template(HELLO))
+
+
+def test_a_per_call_chat_template_needs_the_model_s_tokenizer(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="chat_template needs the model's tokenizer"):
+        tiny_llm.chat(HELLO, GREEDY, chat_template=PLAIN_TEMPLATE)
+
+
+@pytest.mark.parametrize("template", ["{% for m in messages %}", "{{ raise_exception('no') }}"])
+def test_a_per_call_chat_template_that_fails_is_a_value_error(text_llm: LLM, template: str) -> None:
+    with pytest.raises(ValueError, match="chat_template: cannot apply the chat template"):
+        text_llm.chat(HELLO, GREEDY, chat_template=template)
 
 
 def test_messages_that_are_not_conversations_are_a_type_error(text_llm: LLM) -> None:

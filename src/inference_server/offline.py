@@ -10,11 +10,12 @@ the engine parts.
 
 from __future__ import annotations
 
+import importlib
 import math
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -184,10 +185,12 @@ async def collect_through_overload(engine: Engine, request: GenerationRequest, h
         return completion
 
 
-async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) -> tuple[Engine, list[Completion]]:
+async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest],
+                     on_done: Callable[[int], None] | None = None) -> tuple[Engine, list[Completion]]:
     """Start an engine on ``parts``, run ``requests`` concurrently (submitted in order; those refused as
     ``overloaded`` again as the batch's others end, ``collect_through_overload``), stop the engine; returns the
-    stopped engine (for inspection) and one completion per request, in order."""
+    stopped engine (for inspection) and one completion per request, in order. ``on_done(i)`` is called as
+    request ``i`` ends (in the order they end: a progress bar's tick)."""
     results: list[Completion | None] = [None] * len(requests)
     turnover = Turnover()
     async with trio.open_nursery() as nursery:
@@ -198,15 +201,19 @@ async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest]) 
 
                 async def consume(i: int = index, r: GenerationRequest = request, h: RequestHandle = handle) -> None:
                     results[i] = await collect_through_overload(engine, r, h, turnover)
+                    if on_done is not None:
+                        on_done(i)
 
                 clients.start_soon(consume)
         engine.close()
     return engine, [r for r in results if r is not None]
 
 
-async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest]) -> list[Completion]:
-    """The completions of ``requests``, in order, on a fresh engine over ``parts`` (``run_engine``'s)."""
-    _, completions = await run_engine(parts, requests)
+async def generate_with(parts: EngineParts, requests: Sequence[GenerationRequest],
+                        on_done: Callable[[int], None] | None = None) -> list[Completion]:
+    """The completions of ``requests``, in order, on a fresh engine over ``parts`` (``run_engine``'s, with its
+    ``on_done``)."""
+    _, completions = await run_engine(parts, requests, on_done)
     return completions
 
 
@@ -330,6 +337,79 @@ def chat_flags(add_generation_prompt: bool | None, continue_final_message: bool,
     return http_checked(lambda: chat_prompt_flags(add_generation_prompt, continue_final_message, last_role))
 
 
+class ProgressBar(Protocol):
+    """What the offline API needs of a progress bar (``tqdm``'s ``update`` and ``close``)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def close(self) -> object: ...
+
+
+UseTqdm: TypeAlias = bool | Callable[..., ProgressBar]
+"""vLLM's ``use_tqdm``: whether to show a progress bar over completed prompts, or a callable that builds one
+as ``tqdm`` does (called with ``total=``, ``desc=`` and ``dynamic_ncols=``)."""
+
+
+def progress_bar(use_tqdm: UseTqdm, total: int) -> ProgressBar | None:
+    """The progress bar ``use_tqdm`` asks for over ``total`` prompts: the callable's, ``tqdm``'s for a true value
+    (None when ``tqdm`` is not installed: the bar is a nicety, not a dependency), None for a false one or an
+    empty batch."""
+    if total == 0 or not (callable(use_tqdm) or use_tqdm):
+        return None
+    if callable(use_tqdm):
+        factory: Callable[..., ProgressBar] = use_tqdm
+    else:
+        try:
+            factory = importlib.import_module("tqdm").tqdm
+        except ImportError:
+            return None
+    return factory(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def prompt_ticks(bar: ProgressBar, counts: Sequence[int]) -> Callable[[int], None]:
+    """The ``on_done`` of ``run_engine`` over the requests of prompts that have ``counts[i]`` samples each (in
+    order): it ticks ``bar`` once a prompt's last sample ends, so the bar counts prompts, as vLLM's does."""
+    owner = [prompt for prompt, count in enumerate(counts) for _ in range(count)]
+    left = list(counts)
+
+    def done(request: int) -> None:
+        prompt = owner[request]
+        left[prompt] -= 1
+        if left[prompt] == 0:
+            bar.update(1)
+
+    return done
+
+
+def no_lora(lora_request: object) -> None:
+    """Refuse vLLM's ``lora_request`` unless None: this engine serves no LoRA adapters."""
+    if lora_request is not None:
+        raise ValueError("LoRA adapters are not supported: lora_request must be None (this engine serves the "
+                         "base model's weights only)")
+
+
+def template_tokenizer(template: str, tokenizer: Tokenizer | None) -> Tokenizer:
+    """The model's tokenizer rendering with ``template`` (vLLM's per-call ``chat_template``, a Jinja string);
+    a ``ValueError`` for a model without a tokenizer."""
+    if tokenizer is None:
+        raise ValueError("chat_template needs the model's tokenizer (this model has none: send token ids)")
+    return tokenizer.with_chat_template(template)
+
+
+def rendered_with(tokenizer: Tokenizer, request: GenerationRequest) -> GenerationRequest:
+    """A chat ``request`` rendered by ``tokenizer``'s template (``template_tokenizer``) instead of the model's:
+    the same request with the rendering's token ids as its prompt (``tokenized_from`` messages, as a front
+    process sends a rendered chat), through admission's own rendering (``validation.tokenize``). A template
+    that does not parse or raises is a ``ValueError``, before anything runs."""
+    from inference_server.core.validation import tokenize
+
+    try:
+        ids = tokenize(request, tokenizer)
+    except RequestError as error:  # admission's message: "cannot apply the chat template: ..."
+        raise ValueError(f"chat_template: {error.message}") from None
+    return attrs.evolve(request, messages=None, prompt_ids=ids, tokenized_from="messages")
+
+
 def interrupt_of(error: BaseException) -> KeyboardInterrupt | None:
     """The ``KeyboardInterrupt`` inside ``error`` (trio wraps a Ctrl-C that reached a task in its nurseries'
     exception groups, where a caller's ``except KeyboardInterrupt`` cannot see it), or None."""
@@ -374,12 +454,18 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: UseTqdm = False, lora_request: object = None,
                  *, chat: bool = False) -> list[Completion]:
         """Complete each prompt (text, token ids, or a user message when ``chat``); one prompt (a string or
         one token-id list) is a batch of one, an empty list an empty batch. ``sampling_params`` (vLLM's name) is
         one for every prompt or one per prompt; None:
         ``SamplingParams()`` (vLLM's defaults, as vLLM's ``LLM.generate`` without sampling params). Returns one
-        completion per prompt, in order, each with its ``SamplingParams.n`` samples in ``outputs``."""
+        completion per prompt, in order, each with its ``SamplingParams.n`` samples in ``outputs``.
+
+        ``use_tqdm`` (vLLM's; default False: no bar): True shows a ``tqdm`` bar over completed prompts (nothing
+        when ``tqdm`` is not installed), a callable builds the bar itself (``progress_bar``). ``lora_request``
+        (vLLM's) must be None: anything else is a ``ValueError`` (no LoRA adapters here)."""
+        no_lora(lora_request)
         batch = prompt_list(prompts)
         per_prompt = params_per_item(sampling_params, len(batch), "prompts")
         requests = []
@@ -393,10 +479,11 @@ class LLM:
                 requests.append(GenerationRequest(params=p, prompt=prompt))
             else:
                 requests.append(GenerationRequest(params=p, prompt_ids=prompt))
-        return self._complete(requests)
+        return self._complete(requests, use_tqdm)
 
     def chat(self, messages: Conversation | Sequence[Conversation],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: UseTqdm = False, lora_request: object = None, chat_template: str | None = None, *,
              add_generation_prompt: bool | None = None, continue_final_message: bool = False,
              tools: Sequence[Mapping[str, Any]] | None = None,
              chat_template_kwargs: Mapping[str, Any] | None = None) -> list[Completion]:
@@ -408,34 +495,54 @@ class LLM:
         ``not continue_final_message``; ``continue_final_message`` leaves the final message (the assistant's)
         open for the model to continue. A conversation or field the HTTP route would refuse raises ``ValueError``
         naming it, before anything runs; a refusal by the engine (a template error, a prompt too long) is that
-        completion's ``error``."""
+        completion's ``error``.
+
+        ``use_tqdm`` and ``lora_request`` as ``generate``'s. ``chat_template`` (vLLM's): a Jinja template
+        rendering every conversation instead of the model's (its turn markers still end the replies); one that
+        does not parse or raises on a conversation is a ``ValueError`` before anything runs."""
+        no_lora(lora_request)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError(f"chat_template is the Jinja template's text, got {chat_template!r:.100}")
         conversations = conversation_list(messages)
         per_conversation = params_per_item(sampling_params, len(conversations), "conversations")
+        renderer = None if chat_template is None else template_tokenizer(chat_template, self.tokenizer)
         checked_tools, kwargs = chat_options(tools, chat_template_kwargs)
         requests = []
         for conversation, p in zip(conversations, per_conversation, strict=True):
             chat_messages = conversation_messages(conversation)
             generation_prompt, continue_final = chat_flags(add_generation_prompt, continue_final_message,
                                                            chat_messages[-1].role)
-            requests.append(GenerationRequest(params=self.chat_stops.apply(p), messages=chat_messages,
-                                              add_generation_prompt=generation_prompt,
-                                              continue_final_message=continue_final, tools=checked_tools,
-                                              chat_template_kwargs=kwargs))
-        return self._complete(requests)
+            request = GenerationRequest(params=self.chat_stops.apply(p), messages=chat_messages,
+                                        add_generation_prompt=generation_prompt,
+                                        continue_final_message=continue_final, tools=checked_tools,
+                                        chat_template_kwargs=kwargs)
+            if renderer is not None:  # compiled once, at its first conversation
+                request = rendered_with(renderer, request)
+            requests.append(request)
+        return self._complete(requests, use_tqdm)
 
-    def _complete(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    def _complete(self, requests: Sequence[GenerationRequest], use_tqdm: UseTqdm = False) -> list[Completion]:
         """Run each request's samples (``SamplingParams.samples``: ``n`` engine requests, seeds derived) and
-        group them back into one completion per request."""
+        group them back into one completion per request; with ``use_tqdm``, a progress bar over the requests
+        (``progress_bar``), ticked as each one's last sample ends."""
         samples = [[attrs.evolve(r, params=p) for p in r.params.samples()] for r in requests]
+        counts = [len(group) for group in samples]
         if in_trio_run():  # before trio.run refuses it: that refusal would mark the engine stale for nothing
             raise RuntimeError("LLM.generate and LLM.chat run their own trio.run: call them from a thread "
                                "(trio.to_thread.run_sync), not from inside a running trio loop")
         with self.running:
-            completions = self._run([sample for group in samples for sample in group])
-        return grouped(completions, [len(group) for group in samples])
+            bar = progress_bar(use_tqdm, len(requests))
+            try:
+                completions = self._run([sample for group in samples for sample in group],
+                                        None if bar is None else prompt_ticks(bar, counts))
+            finally:
+                if bar is not None:
+                    bar.close()
+        return grouped(completions, counts)
 
-    def _run(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        """One engine run over the shared parts (the caller holds ``running``)."""
+    def _run(self, requests: Sequence[GenerationRequest],
+             on_done: Callable[[int], None] | None = None) -> list[Completion]:
+        """One engine run over the shared parts (the caller holds ``running``); ``on_done`` as ``run_engine``'s."""
         if self.stale:
             # the old model's memory goes before the new one loads; popped, not deleted: after a rebuild that
             # raised (it stays stale) there is no old one left, and the next call must try again, not fail here
@@ -443,7 +550,7 @@ class LLM:
             self.built = build_engine_parts(self.settings)
             self.stale = False
         try:
-            return trio.run(generate_with, self.built.parts, requests)
+            return trio.run(generate_with, self.built.parts, requests, on_done)
         except BaseException as error:
             self.stale = True
             interrupt = interrupt_of(error)

@@ -61,6 +61,10 @@ BAD_REQUESTS: list[tuple[str, Any, str, str | None]] = [
     ("/generate", {"prompt": "x", "bogus": 1}, "unknown_field", "bogus"),
     (COMPLETIONS, {"prompt": "x", "stream_options": {"bogus": True}}, "unknown_field", "stream_options.bogus"),
     (CHAT, {"messages": [{"role": "user", "content": "x", "bogus": 1}]}, "unknown_field", "messages[0].bogus"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": "yes"}]}]},
+     "invalid_value", "messages[0].content[0].cache_control"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": {}}]}]},
+     "unknown_field", "messages[0].content[0].cache"),
     # recognised but unsupported
     (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
     (CHAT, {"messages": HELLO, "response_format": {"type": "xml"}}, "invalid_value", "response_format.type"),

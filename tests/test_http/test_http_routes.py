@@ -133,6 +133,26 @@ async def test_chat_completion_and_defaults(serve) -> None:
         assert default["usage"]["total_tokens"] == 128 and default["choices"][0]["finish_reason"] == "length"
 
 
+async def test_content_parts_marked_with_cache_control_are_plain_text_parts(serve) -> None:
+    """LiteLLM and other clients send Anthropic's ``cache_control`` on OpenAI-style text parts: accepted and
+    ignored, the prompt is the one without it."""
+    marked = [{"role": "system", "content": [{"type": "text", "text": "be brief",
+                                              "cache_control": {"type": "ephemeral"}}]},
+              {"role": "user", "content": [{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral",
+                                                                                                "ttl": "5m"}},
+                                           {"type": "text", "text": "world", "cache_control": None}]}]
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello\nworld"}]
+    async with serve() as served:
+        replies = []
+        for messages in (marked, plain):
+            response = await served.client.post("/v1/chat/completions", json={
+                "messages": messages, "max_tokens": 2, "return_token_ids": True})
+            assert response.status_code == 200, await response.get_data()
+            replies.append(await response.get_json())
+        assert replies[0]["prompt_token_ids"] == replies[1]["prompt_token_ids"]
+        assert replies[0]["choices"][0]["message"] == replies[1]["choices"][0]["message"]
+
+
 async def test_trace_and_session_ids_reach_the_engine(serve) -> None:
     async with serve() as served:
         events = served.engine.telemetry.subscribe()

@@ -95,6 +95,23 @@ def test_no_coercion() -> None:
         assert raised.value.param == param
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"metadata": "x"}, "metadata"),
+    ({"structured_outputs": ["json"]}, "structured_outputs"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": "yes"}]}]},
+     "messages[0].content[0].cache_control"),
+])
+def test_a_non_object_for_an_object_field_says_an_object_was_expected(body: dict[str, Any], param: str) -> None:
+    """Not cattrs' ``'str' object has no attribute 'items'``."""
+    with pytest.raises(ApiError) as raised:
+        structure({"messages": [{"role": "user", "content": "x"}], **body}, ChatCompletionRequest)
+    assert raised.value.param == param and raised.value.code == "invalid_value"
+    assert raised.value.message.startswith(f"invalid value for {param!r}: expected an object, got ")
+    parsed = structure({"messages": [], "metadata": {"a": "b"}, "structured_outputs": {"json": {}}},
+                       ChatCompletionRequest)  # objects still parse, their values checked as before
+    assert parsed.metadata == {"a": "b"} and parsed.structured_outputs == {"json": {}}
+
+
 def test_integers_must_fit_in_64_bits() -> None:
     assert structure({"prompt": "x", "seed": 2**64 - 1}, GenerateRequest).seed == 2**64 - 1
     for body, param in [({"prompt": "x", "top_k": 2**64}, "top_k"), ({"prompt_token_ids": [-(2**63) - 1]},

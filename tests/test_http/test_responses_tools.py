@@ -129,6 +129,15 @@ def test_reasoning_effort_sets_enable_thinking(qwen_tokenizer: Tokenizer) -> Non
         assert off.reasoning is not None and off.reasoning.effort == "none"
 
 
+def test_tool_choice_auto_with_an_empty_tools_list_is_no_tools(qwen_tokenizer: Tokenizer) -> None:  # noqa: F811
+    """As on chat: ``tools: []`` with ``tool_choice: "auto"`` renders no tools (the prompt is the plain chat's)."""
+    with serving_on_socket(word_engine(), tokenizer=qwen_tokenizer) as served:
+        response = sdk(served).responses.create(model=MODEL_NAME, input=QUESTION, tools=[], tool_choice="auto",
+                                                max_output_tokens=1)
+        assert response.usage is not None
+        assert response.usage.input_tokens == len(qwen_tokenizer.apply_chat_template(MESSAGES))
+
+
 @pytest.mark.parametrize(("fields", "param", "code"), [
     ({"tools": [{"type": "function"}]}, "tools[0].name", "missing_field"),
     ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name", "invalid_value"),
@@ -138,6 +147,7 @@ def test_reasoning_effort_sets_enable_thinking(qwen_tokenizer: Tokenizer) -> Non
     ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
      "tool_choice", "invalid_value"),
     ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
+    ({"tool_choice": "auto"}, "tool_choice", "invalid_value"),  # tools absent: as chat's, still needs tools
     ({"tools": FLAT_TOOLS, "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "tool_choice",
      "invalid_value"),
     ({"tools": [{"type": "function", "name": "f", "bogus": 1}]}, "tools[0].bogus", "unknown_field"),

@@ -117,6 +117,29 @@ async def test_tool_choice_none_renders_no_tools_and_parses_none(serve, qwen_tok
         assert choice["message"]["content"].startswith('<tool_call> {"name": "get_weather"')
 
 
+@pytest.mark.parametrize("tool_choice", ["auto", "none"])
+async def test_tool_choice_auto_or_none_with_an_empty_tools_list_is_no_tools(
+        serve, qwen_tokenizer: Tokenizer, tokenizer: Tokenizer, tool_choice: str) -> None:
+    """SDK wrappers send ``tool_choice: "auto"`` whatever their tool list holds, and vLLM accepts ``tools: []``
+    with it: no tools are rendered and the reply is not parsed for calls, as without both fields; also where
+    the served template has no tool format (tool calling off)."""
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer))
+    fields = {"messages": MESSAGES, "tools": [], "tool_choice": tool_choice, "max_tokens": 40,
+              "return_token_ids": True}
+    async with serve(model, tokenizer=qwen_tokenizer) as served:
+        response = await served.client.post("/v1/chat/completions", json=fields)
+        body = await response.get_json()
+        assert response.status_code == 200, body
+        [choice] = body["choices"]
+        assert body["prompt_token_ids"] == qwen_tokenizer.apply_chat_template(MESSAGES)
+        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+        assert choice["message"]["content"].startswith('<tool_call> {"name": "get_weather"')  # text, not a call
+    async with serve(tokenizer=tokenizer) as served:
+        assert served.state.tool_format is None
+        response = await served.client.post("/v1/chat/completions", json={**fields, "max_tokens": 2})
+        assert response.status_code == 200, await response.get_json()
+
+
 async def test_agent_history_and_template_kwargs_reach_the_template(serve, qwen_tokenizer: Tokenizer) -> None:
     call_1 = {"id": "call_1", "type": "function",
               "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -240,7 +263,9 @@ async def test_a_history_message_with_audio_or_a_legacy_function_call_is_refused
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"tool_choice": "auto"}, "tool_choice"),  # needs tools
+    ({"tool_choice": "auto"}, "tool_choice"),  # needs tools (as vLLM: only an empty list is accepted as none)
+    ({"tools": [], "tool_choice": "required"}, "tool_choice"),  # a call that cannot be made
+    ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),

@@ -10,8 +10,8 @@ Strictness, where plain ``json`` + cattrs would be lenient (every failure is an 
   escape such as ``"\ud800"`` is a 400 ``invalid_unicode`` naming it, before anything else sees the body:
   such a string cannot be encoded (the tokenizer, the logs and the response writer would all raise).
 * Types: no coercion. ``"stream": "yes"``, ``"max_tokens": 3.7`` and ``"prompt": 5`` are errors; a float
-  field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list);
-  integers must fit in 64 bits.
+  field accepts an integer (``"temperature": 1``); a list field needs a JSON array (a string is not a list),
+  an object field a JSON object (``expected an object, got "x"``); integers must fit in 64 bits.
 * Unknown fields are errors naming the field. A few fields we know but do not support (``functions``, ...)
   get a message saying so; sent empty or null (or asking for what is served anyway: ``modalities: ["text"]``)
   they are ignored.
@@ -33,7 +33,7 @@ from cattrs.errors import (
     IterableValidationError,
     IterableValidationNote,
 )
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn
 
 from inference_server.http.errors import ApiError, invalid_request
 from inference_server.http.schemas import (
@@ -190,6 +190,18 @@ def _make_converter() -> cattrs.Converter:
         return structure_record
 
     converter.register_structure_hook_factory(attrs.has, record_factory)
+
+    def dict_factory(dict_type: Any) -> Callable[[Any, Any], Any]:
+        structure_entries = make_mapping_structure_fn(dict_type, converter)
+
+        def structure_dict(value: Any, _: Any) -> Any:
+            if not isinstance(value, dict):  # cattrs alone: "'str' object has no attribute 'items'"
+                raise TypeError(f"expected an object, got {_describe(value)}")
+            return structure_entries(value, dict_type)
+
+        return structure_dict
+
+    converter.register_structure_hook_factory(lambda t: getattr(t, "__origin__", None) is dict, dict_factory)
     return converter
 
 

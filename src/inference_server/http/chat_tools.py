@@ -12,7 +12,8 @@ Semantics (docs/api.md):
   ``--exclude-tools-when-tool-choice-none``). ``auto``: rendered, and calls the model makes are parsed.
   ``required`` and ``{"type": "function", "function": {"name": ...}}`` (the name must be one of ``tools``)
   must produce a call: they need the grammar (``tool_constraint``). Any ``tool_choice`` but ``none`` needs
-  ``tools``.
+  ``tools``, except ``auto`` with ``tools: []``: no tools, as ``none`` (vLLM accepts it; SDK wrappers send
+  ``tool_choice: "auto"`` whatever their tool list holds).
 * ``parallel_tool_calls: false``: at most one call is returned.
 * ``chat_template_kwargs``: an object of extra template variables (``{"enable_thinking": false}``); the
   names the server itself passes (``messages``, ``tools``, ``add_generation_prompt``, ...) are refused.
@@ -123,7 +124,10 @@ def tool_choice_mode(choice: Any, names: frozenset[str]) -> str:
 
 def tool_request(tools: list[ToolDefinition] | None, choice: Any, parallel: bool | None,
                  tool_format: ToolCallFormat | None, reasoning: ReasoningFormat | None) -> ToolRequest:
-    """The checked tool fields of a chat (or Responses) request against the served parsers."""
+    """The checked tool fields of a chat (or Responses) request against the served parsers. ``tools`` None is
+    the field absent; an empty list with ``tool_choice`` ``auto`` is no tools (as ``none``)."""
+    if choice == "auto" and tools is not None and not tools:
+        choice = "none"
     if tool_format is None and tools and choice != "none":
         raise invalid_request("tool calling is off on this server (TOOL_CALL_PARSER=none, or the served chat "
                               "template has no tool-call format)", "tools", "unsupported_parameter")

@@ -38,8 +38,9 @@ TEXT_PART_TYPES = frozenset({"input_text", "output_text"})
 
 def responses_tool_request(tools: list[ResponseTool] | None, choice: Any, parallel: bool | None,
                            tool_format: ToolCallFormat | None, reasoning: ReasoningFormat | None) -> ToolRequest:
-    """The Responses API's tool fields, checked as chat's (``chat_tools.tool_request``)."""
-    definitions = [_chat_tool(tool, index) for index, tool in enumerate(tools or ())]
+    """The Responses API's tool fields, checked as chat's (``chat_tools.tool_request``; ``tools`` absent stays
+    None there, so ``tool_choice: "auto"`` without tools is still a 400 and only ``tools: []`` is no tools)."""
+    definitions = None if tools is None else [_chat_tool(tool, index) for index, tool in enumerate(tools)]
     try:
         return tool_request(definitions, _chat_tool_choice(choice), parallel, tool_format, reasoning)
     except ApiError as error:

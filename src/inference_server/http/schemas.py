@@ -129,12 +129,16 @@ class CompletionRequest(OpenAIOutputFields):
 
 @attrs.frozen(kw_only=True)
 class ContentPart:
-    """One part of a chat message's content; only ``{"type": "text", "text": ...}`` is supported."""
+    """One part of a chat message's content; only ``{"type": "text", "text": ...}`` is supported.
+
+    ``cache_control`` (Anthropic's prompt-caching mark, ``{"type": "ephemeral"}``, which LiteLLM and other
+    clients send on OpenAI-style parts) is accepted and ignored: the prefix cache needs no marks."""
 
     type: str
     text: str | None = None
     image_url: Any = None
     input_audio: Any = None
+    cache_control: dict[str, Any] | None = None
 
 
 ContentInput = str | list[ContentPart] | None

@@ -198,6 +198,15 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         return self._chat_template
 
+    def with_chat_template(self, chat_template: str) -> Tokenizer:
+        """This tokenizer with ``chat_template`` (Jinja text) in place of its own: the same vocabulary, special
+        tokens and EOS ids (vLLM's per-call ``chat_template``). The template is compiled when first rendered,
+        so one that does not parse raises ``ChatTemplateError`` from ``apply_chat_template``."""
+        other = Tokenizer(self._backend, special_tokens=self._special_tokens, eos_token_ids=self._eos_token_ids,
+                          chat_template=chat_template, name=self.name)
+        other.source_file = self.source_file
+        return other
+
     # ------------------------------------------------------------------------------------- encoding
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
