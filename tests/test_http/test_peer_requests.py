@@ -1,0 +1,104 @@
+"""Request fields the peers' OpenAI-server tests and clients send that the OpenAI routes had refused as unknown
+(issue 39's second pass), against the fake model: SGLang's structured-output fields (``regex``, ``ebnf``,
+``json_schema``) on chat and completions; vLLM's ``cache_salt`` and ``skip_special_tokens``; and the wording of
+an out-of-vocabulary prompt id, which vLLM's ``test_prompt_validation`` matches. Each test names the peer test
+or field whose shape it checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from http_testkit import assert_error, word_engine
+
+from inference_server.models.tokenizer import Tokenizer
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "the capital of france ?"}]
+
+
+async def post(served: Any, path: str, body: dict) -> dict:
+    response = await served.client.post(path, json=body)
+    assert response.status_code == 200, await response.get_data()
+    return await response.get_json()
+
+
+def body_for(path: str, **fields: Any) -> dict[str, Any]:
+    return ({"messages": MESSAGES} if path == CHAT else {"prompt": "hello world"}) | {"max_tokens": 3, **fields}
+
+
+# -- SGLang's regex / ebnf / json_schema (test_openai_server.py: test_regex; test_openai_server_ebnf.py) ----------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize("field, good, bad", [("regex", "(paris|france)", "(("),
+                                              ("ebnf", 'root ::= "paris" | "france"', "root ::= ("),
+                                              ("json_schema", '{"type": "integer"}', '{"type": 5}')])
+async def test_sglang_structured_fields_reach_the_grammar_on_openai_routes(serve, path: str, field: str, good: str,
+                                                                           bad: str) -> None:
+    async with serve() as served:
+        await post(served, path, body_for(path, **{field: good}))
+        # a bad value is refused by the compiler, naming the field: the field was read, not ignored
+        response = await served.client.post(path, json=body_for(path, **{field: bad}))
+        await assert_error(response, 400, "invalid_request", field)
+        two = await served.client.post(path, json=body_for(path, **{field: good},
+                                                           structured_outputs={"regex": "a+"}))
+        error = await assert_error(two, 400, "invalid_value", field)
+        assert "only one structured-output field" in error["message"]
+        assert served.kv_is_idle()
+
+
+# -- vLLM's cache_salt (CompletionRequest / ChatCompletionRequest; test_non_object_body_validation.py) -------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_cache_salt_keeps_prefix_cache_entries_apart(serve, path: str) -> None:
+    long_prompt = " ".join(["the capital of france is paris ."] * 8)
+    def body(**fields: Any) -> dict[str, Any]:
+        prompt = {"messages": [{"role": "user", "content": long_prompt}]} if path == CHAT else {"prompt": long_prompt}
+        return prompt | {"max_tokens": 1, **fields}
+
+    def cached(payload: dict) -> int:
+        return int(payload["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    async with serve() as served:
+        assert cached(await post(served, path, body(cache_salt="one"))) == 0
+        assert cached(await post(served, path, body(cache_salt="one"))) > 0  # same salt: the prefix is reused
+        assert cached(await post(served, path, body(cache_salt="two"))) == 0  # another salt: not shared
+        assert cached(await post(served, path, body())) == 0  # no salt: not shared with salted entries either
+        await assert_error(await served.client.post(path, json=body(cache_salt="")), 400, "invalid_value",
+                           "cache_salt")
+        await assert_error(await served.client.post("/generate", json={"prompt": "hello", "cache_salt": ""}),
+                           400, "invalid_value", "cache_salt")
+        assert served.kv_is_idle()
+
+
+# -- vLLM's / SGLang's skip_special_tokens ------------------------------------------------------------------------
+
+
+async def test_skip_special_tokens_false_keeps_special_tokens_in_the_text(serve, tokenizer: Tokenizer) -> None:
+    special = tokenizer.encode("<start_of_turn>", add_special_tokens=False)[0]  # a special token, not a stop
+    async with serve(word_engine(token=lambda length, _last: special if length % 2 else 9)) as served:
+        plain = await post(served, COMPLETIONS, body_for(COMPLETIONS, max_tokens=4, return_token_ids=True))
+        kept = await post(served, COMPLETIONS, body_for(COMPLETIONS, max_tokens=4, skip_special_tokens=False,
+                                                       return_token_ids=True))
+        assert plain["choices"][0]["token_ids"] == kept["choices"][0]["token_ids"]
+        assert special in kept["choices"][0]["token_ids"]
+        assert "<start_of_turn>" not in plain["choices"][0]["text"]
+        assert "<start_of_turn>" in kept["choices"][0]["text"]
+        streamed = await served.client.post(COMPLETIONS, json=body_for(COMPLETIONS, max_tokens=4, stream=True,
+                                                                      skip_special_tokens=False))
+        assert "<start_of_turn>" in (await streamed.get_data()).decode()
+        assert served.kv_is_idle()
+
+
+# -- vLLM test_prompt_validation.py: test_out_of_vocab_token_ids matches "out of vocabulary" ----------------------
+
+
+async def test_an_out_of_vocabulary_prompt_id_says_so(serve) -> None:
+    async with serve() as served:
+        for prompt in ([999999], [[3, 4], [5, 999999]], [-1]):
+            response = await served.client.post(COMPLETIONS, json={"prompt": prompt, "max_tokens": 5})
+            error = await assert_error(response, 400, "invalid_request", "prompt")
+            assert "out of vocabulary" in error["message"], error["message"]
