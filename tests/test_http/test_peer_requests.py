@@ -1,7 +1,8 @@
 """Request fields the peers' OpenAI-server tests and clients send that the OpenAI routes had refused as unknown
 (issue 39's second pass), against the fake model: SGLang's structured-output fields (``regex``, ``ebnf``,
 ``json_schema``) on chat and completions; vLLM's ``cache_salt`` and ``skip_special_tokens``; and the wording of
-an out-of-vocabulary prompt id, which vLLM's ``test_prompt_validation`` matches. Each test names the peer test
+an out-of-vocabulary prompt id, which vLLM's ``test_prompt_validation`` matches; and, on the response side, what
+stopped each choice (vLLM's ``stop_reason``, SGLang's ``matched_stop``). Each test names the peer test
 or field whose shape it checks."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from http_testkit import assert_error, word_engine
+from http_testkit import EOS_ID, assert_error, fake_token, post_stream, word_engine
 
 from inference_server.models.tokenizer import Tokenizer
 
@@ -102,3 +103,35 @@ async def test_an_out_of_vocabulary_prompt_id_says_so(serve) -> None:
             response = await served.client.post(COMPLETIONS, json={"prompt": prompt, "max_tokens": 5})
             error = await assert_error(response, 400, "invalid_request", "prompt")
             assert "out of vocabulary" in error["message"], error["message"]
+
+
+# -- what stopped a choice: vLLM's stop_reason, SGLang's matched_stop (SGLang test_matched_stop.py) ------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_every_choice_says_what_stopped_it(serve, tokenizer: Tokenizer, path: str) -> None:
+    prompt_length = 3 if path == COMPLETIONS else len(tokenizer.apply_chat_template(MESSAGES))
+    third = fake_token(prompt_length + 2)  # the third output token
+    word = tokenizer.decode([third])
+    cases: list[tuple[dict[str, Any], str, str | int | None, str | int | None]] = [
+        ({"stop": [word]}, "stop", word, word),
+        ({"stop_token_ids": [third]}, "stop", third, third),
+        ({"max_tokens": 2}, "length", None, None),
+    ]
+    async with serve(word_engine(eos_at_length=prompt_length + 4)) as served:
+        cases.append(({"max_tokens": 8}, "stop", None, EOS_ID))  # EOS: vLLM says null, SGLang the EOS id
+        for fields, finish, stop_reason, matched_stop in cases:
+            body = body_for(path, **{"max_tokens": 6, **fields, "n": 2})
+            whole = await post(served, path, body)
+            for choice in whole["choices"]:
+                assert (choice["finish_reason"], choice["stop_reason"], choice["matched_stop"]) == \
+                    (finish, stop_reason, matched_stop), (fields, choice)
+            streamed = await post_stream(served.client, path, {**body, "stream": True})
+            chunks = [event for event in streamed.events[:-1] if event.get("choices")]
+            for index in range(2):
+                mine = [chunk["choices"][0] for chunk in chunks if chunk["choices"][0]["index"] == index]
+                last = mine[-1]
+                assert (last["finish_reason"], last["stop_reason"], last["matched_stop"]) == \
+                    (finish, stop_reason, matched_stop), (fields, last)
+                assert not any("stop_reason" in part or "matched_stop" in part for part in mine[:-1])
+        assert served.kv_is_idle()
