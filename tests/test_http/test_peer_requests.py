@@ -135,3 +135,35 @@ async def test_every_choice_says_what_stopped_it(serve, tokenizer: Tokenizer, pa
                     (finish, stop_reason, matched_stop), (fields, last)
                 assert not any("stop_reason" in part or "matched_stop" in part for part in mine[:-1])
         assert served.kv_is_idle()
+
+
+# -- /v1/responses as SGLang's test_openai_server.py (TestOpenAIServerv1Responses) sends it ----------------------
+
+
+async def test_responses_takes_auto_without_tools_and_the_sampling_extensions(serve) -> None:
+    base = {"input": "the capital of france ?", "max_output_tokens": 3}
+    async with serve() as served:
+        # SGLang's run_response: tool_choice auto (this API's default) with no tools, and the bookkeeping fields
+        reply = await post(served, "/v1/responses", base | {"tool_choice": "auto", "store": True, "top_p": 1.0,
+                                                              "parallel_tool_calls": True, "truncation": "disabled",
+                                                              "temperature": 0})
+        assert reply["object"] == "response" and reply["tool_choice"] == "auto" and reply["tools"] == []
+        assert reply["output"][0]["type"] == "message"
+        # on chat OpenAI refuses tool_choice without tools, and so does this server
+        await assert_error(await served.client.post(CHAT, json=body_for(CHAT, tool_choice="auto")), 400,
+                           "invalid_value", "tool_choice")
+        # test_penalty: chat's sampling extensions, checked by admission as on chat
+        for field, good, bad in [("frequency_penalty", 1.0, 3.0), ("presence_penalty", 1.0, -3.0),
+                                 ("repetition_penalty", 1.1, 0.0), ("top_k", 5, -2), ("min_p", 0.1, 2.0),
+                                 ("seed", 7, None)]:
+            assert (await post(served, "/v1/responses", base | {field: good}))["status"] == "incomplete"
+            if bad is not None:
+                await assert_error(await served.client.post("/v1/responses", json=base | {field: bad}), 400,
+                                   "invalid_request", field)
+        # run_response_stream's fallback sends chat's stream_options.include_usage: usage comes at the end anyway
+        streamed = await served.client.post("/v1/responses", json=base | {
+            "stream": True, "stream_options": {"include_usage": True}})
+        assert streamed.status_code == 200
+        text = (await streamed.get_data()).decode()
+        assert "event: response.incomplete" in text and '"output_tokens":3' in text
+        assert served.kv_is_idle()
