@@ -28,7 +28,7 @@ def test_ids_are_accepted_exactly_when_each_is_an_int_in_the_vocabulary(ids: lis
         return
     with pytest.raises(RequestError) as raised:
         _prepare(tuple(ids))
-    assert f"prompt token id {bad[0]} is outside" in raised.value.message
+    assert f"prompt token id {bad[0]} is out of vocabulary" in raised.value.message
 
 
 def test_an_engine_request_for_several_samples_is_refused() -> None:

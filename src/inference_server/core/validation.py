@@ -133,7 +133,7 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
         raise RequestError("invalid_request", "the prompt is empty", "prompt")
     bad = _first_out_of_vocabulary(prompt_ids, vocab_size)
     if bad is not None:
-        raise RequestError("invalid_request", f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
+        raise RequestError("invalid_request", f"prompt token id {bad} is out of vocabulary (outside [0, {vocab_size}))",
                            "prompt")
     prompt_field = request.tokenized_from or ("messages" if request.messages is not None else "prompt")
     params = request.params

@@ -10,7 +10,7 @@ Fields, by API (a request sets at most one of them; two are a 400 naming both):
 * vLLM's ``structured_outputs``: ``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``,
   ``{"grammar": ...}``, ``{"json_object": true}`` (exactly one key), and the older ``guided_json``,
   ``guided_regex``, ``guided_choice``, ``guided_grammar``.
-* SGLang's ``json_schema`` (an object or its JSON text), ``regex`` and ``ebnf`` on ``/generate``.
+* SGLang's ``json_schema`` (an object or its JSON text), ``regex`` and ``ebnf``, on every route.
 
 A bad value is an ``ApiError`` 400 naming the field (``response_format.json_schema.schema``, ...); a schema,
 regex or grammar that does not compile is refused later, before admission, with the compiler's reason.

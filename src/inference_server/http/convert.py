@@ -69,9 +69,8 @@ def logit_bias_pairs(bias: LogitBiasInput, vocab_size: int | None = None) -> tup
 def structured_fields(fields: SamplingFields) -> dict[str, Any]:
     """The structured-output fields a wire record carries (``constraint_fields.constraint_of``'s input)."""
     found: dict[str, Any] = {name: getattr(fields, name) for name in (
-        "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")}
-    for name in ("json_schema", "regex", "ebnf"):  # SGLang's, on /generate
-        found[name] = getattr(fields, name, None)
+        "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "json_schema", "regex", "ebnf")}  # the last three: SGLang's
     response_format = getattr(fields, "response_format", None)
     if response_format is not None:
         found["response_format"] = response_format
@@ -107,6 +106,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         logit_bias=logit_bias_pairs(fields.logit_bias, vocab_size),
         allowed_token_ids=tuple(fields.allowed_token_ids) if fields.allowed_token_ids is not None else None,
         min_tokens=_or(fields.min_tokens, DEFAULTS.min_tokens),
+        skip_special_tokens=_or(fields.skip_special_tokens, DEFAULTS.skip_special_tokens),
     )
     return params
 
@@ -127,6 +127,13 @@ def header_id(value: str | None, header: str) -> str | None:
         raise invalid_request(f"{header} must be 1 to {MAX_HEADER_ID_LENGTH} visible ASCII characters", header)
     return value
 
+
+
+def cache_salt(fields: SamplingFields) -> str | None:
+    """vLLM's ``cache_salt``: absent, or a non-empty string (an empty salt is a 400 naming it, as vLLM's)."""
+    if fields.cache_salt == "":
+        raise invalid_request("cache_salt must be a non-empty string", "cache_salt")
+    return fields.cache_salt
 
 
 def truncation_side(fields: SamplingFields) -> Literal["left", "right"]:

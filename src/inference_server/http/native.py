@@ -22,6 +22,7 @@ from quart import Response, g, request
 from inference_server.http.convert import (
     DEFAULT_MAX_TOKENS,
     SESSION_ID_HEADER,
+    cache_salt,
     client_trace_id,
     header_id,
     sampling_params,
@@ -59,7 +60,7 @@ class NativeRoutes:
             add_special_tokens=body.add_special_tokens is not False,
             session_id=header_id(body.session_id, "session_id")
             or header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER),
-            priority=body.priority or 0, trace_id=g.trace_id, cache_salt=body.cache_salt)
+            priority=body.priority or 0, trace_id=g.trace_id, cache_salt=cache_salt(body))
         generation = await admit(state.engine, [engine_request], state.tracker)
         encoder = NativeEncoder(f"gen-{uuid.uuid4().hex}", generation.prompt_tokens[0], params.logprobs is not None,
                                 state)

@@ -61,6 +61,7 @@ from inference_server.http.constraint_fields import after_reasoning, constraint_
 from inference_server.http.convert import (
     DEFAULT_MAX_TOKENS,
     SESSION_ID_HEADER,
+    cache_salt,
     chat_prompt_flags,
     header_id,
     min_characters,
@@ -170,12 +171,12 @@ class OpenAIRoutes:
                                  prompt_logprobs=_engine_prompt_logprobs(body),
                                  vocab_size=self.state.engine.info.vocab_size)
         session = self._session(body.user)
-        side = truncation_side(body)
+        side, salt = truncation_side(body), cache_salt(body)
         requests = [
             GenerationRequest(params=params.sample(j), prompt=p if isinstance(p, str) else None,
                               prompt_ids=p if not isinstance(p, str) else None,
                               add_special_tokens=body.add_special_tokens is not False, session_id=session,
-                              priority=body.priority or 0, trace_id=g.trace_id,
+                              priority=body.priority or 0, trace_id=g.trace_id, cache_salt=salt,
                               truncate_prompt_tokens=body.truncate_prompt_tokens, truncation_side=side)
             for p in prompts for j in range(n)]
         return requests, n
@@ -228,10 +229,10 @@ class OpenAIRoutes:
                                   "(response_format, structured_outputs, guided_*)", "tool_choice")
         params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)
         session = self._session(body.user or body.safety_identifier)
-        side = truncation_side(body)
+        side, salt = truncation_side(body), cache_salt(body)
         requests = [
             GenerationRequest(params=params.sample(j), messages=messages, session_id=session,
-                              priority=body.priority or 0, trace_id=g.trace_id,
+                              priority=body.priority or 0, trace_id=g.trace_id, cache_salt=salt,
                               truncate_prompt_tokens=body.truncate_prompt_tokens, truncation_side=side,
                               add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
                               tools=tools.template_tools, chat_template_kwargs=kwargs)

@@ -6,6 +6,8 @@ Streams (``text/event-stream``, one ``data:`` JSON object per event, then ``data
   ``delta: {"content": ...}``; the last chunk of a choice carries its ``finish_reason`` (``stop`` or
   ``length``) and whatever text arrived with it (``delta: {}`` when none).
 * completions: chunks with ``text``; the last one of a choice carries ``finish_reason``.
+* a choice's last chunk (and each choice of a whole response) also says what stopped it: vLLM's
+  ``stop_reason`` and SGLang's ``matched_stop`` (``stop_fields``).
 * every chunk has ``id`` and ``created`` (the same on all chunks), ``object``, ``model`` and ``choices``
   (one choice per chunk, ``index`` = its position); with ``stream_options.include_usage`` every chunk has
   ``"usage": null`` and a final chunk with ``"choices": []`` carries the totals; with
@@ -156,6 +158,16 @@ def chat_logprobs(tokens: Sequence[TokenOutput], state: AppState,
              "top_logprobs": [_chat_token(i, lp, name, token_bytes) for i, lp in t.top_logprobs]} for t in tokens]
 
 
+def stop_fields(update: RequestUpdate) -> dict[str, Any]:
+    """What ended a finished choice, as both peers name it (neither is OpenAI's; its SDK keeps unknown fields):
+    vLLM's ``stop_reason``, the matched stop string or stop token id (null for EOS and for ``length``), and
+    SGLang's ``matched_stop``, the same but the EOS token's id for an EOS finish."""
+    matched = update.stop_reason
+    if matched is None and update.finish_reason == "stop" and update.tokens:
+        matched = update.tokens[-1].token_id
+    return {"stop_reason": update.stop_reason, "matched_stop": matched}
+
+
 # -- shared bookkeeping ------------------------------------------------------------------------------------
 
 
@@ -281,6 +293,8 @@ class CompletionEncoder(_ChunkEncoder):
             else None
         choice = {"index": index, "text": "".join(t.text for t in update.tokens), "logprobs": logprobs,
                   "finish_reason": update.finish_reason}
+        if update.finished:
+            choice |= stop_fields(update)
         if self.options.token_ids:
             choice["token_ids"] = [t.token_id for t in update.tokens]
             if not self._prompt_ids_sent[index]:
@@ -298,6 +312,8 @@ class CompletionEncoder(_ChunkEncoder):
             else None
         choice = {"index": index, "text": self.echo_prompts[index] + "".join(t.text for t in update.tokens),
                   "logprobs": logprobs, "finish_reason": update.finish_reason}
+        if update.finished:
+            choice |= stop_fields(update)
         if self.options.token_ids:
             choice["token_ids"] = [t.token_id for t in update.tokens]
             self._prompt_ids_sent[index] = True
@@ -347,6 +363,8 @@ class ChatEncoder(_ChunkEncoder):
             else None
         choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                   "finish_reason": update.finish_reason}
+        if update.finished:
+            choice |= stop_fields(update)
         if self.options.token_ids:
             choice["token_ids"] = [t.token_id for t in update.tokens]
         return self._chunk(choice, index)
@@ -369,6 +387,8 @@ class ChatEncoder(_ChunkEncoder):
         logprobs = {"content": chat_logprobs(update.tokens, self.state, self.options)} if self.with_logprobs \
             else None
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        if update.finished:
+            choice |= stop_fields(update)
         if self.options.token_ids:
             choice["token_ids"] = [t.token_id for t in update.tokens]
         return self._chunk(choice, index)
@@ -395,7 +415,7 @@ def completion_response(state: AppState, response_id: str, results: Sequence[Req
         elif with_logprobs:
             logprobs = completion_logprobs(result.tokens, state, 0, options)
         choice = {"index": index, "text": echoed + "".join(t.text for t in result.tokens), "logprobs": logprobs,
-                  "finish_reason": result.finish_reason}
+                  "finish_reason": result.finish_reason, **stop_fields(result)}
         if with_prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(result.prompt_logprobs or (), state)
         if options.token_ids:
@@ -429,7 +449,8 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
                 message["content"] = echo + (message.get("content") or "")
         else:
             message = {"role": "assistant", "content": echo + text}
-        choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+                  **stop_fields(result)}
         if options.token_ids:
             choice["token_ids"] = [t.token_id for t in result.tokens]
         out.append(choice)

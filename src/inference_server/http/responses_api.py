@@ -112,7 +112,10 @@ class ResponsesRoutes:
                                   "tool_choice")
         # A reply ends at the chat template's turn markers, as on the chat route.
         params = self.state.chat_stops.apply(sampling_params(
-            SamplingFields(temperature=body.temperature, top_p=body.top_p), max_tokens=body.max_output_tokens,
+            SamplingFields(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                           frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+                           repetition_penalty=body.repetition_penalty, seed=body.seed),
+            max_tokens=body.max_output_tokens,
             logprobs=None, constraint=forced or constraint))
         kwargs = reasoning_kwargs(body.reasoning)
         params = keep_marker_tokens(after_reasoning(params, tools.output.reasoning, kwargs), tools.output)

@@ -38,8 +38,12 @@ TEXT_PART_TYPES = frozenset({"input_text", "output_text"})
 
 def responses_tool_request(tools: list[ResponseTool] | None, choice: Any, parallel: bool | None,
                            tool_format: ToolCallFormat | None, reasoning: ReasoningFormat | None) -> ToolRequest:
-    """The Responses API's tool fields, checked as chat's (``chat_tools.tool_request``; ``tools`` absent stays
-    None there, so ``tool_choice: "auto"`` without tools is still a 400 and only ``tools: []`` is no tools)."""
+    """The Responses API's tool fields, checked as chat's (``chat_tools.tool_request``), except that
+    ``tool_choice: "auto"`` without ``tools`` is no tools, as ``tools: []`` is: ``auto`` is this API's default,
+    which OpenAI's SDKs and SGLang's and vLLM's clients send whether or not there are tools (on chat, OpenAI
+    refuses ``tool_choice`` without ``tools``, and so does chat here)."""
+    if tools is None and choice == "auto":
+        tools = []
     definitions = None if tools is None else [_chat_tool(tool, index) for index, tool in enumerate(tools)]
     try:
         return tool_request(definitions, _chat_tool_choice(choice), parallel, tool_format, reasoning)

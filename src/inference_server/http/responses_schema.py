@@ -102,9 +102,12 @@ class TextConfig:
 
 @attrs.frozen(kw_only=True)
 class ResponseStreamOptions:
-    """``stream_options``: only OpenAI's ``include_obfuscation`` (``convert.refuse_obfuscation``)."""
+    """``stream_options``: OpenAI's ``include_obfuscation`` (``convert.refuse_obfuscation``), and chat's
+    ``include_usage``, which SGLang's clients send here: accepted and changes nothing (the final
+    ``response.completed`` / ``response.incomplete`` event always carries ``usage``)."""
 
     include_obfuscation: bool | None = None
+    include_usage: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -117,6 +120,13 @@ class ResponsesRequest:
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # The sampling extensions chat takes (vLLM's and SGLang's; not OpenAI's), which SGLang's Responses tests send.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
     stream: bool | None = None
     stream_options: ResponseStreamOptions | None = None
     store: bool | None = None

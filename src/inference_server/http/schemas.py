@@ -59,9 +59,18 @@ class SamplingFields:
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    # SGLang's structured outputs (``json_schema``: an object or its JSON text; ``ebnf``: a grammar), sent by
+    # SGLang's clients on every route (``extra_body={"regex": ...}``).
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
     truncation_side: str | None = None
     """vLLM's: with ``truncate_prompt_tokens``, ``left`` (the default) keeps the last tokens, ``right`` the
     first."""
+    skip_special_tokens: bool | None = None
+    """vLLM's and SGLang's: false keeps special tokens (other than stop tokens) in the output text."""
+    cache_salt: str | None = None
+    """vLLM's: keeps this request's prefix-cache entries apart from other salts' (a non-empty string)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -101,11 +110,6 @@ class GenerateRequest(SamplingFields):
     session_id: str | None = None
     trace_id: str | None = None
     add_special_tokens: bool | None = None
-    cache_salt: str | None = None
-    # SGLang's structured outputs (``constraint_fields``).
-    json_schema: Any = None
-    regex: Any = None
-    ebnf: Any = None
 
 
 @attrs.frozen(kw_only=True)
