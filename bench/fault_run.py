@@ -204,8 +204,11 @@ class ServerGone(Exception):
     """No connection could be made: the server process is gone."""
 
 
-FAILING = ("engine_failure", "draining", "failed")
-"""Error codes that say the server is going down: a client stops sending new requests once it sees one."""
+FAILING = ("engine_failure", "draining", "failed", "unavailable")
+"""Error codes that say the server is going down: a client stops sending new requests once it sees one
+(``unavailable``: a 503 with ``Retry-After``, which the engine answers once it failed, also to the requests it
+had not admitted yet; a client honouring ``Retry-After`` does not send its next request into the exiting
+process, where a connection the listener accepted but nobody serves any more is cut without an answer)."""
 
 
 def make_plan(rng: random.Random, index: int, args: argparse.Namespace) -> Plan:
