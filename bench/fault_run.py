@@ -20,13 +20,17 @@ After the load, while the server still runs, it waits for the engine to go idle 
 /debug/engine``: requests, stream entries, KV sequences and KV blocks in use must all be 0 (cached prefix
 blocks may stay). Then SIGTERM, and the exit status. When the server exits by itself (``step_error``: a
 device fault), it reports the exit status and the seconds from the injected fault (the server's log line)
-to the process exit.
+to the process exit. With the engine in a child process (``--set ENGINE_PROCESS=separate``; the environment's
+``ENGINE_PROCESS`` is passed on too) it also checks that the child does not outlive the server (Linux): an
+orphaned engine process holds the device's memory until someone kills it.
 
     uv run python bench/fault_run.py --faults "alloc_refuse=0.2,seed=1" --seconds 60
     uv run python bench/fault_run.py --faults "step_error=0.02,seed=3" --seconds 90
+    uv run python bench/fault_run.py --faults "step_error=0.02,seed=3" --set ENGINE_PROCESS=separate
     uv run python bench/fault_run.py --model gemma-4-31b-tiny --dummy-weights --prompt-ids --faults ...
 
-The process exits 1 when a request was lost or something leaked. This is a load run, not a test.
+The process exits 1 when a request was lost, something leaked or the engine process was orphaned. This is a
+load run, not a test.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class ServerProcess:
         threading.Thread(target=self._wait, daemon=True).start()
         self.url = self._await_url(stdout, start_timeout)
         self.start_seconds = time.monotonic() - started
+        self.children = self._children()  # the engine process with ENGINE_PROCESS=separate (spawned before listening)
 
     def _read(self, pipe: Any, lines: queue.Queue[str] | None) -> None:
         for raw in pipe:
@@ -99,6 +104,29 @@ class ServerProcess:
         self.stop()
         tail = "\n".join(line for _, line in self.log[-30:])
         raise SystemExit(f"the server did not start within {timeout:.0f} s:\n{tail}")
+
+    def _children(self) -> list[int]:
+        """The server's child processes now (Linux; empty elsewhere)."""
+        pid = self.process.pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                return [int(child) for child in children.read().split()]
+        except OSError:
+            return []
+
+    def orphans(self) -> list[int]:
+        """The server's children that still run after it exited (a zombie, exited but not yet reaped by its new
+        parent, does not count)."""
+        left = []
+        for pid in self.children:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                left.append(pid)
+        return left
 
     @property
     def running(self) -> bool:
@@ -176,8 +204,11 @@ class ServerGone(Exception):
     """No connection could be made: the server process is gone."""
 
 
-FAILING = ("engine_failure", "draining", "failed")
-"""Error codes that say the server is going down: a client stops sending new requests once it sees one."""
+FAILING = ("engine_failure", "draining", "failed", "unavailable")
+"""Error codes that say the server is going down: a client stops sending new requests once it sees one
+(``unavailable``: a 503 with ``Retry-After``, which the engine answers once it failed, also to the requests it
+had not admitted yet; a client honouring ``Retry-After`` does not send its next request into the exiting
+process, where a connection the listener accepted but nobody serves any more is cut without an answer)."""
 
 
 def make_plan(rng: random.Random, index: int, args: argparse.Namespace) -> Plan:
@@ -395,13 +426,20 @@ def main(argv: list[str] | None = None) -> int:
             exit_note = f"exited by itself with status {exit_code}{since}"
     finally:
         server.stop()
-    print(f"(server started in {server.start_seconds:.1f} s)")
+    orphans = server.orphans()
+    if orphans:  # a supervisor's restart would find the device's memory still held: end them, and say so
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        exit_note += f"; its engine process(es) {orphans} outlived it (killed now)"
+    print(f"(server started in {server.start_seconds:.1f} s; engine child processes: {server.children or 'none'})")
     result = report(args, tally, counts, exit_code, exit_note)
+    result["orphans"] = orphans
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)
     leaked = counts is not None and any(counts[k] for k in IDLE_FIELDS)
-    return 1 if result["lost"] or leaked else 0
+    return 1 if result["lost"] or leaked or orphans else 0
 
 
 if __name__ == "__main__":

@@ -29,4 +29,4 @@ def test_a_short_fault_run_loses_and_leaks_nothing(tmp_path: Path) -> None:
     assert behaviours.get("drop_after_send", 0) + behaviours.get("drop_mid_stream", 0) >= 1
     assert {k: result["after_run"][k] for k in ("requests", "stream_entries", "kv_sequences", "kv_blocks_in_use")} \
         == {"requests": 0, "stream_entries": 0, "kv_sequences": 0, "kv_blocks_in_use": 0}
-    assert result["exit_code"] == 0
+    assert result["exit_code"] == 0 and result["orphans"] == []

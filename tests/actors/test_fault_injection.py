@@ -16,6 +16,7 @@ from inference_server.core.kv_grants import allocate_step
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.fault_injection import with_faults
 from inference_server.offline import Completion, run_engine
+from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
 from inference_server.supervisor import Engine, EngineState
@@ -81,6 +82,35 @@ async def test_a_step_error_fails_the_engine_and_ends_every_stream_with_one_erro
         terminal = [u for u in updates if u.finished]
         assert len(terminal) == 1 and terminal[0] is updates[-1]
         assert terminal[0].finish_reason == "error" and "injected step_error" in terminal[0].error
+    assert len(engine.streams) == 0
+
+
+async def test_a_step_error_refuses_the_requests_not_yet_admitted(autojump_clock: trio.testing.MockClock) -> None:
+    """Requests still in admission when a step fails (here: a batch of 2 fills the admission -> scheduler
+    channel, so most of 12 wait) are refused as ``unavailable`` (HTTP 503, retryable: nothing was computed for
+    them); they used to get an error update where their admission was due, which every route answered with a
+    500 ``internal`` ("unexpected first stream item")."""
+    decisions = FaultDecisions(FaultSpec(step_error=1.0))  # the first step fails
+    config = SchedulerConfig(max_batch_size=2, max_num_batched_tokens=64)
+    engine = Engine(fake_parts(faulty_step(FakeEngine(0.01), decisions), scheduler_config=config))
+    handles = []
+    with trio.fail_after(60), pytest.raises(BaseExceptionGroup):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            handles = [engine.submit(r) for r in requests(12)]
+            await trio.sleep(1000)  # the step error ends the engine long before
+    refused = failed = 0
+    for handle in handles:
+        try:
+            await handle.admission()
+        except RequestError as error:
+            assert error.code == "unavailable" and "injected step_error" in error.message, error
+            refused += 1
+            continue
+        updates = [update async for update in handle]
+        assert [u.finish_reason for u in updates if u.finished] == ["error"]
+        failed += 1
+    assert refused >= 1 and failed >= 1 and refused + failed == 12
     assert len(engine.streams) == 0
 
 

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from inference_server.actors.request_handle import RequestHandle
 from inference_server.actors.request_streams import RequestStreams, _Entry, merge, merge_all
-from inference_server.records.requests import Admitted, PromptTokenLogprob, RequestUpdate, StreamItem, TokenOutput
+from inference_server.records.requests import (
+    Admitted,
+    PromptTokenLogprob,
+    Rejected,
+    RequestUpdate,
+    StreamItem,
+    TokenOutput,
+)
 
 MAX_HOLD = 1 / 16  # binary fractions: mock times add up exactly
 STEP = 1 / 64  # mock seconds between two tokens of one request: well under MAX_HOLD
@@ -144,6 +151,24 @@ async def test_failure_carries_held_tokens_and_a_gone_caller_leaves_nothing_behi
     assert streams.client_left(2)
     streams.check_integrity()
     assert not streams.has_pending() and not streams.deliver(RequestUpdate(request_id=2, tokens=(token(9),)))
+
+
+async def test_a_failure_refuses_a_request_not_yet_admitted() -> None:
+    """A caller whose request was not admitted yet waits in ``admission()``, which reads an ``Admitted`` or a
+    ``Rejected``: ``fail_all`` gave it an error update, which the handle read as a malformed stream (a 500
+    ``internal`` from every route, in the fault runs for most requests in flight when a step failed). It is
+    refused as ``unavailable`` now; an admitted one still gets its terminal error update."""
+    streams = RequestStreams()
+    waiting = streams.open(1)
+    admitted = streams.open(2)
+    assert streams.admitted(2, (5, 6))
+    streams.fail_all("engine failure: boom")
+    (refusal,) = drain(waiting)
+    assert refusal == Rejected("unavailable", "engine failure: boom")
+    started, final = drain(admitted)
+    assert isinstance(started, Admitted) and final.finish_reason == "error" and final.error == "engine failure: boom"
+    assert len(streams) == 0
+    streams.check_integrity()
 
 
 async def test_prompt_logprobs_and_per_token_logprobs_survive_holding(autojump_clock) -> None:

@@ -19,6 +19,9 @@ import trio.testing
 from tests.fake_engine import FakeEngine
 from tests.ipc.split_kit import CharTokenizer, expected_tokens, ids_request, read_all, run_front, split_parts
 
+from inference_server.actors.fault_step import faulty_step
+from inference_server.core.faults import FaultDecisions, FaultSpec
+from inference_server.core.scheduler import SchedulerConfig
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.engine_server import UNSENT_STEPS, serve_engine
 from inference_server.ipc.messages import ENGINE_TO_FRONT, FRONT_TO_ENGINE, Hello, StepOutput, Submit, ToEngine
@@ -27,7 +30,7 @@ from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import ChatMessage, GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
-from inference_server.supervisor import Engine, EngineState
+from inference_server.supervisor import Engine, EngineParts, EngineState
 from inference_server.telemetry.events import RequestRejected
 
 BOUND_S = 60
@@ -44,11 +47,12 @@ class Split:
 
 
 @asynccontextmanager
-async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True,
-                       tokenizer: CharTokenizer | None = None) -> AsyncIterator[Split]:
-    """The front and the engine side running; on exit the front drains the engine and both sides stop."""
+async def split_engine(fake: FakeEngine, *, drain_at_exit: bool = True, tokenizer: CharTokenizer | None = None,
+                       parts: EngineParts | None = None) -> AsyncIterator[Split]:
+    """The front and the engine side running (on ``parts``, default ``split_parts(fake)``); on exit the front
+    drains the engine and both sides stop."""
     front_socket, engine_socket = socket.socketpair()
-    engine = Engine(split_parts(fake))
+    engine = Engine(parts if parts is not None else split_parts(fake))
     async with (
         open_socket_channel(front_socket, 8, receive_type=ENGINE_TO_FRONT) as front_channel,
         trio.open_nursery() as nursery,
@@ -238,6 +242,35 @@ async def test_the_engine_side_dying_ends_every_open_handle_with_an_error() -> N
             assert refused.value.code == "unavailable"
     assert len(split.front_error) == 1
     assert split.engine.counts().requests == 0  # the engine side drained itself once its front was gone
+
+
+async def test_a_step_error_refuses_the_requests_the_engine_had_not_admitted() -> None:
+    """A step fails in the engine process while most requests still wait in its admission (a batch of 2): those
+    reach the front as refusals (``unavailable``, HTTP 503), the admitted ones as one error update each. The
+    engine used to send an error update where their admission was due, which the front's handles read as a
+    malformed stream (HTTP 500 ``internal``)."""
+    fake = FakeEngine()
+    step = faulty_step(fake, FaultDecisions(FaultSpec(step_error=1.0)))  # the first step fails
+    parts = attrs.evolve(split_parts(fake), step=step,
+                         scheduler_config=SchedulerConfig(max_batch_size=2, max_num_batched_tokens=512))
+    with trio.fail_after(BOUND_S):
+        async with split_engine(fake, drain_at_exit=False, parts=parts) as split:
+            handles = [split.remote.submit(ids_request(10 + i, max_tokens=20)) for i in range(12)]
+            ends = []
+            for handle in handles:
+                async with handle:
+                    try:
+                        await handle.admission()
+                    except RequestError as error:
+                        ends.append((error.code, error.message))
+                        continue
+                    updates = [update async for update in handle]
+                assert [u.finish_reason for u in updates if u.finished] == ["error"]
+                ends.append(("error", updates[-1].error or ""))
+    assert all("injected step_error" in message for _, message in ends), ends
+    codes = [code for code, _ in ends]
+    assert set(codes) == {"error", "unavailable"}, codes
+    assert split.remote.failed and split.engine_failed == [True]
 
 
 async def test_calls_answer_from_the_engine_and_its_telemetry_reaches_the_front() -> None:

@@ -185,6 +185,22 @@ async def test_engine_failure_fails_a_non_streamed_request(serve) -> None:
         await assert_error(_as_response(native), 503, "unavailable")
 
 
+async def test_after_an_engine_failure_every_response_closes_its_connection(serve) -> None:
+    """The process exits within seconds of an engine failure: a response that kept its connection alive then
+    invited the client to send its next request into a socket about to close, read as "server disconnected
+    without sending a response" (most likely the fault run's one request lost with ``step_error=0.3``: 503s
+    answered before the stop sequence had flipped ``draining``). Here nothing flips it (no stop sequence runs),
+    so only the engine's failure can say ``Connection: close``."""
+    async with serve(word_engine(fail_at=2)) as served:
+        response = await served.client.post("/generate", json={"prompt": "hello", "max_tokens": 50})
+        await assert_error(response, 500, "engine_failure")
+        assert response.headers.get("Connection") == "close"
+        refused = await served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        await assert_error(refused, 503, "unavailable")
+        assert refused.headers.get("Connection") == "close"
+        assert not served.state.draining  # the engine's failure alone said close
+
+
 def _as_response(result):  # adapts a StreamResult for assert_error
     class Response:
         status_code = result.status

@@ -73,10 +73,13 @@ class _Entry:
     for the other fields), so releasing them builds one tuple and one record (what ``merge_all`` of them gives)
     without another pass over them."""
 
-    __slots__ = ("held", "held_logprobs", "held_since", "held_tokens", "last_arrival", "send", "started")
+    __slots__ = ("answered", "held", "held_logprobs", "held_since", "held_tokens", "last_arrival", "send", "started")
 
     def __init__(self, send: trio.MemorySendChannel[StreamItem]) -> None:
         self.send = send
+        # The stream's first item (its Admitted) has gone out: until then the caller waits in admission(),
+        # which takes an Admitted or a Rejected and nothing else, so an end must come as a Rejected.
+        self.answered = False
         self.started = False  # a token has gone out (the first one is never held)
         self.held: RequestUpdate | None = None  # the latest held update; None: nothing is held
         self.held_tokens: list[TokenOutput] = []  # the held updates' tokens, in order
@@ -142,6 +145,7 @@ class RequestStreams:
             return False
         try:
             entry.send.send_nowait(Admitted(request_id, len(prompt_ids), prompt_ids))
+            entry.answered = True
             return True
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self._remove(request_id)  # a fresh stream cannot be full: its reader is gone
@@ -224,9 +228,15 @@ class RequestStreams:
 
     def fail_all(self, message: str) -> None:
         """Give every live stream a terminal error (engine failure or shutdown) and remove it; held and pending
-        tokens travel in the same terminal update (the reserved last slot always has room for it)."""
+        tokens travel in the same terminal update (the reserved last slot always has room for it). A request
+        not yet admitted (still in admission, or queued for the scheduler) is refused as ``unavailable``
+        instead: its caller waits for an admission, and an update there read as a malformed stream (a 500
+        ``internal`` instead of a retryable 503; nothing was computed for it)."""
         for request_id in list(self._entries):
             entry = self._entries[request_id]
+            if not entry.answered:
+                self.reject(request_id, Rejected("unavailable", message))
+                continue
             final = RequestUpdate(request_id=request_id, finish_reason="error", error=message)
             if entry.held is not None:
                 final = entry.release(final)
@@ -260,6 +270,7 @@ class RequestStreams:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._remove(update.request_id)
             return False
+        entry.answered = True  # a stream fed updates with no Admitted before them (tests) keeps ending with one
         if update.tokens:
             entry.started = True
         if update.finish_reason is not None:

@@ -17,7 +17,7 @@ Framework settings that matter:
   response is sent: method, path, status, trace id, tokens in / out, TTFT and total time.
 * ``CorsPolicy`` (``http/cors.py``, only with ``ALLOWED_ORIGINS``): browser cross-origin access.
 * ``ConnectionPolicy`` (``http/connection.py``) wraps the ASGI app: ``Connection: close`` whenever the
-  connection will not or should not be reused (a body left unread, or the server draining).
+  connection will not or should not be reused (a body left unread, the server draining, or its engine failed).
 
 Every error is JSON in the OpenAI shape, including 404 (unknown route), 405 (wrong method, with ``Allow``),
 408, 413 and 500; nothing is ever HTML. Every response carries ``X-Trace-Id`` (and the same value as
@@ -140,7 +140,10 @@ def create_app(engine: ServingEngine, settings: Settings, *, coalesce: bool = Tr
     state = AppState(engine, settings, observability, coalesce=coalesce)
     app.extensions[STATE_KEY] = state
     # Quart types asgi_app with its exact ASGI TypedDicts; the middleware speaks the generic mapping form.
-    app.asgi_app = ConnectionPolicy(app.asgi_app, lambda: state.draining)  # type: ignore[method-assign,assignment,arg-type]
+    # A failed engine counts as draining from the failure on: the process exits within seconds, and the stop
+    # sequence flips ``draining`` only once it runs, after the failed requests' answers may already be out.
+    app.asgi_app = ConnectionPolicy(app.asgi_app,  # type: ignore[method-assign,assignment,arg-type]
+                                    lambda: state.draining or state.engine.failed)
     if settings.access_log:
         app.asgi_app = AccessLog(app.asgi_app, TRACE_ID_HEADER)  # type: ignore[method-assign,assignment,arg-type]
     allowed_origins = parse_allowed_origins(settings.allowed_origins)

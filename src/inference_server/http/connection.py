@@ -9,8 +9,9 @@ the connection after the response, but without saying so. This middleware theref
 * the app has not received the whole request body when the response starts (an error raised before or while
   reading it: 404, 405, 408, 413 beyond the discard limit, 415, 503 ``draining``, ...), because Hypercorn is
   then going to close the connection; or
-* the server is draining (``draining()`` is true), so that clients and load balancers open fresh connections
-  (to another instance, or to this one's ``/health`` until HTTP stops) instead of reusing this one.
+* the server is draining (``draining()`` is true: after a signal, or once the engine failed and the process is
+  about to exit), so that clients and load balancers open fresh connections (to another instance, or to this
+  one's ``/health`` until HTTP stops) instead of reusing this one.
 
 It also shields the app's final ``send`` (the end of the response body) from the app's own cancellation.
 Why: Hypercorn reacts to that send by delivering ``http.disconnect`` to the app and then recycling or
