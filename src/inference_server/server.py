@@ -12,7 +12,8 @@ Shutdown on SIGTERM or SIGINT (exit status 0):
    before the signal too, so clients that reuse connections (and load balancers' pools) open a fresh one
    for their next request instead of finding it closed when HTTP stops; ``/health`` answers 200 until then;
 2. in-flight requests get ``SHUTDOWN_TIMEOUT`` seconds to finish (``Engine.drain``); what is left then ends
-   with a terminal error event (streams: an error event and ``[DONE]``; others: 503 ``shutdown``);
+   with a terminal error event (streams: an error event and ``[DONE]``; others: 503 ``shutdown``; a request
+   still in admission, never admitted: 503 ``unavailable``, as a request the drain refused);
 3. responses get ``HTTP_FLUSH_SECONDS`` to write their last events, then Hypercorn stops
    (``graceful_timeout`` ``HYPERCORN_GRACEFUL_SECONDS``);
 4. a daemon watchdog thread ends the process with ``os._exit`` if it is still alive
