@@ -96,7 +96,7 @@ def main() -> None:
             moved = _bytes(tokens, heads, kv_heads, head_dim)
             copies = rotation(moved, l2) if l2 else 1
             cases = [_case(tokens, heads, kv_heads, head_dim, norm_v, device, seed) for seed in range(copies)]
-            calls = [lambda a=a, w=w: _call(a, w, mode) for a, w in cases]
+            calls = [lambda a=a, w=w, m=mode: _call(a, w, m) for a, w in cases]
             times, outputs = {}, {}
             for label, elements in (("one", 1), ("block", tile_elements)):
                 module._TILE_ELEMENTS = elements
