@@ -73,9 +73,11 @@ COMPILE = textwrap.dedent('''
     for gemma, norm_v, store, (nq, nk, half) in ((True, True, False, (16, 8, 128)), (True, True, True, (16, 8, 128)),
                                                 (False, False, True, (32, 4, 64)), (True, True, True, (16, 2, 256))):
         signature = {**dict.fromkeys(pointers, "*bf16"), "slot_ptr": "*i64", **dict.fromkeys(strides, "i32"),
-                     "eps": "fp32", **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "GEMMA", "NORM_V",
-                                                     "NUM_OUT", "STORE", "PAGE"), "constexpr")}
-        constexprs = {"NUM_Q": nq, "NUM_K": nk, "HALF": half, "BLOCK_HALF": half, "GEMMA": gemma, "NORM_V": norm_v,
+                     "eps": "fp32", "num_tokens": "i32",
+                     **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "BLOCK_T", "GEMMA", "NORM_V",
+                                      "NUM_OUT", "STORE", "PAGE"), "constexpr")}
+        constexprs = {"NUM_Q": nq, "NUM_K": nk, "HALF": half, "BLOCK_HALF": half, "BLOCK_T": 1024 // half,
+                      "GEMMA": gemma, "NORM_V": norm_v,
                       "NUM_OUT": nq + nk + (nk if norm_v else 0), "STORE": store, "PAGE": 16}
         triton.compile(source(fn=_qk_norm_rope_kernel, signature=signature, constexprs=constexprs), target=target)
     for weights, has_scale in (("*bf16", False), ("*fp32", True)):
@@ -295,8 +297,8 @@ PDL_COMPILE = textwrap.dedent('''
          {**dict.fromkeys(("eps_a", "eps_b", "eps_s", "eps_z0", "eps_z1", "eps_z2"), "fp32"), "wz2_ptr": "*fp32"},
          dict(HAS_B=False, HAS_SUM_NORM=False, HAS_RES=True, HAS_SCALE=False, NUM_Z=3, BLOCK=4096)),
         (qk_norm_rope._qk_norm_rope_kernel, {"slot_ptr": "*i64", "eps": "fp32"},
-         dict(NUM_Q=32, NUM_K=4, HALF=64, BLOCK_HALF=64, GEMMA=False, NORM_V=False, NUM_OUT=36, STORE=True,
-              PAGE=16)),
+         dict(NUM_Q=32, NUM_K=4, HALF=64, BLOCK_HALF=64, BLOCK_T=16, GEMMA=False, NORM_V=False, NUM_OUT=36,
+              STORE=True, PAGE=16)),
         (kv_store._store_kv_kernel, {"slot_mapping_ptr": "*i64"}, dict(PAGE=16, H=4, D=128, BLOCK_H=4, BLOCK_D=128)),
         (rope._rope_kernel, {}, dict(NUM_Q_HEADS=32, HALF=64, BLOCK_HALF=64)),
         (rope_tables._rope_tables_kernel, {"pos_ptr": "*i64", "inv_ptr": "*fp32"}, dict(BLOCK=128, LIBDEVICE=True)),
