@@ -76,6 +76,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, hidden, inter_size, experts, top_k, weight_dtype in MODELS:
         experts = options.experts or experts
+        top_k = min(top_k, experts)
         gen = torch.Generator().manual_seed(0)
         w_down = (torch.randn(experts, hidden, inter_size, generator=gen) / inter_size**0.5).to(device, torch.bfloat16)
         for tokens in (int(t) for t in options.tokens.split(",")):
