@@ -79,7 +79,10 @@ log = logging.getLogger(__name__)
 
 HTTP_FLUSH_SECONDS = 2.0
 HYPERCORN_GRACEFUL_SECONDS = 2.0
-HARD_EXIT_GRACE_SECONDS = 5.0
+HARD_EXIT_GRACE_SECONDS = 10.0
+"""The watchdog's time past ``SHUTDOWN_TIMEOUT`` (and the engine process's, to exit once drained). A stop by the
+stop sequence needs up to ``remote_engine.STOP_GRACE_SECONDS`` (3 s: a hung engine process) + ``HTTP_FLUSH_SECONDS`` +
+``HYPERCORN_GRACEFUL_SECONDS`` past the drain's timeout, plus the teardown: the watchdog must not race it."""
 DUPLICATE_SIGNAL_SECONDS = 1.0
 """A signal this soon after the first is the same stop delivered twice (see ``_watch_signals``)."""
 EXIT_OK, EXIT_FAILED = 0, 1
