@@ -117,6 +117,18 @@ def client_trace_id(headers: Headers) -> str | None:
             or header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER))
 
 
+def request_ids(headers: Headers, request_id: str | None) -> tuple[str | None, str | None]:
+    """vLLM's ``request_id`` body field: ``(base of the response id, trace id)``, each None where the server
+    picks its own. The response id's base is the ``X-Request-Id`` header, else ``request_id`` (vLLM's
+    ``_base_request_id``: ``chatcmpl-<it>``); the trace id is ``request_id`` only when no ``X-Trace-Id`` /
+    ``X-Request-Id`` header names one (a header wins, as over ``/generate``'s ``trace_id``). ``request_id`` is
+    held to ``header_id``'s rule whether or not a header wins: it reaches logs and telemetry."""
+    body_id = header_id(request_id, "request_id")
+    header = header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER)
+    trace = None if client_trace_id(headers) is not None else body_id
+    return header or body_id, trace
+
+
 def header_id(value: str | None, header: str) -> str | None:
     """A client-chosen identifier (``X-Session-Id`` / ``X-Trace-Id`` headers, ``/generate``'s ``session_id`` and
     ``trace_id`` fields): 1-128 visible ASCII characters, or a 400 naming ``header``. The one rule for all of

@@ -9,6 +9,8 @@ Conventions (see docs/api.md for every field):
   reproducible. A list of prompts gives ``len(prompts) * n`` choices, choice ``i * n + j`` being prompt ``i``'s
   ``j``-th.
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
+* vLLM's ``request_id``: the response's ``id`` is ``chatcmpl-<it>`` / ``cmpl-<it>`` (an ``X-Request-Id`` header
+  wins over it, as in vLLM; neither: a fresh id), and it is the trace id unless a header names one.
 * Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
   capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
   are stops (``models/chat_templates.ChatStops``). Message content is a string or a list of
@@ -67,6 +69,7 @@ from inference_server.http.convert import (
     min_characters,
     refuse_obfuscation,
     refuse_service_tier,
+    request_ids,
     sampling_params,
     structured_fields,
     truncation_side,
@@ -139,7 +142,7 @@ class OpenAIRoutes:
         if body.echo or body.prompt_logprobs is not None:
             results = await generation.successful_results(self.state.engine)
             return json_response(completion_response(
-                self.state, new_id("cmpl"), results, generation.prompt_tokens, n,
+                self.state, _response_id("cmpl", body), results, generation.prompt_tokens, n,
                 with_logprobs=body.logprobs is not None, echo_prompts=prompts,
                 with_prompt_logprobs=body.prompt_logprobs is not None, options=_output_options(body, generation)))
         return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
@@ -247,6 +250,9 @@ class OpenAIRoutes:
         body = await read_body(record_type)
         self.state.check_model(body.model)
         _check_output_fields(body)
+        _, trace_id = request_ids(request.headers, body.request_id)
+        if trace_id is not None:  # before the engine requests are built: they carry it
+            g.trace_id = trace_id
         return body
 
     async def _respond(self, generation: Generation, n: int, with_logprobs: bool, body: OpenAIRecord,
@@ -255,7 +261,7 @@ class OpenAIRoutes:
                        stream_kwargs: dict | None = None, response_kwargs: dict | None = None) -> Response:
         """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body (each
         given its route's own keyword arguments)."""
-        state, response_id = self.state, new_id(id_prefix)
+        state, response_id = self.state, _response_id(id_prefix, body)
         options = _output_options(body, generation)
         if chat_output is not None and chat_output.active:
             options = attrs.evolve(options, chat_output=chat_output)
@@ -274,6 +280,13 @@ class OpenAIRoutes:
     def _session(self, user: str | None) -> str | None:
         return header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or user
 
+
+
+def _response_id(prefix: str, body: OpenAIRecord) -> str:
+    """``<prefix>-<id>``: vLLM's, the ``X-Request-Id`` header's or ``request_id``'s id when one was sent, else a
+    fresh one."""
+    base, _ = request_ids(request.headers, body.request_id)
+    return f"{prefix}-{base}" if base is not None else new_id(prefix)
 
 
 def _output_options(body: OpenAIRecord, generation: Generation) -> OutputOptions:

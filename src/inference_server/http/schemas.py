@@ -93,6 +93,10 @@ class OpenAIOutputFields(SamplingFields):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     response_format: ResponseFormat | None = None
+    request_id: str | None = None
+    """vLLM's: the request's id (1-128 visible ASCII characters): the response's ``id`` is the route's prefix
+    and it (``chatcmpl-<request_id>``), and it is the trace id when no ``X-Trace-Id`` / ``X-Request-Id``
+    header is sent (``convert.request_ids``)."""
     min_characters: int | None = None
     """vLLM's tests send it here; the same as ``stream_options.min_characters``."""
 

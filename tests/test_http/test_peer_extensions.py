@@ -1,0 +1,72 @@
+"""vLLM and SGLang request fields beyond issue 39's first two passes, against the fake model: vLLM's
+``request_id`` (the response's id and the trace id)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from http_testkit import assert_error, post_stream
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "the capital of france ?"}]
+
+
+def body_for(path: str, **fields: Any) -> dict[str, Any]:
+    if path == "/generate":
+        return {"prompt": "hello world", "max_tokens": 2, **fields}
+    return ({"messages": MESSAGES} if path == CHAT else {"prompt": "hello world"}) | {"max_tokens": 2, **fields}
+
+
+def prefix_of(path: str) -> str:
+    return "chatcmpl" if path == CHAT else "cmpl"
+
+
+# -- vLLM's request_id (ChatCompletionRequest / CompletionRequest; serving's _base_request_id) ------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_request_id_names_the_response_and_the_trace(serve, path: str) -> None:
+    prefix = prefix_of(path)
+    async with serve() as served:
+        response = await served.client.post(path, json=body_for(path, request_id="job-7:a"))
+        assert response.status_code == 200, await response.get_data()
+        assert (await response.get_json())["id"] == f"{prefix}-job-7:a"
+        assert response.headers["X-Request-Id"] == response.headers["X-Trace-Id"] == "job-7:a"
+        streamed = await post_stream(served.client, path, body_for(path, request_id="job-8", stream=True))
+        assert {event["id"] for event in streamed.events[:-1]} == {f"{prefix}-job-8"}
+        assert streamed.headers["X-Request-Id"] == "job-8"
+        if path == COMPLETIONS:  # echo builds its whole response on its own path
+            echoed = await served.client.post(path, json=body_for(path, request_id="job-9", echo=True))
+            assert (await echoed.get_json())["id"] == "cmpl-job-9"
+        # vLLM's order: an X-Request-Id header names the response (and the trace) over the body
+        header = await served.client.post(path, json=body_for(path, request_id="body-id"),
+                                          headers={"X-Request-Id": "header-id"})
+        assert (await header.get_json())["id"] == f"{prefix}-header-id"
+        assert header.headers["X-Trace-Id"] == "header-id"
+        # an X-Trace-Id header keeps the trace; the body still names the response
+        traced = await served.client.post(path, json=body_for(path, request_id="body-id"),
+                                          headers={"X-Trace-Id": "trace-id"})
+        assert (await traced.get_json())["id"] == f"{prefix}-body-id"
+        assert traced.headers["X-Trace-Id"] == traced.headers["X-Request-Id"] == "trace-id"
+        plain = await served.client.post(path, json=body_for(path))
+        assert re.fullmatch(f"{prefix}-[0-9a-f]{{32}}", (await plain.get_json())["id"])
+        assert plain.headers["X-Request-Id"] != "body-id"
+        assert served.kv_is_idle()
+
+
+@pytest.mark.parametrize("request_id", ["", "a b", "x" * 129, "é", "line\nbreak"])
+async def test_request_id_follows_the_header_id_rule(serve, request_id: str) -> None:
+    async with serve() as served:
+        for path in (CHAT, COMPLETIONS):
+            response = await served.client.post(path, json=body_for(path, request_id=request_id))
+            error = await assert_error(response, 400, "invalid_value", "request_id")
+            assert "1 to 128 visible ASCII characters" in error["message"]
+            # even where a header names the trace: the body's id still names the response
+            with_header = await served.client.post(path, json=body_for(path, request_id=request_id),
+                                                   headers={"X-Trace-Id": "t"})
+            await assert_error(with_header, 400, "invalid_value", "request_id")
+        await assert_error(await served.client.post("/generate", json=body_for("/generate", request_id="r")),
+                           400, "unknown_field", "request_id")  # /generate names its trace with trace_id
