@@ -19,9 +19,9 @@ Semantics (docs/api.md):
   names the server itself passes (``messages``, ``tools``, ``add_generation_prompt``, ...) are refused.
 * History: an assistant message's ``tool_calls`` (``arguments`` JSON text is decoded to an object for the
   template, as vLLM does: the templates write objects), a ``tool`` message's ``tool_call_id`` and ``name``,
-  and an assistant's ``reasoning_content`` reach the template. What the OpenAI SDK adds to a reply appended
-  to ``messages`` as it came back (``refusal``, ``annotations``, ``parsed``, a call's ``index`` and
-  ``parsed_arguments``) is accepted and left out of it.
+  and an assistant's ``reasoning_content`` (or ``reasoning``, vLLM's newer name) reach the template. What the
+  OpenAI SDK adds to a reply appended to ``messages`` as it came back (``refusal``, ``annotations``,
+  ``parsed``, a call's ``index`` and ``parsed_arguments``) is accepted and left out of it.
 """
 
 from __future__ import annotations
@@ -253,6 +253,17 @@ def message_extras(message: ChatMessageInput, role: str, index: int) -> dict[str
         extras["tool_call_id"] = message.tool_call_id
     if message.name is not None and role == "tool":
         extras["name"] = message.name
-    if message.reasoning_content is not None and role == "assistant":
-        extras["reasoning_content"] = message.reasoning_content
+    reasoning = message_reasoning(message, index)
+    if reasoning is not None and role == "assistant":
+        extras["reasoning_content"] = reasoning
     return extras
+
+
+def message_reasoning(message: ChatMessageInput, index: int) -> str | None:
+    """An earlier reply's reasoning: ``reasoning_content``, or ``reasoning`` (vLLM's newer name, OpenRouter's);
+    both sent must agree (neither silently wins)."""
+    if message.reasoning is not None and message.reasoning_content is not None \
+            and message.reasoning != message.reasoning_content:
+        raise invalid_request("reasoning and reasoning_content disagree; send one of them",
+                              f"messages[{index}].reasoning")
+    return message.reasoning_content if message.reasoning_content is not None else message.reasoning

@@ -35,8 +35,10 @@ Conventions (see docs/api.md for every field):
   choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
 * Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
   ``chat_template_kwargs`` reach the chat template; replies are parsed into ``tool_calls`` (``finish_reason:
-  tool_calls``) and ``reasoning_content`` by the served family's parsers; ``tool_choice`` required / named is
-  forced by a ``Constraint.tool_calls`` grammar (``chat_tools.forced_call_constraint``).
+  tool_calls``) and ``reasoning_content`` by the served family's parsers (vLLM's ``include_reasoning: false``
+  drops the reasoning, and with it the choices' ``logprobs`` and ``token_ids``, which would show it);
+  ``tool_choice`` required / named is forced by a ``Constraint.tool_calls`` grammar
+  (``chat_tools.forced_call_constraint``).
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
   content.
 """
@@ -241,7 +243,7 @@ class OpenAIRoutes:
                               tools=tools.template_tools, chat_template_kwargs=kwargs)
             for j in range(n)]
         renames = {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
-        return requests, n, renames, tools.output
+        return requests, n, renames, attrs.evolve(tools.output, include_reasoning=body.include_reasoning is not False)
 
     # -- shared --------------------------------------------------------------------------------------
     async def _read(self, record_type: type[Record]) -> Record:

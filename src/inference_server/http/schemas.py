@@ -192,6 +192,8 @@ class ChatMessageInput:
     tool_calls: list[ToolCallInput] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
+    """vLLM's newer name of ``reasoning_content`` (OpenRouter's too): the same, both sent must agree."""
     refusal: str | None = None
     annotations: Any = None
     parsed: Any = None
@@ -240,6 +242,9 @@ class ChatCompletionRequest(OpenAIOutputFields):
     echo: bool | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    include_reasoning: bool | None = None
+    """vLLM's: false leaves the reasoning section out of the reply (``reasoning_content`` null, no reasoning
+    deltas) and, with a reasoning parser, the choices' ``logprobs`` and ``token_ids`` too (they would show it)."""
     # OpenAI fields with nothing to change here (docs/api.md): nothing is stored, there is one service tier,
     # the prefix cache needs no key; ``safety_identifier`` (``user``'s successor) keys the session as ``user`` does.
     store: bool | None = None
