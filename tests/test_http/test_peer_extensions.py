@@ -1,5 +1,8 @@
 """vLLM and SGLang request fields beyond issue 39's first two passes, against the fake model: vLLM's
-``request_id`` (the response's id and the trace id)."""
+``request_id`` (the response's id and the trace id); the fields the server refuses with a 400 that says so
+(vLLM's request-level ``chat_template``, ``use_beam_search``, ``bad_words``, SGLang's ``stop_regex``); and the
+message rules (unknown keys and roles are 400s, as OpenAI's). ``include_reasoning`` and the ``reasoning``
+message key need a reasoning template: ``test_tool_calls_http``."""
 
 from __future__ import annotations
 
@@ -70,3 +73,64 @@ async def test_request_id_follows_the_header_id_rule(serve, request_id: str) -> 
             await assert_error(with_header, 400, "invalid_value", "request_id")
         await assert_error(await served.client.post("/generate", json=body_for("/generate", request_id="r")),
                            400, "unknown_field", "request_id")  # /generate names its trace with trace_id
+
+
+# -- vLLM's request-level chat_template (refused unless --trust-request-chat-template) -----------------------------
+
+
+async def test_a_request_level_chat_template_is_refused_saying_why(serve) -> None:
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    async with serve() as served:
+        for path, body in ((CHAT, body_for(CHAT)), ("/tokenize", {"messages": MESSAGES})):
+            response = await served.client.post(path, json={**body, "chat_template": template})
+            error = await assert_error(response, 400, "unsupported_parameter", "chat_template")
+            assert "--trust-request-chat-template" in error["message"] and "chat_template_kwargs" in error["message"]
+            for empty in ("", " "):  # a template, if an empty one: vLLM refuses any non-null value
+                refused = await served.client.post(path, json={**body, "chat_template": empty})
+                await assert_error(refused, 400, "unsupported_parameter", "chat_template")
+            assert (await served.client.post(path, json={**body, "chat_template": None})).status_code == 200
+            nested = await served.client.post(path, json={**body, "chat_template_kwargs": {"chat_template": template}})
+            error = await assert_error(nested, 400, "unsupported_parameter", "chat_template_kwargs.chat_template")
+            assert "--trust-request-chat-template" in error["message"]
+        await assert_error(await served.client.post(COMPLETIONS, json=body_for(COMPLETIONS, chat_template=template)),
+                           400, "unknown_field", "chat_template")  # vLLM's completions have no such field
+        assert served.kv_is_idle()
+
+
+# -- beam search, bad_words, stop_regex: refused, saying so --------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/generate"])
+@pytest.mark.parametrize("field, value, empty, says", [
+    ("use_beam_search", True, False, "beam search is not supported"),
+    ("bad_words", ["paris", "france"], [], "bad_words is not supported"),
+    ("stop_regex", r"\d+", None, "stop_regex is not supported"),
+    ("stop_regex", ["a+b", "c"], [], "stop_regex is not supported"),
+])
+async def test_unimplemented_peer_fields_are_refused_saying_so(serve, path: str, field: str, value: Any,
+                                                                empty: Any, says: str) -> None:
+    async with serve() as served:
+        response = await served.client.post(path, json=body_for(path, **{field: value}))
+        error = await assert_error(response, 400, "unsupported_parameter", field)
+        assert says in error["message"]
+        # sent empty (false, [], null: what vLLM's and SGLang's clients send by default) it asks for nothing
+        ok = await served.client.post(path, json=body_for(path, **{field: empty}))
+        assert ok.status_code == 200, await ok.get_data()
+        assert served.kv_is_idle()
+
+
+# -- messages: unknown keys and roles (OpenAI 400s both; SGLang refuses unknown roles) ------------------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, "/tokenize"])
+async def test_unknown_message_keys_and_roles_are_400s_naming_them(serve, path: str) -> None:
+    async with serve() as served:
+        extra_key = [{"role": "user", "content": "hi", "mood": "curious"}]
+        error = await assert_error(await served.client.post(path, json={"messages": extra_key}),
+                                   400, "unknown_field", "messages[0].mood")
+        assert "'mood'" in error["message"]
+        for role in ("narrator", "function", "User", "model"):
+            custom = [{"role": "system", "content": "be brief"}, {"role": role, "content": "hi"}]
+            error = await assert_error(await served.client.post(path, json={"messages": custom}),
+                                       400, "invalid_value", "messages[1].role")
+            assert f"unknown role {role!r}" in error["message"] and "developer" in error["message"]

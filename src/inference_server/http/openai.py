@@ -40,7 +40,8 @@ Conventions (see docs/api.md for every field):
   ``tool_choice`` required / named is forced by a ``Constraint.tool_calls`` grammar
   (``chat_tools.forced_call_constraint``).
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
-  content.
+  content, vLLM's request-level ``chat_template``, ``use_beam_search``, ``bad_words`` and SGLang's
+  ``stop_regex`` (``body_parser.UNSUPPORTED_FIELDS``); message keys and roles the server does not know.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from inference_server.http.chat_tools import (
     effort_template_kwargs,
     forced_call_constraint,
     message_extras,
+    refuse_request_template,
     template_kwargs,
     tool_request,
     with_effort,
@@ -212,6 +214,7 @@ class OpenAIRoutes:
         kwargs = with_effort(template_kwargs(body.chat_template_kwargs),
                              effort_template_kwargs(body.reasoning_effort, "reasoning_effort"))
         refuse_service_tier(body.service_tier)
+        refuse_request_template(body.chat_template)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid_request("top_logprobs requires logprobs: true", "top_logprobs")
         if body.prompt_logprobs is not None and body.stream:
@@ -391,8 +394,11 @@ def chat_messages(inputs: Sequence[ChatMessageInput]) -> tuple[ChatMessage, ...]
 def _chat_message(message: ChatMessageInput, index: int) -> ChatMessage:
     role = CHAT_ROLES.get(message.role)
     if role is None:
-        raise invalid_request(f"unknown role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}",
-                              f"messages[{index}].role")
+        # vLLM passes any role to the template, but the served templates cannot honour one: Qwen3's drops the
+        # message silently, the embedded Gemma 3 one renders it as a user turn, Gemma 4's writes a turn role
+        # the model was never trained on. OpenAI and SGLang refuse it too.
+        raise invalid_request(f"unknown role {message.role[:40]!r}: the served chat template renders only "
+                              f"{', '.join(CHAT_ROLES)}", f"messages[{index}].role")
     return ChatMessage(role, _content_text(message.content, index), **message_extras(message, role, index))
 
 

@@ -245,6 +245,8 @@ class ChatCompletionRequest(OpenAIOutputFields):
     include_reasoning: bool | None = None
     """vLLM's: false leaves the reasoning section out of the reply (``reasoning_content`` null, no reasoning
     deltas) and, with a reasoning parser, the choices' ``logprobs`` and ``token_ids`` too (they would show it)."""
+    chat_template: str | None = None
+    """vLLM's request-level template: refused unless null (``chat_tools.refuse_request_template``)."""
     # OpenAI fields with nothing to change here (docs/api.md): nothing is stored, there is one service tier,
     # the prefix cache needs no key; ``safety_identifier`` (``user``'s successor) keys the session as ``user`` does.
     store: bool | None = None
@@ -272,6 +274,8 @@ class TokenizeRequest:
     continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
+    chat_template: str | None = None
+    """As on chat: refused unless null."""
 
 
 @attrs.frozen(kw_only=True)
