@@ -1,7 +1,7 @@
 """vLLM and SGLang request fields beyond issue 39's first two passes, against the fake model: vLLM's
-``request_id`` (the response's id and the trace id); the fields the server refuses with a 400 that says so
-(vLLM's request-level ``chat_template``, ``use_beam_search``, ``bad_words``, SGLang's ``stop_regex``); and the
-message rules (unknown keys and roles are 400s, as OpenAI's). ``include_reasoning`` and the ``reasoning``
+``request_id`` (the response's id and the trace id); SGLang's ``stop_regex``; the fields the server refuses with
+a 400 that says so (vLLM's request-level ``chat_template``, ``use_beam_search``, ``bad_words``); and the message
+rules (unknown keys and roles are 400s, as OpenAI's). ``include_reasoning`` and the ``reasoning``
 message key need a reasoning template: ``test_tool_calls_http``."""
 
 from __future__ import annotations
@@ -97,15 +97,84 @@ async def test_a_request_level_chat_template_is_refused_saying_why(serve) -> Non
         assert served.kv_is_idle()
 
 
-# -- beam search, bad_words, stop_regex: refused, saying so --------------------------------------------------------
+# -- SGLang's stop_regex (CompletionRequest / ChatCompletionRequest / sampling params) ------------------------------
+
+
+def text_of(path: str, payload: dict) -> str:
+    if path == "/generate":
+        return payload["text"]
+    choice = payload["choices"][0]
+    return choice["message"]["content"] if path == CHAT else choice["text"]
+
+
+def streamed_text(path: str, events: list[Any]) -> tuple[str, dict]:
+    """The streamed text and the last event (the one with the finish reason)."""
+    assert events[-1] == "[DONE]"
+    events = [event for event in events[:-1] if path == "/generate" or event.get("choices")]
+    if path == "/generate":
+        return "".join(event["text"] for event in events), events[-1]
+    if path == CHAT:
+        return "".join(e["choices"][0]["delta"].get("content") or "" for e in events), events[-1]["choices"][0]
+    return "".join(e["choices"][0]["text"] for e in events), events[-1]["choices"][0]
+
+
+def first_match_prefix(text: str, pattern: str) -> re.Match[str]:
+    """The match in the shortest prefix of ``text`` that has one (the server's rule), brute force."""
+    for end in range(1, len(text) + 1):
+        match = re.search(pattern, text[:end])
+        if match:
+            return match
+    raise AssertionError(f"{pattern!r} never matches {text!r}")
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/generate"])
+async def test_stop_regex_ends_the_output_before_the_first_match(serve, path: str) -> None:
+    pattern = r"w\d*7\b"  # the fake model writes w<n> words: stop before the first one ending in 7
+    async with serve(coalesce=False) as served:
+        plain = await served.client.post(path, json=body_for(path, max_tokens=16, temperature=0))
+        text = text_of(path, await plain.get_json())
+        match = first_match_prefix(text, pattern)
+        assert 0 < match.start() < len(text) - 3
+        for include, expected in ((False, text[:match.start()]), (True, text[:match.end()])):
+            body = body_for(path, max_tokens=16, temperature=0, stop_regex=[pattern, "never+"],
+                            include_stop_str_in_output=include)
+            whole = await (await served.client.post(path, json=body)).get_json()
+            assert text_of(path, whole) == expected
+            finish = whole if path == "/generate" else whole["choices"][0]
+            assert (finish["finish_reason"], finish["stop_reason"]) == ("stop", pattern)
+            if path != "/generate":
+                assert finish["matched_stop"] == pattern  # SGLang's: the pattern that matched
+            streamed = await post_stream(served.client, path, {**body, "stream": True})
+            joined, last = streamed_text(path, streamed.events)
+            assert joined == expected and (last["finish_reason"], last["stop_reason"]) == ("stop", pattern)
+        one = await served.client.post(path, json=body_for(path, max_tokens=16, temperature=0, stop_regex=pattern))
+        assert text_of(path, await one.get_json()) == text[:match.start()]  # a single pattern as a string
+        assert served.kv_is_idle()
+
+
+@pytest.mark.parametrize("value, code, says", [("(", "invalid_request", "is not a valid regular expression"),
+                                               (["ok", "x*"], "invalid_request", "matches the empty string"),
+                                               ([""], "invalid_request", "non-empty strings"),
+                                               (5, "invalid_value", "a string or a list of strings")])
+async def test_bad_stop_regex_is_a_400_naming_it(serve, value: Any, code: str, says: str) -> None:
+    async with serve() as served:
+        for path in (CHAT, COMPLETIONS, "/generate"):
+            response = await served.client.post(path, json=body_for(path, stop_regex=value))
+            error = await assert_error(response, 400, code, "stop_regex")
+            assert says in error["message"], error
+        both = await served.client.post(COMPLETIONS, json=body_for(COMPLETIONS, stop_regex="a", min_tokens=1))
+        error = await assert_error(both, 400, "invalid_request", "stop_regex")
+        assert "min_tokens" in error["message"]
+        assert served.kv_is_idle()
+
+
+# -- beam search, bad_words: refused, saying so ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/generate"])
 @pytest.mark.parametrize("field, value, empty, says", [
     ("use_beam_search", True, False, "beam search is not supported"),
     ("bad_words", ["paris", "france"], [], "bad_words is not supported"),
-    ("stop_regex", r"\d+", None, "stop_regex is not supported"),
-    ("stop_regex", ["a+b", "c"], [], "stop_regex is not supported"),
 ])
 async def test_unimplemented_peer_fields_are_refused_saying_so(serve, path: str, field: str, value: Any,
                                                                 empty: Any, says: str) -> None:

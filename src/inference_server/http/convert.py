@@ -98,6 +98,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         seed=fields.seed,
         max_tokens=max_tokens,
         stop=stop_strings(fields.stop),
+        stop_regex=stop_strings(fields.stop_regex),
         stop_token_ids=tuple(fields.stop_token_ids or ()),
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,

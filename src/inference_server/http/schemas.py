@@ -45,6 +45,8 @@ class SamplingFields:
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: StopInput = None
+    stop_regex: StopInput = None
+    """SGLang's: a pattern or a list of them; the output ends before the first match (``core/stop_regex.py``)."""
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None

@@ -9,6 +9,7 @@ import attrs
 
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
+from inference_server.records.stop_patterns import compile_stop_regex
 
 GREEDY_EPSILON = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
@@ -88,6 +89,9 @@ class SamplingParams:
     """Stop strings: output ends before the first one that appears (or after it, see below)."""
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_tuple)
     """Token ids that end the output (in addition to EOS, and even with ``ignore_eos``)."""
+    stop_regex: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    """SGLang's regex stops: output ends before the first match of one in the text so far, as with ``stop``
+    (``core/stop_regex.py``: each is matched as if the output ended where it is; not with ``min_tokens``)."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS tokens (benchmarks)."""
     logprobs: int | None = None
@@ -182,6 +186,18 @@ class SamplingParams:
                                    f"{'are' if plural else 'is'} outside the vocabulary [0, {vocab_size}) "
                                    f"(vocabulary size {vocab_size})", field)
 
+    def _validate_stop_regex(self) -> None:
+        patterns = self.stop_regex
+        ok = isinstance(patterns, tuple) and all(isinstance(x, str) and x for x in patterns)
+        _require(ok, "stop_regex", "a tuple of non-empty strings", patterns)
+        for pattern in patterns:
+            try:
+                compile_stop_regex(pattern)
+            except ValueError as error:
+                raise RequestError("invalid_request", f"stop_regex: {error}", "stop_regex") from None
+        if patterns and self.min_tokens:  # a match completed before min_tokens would have to be forgotten
+            raise RequestError("invalid_request", "stop_regex cannot be combined with min_tokens", "stop_regex")
+
     def validate(self) -> None:
         """Raise ``RequestError`` naming the first field out of its accepted range (vLLM's ranges)."""
         t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
@@ -209,6 +225,7 @@ class SamplingParams:
         _require(ok_prompt, "prompt_logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", prompt_logprobs)
         ok_stop = isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)
         _require(ok_stop, "stop", "a tuple of non-empty strings", self.stop)
+        self._validate_stop_regex()
         ids = self.stop_token_ids
         ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
         _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)
