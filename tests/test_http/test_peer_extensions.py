@@ -1,7 +1,7 @@
 """vLLM and SGLang request fields beyond issue 39's first two passes, against the fake model: vLLM's
-``request_id`` (the response's id and the trace id); SGLang's ``stop_regex``; the fields the server refuses with
-a 400 that says so (vLLM's request-level ``chat_template``, ``use_beam_search``, ``bad_words``); and the message
-rules (unknown keys and roles are 400s, as OpenAI's). ``include_reasoning`` and the ``reasoning``
+``request_id`` (the response's id and the trace id); SGLang's ``stop_regex``; vLLM's ``bad_words``; the fields the
+server refuses with a 400 that says so (vLLM's request-level ``chat_template``, ``use_beam_search``); and the
+message rules (unknown keys and roles are 400s, as OpenAI's). ``include_reasoning`` and the ``reasoning``
 message key need a reasoning template: ``test_tool_calls_http``."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import re
 from typing import Any
 
 import pytest
-from http_testkit import assert_error, post_stream
+from http_testkit import assert_error, post_stream, word_engine
+
+from inference_server.models.tokenizer import Tokenizer
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -168,13 +170,41 @@ async def test_bad_stop_regex_is_a_400_naming_it(serve, value: Any, code: str, s
         assert served.kv_is_idle()
 
 
-# -- beam search, bad_words: refused, saying so ------------------------------------------------------------------
+# -- vLLM's bad_words (ChatCompletionRequest / CompletionRequest / SamplingParams) ------------------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/generate"])
+async def test_bad_words_are_never_sampled(serve, tokenizer: Tokenizer, path: str) -> None:
+    """A word the model favours is not sampled where it is banned (the fake model's real sampler; words of
+    several tokens are banned after their prefix: ``tests/backends``), and the rest of the reply is unchanged."""
+    async with serve(word_engine(use_sampler=True)) as served:
+        body = body_for(path, max_tokens=4, temperature=0, return_token_ids=True)
+        if path == "/generate":
+            body.pop("return_token_ids")
+        plain = await (await served.client.post(path, json=body)).get_json()
+        ids = plain["token_ids"] if path == "/generate" else plain["choices"][0]["token_ids"]
+        word = tokenizer.decode([ids[1]]).strip()
+        assert word and tokenizer.encode(word, add_special_tokens=False) == [ids[1]]
+        response = await served.client.post(path, json={**body, "bad_words": [word]})
+        banned = await response.get_json()
+        assert response.status_code == 200, banned
+        out = banned["token_ids"] if path == "/generate" else banned["choices"][0]["token_ids"]
+        assert ids[1] not in out and out[0] == ids[0] and out[2:] == ids[2:]
+        assert word not in text_of(path, banned).split()
+        for bad, code, says in (([" "], "invalid_request", "not blank"), (["ok", ""], "invalid_request", "not blank"),
+                                ("w5", "invalid_value", "expected an array")):
+            refused = await served.client.post(path, json={**body, "bad_words": bad})
+            error = await assert_error(refused, 400, code, "bad_words")
+            assert says in error["message"], error
+        assert served.kv_is_idle()
+
+
+# -- beam search: refused, saying so -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/generate"])
 @pytest.mark.parametrize("field, value, empty, says", [
     ("use_beam_search", True, False, "beam search is not supported"),
-    ("bad_words", ["paris", "france"], [], "bad_words is not supported"),
 ])
 async def test_unimplemented_peer_fields_are_refused_saying_so(serve, path: str, field: str, value: Any,
                                                                 empty: Any, says: str) -> None:

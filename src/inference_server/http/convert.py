@@ -106,6 +106,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
         logit_bias=logit_bias_pairs(fields.logit_bias, vocab_size),
         allowed_token_ids=tuple(fields.allowed_token_ids) if fields.allowed_token_ids is not None else None,
+        bad_words=tuple(fields.bad_words or ()),
         min_tokens=_or(fields.min_tokens, DEFAULTS.min_tokens),
         skip_special_tokens=_or(fields.skip_special_tokens, DEFAULTS.skip_special_tokens),
     )

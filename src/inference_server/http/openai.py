@@ -40,8 +40,8 @@ Conventions (see docs/api.md for every field):
   ``tool_choice`` required / named is forced by a ``Constraint.tool_calls`` grammar
   (``chat_tools.forced_call_constraint``).
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
-  content, vLLM's request-level ``chat_template``, ``use_beam_search`` and ``bad_words``
-  (``body_parser.UNSUPPORTED_FIELDS``); message keys and roles the server does not know.
+  content, vLLM's request-level ``chat_template`` and ``use_beam_search`` (``body_parser.UNSUPPORTED_FIELDS``);
+  message keys and roles the server does not know.
 """
 
 from __future__ import annotations

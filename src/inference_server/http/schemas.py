@@ -53,6 +53,8 @@ class SamplingFields:
     priority: int | None = None
     logit_bias: LogitBiasInput = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    """vLLM's: words the output never contains as tokens (``core/bad_words.py``)."""
     min_tokens: int | None = None
     truncate_prompt_tokens: int | None = None
     # Structured outputs (vLLM's); read by ``constraint_fields``, which checks their values.
