@@ -130,3 +130,28 @@ def test_stop_regex_is_not_combined_with_min_tokens() -> None:
         SamplingParams(stop_regex=("a",), min_tokens=2).validate()
     assert error.value.param == "stop_regex" and "min_tokens" in error.value.message
     SamplingParams(stop_regex=("a",)).validate()
+
+
+def test_a_pattern_that_backtracks_without_end_ends_the_request_with_an_error_in_bounded_time() -> None:
+    """``(a+)+b`` over a run of ``a`` takes exponential time in a backtracking engine: the request's searches stop
+    at its time budget and it ends with ``error`` (``stop_reason`` ``stop_regex``), instead of stalling the host
+    thread every request shares. The first pieces are released as usual."""
+    checker = StopChecker(max_tokens=1000, stop_regex=[r"x|(a+)+b"])
+    updates = [checker.update(100 + i, piece) for i, piece in enumerate(["Hi ", *["a"] * 200])
+               if not checker.finished]
+    last = updates[-1]
+    assert updates[0].text == "Hi "
+    assert (last.finish_reason, last.stop_reason) == ("error", "stop_regex") and checker.finish_reason == "error"
+    assert last.error is not None and "stop_regex" in last.error and "simplify" in last.error
+    assert len(updates) < 201  # it ended well before the run of a's did
+
+
+def test_an_error_finish_for_slow_stop_patterns_is_a_400_naming_stop_regex() -> None:
+    from inference_server.http.errors import from_unsuccessful_finish
+    from inference_server.records.requests import RequestUpdate
+
+    error = from_unsuccessful_finish(RequestUpdate(1, (), "error", "stop_regex", "stop_regex 'x' took too long"),
+                                     engine_failed=False)
+    assert (error.status, error.param, error.code) == (400, "stop_regex", "stop_regex_too_slow")
+    other = from_unsuccessful_finish(RequestUpdate(1, (), "error", None, "shutting down"), engine_failed=False)
+    assert other.status == 503

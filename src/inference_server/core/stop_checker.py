@@ -28,13 +28,15 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from inference_server.core.stop_regex import RegexStops
+from inference_server.core.stop_regex import RegexStops, StopRegexTooSlow
 from inference_server.records.hot_record import hot_record
+from inference_server.records.stop_patterns import STOP_REGEX_TOO_SLOW
 
 if TYPE_CHECKING:
     from inference_server.records.sampling_params import SamplingParams
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "error"]
+"""``error``: only for regex stops that spent their time (``stop_regex.StopRegexTooSlow``)."""
 
 
 @hot_record
@@ -46,7 +48,10 @@ class StopUpdate:
     finish_reason: FinishReason | None = None
     """None while the request keeps going."""
     stop_reason: str | int | None = None
-    """The matched stop string or stop token id (None for EOS, length, or while running)."""
+    """The matched stop string or stop token id (None for EOS, length, or while running; ``STOP_REGEX_TOO_SLOW``
+    with ``error``)."""
+    error: str | None = None
+    """With ``finish_reason`` ``error``: why."""
 
     @property
     def finished(self) -> bool:
@@ -137,7 +142,12 @@ class StopChecker:
             reason = token_id if token_id in self._stop_ids else None
             return self._finish("stop", reason, self.flush() + (text if self._include_stop else ""))
         if self._stop or self._regex is not None:
-            released, match = self._scan(text, match=may_stop)
+            try:
+                released, match = self._scan(text, match=may_stop)
+            except StopRegexTooSlow as slow:  # nothing held is released: the output ends where it was sent
+                self._held = 0
+                self.finish_reason, self.stop_reason = "error", STOP_REGEX_TOO_SLOW
+                return StopUpdate("", "error", STOP_REGEX_TOO_SLOW, str(slow))
             if match is not None:
                 return self._finish("stop", match, released)
         else:  # no stop strings: nothing is ever held back, and ``_scan`` would release ``text`` as it is

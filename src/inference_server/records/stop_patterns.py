@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import regex
 
+STOP_REGEX_TOO_SLOW = "stop_regex"
+"""The ``stop_reason`` of a request ended with ``error`` because its ``stop_regex`` patterns took too long to search
+(``core.stop_regex.StopRegexTooSlow``): what the HTTP layer turns into a 400 naming ``stop_regex``
+(``http.errors.from_unsuccessful_finish``)."""
+
 
 def compile_stop_regex(pattern: str) -> regex.Pattern[str]:
     """``pattern`` compiled, or ``ValueError`` saying why it cannot be a stop: it does not compile, or it matches
