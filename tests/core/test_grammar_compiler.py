@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from inference_server.core.grammar_compiler import GrammarCompiler, tool_calls_lark
+from inference_server.core.grammar_compiler import MASK_SLICES, GrammarCompiler, tool_calls_lark
 from inference_server.records.constraints import Constraint, TaggedJson, json_schema_text
 from inference_server.records.errors import RequestError
 from inference_server.records.sampling_params import SamplingParams
@@ -323,3 +323,23 @@ def test_a_tokenizer_llguidance_cannot_read_is_tried_once(monkeypatch: pytest.Mo
         with pytest.raises(RequestError, match="not available for this model's tokenizer"):
             compiler.compile(Constraint.regex("a+", field="regex"))
     assert builds == [1]
+
+
+def test_a_given_tokenizer_builder_replaces_reading_the_json_text() -> None:
+    """The server builds llguidance's tokenizer from a cached token table when it can
+    (``models/grammar_tokenizer.py``): the compiler hands its mask slices to the builder and reads no JSON."""
+    import llguidance
+
+    slices_given: list[list[str]] = []
+
+    def build(slices: list[str]) -> llguidance.LLTokenizer:
+        slices_given.append(slices)
+        return llguidance.LLTokenizer(TOKENIZER_JSON, n_vocab=512, eos_token=[EOS], slices=slices)
+
+    def no_text() -> str:
+        raise AssertionError("the JSON text is not read")
+
+    compiler = GrammarCompiler(no_text, 512, {EOS}, special_tokens=dict, build_tokenizer=build)
+    compiler.ensure_tokenizer()
+    assert compiler.ready and slices_given == [MASK_SLICES]
+    assert accepts(compiler, Constraint.regex("ab+", field="regex"), "abb")

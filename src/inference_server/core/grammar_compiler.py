@@ -76,15 +76,19 @@ class GrammarCompiler:
     once, by ``ensure_tokenizer`` or the first compile); the model's logits have ``vocab_size`` columns (the
     bitmask's width); ``eos_token_ids`` end a complete output. ``special_tokens``, when given, returns the
     vocabulary's special tokens (text -> id) instead of their being read from the JSON text (parsing 12 MB of
-    JSON holds the GIL for 0.5-0.9 s, where ``tokenizers`` has the table at hand)."""
+    JSON holds the GIL for 0.5-0.9 s, where ``tokenizers`` has the table at hand). ``build_tokenizer``, when given,
+    builds llguidance's tokenizer with the slices it is given (``models.grammar_tokenizer``: from a token table
+    cached by an earlier start) instead of llguidance reading the JSON text."""
 
     def __init__(self, tokenizer_json: str | Callable[[], str], vocab_size: int, eos_token_ids: Collection[int], *,
                  special_tokens: Callable[[], Mapping[str, int]] | None = None,
+                 build_tokenizer: Callable[[list[str]], llguidance.LLTokenizer] | None = None,
                  cache_size: int = CACHE_SIZE) -> None:
         self.vocab_size = vocab_size
         self._tokenizer_json_source = tokenizer_json
         self._tokenizer_json_text: str | None = tokenizer_json if isinstance(tokenizer_json, str) else None
         self._special_tokens_source = special_tokens
+        self._build_tokenizer = build_tokenizer
         self._eos = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._tokenizer_error: str | None = None
@@ -113,8 +117,9 @@ class GrammarCompiler:
         with self._tokenizer_lock:
             if self._tokenizer is None and self._tokenizer_error is None:
                 try:
-                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
-                                                             eos_token=self._eos, slices=MASK_SLICES)
+                    self._tokenizer = (self._build_tokenizer(MASK_SLICES) if self._build_tokenizer is not None else
+                                       llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                              eos_token=self._eos, slices=MASK_SLICES))
                 except Exception as error:  # llguidance raises ValueError for what it cannot read
                     self._tokenizer_error = _reason(str(error))
             if self._tokenizer is None:
