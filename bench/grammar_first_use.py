@@ -51,8 +51,9 @@ def stream_events(port: int, body: dict[str, object]) -> Iterator[float]:
     connection.close()
 
 
-def measure(port: int, lead: int, tokens: int) -> dict[str, float]:
-    """One unconstrained stream and, after ``lead`` of its tokens, the first constrained request."""
+def measure(port: int, lead: int, tokens: int, *, constrained_request: bool = True) -> dict[str, float]:
+    """One unconstrained stream and, after ``lead`` of its tokens, the first constrained request (or, with
+    ``constrained_request`` false, the same request without its constraint: what any second request costs)."""
     arrivals: list[float] = []
     window: dict[str, float] = {}
     lead_reached = threading.Event()
@@ -70,8 +71,9 @@ def measure(port: int, lead: int, tokens: int) -> dict[str, float]:
 
     def constrained() -> None:
         lead_reached.wait()
-        body = {"prompt": "A person as JSON:", "max_tokens": 40, "temperature": 0,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}
+        body: dict[str, object] = {"prompt": "A person as JSON:", "max_tokens": 40, "temperature": 0}
+        if constrained_request:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
         window["sent"] = time.perf_counter()
         first = None
         for arrival in stream_events(port, body):
@@ -97,6 +99,8 @@ def main() -> None:
     parser.add_argument("--engine-process", default="auto", choices=("auto", "in-process", "separate"))
     parser.add_argument("--lead", type=int, default=20, help="unconstrained tokens before the constrained request")
     parser.add_argument("--tokens", type=int, default=200, help="the unconstrained stream's length")
+    parser.add_argument("--control", action="store_true",
+                        help="also measure, after the constrained request, an unconstrained second request")
     args = parser.parse_args()
     env = {"PORT": str(args.port), "DEVICE": "cpu", "LOG_LEVEL": "info", "ENGINE_PROCESS": args.engine_process}
     log_path = Path(f"/tmp/grammar_first_use-{args.port}.log")
@@ -104,9 +108,13 @@ def main() -> None:
     with launched(env, log_path, ready_timeout=300) as _:
         ready = time.perf_counter() - started
         figures = measure(args.port, args.lead, args.tokens)
+        control = measure(args.port, args.lead, args.tokens, constrained_request=False) if args.control else None
     print(f"ENGINE_PROCESS={args.engine_process}: /ready after {ready:.1f} s")
     print("  first constrained request: TTFT {constrained_ttft_s:.3f} s; unconstrained stream meanwhile: worst gap "
           "{worst_gap_s:.3f} s (median over its {stream_tokens} tokens {median_gap_s:.3f} s)".format(**figures))
+    if control is not None:
+        print("  control, the same request unconstrained: TTFT {constrained_ttft_s:.3f} s; the stream's worst gap "
+              "{worst_gap_s:.3f} s (median {median_gap_s:.3f} s)".format(**control))
     for line in log_path.read_text(errors="replace").splitlines():
         if "start-up phases" in line or "grammar" in line:
             print("  " + line.split(": ", 1)[-1] if "start-up phases" in line else "  " + line)
