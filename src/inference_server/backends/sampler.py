@@ -38,6 +38,7 @@ import attrs
 import torch
 
 from inference_server.backends.transfer import to_device
+from inference_server.kernels.token_bitmask_reference import token_bitmask_reference
 from inference_server.records.sampling_params import SamplingParams
 
 
@@ -337,12 +338,13 @@ def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor, rows: torch.T
     ``bitmask[k]`` (``[K, ceil(V / 32)]`` int32) is clear, token ``i`` disallowed; ``rows`` None: ``K = B``,
     row by row. Other rows are untouched. On the device, no host sync: one Triton launch on a GPU
     (``kernels.token_bitmask``), its torch reference elsewhere."""
-    # imported here: the kernel's module imports Triton (0.2 s of a CPU server's start-up that no CPU step needs)
-    from inference_server.kernels.token_bitmask import apply_token_bitmask_, token_bitmask_reference
-
     if rows is None:
         rows = torch.arange(bitmask.shape[0], device=work.device)
     if work.is_cuda:
+        # imported here: the kernel's module imports Triton, which no CPU server loads (0.2 s, at start-up or in
+        # the first constrained request's step, where it stalled every stream)
+        from inference_server.kernels.token_bitmask import apply_token_bitmask_
+
         apply_token_bitmask_(work, bitmask, rows)
     else:
         token_bitmask_reference(work, bitmask, rows)
