@@ -18,18 +18,25 @@ answer, a stream without its error event or ``[DONE]``, or ``--request-timeout``
 
 After the load, while the server still runs, it waits for the engine to go idle and reads ``GET
 /debug/engine``: requests, stream entries, KV sequences and KV blocks in use must all be 0 (cached prefix
-blocks may stay). Then SIGTERM, and the exit status. When the server exits by itself (``step_error``: a
-device fault), it reports the exit status and the seconds from the injected fault (the server's log line)
-to the process exit. With the engine in a child process (``--set ENGINE_PROCESS=separate``; the environment's
-``ENGINE_PROCESS`` is passed on too) it also checks that the child does not outlive the server (Linux): an
-orphaned engine process holds the device's memory until someone kills it.
+blocks may stay). Then SIGTERM, and the exit status. With ``--stuck-readers N`` the SIGTERM comes while N
+clients hold streams they stopped reading (the server's writes to them stuck on full TCP windows, seen in
+``/proc/net/tcp``: ``kit/stuck_reader.py``) beside two that read, a short one that should finish during the drain
+and a long one that the drain deadline (``SHUTDOWN_TIMEOUT``, 10 s here) cuts: it reports the seconds from the
+signal to the exit, what each stream got, and whether the hard-exit watchdog had to end the process. When the
+server exits by itself (``step_error``: a device fault), it reports the exit status and the seconds from the
+injected fault (the server's log line) to the process exit. With the engine in a child process (``--set
+ENGINE_PROCESS=separate``; the environment's ``ENGINE_PROCESS`` is passed on too) it also checks that the child
+does not outlive the server (Linux): an orphaned engine process holds the device's memory until someone kills it.
 
     uv run python bench/fault_run.py --faults "alloc_refuse=0.2,seed=1" --seconds 60
     uv run python bench/fault_run.py --faults "step_error=0.02,seed=3" --seconds 90
     uv run python bench/fault_run.py --faults "step_error=0.02,seed=3" --set ENGINE_PROCESS=separate
     uv run python bench/fault_run.py --model gemma-4-31b-tiny --dummy-weights --prompt-ids --faults ...
+    uv run python bench/fault_run.py --seconds 10 --stuck-readers 2 --set ENGINE_PROCESS=separate
 
-The process exits 1 when a request was lost, something leaked or the engine process was orphaned. This is a
+The process exits 1 when a request was lost, something leaked or the engine process was orphaned, and with
+``--stuck-readers`` also when the process did not exit by itself ``SHUTDOWN_TIMEOUT + STUCK_EXIT_SLACK`` seconds
+after the signal, the watchdog ended it, or a reading stream did not get its terminal event. This is a
 load run, not a test.
 """
 
@@ -57,12 +64,21 @@ import trio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kit.server_process import url_from_lines
+from kit.stuck_reader import StuckReader, stuck_when
 
 TEXT_PROMPTS = ["The capital of France is", "Once upon a time, there was", "def fibonacci(n):",
                 "The three primary colours are", "Water boils at", "My favourite book is"]
 SUCCESSFUL_FINISHES = {"stop", "length"}
 IDLE_FIELDS = ("requests", "stream_entries", "kv_sequences", "kv_blocks_in_use")
 BEHAVIOURS = ("normal", "stall", "drop_after_send", "drop_mid_stream")
+SHUTDOWN_TIMEOUT = 10.0
+"""The server's drain (``SHUTDOWN_TIMEOUT``) in these runs."""
+STUCK_EXIT_SLACK = 5.0
+"""With ``--stuck-readers``: seconds past the drain deadline the server may take to exit (its stop sequence
+gives responses ``HTTP_FLUSH_SECONDS``, 2 s, to write their last events, then closes the connections of the clients
+that did not read them)."""
+WATCHDOG_LINE = "exiting now"
+"""What the server's hard-exit watchdog logs when it has to end the process."""
 
 
 # -- the server process ------------------------------------------------------------------------------------
@@ -149,7 +165,7 @@ class ServerProcess:
 
 def server_env(args: argparse.Namespace) -> dict[str, str]:
     env = {**os.environ, "DEVICE": "cpu", "HOST": "127.0.0.1", "PORT": "0", "FAULTS": args.faults,
-           "LOG_LEVEL": "info", "SHUTDOWN_TIMEOUT": "10", "MODEL": args.model,
+           "LOG_LEVEL": "info", "SHUTDOWN_TIMEOUT": f"{SHUTDOWN_TIMEOUT:g}", "MODEL": args.model,
            "DUMMY_WEIGHTS": "true" if args.dummy_weights else "false"}
     for item in args.set:
         key, _, value = item.partition("=")
@@ -354,6 +370,103 @@ async def engine_counts(url: str, settle_seconds: float) -> dict[str, Any] | Non
     return counts
 
 
+# -- a stop signal with stuck readers ----------------------------------------------------------------------
+
+
+def _stream_payload(args: argparse.Namespace, index: int, max_tokens: int) -> dict[str, Any]:
+    payload: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True}
+    if args.prompt_ids:
+        payload["prompt"] = [10 + (index * 7 + k * 13) % 200 for k in range(6)]
+    else:
+        payload["prompt"] = TEXT_PROMPTS[index % len(TEXT_PROMPTS)]
+    return payload
+
+
+def _generated_tokens(url: str) -> float:
+    """The server's generated-token count (``/metrics``); what the stuck readers' wait watches grow."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+def _read_stream(url: str, payload: dict[str, Any], events: list[str], first: threading.Event) -> None:
+    """A client that reads: every ``data:`` payload of a ``/v1/completions`` stream into ``events``."""
+    try:
+        with httpx.Client(timeout=120) as client, \
+                client.stream("POST", url + "/v1/completions", json=payload) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[len("data: "):])
+                    first.set()
+    except httpx.TransportError as error:
+        events.append(f"transport error: {type(error).__name__}")
+    finally:
+        first.set()
+
+
+def _ending(events: list[str]) -> str:
+    """How a reading stream ended: its finish reason or error code and ``[DONE]``, or what it lacked."""
+    if not events or events[-1] != "[DONE]":
+        return f"no [DONE] (last: {events[-1][:80] if events else 'nothing'})"
+    last = json.loads(events[-2]) if len(events) >= 2 else {}
+    if "error" in last:
+        return f"error {last['error'].get('code')} + [DONE]"
+    return f"{last.get('choices', [{}])[0].get('finish_reason')} + [DONE]"
+
+
+def stop_with_stuck_readers(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any]:
+    """SIGTERM while ``args.stuck_readers`` clients have stopped reading (see the module docstring); the figures."""
+    long_events: list[str] = []
+    long_first = threading.Event()
+    long_reader = threading.Thread(target=_read_stream, args=(
+        server.url, _stream_payload(args, 1, args.stuck_max_tokens), long_events, long_first), daemon=True)
+    long_reader.start()
+    readers = [StuckReader(server.url, "/v1/completions", _stream_payload(args, 2 + i, args.stuck_max_tokens))
+               for i in range(args.stuck_readers)]
+    stuck_at = time.monotonic()
+    stuck = stuck_when(readers, lambda: _generated_tokens(server.url), min_progress=8 * len(readers) + 8,
+                       timeout=args.stuck_timeout)
+    stuck_seconds = time.monotonic() - stuck_at
+    short_events: list[str] = []
+    short_first = threading.Event()
+    short_reader = threading.Thread(target=_read_stream, args=(
+        server.url, _stream_payload(args, 0, args.short_max_tokens), short_events, short_first), daemon=True)
+    short_reader.start()
+    short_first.wait(60)
+    signal_at = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        exit_code = server.process.wait(SHUTDOWN_TIMEOUT + 60)
+    except subprocess.TimeoutExpired:
+        exit_code = server.stop()
+    exit_seconds = (server.exit_time or time.monotonic()) - signal_at
+    for thread in (long_reader, short_reader):
+        thread.join(30)
+    endings = []
+    for reader in readers:
+        data, how = reader.read_all(10)
+        endings.append(f"{how}{' after [DONE]' if b'data: [DONE]' in data else ''} ({len(data)} bytes)")
+        reader.close()
+    watchdog = server.first(WATCHDOG_LINE) is not None
+    result = {"stuck_readers": len(readers), "stuck_before_signal": stuck, "seconds_to_stuck": round(stuck_seconds, 1),
+              "exit_code": exit_code, "seconds_to_exit": round(exit_seconds, 1), "drain": SHUTDOWN_TIMEOUT,
+              "watchdog": watchdog, "short_stream": _ending(short_events), "long_stream": _ending(long_events),
+              "stuck_streams": endings}
+    print(f"  stop with {len(readers)} stuck readers (stuck before the signal: {stuck}, "
+          f"after {stuck_seconds:.1f} s): exit status {exit_code} {exit_seconds:.1f} s after SIGTERM "
+          f"(drain {SHUTDOWN_TIMEOUT:g} s){'; ended by the hard-exit watchdog' if watchdog else ''}")
+    print(f"    reading streams: short {result['short_stream']}, long {result['long_stream']}; "
+          f"stuck streams: {', '.join(endings)}")
+    return result
+
+
+def stuck_stop_failed(result: dict[str, Any]) -> bool:
+    """Whether the stop with stuck readers broke its promise (see the module docstring)."""
+    return (result["seconds_to_exit"] > SHUTDOWN_TIMEOUT + STUCK_EXIT_SLACK or result["watchdog"]
+            or result["exit_code"] != 0 or not result["short_stream"].endswith("+ [DONE]")
+            or not result["long_stream"].endswith("+ [DONE]"))
+
+
 # -- the report --------------------------------------------------------------------------------------------
 
 
@@ -404,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-seconds", type=float, default=10.0,
                         help="after the load, how long the engine may take to go idle before leaks are read")
     parser.add_argument("--seed", type=int, default=0, help="seed of the load's choices")
+    parser.add_argument("--stuck-readers", type=int, default=0,
+                        help="after the load, SIGTERM while this many clients hold streams they stopped reading")
+    parser.add_argument("--stuck-max-tokens", type=int, default=4000,
+                        help="max_tokens of the stuck and the long reading streams (they must outlast the drain)")
+    parser.add_argument("--short-max-tokens", type=int, default=16,
+                        help="max_tokens of the short reading stream (it should finish during the drain)")
+    parser.add_argument("--stuck-timeout", type=float, default=180.0,
+                        help="how long the stuck readers' TCP windows may take to fill before the signal")
     parser.add_argument("--json", default="", help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -414,7 +535,14 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.process.wait(args.exit_timeout)
         counts = trio.run(engine_counts, server.url, args.settle_seconds) if server.running else None
-        if server.running:
+        stuck: dict[str, Any] | None = None
+        if server.running and args.stuck_readers:
+            stuck = stop_with_stuck_readers(server, args)
+            exit_code = stuck["exit_code"]
+            exit_note = (f"exit status {exit_code} {stuck['seconds_to_exit']} s after SIGTERM with "
+                         f"{args.stuck_readers} stuck readers (drain {SHUTDOWN_TIMEOUT:g} s)"
+                         f"{', by the watchdog' if stuck['watchdog'] else ''}")
+        elif server.running:
             exit_code = server.stop()
             exit_note = f"exit status {exit_code} after SIGTERM"
         else:
@@ -435,11 +563,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(server started in {server.start_seconds:.1f} s; engine child processes: {server.children or 'none'})")
     result = report(args, tally, counts, exit_code, exit_note)
     result["orphans"] = orphans
+    result["stuck_stop"] = stuck
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)
     leaked = counts is not None and any(counts[k] for k in IDLE_FIELDS)
-    return 1 if result["lost"] or leaked or orphans else 0
+    return 1 if result["lost"] or leaked or orphans or (stuck is not None and stuck_stop_failed(stuck)) else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from itertools import pairwise
 
 import attrs
 import pytest
@@ -442,3 +443,24 @@ def test_messages_that_are_not_conversations_are_a_type_error(text_llm: LLM) -> 
     for bad in ("hello", HELLO[0], [HELLO, "hello"]):
         with pytest.raises(TypeError, match="message dicts"):
             text_llm.chat(bad, GREEDY)  # type: ignore[arg-type]
+
+
+def test_bad_words_and_stop_regex_through_the_real_runner(text_llm: LLM) -> None:
+    """vLLM's ``SamplingParams.bad_words`` and SGLang's ``stop_regex`` on a real model runner and tokenizer: a
+    banned word is not written (a two-word one only right after its first word), and a pattern ends the text
+    before its first match, naming it. (The random-weight model repeats one word.)"""
+    import regex
+
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [plain] = text_llm.generate("hello world", free)
+    word = plain.text.split()[0]
+    [one] = text_llm.generate("hello world", attrs.evolve(free, bad_words=[word]))
+    assert word not in one.text.split() and len(one.token_ids) == 6
+    [pair] = text_llm.generate("hello world", attrs.evolve(free, bad_words=f"{word} {plain.text.split()[1]}"))
+    assert pair.token_ids[0] == plain.token_ids[0] and pair.token_ids[1] != plain.token_ids[1]
+    assert all((a, b) != tuple(plain.token_ids[:2]) for a, b in pairwise(pair.token_ids))
+    pattern = r"(?<=(w\d+ ){2})w\d+"  # the third word (a variable-width lookbehind: the regex module's)
+    [stopped] = text_llm.generate("hello world", attrs.evolve(free, stop_regex=[pattern]))
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", pattern)
+    match = regex.search(pattern, plain.text)
+    assert match is not None and stopped.text == plain.text[:match.start()] and stopped.text.count("w") == 2

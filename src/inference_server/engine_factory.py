@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
+import llguidance
 import torch
 
 from inference_server.actors.executor import RunnerPipeline
@@ -18,8 +19,9 @@ from inference_server.core.grammar_compiler import GrammarCompiler
 from inference_server.core.kv_manager import KVManager
 from inference_server.core.scheduler import SchedulerConfig
 from inference_server.fault_injection import with_faults
+from inference_server.models.grammar_tokenizer import build_grammar_tokenizer
 from inference_server.models.loading.source import LoadedModel, load_model
-from inference_server.models.tokenizer import TokenizerError
+from inference_server.models.tokenizer import Tokenizer, TokenizerError
 from inference_server.models.tokenizer_export import served_tokenizer_folder
 from inference_server.runtime import resolve_backend, resolve_device, resolve_dtype, resolve_quantization
 from inference_server.startup import phase, summary
@@ -63,13 +65,12 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     tokenizer_folder = _export_tokenizer(settings, loaded, limits.max_model_len)
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset(loaded.spec.eos_token_ids)
     torch.manual_seed(settings.seed)
-    grammar = (GrammarCompiler(tokenizer.backend.to_str, limits.vocab_size, eos) if tokenizer is not None
-               else None)
+    grammar = (_grammar_compiler(tokenizer, limits.vocab_size, eos, settings.resolved_cache_dir())
+               if tokenizer is not None else None)
     runner.grammar = grammar
-    if grammar is not None and device.type == "cuda":
-        # llguidance holds the GIL for seconds while it builds its tokenizer (core/grammar_compiler.py): on a GPU
-        # server (a start of tens of seconds, agents' constrained requests) that belongs in start-up, not in a
-        # stall of every stream at the first constrained request; the CPU default keeps its start short instead
+    if grammar is not None:
+        # llguidance holds the GIL for the seconds it builds its tokenizer (core/grammar_compiler.py): here, before
+        # /ready, rather than at the first constrained request, where it froze every stream of this process
         with phase("building the grammar engine's tokenizer"):
             grammar.ensure_tokenizer()
     parts = EngineParts(
@@ -106,6 +107,23 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
              limits.max_model_len, backend)
     log.info("start-up phases: %s", summary())
     return BuiltEngine(parts=parts, loaded=loaded, runner=runner, device=device, dtype=dtype, backend=backend)
+
+
+def _grammar_compiler(tokenizer: Tokenizer, vocab_size: int, eos: frozenset[int],
+                      cache_dir: Path) -> GrammarCompiler:
+    """The structured-output compiler of the served tokenizer: llguidance's tokenizer from the token table an
+    earlier start cached, else from its ``tokenizer.json`` text (``models/grammar_tokenizer.py``); the
+    special-token table from ``tokenizers``' added vocabulary (what that text's ``added_tokens`` hold)."""
+    backend = tokenizer.backend
+
+    def special_tokens() -> dict[str, int]:
+        return {added.content: token_id for token_id, added in backend.get_added_tokens_decoder().items()
+                if added.special}
+
+    def build(slices: list[str]) -> llguidance.LLTokenizer:
+        return build_grammar_tokenizer(tokenizer, vocab_size, eos, slices, cache_dir)
+
+    return GrammarCompiler(backend.to_str, vocab_size, eos, special_tokens=special_tokens, build_tokenizer=build)
 
 
 def engine_parts(settings: Settings) -> EngineParts:

@@ -14,11 +14,16 @@ Shutdown on SIGTERM or SIGINT (exit status 0):
 2. in-flight requests get ``SHUTDOWN_TIMEOUT`` seconds to finish (``Engine.drain``); what is left then ends
    with a terminal error event (streams: an error event and ``[DONE]``; others: 503 ``shutdown``; a request
    still in admission, never admitted: 503 ``unavailable``, as a request the drain refused);
-3. responses get ``HTTP_FLUSH_SECONDS`` to write their last events, then Hypercorn stops
-   (``graceful_timeout`` ``HYPERCORN_GRACEFUL_SECONDS``);
+3. responses get ``HTTP_FLUSH_SECONDS`` to write their last events; a response still open then is blocked
+   writing to a client that stopped reading (its TCP window full), and its connection is closed (reset: the
+   client sees its stream cut; ``hypercorn_serve.Connections.abort``). Hypercorn then stops: idle connections
+   close at once, other requests get ``HYPERCORN_GRACEFUL_SECONDS`` to finish, and whatever connection is
+   left then is closed too (``hypercorn_serve.serve_http``). Closing is the only way to end such a response:
+   Hypercorn's socket writes are shielded from cancellation, so a client that does not read would otherwise
+   hold the process until the watchdog;
 4. a daemon watchdog thread ends the process with ``os._exit`` if it is still alive
-   ``SHUTDOWN_TIMEOUT + HARD_EXIT_GRACE_SECONDS`` after the signal: Hypercorn's socket writes are shielded
-   from cancellation, so a client that stopped reading could otherwise hold the process forever.
+   ``SHUTDOWN_TIMEOUT + HARD_EXIT_GRACE_SECONDS`` after the signal: the last resort (an event loop wedged in
+   a call that never returns), not a step of a normal stop.
 
 A second signal during the drain ends the in-flight requests at once; one that comes within
 ``DUPLICATE_SIGNAL_SECONDS`` of the first is the same stop delivered twice (a process-group signal also
@@ -56,7 +61,6 @@ from typing import Generic, TypeVar
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 
 from inference_server.config import Settings
 from inference_server.core.validation import PromptTokenizer
@@ -64,6 +68,7 @@ from inference_server.engine_spawn import DEFAULT_ENGINE_FACTORY, EngineChild, s
 from inference_server.engine_surface import ServingEngine
 from inference_server.http import app_state, create_app
 from inference_server.http.state import AppState
+from inference_server.hypercorn_serve import Connections, serve_http
 from inference_server.ipc.channel import open_socket_channel
 from inference_server.ipc.messages import ENGINE_TO_FRONT
 from inference_server.ipc.remote_engine import RemoteEngine
@@ -74,7 +79,10 @@ log = logging.getLogger(__name__)
 
 HTTP_FLUSH_SECONDS = 2.0
 HYPERCORN_GRACEFUL_SECONDS = 2.0
-HARD_EXIT_GRACE_SECONDS = 5.0
+HARD_EXIT_GRACE_SECONDS = 10.0
+"""The watchdog's time past ``SHUTDOWN_TIMEOUT`` (and the engine process's, to exit once drained). A stop by the
+stop sequence needs up to ``remote_engine.STOP_GRACE_SECONDS`` (3 s: a hung engine process) + ``HTTP_FLUSH_SECONDS`` +
+``HYPERCORN_GRACEFUL_SECONDS`` past the drain's timeout, plus the teardown: the watchdog must not race it."""
 DUPLICATE_SIGNAL_SECONDS = 1.0
 """A signal this soon after the first is the same stop delivered twice (see ``_watch_signals``)."""
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -267,9 +275,11 @@ async def _serve_engine(engine: ServingEngine, observability: Observability, set
                         shutdown: Shutdown, signals: AsyncIterator[int], nursery: trio.Nursery) -> list[str]:
     app = create_app(engine, settings, coalesce=coalesce, observability=observability)
     _freeze_startup_heap()
+    connections = Connections()
     nursery.start_soon(_watch_signals, signals, shutdown)
-    nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown)
-    binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, nursery.cancel_scope)
+    nursery.start_soon(_stop_sequence, engine, app_state(app), settings, shutdown, connections)
+    binds = await nursery.start(_serve_http, app, _hypercorn_config(settings), shutdown, connections,
+                                nursery.cancel_scope)
     if engine.info.tokenizer_folder:
         print(f"inference-server tokenizer (for aiperf, lm-eval, transformers): {engine.info.tokenizer_folder}",
               flush=True)
@@ -336,11 +346,12 @@ class _StartedFlag(Generic[T]):
         self.inner.started(value)
 
 
-async def _serve_http(app: object, config: Config, shutdown: Shutdown, server_scope: trio.CancelScope, *,
+async def _serve_http(app: object, config: Config, shutdown: Shutdown, connections: Connections,
+                      server_scope: trio.CancelScope, *,
                       task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Hypercorn until ``shutdown.http_may_stop``; then end the server's remaining tasks."""
-    await hypercorn_serve(app, config, shutdown_trigger=shutdown.http_may_stop.wait,  # type: ignore[arg-type]
-                          task_status=task_status)
+    await serve_http(app, config, connections, shutdown_trigger=shutdown.http_may_stop.wait,  # type: ignore[arg-type]
+                     task_status=task_status)
     server_scope.cancel()
 
 
@@ -364,7 +375,8 @@ async def _watch_signals(signals: AsyncIterator[int], shutdown: Shutdown) -> Non
             shutdown.drain_scope.cancel()
 
 
-async def _stop_sequence(engine: ServingEngine, state: AppState, settings: Settings, shutdown: Shutdown) -> None:
+async def _stop_sequence(engine: ServingEngine, state: AppState, settings: Settings, shutdown: Shutdown,
+                         connections: Connections) -> None:
     """Steps 1-3 of the module docstring, once shutdown is requested."""
     await shutdown.requested.wait()
     _start_watchdog(settings.shutdown_timeout + HARD_EXIT_GRACE_SECONDS, shutdown)
@@ -375,14 +387,19 @@ async def _stop_sequence(engine: ServingEngine, state: AppState, settings: Setti
     with trio.move_on_after(HTTP_FLUSH_SECONDS):
         await state.tracker.wait_idle()
     if state.tracker.active:
-        log.warning("%d responses still open after the drain; stopping HTTP anyway", state.tracker.active)
+        # Every request has had its terminal update: a response still open is blocked writing to a client that
+        # does not read (its TCP window is full), and no cancellation reaches that write (hypercorn_serve.py).
+        closed = connections.abort(state.tracker.open_peers())
+        log.warning("%d responses still open %g s after the drain (their clients stopped reading): closed %d "
+                    "connections", state.tracker.active, HTTP_FLUSH_SECONDS, closed)
     shutdown.http_may_stop.set()
 
 
 def _start_watchdog(seconds: float, shutdown: Shutdown) -> None:
     def hard_exit() -> None:
         time.sleep(seconds)
-        log.error("still running %.0f s after shutdown began (a client stopped reading?): exiting now", seconds)
+        log.error("still running %.0f s after shutdown began (stuck in a call that never returns?): exiting now",
+                  seconds)
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(shutdown.exit_code)

@@ -1,7 +1,8 @@
 """The supervisor: the only place that opens the engine nursery and creates the actors' channels.
 
 Start order is dependency order (telemetry, executor, KV allocator, scheduler, admission); each actor is
-started with ``nursery.start`` so the engine reports ready only once every actor runs. Shutdown is by
+started with ``nursery.start`` so the engine reports ready only once every actor runs, and only once the grammar
+compiler's tokenizer is built (``GrammarCompiler.ensure_tokenizer``: no request ever pays for it). Shutdown is by
 closing: ``close`` closes the admission inbox, each actor finishes its work and closes the channels it
 sends on, and the chain winds down. ``drain`` bounds that with a timeout, after which what is left is
 cancelled and ended with a terminal event.
@@ -195,10 +196,6 @@ class Engine:
         or too slow one. Call it before ``submit``: admission then finds them compiled."""
         grammar = self.parts.grammar
         pending = {r.params.constraint for r in requests if r.params.constraint is not None}
-        if pending and grammar is not None and not grammar.tokenizer_built:
-            # the first constrained request builds llguidance's tokenizer: once, seconds, outside the time bound
-            # (it is no constraint's cost; see core/grammar_compiler.py)
-            await trio.to_thread.run_sync(grammar.ensure_tokenizer, abandon_on_cancel=True)
         for constraint in pending:
             if grammar is None:
                 raise RequestError("invalid_request", f"{constraint.field}: structured outputs are not available "
@@ -348,6 +345,10 @@ class Engine:
             vocab_size=parts.vocab_size, eos_token_ids=parts.eos_token_ids,
             admission_timeout=parts.admission_timeout, kv_limits=kv_limits(parts), emit=emit,
             default_max_tokens=parts.default_max_tokens, grammar=parts.grammar, text_in_front=self.text_in_front)
+        if parts.grammar is not None and not parts.grammar.ready:
+            # parts built elsewhere than engine_factory (which builds it as a start-up phase): llguidance's tokenizer
+            # is built before READY, never by a request (it holds the GIL for seconds; core/grammar_compiler.py)
+            await trio.to_thread.run_sync(parts.grammar.ensure_tokenizer)
         async with trio.open_nursery() as pipeline:
             self._pipeline_scope = pipeline.cancel_scope
             await pipeline.start(self.executor.run)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import pytest
 import torch
@@ -121,3 +122,51 @@ def test_runner_applies_logit_edits_and_counts_outputs_for_min_tokens() -> None:
         request_id=1, token_ids=(token.token_id,), cached_len=len(prompt), block_tables=tables, sample=True,
         sampling=params, prompt_len=len(prompt)),)))
     assert [t.token_id for t in second.tokens] == [eos]
+
+
+def run_steps(runner: ModelRunner, params: SamplingParams, prompt: list[int], steps: int, *,
+              overlap: bool) -> list[int]:
+    """One request's greedy outputs over ``steps`` steps (a prefill, then decodes); with ``overlap`` each decode
+    is launched before the previous step is collected, its token ``PENDING_TOKEN``."""
+    from inference_server.records.steps import PENDING_TOKEN
+
+    tables = tuple(tuple(range(16)) for _ in range(runner.num_groups))
+    outputs: list[int] = []
+
+    def plan(step: int) -> StepPlan:
+        ids = tuple(prompt) if step == 0 else ((PENDING_TOKEN,) if overlap else (outputs[-1],))
+        return StepPlan(step_id=step, sequences=(ScheduledSequence(
+            request_id=1, token_ids=ids, cached_len=0 if step == 0 else len(prompt) + step - 1, block_tables=tables,
+            sample=True, sampling=params, reset=step == 0, prompt_len=len(prompt)),))
+
+    if not overlap:
+        for step in range(steps):
+            outputs += [t.token_id for t in runner.execute(plan(step)).tokens]
+        return outputs
+    launched = runner.launch(plan(0))
+    for step in range(1, steps + 1):
+        following = runner.launch(plan(step)) if step < steps else None
+        outputs += [t.token_id for t in runner.collect(launched).tokens]
+        launched = following  # type: ignore[assignment]
+    return outputs
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_runner_bans_bad_words_after_their_prefix(overlap: bool) -> None:
+    """vLLM's bad words through the runner: a one-token word is never sampled; a two-token word's last token is
+    banned only right after its first (the runner hands the sampler each row's outputs, reading an in-flight
+    token back first when steps overlap)."""
+    _, _, runner = make("gemma-4-31b-tiny")
+    prompt = list(range(10, 22))
+    plain = run_steps(runner, GREEDY, prompt, 6, overlap=overlap)
+    first, second = plain[0], plain[1]
+    assert first != second, plain
+    pair = SamplingParams(temperature=0.0, max_tokens=16, bad_words_token_ids=((first, second),))
+    _, _, runner = make("gemma-4-31b-tiny")
+    out = run_steps(runner, pair, prompt, 6, overlap=overlap)
+    assert out[0] == first and out[1] != second  # banned right after its first token
+    assert all((a, b) != (first, second) for a, b in pairwise(out))
+    one = SamplingParams(temperature=0.0, max_tokens=16, bad_words_token_ids=((second,),))
+    _, _, runner = make("gemma-4-31b-tiny")
+    out = run_steps(runner, one, prompt, 6, overlap=overlap)
+    assert out[0] == first and second not in out  # banned everywhere

@@ -407,3 +407,22 @@ def test_argmax_rows_is_the_first_maximum_of_each_row() -> None:
                                                                   9 * ARGMAX_BLOCK, 0, vocab - 1]
     odd = torch.randn(2, 3 * ARGMAX_BLOCK + 5)
     assert torch.equal(argmax_rows(odd), odd.argmax(-1))
+
+
+def test_bad_words_ban_a_token_only_after_the_rest_of_their_word() -> None:
+    """``bad_words_token_ids`` (vLLM's bad words): a one-token word is masked always, a longer one's last token
+    only where the row's output ends with the others; such a row needs its outputs, and is never fused-greedy."""
+    from inference_server.backends.sampler import argmax_suffices
+
+    logits = torch.zeros(2, 8)
+    logits[:, 3] = 9.0
+    logits[:, 4] = 5.0
+    params = SamplingParams(temperature=0.0, bad_words_token_ids=((2, 3), (6,)))
+    batch = SamplingBatch.from_params([params, params], CPU, output_ids=[[1, 2], [2, 1]])
+    assert sample(logits, batch).token_ids.tolist() == [4, 3]
+    assert not argmax_suffices([params], [0])
+    assert not argmax_suffices([SamplingParams(temperature=0.0, bad_words_token_ids=((6,),))], [0])
+    with pytest.raises(ValueError, match="output_ids"):
+        SamplingBatch.from_params([params], CPU)
+    single = SamplingParams(temperature=0.0, bad_words_token_ids=((3,),))
+    assert sample(logits[:1], SamplingBatch.from_params([single], CPU)).token_ids.tolist() == [4]

@@ -4,6 +4,8 @@ are those of the masked distribution, and an all-ones row is exactly an unmasked
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -110,3 +112,13 @@ def test_a_constrained_row_never_takes_the_fused_greedy_head() -> None:
     greedy = SamplingParams(temperature=0.0)
     assert argmax_suffices([greedy, greedy], [0, 0])
     assert not argmax_suffices([greedy, SamplingParams(temperature=0.0, constraint=Constraint.json_object())], [0, 0])
+
+
+def test_the_cpu_mask_path_imports_no_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU server never loads Triton: importing it in the first constrained request's step stalled every stream
+    for 0.2 s (``kernels/token_bitmask_reference.py``). Here ``import triton`` fails, as on a machine without it."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "inference_server.kernels.token_bitmask", raising=False)
+    work = torch.zeros(2, VOCAB)
+    apply_token_bitmask(work, bitmask([{7}]), torch.tensor([1]))
+    assert torch.isinf(work[1]).sum() == VOCAB - 1 and work[1, 7] == 0 and not torch.isinf(work[0]).any()

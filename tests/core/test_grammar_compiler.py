@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from inference_server.core.grammar_compiler import GrammarCompiler, tool_calls_lark
+from inference_server.core.grammar_compiler import MASK_SLICES, GrammarCompiler, tool_calls_lark
 from inference_server.records.constraints import Constraint, TaggedJson, json_schema_text
 from inference_server.records.errors import RequestError
 from inference_server.records.sampling_params import SamplingParams
@@ -259,8 +259,8 @@ def test_the_mask_slices_change_no_mask() -> None:
 
 
 def test_a_tokenizer_text_function_is_called_once_at_the_first_use() -> None:
-    """The server hands the compiler a function giving the tokenizer's JSON (its serialisation is not a start-up
-    cost): nothing is read before the first compile, then the text is read once."""
+    """The server hands the compiler a function giving the tokenizer's JSON: nothing is read before
+    ``ensure_tokenizer`` (the engine's start-up), then the text is read once."""
     calls: list[int] = []
 
     def text() -> str:
@@ -284,3 +284,62 @@ def test_a_tokenizer_llguidance_cannot_read_is_refused_by_compile_not_by_ensure_
     with pytest.raises(RequestError) as error:
         compiler.compile(Constraint.regex("a+", field="regex"))
     assert error.value.param == "regex" and "not available for this model's tokenizer" in error.value.message
+
+
+def test_ensure_tokenizer_builds_the_special_token_table_too() -> None:
+    """Everything a compile derives from the vocabulary exists once ``ensure_tokenizer`` returned (the engine runs
+    it before it is ready): a constraint with a reasoning section, which needs the special tokens, reads no more."""
+    calls: list[int] = []
+
+    def special_tokens() -> dict[str, int]:
+        calls.append(1)
+        return {"<eos>": EOS}
+
+    compiler = GrammarCompiler(TOKENIZER_JSON, 512, {EOS}, special_tokens=special_tokens)
+    assert not compiler.ready
+    compiler.ensure_tokenizer()
+    assert compiler.ready and compiler.tokenizer_built and calls == [1]
+    reasoning = Constraint.regex("ab+", field="regex").after_reasoning("<think>", "</think>")
+    assert accepts(compiler, reasoning, "<think>x</think>abb")
+    assert calls == [1] and compiler.special_tokens == {"<eos>": EOS}
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_tried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed build is remembered: each attempt would parse the whole vocabulary again under the GIL."""
+    import llguidance
+
+    builds: list[int] = []
+    real = llguidance.LLTokenizer
+
+    def counted(*args: object, **kwargs: object) -> llguidance.LLTokenizer:
+        builds.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(llguidance, "LLTokenizer", counted)
+    compiler = GrammarCompiler("{not a tokenizer", 512, {EOS})
+    compiler.ensure_tokenizer()
+    assert compiler.ready and not compiler.tokenizer_built
+    for _ in range(2):
+        with pytest.raises(RequestError, match="not available for this model's tokenizer"):
+            compiler.compile(Constraint.regex("a+", field="regex"))
+    assert builds == [1]
+
+
+def test_a_given_tokenizer_builder_replaces_reading_the_json_text() -> None:
+    """The server builds llguidance's tokenizer from a cached token table when it can
+    (``models/grammar_tokenizer.py``): the compiler hands its mask slices to the builder and reads no JSON."""
+    import llguidance
+
+    slices_given: list[list[str]] = []
+
+    def build(slices: list[str]) -> llguidance.LLTokenizer:
+        slices_given.append(slices)
+        return llguidance.LLTokenizer(TOKENIZER_JSON, n_vocab=512, eos_token=[EOS], slices=slices)
+
+    def no_text() -> str:
+        raise AssertionError("the JSON text is not read")
+
+    compiler = GrammarCompiler(no_text, 512, {EOS}, special_tokens=dict, build_tokenizer=build)
+    compiler.ensure_tokenizer()
+    assert compiler.ready and slices_given == [MASK_SLICES]
+    assert accepts(compiler, Constraint.regex("ab+", field="regex"), "abb")

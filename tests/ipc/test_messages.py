@@ -51,6 +51,7 @@ BOUND_S = 30
 PARAMS = SamplingParams(
     temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.2,
     frequency_penalty=0.3, seed=7, n=2, max_tokens=33, stop=("END", "\n\n"), stop_token_ids=(9, 10), ignore_eos=True,
+    stop_regex=("[0-9]+",), bad_words=("paris",), bad_words_token_ids=((8,), (3, 9)),
     logprobs=2, prompt_logprobs=1, include_stop_str_in_output=True, logit_bias=((4, -1.5), (6, 2.0)),
     allowed_token_ids=(4, 5, 6), min_tokens=2, eos_token_ids=(1, 2), skip_special_tokens=False,
     constraint=Constraint("regex", pattern="[a-z]+", field="response_format"),

@@ -168,7 +168,8 @@ def split_word_parts(settings: Settings) -> EngineParts:
     """The engine process's parts in the split-server tests (``run_split_server(engine_factory=
     "http_testkit:split_word_parts")``): the word engine with no tokenizer (token-id prompts), a 256-token
     context, batch and queue sizes from ``settings``. From the environment: ``SPLIT_STEP_SECONDS`` (each step's
-    length, default 0.01), ``SPLIT_GATE_FILE`` (steps wait until that file exists: a stalled engine whose
+    length, default 0.01), ``SPLIT_MAX_MODEL_LEN`` (the context, default 256; the KV cache holds three such
+    requests at least), ``SPLIT_GATE_FILE`` (steps wait until that file exists: a stalled engine whose
     queue fills up) and ``SPLIT_START_FILE`` (the factory itself blocks until that file exists: an engine wedged
     in its start-up, outside any event loop)."""
     import os
@@ -178,6 +179,8 @@ def split_word_parts(settings: Settings) -> EngineParts:
     while start_file and not Path(start_file).exists():
         time.sleep(0.05)  # a poll of another process's signal, not a timing assumption
     step_seconds = float(os.environ.get("SPLIT_STEP_SECONDS", "0.01"))
+    max_model_len = int(os.environ.get("SPLIT_MAX_MODEL_LEN", "256"))
+    num_blocks = max(512, 3 * max_model_len // 4)  # 4-token blocks
     model = word_engine(step_seconds=step_seconds)
     gate_file = os.environ.get("SPLIT_GATE_FILE")
     if gate_file:
@@ -189,9 +192,9 @@ def split_word_parts(settings: Settings) -> EngineParts:
             return await ungated(plan)
 
         return make_parts(gated, None, max_batch_size=settings.max_batch_size,  # type: ignore[arg-type]
-                          max_queue_size=settings.max_queue_size, max_model_len=256)
+                          max_queue_size=settings.max_queue_size, max_model_len=max_model_len, num_blocks=num_blocks)
     return make_parts(model, None, max_batch_size=settings.max_batch_size, max_queue_size=settings.max_queue_size,
-                      max_model_len=256)
+                      max_model_len=max_model_len, num_blocks=num_blocks)
 
 
 @attrs.define

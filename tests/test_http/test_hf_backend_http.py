@@ -15,6 +15,7 @@ from inference_server.config import Settings
 from inference_server.engine_factory import build_engine_parts
 from inference_server.http import create_app
 from inference_server.server import supervise_engine
+from inference_server.startup import finished_phases
 from inference_server.supervisor import Engine
 
 TINY_GEMMA3 = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -41,6 +42,10 @@ async def test_openai_routes_on_the_hf_backend(checkpoint: Path, eviction: tuple
                         kv_budget_tokens=budget, served_model_name="tiny", max_model_len=128)
     built = build_engine_parts(settings)
     assert built.backend == "hf" and not built.parts.kv.prefix_cache
+    # llguidance's tokenizer is a start-up phase on the CPU too, not the first constrained request's stall (it
+    # refuses this word-level vocabulary: ready then means refused once, no request tries again)
+    assert built.parts.grammar is not None and built.parts.grammar.ready
+    assert finished_phases()[-1][0] == "building the grammar engine's tokenizer"
     async with trio.open_nursery() as nursery:
         engine = await nursery.start(supervise_engine, Engine(built.parts), lambda code: None)
         app = create_app(engine, settings)

@@ -285,8 +285,8 @@ def test_address_in_use_exits_nonzero(tmp_path: Path) -> None:
 
 
 def test_hard_exit_watchdog() -> None:
-    """The watchdog ends a process that shutdown could not (a client that stopped reading), with the exit
-    status shutdown decided."""
+    """The watchdog ends a process that shutdown could not (its event loop stuck), with the exit status shutdown
+    decided."""
     code = ("import time\nfrom inference_server.server import Shutdown, _start_watchdog\n"
             "s = Shutdown()\ns.exit_code = 3\n_start_watchdog(0.2, s)\ntime.sleep(30)\n")
     started = time.monotonic()

@@ -297,3 +297,82 @@ async def test_embedded_style_template_renders_tools_for_the_hermes_parser(serve
         response = await served.client.post("/v1/chat/completions", json={
             "messages": MESSAGES, "tools": TOOLS, "tool_choice": "none", "max_tokens": 2})
         assert response.status_code == 200
+
+
+async def test_include_reasoning_false_drops_the_reasoning_whole_and_streamed(serve, qwen_tokenizer: Tokenizer) -> None:
+    """vLLM's ``include_reasoning: false`` (Groq's and OpenRouter's clients send it too): the reply keeps its
+    answer and tool calls but not the reasoning section, whole (``reasoning_content`` null) and streamed (no
+    ``reasoning_content`` delta); the choices' ``logprobs`` and ``token_ids`` would show the dropped reasoning,
+    so, as vLLM, they are withheld (``prompt_token_ids`` stays). ``true`` is the default."""
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer, tools=TOOLS))
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 40, "logprobs": True, "return_token_ids": True}
+    async with serve(model, tokenizer=qwen_tokenizer, coalesce=False) as served:
+        shown = await (await served.client.post("/v1/chat/completions", json={**body, "include_reasoning": True}))\
+            .get_json()
+        hidden_response = await served.client.post("/v1/chat/completions", json={**body, "include_reasoning": False})
+        hidden = await hidden_response.get_json()
+        assert hidden_response.status_code == 200, hidden
+        [shown_choice], [hidden_choice] = shown["choices"], hidden["choices"]
+        assert shown_choice["message"]["reasoning_content"] == "I need the weather tool."
+        assert shown_choice["logprobs"] is not None and shown_choice["token_ids"]
+        assert hidden_choice["message"]["reasoning_content"] is None
+        assert [c["function"] for c in hidden_choice["message"]["tool_calls"]] == \
+            [c["function"] for c in shown_choice["message"]["tool_calls"]]  # (call ids are fresh per reply)
+        assert hidden_choice["finish_reason"] == "tool_calls"
+        assert hidden_choice["logprobs"] is None and "token_ids" not in hidden_choice
+        assert hidden["prompt_token_ids"] == shown["prompt_token_ids"]
+        # the reasoning tokens were generated: they still count
+        assert hidden["usage"]["completion_tokens"] == shown["usage"]["completion_tokens"] == len(REPLY) + 1
+
+        streamed = await post_stream(served.client, "/v1/chat/completions",
+                                     {**body, "stream": True, "include_reasoning": False})
+        chunks = streamed.events[:-1]
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert not any("reasoning_content" in d for d in deltas)
+        assert all(c["choices"][0]["logprobs"] is None and "token_ids" not in c["choices"][0] for c in chunks)
+        entries = [e for d in deltas for e in d.get("tool_calls", [])]
+        assert json.loads("".join(e["function"].get("arguments", "") for e in entries)) == {"city": "Paris", "days": 3}
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        assert chunks[0]["prompt_token_ids"] == shown["prompt_token_ids"]
+        shown_stream = await post_stream(served.client, "/v1/chat/completions", {**body, "stream": True})
+        reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in shown_stream.events[:-1])
+        assert reasoning == "I need the weather tool."
+        assert served.kv_is_idle()
+
+
+async def test_include_reasoning_false_without_a_reasoning_parser_changes_nothing(serve, tokenizer: Tokenizer) -> None:
+    """Where the served model has no reasoning section (the embedded Gemma 3 template), there is nothing to drop:
+    the reply, its logprobs and its token ids are as without the field."""
+    async with serve(tokenizer=tokenizer) as served:
+        assert served.state.reasoning_format is None
+        body = {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "logprobs": True, "return_token_ids": True}
+        plain = await (await served.client.post("/v1/chat/completions", json=body)).get_json()
+        hidden = await (await served.client.post("/v1/chat/completions", json={**body, "include_reasoning": False}))\
+            .get_json()
+        assert hidden["choices"] == plain["choices"]
+        refused = await served.client.post("/v1/chat/completions", json={**body, "include_reasoning": "no"})
+        assert refused.status_code == 400
+        assert (await refused.get_json())["error"]["param"] == "include_reasoning"
+
+
+async def test_reasoning_message_key_is_reasoning_content(serve, qwen_tokenizer: Tokenizer) -> None:
+    """vLLM's newer (and OpenRouter's) name of an earlier reply's reasoning, ``reasoning``, renders as
+    ``reasoning_content`` (Qwen3's template writes it back in a think block); both sent must agree."""
+    def history(**reasoning: str) -> list[dict[str, Any]]:
+        return [*MESSAGES, {"role": "assistant", "content": "Sunny.", **reasoning}]
+
+    async with serve(tokenizer=qwen_tokenizer) as served:
+        async def tokens(messages: list[dict[str, Any]]) -> list[int]:
+            response = await served.client.post("/tokenize", json={"messages": messages})
+            assert response.status_code == 200, await response.get_data()
+            return (await response.get_json())["tokens"]
+
+        named = await tokens(history(reasoning="I need the weather tool."))
+        assert named == await tokens(history(reasoning_content="I need the weather tool."))
+        assert named != await tokens(history())
+        assert named == await tokens(history(reasoning="I need the weather tool.",
+                                             reasoning_content="I need the weather tool."))
+        response = await served.client.post("/v1/chat/completions", json={
+            "messages": history(reasoning="one", reasoning_content="two"), "max_tokens": 1})
+        assert response.status_code == 400
+        assert (await response.get_json())["error"]["param"] == "messages[1].reasoning"

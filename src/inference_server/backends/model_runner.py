@@ -11,7 +11,8 @@ waiting for it; ``collect`` waits for that copy (an event wait, GIL released) an
 Between the two the host is free, so the executor launches step N+1 before it collects step N (overlap):
 a plan's ``PENDING_TOKEN`` is then replaced on the device by the token the previous launched step sampled for
 that request (``_resolve_pending``). The only host syncs inside ``launch`` are prompt logprobs, and penalties
-on a row whose previous token is still in flight (its history is read on the host: ``_fill_awaiting``).
+or bad words of several tokens on a row whose previous token is still in flight (its history is read on the
+host: ``_fill_awaiting``).
 
 A step with constrained rows (structured output) queues its forward and head, then hands the rest of its
 sampling to the runner's sampling thread (``_masked_sample``) and returns: that thread waits for the previous
@@ -356,7 +357,12 @@ class ModelRunner:
         for generator, seq, index in zip(generators, seqs, lens, strict=True):
             if generator is not None and seq.sampling.seed is not None:
                 generator.manual_seed(seed_for_position(seq.sampling.seed, index))
-        batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device, generators, lens)
+        outputs = None
+        if any(s.sampling.bans_after_prefixes for s in seqs):  # bad words of several tokens: bans follow the output
+            if any(states[i].awaiting for i in rows):
+                self._fill_awaiting()
+            outputs = [states[i].output_ids for i in rows]
+        batch = SamplingBatch.from_params([s.sampling for s in seqs], self.device, generators, lens, outputs)
         history = None
         if batch.use_penalties:
             if any(states[i].awaiting for i in rows):

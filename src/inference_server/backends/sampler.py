@@ -4,7 +4,8 @@ The sampler turns one step's logits ``[B, V]`` into one token per row, on the lo
 Per row, in this order (vLLM v1's order):
 
 0. logit edits (only if some row uses them): ``logit_bias`` added, ids outside ``allowed_token_ids``
-   masked, and, while a row has output fewer than ``min_tokens`` tokens, its EOS and stop ids masked;
+   masked, while a row has output fewer than ``min_tokens`` tokens its EOS and stop ids masked, and the
+   tokens its ``bad_words`` ban after its output so far masked (``SamplingParams.bad_word_bans``);
 1. repetition / presence / frequency penalties (only if some row uses them);
 2. greedy rows (``temperature < GREEDY_EPSILON``) take the argmax here and skip the rest;
 3. temperature, then min-p, then top-k and top-p (one descending sort shared by both);
@@ -37,6 +38,7 @@ import attrs
 import torch
 
 from inference_server.backends.transfer import to_device
+from inference_server.kernels.token_bitmask_reference import token_bitmask_reference
 from inference_server.records.sampling_params import SamplingParams
 
 
@@ -70,14 +72,14 @@ def argmax_suffices(params: Sequence[SamplingParams], output_lens: Sequence[int]
       then unused),
     * asks for no top logprobs (``logprobs`` None or 0: the sampled token's own logprob is always returned),
     * uses no penalty (repetition, presence, frequency: they change the logits the argmax reads),
-    * edits no logit: no ``logit_bias``, no ``allowed_token_ids``, and no ``min_tokens`` still holding back its
-      stop ids (a row past its ``min_tokens`` has no edit left),
+    * edits no logit: no ``logit_bias``, no ``allowed_token_ids``, no ``bad_words``, and no ``min_tokens``
+      still holding back its stop ids (a row past its ``min_tokens`` has no edit left),
     * has no constraint (its grammar's mask must apply before the argmax: the fused head computes the argmax of
       the unmasked logits, so a step with a constrained row takes the logits and the sampler instead).
     """
     return all(
         p.is_greedy and not p.logprobs and not p.uses_penalties and not p.logit_bias and p.constraint is None
-        and p.allowed_token_ids is None and (p.min_tokens == 0 or n >= p.min_tokens)
+        and p.allowed_token_ids is None and not p.bad_words_token_ids and (p.min_tokens == 0 or n >= p.min_tokens)
         for p, n in zip(params, output_lens, strict=True)
     )
 
@@ -114,10 +116,12 @@ class SamplingBatch:
         device: torch.device | str,
         generators: Sequence[torch.Generator | None] | None = None,
         output_lens: Sequence[int] | None = None,
+        output_ids: Sequence[Sequence[int]] | None = None,
     ) -> SamplingBatch:
         """Pack B requests' params (one host-to-device copy, two more when a row edits its logits). A row
         with a seed must have a generator; ``output_lens`` (tokens each row has output so far) is needed when
-        a row sets ``min_tokens``."""
+        a row sets ``min_tokens``, ``output_ids`` (each row's output tokens so far) when a row's bad words are
+        several tokens long (``SamplingParams.bans_after_prefixes``)."""
         gens = tuple(generators) if generators is not None else (None,) * len(params)
         if len(gens) != len(params):
             raise ValueError(f"{len(gens)} generators for {len(params)} rows")
@@ -152,15 +156,17 @@ class SamplingBatch:
             use_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
             use_penalties=any(p.uses_penalties for p in params),
             num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
-            logit_edits=LogitEdits.from_params(params, output_lens, device),
+            logit_edits=LogitEdits.from_params(params, output_lens, device, output_ids),
         )
 
 
 @attrs.frozen(eq=False)
 class LogitEdits:
     """Sparse per-row logit edits: additive ``(row, id, value)`` entries (``logit_bias``, and ``-inf`` for
-    stop ids held back by ``min_tokens``) and ``(row, id)`` entries of the rows restricted to
-    ``allowed_token_ids``. Built on the host from Python-side lengths: applying them never syncs."""
+    stop ids held back by ``min_tokens`` and for tokens ``bad_words`` ban) and ``(row, id)`` entries of the rows
+    restricted to ``allowed_token_ids``. Built on the host from Python-side lengths and output ids: applying
+    them never syncs (the runner reads a row's last token back before building them when its bad words need
+    it, as for penalties)."""
 
     add_rows: torch.Tensor  # [N] int64
     add_ids: torch.Tensor  # [N] int64
@@ -172,7 +178,8 @@ class LogitEdits:
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams], output_lens: Sequence[int] | None,
-                    device: torch.device | str) -> LogitEdits | None:
+                    device: torch.device | str, output_ids: Sequence[Sequence[int]] | None = None,
+                    ) -> LogitEdits | None:
         if not any(p.uses_logit_mask for p in params):
             return None
         add_rows: list[int] = []
@@ -193,6 +200,13 @@ class LogitEdits:
                     add_rows += [row] * len(held)
                     add_ids += held
                     add_values += [-math.inf] * len(held)
+            if p.bad_words_token_ids:
+                if p.bans_after_prefixes and output_ids is None:
+                    raise ValueError(f"row {row} bans bad words of several tokens but no output_ids were given")
+                banned = p.bad_word_bans(output_ids[row] if output_ids is not None else ())
+                add_rows += [row] * len(banned)
+                add_ids += banned
+                add_values += [-math.inf] * len(banned)
             if p.allowed_token_ids is not None:
                 allowed_rows += [row] * len(p.allowed_token_ids)
                 allowed_ids += p.allowed_token_ids
@@ -324,12 +338,13 @@ def apply_token_bitmask(work: torch.Tensor, bitmask: torch.Tensor, rows: torch.T
     ``bitmask[k]`` (``[K, ceil(V / 32)]`` int32) is clear, token ``i`` disallowed; ``rows`` None: ``K = B``,
     row by row. Other rows are untouched. On the device, no host sync: one Triton launch on a GPU
     (``kernels.token_bitmask``), its torch reference elsewhere."""
-    # imported here: the kernel's module imports Triton (0.2 s of a CPU server's start-up that no CPU step needs)
-    from inference_server.kernels.token_bitmask import apply_token_bitmask_, token_bitmask_reference
-
     if rows is None:
         rows = torch.arange(bitmask.shape[0], device=work.device)
     if work.is_cuda:
+        # imported here: the kernel's module imports Triton, which no CPU server loads (0.2 s, at start-up or in
+        # the first constrained request's step, where it stalled every stream)
+        from inference_server.kernels.token_bitmask import apply_token_bitmask_
+
         apply_token_bitmask_(work, bitmask, rows)
     else:
         token_bitmask_reference(work, bitmask, rows)

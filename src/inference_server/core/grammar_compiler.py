@@ -11,11 +11,13 @@ Whitespace (the rule a small base model cannot loop on): JSON is generated witho
 ``", "`` between items and ``": "`` after keys (what ``json.dumps`` writes), as vLLM's
 ``disable_any_whitespace``. Whitespace is then possible only inside strings.
 
-The llguidance tokenizer (its token trie over the whole vocabulary) is built once, by ``ensure_tokenizer``:
-during start-up on a CUDA server (``engine_factory``), at the first compile on the CPU. llguidance holds the GIL
-while it builds it (seconds for a 262k vocabulary on a small CPU: docs/quantization.md), so a build "in the
-background" stops every Python thread as a build in the foreground would: at start-up it delays readiness, at the
-first constrained request that request and the steps of the time being.
+The llguidance tokenizer (its token trie over the whole vocabulary, with the mask slices) and the special-token
+table are built once, by ``ensure_tokenizer``, before the engine reports ready: as a start-up phase of
+``engine_factory`` (in whichever process runs the engine: the server's own, or the engine process of
+``ENGINE_PROCESS=separate``), and by ``Engine.run`` for parts built elsewhere. llguidance holds the GIL for the
+whole build (2.7 s for the 262k Gemma vocabulary on the 2-core dev machine, idle), so a build at the first
+constrained request froze every stream of its process for that long, whatever thread ran it; at start-up nothing
+streams yet. A tokenizer llguidance cannot read is tried once: every constraint is then refused with its reason.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import collections
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -70,17 +72,26 @@ class CompiledGrammar:
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer (its ``tokenizer.json`` text, or a function that gives it, called at
-    the first use: serialising a 262k vocabulary takes a third of a second that start-up need not pay); the model's
-    logits have ``vocab_size`` columns (the bitmask's width); ``eos_token_ids`` end a complete output."""
+    """Compiles constraints for one tokenizer (its ``tokenizer.json`` text, or a function that gives it, called
+    once, by ``ensure_tokenizer`` or the first compile); the model's logits have ``vocab_size`` columns (the
+    bitmask's width); ``eos_token_ids`` end a complete output. ``special_tokens``, when given, returns the
+    vocabulary's special tokens (text -> id) instead of their being read from the JSON text (parsing 12 MB of
+    JSON holds the GIL for 0.5-0.9 s, where ``tokenizers`` has the table at hand). ``build_tokenizer``, when given,
+    builds llguidance's tokenizer with the slices it is given (``models.grammar_tokenizer``: from a token table
+    cached by an earlier start) instead of llguidance reading the JSON text."""
 
     def __init__(self, tokenizer_json: str | Callable[[], str], vocab_size: int, eos_token_ids: Collection[int], *,
+                 special_tokens: Callable[[], Mapping[str, int]] | None = None,
+                 build_tokenizer: Callable[[list[str]], llguidance.LLTokenizer] | None = None,
                  cache_size: int = CACHE_SIZE) -> None:
         self.vocab_size = vocab_size
         self._tokenizer_json_source = tokenizer_json
         self._tokenizer_json_text: str | None = tokenizer_json if isinstance(tokenizer_json, str) else None
+        self._special_tokens_source = special_tokens
+        self._build_tokenizer = build_tokenizer
         self._eos = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer_error: str | None = None
         self._special_tokens: dict[str, int] | None = None
         self._cache: collections.OrderedDict[Constraint, CompiledGrammar] = collections.OrderedDict()
         self._cache_size = cache_size
@@ -100,16 +111,20 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        """The llguidance tokenizer (built on first use: seconds for a 262k vocabulary). A tokenizer that
-        llguidance cannot read (a decoder it does not know) refuses every constraint with a 400."""
+        """The llguidance tokenizer (built at the first use unless ``ensure_tokenizer`` ran: seconds for a 262k
+        vocabulary, under the GIL). A tokenizer that llguidance cannot read (a decoder it does not know) refuses
+        every constraint with a 400, from the one failed attempt (each would parse the whole vocabulary again)."""
         with self._tokenizer_lock:
-            if self._tokenizer is None:
+            if self._tokenizer is None and self._tokenizer_error is None:
                 try:
-                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
-                                                             eos_token=self._eos, slices=MASK_SLICES)
+                    self._tokenizer = (self._build_tokenizer(MASK_SLICES) if self._build_tokenizer is not None else
+                                       llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                              eos_token=self._eos, slices=MASK_SLICES))
                 except Exception as error:  # llguidance raises ValueError for what it cannot read
-                    raise RequestError("invalid_request", "structured outputs are not available for this model's "
-                                       f"tokenizer: {_reason(str(error))}") from None
+                    self._tokenizer_error = _reason(str(error))
+            if self._tokenizer is None:
+                raise RequestError("invalid_request", "structured outputs are not available for this model's "
+                                   f"tokenizer: {self._tokenizer_error}")
             return self._tokenizer
 
     @property
@@ -117,19 +132,30 @@ class GrammarCompiler:
         """Whether llguidance's tokenizer exists (``ensure_tokenizer`` then returns at once)."""
         return self._tokenizer is not None
 
+    @property
+    def ready(self) -> bool:
+        """Whether ``ensure_tokenizer`` has nothing left to do: the tokenizer and the special-token table exist,
+        or llguidance refused the tokenizer (no compile builds anything more)."""
+        return self._tokenizer_error is not None or (self._tokenizer is not None and self._special_tokens is not None)
+
     def ensure_tokenizer(self) -> None:
-        """Build llguidance's tokenizer now if it is not built yet (blocking: seconds, once per compiler; the
-        server calls it in a worker thread before the time-bounded compile, since it is no constraint's cost). A
-        tokenizer llguidance cannot read is left for ``compile`` to refuse with the constraint's field."""
+        """Build llguidance's tokenizer and the special-token table now if they are not built yet (blocking,
+        seconds under the GIL, once per compiler: the engine runs it before it reports ready, see the module
+        docstring). A tokenizer llguidance cannot read is left for ``compile`` to refuse with the constraint's
+        field."""
         with contextlib.suppress(RequestError):
             self.tokenizer  # noqa: B018 (the property builds it)
+            self.special_tokens  # noqa: B018 (the property reads it)
 
     @property
     def special_tokens(self) -> dict[str, int]:
         """The vocabulary's special tokens (``tokenizer.json``'s ``added_tokens`` marked special), text -> id."""
         if self._special_tokens is None:
-            added = json.loads(self._tokenizer_json).get("added_tokens") or []
-            self._special_tokens = {t["content"]: t["id"] for t in added if t.get("special")}
+            if self._special_tokens_source is not None:
+                self._special_tokens = dict(self._special_tokens_source())
+            else:
+                added = json.loads(self._tokenizer_json).get("added_tokens") or []
+                self._special_tokens = {t["content"]: t["id"] for t in added if t.get("special")}
         return self._special_tokens
 
     def cached(self, constraint: Constraint) -> bool:
@@ -153,12 +179,12 @@ class GrammarCompiler:
 
     def _matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
         grammar = grammar_source(constraint)
-        if constraint.reasoning is not None:
-            grammar = after_reasoning_source(grammar, constraint.reasoning, self.special_tokens)
         try:
             tokenizer = self.tokenizer
         except RequestError as error:
             raise RequestError("invalid_request", f"{constraint.field}: {error.message}", constraint.field) from None
+        if constraint.reasoning is not None:
+            grammar = after_reasoning_source(grammar, constraint.reasoning, self.special_tokens)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise RequestError("invalid_request", f"{constraint.field}: {_reason(matcher.get_error())}",

@@ -374,7 +374,8 @@ class Scheduler:
                 if request.detokenizer is not None and ends_after_last_token(stop):
                     text += request.detokenizer.flush()  # an incomplete last character is not dropped
                 token = TokenOutput(token_id, text, sampled.logprob, sampled.top_logprobs)
-                update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, tokens=(token,))
+                update = self._finish(request, stop.finish_reason, stop_reason=stop.stop_reason, error=stop.error,
+                                      tokens=(token,))
             append(attrs.evolve(update, prompt_logprobs=prompt_logprobs) if prompt_logprobs else update)
         return updates
 

@@ -15,6 +15,12 @@ result never depends on how the text was split into tokens. Output ends before t
 after it with ``include_stop_str_in_output``; a stop token's own text is dropped unless that flag is set
 (vLLM's behaviour). Text that could still be the start of a stop string is held back until resolved;
 with ``include_stop_str_in_output`` nothing needs holding back.
+
+Regex stops (SGLang's ``stop_regex``, ``stop_regex.RegexStops``): the output ends before the first match of a
+pattern in the text so far (after it with ``include_stop_str_in_output``; ``stop_reason`` = the pattern), a
+stop string or a pattern, whichever is decided at the earlier end position. Text from where a pattern could
+still begin a match is held back, also with ``include_stop_str_in_output`` (a lookahead decides on text after
+the match). ``min_tokens`` is not combined with them (``SamplingParams.validate``).
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from inference_server.core.stop_regex import RegexStops, StopRegexTooSlow
 from inference_server.records.hot_record import hot_record
+from inference_server.records.stop_patterns import STOP_REGEX_TOO_SLOW
 
 if TYPE_CHECKING:
     from inference_server.records.sampling_params import SamplingParams
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "error"]
+"""``error``: only for regex stops that spent their time (``stop_regex.StopRegexTooSlow``)."""
 
 
 @hot_record
@@ -39,7 +48,10 @@ class StopUpdate:
     finish_reason: FinishReason | None = None
     """None while the request keeps going."""
     stop_reason: str | int | None = None
-    """The matched stop string or stop token id (None for EOS, length, or while running)."""
+    """The matched stop string or stop token id (None for EOS, length, or while running; ``STOP_REGEX_TOO_SLOW``
+    with ``error``)."""
+    error: str | None = None
+    """With ``finish_reason`` ``error``: why."""
 
     @property
     def finished(self) -> bool:
@@ -73,6 +85,7 @@ class StopChecker:
         ignore_eos: bool = False,
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
+        stop_regex: Sequence[str] = (),
     ) -> None:
         self._max_tokens = max_tokens
         self._min_tokens = min_tokens
@@ -88,7 +101,8 @@ class StopChecker:
             for n in range(1, len(stop_str)):
                 by_last.setdefault(stop_str[n - 1], set()).add(stop_str[:n])
         self._prefixes_by_last = {c: tuple(sorted(ps, key=len, reverse=True)) for c, ps in by_last.items()}
-        self._tail = ""  # the last `_keep` chars of output text seen so far
+        self._regex = RegexStops(stop_regex) if stop_regex else None
+        self._tail = ""  # the last `_keep` chars of output text seen so far (at least the held ones)
         self._held = 0  # how many chars at the end of `_tail` are not yet released
         self.num_tokens = 0
         self.finish_reason: FinishReason | None = None
@@ -106,6 +120,7 @@ class StopChecker:
             max_tokens=params.resolved_max_tokens() if max_tokens is None else max_tokens,
             eos_token_ids=eos_token_ids,
             stop=params.stop if stop_strings else (),
+            stop_regex=params.stop_regex if stop_strings else (),
             stop_token_ids=params.stop_token_ids,
             ignore_eos=params.ignore_eos and params.constraint is None,  # a complete constraint allows only EOS
             include_stop_str_in_output=params.include_stop_str_in_output,
@@ -126,8 +141,13 @@ class StopChecker:
         if may_stop and (token_id in self._eos or token_id in self._stop_ids):
             reason = token_id if token_id in self._stop_ids else None
             return self._finish("stop", reason, self.flush() + (text if self._include_stop else ""))
-        if self._stop:
-            released, match = self._scan(text, match=may_stop)
+        if self._stop or self._regex is not None:
+            try:
+                released, match = self._scan(text, match=may_stop)
+            except StopRegexTooSlow as slow:  # nothing held is released: the output ends where it was sent
+                self._held = 0
+                self.finish_reason, self.stop_reason = "error", STOP_REGEX_TOO_SLOW
+                return StopUpdate("", "error", STOP_REGEX_TOO_SLOW, str(slow))
             if match is not None:
                 return self._finish("stop", match, released)
         else:  # no stop strings: nothing is ever held back, and ``_scan`` would release ``text`` as it is
@@ -151,14 +171,24 @@ class StopChecker:
         buf = self._tail + text
         unreleased = len(self._tail) - self._held  # index in buf of the first unreleased char
         found = self._first_match(buf, new_from=len(self._tail)) if match else None
+        if self._regex is not None:
+            origin = self._regex.length - len(self._tail)  # output-text index of buf[0]
+            hit = self._regex.push(text)
+            # the earlier decided wins: a string at its end, a pattern where it first matched; ties: the string
+            if hit is not None and match and (found is None or hit.decided - origin < found[0] + len(found[1])):
+                self._held = 0
+                return buf[unreleased:(hit.end if self._include_stop else hit.start) - origin], hit.pattern
         if found is not None:
             start, stop_str = found
             end = start + len(stop_str) if self._include_stop else start
             self._held = 0
             return buf[unreleased:end], stop_str
         hold = 0 if self._include_stop else self._partial_match_len(buf)
+        if self._regex is not None:  # held from where a pattern may still begin (a lookahead: also when included)
+            hold = max(hold, self._regex.length - self._regex.live_from())
         self._held = hold
-        self._tail = buf[max(0, len(buf) - self._keep) :] if self._keep else ""
+        keep = max(self._keep, hold)
+        self._tail = buf[max(0, len(buf) - keep) :] if keep else ""
         return buf[unreleased : len(buf) - hold], None
 
     def _first_match(self, buf: str, new_from: int) -> tuple[int, str] | None:

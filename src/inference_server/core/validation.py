@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from inference_server.core.bad_words import bad_words_token_ids
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import GenerationRequest
 from inference_server.records.sampling_params import SamplingParams
@@ -126,6 +127,9 @@ def prepare(request: GenerationRequest, tokenizer: PromptTokenizer | None, *, ma
     if request.params.n != 1:
         raise RequestError("invalid_request", f"n={request.params.n}: an engine request is one sequence; its "
                            "caller submits one request per sample (SamplingParams.sample)", "n")
+    if request.params.bad_words and not request.params.bad_words_token_ids:
+        request = attrs.evolve(request, params=attrs.evolve(
+            request.params, bad_words_token_ids=bad_words_token_ids(request.params.bad_words, tokenizer)))
     request.params.validate_vocabulary(vocab_size)
     prompt_ids = truncate(tokenize(request, tokenizer), request.truncate_prompt_tokens, max_model_len,
                           request.truncation_side)

@@ -52,6 +52,8 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
+    # vLLM's sampling extension this engine does not implement (docs/api.md says why):
+    "use_beam_search": "beam search is not supported: sample n choices instead (n, with a seed to repeat them)",
 }
 """Fields we recognise but cannot honour: an error that says so, unless sent empty (then ignored)."""
 _EMPTY_VALUES: tuple[Any, ...] = (None, [], {}, "none", 0, False)

@@ -57,16 +57,24 @@ def resolve_parsers(tool_setting: str, reasoning_setting: str,
 @attrs.frozen
 class ChatOutputSpec:
     """What one request's choices parse: the tool format (None: no tool parsing), the names of its tools,
-    ``parallel_tool_calls``, and the reasoning format (None: none)."""
+    ``parallel_tool_calls``, the reasoning format (None: none), and whether the reasoning section is shown
+    (vLLM's ``include_reasoning``: false parses it out of the reply and drops it)."""
 
     tools: ToolCallFormat | None = None
     tool_names: frozenset[str] | None = None
     parallel: bool = True
     reasoning: ReasoningFormat | None = None
+    include_reasoning: bool = True
 
     @property
     def active(self) -> bool:
         return self.tools is not None or self.reasoning is not None
+
+    @property
+    def hides_reasoning(self) -> bool:
+        """Whether a reasoning section is parsed out and dropped: then the choices' per-token fields
+        (``logprobs``, ``token_ids``) would show what was dropped, so they are withheld too (vLLM's rule)."""
+        return self.reasoning is not None and not self.include_reasoning
 
     def processor(self) -> ChatOutput:
         return ChatOutput(self)
@@ -104,7 +112,7 @@ class ChatOutput:
                 rest, more = self._tools.finish()
                 answer, calls = answer + rest, calls + more
         delta: dict[str, Any] = {}
-        if reasoning:
+        if reasoning and self.spec.include_reasoning:
             delta["reasoning_content"] = reasoning
         if answer:
             delta["content"] = answer

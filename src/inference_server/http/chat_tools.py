@@ -17,11 +17,16 @@ Semantics (docs/api.md):
 * ``parallel_tool_calls: false``: at most one call is returned.
 * ``chat_template_kwargs``: an object of extra template variables (``{"enable_thinking": false}``); the
   names the server itself passes (``messages``, ``tools``, ``add_generation_prompt``, ...) are refused.
+* ``chat_template`` (vLLM's request-level Jinja template, also as ``chat_template_kwargs.chat_template``): a
+  400 unless null. vLLM refuses it too unless started with ``--trust-request-chat-template``; this server has
+  no such switch: a request's template would run client Jinja in the server and render prompts the served
+  model's reply parsers and stop markers were not chosen for.
 * History: an assistant message's ``tool_calls`` (``arguments`` JSON text is decoded to an object for the
   template, as vLLM does: the templates write objects), a ``tool`` message's ``tool_call_id`` and ``name``,
-  and an assistant's ``reasoning_content`` reach the template. What the OpenAI SDK adds to a reply appended
-  to ``messages`` as it came back (``refusal``, ``annotations``, ``parsed``, a call's ``index`` and
-  ``parsed_arguments``) is accepted and left out of it.
+  and an assistant's ``reasoning_content`` (or ``reasoning``, vLLM's newer name) reach the template. What the
+  OpenAI SDK adds to a reply appended to ``messages`` as it came back (``refusal``, ``annotations``,
+  ``parsed``, a call's ``index`` and ``parsed_arguments``) is accepted and left out of it. Other keys are
+  400s naming them, as OpenAI's (vLLM and SGLang drop them unread: a misspelt key would vanish silently).
 """
 
 from __future__ import annotations
@@ -172,12 +177,25 @@ def forced_call_constraint(tools: ToolRequest) -> Constraint | None:
                                  field="tool_choice")
 
 
+REQUEST_TEMPLATE_REFUSED = ("a request-level chat template is not accepted: chats are rendered with the served "
+                            "model's template (vLLM refuses it too unless started with "
+                            "--trust-request-chat-template); send chat_template_kwargs for template variables")
+
+
+def refuse_request_template(chat_template: str | None) -> None:
+    """vLLM's ``chat_template`` field: a 400 ``unsupported_parameter`` unless null (see the module docstring)."""
+    if chat_template is not None:
+        raise invalid_request(REQUEST_TEMPLATE_REFUSED, "chat_template", "unsupported_parameter")
+
+
 def template_kwargs(value: Any) -> dict[str, Any] | None:
     """``chat_template_kwargs``: an object whose names the server does not pass itself."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise invalid_request("chat_template_kwargs must be an object of template variables", "chat_template_kwargs")
+    if value.get("chat_template") is not None:
+        raise invalid_request(REQUEST_TEMPLATE_REFUSED, "chat_template_kwargs.chat_template", "unsupported_parameter")
     for key in value:
         if key in RESERVED_TEMPLATE_KWARGS:
             raise invalid_request(f"chat_template_kwargs may not set {key!r}: it is a request field or set by "
@@ -253,6 +271,17 @@ def message_extras(message: ChatMessageInput, role: str, index: int) -> dict[str
         extras["tool_call_id"] = message.tool_call_id
     if message.name is not None and role == "tool":
         extras["name"] = message.name
-    if message.reasoning_content is not None and role == "assistant":
-        extras["reasoning_content"] = message.reasoning_content
+    reasoning = message_reasoning(message, index)
+    if reasoning is not None and role == "assistant":
+        extras["reasoning_content"] = reasoning
     return extras
+
+
+def message_reasoning(message: ChatMessageInput, index: int) -> str | None:
+    """An earlier reply's reasoning: ``reasoning_content``, or ``reasoning`` (vLLM's newer name, OpenRouter's);
+    both sent must agree (neither silently wins)."""
+    if message.reasoning is not None and message.reasoning_content is not None \
+            and message.reasoning != message.reasoning_content:
+        raise invalid_request("reasoning and reasoning_content disagree; send one of them",
+                              f"messages[{index}].reasoning")
+    return message.reasoning_content if message.reasoning_content is not None else message.reasoning

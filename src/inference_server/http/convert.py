@@ -98,6 +98,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         seed=fields.seed,
         max_tokens=max_tokens,
         stop=stop_strings(fields.stop),
+        stop_regex=stop_strings(fields.stop_regex),
         stop_token_ids=tuple(fields.stop_token_ids or ()),
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
@@ -105,6 +106,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         include_stop_str_in_output=bool(fields.include_stop_str_in_output),
         logit_bias=logit_bias_pairs(fields.logit_bias, vocab_size),
         allowed_token_ids=tuple(fields.allowed_token_ids) if fields.allowed_token_ids is not None else None,
+        bad_words=tuple(fields.bad_words or ()),
         min_tokens=_or(fields.min_tokens, DEFAULTS.min_tokens),
         skip_special_tokens=_or(fields.skip_special_tokens, DEFAULTS.skip_special_tokens),
     )
@@ -115,6 +117,18 @@ def client_trace_id(headers: Headers) -> str | None:
     """The trace id a client sent: ``X-Trace-Id``, else ``X-Request-Id`` (each held to ``header_id``'s rule)."""
     return (header_id(headers.get(TRACE_ID_HEADER), TRACE_ID_HEADER)
             or header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER))
+
+
+def request_ids(headers: Headers, request_id: str | None) -> tuple[str | None, str | None]:
+    """vLLM's ``request_id`` body field: ``(base of the response id, trace id)``, each None where the server
+    picks its own. The response id's base is the ``X-Request-Id`` header, else ``request_id`` (vLLM's
+    ``_base_request_id``: ``chatcmpl-<it>``); the trace id is ``request_id`` only when no ``X-Trace-Id`` /
+    ``X-Request-Id`` header names one (a header wins, as over ``/generate``'s ``trace_id``). ``request_id`` is
+    held to ``header_id``'s rule whether or not a header wins: it reaches logs and telemetry."""
+    body_id = header_id(request_id, "request_id")
+    header = header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER)
+    trace = None if client_trace_id(headers) is not None else body_id
+    return header or body_id, trace
 
 
 def header_id(value: str | None, header: str) -> str | None:

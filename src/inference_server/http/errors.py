@@ -21,6 +21,7 @@ import attrs
 
 from inference_server.records.errors import RequestError
 from inference_server.records.requests import RequestUpdate
+from inference_server.records.stop_patterns import STOP_REGEX_TOO_SLOW
 
 RETRY_AFTER_OVERLOADED_SECONDS = 1
 """``Retry-After`` on 429 (queue full): the queue moves quickly."""
@@ -113,12 +114,15 @@ def from_unsuccessful_finish(update: RequestUpdate, *, engine_failed: bool) -> A
     """The error for a terminal update that is not ``stop``/``length``.
 
     ``timeout``: the request waited longer than ``ADMISSION_TIMEOUT`` to start (504, ``queue_timeout``).
-    ``error``: the engine failed (500, ``engine_failure``) or shut down before the request finished (503,
-    ``shutdown``). ``abort``: the request was ended on the server's side (503, ``aborted``).
+    ``error``: the request's ``stop_regex`` patterns took too long to search its output (400, ``stop_regex_too_slow``,
+    ``stop_reason`` ``STOP_REGEX_TOO_SLOW``), the engine failed (500, ``engine_failure``) or shut down before the
+    request finished (503, ``shutdown``). ``abort``: the request was ended on the server's side (503, ``aborted``).
     """
     message = update.error or f"the request ended with finish_reason {update.finish_reason!r}"
     if update.finish_reason == "timeout":
         return ApiError(504, message, "timeout_error", "queue_timeout")
+    if update.finish_reason == "error" and update.stop_reason == STOP_REGEX_TOO_SLOW:
+        return ApiError(400, message, "invalid_request_error", "stop_regex_too_slow", "stop_regex")
     if update.finish_reason == "error" and engine_failed:
         return ApiError(500, message, "server_error", "engine_failure")
     if update.finish_reason == "error":

@@ -16,8 +16,11 @@ handler returned). ``collect`` reads non-streaming results; ``source`` gives the
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -38,22 +41,37 @@ MERGED_CAPACITY_PER_CHOICE = 4  # updates a multi-choice stream buffers per choi
 
 
 class ResponseTracker:
-    """Counts generation responses still open, so shutdown can wait for their last events to be sent."""
+    """Counts generation responses still open, with their clients' addresses, so shutdown can wait for their
+    last events to be sent and then close the connections of the clients that did not read them."""
 
     def __init__(self) -> None:
         self.active = 0
+        self._peers: collections.Counter[tuple[str, int]] = collections.Counter()
         self._idle = trio.Event()
         self._idle.set()
 
-    def opened(self) -> None:
+    def opened(self, peer: tuple[str, int] | None = None) -> Callable[[], None]:
+        """Count one response open, to the client at ``peer`` (the ASGI scope's ``client``; None: unknown);
+        returns the callable that counts it closed (call it exactly once)."""
         self.active += 1
+        if peer is not None:
+            self._peers[peer] += 1
         if self._idle.is_set():
             self._idle = trio.Event()
+        return partial(self._closed, peer)
 
-    def closed(self) -> None:
+    def _closed(self, peer: tuple[str, int] | None) -> None:
         self.active -= 1
+        if peer is not None:
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
         if self.active == 0:
             self._idle.set()
+
+    def open_peers(self) -> set[tuple[str, int]]:
+        """The clients with a response still open (those whose address is known)."""
+        return set(self._peers)
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
@@ -190,6 +208,12 @@ async def _pump(index: int, handle: RequestHandle, send: trio.MemorySendChannel[
         handle.close()
 
 
+def _client(scope: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The client's (host, port) from an ASGI scope (None where the server does not say, or not over TCP)."""
+    client = scope.get("client")
+    return (str(client[0]), int(client[1])) if client else None
+
+
 async def admit(engine: ServingEngine, requests: Sequence[GenerationRequest], tracker: ResponseTracker, *,
                 renames: Mapping[str, str] | None = None) -> Generation:
     """Submit ``requests`` and wait until each is admitted; raises the first refusal as ``ApiError``
@@ -204,8 +228,7 @@ async def admit(engine: ServingEngine, requests: Sequence[GenerationRequest], tr
         access.trace_id = next((r.trace_id for r in requests if r.trace_id), access.trace_id)
         for handle in handles:
             handle.observer = access.observe
-    tracker.opened()
-    generation = Generation(handles, [], tracker.closed)
+    generation = Generation(handles, [], tracker.opened(_client(request.scope) if has_request_context() else None))
     try:
         for handle in handles:
             generation.prompt_tokens.append(await handle.admission())

@@ -9,6 +9,8 @@ Conventions (see docs/api.md for every field):
   reproducible. A list of prompts gives ``len(prompts) * n`` choices, choice ``i * n + j`` being prompt ``i``'s
   ``j``-th.
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
+* vLLM's ``request_id``: the response's ``id`` is ``chatcmpl-<it>`` / ``cmpl-<it>`` (an ``X-Request-Id`` header
+  wins over it, as in vLLM; neither: a fresh id), and it is the trace id unless a header names one.
 * Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
   capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
   are stops (``models/chat_templates.ChatStops``). Message content is a string or a list of
@@ -33,10 +35,13 @@ Conventions (see docs/api.md for every field):
   choice's ``token_ids``; ``return_tokens_as_token_ids`` renders logprob tokens as ``token_id:N``.
 * Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
   ``chat_template_kwargs`` reach the chat template; replies are parsed into ``tool_calls`` (``finish_reason:
-  tool_calls``) and ``reasoning_content`` by the served family's parsers; ``tool_choice`` required / named is
-  forced by a ``Constraint.tool_calls`` grammar (``chat_tools.forced_call_constraint``).
+  tool_calls``) and ``reasoning_content`` by the served family's parsers (vLLM's ``include_reasoning: false``
+  drops the reasoning, and with it the choices' ``logprobs`` and ``token_ids``, which would show it);
+  ``tool_choice`` required / named is forced by a ``Constraint.tool_calls`` grammar
+  (``chat_tools.forced_call_constraint``).
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
-  content.
+  content, vLLM's request-level ``chat_template`` and ``use_beam_search`` (``body_parser.UNSUPPORTED_FIELDS``);
+  message keys and roles the server does not know.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from inference_server.http.chat_tools import (
     effort_template_kwargs,
     forced_call_constraint,
     message_extras,
+    refuse_request_template,
     template_kwargs,
     tool_request,
     with_effort,
@@ -67,6 +73,7 @@ from inference_server.http.convert import (
     min_characters,
     refuse_obfuscation,
     refuse_service_tier,
+    request_ids,
     sampling_params,
     structured_fields,
     truncation_side,
@@ -139,7 +146,7 @@ class OpenAIRoutes:
         if body.echo or body.prompt_logprobs is not None:
             results = await generation.successful_results(self.state.engine)
             return json_response(completion_response(
-                self.state, new_id("cmpl"), results, generation.prompt_tokens, n,
+                self.state, _response_id("cmpl", body), results, generation.prompt_tokens, n,
                 with_logprobs=body.logprobs is not None, echo_prompts=prompts,
                 with_prompt_logprobs=body.prompt_logprobs is not None, options=_output_options(body, generation)))
         return await self._respond(generation, n, requests[0].params.logprobs is not None, body,
@@ -207,6 +214,7 @@ class OpenAIRoutes:
         kwargs = with_effort(template_kwargs(body.chat_template_kwargs),
                              effort_template_kwargs(body.reasoning_effort, "reasoning_effort"))
         refuse_service_tier(body.service_tier)
+        refuse_request_template(body.chat_template)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid_request("top_logprobs requires logprobs: true", "top_logprobs")
         if body.prompt_logprobs is not None and body.stream:
@@ -238,7 +246,7 @@ class OpenAIRoutes:
                               tools=tools.template_tools, chat_template_kwargs=kwargs)
             for j in range(n)]
         renames = {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
-        return requests, n, renames, tools.output
+        return requests, n, renames, attrs.evolve(tools.output, include_reasoning=body.include_reasoning is not False)
 
     # -- shared --------------------------------------------------------------------------------------
     async def _read(self, record_type: type[Record]) -> Record:
@@ -247,6 +255,9 @@ class OpenAIRoutes:
         body = await read_body(record_type)
         self.state.check_model(body.model)
         _check_output_fields(body)
+        _, trace_id = request_ids(request.headers, body.request_id)
+        if trace_id is not None:  # before the engine requests are built: they carry it
+            g.trace_id = trace_id
         return body
 
     async def _respond(self, generation: Generation, n: int, with_logprobs: bool, body: OpenAIRecord,
@@ -255,7 +266,7 @@ class OpenAIRoutes:
                        stream_kwargs: dict | None = None, response_kwargs: dict | None = None) -> Response:
         """Stream ``generation`` through ``encoder_type``, or collect it into ``build_response``'s body (each
         given its route's own keyword arguments)."""
-        state, response_id = self.state, new_id(id_prefix)
+        state, response_id = self.state, _response_id(id_prefix, body)
         options = _output_options(body, generation)
         if chat_output is not None and chat_output.active:
             options = attrs.evolve(options, chat_output=chat_output)
@@ -274,6 +285,13 @@ class OpenAIRoutes:
     def _session(self, user: str | None) -> str | None:
         return header_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or user
 
+
+
+def _response_id(prefix: str, body: OpenAIRecord) -> str:
+    """``<prefix>-<id>``: vLLM's, the ``X-Request-Id`` header's or ``request_id``'s id when one was sent, else a
+    fresh one."""
+    base, _ = request_ids(request.headers, body.request_id)
+    return f"{prefix}-{base}" if base is not None else new_id(prefix)
 
 
 def _output_options(body: OpenAIRecord, generation: Generation) -> OutputOptions:
@@ -376,8 +394,11 @@ def chat_messages(inputs: Sequence[ChatMessageInput]) -> tuple[ChatMessage, ...]
 def _chat_message(message: ChatMessageInput, index: int) -> ChatMessage:
     role = CHAT_ROLES.get(message.role)
     if role is None:
-        raise invalid_request(f"unknown role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}",
-                              f"messages[{index}].role")
+        # vLLM passes any role to the template, but the served templates cannot honour one: Qwen3's drops the
+        # message silently, the embedded Gemma 3 one renders it as a user turn, Gemma 4's writes a turn role
+        # the model was never trained on. OpenAI and SGLang refuse it too.
+        raise invalid_request(f"unknown role {message.role[:40]!r}: the served chat template renders only "
+                              f"{', '.join(CHAT_ROLES)}", f"messages[{index}].role")
     return ChatMessage(role, _content_text(message.content, index), **message_extras(message, role, index))
 
 

@@ -382,14 +382,15 @@ class ChatEncoder(_ChunkEncoder):
             delta = join_deltas(delta, output.finish())
             if finish_reason == "stop" and output.called:
                 finish_reason = "tool_calls"
-        if not delta and not update.finished and not (self.with_logprobs and update.tokens):
+        per_token = not output.spec.hides_reasoning  # hidden reasoning: no logprobs or ids that would show it
+        with_logprobs = self.with_logprobs and per_token
+        if not delta and not update.finished and not (with_logprobs and update.tokens):
             return b""
-        logprobs = {"content": chat_logprobs(update.tokens, self.state, self.options)} if self.with_logprobs \
-            else None
+        logprobs = {"content": chat_logprobs(update.tokens, self.state, self.options)} if with_logprobs else None
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         if update.finished:
             choice |= stop_fields(update)
-        if self.options.token_ids:
+        if self.options.token_ids and per_token:
             choice["token_ids"] = [t.token_id for t in update.tokens]
         return self._chunk(choice, index)
 
@@ -437,7 +438,9 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
     out = []
     for index, result in enumerate(results):
         choices.record(index, result)
-        logprobs = {"content": chat_logprobs(result.tokens, state, options)} if with_logprobs else None
+        per_token = options.chat_output is None or not options.chat_output.hides_reasoning
+        logprobs = {"content": chat_logprobs(result.tokens, state, options)} if with_logprobs and per_token \
+            else None
         text = "".join(t.text for t in result.tokens)
         finish_reason: str | None = result.finish_reason
         if options.chat_output is not None:
@@ -451,7 +454,7 @@ def chat_response(state: AppState, response_id: str, results: Sequence[RequestUp
             message = {"role": "assistant", "content": echo + text}
         choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
                   **stop_fields(result)}
-        if options.token_ids:
+        if options.token_ids and per_token:
             choice["token_ids"] = [t.token_id for t in result.tokens]
         out.append(choice)
     body = {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,

@@ -45,12 +45,16 @@ class SamplingFields:
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: StopInput = None
+    stop_regex: StopInput = None
+    """SGLang's: a pattern or a list of them; the output ends before the first match (``core/stop_regex.py``)."""
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
     priority: int | None = None
     logit_bias: LogitBiasInput = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    """vLLM's: words the output never contains as tokens (``core/bad_words.py``)."""
     min_tokens: int | None = None
     truncate_prompt_tokens: int | None = None
     # Structured outputs (vLLM's); read by ``constraint_fields``, which checks their values.
@@ -93,6 +97,10 @@ class OpenAIOutputFields(SamplingFields):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     response_format: ResponseFormat | None = None
+    request_id: str | None = None
+    """vLLM's: the request's id (1-128 visible ASCII characters): the response's ``id`` is the route's prefix
+    and it (``chatcmpl-<request_id>``), and it is the trace id when no ``X-Trace-Id`` / ``X-Request-Id``
+    header is sent (``convert.request_ids``)."""
     min_characters: int | None = None
     """vLLM's tests send it here; the same as ``stream_options.min_characters``."""
 
@@ -188,6 +196,8 @@ class ChatMessageInput:
     tool_calls: list[ToolCallInput] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
+    """vLLM's newer name of ``reasoning_content`` (OpenRouter's too): the same, both sent must agree."""
     refusal: str | None = None
     annotations: Any = None
     parsed: Any = None
@@ -236,6 +246,11 @@ class ChatCompletionRequest(OpenAIOutputFields):
     echo: bool | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    include_reasoning: bool | None = None
+    """vLLM's: false leaves the reasoning section out of the reply (``reasoning_content`` null, no reasoning
+    deltas) and, with a reasoning parser, the choices' ``logprobs`` and ``token_ids`` too (they would show it)."""
+    chat_template: str | None = None
+    """vLLM's request-level template: refused unless null (``chat_tools.refuse_request_template``)."""
     # OpenAI fields with nothing to change here (docs/api.md): nothing is stored, there is one service tier,
     # the prefix cache needs no key; ``safety_identifier`` (``user``'s successor) keys the session as ``user`` does.
     store: bool | None = None
@@ -263,6 +278,8 @@ class TokenizeRequest:
     continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
+    chat_template: str | None = None
+    """As on chat: refused unless null."""
 
 
 @attrs.frozen(kw_only=True)

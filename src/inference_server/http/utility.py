@@ -28,7 +28,7 @@ from typing import Any
 
 from quart import Response
 
-from inference_server.http.chat_tools import template_kwargs, tool_request
+from inference_server.http.chat_tools import refuse_request_template, template_kwargs, tool_request
 from inference_server.http.convert import chat_prompt_flags
 from inference_server.http.errors import invalid_request, model_not_found
 from inference_server.http.openai import _chat_message
@@ -64,6 +64,7 @@ class UtilityRoutes:
         body = await read_body(TokenizeRequest)
         self._check_model(body.model)
         tokenizer = self._tokenizer()
+        refuse_request_template(body.chat_template)
         if (body.prompt is None) == (body.messages is None):
             raise invalid_request("send exactly one of prompt or messages", "prompt")
         if body.messages is not None:

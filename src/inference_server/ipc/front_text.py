@@ -73,7 +73,7 @@ class RequestText:
                         self._release_held_character(tokens)
                     break  # the engine ended it on this same token (EOS, a stop token id): its terminal stands
                 return RequestUpdate(
-                    update.request_id, tuple(tokens), stop.finish_reason, stop.stop_reason,
+                    update.request_id, tuple(tokens), stop.finish_reason, stop.stop_reason, stop.error,
                     prompt_tokens=self.prompt_tokens, completion_tokens=checker.num_tokens,
                     cached_prompt_tokens=self.cached_prompt_tokens, prompt_logprobs=update.prompt_logprobs,
                 ), update.finish_reason is None

@@ -79,8 +79,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 3.0
 """How long past a drain's timeout the engine process may take to say ``Stopped`` (its last step, on a slow
 device, may still be running when its drain ends the requests) before it is taken for hung. The server's
-hard-exit watchdog fires ``HARD_EXIT_GRACE_SECONDS`` (5 s) past the drain's timeout: this leaves the open
-responses time to write their terminal errors before it."""
+hard-exit watchdog fires ``HARD_EXIT_GRACE_SECONDS`` (10 s) past the drain's timeout: this leaves the open
+responses time to write their terminal errors (``HTTP_FLUSH_SECONDS``) and HTTP time to stop before it."""
 
 
 class EngineStopTimeout(trio.BrokenResourceError):

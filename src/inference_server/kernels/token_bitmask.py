@@ -4,8 +4,9 @@ Structured output masks a batch's constrained rows with their grammars' bitmasks
 ``[K, words]`` int32, bit ``i % 32`` of word ``i // 32`` set when token ``i`` is allowed, for the ``K`` rows of
 ``logits`` ``[B, V]`` listed in ``rows`` ``[K]``; the other ``B - K`` rows are not touched at all. One program per
 (listed row, ``BLOCK`` tokens) reads that block's words and writes ``-inf`` where a bit is clear: no ``[K, V]``
-boolean or unpacked intermediate, nothing read from the logits. The torch reference (``token_bitmask_reference``)
-unpacks the words into a ``[K, V]`` boolean and ``masked_fill``s; both set exactly the same entries.
+boolean or unpacked intermediate, nothing read from the logits. The torch reference (``token_bitmask_reference``, in
+``kernels/token_bitmask_reference.py`` so that a CPU server never imports Triton) unpacks the words into a
+``[K, V]`` boolean and ``masked_fill``s; both set exactly the same entries.
 
 No host sync and a grid sized from shapes only (CUDA-graph capturable). ``rows`` must hold distinct indices.
 """
@@ -17,6 +18,10 @@ import math
 import torch
 import triton
 import triton.language as tl
+
+from inference_server.kernels.token_bitmask_reference import token_bitmask_reference
+
+__all__ = ["BLOCK", "apply_token_bitmask_", "token_bitmask_reference", "warm_up_token_bitmask"]
 
 BLOCK = 4096
 """Tokens per program: 128 words of one row's mask (Gemma's 262,144-id vocabulary: 64 programs a row)."""
@@ -60,12 +65,3 @@ def warm_up_token_bitmask(vocab_size: int, device: torch.device) -> None:
     logits = torch.zeros(1, vocab_size, dtype=torch.float32, device=device)
     bits = torch.full((1, -(-vocab_size // 32)), -1, dtype=torch.int32, device=device)
     apply_token_bitmask_(logits, bits, torch.zeros(1, dtype=torch.int64, device=device))
-
-
-def token_bitmask_reference(logits: torch.Tensor, bits: torch.Tensor, rows: torch.Tensor) -> None:
-    """``apply_token_bitmask_`` in torch ops (the CPU path and the kernel's oracle)."""
-    vocab_size = logits.shape[1]
-    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)  # [32]
-    allowed = ((bits[:, :, None] >> shifts) & 1).bool().reshape(bits.shape[0], -1)[:, :vocab_size]  # [K, V]
-    index = rows.long()
-    logits[index] = logits[index].masked_fill(~allowed, -math.inf)

@@ -46,7 +46,7 @@ def export_tokenizer(tokenizer: Tokenizer, folder: str | Path, *, model_max_leng
     return target
 
 
-def _backend_identity(tokenizer: Tokenizer) -> bytes:
+def backend_identity(tokenizer: Tokenizer) -> bytes:
     """What identifies the backend: its source ``tokenizer.json`` (path, size, mtime: cheap, and the file is
     what gets written), else its whole serialisation (~1 s for Gemma's 33 MB on a busy machine)."""
     source = tokenizer.source_file
@@ -60,7 +60,7 @@ def served_tokenizer_folder(tokenizer: Tokenizer, cache_dir: Path, model_name: s
                             model_max_length: int | None = None) -> Path:
     """The tokenizer exported under ``cache_dir`` (see the module docstring); written only when absent."""
     config = tokenizer_config(tokenizer, model_max_length)
-    digest = hashlib.sha256(_backend_identity(tokenizer) + json.dumps(config, sort_keys=True).encode())
+    digest = hashlib.sha256(backend_identity(tokenizer) + json.dumps(config, sort_keys=True).encode())
     safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[:64] or "model"
     folder = cache_dir / "served-tokenizers" / f"{safe_name}-{digest.hexdigest()[:16]}"
     if (folder / "tokenizer_config.json").is_file():

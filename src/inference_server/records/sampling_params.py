@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
+from inference_server.records.stop_patterns import compile_stop_regex
 
 GREEDY_EPSILON = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
@@ -38,6 +40,13 @@ def _as_tuple(value: Any) -> Any:
     if isinstance(value, str):
         return (value,)
     return tuple(value) if isinstance(value, list) else value
+
+
+def _as_id_sequences(value: Any) -> Any:
+    """``bad_words_token_ids`` as a tuple of id tuples (lists accepted); anything else is kept as it is."""
+    if isinstance(value, (list, tuple)) and all(isinstance(ids, (list, tuple)) for ids in value):
+        return tuple(tuple(ids) for ids in value)
+    return value
 
 
 def _as_pairs(value: Any) -> Any:
@@ -88,6 +97,9 @@ class SamplingParams:
     """Stop strings: output ends before the first one that appears (or after it, see below)."""
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_tuple)
     """Token ids that end the output (in addition to EOS, and even with ``ignore_eos``)."""
+    stop_regex: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    """SGLang's regex stops: output ends before the first match of one in the text so far, as with ``stop``
+    (``core/stop_regex.py``: each is matched as if the output ended where it is; not with ``min_tokens``)."""
     ignore_eos: bool = False
     """Keep generating after the model's EOS tokens (benchmarks)."""
     logprobs: int | None = None
@@ -103,6 +115,12 @@ class SamplingParams:
     -100 bans a token in practice, 100 all but forces it). Returned logprobs stay those of the raw model."""
     allowed_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_as_tuple)
     """vLLM's ``allowed_token_ids``: only these ids may be sampled (None = any)."""
+    bad_words: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    """vLLM's ``bad_words``: words never generated. Admission tokenises each (``core/bad_words.py``) into
+    ``bad_words_token_ids``; the sampler then bans a sequence's last token wherever the output ends with the
+    rest of it (a one-token word: everywhere)."""
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_as_id_sequences)
+    """The token sequences of ``bad_words`` (vLLM's ``_bad_words_token_ids``), filled by admission."""
     min_tokens: int = 0
     """vLLM's ``min_tokens``: nothing ends the output before this many tokens: EOS and ``stop_token_ids``
     are masked out by the sampler and stop strings are not matched until then (``max_tokens`` still caps)."""
@@ -154,12 +172,28 @@ class SamplingParams:
     def needs_token_history(self) -> bool:
         """Whether the runner must see the request's earlier tokens after a reset (penalties count them; a
         constraint's matcher is replayed over them)."""
-        return self.uses_penalties or self.constraint is not None
+        return self.uses_penalties or self.constraint is not None or self.bans_after_prefixes
+
+    @property
+    def bans_after_prefixes(self) -> bool:
+        """Whether a bad word of several tokens makes this request's bans depend on its output so far."""
+        return any(len(ids) > 1 for ids in self.bad_words_token_ids)
 
     @property
     def uses_logit_mask(self) -> bool:
         """Whether the sampler must bias or restrict this request's logits (before any output length check)."""
-        return bool(self.logit_bias) or self.allowed_token_ids is not None or self.min_tokens > 0
+        return (bool(self.logit_bias) or self.allowed_token_ids is not None or self.min_tokens > 0
+                or bool(self.bad_words_token_ids))
+
+    def bad_word_bans(self, output_ids: Sequence[int]) -> tuple[int, ...]:
+        """The token ids ``bad_words_token_ids`` ban after ``output_ids`` (vLLM's rule: a sequence's last token,
+        where the output ends with the rest of it; only output tokens count, not the prompt)."""
+        bans = set()
+        for ids in self.bad_words_token_ids:
+            prefix = ids[:-1]
+            if not prefix or (len(output_ids) >= len(prefix) and tuple(output_ids[-len(prefix):]) == prefix):
+                bans.add(ids[-1])
+        return tuple(sorted(bans))
 
     def min_tokens_stop_ids(self) -> tuple[int, ...]:
         """Ids that may not be sampled while fewer than ``min_tokens`` tokens are output (vLLM: EOS, unless
@@ -172,7 +206,8 @@ class SamplingParams:
         keys or ``allowed_token_ids``) that holds ids outside ``[0, vocab_size)``: every such id of that field
         (up to 20 by name), so a client fixes them in one round trip."""
         groups = (("stop_token_ids", self.stop_token_ids), ("logit_bias", [i for i, _ in self.logit_bias]),
-                  ("allowed_token_ids", self.allowed_token_ids or ()))
+                  ("allowed_token_ids", self.allowed_token_ids or ()),
+                  ("bad_words", [i for ids in self.bad_words_token_ids for i in ids]))
         for field, ids in groups:
             bad = [i for i in ids if not 0 <= i < vocab_size]
             if bad:
@@ -181,6 +216,18 @@ class SamplingParams:
                 raise RequestError("invalid_request", f"{field}: token id{plural} {named} "
                                    f"{'are' if plural else 'is'} outside the vocabulary [0, {vocab_size}) "
                                    f"(vocabulary size {vocab_size})", field)
+
+    def _validate_stop_regex(self) -> None:
+        patterns = self.stop_regex
+        ok = isinstance(patterns, tuple) and all(isinstance(x, str) and x for x in patterns)
+        _require(ok, "stop_regex", "a tuple of non-empty strings", patterns)
+        for pattern in patterns:
+            try:
+                compile_stop_regex(pattern)
+            except ValueError as error:
+                raise RequestError("invalid_request", f"stop_regex: {error}", "stop_regex") from None
+        if patterns and self.min_tokens:  # a match completed before min_tokens would have to be forgotten
+            raise RequestError("invalid_request", "stop_regex cannot be combined with min_tokens", "stop_regex")
 
     def validate(self) -> None:
         """Raise ``RequestError`` naming the first field out of its accepted range (vLLM's ranges)."""
@@ -209,6 +256,10 @@ class SamplingParams:
         _require(ok_prompt, "prompt_logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", prompt_logprobs)
         ok_stop = isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)
         _require(ok_stop, "stop", "a tuple of non-empty strings", self.stop)
+        self._validate_stop_regex()
+        words = self.bad_words
+        _require(isinstance(words, tuple) and all(isinstance(x, str) and x.strip() for x in words), "bad_words",
+                 "a tuple of strings that are not blank", words)
         ids = self.stop_token_ids
         ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
         _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)
