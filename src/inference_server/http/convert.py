@@ -119,16 +119,34 @@ def client_trace_id(headers: Headers) -> str | None:
             or header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER))
 
 
-def request_ids(headers: Headers, request_id: str | None) -> tuple[str | None, str | None]:
+def request_ids(headers: Headers, request_id: str | None,
+                field: str = "request_id") -> tuple[str | None, str | None]:
     """vLLM's ``request_id`` body field: ``(base of the response id, trace id)``, each None where the server
     picks its own. The response id's base is the ``X-Request-Id`` header, else ``request_id`` (vLLM's
     ``_base_request_id``: ``chatcmpl-<it>``); the trace id is ``request_id`` only when no ``X-Trace-Id`` /
     ``X-Request-Id`` header names one (a header wins, as over ``/generate``'s ``trace_id``). ``request_id`` is
-    held to ``header_id``'s rule whether or not a header wins: it reaches logs and telemetry."""
-    body_id = header_id(request_id, "request_id")
+    held to ``header_id``'s rule whether or not a header wins: it reaches logs and telemetry (``field``: the
+    body field an error names, SGLang's ``rid`` where that carries the id)."""
+    body_id = header_id(request_id, field)
     header = header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER)
     trace = None if client_trace_id(headers) is not None else body_id
     return header or body_id, trace
+
+
+def sglang_rid(rid: str | list[str] | None, request_id: str | None) -> str | None:
+    """SGLang's ``rid`` on chat and completions: the request's id, which SGLang returns as the response's
+    ``id`` as it was sent (no ``chatcmpl-`` prefix). One string, held to ``header_id``'s rule; SGLang's list form
+    (one id per prompt of a batch) is a 400, since this server answers a request with one response and one id;
+    sent with vLLM's ``request_id`` it is a 400 too (two names for one id, with different response ids)."""
+    if rid is None:
+        return None
+    if isinstance(rid, list):
+        raise invalid_request("rid as a list (SGLang's one id per prompt of a batch) is not supported: a request "
+                              "gets one response with one id here; send rid as a string", "rid",
+                              "unsupported_parameter")
+    if request_id is not None:
+        raise invalid_request("send one of request_id (vLLM's) and rid (SGLang's), not both", "rid")
+    return header_id(rid, "rid")
 
 
 def header_id(value: str | None, header: str) -> str | None:
