@@ -234,6 +234,51 @@ async def test_bad_stop_regex_is_a_400_naming_it(serve, value: Any, code: str, s
         assert served.kv_is_idle()
 
 
+# -- SGLang's no_stop_trim (CompletionRequest / ChatCompletionRequest; the detokenizer's trim_matched_stop) ---------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_no_stop_trim_keeps_the_stop_string_and_the_stop_token(serve, path: str) -> None:
+    async with serve(coalesce=False) as served:
+        plain = await (await served.client.post(path, json=body_for(
+            path, max_tokens=8, temperature=0, return_token_ids=True))).get_json()
+        text, ids = text_of(path, plain), plain["choices"][0]["token_ids"]
+        stop = text.split()[2]
+        start = text.index(stop)
+        assert 0 < start and start + len(stop) < len(text)
+        for no_trim, expected in ((False, text[:start]), (True, text[:start + len(stop)])):
+            body = body_for(path, max_tokens=8, temperature=0, stop=[stop], no_stop_trim=no_trim)
+            whole = await (await served.client.post(path, json=body)).get_json()
+            assert text_of(path, whole) == expected
+            assert (whole["choices"][0]["finish_reason"], whole["choices"][0]["matched_stop"]) == ("stop", stop)
+            joined, last = streamed_text(path, (await post_stream(served.client, path, {**body, "stream": True})).events)
+            assert joined == expected and last["matched_stop"] == stop
+        # a stop token: its own text is dropped unless no_stop_trim (SGLang's trim of the matched token id)
+        texts = {}
+        for no_trim in (False, True):
+            body = body_for(path, max_tokens=8, temperature=0, stop_token_ids=[ids[2]], no_stop_trim=no_trim,
+                            return_token_ids=True)
+            whole = await (await served.client.post(path, json=body)).get_json()
+            assert whole["choices"][0]["token_ids"] == ids[:3] and whole["choices"][0]["matched_stop"] == ids[2]
+            texts[no_trim] = text_of(path, whole)
+        assert texts[True].startswith(texts[False]) and len(texts[True]) > len(texts[False])
+        # both peers' names: either true keeps the stop; true against an explicit false is a 400
+        same = await served.client.post(path, json=body_for(path, max_tokens=8, temperature=0, stop=[stop],
+                                                             no_stop_trim=True, include_stop_str_in_output=True))
+        assert text_of(path, await same.get_json()) == text[:start + len(stop)]
+        for include in (True, False):
+            clash = await served.client.post(path, json=body_for(path, stop=[stop], no_stop_trim=not include,
+                                                                 include_stop_str_in_output=include))
+            await assert_error(clash, 400, "invalid_value", "no_stop_trim")
+        assert served.kv_is_idle()
+
+
+async def test_no_stop_trim_is_not_a_generate_field(serve) -> None:
+    async with serve() as served:
+        await assert_error(await served.client.post("/generate", json=body_for("/generate", no_stop_trim=True)),
+                           400, "unknown_field", "no_stop_trim")
+
+
 # -- vLLM's bad_words (ChatCompletionRequest / CompletionRequest / SamplingParams) ------------------------------
 
 

@@ -77,6 +77,18 @@ def structured_fields(fields: SamplingFields) -> dict[str, Any]:
     return found
 
 
+def keeps_stop(fields: SamplingFields) -> bool:
+    """Whether the output keeps what stopped it: vLLM's ``include_stop_str_in_output`` or SGLang's
+    ``no_stop_trim`` (chat and completions only), either true; one sent true and the other false is a 400
+    naming ``no_stop_trim``. SGLang's rule differs in one case: it keeps the whole token that completed a stop
+    string, text after the string included, where this server ends the output at the string's end (as vLLM)."""
+    include, no_trim = fields.include_stop_str_in_output, getattr(fields, "no_stop_trim", None)
+    if include is not None and no_trim is not None and include != no_trim:
+        raise invalid_request("no_stop_trim (SGLang's) and include_stop_str_in_output (vLLM's) disagree; send one "
+                              "of them", "no_stop_trim")
+    return bool(include or no_trim)
+
+
 def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None, vocab_size: int | None = None,
                     constraint: Constraint | None = None) -> SamplingParams:
@@ -103,7 +115,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
-        include_stop_str_in_output=bool(fields.include_stop_str_in_output),
+        include_stop_str_in_output=keeps_stop(fields),
         logit_bias=logit_bias_pairs(fields.logit_bias, vocab_size),
         allowed_token_ids=tuple(fields.allowed_token_ids) if fields.allowed_token_ids is not None else None,
         bad_words=tuple(fields.bad_words or ()),

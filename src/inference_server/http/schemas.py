@@ -101,6 +101,9 @@ class OpenAIOutputFields(SamplingFields):
     """vLLM's: the request's id (1-128 visible ASCII characters): the response's ``id`` is the route's prefix
     and it (``chatcmpl-<request_id>``), and it is the trace id when no ``X-Trace-Id`` / ``X-Request-Id``
     header is sent (``convert.request_ids``)."""
+    no_stop_trim: bool | None = None
+    """SGLang's: true keeps the matched stop string or stop token's text at the end of the output, as
+    ``include_stop_str_in_output`` (``convert.keeps_stop``)."""
     rid: str | list[str] | None = None
     """SGLang's request id: the response's ``id`` as sent (no prefix), and the trace id when no header names
     one (``convert.sglang_rid``); a list and ``rid`` with ``request_id`` are 400s."""
