@@ -245,13 +245,14 @@ async def test_no_stop_trim_keeps_the_stop_string_and_the_stop_token(serve, path
         text, ids = text_of(path, plain), plain["choices"][0]["token_ids"]
         stop = text.split()[2]
         start = text.index(stop)
-        assert 0 < start and start + len(stop) < len(text)
+        assert start > 0 and start + len(stop) < len(text)
         for no_trim, expected in ((False, text[:start]), (True, text[:start + len(stop)])):
             body = body_for(path, max_tokens=8, temperature=0, stop=[stop], no_stop_trim=no_trim)
             whole = await (await served.client.post(path, json=body)).get_json()
             assert text_of(path, whole) == expected
             assert (whole["choices"][0]["finish_reason"], whole["choices"][0]["matched_stop"]) == ("stop", stop)
-            joined, last = streamed_text(path, (await post_stream(served.client, path, {**body, "stream": True})).events)
+            streamed = await post_stream(served.client, path, {**body, "stream": True})
+            joined, last = streamed_text(path, streamed.events)
             assert joined == expected and last["matched_stop"] == stop
         # a stop token: its own text is dropped unless no_stop_trim (SGLang's trim of the matched token id)
         texts = {}
