@@ -37,7 +37,9 @@ Conventions (see docs/api.md for every field):
 * Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
   ``chat_template_kwargs`` reach the chat template; replies are parsed into ``tool_calls`` (``finish_reason:
   tool_calls``) and ``reasoning_content`` by the served family's parsers (vLLM's ``include_reasoning: false``
-  drops the reasoning, and with it the choices' ``logprobs`` and ``token_ids``, which would show it);
+  drops the reasoning, and with it the choices' ``logprobs`` and ``token_ids``, which would show it; SGLang's
+  ``separate_reasoning: false`` leaves it in ``content`` as written, ``stream_reasoning: false`` streams it
+  whole once its section closes);
   ``tool_choice`` required / named is forced by a ``Constraint.tool_calls`` grammar
   (``chat_tools.forced_call_constraint``).
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
@@ -248,7 +250,9 @@ class OpenAIRoutes:
                               tools=tools.template_tools, chat_template_kwargs=kwargs)
             for j in range(n)]
         renames = {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
-        return requests, n, renames, attrs.evolve(tools.output, include_reasoning=body.include_reasoning is not False)
+        output = tools.output.shown(include=body.include_reasoning, separate=body.separate_reasoning,
+                                    stream=body.stream_reasoning)
+        return requests, n, renames, output
 
     # -- shared --------------------------------------------------------------------------------------
     async def _read(self, record_type: type[Record]) -> Record:

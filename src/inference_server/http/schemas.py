@@ -255,6 +255,12 @@ class ChatCompletionRequest(OpenAIOutputFields):
     include_reasoning: bool | None = None
     """vLLM's: false leaves the reasoning section out of the reply (``reasoning_content`` null, no reasoning
     deltas) and, with a reasoning parser, the choices' ``logprobs`` and ``token_ids`` too (they would show it)."""
+    separate_reasoning: bool | None = None
+    """SGLang's (default true): false runs no reasoning parser, so the reasoning section stays in ``content`` as
+    the model wrote it (``ChatOutputSpec.shown``)."""
+    stream_reasoning: bool | None = None
+    """SGLang's (default true): false holds a stream's reasoning back until its section closes (or the output
+    ends), then sends it in one ``reasoning_content`` delta; whole replies are unchanged."""
     chat_template: str | None = None
     """vLLM's request-level template: refused unless null (``chat_tools.refuse_request_template``)."""
     # OpenAI fields with nothing to change here (docs/api.md): nothing is stored, there is one service tier,
