@@ -105,7 +105,7 @@ class ResponsesRoutes:
     def _response_id(request_id: str | None) -> str:
         """vLLM's ``request_id``: the response's ``id`` as sent (vLLM's ``ResponsesResponse`` takes it whole; no
         header changes it), held to ``header_id``'s rule, and the trace id unless a header names one; absent, a
-        fresh ``resp_`` id."""
+        fresh ``resp-`` id."""
         body_id = header_id(request_id, "request_id")
         if body_id is None:
             return new_id("resp")

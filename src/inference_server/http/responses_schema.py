@@ -143,7 +143,7 @@ class ResponsesRequest:
     safety_identifier: str | None = None  # keys the session when ``user`` is absent
     request_id: str | None = None
     """vLLM's: the response's ``id`` as sent (vLLM's default is ``resp_<uuid>``), and the trace id unless an
-    ``X-Trace-Id`` / ``X-Request-Id`` header names one (``responses_api.response_id``)."""
+    ``X-Trace-Id`` / ``X-Request-Id`` header names one (``ResponsesRoutes._response_id``)."""
     # Refused unless empty (they need stored state or output this server does not produce).
     previous_response_id: str | None = None
     conversation: Any = None
