@@ -16,6 +16,7 @@ from inference_server.models.tokenizer import Tokenizer
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 MESSAGES = [{"role": "user", "content": "the capital of france ?"}]
 
 
@@ -75,6 +76,69 @@ async def test_request_id_follows_the_header_id_rule(serve, request_id: str) -> 
             await assert_error(with_header, 400, "invalid_value", "request_id")
         await assert_error(await served.client.post("/generate", json=body_for("/generate", request_id="r")),
                            400, "unknown_field", "request_id")  # /generate names its trace with trace_id
+
+
+# -- SGLang's rid (ChatCompletionRequest / CompletionRequest; serving_base's _generate_request_id) -------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_rid_is_the_response_id_as_sent_and_the_trace(serve, path: str) -> None:
+    """SGLang returns the request's ``rid`` as the response's ``id`` (no ``chatcmpl-`` prefix, unlike vLLM's
+    ``request_id``); it names the trace unless a header does, and a header does not rename the response."""
+    async with serve() as served:
+        response = await served.client.post(path, json=body_for(path, rid="job-7:a"))
+        assert response.status_code == 200, await response.get_data()
+        assert (await response.get_json())["id"] == "job-7:a"
+        assert response.headers["X-Request-Id"] == response.headers["X-Trace-Id"] == "job-7:a"
+        streamed = await post_stream(served.client, path, body_for(path, rid="job-8", stream=True))
+        assert {event["id"] for event in streamed.events[:-1]} == {"job-8"}
+        assert streamed.headers["X-Trace-Id"] == "job-8"
+        if path == COMPLETIONS:  # echo builds its whole response on its own path
+            echoed = await served.client.post(path, json=body_for(path, rid="job-9", echo=True))
+            assert (await echoed.get_json())["id"] == "job-9"
+        header = await served.client.post(path, json=body_for(path, rid="body-id"),
+                                          headers={"X-Request-Id": "header-id"})
+        assert (await header.get_json())["id"] == "body-id"
+        assert header.headers["X-Trace-Id"] == "header-id"
+        assert served.kv_is_idle()
+
+
+@pytest.mark.parametrize("rid, code, says", [
+    ("a b", "invalid_value", "1 to 128 visible ASCII characters"), ("", "invalid_value", "1 to 128"),
+    (["a", "b"], "unsupported_parameter", "send rid as a string"), (7, "invalid_value", "a string or a list")])
+async def test_bad_rid_is_a_400_naming_it(serve, rid: Any, code: str, says: str) -> None:
+    async with serve() as served:
+        for path in (CHAT, COMPLETIONS):
+            error = await assert_error(await served.client.post(path, json=body_for(path, rid=rid)), 400, code, "rid")
+            assert says in error["message"]
+        both = await served.client.post(CHAT, json=body_for(CHAT, rid="a", request_id="a"))
+        assert "not both" in (await assert_error(both, 400, "invalid_value", "rid"))["message"]
+        await assert_error(await served.client.post("/generate", json=body_for("/generate", rid="r")),
+                           400, "unknown_field", "rid")
+
+
+# -- vLLM's request_id on /v1/responses (ResponsesRequest: the response's id as sent) ------------------------------
+
+
+async def test_responses_request_id_is_the_response_id_and_the_trace(serve) -> None:
+    body = {"input": "hello", "max_output_tokens": 2}
+    async with serve() as served:
+        response = await served.client.post(RESPONSES, json={**body, "request_id": "resp_job-7"})
+        assert response.status_code == 200, await response.get_data()
+        assert (await response.get_json())["id"] == "resp_job-7"
+        assert response.headers["X-Trace-Id"] == response.headers["X-Request-Id"] == "resp_job-7"
+        streamed = await post_stream(served.client, RESPONSES, {**body, "request_id": "job-8", "stream": True})
+        ids = {event["response"]["id"] for event in streamed.events if isinstance(event, dict) and "response" in event}
+        assert ids == {"job-8"}
+        traced = await served.client.post(RESPONSES, json={**body, "request_id": "body-id"},
+                                          headers={"X-Trace-Id": "trace-id"})
+        assert (await traced.get_json())["id"] == "body-id" and traced.headers["X-Trace-Id"] == "trace-id"
+        plain = await served.client.post(RESPONSES, json=body)
+        assert re.fullmatch("resp-[0-9a-f]{32}", (await plain.get_json())["id"])
+        error = await assert_error(await served.client.post(RESPONSES, json={**body, "request_id": "a b"}),
+                                   400, "invalid_value", "request_id")
+        assert "1 to 128 visible ASCII characters" in error["message"]
+        assert served.kv_is_idle()
 
 
 # -- vLLM's request-level chat_template (refused unless --trust-request-chat-template) -----------------------------
@@ -168,6 +232,52 @@ async def test_bad_stop_regex_is_a_400_naming_it(serve, value: Any, code: str, s
         error = await assert_error(both, 400, "invalid_request", "stop_regex")
         assert "min_tokens" in error["message"]
         assert served.kv_is_idle()
+
+
+# -- SGLang's no_stop_trim (CompletionRequest / ChatCompletionRequest; the detokenizer's trim_matched_stop) ---------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_no_stop_trim_keeps_the_stop_string_and_the_stop_token(serve, path: str) -> None:
+    async with serve(coalesce=False) as served:
+        plain = await (await served.client.post(path, json=body_for(
+            path, max_tokens=8, temperature=0, return_token_ids=True))).get_json()
+        text, ids = text_of(path, plain), plain["choices"][0]["token_ids"]
+        stop = text.split()[2]
+        start = text.index(stop)
+        assert start > 0 and start + len(stop) < len(text)
+        for no_trim, expected in ((False, text[:start]), (True, text[:start + len(stop)])):
+            body = body_for(path, max_tokens=8, temperature=0, stop=[stop], no_stop_trim=no_trim)
+            whole = await (await served.client.post(path, json=body)).get_json()
+            assert text_of(path, whole) == expected
+            assert (whole["choices"][0]["finish_reason"], whole["choices"][0]["matched_stop"]) == ("stop", stop)
+            streamed = await post_stream(served.client, path, {**body, "stream": True})
+            joined, last = streamed_text(path, streamed.events)
+            assert joined == expected and last["matched_stop"] == stop
+        # a stop token: its own text is dropped unless no_stop_trim (SGLang's trim of the matched token id)
+        texts = {}
+        for no_trim in (False, True):
+            body = body_for(path, max_tokens=8, temperature=0, stop_token_ids=[ids[2]], no_stop_trim=no_trim,
+                            return_token_ids=True)
+            whole = await (await served.client.post(path, json=body)).get_json()
+            assert whole["choices"][0]["token_ids"] == ids[:3] and whole["choices"][0]["matched_stop"] == ids[2]
+            texts[no_trim] = text_of(path, whole)
+        assert texts[True].startswith(texts[False]) and len(texts[True]) > len(texts[False])
+        # both peers' names: either true keeps the stop; true against an explicit false is a 400
+        same = await served.client.post(path, json=body_for(path, max_tokens=8, temperature=0, stop=[stop],
+                                                             no_stop_trim=True, include_stop_str_in_output=True))
+        assert text_of(path, await same.get_json()) == text[:start + len(stop)]
+        for include in (True, False):
+            clash = await served.client.post(path, json=body_for(path, stop=[stop], no_stop_trim=not include,
+                                                                 include_stop_str_in_output=include))
+            await assert_error(clash, 400, "invalid_value", "no_stop_trim")
+        assert served.kv_is_idle()
+
+
+async def test_no_stop_trim_is_not_a_generate_field(serve) -> None:
+    async with serve() as served:
+        await assert_error(await served.client.post("/generate", json=body_for("/generate", no_stop_trim=True)),
+                           400, "unknown_field", "no_stop_trim")
 
 
 # -- vLLM's bad_words (ChatCompletionRequest / CompletionRequest / SamplingParams) ------------------------------

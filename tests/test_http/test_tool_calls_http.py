@@ -376,3 +376,88 @@ async def test_reasoning_message_key_is_reasoning_content(serve, qwen_tokenizer:
             "messages": history(reasoning="one", reasoning_content="two"), "max_tokens": 1})
         assert response.status_code == 400
         assert (await response.get_json())["error"]["param"] == "messages[1].reasoning"
+
+
+async def test_separate_reasoning_false_keeps_the_reasoning_in_content(serve, qwen_tokenizer: Tokenizer) -> None:
+    """SGLang's ``separate_reasoning: false``: no reasoning parser runs, so the section stays in ``content`` as the
+    model wrote it (markers included), whole and streamed; tool calls are still parsed (from the whole text, as
+    SGLang's); nothing is hidden, so logprobs and token ids stay. With ``include_reasoning: false`` it is a 400."""
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer, tools=TOOLS))
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 40, "logprobs": True, "return_token_ids": True}
+    async with serve(model, tokenizer=qwen_tokenizer, coalesce=False) as served:
+        separate = await (await served.client.post("/v1/chat/completions", json=body)).get_json()
+        kept_response = await served.client.post("/v1/chat/completions", json={**body, "separate_reasoning": False})
+        kept = await kept_response.get_json()
+        assert kept_response.status_code == 200, kept
+        [choice], [separate_choice] = kept["choices"], separate["choices"]
+        assert separate_choice["message"]["reasoning_content"] == "I need the weather tool."
+        assert choice["message"].get("reasoning_content") is None
+        content = choice["message"]["content"]
+        assert content.lstrip().startswith("<think> I need the weather tool. </think>"), content
+        assert [c["function"] for c in choice["message"]["tool_calls"]] == \
+            [c["function"] for c in separate_choice["message"]["tool_calls"]]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["logprobs"] == separate_choice["logprobs"] and choice["token_ids"] == separate_choice["token_ids"]
+
+        streamed = await post_stream(served.client, "/v1/chat/completions",
+                                     {**body, "stream": True, "separate_reasoning": False})
+        deltas = [c["choices"][0]["delta"] for c in streamed.events[:-1]]
+        assert not any("reasoning_content" in d for d in deltas)
+        assert "".join(d.get("content", "") for d in deltas) == content
+        entries = [e for d in deltas for e in d.get("tool_calls", [])]
+        assert json.loads("".join(e["function"].get("arguments", "") for e in entries)) == {"city": "Paris", "days": 3}
+
+        clash = await served.client.post("/v1/chat/completions", json={
+            **body, "separate_reasoning": False, "include_reasoning": False})
+        assert clash.status_code == 400
+        assert (await clash.get_json())["error"]["param"] == "separate_reasoning"
+        assert served.kv_is_idle()
+    # without tools no parser runs at all: the content is the text as generated
+    async with serve(scripted(qwen_tokenizer, prompt_len(qwen_tokenizer)), tokenizer=qwen_tokenizer) as served:
+        no_tools = await (await served.client.post("/v1/chat/completions", json={
+            "messages": MESSAGES, "max_tokens": 40, "separate_reasoning": False})).get_json()
+        assert no_tools["choices"][0]["message"]["content"].lstrip().startswith(
+            "<think> I need the weather tool. </think> <tool_call>")
+
+
+async def test_stream_reasoning_false_sends_the_reasoning_whole_when_it_closes(serve,
+                                                                              qwen_tokenizer: Tokenizer) -> None:
+    """SGLang's ``stream_reasoning: false``: a stream holds the reasoning back and sends it in one
+    ``reasoning_content`` delta when its section closes (the chunk of ``</think>``), or at the end when the output
+    stops inside it (``max_tokens``); the default streams it as written. Whole replies are the same either way."""
+    model = scripted(qwen_tokenizer, prompt_len(qwen_tokenizer, tools=TOOLS))
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 40, "stream": True}
+    async with serve(model, tokenizer=qwen_tokenizer, coalesce=False) as served:
+        async def reasoning_deltas(**fields: Any) -> tuple[list[str], list[dict[str, Any]]]:
+            chunks = (await post_stream(served.client, "/v1/chat/completions", {**body, **fields})).events[:-1]
+            return [c["choices"][0]["delta"]["reasoning_content"] for c in chunks
+                    if "reasoning_content" in c["choices"][0]["delta"]], chunks
+
+        streamed, _ = await reasoning_deltas()
+        assert len(streamed) > 1 and "".join(streamed) == "I need the weather tool."
+        held, chunks = await reasoning_deltas(stream_reasoning=False, logprobs=True)  # logprobs: a chunk per token
+        assert held == ["I need the weather tool."]
+        # it went out with the token that closed the section (the chunks before it carry only logprobs)
+        closing = next(i for i, c in enumerate(chunks) if "reasoning_content" in c["choices"][0]["delta"])
+        assert closing == REPLY.index("</think>") + 1  # after the opening chunk
+        assert chunks[closing]["choices"][0]["logprobs"]["content"][-1]["token"] == "</think>"
+        assert all(c["choices"][0]["delta"] == {} for c in chunks[1:closing])
+        entries = [e for c in chunks for e in c["choices"][0]["delta"].get("tool_calls", [])]
+        assert json.loads("".join(e["function"].get("arguments", "") for e in entries)) == {"city": "Paris", "days": 3}
+
+        cut, chunks = await reasoning_deltas(stream_reasoning=False, max_tokens=4)
+        assert cut == ["I need the"]
+        assert "reasoning_content" in chunks[-1]["choices"][0]["delta"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+        whole = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 40}
+        plain = await (await served.client.post("/v1/chat/completions", json=whole)).get_json()
+        unstreamed = await (await served.client.post("/v1/chat/completions", json={
+            **whole, "stream_reasoning": False})).get_json()
+        assert unstreamed["choices"][0]["message"]["reasoning_content"] == "I need the weather tool."
+        assert unstreamed["choices"][0]["message"]["tool_calls"][0]["function"] == \
+            plain["choices"][0]["message"]["tool_calls"][0]["function"]
+        for field in ("separate_reasoning", "stream_reasoning"):  # SGLang's CompletionRequest has neither
+            refused = await served.client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, field: False})
+            assert refused.status_code == 400 and (await refused.get_json())["error"]["param"] == field
+        assert served.kv_is_idle()

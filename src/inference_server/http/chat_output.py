@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from inference_server.http import reasoning_parsers, tool_parsers
+from inference_server.http.errors import invalid_request
 from inference_server.http.reasoning_parsers import ReasoningFormat, ReasoningStream
 from inference_server.http.tool_parsers import ToolCallFormat, ToolCallStream, merge_deltas
 
@@ -57,14 +58,29 @@ def resolve_parsers(tool_setting: str, reasoning_setting: str,
 @attrs.frozen
 class ChatOutputSpec:
     """What one request's choices parse: the tool format (None: no tool parsing), the names of its tools,
-    ``parallel_tool_calls``, the reasoning format (None: none), and whether the reasoning section is shown
-    (vLLM's ``include_reasoning``: false parses it out of the reply and drops it)."""
+    ``parallel_tool_calls``, the reasoning format (None: none), whether the reasoning section is shown
+    (vLLM's ``include_reasoning``: false parses it out of the reply and drops it) and whether it streams as it
+    is written (SGLang's ``stream_reasoning``: false holds it back until the section closes, then sends it in
+    one delta; whole replies are the same either way)."""
 
     tools: ToolCallFormat | None = None
     tool_names: frozenset[str] | None = None
     parallel: bool = True
     reasoning: ReasoningFormat | None = None
     include_reasoning: bool = True
+    stream_reasoning: bool = True
+
+    def shown(self, *, include: bool | None, separate: bool | None, stream: bool | None) -> ChatOutputSpec:
+        """This spec as a chat request's reasoning fields ask: vLLM's ``include_reasoning`` (false: dropped),
+        SGLang's ``separate_reasoning`` (false: no reasoning parser, the section stays in ``content`` as the
+        model wrote it, and tool calls are parsed from the whole text, as SGLang does) and ``stream_reasoning``.
+        Dropping the section and keeping it in ``content`` together is a 400 naming ``separate_reasoning``."""
+        if separate is False and include is False:
+            raise invalid_request("include_reasoning: false drops the reasoning section and separate_reasoning: "
+                                  "false keeps it in content; send one of them", "separate_reasoning")
+        if separate is False:
+            return attrs.evolve(self, reasoning=None)
+        return attrs.evolve(self, include_reasoning=include is not False, stream_reasoning=stream is not False)
 
     @property
     def active(self) -> bool:
@@ -88,6 +104,7 @@ class ChatOutput:
         self._reasoning = ReasoningStream(spec.reasoning) if spec.reasoning is not None else None
         self._tools = ToolCallStream(spec.tools, spec.tool_names, spec.parallel) if spec.tools is not None \
             else None
+        self._held = ""  # reasoning held back under ``stream_reasoning: false``
 
     @property
     def called(self) -> bool:
@@ -96,12 +113,21 @@ class ChatOutput:
 
     def feed(self, text: str) -> dict[str, Any]:
         """The stream delta ``text`` completes (``{}`` when it completes nothing yet)."""
-        reasoning, answer = self._reasoning.feed(text) if self._reasoning is not None else ("", text)
+        if self._reasoning is None:
+            return self._delta("", text, final=False)
+        reasoning, answer = self._reasoning.feed(text)
+        if not self.spec.stream_reasoning:
+            self._held += reasoning
+            reasoning = ""
+            if not self._reasoning.open:  # the section closed: it goes out whole, before the answer after it
+                reasoning, self._held = self._held, ""
         return self._delta(reasoning, answer, final=False)
 
     def finish(self) -> dict[str, Any]:
-        """The delta the end of the output releases."""
+        """The delta the end of the output releases (reasoning still held back, where it ended inside the
+        section: ``max_tokens``)."""
         reasoning, answer = self._reasoning.finish() if self._reasoning is not None else ("", "")
+        reasoning, self._held = self._held + reasoning, ""
         return self._delta(reasoning, answer, final=True)
 
     def _delta(self, reasoning: str, answer: str, *, final: bool) -> dict[str, Any]:

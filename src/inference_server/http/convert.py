@@ -77,6 +77,18 @@ def structured_fields(fields: SamplingFields) -> dict[str, Any]:
     return found
 
 
+def keeps_stop(fields: SamplingFields) -> bool:
+    """Whether the output keeps what stopped it: vLLM's ``include_stop_str_in_output`` or SGLang's
+    ``no_stop_trim`` (chat and completions only), either true; one sent true and the other false is a 400
+    naming ``no_stop_trim``. SGLang's rule differs in one case: it keeps the whole token that completed a stop
+    string, text after the string included, where this server ends the output at the string's end (as vLLM)."""
+    include, no_trim = fields.include_stop_str_in_output, getattr(fields, "no_stop_trim", None)
+    if include is not None and no_trim is not None and include != no_trim:
+        raise invalid_request("no_stop_trim (SGLang's) and include_stop_str_in_output (vLLM's) disagree; send one "
+                              "of them", "no_stop_trim")
+    return bool(include or no_trim)
+
+
 def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None, vocab_size: int | None = None,
                     constraint: Constraint | None = None) -> SamplingParams:
@@ -103,7 +115,7 @@ def sampling_params(fields: SamplingFields, *, max_tokens: int | None, logprobs:
         ignore_eos=bool(fields.ignore_eos),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
-        include_stop_str_in_output=bool(fields.include_stop_str_in_output),
+        include_stop_str_in_output=keeps_stop(fields),
         logit_bias=logit_bias_pairs(fields.logit_bias, vocab_size),
         allowed_token_ids=tuple(fields.allowed_token_ids) if fields.allowed_token_ids is not None else None,
         bad_words=tuple(fields.bad_words or ()),
@@ -119,16 +131,34 @@ def client_trace_id(headers: Headers) -> str | None:
             or header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER))
 
 
-def request_ids(headers: Headers, request_id: str | None) -> tuple[str | None, str | None]:
+def request_ids(headers: Headers, request_id: str | None,
+                field: str = "request_id") -> tuple[str | None, str | None]:
     """vLLM's ``request_id`` body field: ``(base of the response id, trace id)``, each None where the server
     picks its own. The response id's base is the ``X-Request-Id`` header, else ``request_id`` (vLLM's
     ``_base_request_id``: ``chatcmpl-<it>``); the trace id is ``request_id`` only when no ``X-Trace-Id`` /
     ``X-Request-Id`` header names one (a header wins, as over ``/generate``'s ``trace_id``). ``request_id`` is
-    held to ``header_id``'s rule whether or not a header wins: it reaches logs and telemetry."""
-    body_id = header_id(request_id, "request_id")
+    held to ``header_id``'s rule whether or not a header wins: it reaches logs and telemetry (``field``: the
+    body field an error names, SGLang's ``rid`` where that carries the id)."""
+    body_id = header_id(request_id, field)
     header = header_id(headers.get(REQUEST_ID_HEADER), REQUEST_ID_HEADER)
     trace = None if client_trace_id(headers) is not None else body_id
     return header or body_id, trace
+
+
+def sglang_rid(rid: str | list[str] | None, request_id: str | None) -> str | None:
+    """SGLang's ``rid`` on chat and completions: the request's id, which SGLang returns as the response's
+    ``id`` as it was sent (no ``chatcmpl-`` prefix). One string, held to ``header_id``'s rule; SGLang's list form
+    (one id per prompt of a batch) is a 400, since this server answers a request with one response and one id;
+    sent with vLLM's ``request_id`` it is a 400 too (two names for one id, with different response ids)."""
+    if rid is None:
+        return None
+    if isinstance(rid, list):
+        raise invalid_request("rid as a list (SGLang's one id per prompt of a batch) is not supported: a request "
+                              "gets one response with one id here; send rid as a string", "rid",
+                              "unsupported_parameter")
+    if request_id is not None:
+        raise invalid_request("send one of request_id (vLLM's) and rid (SGLang's), not both", "rid")
+    return header_id(rid, "rid")
 
 
 def header_id(value: str | None, header: str) -> str | None:

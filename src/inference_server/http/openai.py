@@ -10,7 +10,8 @@ Conventions (see docs/api.md for every field):
   ``j``-th.
 * Session (fair-share scheduling): the ``X-Session-Id`` header, else the ``user`` field.
 * vLLM's ``request_id``: the response's ``id`` is ``chatcmpl-<it>`` / ``cmpl-<it>`` (an ``X-Request-Id`` header
-  wins over it, as in vLLM; neither: a fresh id), and it is the trace id unless a header names one.
+  wins over it, as in vLLM; neither: a fresh id), and it is the trace id unless a header names one. SGLang's
+  ``rid`` (a string) is the response's ``id`` as sent, as SGLang's, and the trace id unless a header names one.
 * Chat: ``max_completion_tokens`` (or the older ``max_tokens``; both given must agree); absent, the reply is
   capped at ``DEFAULT_MAX_TOKENS`` (never more than the rest of the context). The template's turn markers
   are stops (``models/chat_templates.ChatStops``). Message content is a string or a list of
@@ -36,7 +37,9 @@ Conventions (see docs/api.md for every field):
 * Tools and reasoning (``chat_tools``, ``chat_output``): ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
   ``chat_template_kwargs`` reach the chat template; replies are parsed into ``tool_calls`` (``finish_reason:
   tool_calls``) and ``reasoning_content`` by the served family's parsers (vLLM's ``include_reasoning: false``
-  drops the reasoning, and with it the choices' ``logprobs`` and ``token_ids``, which would show it);
+  drops the reasoning, and with it the choices' ``logprobs`` and ``token_ids``, which would show it; SGLang's
+  ``separate_reasoning: false`` leaves it in ``content`` as written, ``stream_reasoning: false`` streams it
+  whole once its section closes);
   ``tool_choice`` required / named is forced by a ``Constraint.tool_calls`` grammar
   (``chat_tools.forced_call_constraint``).
 * Not supported, with a 400 that says so: ``suffix``, ``best_of`` > 1, the legacy ``functions``, non-text
@@ -75,6 +78,7 @@ from inference_server.http.convert import (
     refuse_service_tier,
     request_ids,
     sampling_params,
+    sglang_rid,
     structured_fields,
     truncation_side,
 )
@@ -246,7 +250,9 @@ class OpenAIRoutes:
                               tools=tools.template_tools, chat_template_kwargs=kwargs)
             for j in range(n)]
         renames = {"logprobs": "top_logprobs", "max_tokens": max_field, "prompt": "messages"}
-        return requests, n, renames, attrs.evolve(tools.output, include_reasoning=body.include_reasoning is not False)
+        output = tools.output.shown(include=body.include_reasoning, separate=body.separate_reasoning,
+                                    stream=body.stream_reasoning)
+        return requests, n, renames, output
 
     # -- shared --------------------------------------------------------------------------------------
     async def _read(self, record_type: type[Record]) -> Record:
@@ -255,7 +261,9 @@ class OpenAIRoutes:
         body = await read_body(record_type)
         self.state.check_model(body.model)
         _check_output_fields(body)
-        _, trace_id = request_ids(request.headers, body.request_id)
+        rid = sglang_rid(body.rid, body.request_id)
+        _, trace_id = request_ids(request.headers, rid if rid is not None else body.request_id,
+                                  "rid" if rid is not None else "request_id")
         if trace_id is not None:  # before the engine requests are built: they carry it
             g.trace_id = trace_id
         return body
@@ -288,8 +296,11 @@ class OpenAIRoutes:
 
 
 def _response_id(prefix: str, body: OpenAIRecord) -> str:
-    """``<prefix>-<id>``: vLLM's, the ``X-Request-Id`` header's or ``request_id``'s id when one was sent, else a
+    """SGLang's ``rid`` as sent (SGLang's response id is the request's id; it reads no header), else
+    ``<prefix>-<id>``: vLLM's, the ``X-Request-Id`` header's or ``request_id``'s id when one was sent, else a
     fresh one."""
+    if isinstance(body.rid, str):  # checked by ``_read``
+        return body.rid
     base, _ = request_ids(request.headers, body.request_id)
     return f"{prefix}-{base}" if base is not None else new_id(prefix)
 

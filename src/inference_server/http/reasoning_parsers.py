@@ -65,6 +65,11 @@ class ReasoningStream:
         self._answer = _Trimmed()
         self._raw = False  # no reasoning section: the answer is the output as it is
 
+    @property
+    def open(self) -> bool:
+        """Whether the output may still be in its reasoning section (undecided, or inside it)."""
+        return self._state != "answer"
+
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
         answer: list[str] = []

@@ -15,6 +15,8 @@ with ``enable_thinking: false``, any other level with ``enable_thinking: true`` 
 graded budget); absent, the template's default. With a reasoning parser the reasoning section becomes a
 ``reasoning`` item. ``text.format`` json_schema / json_object constrain the output (``constraint_fields``).
 
+vLLM's ``request_id`` is the response's ``id`` as sent, and the trace id unless a header names one.
+
 Nothing is stored: ``store`` is accepted (either value) but no response can be retrieved later. What needs
 stored state or features this server lacks is a 400 ``unsupported_parameter`` naming the field:
 ``previous_response_id``, ``conversation``, ``background: true``, ``prompt``, ``include``, ``top_logprobs``,
@@ -34,6 +36,7 @@ from inference_server.http.chat_tools import ToolRequest, effort_template_kwargs
 from inference_server.http.constraint_fields import after_reasoning, from_text_format
 from inference_server.http.convert import (
     SESSION_ID_HEADER,
+    client_trace_id,
     header_id,
     refuse_obfuscation,
     refuse_service_tier,
@@ -78,12 +81,13 @@ class ResponsesRoutes:
         state.check_accepting()
         body = await read_body(ResponsesRequest)
         state.check_model(body.model)
+        response_id = self._response_id(body.request_id)  # before the engine request: it carries the trace id
         tools = responses_tool_request(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format,
                                        state.reasoning_format)
         generation_request = self._generation_request(body, tools)
         generation = await admit(state.engine, [generation_request], state.tracker, renames=RENAMES)
         params = generation_request.params
-        head = ResponseHead(new_id("resp"), int(time.time()), state.model_name, ResponseEcho(
+        head = ResponseHead(response_id, int(time.time()), state.model_name, ResponseEcho(
             instructions=body.instructions, max_output_tokens=body.max_output_tokens,
             temperature=params.temperature, top_p=params.top_p, metadata=body.metadata or {}, user=body.user,
             tools=[attrs.asdict(t, filter=lambda a, v: v is not None) for t in body.tools or ()],
@@ -96,6 +100,18 @@ class ResponsesRoutes:
             return sse_response(generation, encoder, coalesce=state.coalesce, terminator=b"")
         (result,) = await generation.successful_results(state.engine)
         return json_response(whole_response(head, result, generation.prompt_tokens[0], output))
+
+    @staticmethod
+    def _response_id(request_id: str | None) -> str:
+        """vLLM's ``request_id``: the response's ``id`` as sent (vLLM's ``ResponsesResponse`` takes it whole; no
+        header changes it), held to ``header_id``'s rule, and the trace id unless a header names one; absent, a
+        fresh ``resp-`` id."""
+        body_id = header_id(request_id, "request_id")
+        if body_id is None:
+            return new_id("resp")
+        if client_trace_id(request.headers) is None:
+            g.trace_id = body_id
+        return body_id
 
     def _generation_request(self, body: ResponsesRequest, tools: ToolRequest) -> GenerationRequest:
         refuse_unsupported(body)

@@ -141,6 +141,9 @@ class ResponsesRequest:
     service_tier: str | None = None  # one tier here: auto or default (``convert.refuse_service_tier``)
     prompt_cache_key: str | None = None  # the prefix cache needs no key: accepted, unused
     safety_identifier: str | None = None  # keys the session when ``user`` is absent
+    request_id: str | None = None
+    """vLLM's: the response's ``id`` as sent (vLLM's default is ``resp_<uuid>``), and the trace id unless an
+    ``X-Trace-Id`` / ``X-Request-Id`` header names one (``ResponsesRoutes._response_id``)."""
     # Refused unless empty (they need stored state or output this server does not produce).
     previous_response_id: str | None = None
     conversation: Any = None

@@ -101,6 +101,12 @@ class OpenAIOutputFields(SamplingFields):
     """vLLM's: the request's id (1-128 visible ASCII characters): the response's ``id`` is the route's prefix
     and it (``chatcmpl-<request_id>``), and it is the trace id when no ``X-Trace-Id`` / ``X-Request-Id``
     header is sent (``convert.request_ids``)."""
+    no_stop_trim: bool | None = None
+    """SGLang's: true keeps the matched stop string or stop token's text at the end of the output, as
+    ``include_stop_str_in_output`` (``convert.keeps_stop``)."""
+    rid: str | list[str] | None = None
+    """SGLang's request id: the response's ``id`` as sent (no prefix), and the trace id when no header names
+    one (``convert.sglang_rid``); a list and ``rid`` with ``request_id`` are 400s."""
     min_characters: int | None = None
     """vLLM's tests send it here; the same as ``stream_options.min_characters``."""
 
@@ -249,6 +255,12 @@ class ChatCompletionRequest(OpenAIOutputFields):
     include_reasoning: bool | None = None
     """vLLM's: false leaves the reasoning section out of the reply (``reasoning_content`` null, no reasoning
     deltas) and, with a reasoning parser, the choices' ``logprobs`` and ``token_ids`` too (they would show it)."""
+    separate_reasoning: bool | None = None
+    """SGLang's (default true): false runs no reasoning parser, so the reasoning section stays in ``content`` as
+    the model wrote it (``ChatOutputSpec.shown``)."""
+    stream_reasoning: bool | None = None
+    """SGLang's (default true): false holds a stream's reasoning back until its section closes (or the output
+    ends), then sends it in one ``reasoning_content`` delta; whole replies are unchanged."""
     chat_template: str | None = None
     """vLLM's request-level template: refused unless null (``chat_tools.refuse_request_template``)."""
     # OpenAI fields with nothing to change here (docs/api.md): nothing is stored, there is one service tier,
