@@ -176,8 +176,9 @@ class SamplingParams:
 
     @property
     def bans_after_prefixes(self) -> bool:
-        """Whether a bad word of several tokens makes this request's bans depend on its output so far."""
-        return any(len(ids) > 1 for ids in self.bad_words_token_ids)
+        """Whether a bad word of several tokens makes this request's bans depend on its output so far. (Read for
+        every row of every sampled step: the common case, no bad words, returns before building a generator.)"""
+        return bool(self.bad_words_token_ids) and any(len(ids) > 1 for ids in self.bad_words_token_ids)
 
     @property
     def uses_logit_mask(self) -> bool:
