@@ -124,6 +124,34 @@ def test_bad_patterns_are_refused_naming_stop_regex(patterns: tuple[str, ...], s
     assert error.value.param == "stop_regex" and says in error.value.message
 
 
+@pytest.mark.parametrize("patterns", [
+    (r"(?:x{400}){400}",),  # the regex module writes x out 160,000 times ((?:x{20000}){20000}: all the memory)
+    (r"(?:[ab]{300}?){300}?",),  # lazy repeats too
+    (r"(?:ab|cd){3000}",),
+    ("x" * 10_001,),  # long text: parsed at 10 us a character
+    (r"x{3000}",) * 4,  # each small enough, not together
+])
+def test_patterns_too_large_to_compile_quickly_are_refused_before_compiling(patterns: tuple[str, ...]) -> None:
+    """Compiling is on the thread every request shares, and the ``regex`` module's compiler writes each counted
+    repetition's body out ``min`` times: a 17-character pattern took a gigabyte and seconds. Refused by size."""
+    with pytest.raises(RequestError) as error:
+        SamplingParams(stop_regex=patterns).validate()
+    assert error.value.param == "stop_regex" and "too large" in error.value.message
+
+
+def test_a_pattern_nested_too_deeply_to_parse_is_a_request_error() -> None:
+    """The parser recurses: a ``RecursionError`` would have been an internal error (a 500) instead of a 400."""
+    with pytest.raises(RequestError) as error:
+        SamplingParams(stop_regex=("(" * 600 + "a" + ")" * 600,)).validate()
+    assert error.value.param == "stop_regex" and "nests too deeply" in error.value.message
+
+
+@pytest.mark.parametrize("pattern", [r"(?:x{0,2000}y){1,2000}", r"(?:ab|cd){1000}", r"\d{4}-\d{2}-\d{2}",
+                                     "(" * 50 + "a" + ")" * 50, r"a(?x) b{10}", "x" * 5000])
+def test_patterns_of_a_reasonable_size_are_accepted(pattern: str) -> None:
+    SamplingParams(stop_regex=(pattern,)).validate()
+
+
 def test_stop_regex_is_not_combined_with_min_tokens() -> None:
     """A match completed before ``min_tokens`` would have to be forgotten while later ones count: refused."""
     with pytest.raises(RequestError) as error:

@@ -10,7 +10,7 @@ import attrs
 
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
-from inference_server.records.stop_patterns import compile_stop_regex
+from inference_server.records.stop_patterns import STOP_REGEX_MAX_SIZE, compile_stop_regex, total_size
 
 GREEDY_EPSILON = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
@@ -221,6 +221,10 @@ class SamplingParams:
         patterns = self.stop_regex
         ok = isinstance(patterns, tuple) and all(isinstance(x, str) and x for x in patterns)
         _require(ok, "stop_regex", "a tuple of non-empty strings", patterns)
+        if total_size(patterns) > STOP_REGEX_MAX_SIZE:  # before any is compiled (stop_patterns.STOP_REGEX_MAX_SIZE)
+            raise RequestError("invalid_request", "stop_regex: the patterns are too large: their text, counted "
+                               f"repetitions and literals come to more than {STOP_REGEX_MAX_SIZE} elements",
+                               "stop_regex")
         for pattern in patterns:
             try:
                 compile_stop_regex(pattern)
