@@ -174,6 +174,30 @@ def test_a_pattern_that_backtracks_without_end_ends_the_request_with_an_error_in
     assert len(updates) < 201  # it ended well before the run of a's did
 
 
+class _SteadyClock:
+    """``time`` for ``core/stop_regex.py`` whose every search takes ``step`` seconds (from the reading before it to
+    the one after it)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_simple_pattern_keeps_up_with_a_long_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pattern is searched at every character: a simple one costs a few microseconds a character, on a busy
+    machine 5 us a search, so 60,000 characters (15,000 tokens) spend 0.4 s in all. The time budget bounds a
+    pattern that backtracks, not the length of the output: the request runs to its end."""
+    from inference_server.core import stop_regex
+
+    monkeypatch.setattr(stop_regex, "time", _SteadyClock(5e-6))
+    checker = StopChecker(max_tokens=15_000, stop_regex=[r"Answer: \d+"])
+    updates = [checker.update(100 + i, " wor") for i in range(15_000)]
+    assert (updates[-1].finish_reason, updates[-2].finish_reason) == ("length", None)
+
+
 def test_an_error_finish_for_slow_stop_patterns_is_a_400_naming_stop_regex() -> None:
     from inference_server.http.errors import from_unsuccessful_finish
     from inference_server.records.requests import RequestUpdate
