@@ -264,6 +264,12 @@ class SamplingParams:
         words = self.bad_words
         _require(isinstance(words, tuple) and all(isinstance(x, str) and x.strip() for x in words), "bad_words",
                  "a tuple of strings that are not blank", words)
+        # filled by admission, or given directly (offline): the sampler bans each one's last id, so an empty one
+        # failed the step of every request in its batch
+        spelled = self.bad_words_token_ids
+        ok_spelled = isinstance(spelled, tuple) and all(
+            isinstance(seq, tuple) and seq and all(_is_int(x) and x >= 0 for x in seq) for seq in spelled)
+        _require(ok_spelled, "bad_words_token_ids", "a tuple of non-empty tuples of integers >= 0", spelled)
         ids = self.stop_token_ids
         ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
         _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)
