@@ -115,6 +115,7 @@ def test_from_params_leaves_patterns_to_the_front_with_a_separate_engine() -> No
 
 @pytest.mark.parametrize("patterns, says", [
     (("(",), "is not a valid regular expression"),
+    (("(?V0)(?V1)a",), "mutually incompatible"),  # regex raises ValueError, not regex.error, for these flags
     (("a*",), "matches the empty string"),
     (("",), "a tuple of non-empty strings"),
 ])

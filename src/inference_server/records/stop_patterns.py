@@ -31,8 +31,8 @@ def pattern_size(pattern: str) -> int:
     """How many elements the ``regex`` module's compiler writes out for ``pattern`` (each counted repetition's body
     ``min`` times; a literal's characters one each), from its parse tree (nothing is compiled; a pattern longer
     than ``STOP_REGEX_MAX_SIZE`` is not even parsed: parsing takes 10 us a character), capped just past
-    ``STOP_REGEX_MAX_SIZE``; ``regex.error`` where it does not parse, ``RecursionError`` where it nests too deeply
-    to."""
+    ``STOP_REGEX_MAX_SIZE``; ``regex.error`` (or ``ValueError``, for conflicting flags) where it does not parse,
+    ``RecursionError`` where it nests too deeply to."""
     if len(pattern) > STOP_REGEX_MAX_SIZE:
         return STOP_REGEX_MAX_SIZE + 1
     flags = 0
@@ -68,7 +68,7 @@ def total_size(patterns: Sequence[str]) -> int:
         return STOP_REGEX_MAX_SIZE + 1
     total = 0
     for pattern in patterns:
-        with contextlib.suppress(regex.error, RecursionError):
+        with contextlib.suppress(regex.error, RecursionError, ValueError):  # ValueError: flags that conflict
             total += pattern_size(pattern)
     return min(total, STOP_REGEX_MAX_SIZE + 1)
 
