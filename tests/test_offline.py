@@ -464,3 +464,15 @@ def test_bad_words_and_stop_regex_through_the_real_runner(text_llm: LLM) -> None
     assert (stopped.finish_reason, stopped.stop_reason) == ("stop", pattern)
     match = regex.search(pattern, plain.text)
     assert match is not None and stopped.text == plain.text[:match.start()] and stopped.text.count("w") == 2
+
+
+def test_bans_that_leave_no_token_do_not_fail_the_step(text_llm: LLM) -> None:
+    """``bad_words`` banning the one id ``allowed_token_ids`` allows left the row nothing to sample: the CPU draw
+    indexed past the vocabulary and the step failed, with every request in it. The row now samples without its
+    edits at that step, and the batch's other request is served as usual."""
+    free = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=1)
+    [plain] = text_llm.generate("hello world", free)
+    word, token = plain.text.split()[0], plain.token_ids[0]  # the test tokenizer: one token a word
+    stuck = attrs.evolve(free, allowed_token_ids=[token], bad_words=[word])
+    outputs = text_llm.generate(["hello world", "hello world"], [stuck, free])
+    assert [len(o.token_ids) for o in outputs] == [3, 3] and outputs[1].token_ids == plain.token_ids

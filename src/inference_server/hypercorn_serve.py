@@ -11,7 +11,8 @@ keeps in a ``Connections`` registry.
 What ``serve_http`` does is ``hypercorn.trio.run.worker_serve`` for plain TCP (no TLS, QUIC, statsd or
 ``max_requests``: the server uses none of them), with one change at the end: after ``shutdown_trigger`` returns,
 idle connections close at once (Hypercorn's own rule), the others get ``config.graceful_timeout`` seconds to
-finish, and every connection still open then is closed (``Connections.abort``) before the rest is cancelled.
+finish, and every connection still open then is closed (``Connections.abort``) before the rest is cancelled. Every
+connection is closed too when ``serve_http`` is cancelled or fails from outside before that.
 """
 
 from __future__ import annotations
@@ -118,18 +119,22 @@ async def serve_http(app: Framework, config: Config, connections: Connections, *
             await config.log.info(f"Running on {binds[-1]} (CTRL + C to quit)")
         handle = partial(TCPServer, wrapped, config, context, ConnectionState(lifespan_state.copy()))
         async with trio.open_nursery() as server_nursery:
-            task_status.started(binds)
-            async with trio.open_nursery() as accepting:
-                accepting.start_soon(partial(trio.serve_listeners, partial(connections.serve, handle), listeners,
-                                             handler_nursery=server_nursery))
-                await shutdown_trigger()
-                accepting.cancel_scope.cancel()  # the listeners close: no new connection from here on
-            await context.terminated.set()  # idle connections close now, busy ones after their response
-            with trio.move_on_after(config.graceful_timeout):
-                await connections.wait_empty()
-            if len(connections):
-                log.warning("%d HTTP connections still open %g s after HTTP began to stop: closing them",
-                            len(connections), config.graceful_timeout)
+            try:
+                task_status.started(binds)
+                async with trio.open_nursery() as accepting:
+                    accepting.start_soon(partial(trio.serve_listeners, partial(connections.serve, handle),
+                                                 listeners, handler_nursery=server_nursery))
+                    await shutdown_trigger()
+                    accepting.cancel_scope.cancel()  # the listeners close: no new connection from here on
+                await context.terminated.set()  # idle connections close now, busy ones after their response
+                with trio.move_on_after(config.graceful_timeout):
+                    await connections.wait_empty()
+                if len(connections):
+                    log.warning("%d HTTP connections still open %g s after HTTP began to stop: closing them",
+                                len(connections), config.graceful_timeout)
+            finally:
+                # also when cancelled or failed from outside (another task of the server failed): a connection
+                # blocked writing to a client that does not read would otherwise hold this nursery for ever
                 connections.abort()
             server_nursery.cancel_scope.cancel()
         await lifespan.wait_for_shutdown()

@@ -151,6 +151,21 @@ def run_steps(runner: ModelRunner, params: SamplingParams, prompt: list[int], st
     return outputs
 
 
+def test_a_step_without_bad_words_does_not_ask_each_row_about_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner asks every sampled row, every step, whether its bad words follow its output: a property walking
+    the row's (empty) word sequences cost 82 us a step at 256 rows. Rows without bad words are not asked."""
+    asked: list[SamplingParams] = []
+
+    def counted(params: SamplingParams) -> bool:
+        asked.append(params)
+        return any(len(ids) > 1 for ids in params.bad_words_token_ids)
+
+    monkeypatch.setattr(SamplingParams, "bans_after_prefixes", property(counted))
+    _, _, runner = make("gemma-4-31b-tiny")
+    run_steps(runner, SamplingParams(temperature=1.0, max_tokens=16, seed=3), list(range(10, 22)), 3, overlap=True)
+    assert not asked
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_runner_bans_bad_words_after_their_prefix(overlap: bool) -> None:
     """vLLM's bad words through the runner: a one-token word is never sampled; a two-token word's last token is

@@ -426,3 +426,28 @@ def test_bad_words_ban_a_token_only_after_the_rest_of_their_word() -> None:
         SamplingBatch.from_params([params], CPU)
     single = SamplingParams(temperature=0.0, bad_words_token_ids=((3,),))
     assert sample(logits[:1], SamplingBatch.from_params([single], CPU)).token_ids.tolist() == [4]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_a_row_its_bans_leave_no_token_is_sampled_without_them(temperature: float) -> None:
+    """``bad_words`` can ban every id ``allowed_token_ids`` allow (or a grammar's mask: one that allows only EOS,
+    EOS banned), and ``min_tokens`` hold back the only allowed id: sampling from nothing drew an id past the
+    vocabulary on the CPU, failing the step of every request in the batch. Such a row samples as if it had no
+    edits (the grammar's mask still applies); the other rows keep theirs."""
+    from inference_server.records.constraints import Constraint
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 64)
+    logits[:, 9] = 30.0  # what every row would take without its edits, save the grammar's
+    banned = SamplingParams(temperature=temperature, allowed_token_ids=(5,), bad_words_token_ids=((5,),))
+    held = SamplingParams(temperature=temperature, allowed_token_ids=(7,), min_tokens=3, eos_token_ids=(7,))
+    grammar = SamplingParams(temperature=temperature, bad_words_token_ids=((3,),),
+                             constraint=Constraint.regex("a", field="regex"))
+    other = SamplingParams(temperature=temperature, bad_words_token_ids=((9,),))
+    batch = SamplingBatch.from_params([banned, held, grammar, other], CPU, output_lens=[0, 0, 0, 0],
+                                      output_ids=[[], [], [], []])
+    bits = torch.zeros(1, 2, dtype=torch.int32)
+    bits[0, 0] = 1 << 3  # the grammar allows token 3 alone
+    out = sample(logits, batch, token_bitmask=bits, bitmask_rows=torch.tensor([2]))
+    tokens = out.token_ids.tolist()
+    assert tokens[:3] == [9, 9, 3] and tokens[3] != 9

@@ -65,3 +65,13 @@ def test_bad_words_are_validated_and_their_ids_checked_against_the_vocabulary() 
     with pytest.raises(RequestError) as error:
         SamplingParams(bad_words=("x",), bad_words_token_ids=((3, 600),)).validate_vocabulary(512)
     assert error.value.param == "bad_words" and "600" in error.value.message
+
+
+@pytest.mark.parametrize("spelled", [((),), ((5, ()),), ((5, "x"),), ((-1,),), (5,)])
+def test_token_sequences_given_directly_are_checked(spelled: object) -> None:
+    """``bad_words_token_ids`` may be given directly (offline); one the sampler cannot use, an empty sequence above
+    all (it bans each one's last id), is a request error, not a failed step of every request in the batch."""
+    with pytest.raises(RequestError) as error:
+        SamplingParams(bad_words_token_ids=spelled).validate()  # type: ignore[arg-type]
+    assert error.value.param == "bad_words_token_ids"
+    SamplingParams(bad_words_token_ids=((5,), (6, 7))).validate()

@@ -115,6 +115,7 @@ def test_from_params_leaves_patterns_to_the_front_with_a_separate_engine() -> No
 
 @pytest.mark.parametrize("patterns, says", [
     (("(",), "is not a valid regular expression"),
+    (("(?V0)(?V1)a",), "mutually incompatible"),  # regex raises ValueError, not regex.error, for these flags
     (("a*",), "matches the empty string"),
     (("",), "a tuple of non-empty strings"),
 ])
@@ -122,6 +123,34 @@ def test_bad_patterns_are_refused_naming_stop_regex(patterns: tuple[str, ...], s
     with pytest.raises(RequestError) as error:
         SamplingParams(stop_regex=patterns).validate()
     assert error.value.param == "stop_regex" and says in error.value.message
+
+
+@pytest.mark.parametrize("patterns", [
+    (r"(?:x{400}){400}",),  # the regex module writes x out 160,000 times ((?:x{20000}){20000}: all the memory)
+    (r"(?:[ab]{300}?){300}?",),  # lazy repeats too
+    (r"(?:ab|cd){3000}",),
+    ("x" * 10_001,),  # long text: parsed at 10 us a character
+    (r"x{3000}",) * 4,  # each small enough, not together
+])
+def test_patterns_too_large_to_compile_quickly_are_refused_before_compiling(patterns: tuple[str, ...]) -> None:
+    """Compiling is on the thread every request shares, and the ``regex`` module's compiler writes each counted
+    repetition's body out ``min`` times: a 17-character pattern took a gigabyte and seconds. Refused by size."""
+    with pytest.raises(RequestError) as error:
+        SamplingParams(stop_regex=patterns).validate()
+    assert error.value.param == "stop_regex" and "too large" in error.value.message
+
+
+def test_a_pattern_nested_too_deeply_to_parse_is_a_request_error() -> None:
+    """The parser recurses: a ``RecursionError`` would have been an internal error (a 500) instead of a 400."""
+    with pytest.raises(RequestError) as error:
+        SamplingParams(stop_regex=("(" * 600 + "a" + ")" * 600,)).validate()
+    assert error.value.param == "stop_regex" and "nests too deeply" in error.value.message
+
+
+@pytest.mark.parametrize("pattern", [r"(?:x{0,2000}y){1,2000}", r"(?:ab|cd){1000}", r"\d{4}-\d{2}-\d{2}",
+                                     "(" * 50 + "a" + ")" * 50, r"a(?x) b{10}", "x" * 5000])
+def test_patterns_of_a_reasonable_size_are_accepted(pattern: str) -> None:
+    SamplingParams(stop_regex=(pattern,)).validate()
 
 
 def test_stop_regex_is_not_combined_with_min_tokens() -> None:
@@ -144,6 +173,30 @@ def test_a_pattern_that_backtracks_without_end_ends_the_request_with_an_error_in
     assert (last.finish_reason, last.stop_reason) == ("error", "stop_regex") and checker.finish_reason == "error"
     assert last.error is not None and "stop_regex" in last.error and "simplify" in last.error
     assert len(updates) < 201  # it ended well before the run of a's did
+
+
+class _SteadyClock:
+    """``time`` for ``core/stop_regex.py`` whose every search takes ``step`` seconds (from the reading before it to
+    the one after it)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_simple_pattern_keeps_up_with_a_long_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pattern is searched at every character: a simple one costs a few microseconds a character, on a busy
+    machine 5 us a search, so 60,000 characters (15,000 tokens) spend 0.4 s in all. The time budget bounds a
+    pattern that backtracks, not the length of the output: the request runs to its end."""
+    from inference_server.core import stop_regex
+
+    monkeypatch.setattr(stop_regex, "time", _SteadyClock(5e-6))
+    checker = StopChecker(max_tokens=15_000, stop_regex=[r"Answer: \d+"])
+    updates = [checker.update(100 + i, " wor") for i in range(15_000)]
+    assert (updates[-1].finish_reason, updates[-2].finish_reason) == ("length", None)
 
 
 def test_an_error_finish_for_slow_stop_patterns_is_a_400_naming_stop_regex() -> None:

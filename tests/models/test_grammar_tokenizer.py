@@ -92,6 +92,35 @@ def test_an_unreadable_table_is_rebuilt_from_tokenizer_json(
     assert_same(first, later)
 
 
+@pytest.mark.parametrize("table", ["empty", "short", "rejected"])
+def test_a_table_that_does_not_fit_is_replaced(tokenizer: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                table: str) -> None:
+    """A readable table this build did not write (empty; fewer ids than the vocabulary; one llguidance refuses)
+    does not leave structured outputs off at every start: it is rebuilt from tokenizer.json and replaced."""
+    builds = Builds(monkeypatch)
+    cache = tmp_path / "cache"
+    path = table_path(tokenizer, 512, cache)
+    path.parent.mkdir(parents=True)
+    count = {"empty": 0, "short": 100, "rejected": 512}[table]
+    tokens = [bytes([i % 256]) for i in range(count)]
+    np.savez(path, blob=np.frombuffer(b"".join(tokens), dtype=np.uint8),
+             ends=np.cumsum([len(t) for t in tokens], dtype=np.int64), special=np.array([], dtype=np.int64))
+    if table == "rejected":  # llguidance refuses the first build from a table (as another version might)
+        counted = llguidance.LLTokenizer
+        refusals = [ValueError("refused")]
+
+        def refusing(source: object, *args: object, **kwargs: object) -> llguidance.LLTokenizer:
+            if not isinstance(source, str) and refusals:
+                raise refusals.pop()
+            return counted(source, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(llguidance, "LLTokenizer", refusing)
+    first = build_grammar_tokenizer(tokenizer, 512, {EOS}, MASK_SLICES, cache)
+    later = build_grammar_tokenizer(tokenizer, 512, {EOS}, MASK_SLICES, cache)
+    assert builds.sources[-2:] == ["json", "table"]  # the misfit was replaced by a whole table
+    assert_same(first, later)
+
+
 def test_the_table_key_follows_the_tokenizer_file_and_the_vocabulary_size(tokenizer: Tokenizer, tmp_path: Path) -> None:
     path = table_path(tokenizer, 512, tmp_path)
     assert table_path(tokenizer, 544, tmp_path) != path

@@ -5,6 +5,9 @@ with the server's write blocked on its full TCP window (where Hypercorn's shield
 from __future__ import annotations
 
 import logging
+import sys
+import time
+from functools import partial
 from typing import Any
 
 import pytest
@@ -12,7 +15,7 @@ import trio
 from hypercorn.config import Config
 
 from inference_server.hypercorn_serve import Connections, serve_http
-from kit.stuck_reader import StuckReader
+from kit.stuck_reader import StuckReader, stuck_when
 
 BOUND = 60.0
 """Seconds any awaited condition may take on a loaded machine (none is a timing assertion)."""
@@ -112,3 +115,40 @@ async def test_abort_closes_only_the_connections_of_the_given_peers() -> None:
         finally:
             first.close()
             second.close()
+
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp (the stuck write)")
+async def test_a_client_that_does_not_read_cannot_hold_a_cancelled_server() -> None:
+    """Cancelled from outside (another task of the server failed: no shutdown trigger), ``serve_http`` closes its
+    connections too: a write blocked on a client that does not read would hold its nursery, and the process, for
+    ever."""
+    app, connections, stopped = EndlessApp(), Connections(), trio.Event()
+    scope = trio.CancelScope()
+
+    async def serve_until_cancelled(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await serve_http(app, config(0.5), connections, shutdown_trigger=trio.sleep_forever,
+                             task_status=task_status)
+        stopped.set()
+
+    async with trio.open_nursery() as nursery:
+        [url] = await nursery.start(serve_until_cancelled)
+        reader = StuckReader(url, "/", {})
+        try:
+            # the server's send queue to the reader holds data and has not moved for half a second: its write is
+            # blocked on the full window (inside Hypercorn's shielded write, where the cancellation cannot reach)
+            assert await trio.to_thread.run_sync(partial(stuck_when, [reader], time.monotonic, min_progress=0.5,
+                                                         timeout=BOUND)), "the server's write never blocked"
+            scope.cancel()
+            with trio.move_on_after(BOUND):
+                await stopped.wait()
+            if not stopped.is_set():
+                reader.close()  # unblock the server's write (a reset) so the test fails instead of hanging
+                await stopped.wait()
+                pytest.fail(f"serve_http still running {BOUND} s after it was cancelled")
+            _, ending = await trio.to_thread.run_sync(reader.read_all, BOUND)
+        finally:
+            reader.close()
+    assert ending == "reset"
+    assert len(connections) == 0

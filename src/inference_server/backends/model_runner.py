@@ -358,7 +358,8 @@ class ModelRunner:
             if generator is not None and seq.sampling.seed is not None:
                 generator.manual_seed(seed_for_position(seq.sampling.seed, index))
         outputs = None
-        if any(s.sampling.bans_after_prefixes for s in seqs):  # bad words of several tokens: bans follow the output
+        # bad words of several tokens: bans follow the output (the empty-tuple test first: this runs every step)
+        if any(s.sampling.bad_words_token_ids and s.sampling.bans_after_prefixes for s in seqs):
             if any(states[i].awaiting for i in rows):
                 self._fill_awaiting()
             outputs = [states[i].output_ids for i in rows]

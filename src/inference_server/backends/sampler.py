@@ -166,7 +166,14 @@ class LogitEdits:
     stop ids held back by ``min_tokens`` and for tokens ``bad_words`` ban) and ``(row, id)`` entries of the rows
     restricted to ``allowed_token_ids``. Built on the host from Python-side lengths and output ids: applying
     them never syncs (the runner reads a row's last token back before building them when its bad words need
-    it, as for penalties)."""
+    it, as for penalties).
+
+    A row's bans can leave it no token at all: ``bad_words`` banning every id its ``allowed_token_ids`` or its
+    grammar allow (a grammar that allows only EOS, and EOS banned), or ``min_tokens`` holding back the only
+    allowed id. Such a row is sampled without its edits at that step (its grammar's mask still applies): sampling
+    from nothing drew an id past the vocabulary on the CPU, which failed the step of every request in the batch.
+    Only a batch where some row has both bans and a restriction or a grammar (``may_empty``) pays for the check.
+    """
 
     add_rows: torch.Tensor  # [N] int64
     add_ids: torch.Tensor  # [N] int64
@@ -175,6 +182,7 @@ class LogitEdits:
     allowed_ids: torch.Tensor  # [M] int64
     restricted: torch.Tensor  # [B] bool: the row samples only from its allowed ids
     any_restricted: bool
+    may_empty: bool = False  # some row has -inf entries and allowed ids or a grammar: its edits may leave it nothing
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams], output_lens: Sequence[int] | None,
@@ -187,7 +195,9 @@ class LogitEdits:
         add_values: list[float] = []
         allowed_rows: list[int] = []
         allowed_ids: list[int] = []
+        may_empty = False
         for row, p in enumerate(params):
+            bans_before = len(add_rows)
             for token_id, bias in p.logit_bias:
                 add_rows.append(row)
                 add_ids.append(token_id)
@@ -210,6 +220,8 @@ class LogitEdits:
             if p.allowed_token_ids is not None:
                 allowed_rows += [row] * len(p.allowed_token_ids)
                 allowed_ids += p.allowed_token_ids
+            if (p.allowed_token_ids is not None or p.constraint is not None) and -math.inf in add_values[bans_before:]:
+                may_empty = True
         restricted = [p.allowed_token_ids is not None for p in params]
         ints = torch.tensor([*add_rows, *add_ids, *allowed_rows, *allowed_ids, *restricted], dtype=torch.int64)
         ints = ints.to(device, non_blocking=True)
@@ -218,7 +230,7 @@ class LogitEdits:
             add_rows=ints[:n], add_ids=ints[n:2 * n],
             add_values=torch.tensor(add_values, dtype=torch.float32).to(device, non_blocking=True),
             allowed_rows=ints[2 * n:2 * n + m], allowed_ids=ints[2 * n + m:2 * n + 2 * m],
-            restricted=ints[2 * n + 2 * m:].bool(), any_restricted=any(restricted))
+            restricted=ints[2 * n + 2 * m:].bool(), any_restricted=any(restricted), may_empty=may_empty)
 
     def apply(self, work: torch.Tensor) -> None:
         """Edit ``work`` ``[B, V]`` in place."""
@@ -300,7 +312,11 @@ def sample(
     lse = _log_normalizer(work, row_invariant)  # [B]
     top = _top_logprobs(work, lse, batch.num_top_logprobs)
     if batch.logit_edits is not None:
+        unedited = work.clone() if batch.logit_edits.may_empty else None
         batch.logit_edits.apply(work)
+        if unedited is not None:  # a row its edits left no token takes its unedited logits (LogitEdits)
+            emptied = torch.isneginf(work).all(dim=-1, keepdim=True)  # [B, 1]
+            torch.where(emptied, unedited, work, out=work)
     if batch.use_penalties:
         if history is None:
             raise ValueError("a row uses penalties but no PenaltyHistory was given")

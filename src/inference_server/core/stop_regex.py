@@ -16,8 +16,11 @@ Text from the earliest live position of any pattern on is held back until it is 
 Cost bound: the patterns are the client's and run on a host thread shared by every request (the engine's event loop
 in-process, the front's with a separate engine), and a backtracking engine can take exponential time on some
 (``(a+)+b`` over a run of ``a``). Every search runs with the ``regex`` module's ``timeout`` set to what is left of
-the request's ``STOP_REGEX_SECONDS``; a request whose searches spend it raises ``StopRegexTooSlow`` (its caller ends
-the request with an error naming ``stop_regex``), so one bad pattern stalls the others for at most that long.
+the request's search time; a request whose searches spend it raises ``StopRegexTooSlow`` (its caller ends the request
+with an error naming ``stop_regex``). The time is a bucket: ``STOP_REGEX_SECONDS`` at the start, refilled by
+``STOP_REGEX_SECONDS_PER_CHARACTER`` for each pattern and character of output, never past ``STOP_REGEX_SECONDS``. So
+one bad pattern stalls the others for at most that long at once, while a simple pattern, which costs a few
+microseconds a character (a search at every end position), keeps up with an output of any length.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ import regex
 from inference_server.records.stop_patterns import compile_stop_regex
 
 STOP_REGEX_SECONDS = 0.25
-"""Time one request's stop patterns may spend searching, over its whole output (simple patterns over thousands of
-characters take milliseconds)."""
+"""Time one request's stop patterns may spend searching at a stretch (see the module docstring)."""
+STOP_REGEX_SECONDS_PER_CHARACTER = 20e-6
+"""Search time each pattern gets back for each character of output: a simple pattern spends 2-3 us a character on an
+idle 2-core machine (its searches at every end position, and the partial one), a few times that on a busy one. A fixed
+total ran out on long outputs: 0.25 s is 40,000 characters of one such pattern idle, fewer busy or with several."""
 
 
 class StopRegexTooSlow(Exception):
@@ -62,6 +68,7 @@ class RegexStops:
         self._patterns = tuple((pattern, compile_stop_regex(pattern)) for pattern in patterns)
         self._text = ""
         self._dead = [0] * len(self._patterns)  # per pattern: no match can start before this index
+        self._budget = budget_seconds
         self._left = budget_seconds  # search time this request may still spend
 
     @property
@@ -75,6 +82,8 @@ class RegexStops:
         ``StopRegexTooSlow`` once the searches spent the request's time."""
         old = len(self._text)
         self._text += text
+        refill = STOP_REGEX_SECONDS_PER_CHARACTER * len(text) * len(self._patterns)
+        self._left = min(self._budget, self._left + refill)
         for end in range(old + 1, len(self._text) + 1):
             found: RegexMatch | None = None
             for (pattern, compiled), dead in zip(self._patterns, self._dead, strict=True):

@@ -13,8 +13,9 @@ tokenizer from such a table (``TokenizerWrapper``) in 0.4 s. So:
   (what it runs on ``tokenizer.json`` itself). Same bytes, same special ids, same masks (the tests compare them).
 
 The key hashes the tokenizer's identity (``tokenizer_export.backend_identity``: its source file's path, size and
-mtime), llguidance's version and the vocabulary size. A table that cannot be read is rebuilt; one that cannot be
-written is a warning (the next start reads ``tokenizer.json`` again).
+mtime), llguidance's version and the vocabulary size. A table that cannot be read, or that does not give a tokenizer
+of ``vocab_size`` ids llguidance accepts, is rebuilt and replaced; one that cannot be written is a warning (the next
+start reads ``tokenizer.json`` again).
 """
 
 from __future__ import annotations
@@ -70,8 +71,13 @@ def build_grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_token_ids
     table = read_table(path) if eos else None
     if table is not None:
         tokens, special_ids = table
-        wrapper = llguidance.TokenizerWrapper(_TableTokenizer(tokens, special_ids, eos[0], tokenizer))
-        return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=eos, slices=slices)
+        try:
+            if len(tokens) != vocab_size:  # the first start wrote one entry per id of the same vocab_size
+                raise ValueError(f"{len(tokens)} tokens, not {vocab_size}")
+            wrapper = llguidance.TokenizerWrapper(_TableTokenizer(tokens, special_ids, eos[0], tokenizer))
+            return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=eos, slices=slices)
+        except Exception as error:  # a table this build did not write: read tokenizer.json, and replace it
+            log.warning("the grammar token table %s does not fit this tokenizer (%s): rebuilding it", path, error)
     built = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=eos, slices=slices)
     if eos:  # a table is read back only with an EOS id to give llguidance (see _TableTokenizer)
         write_table(path, built)
@@ -83,13 +89,13 @@ def read_table(path: Path) -> tuple[list[bytes], list[int]] | None:
     try:
         with np.load(path) as data:
             blob, ends, special = data["blob"].tobytes(), data["ends"], data["special"]
+        starts = [0, *ends[:-1].tolist()]
+        return [blob[a:b] for a, b in zip(starts, ends.tolist(), strict=True)], special.tolist()
     except FileNotFoundError:
         return None
-    except Exception as error:  # a torn or foreign file: read tokenizer.json again, and rewrite the table
+    except Exception as error:  # a torn, empty or foreign file: read tokenizer.json again, and rewrite the table
         log.warning("the grammar token table %s is unreadable (%s): rebuilding it", path, error)
         return None
-    starts = [0, *ends[:-1].tolist()]
-    return [blob[a:b] for a, b in zip(starts, ends.tolist(), strict=True)], special.tolist()
 
 
 def write_table(path: Path, built: llguidance.LLTokenizer) -> None:

@@ -10,7 +10,7 @@ import attrs
 
 from inference_server.records.constraints import Constraint
 from inference_server.records.errors import RequestError
-from inference_server.records.stop_patterns import compile_stop_regex
+from inference_server.records.stop_patterns import STOP_REGEX_MAX_SIZE, compile_stop_regex, total_size
 
 GREEDY_EPSILON = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
@@ -176,8 +176,9 @@ class SamplingParams:
 
     @property
     def bans_after_prefixes(self) -> bool:
-        """Whether a bad word of several tokens makes this request's bans depend on its output so far."""
-        return any(len(ids) > 1 for ids in self.bad_words_token_ids)
+        """Whether a bad word of several tokens makes this request's bans depend on its output so far. (Read for
+        every row of every sampled step: the common case, no bad words, returns before building a generator.)"""
+        return bool(self.bad_words_token_ids) and any(len(ids) > 1 for ids in self.bad_words_token_ids)
 
     @property
     def uses_logit_mask(self) -> bool:
@@ -221,6 +222,10 @@ class SamplingParams:
         patterns = self.stop_regex
         ok = isinstance(patterns, tuple) and all(isinstance(x, str) and x for x in patterns)
         _require(ok, "stop_regex", "a tuple of non-empty strings", patterns)
+        if total_size(patterns) > STOP_REGEX_MAX_SIZE:  # before any is compiled (stop_patterns.STOP_REGEX_MAX_SIZE)
+            raise RequestError("invalid_request", "stop_regex: the patterns are too large: their text, counted "
+                               f"repetitions and literals come to more than {STOP_REGEX_MAX_SIZE} elements",
+                               "stop_regex")
         for pattern in patterns:
             try:
                 compile_stop_regex(pattern)
@@ -260,6 +265,12 @@ class SamplingParams:
         words = self.bad_words
         _require(isinstance(words, tuple) and all(isinstance(x, str) and x.strip() for x in words), "bad_words",
                  "a tuple of strings that are not blank", words)
+        # filled by admission, or given directly (offline): the sampler bans each one's last id, so an empty one
+        # failed the step of every request in its batch
+        spelled = self.bad_words_token_ids
+        ok_spelled = isinstance(spelled, tuple) and all(
+            isinstance(seq, tuple) and seq and all(_is_int(x) and x >= 0 for x in seq) for seq in spelled)
+        _require(ok_spelled, "bad_words_token_ids", "a tuple of non-empty tuples of integers >= 0", spelled)
         ids = self.stop_token_ids
         ok_ids = isinstance(ids, tuple) and all(_is_int(x) and x >= 0 for x in ids)
         _require(ok_ids, "stop_token_ids", "a tuple of integers >= 0", ids)
