@@ -118,6 +118,7 @@ def test_from_params_leaves_patterns_to_the_front_with_a_separate_engine() -> No
     (("(?V0)(?V1)a",), "mutually incompatible"),  # regex raises ValueError, not regex.error, for these flags
     (("a*",), "matches the empty string"),
     (("",), "a tuple of non-empty strings"),
+    (("(?r)ab",), "searches in reverse"),
 ])
 def test_bad_patterns_are_refused_naming_stop_regex(patterns: tuple[str, ...], says: str) -> None:
     with pytest.raises(RequestError) as error:

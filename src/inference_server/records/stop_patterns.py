@@ -84,8 +84,9 @@ def _children(node: object) -> list[object]:
 
 def compile_stop_regex(pattern: str) -> regex.Pattern[str]:
     """``pattern`` compiled, or ``ValueError`` saying why it cannot be a stop: it does not compile, it is too
-    large to compile (``STOP_REGEX_MAX_SIZE``), or it matches the empty string (it would end every output before
-    its first character)."""
+    large to compile (``STOP_REGEX_MAX_SIZE``), it searches in reverse (``(?r)``: ``core/stop_regex``'s dead prefix
+    and hold-back assume a forward search), or it matches the empty string (it would end every output before its
+    first character)."""
     try:
         if pattern_size(pattern) > STOP_REGEX_MAX_SIZE:
             raise ValueError(f"{pattern[:40]!r} is too large: its counted repetitions and literals expand to more "
@@ -95,6 +96,8 @@ def compile_stop_regex(pattern: str) -> regex.Pattern[str]:
         raise ValueError(f"{pattern[:40]!r} is not a valid regular expression: {error}") from None
     except RecursionError:
         raise ValueError(f"{pattern[:40]!r} nests too deeply") from None
+    if compiled.flags & regex.REVERSE:  # searched right to left, it has no first match for the hold-back to follow
+        raise ValueError(f"{pattern[:40]!r} searches in reverse ((?r)): a stop needs a forward pattern")
     if compiled.search("") is not None:
         raise ValueError(f"{pattern[:40]!r} matches the empty string, so it would stop every output at once")
     return compiled
