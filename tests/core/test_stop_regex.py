@@ -200,6 +200,42 @@ def test_a_simple_pattern_keeps_up_with_a_long_output(monkeypatch: pytest.Monkey
     assert (updates[-1].finish_reason, updates[-2].finish_reason) == ("length", None)
 
 
+class _ScanClock:
+    """``time`` for ``core/stop_regex.py`` whose searches take ``per_character`` seconds for each character of the
+    span they search (a pattern such as ``<a>.*</a>`` scans everything after its ``<a>`` at every search)."""
+
+    def __init__(self, per_character: float) -> None:
+        self.now, self.per_character = 0.0, per_character
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _ScanningPattern:
+    def __init__(self, compiled: regex.Pattern[str], clock: _ScanClock) -> None:
+        self.compiled, self.clock = compiled, clock
+
+    def search(self, text: str, start: int, end: int, **kwargs: object) -> regex.Match[str] | None:
+        self.clock.now += self.clock.per_character * (end - start)
+        return self.compiled.search(text, start, end, **kwargs)
+
+
+def test_a_pattern_that_spans_the_output_keeps_up_with_a_long_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once ``<a>`` is written, ``<a>.*</a>`` may still match from there, so every search scans the output after it:
+    a search's cost grows with the output (20 ns a character here, a busy machine's). A refill per character of output
+    alone ran out part way (8,000 characters); the span searched refills the time too, so the request runs on."""
+    from inference_server.core import stop_regex
+
+    clock = _ScanClock(20e-9)
+    monkeypatch.setattr(stop_regex, "time", clock)
+    stops = stop_regex.RegexStops([r"<a>.*</a>"])
+    stops._patterns = tuple((p, _ScanningPattern(c, clock)) for p, c in stops._patterns)  # type: ignore[misc]
+    assert stops.push("<a>") is None
+    for _ in range(2_000):
+        assert stops.push(" wor") is None
+    assert stops.push("</a>") is not None
+
+
 def test_an_error_finish_for_slow_stop_patterns_is_a_400_naming_stop_regex() -> None:
     from inference_server.http.errors import from_unsuccessful_finish
     from inference_server.records.requests import RequestUpdate

@@ -18,7 +18,8 @@ in-process, the front's with a separate engine), and a backtracking engine can t
 (``(a+)+b`` over a run of ``a``). Every search runs with the ``regex`` module's ``timeout`` set to what is left of
 the request's search time; a request whose searches spend it raises ``StopRegexTooSlow`` (its caller ends the request
 with an error naming ``stop_regex``). The time is a bucket: ``STOP_REGEX_SECONDS`` at the start, refilled by
-``STOP_REGEX_SECONDS_PER_CHARACTER`` for each pattern and character of output, never past ``STOP_REGEX_SECONDS``. So
+``STOP_REGEX_SECONDS_PER_CHARACTER`` for each pattern and character of output and by
+``STOP_REGEX_SECONDS_PER_SCANNED_CHARACTER`` for each character a search scans, never past ``STOP_REGEX_SECONDS``. So
 one bad pattern stalls the others for at most that long at once, while a simple pattern, which costs a few
 microseconds a character (a search at every end position), keeps up with an output of any length.
 """
@@ -39,6 +40,11 @@ STOP_REGEX_SECONDS_PER_CHARACTER = 20e-6
 """Search time each pattern gets back for each character of output: a simple pattern spends 2-3 us a character on an
 idle 2-core machine (its searches at every end position, and the partial one), a few times that on a busy one. A fixed
 total ran out on long outputs: 0.25 s is 40,000 characters of one such pattern idle, fewer busy or with several."""
+STOP_REGEX_SECONDS_PER_SCANNED_CHARACTER = 50e-9
+"""Search time each search gets back for each character of the span it searches: scanning costs about 4 ns a character
+idle (``<a>.*</a>`` over the text after its ``<a>``), so a pattern whose searches scan a growing span (its cost per
+character of output grows with the output) keeps up too, while one that backtracks (exponential in the span) does
+not."""
 
 
 class StopRegexTooSlow(Exception):
@@ -107,7 +113,11 @@ class RegexStops:
 
     def _search(self, pattern: str, compiled: regex.Pattern[str], start: int, end: int,
                 partial: bool) -> regex.Match[str] | None:
-        """``compiled.search`` of the text in ``[start, end)``, within the time left (module docstring)."""
+        """``compiled.search`` of the text in ``[start, end)``, within the time left (module docstring). The span
+        refills the bucket too: a pattern that can match across the output (``<a>.*</a>`` once ``<a>`` was written)
+        keeps its dead prefix where the match could start, so each search scans the whole span after it."""
+        refill = STOP_REGEX_SECONDS_PER_SCANNED_CHARACTER * (end - start)
+        self._left = min(self._budget, self._left + refill)
         began = time.perf_counter()
         try:
             match = compiled.search(self._text, start, end, partial=partial, timeout=max(self._left, 1e-6))
