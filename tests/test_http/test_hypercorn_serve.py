@@ -70,6 +70,17 @@ async def wait_for(condition: Any, what: str) -> None:
     pytest.fail(f"{what} did not happen within {BOUND} s")
 
 
+async def returns_or_fail(stopped: trio.Event, reader: StuckReader, after: str) -> None:
+    """Wait up to ``BOUND`` for ``serve_http`` to return (``stopped``); else close ``reader`` (a reset unblocks the
+    server's write, so the test fails instead of hanging) and fail."""
+    with trio.move_on_after(BOUND):
+        await stopped.wait()
+    if not stopped.is_set():
+        reader.close()
+        await stopped.wait()
+        pytest.fail(f"serve_http still running {BOUND} s after {after}")
+
+
 async def serve(app: EndlessApp, connections: Connections, stop: trio.Event, stopped: trio.Event, *,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """``serve_http`` (graceful timeout 0.5 s) until ``stop``; sets ``stopped`` once it returned."""
@@ -85,12 +96,7 @@ async def test_a_client_that_does_not_read_cannot_hold_the_server_past_its_grace
         try:
             await wait_for(lambda: app.chunks >= 1, "the first chunk")
             stop.set()  # the endless body goes on until its write blocks on the full window
-            with trio.move_on_after(BOUND):
-                await stopped.wait()
-            if not stopped.is_set():
-                reader.close()  # unblock the server's write (a reset) so the test fails instead of hanging
-                await stopped.wait()
-                pytest.fail(f"serve_http still running {BOUND} s after its shutdown trigger")
+            await returns_or_fail(stopped, reader, "its shutdown trigger")
             _, ending = await trio.to_thread.run_sync(reader.read_all, BOUND)
         finally:
             reader.close()
@@ -141,12 +147,7 @@ async def test_a_client_that_does_not_read_cannot_hold_a_cancelled_server() -> N
             assert await trio.to_thread.run_sync(partial(stuck_when, [reader], time.monotonic, min_progress=0.5,
                                                          timeout=BOUND)), "the server's write never blocked"
             scope.cancel()
-            with trio.move_on_after(BOUND):
-                await stopped.wait()
-            if not stopped.is_set():
-                reader.close()  # unblock the server's write (a reset) so the test fails instead of hanging
-                await stopped.wait()
-                pytest.fail(f"serve_http still running {BOUND} s after it was cancelled")
+            await returns_or_fail(stopped, reader, "it was cancelled")
             _, ending = await trio.to_thread.run_sync(reader.read_all, BOUND)
         finally:
             reader.close()

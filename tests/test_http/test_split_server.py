@@ -48,11 +48,16 @@ class SplitServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def children(self) -> list[int]:
+        """The server process's children (the engine process, with a separate engine)."""
+        pid = self.process.pid
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
     def engine_pid(self) -> int:
         """The engine process: the front's only child."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        children = self.children()
         assert len(children) == 1, children
-        return int(children[0])
+        return children[0]
 
 
 def server_code(**settings: Any) -> str:

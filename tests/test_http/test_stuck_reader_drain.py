@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_split_server import is_running, kill_both, metric
+from test_split_server import SplitServer, is_running, kill_both, metric
 
 from kit.server_process import wait_for_url
 from kit.stuck_reader import StuckReader, stuck_when
@@ -65,22 +65,8 @@ def server_code(mode: str) -> str:
                    f"sys.exit(server.run_server(parts, Settings(**{settings!r})))\n")
 
 
-class Server:
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-        self.process = process
-        self.url = url
-        self.log_path = log_path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def children(self) -> list[int]:
-        pid = self.process.pid
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
 @contextmanager
-def serving(tmp_path: Path, mode: str) -> Iterator[Server]:
+def serving(tmp_path: Path, mode: str) -> Iterator[SplitServer]:
     """The server in ``mode`` (``in-process`` or ``separate``); killed, with its engine process, on exit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "SPLIT_STEP_SECONDS": "0.01",
            "SPLIT_MAX_MODEL_LEN": "2048"}
@@ -93,7 +79,7 @@ def serving(tmp_path: Path, mode: str) -> Iterator[Server]:
     try:
         if url is None:
             pytest.fail(f"the server did not start:\n{log_path.read_text()}")
-        server = Server(process, url, log_path)
+        server = SplitServer(process, url, log_path)
         if mode == "separate":
             [engine_pid] = server.children()
         yield server

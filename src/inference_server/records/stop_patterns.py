@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,11 +83,13 @@ def _children(node: object) -> list[object]:
     return children
 
 
+@functools.lru_cache(maxsize=256)
 def compile_stop_regex(pattern: str) -> regex.Pattern[str]:
     """``pattern`` compiled, or ``ValueError`` saying why it cannot be a stop: it does not compile, it is too
     large to compile (``STOP_REGEX_MAX_SIZE``), it searches in reverse (``(?r)``: ``core/stop_regex``'s dead prefix
     and hold-back assume a forward search), or it matches the empty string (it would end every output before its
-    first character)."""
+    first character). Cached (a pattern, immutable once compiled): ``SamplingParams.validate`` and then the
+    request's ``RegexStops`` both ask for it; a refused pattern raises again each time."""
     try:
         if pattern_size(pattern) > STOP_REGEX_MAX_SIZE:
             raise ValueError(f"{pattern[:40]!r} is too large: its counted repetitions and literals expand to more "
