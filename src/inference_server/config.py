@@ -131,8 +131,6 @@ class Settings:
                                         "on CUDA (8192), MAX_NUM_BATCHED_TOKENS elsewhere. A step with decodes "
                                         "keeps MAX_NUM_BATCHED_TOKENS, so their inter-token latency does not grow.",
                                      minimum=0)
-    prefill_backlog: bool = _field(True, "Experiment: a step takes MAX_PREFILL_TOKENS while more requests wait "
-                                         "for their first token than are decoding.")
     max_active_kv_tokens: int = _field(0, "Cap on KV tokens held by running requests; 0: the KV pool size.",
                                        minimum=0)
     max_queued_tokens: int = _field(1_000_000, "Cap on prompt tokens waiting for admission; more is rejected "

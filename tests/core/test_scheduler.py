@@ -254,7 +254,6 @@ def test_prefix_hit_computes_only_the_suffix() -> None:
     assert runner.tokens_computed - before == 18 - 16
 
 
-
 def test_a_backlog_of_prompts_takes_the_prefill_budget_beside_decodes() -> None:
     """While more requests wait for their first token than are decoding (a burst), a step with decodes takes the
     prefill budget too; once the decodes are as many as the prompts left, steps keep the step budget. Outputs are
@@ -272,16 +271,6 @@ def test_a_backlog_of_prompts_takes_the_prefill_budget_beside_decodes() -> None:
         scheduler.on_step_result(runner.execute(plan))
     assert steps[:3] == [(0, 12, 32), (3, 9, 32), (6, 6, 8)]  # 3 prompts and a part, twice; then 6 decodes, 6 left
     assert all(tokens <= 8 for decodes, backlog, tokens in steps if decodes > 0 and backlog <= decodes)
-    off = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32, num_blocks=256,
-                         backlog_prefill=False)
-    for rid in range(1, 13):
-        off.add(request(rid, prompt_len=10, max_tokens=40, first_token=rid * 20))
-    sizes = []
-    for _ in range(3):
-        plan = off.schedule()
-        sizes.append(plan.num_tokens)
-        off.on_step_result(runner.execute(plan))
-    assert sizes == [32, 8, 8]
     fresh = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32, num_blocks=256)
     for rid in range(1, 13):
         fresh.add(request(rid, prompt_len=10, first_token=rid * 20))  # 5 tokens out, as run_alone's

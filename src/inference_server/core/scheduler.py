@@ -55,7 +55,6 @@ class SchedulerConfig:
     max_prefill_tokens: int = 0  # budget of a step without decodes; 0 (or less): max_num_batched_tokens
     prefill_mode: str = "chunked"
     max_active_kv_tokens: int = 0  # 0 = no cap beyond the pool itself
-    backlog_prefill: bool = True  # experiment (PREFILL_BACKLOG): a backlog of prompts takes the prefill budget
 
     @property
     def prefill_step_tokens(self) -> int:
@@ -195,7 +194,7 @@ class Scheduler:
         their first token (``num_backlog``: waiting, or prefilling) than are decoding; else
         ``max_num_batched_tokens``, so that a stream's inter-token gap stays one small step while a prompt or two
         arrive."""
-        if num_decodes == 0 or (self.config.backlog_prefill and num_backlog > num_decodes):
+        if num_decodes == 0 or num_backlog > num_decodes:
             return self.config.prefill_step_tokens
         return self.config.max_num_batched_tokens
 
