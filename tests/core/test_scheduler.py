@@ -252,3 +252,27 @@ def test_prefix_hit_computes_only_the_suffix() -> None:
     scheduler.add(request(2, prompt_len=18, max_tokens=1))  # same first 16 tokens, 2 more
     run_to_completion(scheduler, runner)
     assert runner.tokens_computed - before == 18 - 16
+
+
+def test_a_backlog_of_prompts_takes_the_prefill_budget_beside_decodes() -> None:
+    """While more requests wait for their first token than are decoding (a burst), a step with decodes takes the
+    prefill budget too; once the decodes are as many as the prompts left, steps keep the step budget. Outputs are
+    those of each request alone."""
+    scheduler = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32,
+                               num_blocks=256)
+    runner = FakeEngine()
+    for rid in range(1, 13):
+        scheduler.add(request(rid, prompt_len=10, max_tokens=40, first_token=rid * 20))
+    steps = []  # (decodes, requests waiting for their first token, tokens) per step
+    while scheduler.waiting or any(r.num_uncomputed > 1 for r in scheduler.running):
+        decoding = sum(r.num_computed >= len(r.prompt_ids) for r in scheduler.running)
+        plan = scheduler.schedule()
+        steps.append((decoding, len(scheduler.requests) - decoding, plan.num_tokens))
+        scheduler.on_step_result(runner.execute(plan))
+    assert steps[:3] == [(0, 12, 32), (3, 9, 32), (6, 6, 8)]  # 3 prompts and a part, twice; then 6 decodes, 6 left
+    assert all(tokens <= 8 for decodes, backlog, tokens in steps if decodes > 0 and backlog <= decodes)
+    fresh = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32, num_blocks=256)
+    for rid in range(1, 13):
+        fresh.add(request(rid, prompt_len=10, first_token=rid * 20))  # 5 tokens out, as run_alone's
+    results = run_to_completion(fresh, FakeEngine())
+    assert {rid: out for rid, (out, _) in results.items()} == {rid: run_alone(rid * 20, 10) for rid in range(1, 13)}

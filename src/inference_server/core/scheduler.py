@@ -2,7 +2,9 @@
 
 Each call to ``schedule`` builds one ``StepPlan`` under a token budget (``max_num_batched_tokens``) and a
 sequence cap (``max_batch_size``): running decodes first, then prefill work in the order the policy gives. A
-step with no decodes takes the larger ``max_prefill_tokens``: no stream's inter-token latency waits on it.
+step with no decodes takes the larger ``max_prefill_tokens``: no stream's inter-token latency waits on it. So does
+a step while more requests wait for their first token than are decoding (a burst of arrivals): then the larger,
+more efficient steps shorten more requests' wait than they lengthen streams' inter-token gaps.
 A request that finishes frees its slot and KV at once, so the very next plan refills it.
 
 Prefill modes (``PREFILL_MODE``):
@@ -180,12 +182,21 @@ class Scheduler:
         demand = StepDemand(
             releases=tuple(self._releases), items=tuple(decodes + prefills + admissions),
             victims=self._victims(tuple(self.running)),
-            token_budget=self.config.max_num_batched_tokens if decodes else self.config.prefill_step_tokens,
+            token_budget=self._token_budget(len(decodes), len(prefills) + len(self.waiting)),
             max_sequences=self.config.max_batch_size,
             max_new=1 if self.config.prefill_mode == "monolithic" else None,
         )
         self._releases.clear()
         return demand
+
+    def _token_budget(self, num_decodes: int, num_backlog: int) -> int:
+        """The step's token budget: ``prefill_step_tokens`` when nothing decodes, or when more requests wait for
+        their first token (``num_backlog``: waiting, or prefilling) than are decoding; else
+        ``max_num_batched_tokens``, so that a stream's inter-token gap stays one small step while a prompt or two
+        arrive."""
+        if num_decodes == 0 or num_backlog > num_decodes:
+            return self.config.prefill_step_tokens
+        return self.config.max_num_batched_tokens
 
     def _victims(self, running: tuple[Request, ...]) -> Callable[[], tuple[int, ...]]:
         """The preemption order of ``running`` (largest victim key first), computed only if the allocator
