@@ -4,11 +4,12 @@
 ``prefill`` (the default): for each layer kind of the MoE models (Qwen3-30B-A3B head_dim 128; Gemma-4-26B-A4B sliding
 head_dim 256 and full head_dim 512, heads and window from the presets) one chunk of ``--chunk`` queries at the end of a
 ``--context``-token prompt (the last chunk of a chunked prefill, random bf16 K/V in 16-token pages) runs
-``kernels.prefill_attention`` with each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` candidate, timed by
+``kernels.prefill_attention`` with each ``(BLOCK_M, BLOCK_N, num_warps, num_stages, value slices)`` candidate, timed by
 ``kit.graph_timing.time_calls`` (median of ``--reps`` CUDA-graph replays after a warm-up; wall time on the CPU); a
 candidate counts only if its output equals the current config's within bf16 rounding, and one that fails to compile
 (shared memory, registers) is listed as such. Prints one table per layer kind, fastest first, with the attention
-TFLOP/s (causal: 2 x 2 x visible keys x head_dim FLOPs per query and head).
+TFLOP/s (causal: 2 x 2 x visible keys x head_dim FLOPs per query and head; a candidate with value slices computes
+(1 + slices) / 2 times that and is credited only the same FLOPs, so its figure compares directly).
 
 ``decode``: for each decode layer kind (query heads, kv heads, head_dim, window) of ``--models`` (Gemma-4-E2B, E4B,
 26B-A4B, 31B and Qwen3-30B-A3B) at each batch of ``--batches`` and context of ``--contexts`` (every sequence at that
@@ -58,10 +59,11 @@ from inference_server.models.loading.presets import preset_config  # noqa: E402
 from inference_server.models.spec import parse_model_spec  # noqa: E402
 from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_calls  # noqa: E402
 
-CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages) to try
-    128: list(itertools.product((128,), (64, 128), (4, 8), (2, 3, 4))),
-    256: list(itertools.product((64, 128), (32, 64), (8,), (2, 3))),
-    512: list(itertools.product((32, 64), (32, 64), (8,), (1, 2))),
+CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages, value slices) to try
+    128: list(itertools.product((128,), (64, 128), (4, 8), (2, 3, 4), (1,))),
+    256: list(itertools.product((64, 128), (32, 64), (8,), (2, 3), (1,))),
+    512: list(itertools.product((32, 64), (32, 64), (8,), (1, 2), (1,)))
+    + list(itertools.product((64, 128), (32, 64), (4, 8), (1, 2), (2,))),  # experiment: prefill_attention._value_slices
 }
 
 
@@ -81,7 +83,7 @@ def layer_kinds() -> list[tuple[str, int, int, int, int | None]]:
 
 
 def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, context: int, chunk: int, reps: int,
-              quick: int, device: torch.device) -> list[tuple[str, float | None, tuple[int, int, int, int]]]:
+              quick: int, device: torch.device) -> list[tuple[str, float | None, tuple[int, int, int, int, int]]]:
     page = 16
     gen = torch.Generator(device="cpu").manual_seed(head_dim)
     blocks = -(-context // page)
@@ -93,14 +95,16 @@ def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, cont
     cu = torch.tensor([0, chunk], dtype=torch.int32, device=device)
     ctx = torch.tensor([context], dtype=torch.int32, device=device)
     args = (q, k_cache, v_cache, tables, cu, ctx, head_dim ** -0.5, window)
-    current = prefill_attention._prefill_config(head_dim, small_tiles=False)
+    current = (*prefill_attention._prefill_config(head_dim, small_tiles=False),
+               prefill_attention._value_slices(head_dim, small_tiles=False))
     expected = prefill_attention.paged_prefill_attention(*args).float()
     results = []
-    original = prefill_attention._prefill_config
+    original, original_slices = prefill_attention._prefill_config, prefill_attention._value_slices
     candidates = [current] + [c for c in CANDIDATES[max(k for k in CANDIDATES if k <= max(head_dim, 128))]
                               if c != current]
     for config in candidates[:quick] if quick else candidates:
-        prefill_attention._prefill_config = lambda _d, _small=True, config=config: config
+        prefill_attention._prefill_config = lambda _d, _small=True, config=config: config[:4]
+        prefill_attention._value_slices = lambda _d, _small, config=config: config[4]
         try:
             out = prefill_attention.paged_prefill_attention(*args)
             error = (out.float() - expected).abs().max().item()
@@ -112,7 +116,7 @@ def time_kind(heads: int, kv_heads: int, head_dim: int, window: int | None, cont
         except Exception as err:  # out of shared memory or registers: not a candidate
             results.append((f"failed: {type(err).__name__}", None, config))
         finally:
-            prefill_attention._prefill_config = original
+            prefill_attention._prefill_config, prefill_attention._value_slices = original, original_slices
     return results
 
 
@@ -388,15 +392,16 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> None:
         keys = sum(min(args.context - args.chunk + i + 1, window or args.context) for i in range(args.chunk))
         flops = 4.0 * keys * head_dim * heads
         print(f"\n{name}: {heads} heads / {kv_heads} kv heads, {args.chunk} queries at the end of {args.context} keys")
-        print("| BLOCK_M | BLOCK_N | warps | stages | us | TFLOP/s | status |\n|---|---|---|---|---|---|---|")
+        print("| BLOCK_M | BLOCK_N | warps | stages | value slices | us | TFLOP/s | status |\n"
+              "|---|---|---|---|---|---|---|---|")
         rows = time_kind(heads, kv_heads, head_dim, window, args.context, args.chunk, args.reps, args.quick, device)
         current = rows[0][2]
         for status, seconds, config in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0.0)):
             mark = " (current)" if config == current else ""
             us = f"{seconds * 1e6:.1f}" if seconds else "-"
             tflops = f"{flops / seconds / 1e12:.0f}" if seconds else "-"
-            print(f"| {config[0]} | {config[1]} | {config[2]} | {config[3]} | {us} | {tflops} | {status}{mark} |",
-                  flush=True)
+            print(f"| {config[0]} | {config[1]} | {config[2]} | {config[3]} | {config[4]} | {us} | {tflops} "
+                  f"| {status}{mark} |", flush=True)
 
 
 def main() -> int:

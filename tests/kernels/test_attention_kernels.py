@@ -492,6 +492,29 @@ def test_prefill_kernel_long_bf16_chunks_take_the_long_chunk_tiles(
     assert chosen == [False, True]
 
 
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "slices"), [(4, 2, 64, 2), (8, 2, 64, 4),
+                                                                              (2, 1, 48, 2)])
+def test_prefill_kernel_with_value_slices_matches_reference(num_heads: int, num_kv_heads: int, head_dim: int,
+                                                            slices: int, window: int | None) -> None:
+    """Programs that each accumulate a slice of the value columns (recomputing the scores over all of D) give the
+    reference, a head_dim below the power-of-two tile (48 in 64: the last slice partly masked) included."""
+    prefixes, chunks = [0, 5, 13, 9], [7, 1, 11, 20]
+    q, case, cu = prefill_setup(prefixes, chunks, num_heads, num_kv_heads, head_dim, 4, torch.float32, window)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.3, window)
+    out = paged_prefill_attention(*args, block_m=16, block_n=16, value_slices=slices)
+    assert_close(out, ref_paged_prefill_attention(*args), torch.float32)
+
+
+def test_value_slices_must_leave_16_columns_and_are_refused_with_aligned_keys() -> None:
+    q, case, cu = prefill_setup([0], [4], 2, 1, 32, 4, torch.float32, None)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, 0.3, None)
+    with pytest.raises(ValueError, match="value_slices"):
+        paged_prefill_attention(*args, value_slices=4)  # 8 columns a slice
+    with pytest.raises(ValueError, match="value_slices"):
+        paged_prefill_attention(*args, value_slices=2, align_kv=True, split_keys=16, block_n=16)
+
+
 @pytest.mark.parametrize(("head_dim", "window", "tiles"), [(128, None, (16, 16)), (512, 4, (None, None))])
 def test_prefill_kernel_bf16_large_head_dim(
     head_dim: int, window: int | None, tiles: tuple[int | None, int | None]

@@ -229,14 +229,15 @@ _COMPILE = '''
         fast_m, fast_n, fast_warps, fast_stages = tile_config(head_dim, group, small_tiles=False)
         compiled(_paged_prefill_kernel, dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=fast_m,
                                              BLOCK_N=fast_n, BLOCK_Q=fast_m // group, DOT_PRECISION="tf32",
-                                             UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256), fast_warps, fast_stages)
+                                             UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256, SLICES=1), fast_warps,
+                 fast_stages)
         block_m, block_n, warps, stages = tile_config(head_dim, group)
         tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                      SPLIT_KEYS=256, DOT_PRECISION="tf32", UPCAST=False)
         compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=False, BLOCK_R=group), warps, stages)
         fused = compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=True, BLOCK_R=group), warps, stages)
         assert "atom" in fused.asm["ptx"] and "fma.rn.f32" in fused.asm["ptx"]
-        compiled(_paged_prefill_kernel, dict(tiles, BLOCK_Q=block_m // group, ALIGN_KV=True), warps, stages)
+        compiled(_paged_prefill_kernel, dict(tiles, BLOCK_Q=block_m // group, ALIGN_KV=True, SLICES=1), warps, stages)
         fold = compiled(_fold_splits_kernel, dict(D=head_dim, BLOCK_D=head_dim, SPLIT_KEYS=256), 4, 2)
         assert "fma.rn.f32" in fold.asm["ptx"]
     print("compiled")

@@ -76,12 +76,13 @@ def _fresh_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
 @triton.jit
 def _attend_keys(q, q_pos, m_i, l_i, acc, start, end, lo, hi, window, bt_row, k_cache_ptr, v_cache_ptr, kvh,
                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask,
-                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 ALIGN_KV: tl.constexpr, MASKED: tl.constexpr = True):
+                 offs_dv, dv_mask, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, ALIGN_KV: tl.constexpr, MASKED: tl.constexpr = True):
     """The online softmax of the rows ``q [BLOCK_M, BLOCK_D]`` (at positions ``q_pos``) over the key tiles at
     ``start, start + BLOCK_N, ... < end``; keys outside ``[lo, hi)`` (``ALIGN_KV``; else below ``hi``) are not read.
     A tile a row cannot see leaves its state exactly as it was (scores -inf: the max stays, alpha is 1, p is 0).
-    ``offs_n``, ``offs_d``: ``tl.arange`` over ``BLOCK_N`` and ``BLOCK_D``; ``d_mask``: ``offs_d < D``.
+    ``offs_n``, ``offs_d``: ``tl.arange`` over ``BLOCK_N`` and ``BLOCK_D``; ``d_mask``: ``offs_d < D``; ``offs_dv``,
+    ``dv_mask``: the value columns this program accumulates (``acc [BLOCK_M, len(offs_dv)]``; all of D, or one slice).
     ``MASKED`` False: the caller vouches that every row of interest sees every key of these tiles (no bounds, causal
     or window test; the same bits as the masked loop for those rows)."""
     for n0 in range(start, end, BLOCK_N):
@@ -110,11 +111,11 @@ def _attend_keys(q, q_pos, m_i, l_i, acc, start, end, lo, hi, window, bt_row, k_
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_ptrs = v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+        v_ptrs = v_cache_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :]
         if MASKED:
-            v = tl.load(v_ptrs, mask=kv_valid[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+            v = tl.load(v_ptrs, mask=kv_valid[:, None] & dv_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]
         else:
-            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=dv_mask[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -134,7 +135,7 @@ def split_state(q, q_pos, split_start, lo, hi, first, window, bt_row, k_cache_pt
     return _attend_keys(q, q_pos, m_i, l_i, acc, tl.maximum(split_start, first),
                         tl.minimum(split_start + SPLIT_KEYS, hi), lo, hi, window, bt_row, k_cache_ptr, v_cache_ptr,
                         kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale, offs_n,
-                        offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION, UPCAST, True)
+                        offs_d, d_mask, offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION, UPCAST, True)
 
 
 @triton.jit
@@ -203,9 +204,12 @@ def _paged_prefill_kernel(
     UPCAST: tl.constexpr,
     ALIGN_KV: tl.constexpr = False,
     SPLIT_KEYS: tl.constexpr = 256,  # ALIGN_KV: keys per KV split (a multiple of BLOCK_N)
+    SLICES: tl.constexpr = 1,  # value slices: each program accumulates BLOCK_D // SLICES output columns (not ALIGN_KV)
 ):
     tile_idx = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // SLICES
+    offs_dv = (tl.program_id(1) % SLICES) * (BLOCK_D // SLICES) + tl.arange(0, BLOCK_D // SLICES)
+    dv_mask = offs_dv < D
     b = _find_seq(cu_seqlens_q_ptr, tile_idx, num_seqs, BLOCK_Q)
     q_begin = tl.load(cu_seqlens_q_ptr + b)
     chunk_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_begin
@@ -240,7 +244,7 @@ def _paged_prefill_kernel(
     if ALIGN_KV:  # key tiles at multiples of BLOCK_N whatever the tile's first query (keys before lo stay unread)
         first = lo // BLOCK_N * BLOCK_N
 
-    m_i, l_i, acc = _fresh_state(BLOCK_M, BLOCK_D)
+    m_i, l_i, acc = _fresh_state(BLOCK_M, BLOCK_D // SLICES)
     bt_row = block_tables_ptr + b * stride_btb
     if ALIGN_KV:  # the state of each KV split of SPLIT_KEYS positions from a fresh one, folded in split order
         m_i, l_i, acc = _aligned_state(q, q_pos, lo, hi, first, first // SPLIT_KEYS * SPLIT_KEYS, hi, window, bt_row,
@@ -260,22 +264,22 @@ def _paged_prefill_kernel(
         full_end = tl.maximum(tl.minimum(first + tiles_hi * BLOCK_N, hi), edge_end)  # empty when no tile is whole
         m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, first, edge_end, lo, hi, window, bt_row, k_cache_ptr,
                                      v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
-                                     stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION,
-                                     UPCAST, False, True)
+                                     stride_vh, qk_scale, offs_n, offs_d, d_mask, offs_dv, dv_mask, PAGE, BLOCK_N,
+                                     DOT_PRECISION, UPCAST, False, True)
         m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, edge_end, full_end, lo, hi, window, bt_row,
                                      k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
-                                     stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N,
-                                     DOT_PRECISION, UPCAST, False, False)
+                                     stride_vt, stride_vh, qk_scale, offs_n, offs_d, d_mask, offs_dv, dv_mask,
+                                     PAGE, BLOCK_N, DOT_PRECISION, UPCAST, False, False)
         m_i, l_i, acc = _attend_keys(q, q_pos, m_i, l_i, acc, full_end, hi, lo, hi, window, bt_row, k_cache_ptr,
                                      v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
-                                     stride_vh, qk_scale, offs_n, offs_d, d_mask, PAGE, BLOCK_N, DOT_PRECISION,
-                                     UPCAST, False, True)
+                                     stride_vh, qk_scale, offs_n, offs_d, d_mask, offs_dv, dv_mask, PAGE, BLOCK_N,
+                                     DOT_PRECISION, UPCAST, False, True)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
-        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_dv[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None] & d_mask[None, :],
+        mask=row_valid[:, None] & dv_mask[None, :],
     )
 
 
@@ -296,6 +300,14 @@ def _prefill_config(head_dim: int, small_tiles: bool = True) -> tuple[int, int, 
     if head_dim <= 256:
         return (64, 32, 8, 2) if small_tiles else (128, 64, 8, 2)
     return (32, 32, 8, 2) if small_tiles else (64, 32, 8, 2)
+
+
+def _value_slices(head_dim: int, small_tiles: bool) -> int:
+    """Programs a (query tile, kv head) of a long-chunk call splits its output columns over (experiment, branch
+    ``prefill-dsplit``): each recomputes the scores over all of D and accumulates ``D / slices`` value columns, so
+    its accumulator fits a larger query tile or fewer warps, at (1 + slices) / 2 times the FLOPs. 1: one program
+    holds the whole row. ``bench/tune_attention.py`` times the candidates."""
+    return 1
 
 
 def tile_config(head_dim: int, group: int, block_m: int | None = None, block_n: int | None = None,
@@ -322,6 +334,7 @@ def paged_prefill_attention(
     block_n: int | None = None,
     align_kv: bool = False,
     split_keys: int | None = None,
+    value_slices: int | None = None,
 ) -> torch.Tensor:  # [T, nH, D]
     """Paged causal (+ sliding window) prefill attention; see the module docstring for the contract.
 
@@ -334,7 +347,8 @@ def paged_prefill_attention(
     one-split-a-program decode kernel (``kernels.invariant_decode_attention``) gives a query the same bits.
 
     ``block_m``/``block_n`` override the tile sizes (powers of two, >= 16; tests use small ones to cross
-    tile boundaries). ``block_m`` is raised to the next power of two >= G if smaller.
+    tile boundaries). ``block_m`` is raised to the next power of two >= G if smaller. ``value_slices`` overrides
+    ``_value_slices`` (a power of two leaving >= 16 columns a slice; 1 with ``align_kv``).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -355,7 +369,12 @@ def paged_prefill_attention(
     if align_kv and split_keys % block_n:
         raise ValueError(f"split_keys ({split_keys}) must be a multiple of the key tile ({block_n})")
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    slices = value_slices or (1 if small_tiles else _value_slices(head_dim, small_tiles))
+    if block_d % slices or block_d // slices < 16 or (align_kv and slices != 1):
+        raise ValueError(f"value_slices ({slices}) must divide the head tile ({block_d}) into >= 16 columns, and be "
+                         "1 with align_kv")
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads * slices)
     _paged_prefill_kernel[grid](
         q,
         k_cache,
@@ -377,7 +396,7 @@ def paged_prefill_attention(
         PAGE=block_size,
         G=group,
         D=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_D=block_d,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         BLOCK_N=block_n,
@@ -385,6 +404,7 @@ def paged_prefill_attention(
         UPCAST=upcast,
         ALIGN_KV=align_kv,
         SPLIT_KEYS=split_keys,
+        SLICES=slices,
         num_warps=num_warps,
         num_stages=num_stages,
     )
