@@ -61,10 +61,13 @@ from kit.graph_timing import calls_per_graph, device_l2_bytes, rotation, time_ca
 
 CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages, value slices) to try
     128: list(itertools.product((128,), (64, 128), (4, 8), (2, 3, 4), (1,))),
-    256: list(itertools.product((64, 128), (32, 64), (8,), (2, 3), (1,))),
-    512: list(itertools.product((32, 64), (32, 64), (8,), (1, 2), (1,)))
-    + list(itertools.product((64, 128), (32, 64), (4, 8), (1, 2), (2,))),  # experiment: prefill_attention._value_slices
+    256: list(itertools.product((64, 128), (16, 32, 64), (8,), (2, 3), (1,))),
+    512: list(itertools.product((32, 64), (16, 32, 64), (8,), (1, 2), (1,)))
+    # experiment: prefill_attention._value_slices
+    + list(itertools.product((64, 128), (16, 32, 64), (4, 8), (1, 2), (2,))),
 }
+"""16-key tiles (new): ptxas, with the device's Triton 3.6, spills ~30 bytes a thread in the whole-tile loop at D 512
+with 64x16/8 warps against ~1,000 at today's 64x32 (0 with two value slices); only the GPU says which is faster."""
 
 
 def layer_kinds() -> list[tuple[str, int, int, int, int | None]]:
