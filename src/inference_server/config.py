@@ -127,9 +127,11 @@ class Settings:
                                             "on CUDA, 256 elsewhere (a CPU step stays about a second long, "
                                             "so aborts and deadlines are honoured promptly).", minimum=0)
     max_prefill_tokens: int = _field(0, "Token budget of a step that carries no decodes (prompts only: a long "
-                                        "prompt alone, the first step of a burst); 0: 4 x MAX_NUM_BATCHED_TOKENS "
-                                        "on CUDA (8192), MAX_NUM_BATCHED_TOKENS elsewhere. A step with decodes "
-                                        "keeps MAX_NUM_BATCHED_TOKENS, so their inter-token latency does not grow.",
+                                        "prompt alone, the first step of a burst), and of one with decodes while "
+                                        "more requests wait for their first token than decode; 0: 4 x "
+                                        "MAX_NUM_BATCHED_TOKENS on CUDA (8192), MAX_NUM_BATCHED_TOKENS elsewhere. "
+                                        "Other steps with decodes keep MAX_NUM_BATCHED_TOKENS, so a stream's "
+                                        "inter-token latency does not grow while a prompt or two arrive.",
                                      minimum=0)
     max_active_kv_tokens: int = _field(0, "Cap on KV tokens held by running requests; 0: the KV pool size.",
                                        minimum=0)

@@ -103,6 +103,11 @@ class Completion:
         return self.outputs[0].top_logprobs
 
 
+def refused(error: RequestError) -> Completion:
+    """The completion of a request refused before it produced anything: no tokens, ``error`` as ``code: message``."""
+    return Completion((CompletionOutput(0, "", (), "error", error=f"{error.code}: {error.message}"),), 0)
+
+
 async def collect(handle: RequestHandle) -> Completion:
     """Read a request to its end through its handle (closing it): a completion of one output."""
     async with handle:
@@ -110,7 +115,7 @@ async def collect(handle: RequestHandle) -> Completion:
             prompt_tokens = await handle.admission()
             result = await handle.result()
         except RequestError as error:
-            return Completion((CompletionOutput(0, "", (), "error", error=f"{error.code}: {error.message}"),), 0)
+            return refused(error)
     output = CompletionOutput(0, "".join(t.text for t in result.tokens), tuple(t.token_id for t in result.tokens),
                               result.finish_reason or "error", result.stop_reason, result.error,
                               tuple(t.logprob for t in result.tokens), tuple(t.top_logprobs for t in result.tokens))
@@ -190,13 +195,25 @@ async def run_engine(parts: EngineParts, requests: Sequence[GenerationRequest],
     """Start an engine on ``parts``, run ``requests`` concurrently (submitted in order; those refused as
     ``overloaded`` again as the batch's others end, ``collect_through_overload``), stop the engine; returns the
     stopped engine (for inspection) and one completion per request, in order. ``on_done(i)`` is called as
-    request ``i`` ends (in the order they end: a progress bar's tick)."""
+    request ``i`` ends (in the order they end: a progress bar's tick).
+
+    A request's structured-output constraint is compiled in a worker thread before it is submitted
+    (``Engine.compile_constraints``, as the HTTP routes do): admission would otherwise compile it on the event loop
+    that also plans the engine's steps (milliseconds to a second a schema, each distinct one once). One that does
+    not compile is that request's error completion, and it is not submitted."""
     results: list[Completion | None] = [None] * len(requests)
     turnover = Turnover()
     async with trio.open_nursery() as nursery:
         engine: Engine = await nursery.start(Engine(parts).run)
         async with trio.open_nursery() as clients:
             for index, request in enumerate(requests):
+                try:
+                    await engine.compile_constraints([request])  # no checkpoint without a constraint to compile
+                except RequestError as error:
+                    results[index] = refused(error)
+                    if on_done is not None:
+                        on_done(index)
+                    continue
                 handle = turnover.submit(engine, request)
 
                 async def consume(i: int = index, r: GenerationRequest = request, h: RequestHandle = handle) -> None:

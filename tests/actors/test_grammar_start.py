@@ -77,3 +77,32 @@ async def test_a_constrained_request_builds_nothing_and_compiles_in_a_worker_thr
         assert compiled_in[0] is False  # compile_constraints: off the event loop
         engine.close()
     engine.check_integrity()
+
+
+async def test_an_offline_batch_compiles_each_constraint_in_a_worker_thread_and_an_invalid_one_is_its_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``offline.run_engine`` (the ``LLM`` API's batch) compiles before it submits, as the HTTP routes do: no
+    compilation runs on the event loop that plans the steps, and a constraint that does not compile ends its
+    request with the grammar's error while the others complete."""
+    from inference_server.offline import run_engine
+
+    grammar = GrammarCompiler(byte_level_tokenizer_json(512), 512, {EOS})
+    on_loop: list[bool] = []
+    matcher = grammar._matcher
+
+    def spied(constraint: Constraint) -> llguidance.LLMatcher:
+        on_loop.append(trio.lowlevel.in_trio_run())  # False in a worker thread
+        return matcher(constraint)
+
+    monkeypatch.setattr(grammar, "_matcher", spied)
+    requests = [GenerationRequest(params=SamplingParams(max_tokens=4, constraint=constraint), prompt_ids=(3, 4, 5))
+                for constraint in (None, Constraint.regex("a+", field="regex"), Constraint.regex("(", field="regex"),
+                                   Constraint.regex("a+", field="regex"), Constraint.regex("b+", field="regex"))]
+    ended: list[int] = []
+    engine, completions = await run_engine(fake_parts(FakeEngine(), grammar=grammar, eos_token_ids=frozenset({EOS})),
+                                           requests, ended.append)
+    engine.check_integrity()
+    assert on_loop == [False, False, False]  # "a+" (once: cached), "(", "b+"
+    assert [c.finish_reason == "error" for c in completions] == [False, False, True, False, False]
+    assert completions[2].error is not None and completions[2].error.startswith("invalid_request: regex")
+    assert completions[2].token_ids == () and sorted(ended) == [0, 1, 2, 3, 4]

@@ -127,3 +127,25 @@ def test_the_table_key_follows_the_tokenizer_file_and_the_vocabulary_size(tokeni
     assert tokenizer.source_file is not None
     tokenizer.source_file.write_text(byte_level_tokenizer_json(520))  # rewritten: another size and mtime
     assert table_path(tokenizer, 512, tmp_path) != path
+
+
+def test_a_write_removes_the_staging_files_of_killed_writes_but_not_a_young_one(tokenizer: Tokenizer,
+                                                                                 tmp_path: Path) -> None:
+    """A start killed between ``mkstemp`` and the rename leaves a ``*.npz.tmp`` of tens of MB; the next write
+    removes those older than ``STALE_STAGING_SECONDS`` and leaves a younger one (another process's write)."""
+    import os
+    import time
+
+    from inference_server.models.grammar_tokenizer import STALE_STAGING_SECONDS
+
+    cache = tmp_path / "cache"
+    folder = table_path(tokenizer, 512, cache).parent
+    folder.mkdir(parents=True)
+    killed, writing = folder / "killed.npz.tmp", folder / "writing.npz.tmp"
+    killed.write_bytes(b"torn")
+    writing.write_bytes(b"in progress")
+    old = time.time() - STALE_STAGING_SECONDS - 60
+    os.utime(killed, (old, old))
+    build_grammar_tokenizer(tokenizer, 512, {EOS}, MASK_SLICES, cache)
+    assert not killed.exists() and writing.exists()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([table_path(tokenizer, 512, cache).name, writing.name])

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Collection, Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -105,6 +106,7 @@ def write_table(path: Path, built: llguidance.LLTokenizer) -> None:
     ends = np.cumsum([len(t) for t in tokens], dtype=np.int64)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(path.parent)
         handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
         try:
             with os.fdopen(handle, "wb") as file:
@@ -115,3 +117,19 @@ def write_table(path: Path, built: llguidance.LLTokenizer) -> None:
             raise
     except OSError as error:
         log.warning("the grammar token table was not cached (%s): the next start reads tokenizer.json again", error)
+
+
+STALE_STAGING_SECONDS = 600.0
+"""A staging file this old is a write that was killed before its rename (a process's write takes a second or so)."""
+
+
+def remove_stale_staging(folder: Path, now: float | None = None) -> None:
+    """Delete the ``*.npz.tmp`` files a killed start left in ``folder`` (a table is tens of MB); younger ones may
+    be another process's write in progress and stay."""
+    now = time.time() if now is None else now
+    for staging in folder.glob("*.npz.tmp"):
+        try:
+            if now - staging.stat().st_mtime > STALE_STAGING_SECONDS:
+                staging.unlink(missing_ok=True)
+        except OSError:  # gone meanwhile, or not ours to delete: the write below does not depend on it
+            continue
