@@ -123,10 +123,10 @@ STALE_STAGING_SECONDS = 600.0
 """A staging file this old is a write that was killed before its rename (a process's write takes a second or so)."""
 
 
-def remove_stale_staging(folder: Path, now: float | None = None) -> None:
+def remove_stale_staging(folder: Path) -> None:
     """Delete the ``*.npz.tmp`` files a killed start left in ``folder`` (a table is tens of MB); younger ones may
     be another process's write in progress and stay."""
-    now = time.time() if now is None else now
+    now = time.time()
     for staging in folder.glob("*.npz.tmp"):
         try:
             if now - staging.stat().st_mtime > STALE_STAGING_SECONDS:
