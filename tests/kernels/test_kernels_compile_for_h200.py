@@ -73,9 +73,11 @@ COMPILE = textwrap.dedent('''
     for gemma, norm_v, store, (nq, nk, half) in ((True, True, False, (16, 8, 128)), (True, True, True, (16, 8, 128)),
                                                 (False, False, True, (32, 4, 64)), (True, True, True, (16, 2, 256))):
         signature = {**dict.fromkeys(pointers, "*bf16"), "slot_ptr": "*i64", **dict.fromkeys(strides, "i32"),
-                     "eps": "fp32", **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "GEMMA", "NORM_V",
-                                                     "NUM_OUT", "STORE", "PAGE"), "constexpr")}
-        constexprs = {"NUM_Q": nq, "NUM_K": nk, "HALF": half, "BLOCK_HALF": half, "GEMMA": gemma, "NORM_V": norm_v,
+                     "eps": "fp32", "num_tokens": "i32",
+                     **dict.fromkeys(("NUM_Q", "NUM_K", "HALF", "BLOCK_HALF", "BLOCK_T", "GEMMA", "NORM_V",
+                                      "NUM_OUT", "STORE", "PAGE"), "constexpr")}
+        constexprs = {"NUM_Q": nq, "NUM_K": nk, "HALF": half, "BLOCK_HALF": half, "BLOCK_T": 1024 // half,
+                      "GEMMA": gemma, "NORM_V": norm_v,
                       "NUM_OUT": nq + nk + (nk if norm_v else 0), "STORE": store, "PAGE": 16}
         triton.compile(source(fn=_qk_norm_rope_kernel, signature=signature, constexprs=constexprs), target=target)
     for weights, has_scale in (("*bf16", False), ("*fp32", True)):
@@ -276,6 +278,7 @@ PDL_COMPILE = textwrap.dedent('''
     import pkgutil
 
     import triton
+    import triton.language as tl
     from triton.backends.compiler import GPUTarget
 
     import inference_server.kernels as package
@@ -295,8 +298,8 @@ PDL_COMPILE = textwrap.dedent('''
          {**dict.fromkeys(("eps_a", "eps_b", "eps_s", "eps_z0", "eps_z1", "eps_z2"), "fp32"), "wz2_ptr": "*fp32"},
          dict(HAS_B=False, HAS_SUM_NORM=False, HAS_RES=True, HAS_SCALE=False, NUM_Z=3, BLOCK=4096)),
         (qk_norm_rope._qk_norm_rope_kernel, {"slot_ptr": "*i64", "eps": "fp32"},
-         dict(NUM_Q=32, NUM_K=4, HALF=64, BLOCK_HALF=64, GEMMA=False, NORM_V=False, NUM_OUT=36, STORE=True,
-              PAGE=16)),
+         dict(NUM_Q=32, NUM_K=4, HALF=64, BLOCK_HALF=64, BLOCK_T=16, GEMMA=False, NORM_V=False, NUM_OUT=36,
+              STORE=True, PAGE=16)),
         (kv_store._store_kv_kernel, {"slot_mapping_ptr": "*i64"}, dict(PAGE=16, H=4, D=128, BLOCK_H=4, BLOCK_D=128)),
         (rope._rope_kernel, {}, dict(NUM_Q_HEADS=32, HALF=64, BLOCK_HALF=64)),
         (rope_tables._rope_tables_kernel, {"pos_ptr": "*i64", "inv_ptr": "*fp32"}, dict(BLOCK=128, LIBDEVICE=True)),
@@ -333,7 +336,7 @@ PDL_COMPILE = textwrap.dedent('''
         (fused_moe._moe_down_kernel, {"sorted_ptr": "*i32", "block_expert_ptr": "*i32"},
          dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=True, IEEE=False, UPCAST=False, W_INT8=False,
               MAGIC=False)),
-        (fused_moe._moe_sum_kernel, {}, dict(TOP_K=8, BLOCK_H=1024)),
+        (fused_moe._moe_sum_kernel, {"topk_w_ptr": "*fp32"}, dict(TOP_K=8, BLOCK_H=1024, WEIGHTED_DTYPE=tl.float32)),
         (moe_decode._gate_up_kernel, {"ids_ptr": "*i64"},
          dict(TOP_K=8, ACT=0, BLOCK_N=16, BLOCK_K=256, EVEN_K=True, W_INT8=False, W_WORDS=False, PRMT=False,
               INT_DOT=False)),
@@ -501,3 +504,30 @@ def test_batch_invariant_matmul_compiles_for_sm90_with_its_fold() -> None:
     runs code the compiler rejects (a loop's variable read after the loop), and the split launch's fold must keep
     its barrier before the counter's acq_rel add and read the partials past L1."""
     _compile_in_child(INVARIANT_MATMUL_COMPILE)
+
+
+MOE_SUM_COMPILE = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    from inference_server.kernels.fused_moe import _moe_sum_kernel as fn
+
+    target = GPUTarget("cuda", 90, 64)
+    constexprs = dict(TOP_K=8, BLOCK_H=1024, WEIGHTED_DTYPE=tl.float32)
+    types = {"in_ptr": "*bf16", "topk_w_ptr": "*fp32", "out_ptr": "*bf16"}
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+    ptx = {fusion: triton.compile(source(fn, signature, constexprs), target=target,
+                                  options={"num_warps": 4, "enable_fp_fusion": fusion}).asm["ptx"]
+           for fusion in (True, False)}
+    assert "fma.rn.f32" in ptx[True]  # what the launch's option prevents: the product folded into the add
+    assert "fma.rn.f32" not in ptx[False] and "mul.rn.f32" in ptx[False] and "add.rn.f32" in ptx[False]
+    print("compiled")
+''')
+
+
+def test_moe_sum_rounds_each_weighted_pair_before_the_add() -> None:
+    """``fused_moe`` launches the k-sum with ``enable_fp_fusion=False``: with Gemma 4's fp32 routing weights the
+    product ``pair * weight`` is rounded to fp32 before it is added (as when the down kernel stored it weighted);
+    with contraction on, the compiler folds them into one FMA (one rounding fewer, other bits)."""
+    _compile_in_child(MOE_SUM_COMPILE)

@@ -216,6 +216,48 @@ def test_fused_moe_fp32(T: int, E: int, K: int, activation: str) -> None:
 
 
 @pytest.mark.parametrize("weights_dtype", [torch.bfloat16, torch.float32])  # Qwen-style, Gemma-style
+def test_the_k_sum_weights_each_pair_rounded_as_stored_weighted(weights_dtype: torch.dtype,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The down kernel stores each pair's output unweighted in the activation dtype; the k-sum weights it, rounds
+    the product to ``promote(act, weights)`` (the dtype the pair used to be stored in, weighted) and adds in fp32,
+    k ascending: bitwise that arithmetic in torch, on the pairs the sum kernel was given. Its launch turns off
+    multiply-add contraction (the compiler would otherwise fold fp32 product and add into one FMA)."""
+    from inference_server.kernels import fused_moe as module
+
+    launches: list[tuple[tuple, dict]] = []
+    kernel = module._moe_sum_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), kwargs))
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(module, "_moe_sum_kernel", Recording())
+    gen = torch.Generator().manual_seed(5)
+    T, E, K = 5, 8, 4
+    x = torch.randn(T, 32, generator=gen).to(DEV, torch.bfloat16)
+    w_gu, w_dn = _experts(E, 32, 24, torch.bfloat16, gen)
+    w, ids = _routing(T, E, K, gen)
+    w = w.to(weights_dtype)
+    out = fused_moe(x, w_gu, w_dn, w, ids, "silu")
+    ((pairs, weights, *_), kwargs), = launches
+    assert kwargs["enable_fp_fusion"] is False
+    assert pairs.dtype == torch.bfloat16 and pairs.shape == (T * K, 32)
+    def to_bf16(t: torch.Tensor) -> torch.Tensor:  # fp32 -> bf16 as the kernel rounds (interpreter: truncation)
+        if DEV == "cuda":
+            return t.to(torch.bfloat16)
+        return (t.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+    expected = torch.zeros(T, 32, dtype=torch.float32, device=DEV)
+    for k in range(K):
+        product = pairs[k::K].float() * weights.view(T, K)[:, k:k + 1].float()
+        expected += (to_bf16(product).float() if weights_dtype == torch.bfloat16 else product)
+    assert torch.equal(out, to_bf16(expected))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.bfloat16, torch.float32])  # Qwen-style, Gemma-style
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize(("T", "E", "K"), [(1, 8, 8), (3, 4, 2), (17, 8, 2), (64, 8, 8)])
 def test_fused_moe_bf16(T: int, E: int, K: int, activation: str, weights_dtype: torch.dtype) -> None:

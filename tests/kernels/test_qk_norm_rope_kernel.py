@@ -39,7 +39,10 @@ def _inputs(T: int, nH: int, nKV: int, D: int, dtype: torch.dtype, seed: int, wi
 
 
 @pytest.mark.parametrize("mode", ["gemma", "qwen"])
-@pytest.mark.parametrize(("T", "nH", "nKV", "D", "with_v"), [(1, 4, 2, 16, False), (3, 2, 1, 24, True)])
+@pytest.mark.parametrize(("T", "nH", "nKV", "D", "with_v"), [
+    (1, 4, 2, 16, False), (3, 2, 1, 24, True),
+    (131, 2, 1, 16, True),  # 128 tokens a program at D = 16: a second program with 3 rows and 125 masked
+])
 def test_matches_the_unfused_reference_in_fp32(T: int, nH: int, nKV: int, D: int, with_v: bool, mode: str) -> None:
     q, k, v, q_w, k_w, cos, sin = _inputs(T, nH, nKV, D, torch.float32, seed=T + D, with_v=with_v)
     q_before, k_before = q.clone(), k.clone()

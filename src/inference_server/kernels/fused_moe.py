@@ -1,4 +1,4 @@
-"""Triton fused MoE: expert alignment, gate/up grouped GEMM + activation, down grouped GEMM + weighting.
+"""Triton fused MoE: expert alignment, gate/up grouped GEMM + activation, down grouped GEMM, weighted k-sum.
 
 Pipeline: 4 kernel launches at decode (5 once the T*K pairs exceed one alignment chunk: 128 pairs at
 E=128, 256 at E<=64), no host syncs, graph-capturable (grids come from static upper bounds):
@@ -12,9 +12,10 @@ E=128, 256 at E<=64), no host syncs, graph-capturable (grids come from static up
    holds all pairs, as in decode) give the chunk's offset: stable, deterministic, parallel over chunks.
 2. ``_moe_gate_up_kernel``: per block, ``gate = x @ W_gu[e, :I].T`` and ``up = x @ W_gu[e, I:].T`` (two
    fp32 accumulators over the same A tile), epilogue ``act(gate) * up`` -> ``inter [T*K, I]`` (row = pair).
-3. ``_moe_down_kernel``: ``y = inter @ W_down[e].T``, epilogue ``y * topk_weight`` ->
+3. ``_moe_down_kernel``: ``y = inter @ W_down[e].T`` rounded to the activation dtype ->
    ``pair_out [T*K, H]`` (row = pair).
-4. ``_moe_sum_kernel``: ``out[t] = Σ_k pair_out[t*K + k]`` in fp32, k ascending, one cast.
+4. ``_moe_sum_kernel``: ``out[t] = Σ_k pair_out[t*K + k] * topk_weight[t, k]`` in fp32, k ascending, one
+   cast.
 
 Only blocks of routed experts exist (at most ``floor((N - A)/BLOCK_M) + A`` blocks for N pairs and
 A = min(N, E) possibly-active experts), and padded blocks exit at once, so at T=1 only the K routed
@@ -27,15 +28,19 @@ follow the step size (``num_pairs``, ``max_blocks``, ``num_chunks``, ``num_block
 multi-chunk alignment of up to 128 chunks (16384 pairs: a 2048-token step at K=8) is one variant per BLOCK_M.
 What still varies is BLOCK_M and the GEMM tiles it selects; ``CudaModelRunner`` compiles those at start-up.
 
-Accumulation choice: deterministic. The weighted pairs are written once and summed by a separate
+Accumulation choice: deterministic. The pairs are written once and weighted and summed by a separate
 kernel in a fixed order instead of atomically added into ``[T, H]``: results are bitwise reproducible
 run to run, there is no zero-fill launch, and the extra traffic (``T*K*H`` written and read once) is
-small next to the expert weights (at T=1: ~90 KB against ~25 MB of weights).
+small next to the expert weights at decode (at T=1: ~90 KB against ~25 MB of weights). At prefill it is not
+(an 8,192-token step of Gemma-4-26B-A4B: 185 MB a layer in the activation dtype), which is why the pairs are
+stored before the weighting, in the activation dtype, rather than weighted in fp32 (twice the bytes for Gemma 4).
 
 Rounding mirrors HF's default ``grouped_mm`` path (see ``reference_moe``): the gate/up and down GEMM
 results are rounded to the activation dtype before use; ``act(gate)`` and ``act*up`` are each
-rounded; the weighted pair is stored in ``promote(act dtype, topk_weights dtype)`` (bf16 for Qwen,
-whose routing weights are cast to bf16; fp32 for Gemma 4, whose weights stay fp32); the k-sum is fp32.
+rounded; the weighted pair is rounded to ``promote(act dtype, topk_weights dtype)`` (bf16 for Qwen,
+whose routing weights are cast to bf16; fp32 for Gemma 4, whose weights stay fp32); the k-sum is fp32. The sum
+kernel is compiled without multiply-add contraction (``enable_fp_fusion=False``), so each fp32 weighted pair is
+rounded before it is added, as when the down kernel stored it.
 fp32 activations use IEEE fp32 dot products (no TF32), so they match the fp32 reference tightly.
 
 int8 experts (``w_gate_up_scale``/``w_down_scale`` given, ``W_INT8`` in the GEMM kernels): weight tiles are loaded
@@ -454,8 +459,7 @@ def _moe_gate_up_kernel(
 def _moe_down_kernel(
     a_ptr,  # [N, I] act(gate) * up, row = pair id
     w_ptr,  # [E, H, I]; int8 when W_INT8
-    out_ptr,  # [N, H] weighted expert outputs, dtype promote(act, topk_weights)
-    topk_w_ptr,  # [N] routing weight of each pair
+    out_ptr,  # [N, H] expert outputs in the activation dtype, not yet weighted
     sorted_ptr,
     block_expert_ptr,
     scale_ptr,  # [E, H] per-output-row scale of the int8 weight (unused unless W_INT8)
@@ -522,25 +526,26 @@ def _moe_down_kernel(
     if W_INT8:
         s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + offs_n_safe * stride_sn
         acc = acc * tl.load(s_ptrs).to(tl.float32)[None, :]
-    route_w = tl.load(topk_w_ptr + pair64, mask=row_ok, other=0.0).to(tl.float32)  # [BM]
-    y = acc.to(a_ptr.dtype.element_ty).to(tl.float32) * route_w[:, None]
     o_ptrs = out_ptr + pair64[:, None] * stride_ot + offs_n[None, :]
-    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < H)[None, :])
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < H)[None, :])
 
 
 @triton.jit
 def _moe_sum_kernel(
-    in_ptr,  # [T*K, H]
+    in_ptr,  # [T*K, H] expert outputs in the activation dtype, row = pair
+    topk_w_ptr,  # [T*K] routing weight of each pair
     out_ptr,  # [T, H]
     H,
     stride_in,
     stride_out,
     TOP_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    WEIGHTED_DTYPE: tl.constexpr,  # promote(act, topk_weights): where each weighted pair is rounded
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    # PDL (kernels.pdl): the weighted pairs come from the down kernel just before, so wait before the first load and
-    # store; a short kernel, so release the next launch at once (its CTAs get resident and wait while this one runs).
+    # PDL (kernels.pdl): the pairs come from the down kernel just before, and the routing weights from an earlier
+    # launch, so wait before the first load and store; a short kernel, so release the next launch at once (its CTAs
+    # get resident and wait while this one runs).
     pdl_wait(USE_PDL)
     pdl_release(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -548,7 +553,10 @@ def _moe_sum_kernel(
     mask = offs < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for k in tl.static_range(TOP_K):  # fixed order k = 0..K-1: deterministic
-        acc += tl.load(in_ptr + (t * TOP_K + k) * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
+        route_w = tl.load(topk_w_ptr + t * TOP_K + k).to(tl.float32)
+        y = tl.load(in_ptr + (t * TOP_K + k) * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
+        # rounded to the weighted dtype before the add (the launch disables multiply-add contraction)
+        acc += (y * route_w).to(WEIGHTED_DTYPE).to(tl.float32)
     tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -556,6 +564,8 @@ def _moe_sum_kernel(
 # Wrapper
 # ----------------------------------------------------------------------------------------------
 
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 # TRITON_INTERPRET=1 is read when a kernel is decorated: the kernels are then interpreter objects.
 _INTERPRETED = not isinstance(_moe_gate_up_kernel, triton.runtime.JITFunction)
@@ -635,14 +645,12 @@ def fused_moe(
     weights = topk_weights.reshape(-1)  # [T*K]
     if not weights.is_contiguous():
         weights = weights.contiguous()
-    pair_out = torch.empty(  # [T*K, H]
-        n_pairs, H, dtype=torch.promote_types(hidden.dtype, topk_weights.dtype), device=dev
-    )
+    pair_out = torch.empty(n_pairs, H, dtype=hidden.dtype, device=dev)  # [T*K, H], not yet weighted
     dn = cfg.down
     grid_dn = (max_blocks * triton.cdiv(H, dn.block_n),)
     dn_scale = w_down_scale if w_down_scale is not None else w_down  # unused unless int8
     _moe_down_kernel[grid_dn](
-        inter, w_down, pair_out, weights, align.sorted_pair_ids, align.block_expert, dn_scale,
+        inter, w_down, pair_out, align.sorted_pair_ids, align.block_expert, dn_scale,
         n_pairs, H, inter_size, max_blocks,
         inter.stride(0), inter.stride(1), w_down.stride(0), w_down.stride(1), w_down.stride(2),
         pair_out.stride(0), dn_scale.stride(0), dn_scale.stride(1),
@@ -653,8 +661,9 @@ def fused_moe(
     )  # fmt: skip
 
     block_h = pow2_clamp(H, 16, 1024)
+    weighted_dtype = _TL_DTYPES[torch.promote_types(hidden.dtype, topk_weights.dtype)]
     _moe_sum_kernel[(T, triton.cdiv(H, block_h))](
-        pair_out, out, H, pair_out.stride(0), out.stride(0), TOP_K=K, BLOCK_H=block_h,
-        num_warps=4 if block_h >= 512 else 1, **pdl_launch(),
+        pair_out, weights, out, H, pair_out.stride(0), out.stride(0), TOP_K=K, BLOCK_H=block_h,
+        WEIGHTED_DTYPE=weighted_dtype, num_warps=4 if block_h >= 512 else 1, enable_fp_fusion=False, **pdl_launch(),
     )  # fmt: skip
     return out

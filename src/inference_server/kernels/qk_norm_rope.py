@@ -3,7 +3,8 @@
 Every attention layer of Qwen3-MoE and Gemma 4 normalises each q and k head over head_dim, then rotates q and k;
 Gemma 4 also normalises v (no weight, no rotation). As separate kernels that is three or four launches per layer
 (``_rmsnorm_kernel`` for q, for k, for v, then ``_rope_kernel``), each a few microseconds at decode. This kernel
-does one (token, head) row per program: load the row's two halves, one RMS over both, the norm with its rounding
+does one head of a block of tokens per program (``_tokens_per_program``), each (token, head) row alike: load the
+row's two halves, one RMS over both, the norm with its rounding
 to the activation dtype (``kernels.rmsnorm``'s ``gemma`` or ``qwen`` convention), then the NeoX half-split
 rotation with ``kernels.rope``'s rounding points (each product, then the sum); v rows stop after the norm.
 
@@ -49,63 +50,72 @@ class PagedKVWrite:
     value: torch.Tensor | None = None
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
     kc_ptr, vc_ptr, slot_ptr,
     q_st, q_sh, k_st, k_sh, v_st, v_sh, qo_st, ko_st, vo_st, cs_st,
     kc_sb, kc_st, kc_sh, vc_sb, vc_st, vc_sh,
-    eps,
-    NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    eps, num_tokens,
+    NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
     GEMMA: tl.constexpr, NORM_V: tl.constexpr, NUM_OUT: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # kernels.pdl: launched as a programmatic dependent
 ):
-    token = tl.program_id(0).to(tl.int64)
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_HALF)
+    token_mask = tokens < num_tokens
     mask = offs < HALF
+    tile_mask = token_mask[:, None] & mask[None, :]  # [BLOCK_T, BLOCK_HALF]
     rotate = head < NUM_Q + NUM_K
     has_weight = rotate
     if head < NUM_Q:
-        src = q_ptr + token * q_st + head * q_sh
-        dst = qo_ptr + token * qo_st + head * (2 * HALF)
+        src = q_ptr + head * q_sh
+        src_st = q_st
+        dst = qo_ptr + head * (2 * HALF)
+        dst_st = qo_st
         w_ptr = qw_ptr
         cache, c_sb, c_st = kc_ptr, kc_sb, kc_st  # not written: q is not cached
     elif head < NUM_Q + NUM_K:
-        src = k_ptr + token * k_st + (head - NUM_Q) * k_sh
-        dst = ko_ptr + token * ko_st + (head - NUM_Q) * (2 * HALF)
+        src = k_ptr + (head - NUM_Q) * k_sh
+        src_st = k_st
+        dst = ko_ptr + (head - NUM_Q) * (2 * HALF)
+        dst_st = ko_st
         w_ptr = kw_ptr
         cache, c_sb, c_st = kc_ptr + (head - NUM_Q) * kc_sh, kc_sb, kc_st
     else:
-        src = v_ptr + token * v_st + (head - NUM_Q - NUM_K) * v_sh
-        dst = vo_ptr + token * vo_st + (head - NUM_Q - NUM_K) * (2 * HALF)
+        src = v_ptr + (head - NUM_Q - NUM_K) * v_sh
+        src_st = v_st
+        dst = vo_ptr + (head - NUM_Q - NUM_K) * (2 * HALF)
+        dst_st = vo_st
         w_ptr = qw_ptr  # read, never used: v has no weight
         cache, c_sb, c_st = vc_ptr + (head - NUM_Q - NUM_K) * vc_sh, vc_sb, vc_st
     # The norm weights are model weights (never written in a step): loaded before the PDL wait, so their DRAM
     # latency overlaps the predecessor's tail (kernels.pdl's invariant allows weights there, nothing else).
-    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)[None, :]
     # PDL: q/k/v, cos/sin and the slot mapping come from earlier launches, and the outputs and KV-cache rows must not
-    # be written before they have completed: wait here. One short program per (token, head), so release the next
-    # launch at once (its CTAs get resident and wait while this one runs). Every read that needs the wait is issued
-    # right after it, so the program pays one memory round trip instead of one per dependent load.
+    # be written before they have completed: wait here. One short program per (token block, head), so release the
+    # next launch at once (its CTAs get resident and wait while this one runs). Every read that needs the wait is
+    # issued right after it, so the program pays one memory round trip instead of one per dependent load.
     pdl_wait(USE_PDL)
     pdl_release(USE_PDL)
-    cs = token * cs_st
-    cos1 = tl.load(cos_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
-    cos2 = tl.load(cos_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    sin1 = tl.load(sin_ptr + cs + offs, mask=mask, other=0.0).to(tl.float32)
-    sin2 = tl.load(sin_ptr + cs + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    cs = (tokens * cs_st)[:, None] + offs[None, :]
+    cos1 = tl.load(cos_ptr + cs, mask=tile_mask, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + cs + HALF, mask=tile_mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + cs, mask=tile_mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + cs + HALF, mask=tile_mask, other=0.0).to(tl.float32)
     if STORE:
-        slot = tl.load(slot_ptr + token).to(tl.int64)
+        slot = tl.load(slot_ptr + tokens, mask=token_mask, other=-1).to(tl.int64)
     else:
-        slot = token * 0 - 1  # never read: nothing is stored
-    x1 = tl.load(src + offs, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+        slot = tokens * 0 - 1  # never read: nothing is stored
+    rows = (tokens * src_st)[:, None] + offs[None, :]
+    x1 = tl.load(src + rows, mask=tile_mask, other=0.0)
+    x2 = tl.load(src + HALF + rows, mask=tile_mask, other=0.0)
     dtype = x1.dtype
     x1f = x1.to(tl.float32)
     x2f = x2.to(tl.float32)
-    inv = tl.rsqrt((tl.sum(x1f * x1f, axis=0) + tl.sum(x2f * x2f, axis=0)) / (2 * HALF) + eps)
+    inv = tl.rsqrt((tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)) / (2 * HALF) + eps)[:, None]
     y1 = x1f * inv
     y2 = x2f * inv
     if has_weight:
@@ -129,16 +139,17 @@ def _qk_norm_rope_kernel(
         n2 = x2
     # rows past NUM_OUT (raw value rows, stored only) have no output; scalar conditions as vectors: the
     # interpreter rejects a scalar bool combined with a vector mask
-    out_mask = mask & (offs * 0 + head < NUM_OUT)
-    tl.store(dst + offs, n1, mask=out_mask)
-    tl.store(dst + HALF + offs, n2, mask=out_mask)
+    out_mask = tile_mask & (offs[None, :] * 0 + head < NUM_OUT)
+    out_rows = (tokens * dst_st)[:, None] + offs[None, :]
+    tl.store(dst + out_rows, n1, mask=out_mask)
+    tl.store(dst + HALF + out_rows, n2, mask=out_mask)
     if STORE:  # noqa: SIM102 (a compile-time branch: Triton does not `and` a constexpr with a tensor)
         if head >= NUM_Q:  # k and v rows: kernels.kv_store's write of this row, from the same registers
-            cache_mask = mask & (offs * 0 + slot >= 0)
+            cache_mask = tile_mask & (slot >= 0)[:, None]
             safe = tl.maximum(slot, 0)
-            row = cache + (safe // PAGE) * c_sb + (safe % PAGE) * c_st
-            tl.store(row + offs, n1.to(kc_ptr.dtype.element_ty), mask=cache_mask)
-            tl.store(row + HALF + offs, n2.to(kc_ptr.dtype.element_ty), mask=cache_mask)
+            cache_rows = ((safe // PAGE) * c_sb + (safe % PAGE) * c_st)[:, None] + offs[None, :]
+            tl.store(cache + cache_rows, n1.to(kc_ptr.dtype.element_ty), mask=cache_mask)
+            tl.store(cache + HALF + cache_rows, n2.to(kc_ptr.dtype.element_ty), mask=cache_mask)
 
 
 def qk_norm_rope(
@@ -188,18 +199,31 @@ def qk_norm_rope(
     else:  # dummies, never touched
         k_cache, v_cache, slots, page = q_out, q_out, q_out, 1
     half = head_dim // 2
-    _qk_norm_rope_kernel[(tokens, num_q + num_k + num_v)](
+    block_half = triton.next_power_of_2(half)
+    block_t = _tokens_per_program(block_half)
+    _qk_norm_rope_kernel[(triton.cdiv(tokens, block_t), num_q + num_k + num_v)](
         q, k_arg, v_arg, q_out, ko_arg, vo_arg, q_weight, k_weight if k_weight is not None else q_weight, cos, sin,
         k_cache, v_cache, slots,
         q.stride(0), q.stride(1), k_arg.stride(0), k_arg.stride(1), v_arg.stride(0), v_arg.stride(1),
         q_out.stride(0), ko_arg.stride(0), vo_arg.stride(0), cos.stride(0),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        eps,
-        NUM_Q=num_q, NUM_K=num_k, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), GEMMA=mode == "gemma",
+        eps, tokens,
+        NUM_Q=num_q, NUM_K=num_k, HALF=half, BLOCK_HALF=block_half, BLOCK_T=block_t, GEMMA=mode == "gemma",
         NORM_V=v is not None, NUM_OUT=num_q + num_k + (num_v if v is not None else 0), STORE=cache is not None,
         PAGE=page, **pdl_launch(),
     )  # fmt: skip
     return q_out, k_out, v_out
+
+
+def _tokens_per_program(block_half: int) -> int:
+    """Rows (tokens) one program takes for one head: enough that its tile holds ``_TILE_ELEMENTS`` elements per
+    half, so each thread of the default 4 warps loads 16 bytes at a time and an SM keeps more bytes in flight than
+    one row per program did. A function of the head size only, never of the step's token count: a row's
+    arithmetic (its reduction's layout) is then the same in every step, which ``DETERMINISTIC`` relies on."""
+    return max(1, _TILE_ELEMENTS // block_half)
+
+
+_TILE_ELEMENTS = 1024
 
 
 def _check_cache(cache: PagedKVWrite, k: torch.Tensor | None, value: torch.Tensor | None, tokens: int) -> None:
