@@ -291,23 +291,24 @@ def _prefill_config(head_dim: int, small_tiles: bool = True) -> tuple[int, int, 
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim. ``small_tiles``: those of the module docstring, which
     ``DETERMINISTIC``'s split decode kernel shares (its registers), fp32 caches need (shared memory), and a step of
     mostly one-token rows (decodes beside a chunk) keeps (each row's tile is padded to BLOCK_M: a larger one only adds
-    compute). Otherwise the tiles ``bench/tune_attention.py`` found fastest for long bf16 chunks on the H200
-    (docs/benchmarks.md)."""
+    compute). Otherwise the tiles ``bench/tune_attention.py`` found fastest for long bf16 chunks (docs/benchmarks.md;
+    head_dim 512 with ``_value_slices``)."""
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:
         return (128, 64, 8, 2) if small_tiles else (128, 128, 8, 3)
     if head_dim <= 256:
         return (64, 32, 8, 2) if small_tiles else (128, 64, 8, 2)
-    return (32, 32, 8, 2) if small_tiles else (64, 32, 8, 2)
+    return (32, 32, 8, 2) if small_tiles else (128, 32, 8, 2)
 
 
 def _value_slices(head_dim: int, small_tiles: bool) -> int:
-    """Programs a (query tile, kv head) of a long-chunk call splits its output columns over (experiment, branch
-    ``prefill-dsplit``): each recomputes the scores over all of D and accumulates ``D / slices`` value columns, so
-    its accumulator fits a larger query tile or fewer warps, at (1 + slices) / 2 times the FLOPs. 1: one program
-    holds the whole row. ``bench/tune_attention.py`` times the candidates."""
-    return 1
+    """Programs a (query tile, kv head) of a long-chunk call splits its output columns over: each recomputes the
+    scores over all of D and accumulates ``D / slices`` value columns, so its accumulator leaves registers for a larger
+    query tile, at (1 + slices) / 2 times the FLOPs. 1: one program holds the whole row (every head dim up to 256, and
+    every small-tile call). Head dim 512 takes 2, with ``_prefill_config``'s 128-row tile: its one-program 64-row tile
+    spills (``bench/tune_attention.py`` timed both; docs/benchmarks.md)."""
+    return 2 if head_dim > 256 and not small_tiles else 1
 
 
 def tile_config(head_dim: int, group: int, block_m: int | None = None, block_n: int | None = None,
