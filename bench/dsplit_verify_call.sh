@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 42, head_dim-512 prefill attention at 2 value slices (128x32 tile, 8 warps, 2 stages) in one device call
-# (~5 minutes): the GPU tests that run the long-chunk path at real shapes (attention kernels, the bf16 engine error
-# against the reference, the longest-context greedy), then engine_bench Gemma-4-26B-A4B prefill of 30,000 tokens in
+# (~5 minutes): the GPU tests that run the long-chunk path at real shapes (the prefill kernel against its reference at
+# the three layer kinds, the 26B-A4B cut preset's bf16 error against the reference runner's), then engine_bench Gemma-4-26B-A4B prefill of 30,000 tokens in
 # 8,192-token steps (dummy weights; wall median of 3 and device time per kernel). Run from the project root
 # on the device machine with `.whl` carried. Back under $OUT: tests.log, engine-prefill.log, engine_bench.jsonl.
 . bench/kit/device_call.sh
-timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -W ignore tests/kernels/test_attention_kernels.py \
-  tests/backends/test_long_context_gpu.py "tests/backends/test_cuda_backend.py::test_bf16_error_within_reference_bf16_error" \
+timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -W ignore "tests/kernels/test_attention_kernels.py::test_gpu_prefill" \
+  "tests/backends/test_cuda_backend.py::test_bf16_error_within_reference_bf16_error[gemma-4-26b-a4b]" \
   > $OUT/tests.log 2>&1; tail -5 $OUT/tests.log
 timeout 170 python3 bench/engine_bench.py run --model gemma-4-26b-a4b --batches 1 --steps 4 --profile-batches "" \
   --skip-offline --prefill 30000 --prefill-chunk 8192 --out $OUT > $OUT/engine-prefill.log 2>&1
