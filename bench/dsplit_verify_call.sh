@@ -5,7 +5,7 @@
 # 8,192-token steps (dummy weights; wall median of 3 and device time per kernel). Run from the project root
 # on the device machine with `.whl` carried. Back under $OUT: tests.log, engine-prefill.log, engine_bench.jsonl.
 . bench/kit/device_call.sh
-timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -W ignore "tests/kernels/test_attention_kernels.py::test_gpu_prefill" \
+timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -W ignore "tests/kernels/test_attention_kernels.py::test_gpu_prefill_at_every_layer_kind" \
   "tests/backends/test_cuda_backend.py::test_bf16_error_within_reference_bf16_error[gemma-4-26b-a4b]" \
   > $OUT/tests.log 2>&1; tail -5 $OUT/tests.log
 timeout 170 python3 bench/engine_bench.py run --model gemma-4-26b-a4b --batches 1 --steps 4 --profile-batches "" \

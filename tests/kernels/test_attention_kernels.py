@@ -594,15 +594,17 @@ def test_gpu_decode_block_table_a_tile_ahead(batch: int, num_heads: int, num_kv_
 
 @gpu
 @requires_cuda
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "scale", "window"), GPU_LAYERS)
-def test_gpu_prefill(num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None) -> None:
+def test_gpu_prefill_at_every_layer_kind() -> None:
+    """Long bf16 chunks (the long-chunk tiles; head_dim 512 on value slices) beside short ones at Qwen3-30B-A3B's,
+    Gemma 4's sliding and full layer shapes. One test, not a sweep: the default GPU run takes a sweep's first case
+    only, and each layer kind has its own tile."""
     prefixes, chunks = [0, 3000, 517, 8000, 0], [2048, 1000, 1, 192, 77]
-    std = head_dim**-0.25
-    q, case, cu = prefill_setup(
-        prefixes, chunks, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window, qk_std=std
-    )
-    args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, scale, window)
-    assert_close(paged_prefill_attention(*args), ref_paged_prefill_attention(*args), torch.bfloat16)
+    for num_heads, num_kv_heads, head_dim, scale, window in GPU_LAYERS:
+        q, case, cu = prefill_setup(
+            prefixes, chunks, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, window, qk_std=head_dim**-0.25
+        )
+        args = (q, case.k_cache, case.v_cache, case.block_tables, cu, case.context_lens, scale, window)
+        assert_close(paged_prefill_attention(*args), ref_paged_prefill_attention(*args), torch.bfloat16)
 
 
 @gpu
