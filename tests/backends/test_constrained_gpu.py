@@ -30,7 +30,7 @@ def parts(model: str, *, overlap: bool, graphs: bool) -> EngineParts:
     return attrs.evolve(built.parts, grammar=grammar)
 
 
-@pytest.mark.parametrize("model", ["gemma-4-26b-a4b-tiny", "qwen3-30b-a3b-tiny"])
+@pytest.mark.parametrize("model", ["gemma-4-26b-a4b-tiny"])  # the constraint path does not depend on the model
 async def test_constrained_tokens_are_the_same_with_overlap_and_graphs_on_and_off(model: str) -> None:
     results = {}
     eos: frozenset[int] = frozenset()
