@@ -63,11 +63,12 @@ CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages, value slic
     128: list(itertools.product((128,), (64, 128), (4, 8), (2, 3, 4), (1,))),
     256: list(itertools.product((64, 128), (16, 32, 64), (8,), (2, 3), (1,))),
     512: list(itertools.product((32, 64), (16, 32, 64), (8,), (1, 2), (1,)))
-    # experiment: prefill_attention._value_slices
+    # prefill_attention._value_slices
     + list(itertools.product((64, 128), (16, 32, 64), (4, 8), (1, 2), (2,))),
 }
-"""16-key tiles (new): ptxas, with the device's Triton 3.6, spills ~30 bytes a thread in the whole-tile loop at D 512
-with 64x16/8 warps against ~1,000 at today's 64x32 (0 with two value slices); only the GPU says which is faster."""
+"""16-key tiles and value slices at head_dim 512 (H100, 2026-12-05): 2 slices on 128x32 won (2,613 µs against 3,274 at
+64x32 with one); 16-key tiles lost everywhere despite spilling less (ptxas, the device's Triton 3.6: ~30 bytes a
+thread in the whole-tile loop at 64x16 against ~1,000 at 64x32)."""
 
 
 def layer_kinds() -> list[tuple[str, int, int, int, int | None]]:
