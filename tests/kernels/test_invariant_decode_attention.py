@@ -207,7 +207,7 @@ _COMPILE = '''
     from triton.backends.compiler import GPUTarget
 
     from inference_server.kernels.invariant_decode_attention import _fold_splits_kernel, _split_decode_kernel
-    from inference_server.kernels.prefill_attention import _paged_prefill_kernel, tile_config
+    from inference_server.kernels.prefill_attention import _paged_prefill_kernel, _value_slices, tile_config
 
     target = GPUTarget("cuda", 90, 64)
     types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
@@ -225,11 +225,12 @@ _COMPILE = '''
 
     # Gemma 4 sliding (G 2, D 256) and full (G 8, D 512) layers, Gemma-4-E4B's (G 4), Qwen3-30B-A3B (G 8, D 128)
     for group, head_dim in ((2, 256), (8, 512), (4, 256), (4, 512), (8, 128)):
-        # the default prefill's long-chunk tiles fit too
+        # the default prefill's long-chunk tiles fit too (at head_dim 512 with their value slices)
         fast_m, fast_n, fast_warps, fast_stages = tile_config(head_dim, group, small_tiles=False)
         compiled(_paged_prefill_kernel, dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=fast_m,
                                              BLOCK_N=fast_n, BLOCK_Q=fast_m // group, DOT_PRECISION="tf32",
-                                             UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256, SLICES=1), fast_warps,
+                                             UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256,
+                                             SLICES=_value_slices(head_dim, small_tiles=False)), fast_warps,
                  fast_stages)
         block_m, block_n, warps, stages = tile_config(head_dim, group)
         tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
