@@ -66,9 +66,8 @@ CANDIDATES = {  # head_dim: (BLOCK_M, BLOCK_N, num_warps, num_stages, value slic
     # prefill_attention._value_slices
     + list(itertools.product((64, 128), (16, 32, 64), (4, 8), (1, 2), (2,))),
 }
-"""16-key tiles and value slices at head_dim 512 (H100, 2026-12-05): 2 slices on 128x32 won (2,613 µs against 3,274 at
-64x32 with one); 16-key tiles lost everywhere despite spilling less (ptxas, the device's Triton 3.6: ~30 bytes a
-thread in the whole-tile loop at 64x16 against ~1,000 at 64x32)."""
+"""Head_dim 512 also tries 16-key tiles and 2 value slices (the latter won on the H100, 2026-12-05:
+``bench/results/prefill-experiments-2026-12-05.md``)."""
 
 
 def layer_kinds() -> list[tuple[str, int, int, int, int | None]]:

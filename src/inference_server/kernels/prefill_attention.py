@@ -373,7 +373,7 @@ def paged_prefill_attention(
         raise ValueError(f"split_keys ({split_keys}) must be a multiple of the key tile ({block_n})")
     upcast = INTERPRETED and k_cache.dtype == torch.bfloat16
     block_d = max(16, triton.next_power_of_2(head_dim))
-    slices = value_slices or (1 if small_tiles else _value_slices(head_dim, small_tiles))
+    slices = value_slices or _value_slices(head_dim, small_tiles)
     if block_d % slices or block_d // slices < 16 or (align_kv and slices != 1):
         raise ValueError(f"value_slices ({slices}) must divide the head tile ({block_d}) into >= 16 columns, and be "
                          "1 with align_kv")
