@@ -100,11 +100,13 @@ def bench_schema(output_len: int) -> dict[str, Any]:
 def random_requests(count: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
                     seed: int) -> list[BenchRequest]:
     """``count`` prompts of uniform random token ids in ``[0, vocab_size)``, lengths drawn uniformly from
-    ``[len * (1 - range_ratio), len * (1 + range_ratio)]`` (at least 1), all from ``random.Random(seed)``:
-    independent random ids make prefix-cache hits between prompts practically impossible."""
+    ``[len * (1 - range_ratio), len * (1 + range_ratio)]`` (at least 1), from one random stream per seed and
+    workload shape: independent random ids make prefix-cache hits between prompts practically impossible, also
+    between two workloads of one seed and different lengths (one stream per seed alone gave a table's
+    30,000-token prompts the first 8,192 ids of its 8,192-token ones: a prefix-cache hit on the same server)."""
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError("range_ratio must be in [0, 1)")
-    rng = random.Random(seed)
+    rng = random.Random(f"random:{seed}:{input_len}:{output_len}:{range_ratio}")
 
     def draw(length: int) -> int:
         low, high = int(length * (1 - range_ratio)), int(length * (1 + range_ratio))
@@ -119,9 +121,10 @@ def random_requests(count: int, input_len: int, output_len: int, range_ratio: fl
 
 def shared_prefix_sessions(num_sessions: int, num_groups: int, system_len: int, turns: int, user_len: int,
                            output_len: int, vocab_size: int, seed: int) -> list[list[BenchRequest]]:
-    """``num_sessions`` sessions of ``turns`` requests each (see the module docstring), all from
-    ``random.Random(seed)``."""
-    rng = random.Random(seed)
+    """``num_sessions`` sessions of ``turns`` requests each (see the module docstring), from one random stream
+    per seed and workload shape (two shapes of one seed share no prefix, as in ``random_requests``)."""
+    rng = random.Random(f"shared-prefix:{seed}:{num_sessions}:{num_groups}:{system_len}:{turns}:{user_len}:"
+                        f"{output_len}")
 
     def tokens(count: int) -> list[int]:
         return [rng.randrange(vocab_size) for _ in range(count)]

@@ -83,6 +83,19 @@ def test_random_requests_are_seeded_and_within_the_ranges() -> None:
     assert {(len(r.prompt_ids), r.output_len) for r in fixed} == {(8, 4)}
 
 
+def test_workloads_of_one_seed_and_different_lengths_share_no_prefix() -> None:
+    """A serving table runs several prompt lengths on one server with the same seeds: a longer prompt that began
+    with a shorter one's ids would be served partly from the prefix cache."""
+    short = serve_bench.random_requests(3, 64, 8, 0.0, vocab_size=50_000, seed=1000)
+    long = serve_bench.random_requests(3, 256, 8, 0.0, vocab_size=50_000, seed=1000)
+    other_output = serve_bench.random_requests(3, 64, 16, 0.0, vocab_size=50_000, seed=1000)
+    for a, b, c in zip(short, long, other_output, strict=True):
+        assert a.prompt_ids[:4] != b.prompt_ids[:4] and a.prompt_ids[:4] != c.prompt_ids[:4]
+    first = serve_bench.shared_prefix_sessions(2, 1, 32, 2, 8, 4, vocab_size=50_000, seed=5)
+    longer_system = serve_bench.shared_prefix_sessions(2, 1, 64, 2, 8, 4, vocab_size=50_000, seed=5)
+    assert first[0][0].prompt_ids[:4] != longer_system[0][0].prompt_ids[:4]
+
+
 # -- host sampling -------------------------------------------------------------------------------------------
 
 
