@@ -5,7 +5,8 @@
 # msgspec, at uv.lock's versions for Python 3.12). On a cold H100 (2026-12-05, 92 tests) it took ~720 s, past one
 # call: 87 tests in the 570 s `GPU_SUITE_SECONDS=570` allows, the other 5 (schedule invariance 89 s, deterministic
 # 57 s) in a second call on the warm machine. Since then the bf16-error test runs the tiny presets only where no
-# real-width one exists (E2B), constrained decoding one model, PDL four (-91 s): 87 tests, ~540 s expected cold.
+# real-width one exists (E2B), constrained decoding one model, PDL four (-91 s): 87 tests, which on a cold H100
+# (2026-12-05, `6ceba39`) still took two calls: 83 in 570 s, the deterministic file's 4 in 67 s.
 # tests/backends/test_long_context_gpu.py (two fp32 tiny presets prefilled to their real models' longest context,
 # 262,144 and 131,072 tokens) takes 20 s of it. A run cut by the limit: name the files not yet run as arguments.
 # Only the folders holding GPU tests are collected: the device image lacks the HTTP tests' client packages.
