@@ -209,16 +209,15 @@ def prefill_profile(runner, prompt_len: int, chunk: int, vocab: int, num_groups:
 # Runner options per --variants entry: "after" is the engine's default; "before" is the runner with its reference
 # ops (CudaRunnerOptions.reference_ops: the Triton norm, RoPE, attention, KV store, grouped MoE GEMMs and int8 GEMVs,
 # PyTorch for the rest, no PDL) and the untuned MoE configs; "untuned" is the default without the tuned MoE configs;
-# "no-pdl" is the default without programmatic dependent launch of the Triton kernels (kernels/pdl.py); "compile" is
-# the default with torch.compile (CUSTOM_BACKEND_COMPILE); "deterministic" is DETERMINISTIC=true's batch-invariant table
-# (which runs on the reference ops). The experiments that had a variant of their own are
-# decided; their figures are in docs/benchmarks.md and in the commits that removed them.
+# "no-pdl" is the default without programmatic dependent launch of the Triton kernels (kernels/pdl.py);
+# "deterministic" is DETERMINISTIC=true's batch-invariant table (which runs on the reference ops). The experiments
+# that had a variant of their own (torch.compile among them) are decided; their figures are in docs/benchmarks.md
+# and in the commits that removed them.
 VARIANTS: dict[str, dict[str, bool]] = {
     "after": {},
     "untuned": {},
     "before": dict(reference_ops=True),
     "no-pdl": dict(pdl=False),
-    "compile": dict(compile=True),
     "deterministic": dict(reference_ops=True, deterministic=True),
 }
 UNTUNED = ("before", "untuned")

@@ -95,7 +95,6 @@ def test_moe_default_mode_is_not_bitwise_batch_invariant(tmp_path: Path) -> None
 @pytest.mark.parametrize(("environ", "device", "message"), [
     ({"BACKEND": "hf"}, "cpu", "DETERMINISTIC=true is invalid with BACKEND='hf' on cpu"),
     ({"BACKEND": "reference"}, "cuda", "DETERMINISTIC=true is invalid with BACKEND='reference' on cuda"),
-    ({"CUSTOM_BACKEND_COMPILE": "true"}, "cuda", "DETERMINISTIC=true is invalid with CUSTOM_BACKEND_COMPILE=true"),
 ])
 def test_deterministic_is_refused_where_the_runner_has_no_batch_invariant_kernels(
         environ: dict[str, str], device: str, message: str) -> None:
@@ -109,8 +108,7 @@ def test_deterministic_is_refused_where_the_runner_has_no_batch_invariant_kernel
     assert resolve_backend(on, torch.device("cuda")) == "custom-cuda"
 
 
-def test_deterministic_cuda_options_need_the_reference_set_without_compile() -> None:
+def test_deterministic_cuda_options_need_the_reference_set() -> None:
     assert CudaRunnerOptions(max_model_len=64, reference_ops=True, deterministic=True).deterministic
-    for bad in ({}, {"reference_ops": True, "compile": True}):
-        with pytest.raises(ValueError, match="deterministic=True"):
-            CudaRunnerOptions(max_model_len=64, deterministic=True, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="deterministic=True"):
+        CudaRunnerOptions(max_model_len=64, deterministic=True)

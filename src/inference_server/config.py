@@ -79,10 +79,6 @@ class Settings:
                                           "or not; Gemma 4's per-layer embeddings too) are int8 as well: auto "
                                           "quantizes them on the CPU and keeps them in the model dtype on GPUs; on "
                                           "and off force it (docs/quantization.md).", ("auto", "on", "off"))
-    custom_backend_compile: bool = _field(False, "torch.compile the model in the custom-cuda backend (Inductor "
-                                                 "fuses the reference ops instead of the engine's fused Triton "
-                                                 "launches). Off: slower at every batch measured and a longer "
-                                                 "graph capture (docs/benchmarks.md).")
     cuda_graphs: bool = _field(True, "Capture decode steps in CUDA graphs (custom-cuda backend).")
     overlap: bool = _field(True, "Launch step N+1 on the device before step N's tokens are read back, so host "
                                  "work (planning, staging, streaming) runs while the device computes; off: "

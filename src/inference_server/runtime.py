@@ -44,7 +44,7 @@ def resolve_backend(settings: Settings, device: torch.device) -> str:
     """``custom-cuda`` when CUDA is the device (for ``auto``), else ``reference``. KV eviction settings are
     checked here too: they need the hf backend, and a budget goes with a policy; QUANTIZATION needs our own
     model classes (not the hf backend), INT8_EMBEDDINGS=on needs QUANTIZATION=int8 (as resolved), and DETERMINISTIC
-    needs a runner with batch-invariant kernels (custom-cuda, or reference on the CPU) without torch.compile."""
+    needs a runner with batch-invariant kernels (custom-cuda, or reference on the CPU)."""
     backend = settings.backend
     if backend == "auto":
         backend = "custom-cuda" if device.type == "cuda" else "reference"
@@ -65,9 +65,6 @@ def resolve_backend(settings: Settings, device: torch.device) -> str:
     if settings.deterministic and not (backend == "custom-cuda" or (backend == "reference" and device.type == "cpu")):
         raise SettingsError(f"DETERMINISTIC=true is invalid with BACKEND={backend!r} on {device.type}: the "
                             f"batch-invariant kernels exist for the custom-cuda runner and the CPU reference runner")
-    if settings.deterministic and settings.custom_backend_compile:
-        raise SettingsError("DETERMINISTIC=true is invalid with CUSTOM_BACKEND_COMPILE=true: torch.compile picks its "
-                            "own fusions and reductions, which are not batch-invariant")
     if backend == "hf":
         from inference_server.backends.hf.eviction_config import EvictionConfig
 

@@ -458,28 +458,6 @@ def test_engine_factory_builds_cuda_runner() -> None:
     assert len(second.tokens) == 1 and runner.graph_steps == 1
 
 
-@gpu
-def test_compile_option_matches_uncompiled() -> None:
-    """CUSTOM_BACKEND_COMPILE: the compiled model inside the decode graphs gives the uncompiled tokens."""
-    dtype, device = torch.float32, "cuda"
-    spec, model = build("qwen3-30b-a3b-tiny", dtype, device)
-    _, compiled_model = build("qwen3-30b-a3b-tiny", dtype, device)  # the same weights, through the compile table
-    tap = LogitsTap(model, compiled_model)
-    script = Script(spec, num_groups(spec), 8, seed=3, prompt_lens=(5, 20))
-    n, m = len(script.seqs), script.blocks_per_seq
-
-    def runner(compiled: bool) -> CudaModelRunner:
-        options = CudaRunnerOptions(max_model_len=m * BLOCK, max_batch_size=4, compile=compiled)
-        storage = storage_for(spec, n, m, dtype, device)
-        return tap.watch(CudaModelRunner(compiled_model if compiled else model, spec, storage, torch.device(device),
-                                         options))
-
-    comparison = compare(script, tokens_of(runner(False)), tokens_of(runner(True)), tap, 8)
-    report("compile qwen3-30b-a3b-tiny fp32", **comparison.stats())
-    assert comparison.agree == comparison.total
-    assert max(comparison.errors) <= 1e-3
-
-
 def test_eager_warmup_sizes_halve_from_the_budget() -> None:
     assert eager_warmup_sizes(2048) == (2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
     assert eager_warmup_sizes(300) == (300, 150, 75, 37, 18, 9, 4, 2, 1)

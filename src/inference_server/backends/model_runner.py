@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
@@ -51,7 +51,6 @@ from inference_server.backends.sampler import (
 from inference_server.backends.step_layout import step_layout
 from inference_server.backends.transfer import HostCopy, tensor_to_device, to_device
 from inference_server.core.grammar_compiler import GrammarCompiler
-from inference_server.models.architectures.attention import AttentionContext
 from inference_server.models.architectures.causal_lm import CausalLM
 from inference_server.models.architectures.ops import REFERENCE_OPS, Ops, bind_ops
 from inference_server.models.spec import ModelSpec
@@ -108,9 +107,6 @@ class ModelRunner:
         self.num_groups = max(storage.num_blocks) + 1
         self.attention_kwargs = attention_kwargs or {}
         self._init_step_state(device, deterministic=deterministic)
-        # What an eager forward runs (the CUDA runner swaps in its compiled model and context class).
-        self._context_cls: type[PagedAttentionContext] = PagedAttentionContext
-        self._model_fn: Callable[[torch.Tensor, AttentionContext], torch.Tensor] = model
 
     def _init_step_state(self, device: torch.device, *, deterministic: bool = False) -> None:
         """What every runner keeps between steps, whatever runs its forward (the Hugging Face runner calls this
@@ -304,9 +300,9 @@ class ModelRunner:
         with profiler_ranges.phase("stage", plan.step_id):
             step = self._step_tensors(plan)
             ids = self._input_ids(plan)
-            ctx = self._context_cls(self.storage, step, **self.attention_kwargs)
+            ctx = PagedAttentionContext(self.storage, step, **self.attention_kwargs)
         with profiler_ranges.phase("forward", plan.step_id):
-            return self._model_fn(ids, ctx)  # [T, H]
+            return self.model(ids, ctx)  # [T, H]
 
     def _prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor) -> tuple[PromptLogprobsChunk, ...]:
         """Log-softmax (fp32, raw logits: no temperature or penalties, as vLLM) at the prompt positions the

@@ -1,6 +1,5 @@
 """The attention side of the CUDA runner's ops: q/k norms + RoPE (+ value norm) in one launch, that launch writing the
-paged KV, the decode attention norming and rotating a raw q, and the attention context that ``torch.compile`` does
-not trace.
+paged KV, and the decode attention norming and rotating a raw q.
 """
 
 from __future__ import annotations
@@ -9,12 +8,10 @@ import attrs
 import torch
 
 from inference_server.backends.cuda.norm_ops import TRITON_NORM_MODE
-from inference_server.backends.paged_kv import PagedAttentionContext
 from inference_server.kernels.decode_attention import QueryNormRope, paged_decode_attention
 from inference_server.kernels.qk_norm_rope import PagedKVWrite, qk_norm_rope
 from inference_server.kernels.rmsnorm import NormMode
 from inference_server.models.architectures.ops import RMSNorm
-from inference_server.models.spec import LayerSpec
 
 
 def _qk_norm_rope_kernel_mode(q_raw: torch.Tensor, k_raw: torch.Tensor | None, v_in: torch.Tensor | None,
@@ -94,12 +91,3 @@ class TritonNormRopeDecode:
         norm = QueryNormRope(q_norm.weight, q_norm.eps, q_norm.style == "gemma4", cos, sin)
         return paged_decode_attention(q_raw, k_cache, v_cache, block_tables, context_lens, scale, window,
                                       max_context_len=self.max_context_len, q_norm_rope=norm)
-
-
-class OpaqueAttentionContext(PagedAttentionContext):
-    """``PagedAttentionContext`` that ``torch.compile`` does not trace: it calls the Triton kernels eagerly."""
-
-    @torch.compiler.disable
-    def attend(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float, logit_softcap: float | None) -> torch.Tensor:
-        return super().attend(layer, q, k, v, scale, logit_softcap)

@@ -2,9 +2,8 @@
 
 ``cuda_ops`` is the one place a CUDA runner's kernel choice is written: ``reference_ops`` keeps the before of every
 before/after (the Triton RMSNorm, RoPE, grouped MoE GEMMs and int8 GEMVs, PyTorch for the rest, no fused weights);
-``compile`` keeps the PyTorch ops Inductor can fuse and makes the Triton ones opaque to it; ``deterministic`` is the
-batch-invariant table (``kernels.batch_invariant_cuda``); otherwise every kernel and fusion of
-``backends/cuda/*_ops.py``. A new kernel mode (another table) is one more branch here. ``cuda_attention_kwargs`` is
+``deterministic`` is the batch-invariant table (``kernels.batch_invariant_cuda``); otherwise every kernel and fusion
+of ``backends/cuda/*_ops.py``. A new kernel mode (another table) is one more branch here. ``cuda_attention_kwargs`` is
 the attention's part of the same choice (the paged context's kernels).
 """
 
@@ -12,8 +11,6 @@ from __future__ import annotations
 
 import functools
 from typing import Any
-
-import torch
 
 from inference_server.backends.cuda.attention_ops import (
     TritonNormRopeDecode,
@@ -75,11 +72,6 @@ def cuda_ops(options: CudaRunnerOptions) -> Ops:
                    fusions=Fusions(add_rms_norm=invariant_add_rms_norm, qk_norm_rope=triton_qk_norm_rope,
                                    norm_add=triton_norm_add))
     moe = functools.partial(triton_fused_moe, decode_max_tokens=moe_decode_max_tokens(options))
-    if options.compile:
-        # Under torch.compile the Triton MoE and int8 GEMVs are called eagerly (graph breaks) and the norm, RoPE and
-        # the rest are left to Inductor, which fuses the reference ops into their neighbours.
-        return Ops(fused_moe=torch.compiler.disable(moe), int8_linear=torch.compiler.disable(triton_int8_linear),
-                   fused_weights=not options.reference_ops)
     # One Triton launch for the norm and one rotating q and k in place (~7 and ten elementwise kernels in PyTorch).
     primitives = dict(norm=triton_rms_norm, rope=rope_qk_, fused_moe=moe, int8_linear=triton_int8_linear)
     if options.reference_ops:

@@ -38,8 +38,8 @@ def early_release_classes_for(hidden_size: int) -> frozenset[str]:
 
 @attrs.frozen
 class CudaRunnerOptions:
-    """What an operator sets on the CUDA runner (``build_cuda_runner``: ``CUDA_GRAPHS``, ``CUSTOM_BACKEND_COMPILE``,
-    ``MAX_BATCH_SIZE``, ``DETERMINISTIC``), the tests' and benchmarks' ``pdl``, and ``reference_ops``, the before of
+    """What an operator sets on the CUDA runner (``build_cuda_runner``: ``CUDA_GRAPHS``, ``MAX_BATCH_SIZE``,
+    ``DETERMINISTIC``), the tests' and benchmarks' ``pdl``, and ``reference_ops``, the before of
     every before/after. ``max_model_len`` bounds the static block tables and fixes the decode kernel's split choice.
     Graphs are captured on a CUDA device; elsewhere (the CPU tests) graph-eligible steps run eagerly on the same
     static buffers."""
@@ -50,10 +50,6 @@ class CudaRunnerOptions:
     """Token counts of the eager steps run once at start-up (``eager_warmup_sizes``), so Triton compiles the
     kernel variants of prefill-carrying steps then rather than mid-serving."""
     cuda_graphs: bool = True
-    compile: bool = False
-    """``torch.compile`` of the model (``CUSTOM_BACKEND_COMPILE``): Inductor fuses the elementwise ops between the
-    Triton kernels, so the ops it can trace stay the reference ones (the reference table but for the Triton MoE and
-    int8 GEMVs, which run opaque to it)."""
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):
     each may get resident while its predecessor drains, and in the decode graphs the launch gaps between them
@@ -68,14 +64,13 @@ class CudaRunnerOptions:
     deterministic: bool = attrs.field(default=False)
     """``DETERMINISTIC``: the batch-invariant table (``op_table.cuda_ops``' deterministic branch) and the prefill
     attention kernel with position-aligned key tiles for every step. Needs ``reference_ops`` (no fused greedy head:
-    the full logits and the sampler; no PDL; fused weights all the same, ``fuse_weights``) and no ``compile``
-    (Inductor picks its own reductions);
-    ``build_cuda_runner`` sets the first with it."""
+    the full logits and the sampler; no PDL; fused weights all the same, ``fuse_weights``);
+    ``build_cuda_runner`` sets ``reference_ops`` with it."""
 
     @deterministic.validator
     def _deterministic_needs_reference_ops(self, _attribute: object, value: bool) -> None:
-        if value and (self.compile or not self.reference_ops):
-            raise ValueError("CudaRunnerOptions(deterministic=True) needs reference_ops=True and compile=False")
+        if value and not self.reference_ops:
+            raise ValueError("CudaRunnerOptions(deterministic=True) needs reference_ops=True")
 
     @property
     def fuse_weights(self) -> bool:
@@ -87,5 +82,5 @@ class CudaRunnerOptions:
     @property
     def kernels(self) -> bool:
         """Whether the runner's table has its Triton kernels beyond the reference set (``op_table.cuda_ops``):
-        neither ``reference_ops`` nor ``torch.compile`` (which keeps the PyTorch ops for Inductor)."""
-        return not (self.reference_ops or self.compile)
+        anywhere but ``reference_ops``."""
+        return not self.reference_ops

@@ -27,11 +27,6 @@ What it changes against the reference ``ModelRunner`` (same ``execute(plan) -> S
 * No host syncs inside the forward (every kernel wrapper sizes its grid from shapes; the reference paths
   with ``.tolist()`` are not used). The sampled tokens come back through pinned memory behind an event,
   so ``launch`` returns while the step runs (``model_runner``'s overlap contract).
-* ``compile=True`` wraps the model in ``torch.compile`` (default mode): Inductor fuses the elementwise ops
-  (norms, RoPE, routing, residuals) between the Triton kernels, which stay opaque to the compiler (a graph
-  break at each attention call and each MoE call; traced through Inductor, the decode kernel's float scale
-  became an fp64 constant that its loop rejects, seen with torch 2.11 / Triton 3.6). The decode
-  graphs then capture the compiled code after a warm-up per bucket.
 
 Overlap needs no second set of static buffers: ``DecodeGraphs.stage`` for step N+1 enqueues its copies on
 the same stream as step N's replay, so they land after step N has read the buffers.
@@ -43,7 +38,6 @@ import time
 
 import torch
 
-from inference_server.backends.cuda.attention_ops import OpaqueAttentionContext
 from inference_server.backends.cuda.op_table import cuda_attention_kwargs, cuda_ops
 from inference_server.backends.cuda.options import CudaRunnerOptions, early_release_classes_for
 from inference_server.backends.cuda.projection_ops import dense_linear_takes
@@ -79,8 +73,6 @@ class CudaModelRunner(ModelRunner):
         self.pdl = PdlMode(requested=options.pdl and not options.reference_ops,
                            early_release=early_release_classes_for(spec.hidden_size))
         """PDL of this runner's kernels: set around each launch and graph capture (``pdl_mode``), nowhere else."""
-        # Under torch.compile the Triton kernels are called eagerly (graph breaks), the attention context too.
-        self._context_cls = OpaqueAttentionContext if options.compile else PagedAttentionContext
         self._dense_gemv = options.kernels  # the greedy head's 1-2 row GEMV path (_head_gemv_logits)
         if options.fuse_weights:
             for module in model.modules():
@@ -91,7 +83,6 @@ class CudaModelRunner(ModelRunner):
                 elif isinstance(module, Gemma4Router):
                     module.fold_scale()
         model.model.place_rope_tables(device)
-        self._model_fn = torch.compile(model) if options.compile else model
         self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
         self.eager_steps = 0
         self.capture_seconds = 0.0
@@ -189,7 +180,7 @@ class CudaModelRunner(ModelRunner):
 
     def _graph_forward(self, ids: torch.Tensor, step: StepTensors) -> torch.Tensor:
         with pdl_mode(self.pdl):  # captured: the replays launch what the capture launched
-            return self._model_fn(ids, self._context_cls(self.storage, step, **self.attention_kwargs))
+            return self.model(ids, PagedAttentionContext(self.storage, step, **self.attention_kwargs))
 
     def launch(self, plan: StepPlan) -> LaunchedStep:
         with pdl_mode(self.pdl):
@@ -207,7 +198,7 @@ class CudaModelRunner(ModelRunner):
             self.graph_steps += 1
             return hidden
         self.eager_steps += 1
-        return super()._forward(plan)  # eager, through this runner's model function and context class
+        return super()._forward(plan)  # eager
 
 
 def eager_warmup_sizes(largest_step_tokens: int) -> tuple[int, ...]:
@@ -222,15 +213,14 @@ def eager_warmup_sizes(largest_step_tokens: int) -> tuple[int, ...]:
 
 def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,
                       max_model_len: int, largest_step_tokens: int = 0) -> CudaModelRunner:
-    """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``),
-    ``torch.compile`` with ``CUSTOM_BACKEND_COMPILE``. Block tables are sized for the engine's
-    ``max_model_len`` (``factory.engine_limits``: already capped by the full-attention pool); the eager step sizes
-    up to ``largest_step_tokens`` (the prefill-only budget) are compiled at start."""
+    """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``).
+    Block tables are sized for the engine's ``max_model_len`` (``factory.engine_limits``: already capped by the
+    full-attention pool); the eager step sizes up to ``largest_step_tokens`` (the prefill-only budget) are compiled
+    at start."""
     warmup = eager_warmup_sizes(min(largest_step_tokens, max_model_len)) \
         if largest_step_tokens and device.type == "cuda" else ()
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 eager_warmup_tokens=warmup,
                                 cuda_graphs=settings.cuda_graphs,
-                                compile=settings.custom_backend_compile,
                                 reference_ops=settings.deterministic, deterministic=settings.deterministic)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)
