@@ -38,9 +38,9 @@ import pytest
 import torch
 
 from inference_server.backends.cuda.options import CudaRunnerOptions
-from inference_server.backends.cuda.runner import CudaModelRunner, eager_warmup_sizes
+from inference_server.backends.cuda.runner import CudaModelRunner, eager_warmup_sizes, warmup_sequence_lengths
 from inference_server.backends.cuda_graphs import DecodeGraphs, decode_buckets
-from inference_server.backends.model_runner import ModelRunner
+from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.models.loading.loader import build_model, init_dummy_weights
 from inference_server.models.loading.presets import preset_config
@@ -476,3 +476,60 @@ def test_eager_warmup_runs_each_size_and_leaves_no_trace() -> None:
                                 cuda_graphs=False)
     runner = CudaModelRunner(model, spec, storage, torch.device("cpu"), options)
     assert runner.eager_steps == 0 and runner.tokens_computed == 0 and not runner._requests
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU; the gpu tests build "
+                    "runners with warm-up through the factory")
+def test_eager_warmup_fills_a_step_longer_than_the_model_length_with_several_sequences(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm-up step longer than ``max_model_len`` can only ever be several sequences while serving: it runs as
+    sequences of at most ``max_model_len`` tokens (distinct request ids, block tables sized each for its own length)
+    that sum to the step's size, through the real eager path; shorter steps stay one sequence."""
+    torch.set_num_threads(1)
+    launched: list[StepPlan] = []
+    launch = CudaModelRunner.launch
+
+    def spy(self: CudaModelRunner, plan: StepPlan) -> LaunchedStep:
+        launched.append(plan)
+        return launch(self, plan)
+
+    monkeypatch.setattr(CudaModelRunner, "launch", spy)
+    spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
+    storage = storage_for(spec, 2, 4, torch.float32, "cpu")
+    options = CudaRunnerOptions(max_model_len=2 * BLOCK, max_batch_size=4, eager_warmup_tokens=(72, 32, 9),
+                                cuda_graphs=False)
+    runner = CudaModelRunner(model, spec, storage, torch.device("cpu"), options)
+    lengths = [tuple(len(seq.token_ids) for seq in plan.sequences) for plan in launched]
+    assert lengths == [(32, 32, 8), (32,), (9,)]
+    for plan in launched:
+        assert len({seq.request_id for seq in plan.sequences}) == len(plan.sequences)
+        for seq in plan.sequences:
+            assert seq.cached_len == 0 and seq.prompt_len == len(seq.token_ids)
+            assert seq.block_tables == ((0,) * -(-len(seq.token_ids) // BLOCK),) * runner.num_groups
+    assert runner.eager_steps == 0 and runner.tokens_computed == 0 and not runner._requests
+
+
+def test_warmup_sequence_lengths_split_only_past_the_model_length() -> None:
+    assert warmup_sequence_lengths(4096, 4096) == (4096,)
+    assert warmup_sequence_lengths(8192, 4096) == (4096, 4096)
+    assert warmup_sequence_lengths(9000, 4096) == (4096, 4096, 808)
+    assert warmup_sequence_lengths(1, 4096) == (1,)
+
+
+@pytest.mark.parametrize(("max_batch_size", "largest"), [(256, 16384), (3, 12288), (1, 4096)])
+def test_build_cuda_runner_warms_steps_past_the_model_length_as_far_as_the_batch_fills_them(
+        monkeypatch: pytest.MonkeyPatch, max_batch_size: int, largest: int) -> None:
+    """The warm-up ladder starts at the prefill budget (16,384 here) where ``MAX_BATCH_SIZE`` sequences of
+    ``MAX_MODEL_LEN`` (4,096) fill it, not at ``MAX_MODEL_LEN``: the steps past it are met while serving."""
+    from inference_server.backends.cuda import runner as runner_module
+    from inference_server.config import Settings
+    from inference_server.models.loading.source import LoadedModel
+
+    built: list[CudaRunnerOptions] = []
+    monkeypatch.setattr(runner_module, "CudaModelRunner", lambda *args: built.append(args[-1]))
+    spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
+    loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name="tiny", load_seconds=0.0)
+    runner_module.build_cuda_runner(Settings(max_batch_size=max_batch_size), loaded,
+                                    storage_for(spec, 1, 1, torch.float32, "cpu"), torch.device("cuda"),
+                                    max_model_len=4096, largest_step_tokens=16384)
+    assert built[0].eager_warmup_tokens == eager_warmup_sizes(largest)

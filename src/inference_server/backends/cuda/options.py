@@ -48,7 +48,8 @@ class CudaRunnerOptions:
     max_batch_size: int = 256
     eager_warmup_tokens: tuple[int, ...] = ()
     """Token counts of the eager steps run once at start-up (``eager_warmup_sizes``), so Triton compiles the
-    kernel variants of prefill-carrying steps then rather than mid-serving."""
+    kernel variants of prefill-carrying steps then rather than mid-serving; a count above ``max_model_len`` runs as
+    several sequences (``runner.warmup_sequence_lengths``)."""
     cuda_graphs: bool = True
     pdl: bool = True
     """Programmatic dependent launch of the step's Triton kernels (``kernels.pdl``; sm_90+, compiled kernels only):

@@ -102,7 +102,9 @@ class CudaModelRunner(ModelRunner):
                 warm_up_token_bitmask(spec.vocab_size, device)  # structured output's mask (sampler)
 
     def warm_up_eager(self, token_counts: tuple[int, ...]) -> None:
-        """Run one eager step of each size in ``token_counts`` (one greedy sequence, prefilled from 0).
+        """Run one eager step of each size in ``token_counts``: greedy sequences prefilled from 0, one of ``count``
+        tokens, or where ``count`` exceeds ``max_model_len`` several of at most ``max_model_len`` tokens summing to it
+        (``warmup_sequence_lengths``), as serving would fill such a step.
 
         Triton compiles a kernel the first time it meets a new variant (block sizes chosen from the step's
         token count, e.g. the fused MoE's BLOCK_M); a variant first met while serving stalls the device for
@@ -113,12 +115,13 @@ class CudaModelRunner(ModelRunner):
         greedy = SamplingParams(temperature=0.0, max_tokens=1)
         with phase("compiling eager step kernels", total=len(token_counts), unit="step sizes") as progress:
             for count in progress.wrap(token_counts):
-                tables = tuple((0,) * -(-count // self.block_size) for _ in range(self.num_groups))
-                sequence = ScheduledSequence(request_id=-1, token_ids=(0,) * count, cached_len=0,
-                                             block_tables=tables, sample=True, sampling=greedy, reset=True,
-                                             prompt_len=count)
-                self.collect(self.launch(StepPlan(step_id=-1, sequences=(sequence,))))
-                self.forget((-1,))
+                sequences = tuple(
+                    ScheduledSequence(request_id=-1 - i, token_ids=(0,) * length, cached_len=0,
+                                      block_tables=((0,) * -(-length // self.block_size),) * self.num_groups,
+                                      sample=True, sampling=greedy, reset=True, prompt_len=length)
+                    for i, length in enumerate(warmup_sequence_lengths(count, self.options.max_model_len)))
+                self.collect(self.launch(StepPlan(step_id=-1, sequences=sequences)))
+                self.forget(tuple(sequence.request_id for sequence in sequences))
         # The counters describe serving: a 1-token warm-up step fits a decode graph and would count as one.
         self.eager_steps = self.graph_steps = 0
         self.tokens_computed = 0
@@ -211,14 +214,28 @@ def eager_warmup_sizes(largest_step_tokens: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def warmup_sequence_lengths(count: int, max_model_len: int) -> tuple[int, ...]:
+    """The sequences a warm-up step of ``count`` tokens prefills: one, or where ``count`` is longer than any sequence
+    can be, sequences of ``max_model_len`` tokens and one of the rest (a step that size only ever carries several)."""
+    full, rest = divmod(count, max_model_len)
+    return (max_model_len,) * full + ((rest,) if rest else ())
+
+
+def largest_warmup_step(largest_step_tokens: int, max_model_len: int, max_batch_size: int) -> int:
+    """The largest step the warm-up compiles for: the prefill-only budget, unless ``max_batch_size`` sequences of
+    ``max_model_len`` tokens cannot fill it (a step is no longer than its sequences together)."""
+    return min(largest_step_tokens, max_model_len * max_batch_size)
+
+
 def build_cuda_runner(settings: Settings, loaded: LoadedModel, storage: PagedKVStorage, device: torch.device, *,
                       max_model_len: int, largest_step_tokens: int = 0) -> CudaModelRunner:
     """The ``custom-cuda`` runner for the engine: graphs for batches up to ``MAX_BATCH_SIZE`` (``CUDA_GRAPHS``).
     Block tables are sized for the engine's ``max_model_len`` (``factory.engine_limits``: already capped by the
     full-attention pool); the eager step sizes up to ``largest_step_tokens`` (the prefill-only budget) are compiled
-    at start."""
-    warmup = eager_warmup_sizes(min(largest_step_tokens, max_model_len)) \
-        if largest_step_tokens and device.type == "cuda" else ()
+    at start, as far as ``MAX_BATCH_SIZE`` sequences can fill a step (``largest_warmup_step``), those longer than
+    ``max_model_len`` as several sequences (``warmup_sequence_lengths``)."""
+    largest = largest_warmup_step(largest_step_tokens, max_model_len, settings.max_batch_size)
+    warmup = eager_warmup_sizes(largest) if largest_step_tokens and device.type == "cuda" else ()
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
                                 eager_warmup_tokens=warmup,
                                 cuda_graphs=settings.cuda_graphs,
