@@ -437,13 +437,15 @@ def test_graph_replay_equals_eager(name: str, num_seqs: int) -> None:
 
 @gpu
 def test_engine_factory_builds_cuda_runner() -> None:
-    """BACKEND=custom-cuda through the factory: graphs for every bucket up to MAX_BATCH_SIZE, steps run."""
+    """BACKEND=custom-cuda through the factory: graphs for every bucket up to MAX_BATCH_SIZE, the eager warm-up
+    ladder from the prefill budget, steps run. Budgets of 256 tokens keep the warm-up to 9 step sizes (the default
+    8,192 would compile 14, the largest as eight sequences of the preset's 1,024-token model length)."""
     from inference_server.backends.factory import build_kv, build_runner, engine_limits
     from inference_server.config import Settings
     from inference_server.models.loading.source import load_model
 
     settings = Settings(model="qwen3-30b-a3b-tiny", dummy_weights=True, backend="custom-cuda",
-                        kv_cache_tokens=4096, max_batch_size=8)
+                        kv_cache_tokens=4096, max_batch_size=8, max_num_batched_tokens=256, max_prefill_tokens=256)
     device = torch.device("cuda")
     loaded = load_model(settings, device, torch.bfloat16)
     kv, storage = build_kv(settings, loaded, device, torch.bfloat16)
@@ -451,6 +453,7 @@ def test_engine_factory_builds_cuda_runner() -> None:
                                                                                           device, kv))
     assert isinstance(runner, CudaModelRunner) and runner.graphs is not None
     assert runner.graphs.captured == (1, 2, 4, 8)
+    assert runner.options.eager_warmup_tokens == eager_warmup_sizes(256)
     tables = ((0, 1),)
     first = runner.execute(StepPlan(0, (ScheduledSequence(1, (5, 6, 7), 0, tables, True, GREEDY, True, 3),)))
     token = first.tokens[0].token_id
