@@ -7,7 +7,7 @@
 # 57 s) in a second call on the warm machine. Since then the bf16-error test runs the tiny presets only where no
 # real-width one exists (E2B), constrained decoding one model, PDL four (-91 s): 87 tests, which on a cold H100
 # (2026-12-05, `6ceba39`) still took two calls: 83 in 570 s, the deterministic file's 4 in 67 s. Trimmed since
-# toward one call: the torch.compile test is gone with CUSTOM_BACKEND_COMPILE (86 tests), constrained decoding
+# toward one call: the torch.compile test is gone with its option (86 tests), constrained decoding
 # builds two engines (overlap and graphs all on, all off) instead of four, the fp32 schedule-invariance engine
 # captures graphs up to MAX_BATCH_SIZE 32 instead of 64 (7 buckets, not 11), and the engine-factory test's 256-token
 # budgets warm 9 eager step sizes (the default budgets: 11, and 14 since the warm-up covers steps longer than
