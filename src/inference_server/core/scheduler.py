@@ -7,6 +7,18 @@ a step while more requests wait for their first token than are decoding (a burst
 more efficient steps shorten more requests' wait than they lengthen streams' inter-token gaps.
 A request that finishes frees its slot and KV at once, so the very next plan refills it.
 
+Holding a burst (``hold_bursts``, the ``HOLD_BURSTS`` experiment): the backlog rule alone drops a burst to
+``max_num_batched_tokens`` once its first prompts, now decoding, outnumber the ones still waiting, so the burst's last
+requests wait many small steps (its p99 TTFT). With the switch on, the step at which a backlog first takes the
+prefill budget beside decodes begins a burst: its members are the requests held then without a first token (waiting,
+or running and still prefilling), and ``_burst_through`` is their largest arrival index. Every step keeps
+``prefill_step_tokens`` until each request with an arrival index up to ``_burst_through`` has its first token (the
+step computing its prompt's last token has been planned) or has ended; then the burst ends. Later arrivals (larger
+indexes) do not extend it; a member preempted before its first token arrived counts again; one preempted after keeps
+it (its recompute is not a wait for a first token). One prompt arriving beside decoding streams is no burst (a backlog
+of one does not outnumber the decodes): it keeps the small budget. The cost is the streams' inter-token gap for the
+burst's length.
+
 Prefill modes (``PREFILL_MODE``):
 
 * ``monolithic``: at most one prompt per step, prefilled whole, beside the running decodes.
@@ -55,6 +67,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 0  # budget of a step without decodes; 0 (or less): max_num_batched_tokens
     prefill_mode: str = "chunked"
     max_active_kv_tokens: int = 0  # 0 = no cap beyond the pool itself
+    hold_bursts: bool = True  # experiment (HOLD_BURSTS): a burst keeps the prefill budget until all have a first token
 
     @property
     def prefill_step_tokens(self) -> int:
@@ -87,6 +100,13 @@ class Scheduler:
         # Requests held per session, kept as they come and go: ``active_sessions`` is asked on every arrival, and
         # collecting it from every request held made each arrival cost as much as the requests held.
         self._session_counts: Counter[str] = Counter()
+        # The burst being held (``hold_bursts``, module docstring): its largest arrival index, None when no burst is
+        # held, and the ids of its requests still without a first token (planned). Kept as requests are planned,
+        # preempted and end, so a step asks only whether the set is empty: ``demand`` runs every step beside hundreds
+        # of running requests. Invariant (``check_integrity``): with ``_burst_through`` set, the set is exactly the
+        # held requests with an arrival index up to it that have no first token, and it is not empty; else empty.
+        self._burst_through: int | None = None
+        self._burst_pending: set[int] = set()
 
     # -- queries -------------------------------------------------------------------------------------
     @property
@@ -116,6 +136,8 @@ class Scheduler:
         self._session_counts[session_of(request)] += 1
         self.waiting.append(request)
         self.waiting_prompt_tokens += len(request.prompt_ids)
+        if self._burst_through is not None and request.arrival_index <= self._burst_through:
+            self._burst_pending.add(request.request_id)  # only out of order (tests): arrivals come after a burst
 
     def abort(self, request_id: int, reason: FinishReason = "abort", error: str | None = None) -> RequestUpdate | None:
         """End a request now (client gone, deadline, shutdown); None when it already ended."""
@@ -144,6 +166,8 @@ class Scheduler:
             self.waiting_prompt_tokens -= len(request.prompt_ids)
         request.status = RequestStatus.FINISHED
         del self.requests[request.request_id]
+        if self._burst_pending:
+            self._burst_member_served(request.request_id)  # ended: it waits no longer
         session = session_of(request)
         self._session_counts[session] -= 1
         if not self._session_counts[session]:
@@ -157,7 +181,8 @@ class Scheduler:
 
     # -- planning ------------------------------------------------------------------------------------
     def demand(self) -> StepDemand:
-        """What the next step wants from the KV allocator (and the sequences to release first)."""
+        """What the next step wants from the KV allocator (and the sequences to release first). Its token budget
+        may begin holding a burst (``_token_budget``)."""
         whole = self.config.prefill_mode != "chunked"
         decodes: list[Demand] = []
         prefills: list[Demand] = []
@@ -193,10 +218,43 @@ class Scheduler:
         """The step's token budget: ``prefill_step_tokens`` when nothing decodes, or when more requests wait for
         their first token (``num_backlog``: waiting, or prefilling) than are decoding; else
         ``max_num_batched_tokens``, so that a stream's inter-token gap stays one small step while a prompt or two
-        arrive."""
-        if num_decodes == 0 or num_backlog > num_decodes:
+        arrive.
+
+        With ``hold_bursts``, a step that takes the prefill budget for a backlog beside decodes begins a burst
+        (``_begin_burst``), and every step keeps ``prefill_step_tokens`` while one of the burst's requests still
+        has no first token, even once the decodes outnumber the backlog: the burst's last requests then wait a few
+        large steps instead of many small ones. Costs O(1) a step: the burst's members are counted once, when it
+        begins, and leave the count as they are served (module docstring)."""
+        if num_decodes == 0:
+            return self.config.prefill_step_tokens
+        if self._burst_pending:
+            return self.config.prefill_step_tokens  # a burst is held (only ever begun with hold_bursts on)
+        if num_backlog > num_decodes:
+            if self.config.hold_bursts:
+                self._begin_burst()
             return self.config.prefill_step_tokens
         return self.config.max_num_batched_tokens
+
+    def _begin_burst(self) -> None:
+        """Hold the burst of the requests held now without a first token (waiting, or prefilling; not one
+        recomputing after a preemption that came after its first token): O(requests held), once a burst."""
+        members = [r for r in self.requests.values() if self._lacks_first_token(r)]
+        if members:
+            self._burst_through = max(r.arrival_index for r in members)
+            self._burst_pending = {r.request_id for r in members}
+
+    @staticmethod
+    def _lacks_first_token(request: Request) -> bool:
+        """Whether no step planned so far samples the request's first token, and none was received: a step that
+        computes its prompt's last token samples it (in flight until it arrives, then an output)."""
+        return not request.output_ids and request.num_in_flight == 0
+
+    def _burst_member_served(self, request_id: int) -> None:
+        """``request_id`` has its first token planned, or ended: it no longer holds the burst; the burst ends with
+        its last member."""
+        self._burst_pending.discard(request_id)
+        if not self._burst_pending:
+            self._burst_through = None
 
     def _victims(self, running: tuple[Request, ...]) -> Callable[[], tuple[int, ...]]:
         """The preemption order of ``running`` (largest victim key first), computed only if the allocator
@@ -265,6 +323,9 @@ class Scheduler:
         request.needs_reset = True
         request.num_preemptions += 1
         self.num_preemptions += 1
+        if (self._burst_through is not None and request.arrival_index <= self._burst_through
+                and self._lacks_first_token(request)):
+            self._burst_pending.add(request.request_id)  # its first token was in flight and is dropped: it waits again
         self.waiting.append(request)
         self.waiting_prompt_tokens += len(request.prompt_ids)
 
@@ -314,6 +375,8 @@ class Scheduler:
         request.num_computed += num_tokens
         request.num_in_flight += sample
         request.needs_reset = False
+        if sample and self._burst_pending:
+            self._burst_member_served(request.request_id)  # this step samples its first token (or a later one)
         return sequence
 
     def _scheduled_decode(self, request: Request, start: int, prompt_len: int,
@@ -412,6 +475,13 @@ class Scheduler:
         assert len(self.running) + len(self.waiting) == len(self.requests)
         assert self.waiting_prompt_tokens == sum(len(r.prompt_ids) for r in self.waiting)
         assert self._session_counts == Counter(session_of(r) for r in self.requests.values())
+        through = self._burst_through
+        if through is None:
+            assert not self._burst_pending
+        else:
+            assert self._burst_pending == {r.request_id for r in self.requests.values()
+                                           if r.arrival_index <= through and self._lacks_first_token(r)}
+            assert self._burst_pending, "a burst without members ended"
         if kv is not None:
             kv.check_integrity()
             pending = {rid for rid, _ in self._releases}
