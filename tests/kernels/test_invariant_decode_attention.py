@@ -232,7 +232,7 @@ _COMPILE = '''
                                              UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256,
                                              SLICES=_value_slices(head_dim, small_tiles=False)), fast_warps,
                  fast_stages)
-        block_m, block_n, warps, stages = tile_config(head_dim, group, aligned=True)
+        block_m, block_n, warps, stages = tile_config(head_dim, group)
         tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                      SPLIT_KEYS=256, DOT_PRECISION="tf32", UPCAST=False)
         compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=False, BLOCK_R=group), warps, stages)

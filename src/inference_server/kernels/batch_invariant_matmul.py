@@ -143,18 +143,15 @@ def _invariant_matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, 
             tl.atomic_xchg(counter, 0)  # ready for the next launch (stream order keeps launches apart)
 
 
-def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                     config: MatmulConfig = CONFIG) -> torch.Tensor:
-    """``ops.LinearFn``: ``F.linear(x, weight, bias)`` for ``x [..., K]``, batch-invariant per row (module doc).
-    ``config``: another fixed tile configuration (``bench/invariant_matmul_tiles.py`` times candidates); a row's bits
-    depend on it, so serving passes none."""
+def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``ops.LinearFn``: ``F.linear(x, weight, bias)`` for ``x [..., K]``, batch-invariant per row (module doc)."""
     flat = x.reshape(-1, x.shape[-1])
     m, k = flat.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
-        c = config
-        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), split_k(n, k, c)) * c.block_k
+        c = CONFIG
+        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), split_k(n, k)) * c.block_k
         splits = triton.cdiv(k, k_per_split)  # no empty split
         tiles = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n))
         flags = dict(FP32_DOT=x.dtype == torch.float32, UPCAST=_INTERPRETED and x.dtype != torch.float32,

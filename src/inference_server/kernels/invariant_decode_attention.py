@@ -11,8 +11,7 @@ order from a fresh state (``prefill_attention.split_state``), folded from a fres
 (``prefill_attention.fold_split``), then normalised. Here program ``(b, kv head, j)`` computes the state of the
 ``j``-th split its query sees with the same function, on a query tile of the same ``BLOCK_M`` rows (the G heads in
 rows ``0 .. G - 1``, as a one-token prefill chunk puts them), the same ``BLOCK_N`` and warps
-(``prefill_attention.tile_config(aligned=True)``: ``ALIGNED_BLOCK_M`` rows): each row's dot products and sums are
-then the prefill's. The states go to an
+(``prefill_attention.tile_config``): each row's dot products and sums are then the prefill's. The states go to an
 fp32 workspace; the kv head's last split program to finish (an arrival counter, as ``decode_attention``'s fused
 merge) folds its G rows' states with ``fold_split`` and normalises, in the same launch (past
 ``FUSED_FOLD_MAX_HEADS`` a second launch, ``_fold_splits_kernel``, does: the same arithmetic). A split a query does not
@@ -255,7 +254,7 @@ def invariant_decode_attention(
     assert k_cache.shape[-1] == head_dim and v_cache.shape == k_cache.shape
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     group = num_heads // num_kv_heads
-    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, aligned=True)
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n)
     split_keys = split_keys or KV_SPLIT_KEYS
     if split_keys % block_n:
         raise ValueError(f"split_keys ({split_keys}) must be a multiple of the key tile ({block_n})")

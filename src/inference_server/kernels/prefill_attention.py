@@ -313,22 +313,12 @@ def _value_slices(head_dim: int, small_tiles: bool) -> int:
     return 2 if head_dim > 256 and not small_tiles else 1
 
 
-ALIGNED_BLOCK_M = 16
-"""The query tile of ``align_kv`` (``DETERMINISTIC``) calls and of ``kernels.invariant_decode_attention``, every head
-dim (raised to the next power of two >= G). The two must share it: a row's dots are rounded alike only on the same
-tile shape, and a tile of >= 64 rows compiles to wgmma, whose accumulation differs from the mma.sync of smaller tiles
-in the last bit. 16 rows suit the decode (one query's G heads: a 64-row tile was mostly padding) at the price of
-re-reading K/V per 16 rows in a deterministic prefill."""
-
-
 def tile_config(head_dim: int, group: int, block_m: int | None = None, block_n: int | None = None,
-                small_tiles: bool = True, aligned: bool = False) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a call (``paged_prefill_attention``'s overrides applied).
-    ``aligned``: the aligned prefill's and ``kernels.invariant_decode_attention``'s (``ALIGNED_BLOCK_M`` rows and the
-    small tiles' keys and warps), so that a decode row's dots and sums are the aligned prefill's."""
-    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim, small_tiles or aligned)
-    if aligned:
-        cfg_m = ALIGNED_BLOCK_M
+                small_tiles: bool = True) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a call (``paged_prefill_attention``'s overrides applied):
+    ``kernels.invariant_decode_attention`` launches with the small ones, the aligned prefill's, so that a row's dots
+    and sums are the aligned prefill's."""
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim, small_tiles)
     return max(block_m or cfg_m, triton.next_power_of_2(group)), block_n or cfg_n, num_warps, num_stages
 
 
@@ -376,8 +366,7 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     small_tiles = align_kv or k_cache.dtype == torch.float32 or num_tokens < LONG_CHUNK_TOKENS * num_seqs
-    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, small_tiles,
-                                                          aligned=align_kv)
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, small_tiles)
     block_q = block_m // group
     split_keys = split_keys or KV_SPLIT_KEYS
     if align_kv and split_keys % block_n:
