@@ -123,17 +123,14 @@ class Settings:
                                             "on CUDA, 256 elsewhere (a CPU step stays about a second long, "
                                             "so aborts and deadlines are honoured promptly).", minimum=0)
     max_prefill_tokens: int = _field(0, "Token budget of a step that carries no decodes (prompts only: a long "
-                                        "prompt alone, the first step of a burst), and of one with decodes while "
-                                        "more requests wait for their first token than decode; 0: 4 x "
-                                        "MAX_NUM_BATCHED_TOKENS on CUDA (8192), MAX_NUM_BATCHED_TOKENS elsewhere. "
+                                        "prompt alone, the first step of a burst), and of one with decodes once "
+                                        "more requests wait for their first token than decode (a burst), until "
+                                        "each of those has its first token (later arrivals do not extend it); 0: "
+                                        "4 x MAX_NUM_BATCHED_TOKENS on CUDA (8192), MAX_NUM_BATCHED_TOKENS "
+                                        "elsewhere. "
                                         "Other steps with decodes keep MAX_NUM_BATCHED_TOKENS, so a stream's "
                                         "inter-token latency does not grow while a prompt or two arrive.",
                                      minimum=0)
-    hold_bursts: bool = _field(True, "Experiment: once more requests wait for their first token than decode (a "
-                                     "burst), steps keep MAX_PREFILL_TOKENS until every request that was waiting "
-                                     "then has its first token (later arrivals do not extend it), rather than "
-                                     "dropping to MAX_NUM_BATCHED_TOKENS when the decodes outnumber those left: a "
-                                     "shorter p99 TTFT for the burst, a longer inter-token gap while it lasts.")
     max_active_kv_tokens: int = _field(0, "Cap on KV tokens held by running requests; 0: the KV pool size.",
                                        minimum=0)
     max_queued_tokens: int = _field(1_000_000, "Cap on prompt tokens waiting for admission; more is rejected "

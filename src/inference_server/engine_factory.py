@@ -88,7 +88,6 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
             max_prefill_tokens=limits.prefill_token_budget,
             prefill_mode=settings.prefill_mode,
             max_active_kv_tokens=settings.max_active_kv_tokens,
-            hold_bursts=settings.hold_bursts,
         ),
         scheduling_policy=settings.scheduling_policy,
         max_queue_size=settings.max_queue_size,

@@ -256,21 +256,27 @@ def test_prefix_hit_computes_only_the_suffix() -> None:
 
 def test_a_backlog_of_prompts_takes_the_prefill_budget_beside_decodes() -> None:
     """While more requests wait for their first token than are decoding (a burst), a step with decodes takes the
-    prefill budget too; once the decodes are as many as the prompts left, steps keep the step budget (without
-    ``hold_bursts``). Outputs are those of each request alone."""
+    prefill budget too, and keeps it until the burst's last request has its first token, also once the decodes are
+    as many as the prompts left; the next step with decodes takes the step budget. Outputs are those of each request
+    alone."""
     scheduler = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32,
-                               num_blocks=256, hold_bursts=False)  # the backlog rule alone (the hold: below)
+                               num_blocks=256)
     runner = FakeEngine()
     for rid in range(1, 13):
         scheduler.add(request(rid, prompt_len=10, max_tokens=40, first_token=rid * 20))
-    steps = []  # (decodes, requests waiting for their first token, tokens) per step
+    steps = []  # (decodes, requests waiting for their first token, budget, tokens) per step
     while scheduler.waiting or any(r.num_uncomputed > 1 for r in scheduler.running):
         decoding = sum(r.num_computed >= len(r.prompt_ids) for r in scheduler.running)
-        plan = scheduler.schedule()
-        steps.append((decoding, len(scheduler.requests) - decoding, plan.num_tokens))
+        demand = scheduler.scheduler.demand()
+        plan = scheduler.scheduler.apply_grant(allocate_step(scheduler.kv, demand))
+        assert plan is not None
+        steps.append((decoding, len(scheduler.requests) - decoding, demand.token_budget, plan.num_tokens))
         scheduler.on_step_result(runner.execute(plan))
-    assert steps[:3] == [(0, 12, 32), (3, 9, 32), (6, 6, 8)]  # 3 prompts and a part, twice; then 6 decodes, 6 left
-    assert all(tokens <= 8 for decodes, backlog, tokens in steps if decodes > 0 and backlog <= decodes)
+        scheduler.check_integrity()
+    # 3 prompts and a part, twice; then 6 decode beside 6 left (the backlog rule alone would take 8 tokens there)
+    assert steps[:3] == [(0, 12, 32, 32), (3, 9, 32, 32), (6, 6, 32, 32)]
+    assert all(budget == 32 for _, _, budget, _ in steps)
+    assert scheduler.scheduler.demand().token_budget == 8  # every request decodes: the burst is over
     fresh = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=8, max_prefill_tokens=32, num_blocks=256)
     for rid in range(1, 13):
         fresh.add(request(rid, prompt_len=10, first_token=rid * 20))  # 5 tokens out, as run_alone's
@@ -282,50 +288,60 @@ STEP_BUDGET, PREFILL_BUDGET = 64, 256
 """The burst tests' budgets: a step with decodes, and one without (``max_prefill_tokens``)."""
 
 
-def budgets_of_a_burst(hold_bursts: bool, *, num_requests: int = 20, prompt_len: int = 48, later: int = 0,
-                       steps_after: int = 0, harness: Harness | None = None) -> list[int]:
-    """The token budget of each step while a burst is served: ``num_requests`` prompts of ``prompt_len`` tokens
-    arrive at once on an idle scheduler (``STEP_BUDGET`` / ``PREFILL_BUDGET``), and ``later`` more right after the
-    second step, the first that had decodes (when the burst began); the budgets of the steps up to the one that
-    samples the last burst request's first token, then of ``steps_after`` more. Every request decodes well past the
-    burst, so the decodes soon outnumber the prompts left. ``harness`` (made here when None) is left as the run
-    leaves it."""
+def decodes_and_backlog(harness: Harness) -> tuple[int, int]:
+    """What ``demand`` counts before the next step: the running requests that decode one token, and those that wait
+    for their first token (waiting, or still prefilling). The backlog rule alone takes the prefill budget beside
+    decodes only while the backlog outnumbers them. (No request here finishes with a token in flight, the one
+    decode ``demand`` leaves out.)"""
+    scheduler = harness.scheduler
+    decodes = sum(r.num_uncomputed == 1 for r in scheduler.running)
+    prefilling = sum(r.num_uncomputed > 1 for r in scheduler.running)
+    return decodes, prefilling + len(scheduler.waiting)
+
+
+def budgets_of_a_burst(*, num_requests: int = 20, prompt_len: int = 48, later: int = 0, steps_after: int = 0,
+                       harness: Harness | None = None) -> list[tuple[int, int, int]]:
+    """(token budget, decodes, backlog) of each step while a burst is served, the counts taken as ``demand`` takes
+    them (``decodes_and_backlog``): ``num_requests`` prompts of ``prompt_len`` tokens arrive at once on an idle
+    scheduler (``STEP_BUDGET`` / ``PREFILL_BUDGET``), and ``later`` more right after the second step, the first that
+    had decodes (when the burst began); the steps up to the one that samples the last burst request's first token,
+    then ``steps_after`` more. Every request decodes well past the burst, so the decodes soon outnumber the prompts
+    left. ``harness`` (made here when None) is left as the run leaves it."""
     scheduler = harness or make_scheduler(prefill_mode="chunked", max_num_batched_tokens=STEP_BUDGET,
-                                          max_prefill_tokens=PREFILL_BUDGET, num_blocks=2048,
-                                          hold_bursts=hold_bursts)
+                                          max_prefill_tokens=PREFILL_BUDGET, num_blocks=2048)
     runner = FakeEngine()
     burst = [request(rid, prompt_len=prompt_len, max_tokens=200, first_token=rid) for rid in range(1, num_requests + 1)]
     for r in burst:
         scheduler.add(r)
-    budgets: list[int] = []
+    steps: list[tuple[int, int, int]] = []
     remaining_after = steps_after
     while remaining_after > 0 or not all(r.output_ids for r in burst):
         if all(r.output_ids for r in burst):
             remaining_after -= 1
+        decodes, backlog = decodes_and_backlog(scheduler)
         demand = scheduler.scheduler.demand()
-        budgets.append(demand.token_budget)
+        assert decodes == sum(not item.new and item.num_tokens == 1 for item in demand.items)
+        steps.append((demand.token_budget, decodes, backlog))
         plan = scheduler.scheduler.apply_grant(allocate_step(scheduler.kv, demand))
         assert plan is not None and plan.num_tokens <= demand.token_budget
         scheduler.on_step_result(runner.execute(plan))
         scheduler.check_integrity()
-        if later and len(budgets) == 2:  # the second step was the first with decodes: it began the burst
+        if later and len(steps) == 2:  # the second step was the first with decodes: it began the burst
             for rid in range(1000, 1000 + later):
                 scheduler.add(request(rid, prompt_len=prompt_len, max_tokens=200, first_token=rid % 50))
             later = 0
-        assert len(budgets) < 200, "the burst never got its first tokens"
-    return budgets
+        assert len(steps) < 200, "the burst never got its first tokens"
+    return steps
 
 
 def test_a_held_burst_keeps_the_prefill_budget_until_its_last_first_token() -> None:
-    """``hold_bursts``: every step until the burst's last request has its first token takes the prefill budget;
-    without it, once the decodes outnumber the prompts left, steps drop to the step budget (and the burst takes more
-    steps)."""
-    held = budgets_of_a_burst(True)
-    assert held == [PREFILL_BUDGET] * len(held)
-    unheld = budgets_of_a_burst(False)
-    assert unheld[:2] == [PREFILL_BUDGET] * 2  # no decodes yet; then 8 decode while 12 wait
-    assert STEP_BUDGET in unheld
-    assert len(held) < len(unheld)
+    """Every step until the burst's last request has its first token takes the prefill budget, and at some of those
+    steps the decodes already outnumber the prompts left: the backlog rule alone would have dropped them to the step
+    budget (and the burst would have taken more steps)."""
+    steps = budgets_of_a_burst()
+    assert [budget for budget, _, _ in steps] == [PREFILL_BUDGET] * len(steps)
+    assert steps[0][1] == 0  # no decodes yet; then 5 decode while 15 wait, and so on
+    assert any(backlog < decodes for _, decodes, backlog in steps), "the decodes never outnumbered the backlog"
 
 
 def test_requests_arriving_after_a_burst_began_do_not_extend_it() -> None:
@@ -333,19 +349,19 @@ def test_requests_arriving_after_a_burst_began_do_not_extend_it() -> None:
     last first token, and the next step takes the step budget while the late ones still wait for theirs (a backlog
     that does not outnumber the decodes)."""
     harness = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=STEP_BUDGET,
-                             max_prefill_tokens=PREFILL_BUDGET, num_blocks=2048, hold_bursts=True)
-    budgets = budgets_of_a_burst(True, later=10, steps_after=1, harness=harness)
-    assert budgets[:-1] == budgets_of_a_burst(True)  # the late requests came after the burst's (FCFS)
+                             max_prefill_tokens=PREFILL_BUDGET, num_blocks=2048)
+    budgets = [budget for budget, _, _ in budgets_of_a_burst(later=10, steps_after=1, harness=harness)]
+    assert budgets[:-1] == [budget for budget, _, _ in budgets_of_a_burst()]  # the late ones came after (FCFS)
     assert budgets[-1] == STEP_BUDGET
     late_waiting = [r for r in harness.requests.values() if r.request_id >= 1000 and not r.output_ids]
     assert late_waiting, "the test needs late requests still without a first token after the burst"
 
 
 def test_one_long_prompt_beside_decoding_streams_keeps_the_step_budget() -> None:
-    """One prompt arriving while streams decode is no burst (a backlog of one does not outnumber them): with
-    ``hold_bursts`` on, every step of its prefill keeps the step budget."""
+    """One prompt arriving while streams decode is no burst (a backlog of one does not outnumber them): every step
+    of its prefill keeps the step budget."""
     scheduler = make_scheduler(prefill_mode="chunked", max_num_batched_tokens=STEP_BUDGET,
-                               max_prefill_tokens=PREFILL_BUDGET, num_blocks=2048, hold_bursts=True)
+                               max_prefill_tokens=PREFILL_BUDGET, num_blocks=2048)
     runner = FakeEngine()
     for rid in range(1, 9):
         scheduler.add(request(rid, prompt_len=8, max_tokens=200, first_token=rid))
@@ -361,14 +377,12 @@ def test_one_long_prompt_beside_decoding_streams_keeps_the_step_budget() -> None
     assert budgets == [STEP_BUDGET] * len(budgets) and len(budgets) >= 1000 // STEP_BUDGET
 
 
-@pytest.mark.parametrize("hold_bursts", [True, False])
-def test_a_held_burst_under_preemption_keeps_outputs_and_its_members(hold_bursts: bool) -> None:
-    """A burst in a pool too small for it: requests are preempted and recomputed (with the hold, at these sizes, six
-    after their first token, which then no longer hold the burst, and two before, which do); ``check_integrity``
-    checks the burst's members against the requests held after every step, and outputs are those of a roomy pool."""
+def test_a_held_burst_under_preemption_keeps_outputs_and_its_members() -> None:
+    """A burst in a pool too small for it: requests are preempted and recomputed (at these sizes, six after their
+    first token, which then no longer hold the burst, and two before, which do); ``check_integrity`` checks the
+    burst's members against the requests held after every step, and outputs are those of a roomy pool."""
     prompts = [(rid, 9 + rid % 5) for rid in range(1, 17)]
-    budgets = {"prefill_mode": "chunked", "max_num_batched_tokens": 8, "max_prefill_tokens": 48,
-               "hold_bursts": hold_bursts}
+    budgets = {"prefill_mode": "chunked", "max_num_batched_tokens": 8, "max_prefill_tokens": 48}
     roomy, tight = make_scheduler(num_blocks=256, **budgets), make_scheduler(num_blocks=30, **budgets)
     for scheduler in (roomy, tight):
         for rid, length in prompts:

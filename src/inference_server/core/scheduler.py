@@ -7,17 +7,16 @@ a step while more requests wait for their first token than are decoding (a burst
 more efficient steps shorten more requests' wait than they lengthen streams' inter-token gaps.
 A request that finishes frees its slot and KV at once, so the very next plan refills it.
 
-Holding a burst (``hold_bursts``, the ``HOLD_BURSTS`` experiment): the backlog rule alone drops a burst to
-``max_num_batched_tokens`` once its first prompts, now decoding, outnumber the ones still waiting, so the burst's last
-requests wait many small steps (its p99 TTFT). With the switch on, the step at which a backlog first takes the
-prefill budget beside decodes begins a burst: its members are the requests held then without a first token (waiting,
-or running and still prefilling), and ``_burst_through`` is their largest arrival index. Every step keeps
-``prefill_step_tokens`` until each request with an arrival index up to ``_burst_through`` has its first token (the
-step computing its prompt's last token has been planned) or has ended; then the burst ends. Later arrivals (larger
-indexes) do not extend it; a member preempted before its first token arrived counts again; one preempted after keeps
-it (its recompute is not a wait for a first token). One prompt arriving beside decoding streams is no burst (a backlog
-of one does not outnumber the decodes): it keeps the small budget. The cost is the streams' inter-token gap for the
-burst's length.
+Holding a burst: the backlog rule alone would drop a burst to ``max_num_batched_tokens`` once its first prompts,
+now decoding, outnumber the ones still waiting, so the burst's last requests would wait many small steps (its p99
+TTFT). So the step at which a backlog first takes the prefill budget beside decodes begins a burst: its members are
+the requests held then without a first token (waiting, or running and still prefilling), and ``_burst_through`` is
+their largest arrival index. Every step keeps ``prefill_step_tokens`` until each request with an arrival index up to
+``_burst_through`` has its first token (the step computing its prompt's last token has been planned) or has ended;
+then the burst ends. Later arrivals (larger indexes) do not extend it; a member preempted before its first token
+arrived counts again; one preempted after keeps it (its recompute is not a wait for a first token). One prompt
+arriving beside decoding streams is no burst (a backlog of one does not outnumber the decodes): it keeps the small
+budget. The cost is the streams' inter-token gap for the burst's length.
 
 Prefill modes (``PREFILL_MODE``):
 
@@ -67,7 +66,6 @@ class SchedulerConfig:
     max_prefill_tokens: int = 0  # budget of a step without decodes; 0 (or less): max_num_batched_tokens
     prefill_mode: str = "chunked"
     max_active_kv_tokens: int = 0  # 0 = no cap beyond the pool itself
-    hold_bursts: bool = True  # experiment (HOLD_BURSTS): a burst keeps the prefill budget until all have a first token
 
     @property
     def prefill_step_tokens(self) -> int:
@@ -100,11 +98,11 @@ class Scheduler:
         # Requests held per session, kept as they come and go: ``active_sessions`` is asked on every arrival, and
         # collecting it from every request held made each arrival cost as much as the requests held.
         self._session_counts: Counter[str] = Counter()
-        # The burst being held (``hold_bursts``, module docstring): its largest arrival index, None when no burst is
-        # held, and the ids of its requests still without a first token (planned). Kept as requests are planned,
-        # preempted and end, so a step asks only whether the set is empty: ``demand`` runs every step beside hundreds
-        # of running requests. Invariant (``check_integrity``): with ``_burst_through`` set, the set is exactly the
-        # held requests with an arrival index up to it that have no first token, and it is not empty; else empty.
+        # The burst being held (module docstring): its largest arrival index, None when no burst is held, and the
+        # ids of its requests still without a first token (planned). Kept as requests are planned, preempted and end,
+        # so a step asks only whether the set is empty: ``demand`` runs every step beside hundreds of running requests.
+        # Invariant (``check_integrity``): with ``_burst_through`` set, the set is exactly the held requests with an
+        # arrival index up to it that have no first token, and it is not empty; else empty.
         self._burst_through: int | None = None
         self._burst_pending: set[int] = set()
 
@@ -215,23 +213,22 @@ class Scheduler:
         return demand
 
     def _token_budget(self, num_decodes: int, num_backlog: int) -> int:
-        """The step's token budget: ``prefill_step_tokens`` when nothing decodes, or when more requests wait for
-        their first token (``num_backlog``: waiting, or prefilling) than are decoding; else
+        """The step's token budget: ``prefill_step_tokens`` when nothing decodes, when more requests wait for their
+        first token (``num_backlog``: waiting, or prefilling) than are decoding, or while a burst is held; else
         ``max_num_batched_tokens``, so that a stream's inter-token gap stays one small step while a prompt or two
         arrive.
 
-        With ``hold_bursts``, a step that takes the prefill budget for a backlog beside decodes begins a burst
-        (``_begin_burst``), and every step keeps ``prefill_step_tokens`` while one of the burst's requests still
-        has no first token, even once the decodes outnumber the backlog: the burst's last requests then wait a few
-        large steps instead of many small ones. Costs O(1) a step: the burst's members are counted once, when it
-        begins, and leave the count as they are served (module docstring)."""
+        A step that takes the prefill budget for a backlog beside decodes begins a burst (``_begin_burst``), and
+        every step keeps ``prefill_step_tokens`` while one of the burst's requests still has no first token, even
+        once the decodes outnumber the backlog: the burst's last requests then wait a few large steps instead of many
+        small ones. Costs O(1) a step: the burst's members are counted once, when it begins, and leave the count as
+        they are served (module docstring)."""
         if num_decodes == 0:
             return self.config.prefill_step_tokens
         if self._burst_pending:
-            return self.config.prefill_step_tokens  # a burst is held (only ever begun with hold_bursts on)
+            return self.config.prefill_step_tokens  # a burst is held
         if num_backlog > num_decodes:
-            if self.config.hold_bursts:
-                self._begin_burst()
+            self._begin_burst()
             return self.config.prefill_step_tokens
         return self.config.max_num_batched_tokens
 
