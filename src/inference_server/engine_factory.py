@@ -11,7 +11,14 @@ import llguidance
 import torch
 
 from inference_server.actors.executor import RunnerPipeline
-from inference_server.backends.factory import EngineLimits, build_kv, build_kv_manager, build_runner, engine_limits
+from inference_server.backends.factory import (
+    EngineLimits,
+    build_kv,
+    build_kv_manager,
+    build_runner,
+    engine_limits,
+    prepare_weights,
+)
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
 from inference_server.core.faults import parse_faults
@@ -56,6 +63,7 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
     else:
         loaded = load_model(settings, device, dtype)
         _log_loaded(loaded, device, dtype)
+        prepare_weights(loaded, device, backend)  # before the KV pool takes its share of the free memory
         with phase("allocating the KV cache"):
             kv, storage = build_kv(settings, loaded, device, dtype)
         limits = engine_limits(settings, loaded.spec, device, kv)

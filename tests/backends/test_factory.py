@@ -90,3 +90,47 @@ def test_a_kv_cache_too_small_for_the_model_is_a_settings_error(preset: str) -> 
     with pytest.raises(SettingsError):
         build_kv_manager(Settings(kv_cache_tokens=least - 1), spec, CPU, torch.float32, prefix_cache=False)
     build_kv_manager(Settings(kv_cache_tokens=least), spec, CPU, torch.float32, prefix_cache=False)  # builds
+
+
+def test_prepare_weights_fuses_as_the_custom_cuda_runner_reads_them_and_keeps_every_value() -> None:
+    """``prepare_weights`` (run before the KV pool is sized) fuses q/k/v and gate/up for custom-cuda only; the
+    projections' weights become views of the fused matrix with the same values, so the model computes the same."""
+    from inference_server.backends.factory import prepare_weights
+    from inference_server.models.architectures.blocks import GatedMLP, SelfAttention
+    from inference_server.models.loading.source import load_model
+
+    settings = Settings(model="gemma-4-26b-a4b-tiny", dummy_weights=True, quantization="none")
+    loaded = load_model(settings, torch.device("cpu"), torch.float32)
+    attention = [m for m in loaded.model.modules() if isinstance(m, SelfAttention) and m.layer.computes_kv]
+    mlps = [m for m in loaded.model.modules() if isinstance(m, GatedMLP)]
+    assert attention and mlps
+    before = {name: tensor.clone() for name, tensor in loaded.model.state_dict().items()}
+    prepare_weights(loaded, torch.device("cpu"), "reference")
+    assert all(m.qkv_weight is None for m in attention) and all(m.gate_up_weight is None for m in mlps)
+    prepare_weights(loaded, torch.device("cpu"), "custom-cuda")
+    assert all(m.qkv_weight is not None for m in attention) and all(m.gate_up_weight is not None for m in mlps)
+    assert mlps[0].gate_proj.weight.data_ptr() == mlps[0].gate_up_weight.data_ptr()
+    after = loaded.model.state_dict()
+    assert before.keys() <= after.keys() and all(torch.equal(after[name], t) for name, t in before.items())
+
+
+def test_the_engine_prepares_the_weights_before_it_sizes_the_kv_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order that lets Gemma-4-31B start on an 80 GB GPU: the weights' fusion copies need free memory, and
+    the KV pool takes a fraction of what is free when it is built."""
+    from inference_server import engine_factory
+
+    calls: list[str] = []
+    prepare, build = engine_factory.prepare_weights, engine_factory.build_kv
+
+    def spy_prepare(*args: object) -> None:
+        calls.append("prepare_weights")
+        prepare(*args)  # type: ignore[arg-type]
+
+    def spy_build(*args: object) -> object:
+        calls.append("build_kv")
+        return build(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_factory, "prepare_weights", spy_prepare)
+    monkeypatch.setattr(engine_factory, "build_kv", spy_build)
+    engine_factory.build_engine_parts(Settings(model="qwen3-30b-a3b-tiny", dummy_weights=True))
+    assert calls == ["prepare_weights", "build_kv"]

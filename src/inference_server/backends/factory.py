@@ -109,6 +109,22 @@ def build_kv_manager(settings: Settings, spec: ModelSpec, device: torch.device, 
                      enable_prefix_cache=prefix_cache)
 
 
+def prepare_weights(loaded: LoadedModel, device: torch.device, backend: str) -> None:
+    """Transform the loaded weights as the backend's runner will, before the KV pool is sized from the free device
+    memory (``kv_budget``): the custom-cuda runner fuses q/k/v and gate/up (``cuda.runner.fuse_model_weights``),
+    which copies each layer's weights before freeing the originals. Run after the pool had taken its fraction of
+    what was free, that ran the device out of memory (Gemma-4-31B in bf16 on an 80 GB H100); here the copies use
+    memory that is still free, and the originals go back to the device (``empty_cache``) before the pool is sized."""
+    if backend != "custom-cuda":
+        return
+    from inference_server.backends.cuda.runner import fuse_model_weights
+
+    with phase("fusing the projection weights"):
+        fuse_model_weights(loaded.model)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
              dtype: torch.dtype) -> tuple[KVManager, PagedKVStorage]:
     """The KV manager (allocator state) and the matching device storage."""

@@ -75,13 +75,7 @@ class CudaModelRunner(ModelRunner):
         """PDL of this runner's kernels: set around each launch and graph capture (``pdl_mode``), nowhere else."""
         self._dense_gemv = options.kernels  # the greedy head's 1-2 row GEMV path (_head_gemv_logits)
         if options.fuse_weights:
-            for module in model.modules():
-                if isinstance(module, SelfAttention):
-                    module.fuse_qkv()
-                elif isinstance(module, GatedMLP):
-                    module.fuse_gate_up()
-                elif isinstance(module, Gemma4Router):
-                    module.fold_scale()
+            fuse_model_weights(model)  # a no-op where the engine factory did it before sizing the KV pool
         model.model.place_rope_tables(device)
         self.graph_steps = 0  # decode steps that ran as a graph (tests and telemetry)
         self.eager_steps = 0
@@ -202,6 +196,21 @@ class CudaModelRunner(ModelRunner):
             return hidden
         self.eager_steps += 1
         return super()._forward(plan)  # eager
+
+
+def fuse_model_weights(model: CausalLM) -> None:
+    """The weights as the runner's fused table reads them (``CudaRunnerOptions.fuse_weights``): every attention
+    layer's q/k/v and every dense MLP's gate/up in one matrix each, Gemma 4's router scale folded into its norm.
+    Idempotent (a second runner over the same model keeps the tensors its graphs read). Each fusion copies a layer's
+    weights into a new tensor before the originals are freed, so it needs free device memory: the engine factory
+    runs it before the KV pool takes its share of what is free (``factory.prepare_weights``)."""
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            module.fuse_qkv()
+        elif isinstance(module, GatedMLP):
+            module.fuse_gate_up()
+        elif isinstance(module, Gemma4Router):
+            module.fold_scale()
 
 
 def eager_warmup_sizes(largest_step_tokens: int) -> tuple[int, ...]:
