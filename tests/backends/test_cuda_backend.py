@@ -536,3 +536,20 @@ def test_build_cuda_runner_warms_steps_past_the_model_length_as_far_as_the_batch
                                     storage_for(spec, 1, 1, torch.float32, "cpu"), torch.device("cuda"),
                                     max_model_len=4096, largest_step_tokens=16384)
     assert built[0].eager_warmup_tokens == eager_warmup_sizes(largest)
+
+
+def test_a_warmup_step_out_of_device_memory_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KV cache that leaves too little memory for the largest step's activations (Gemma-4-31B on an 80 GB GPU at
+    the default fraction) ends the start with the settings to change, not a CUDA traceback."""
+    from inference_server.config import SettingsError
+
+    def out_of_memory(self: CudaModelRunner, plan: StepPlan) -> LaunchedStep:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 336.00 MiB.")
+
+    monkeypatch.setattr(CudaModelRunner, "launch", out_of_memory)
+    spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
+    storage = storage_for(spec, 2, 4, torch.float32, "cpu")
+    options = CudaRunnerOptions(max_model_len=16, max_batch_size=2, eager_warmup_tokens=(9, 2, 1),
+                                cuda_graphs=False)
+    with pytest.raises(SettingsError, match=r"9-token step.*KV_CACHE_MEMORY_FRACTION"):
+        CudaModelRunner(model, spec, storage, torch.device("cpu"), options)

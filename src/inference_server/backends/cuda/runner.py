@@ -44,7 +44,7 @@ from inference_server.backends.cuda.projection_ops import dense_linear_takes
 from inference_server.backends.cuda_graphs import DecodeGraphs
 from inference_server.backends.model_runner import LaunchedStep, ModelRunner
 from inference_server.backends.paged_kv import PagedAttentionContext, PagedKVStorage, StepTensors
-from inference_server.config import Settings
+from inference_server.config import Settings, SettingsError
 from inference_server.kernels.dense_linear import dense_linear
 from inference_server.kernels.greedy_head import ROW_BLOCKS, greedy_head, greedy_head_of_logits, greedy_head_supports
 from inference_server.kernels.int8_linear import int8_linear as triton_int8_linear
@@ -114,7 +114,14 @@ class CudaModelRunner(ModelRunner):
                                       block_tables=((0,) * -(-length // self.block_size),) * self.num_groups,
                                       sample=True, sampling=greedy, reset=True, prompt_len=length)
                     for i, length in enumerate(warmup_sequence_lengths(count, self.options.max_model_len)))
-                self.collect(self.launch(StepPlan(step_id=-1, sequences=sequences)))
+                try:
+                    self.collect(self.launch(StepPlan(step_id=-1, sequences=sequences)))
+                except torch.OutOfMemoryError as error:
+                    raise SettingsError(
+                        f"the device ran out of memory in a {count}-token step at start-up: the KV cache "
+                        "(KV_CACHE_MEMORY_FRACTION of the memory free after the weights) left too little for the "
+                        "largest step's activations; lower KV_CACHE_MEMORY_FRACTION (e.g. 0.7), or "
+                        "MAX_PREFILL_TOKENS and MAX_NUM_BATCHED_TOKENS") from error
                 self.forget(tuple(sequence.request_id for sequence in sequences))
         # The counters describe serving: a 1-token warm-up step fits a decode graph and would count as one.
         self.eager_steps = self.graph_steps = 0
