@@ -9,7 +9,8 @@ What is not batch-invariant on the CPU by default (found by probing torch's CPU 
   int8 reference (``x @ qweight.float().T``) is the same GEMM.
 * The paged reference attention (``kernels.reference_attention``): its score and value GEMMs have M = the chunk's
   query count, and its softmax sums over the keys from the *chunk's* window start to its end, so the lanes and
-  tails of that sum move with the chunk boundaries and with a sliding window's start.
+  tails of that sum move with the chunk boundaries and with a sliding window's start (on the AVX2 machine probed;
+  on an AVX-512 one the test's chunkings happened to agree, which no contract of the library promises).
 * fbgemm's dynamically quantized lm_head (``kernels.cpu_int8`` on VNNI CPUs): the activations' zero point is
   chosen per call.
 
@@ -18,8 +19,11 @@ per-row sampling, and ``torch._weight_int8pack_mm`` (one row at a time over K).
 
 The ops here:
 
-* ``row_tiled_linear``: ``F.linear`` on x padded with zero rows to a multiple of ``ROW_TILE``, so every call is a
-  GEMM whose rows the library treats alike.
+* ``row_tiled_linear``: ``F.linear`` on x padded with zero rows to a multiple of ``ROW_TILE``, one call a tile of
+  ``ROW_TILE`` rows, so every call is the same GEMM shape whatever the row count: the library's path and its
+  split of the work over threads follow from the shape, and on an AVX-512 machine (Sapphire Rapids, 2 threads,
+  2026-12-05) MKL summed K otherwise from M = 64 rows up. (The CPU runner's deterministic steps run on one thread,
+  ``backends.cpu_threads``: another thread count may split one shape otherwise, and is outside the guarantee.)
 * ``row_tiled_int8_linear``: ``torch._weight_int8pack_mm`` (bf16 activations, as ``cpu_int8``'s default path) where
   it applies, else the fp32 reference through ``row_tiled_linear``; never fbgemm.
 * ``fixed_split_attention``: the paged prefill/decode attention as an online softmax over key tiles of
@@ -39,8 +43,9 @@ import torch.nn.functional as F
 from inference_server.kernels.cpu_int8 import INT8PACK_K_MULTIPLE, int8pack_linear
 
 ROW_TILE = 16
-"""Rows of every GEMM are padded to a multiple of this: M >= 4 and a multiple of 4 is what made MKL's rows agree
-on the AVX2 machine probed; 16 leaves room for wider micro-kernels (AVX-512)."""
+"""Rows of every GEMM call: x is padded to a multiple of this and multiplied one tile at a time. M >= 4 and a
+multiple of 4 made MKL's rows agree on the AVX2 machine probed, but not one call of many tiles on an AVX-512 one
+with 2 threads (its rows changed from M = 64 up); one shape a call agrees on both."""
 KV_SPLIT = 64
 """Key positions per attention tile; tiles start at multiples of it (absolute positions)."""
 _NEG = -1.0e30  # the running max before any visible key: finite, so an all-masked tile rescales by exactly 1
@@ -58,7 +63,8 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
 def row_tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` (``ops.LinearFn``) with each row's result independent of the call's rows."""
     flat = x.reshape(-1, x.shape[-1])
-    out = F.linear(_pad_rows(flat), weight, bias)[: flat.shape[0]]
+    tiles = _pad_rows(flat).split(ROW_TILE)
+    out = torch.cat([F.linear(tile, weight, bias) for tile in tiles])[: flat.shape[0]]
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
