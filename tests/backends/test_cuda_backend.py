@@ -461,6 +461,20 @@ def test_engine_factory_builds_cuda_runner() -> None:
     assert len(second.tokens) == 1 and runner.graph_steps == 1
 
 
+def launched_plans(monkeypatch: pytest.MonkeyPatch) -> list[StepPlan]:
+    """The plans every ``CudaModelRunner.launch`` gets from now on (the start-up warm-up's included), in order; each
+    still runs."""
+    launched: list[StepPlan] = []
+    launch = CudaModelRunner.launch
+
+    def spy(self: CudaModelRunner, plan: StepPlan) -> LaunchedStep:
+        launched.append(plan)
+        return launch(self, plan)
+
+    monkeypatch.setattr(CudaModelRunner, "launch", spy)
+    return launched
+
+
 def test_eager_warmup_sizes_halve_from_the_budget() -> None:
     assert eager_warmup_sizes(2048) == (2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
     assert eager_warmup_sizes(300) == (300, 150, 75, 37, 18, 9, 4, 2, 1)
@@ -489,14 +503,7 @@ def test_eager_warmup_fills_a_step_longer_than_the_model_length_with_several_seq
     sequences of at most ``max_model_len`` tokens (distinct request ids, block tables sized each for its own length)
     that sum to the step's size, through the real eager path; shorter steps stay one sequence."""
     torch.set_num_threads(1)
-    launched: list[StepPlan] = []
-    launch = CudaModelRunner.launch
-
-    def spy(self: CudaModelRunner, plan: StepPlan) -> LaunchedStep:
-        launched.append(plan)
-        return launch(self, plan)
-
-    monkeypatch.setattr(CudaModelRunner, "launch", spy)
+    launched = launched_plans(monkeypatch)
     spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
     storage = storage_for(spec, 2, 4, torch.float32, "cpu")
     options = CudaRunnerOptions(max_model_len=2 * BLOCK, max_batch_size=4, eager_warmup_tokens=(72, 32, 9),
