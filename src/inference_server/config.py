@@ -138,8 +138,9 @@ class Settings:
     max_queue_size: int = _field(1024, "Capacity of the admission inbox; a full inbox rejects at once.",
                                  minimum=1)
     kv_block_size: int = _field(16, "Tokens per KV-cache block.", minimum=1)
-    kv_cache_memory_fraction: float = _field(0.9, "Fraction of free device memory (after weights) given to "
-                                                  "the KV cache.", minimum=0.0)
+    kv_cache_memory_fraction: float = _field(0.9, "Fraction of free device memory (after the weights and what "
+                                                  "the largest step needs, measured at start) given to the KV "
+                                                  "cache.", minimum=0.0)
     kv_cache_tokens: int = _field(0, "KV pool size in tokens; 0: sized from KV_CACHE_MEMORY_FRACTION "
                                      "(CPU: 16384).", minimum=0)
     kv_expected_sequence_tokens: int = _field(2048, "Sequence length the KV pools are split for on models "

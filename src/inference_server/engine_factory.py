@@ -18,6 +18,7 @@ from inference_server.backends.factory import (
     build_runner,
     engine_limits,
     prepare_weights,
+    step_memory_reserve,
 )
 from inference_server.backends.model_runner import ModelRunner
 from inference_server.config import Settings
@@ -64,8 +65,9 @@ def build_engine_parts(settings: Settings) -> BuiltEngine:
         loaded = load_model(settings, device, dtype)
         _log_loaded(loaded, device, dtype)
         prepare_weights(loaded, device, backend)  # before the KV pool takes its share of the free memory
+        step_bytes = step_memory_reserve(settings, loaded, device, dtype, backend)  # and what its largest step needs
         with phase("allocating the KV cache"):
-            kv, storage = build_kv(settings, loaded, device, dtype)
+            kv, storage = build_kv(settings, loaded, device, dtype, step_bytes)
         limits = engine_limits(settings, loaded.spec, device, kv)
         with phase(f"building the {backend} step runner"):
             runner = build_runner(settings, loaded, storage, device, backend, limits)

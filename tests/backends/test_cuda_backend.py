@@ -461,6 +461,25 @@ def test_engine_factory_builds_cuda_runner() -> None:
     assert len(second.tokens) == 1 and runner.graph_steps == 1
 
 
+@gpu
+def test_the_largest_step_is_measured_and_its_memory_given_back() -> None:
+    """``largest_step_bytes`` (run before the KV pool is sized): a 256-token step of a tiny model allocates at least
+    its hidden states, and the runner it built leaves nothing allocated but what it keeps on the model."""
+    from inference_server.backends.cuda.step_memory import largest_step_bytes
+    from inference_server.config import Settings
+    from inference_server.models.loading.source import load_model
+
+    settings = Settings(model="qwen3-30b-a3b-tiny", dummy_weights=True, backend="custom-cuda", max_batch_size=8)
+    device = torch.device("cuda")
+    loaded = load_model(settings, device, torch.bfloat16)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    peak = largest_step_bytes(settings, loaded, device, torch.bfloat16, max_model_len=1024, largest_step_tokens=256)
+    after = torch.cuda.memory_allocated(device)
+    assert peak >= 256 * loaded.spec.hidden_size * 2
+    assert before <= after <= before + peak
+
+
 def launched_plans(monkeypatch: pytest.MonkeyPatch) -> list[StepPlan]:
     """The plans every ``CudaModelRunner.launch`` gets from now on (the start-up warm-up's included), in order; each
     still runs."""

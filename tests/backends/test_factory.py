@@ -126,11 +126,60 @@ def test_the_engine_prepares_the_weights_before_it_sizes_the_kv_pool(monkeypatch
         calls.append("prepare_weights")
         prepare(*args)  # type: ignore[arg-type]
 
+    def spy_reserve(*args: object) -> int:
+        calls.append("step_memory_reserve")
+        return 12_345
+
     def spy_build(*args: object) -> object:
-        calls.append("build_kv")
+        calls.append(f"build_kv leaving {args[4]}")
         return build(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_factory, "prepare_weights", spy_prepare)
+    monkeypatch.setattr(engine_factory, "step_memory_reserve", spy_reserve)
     monkeypatch.setattr(engine_factory, "build_kv", spy_build)
     engine_factory.build_engine_parts(Settings(model="qwen3-30b-a3b-tiny", dummy_weights=True))
-    assert calls == ["prepare_weights", "build_kv"]
+    assert calls == ["prepare_weights", "step_memory_reserve", "build_kv leaving 12345"]
+
+
+def test_the_kv_pool_leaves_the_largest_step_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the pool takes ``KV_CACHE_MEMORY_FRACTION`` of the free memory less what the largest step needs
+    (never below zero); ``KV_CACHE_TOKENS`` sizes it alone."""
+    from inference_server.backends.factory import kv_budget
+    from inference_server.core.kv_capacity import KVGeometry
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
+    spec = parse_model_spec(preset_config("qwen3-30b-a3b-tiny"))
+    geometry = KVGeometry.from_cache_layers(spec.cache_layers, dtype_bytes=2, block_size=16)
+    cuda = torch.device("cuda")
+    assert kv_budget(Settings(), geometry, cuda) == int(10 * gib * 0.9)
+    assert kv_budget(Settings(), geometry, cuda, step_bytes=2 * gib) == int(8 * gib * 0.9)
+    assert kv_budget(Settings(), geometry, cuda, step_bytes=11 * gib) == 0
+    assert kv_budget(Settings(kv_cache_tokens=100), geometry, cuda, step_bytes=2 * gib) == \
+        100 * geometry.bytes_per_token
+
+
+def test_the_largest_step_is_measured_only_where_the_pool_is_sized_from_free_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """custom-cuda on CUDA without ``KV_CACHE_TOKENS``: the step of the prefill budget (8,192 tokens by default)
+    at the requested model length; elsewhere nothing runs and nothing is reserved."""
+    from inference_server.backends.cuda import step_memory
+    from inference_server.backends.factory import step_memory_reserve
+    from inference_server.models.loading.source import LoadedModel
+
+    measured: list[dict[str, int]] = []
+
+    def fake(settings: Settings, loaded: object, device: torch.device, dtype: torch.dtype, **sizes: int) -> int:
+        measured.append(sizes)
+        return 777
+
+    monkeypatch.setattr(step_memory, "largest_step_bytes", fake)
+    spec = parse_model_spec(preset_config("qwen3-30b-a3b-tiny"))
+    loaded = LoadedModel(model=None, spec=spec, tokenizer=None, name="tiny", load_seconds=0.0)  # type: ignore[arg-type]
+    cuda = torch.device("cuda")
+    assert step_memory_reserve(Settings(), loaded, cuda, torch.bfloat16, "custom-cuda") == 777
+    assert measured == [dict(max_model_len=spec.max_position_embeddings, largest_step_tokens=8192)]
+    assert step_memory_reserve(Settings(kv_cache_tokens=4096), loaded, cuda, torch.bfloat16, "custom-cuda") == 0
+    assert step_memory_reserve(Settings(), loaded, cuda, torch.bfloat16, "hf") == 0
+    assert step_memory_reserve(Settings(), loaded, CPU, torch.float32, "reference") == 0
+    assert len(measured) == 1

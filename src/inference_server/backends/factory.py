@@ -60,6 +60,16 @@ def _requested_model_len(settings: Settings, spec: ModelSpec, device: torch.devi
     return min(limit, CPU_MAX_MODEL_LEN) if device.type != "cuda" else limit
 
 
+def step_budgets(settings: Settings, device: torch.device) -> tuple[int, int]:
+    """``(step_token_budget, prefill_token_budget)``: a step's tokens, and those of a step the scheduler gives the
+    prefill budget (``MAX_NUM_BATCHED_TOKENS`` and ``MAX_PREFILL_TOKENS`` with the device's defaults)."""
+    budget = settings.max_num_batched_tokens or (
+        CUDA_STEP_TOKEN_BUDGET if device.type == "cuda" else CPU_STEP_TOKEN_BUDGET)
+    prefill_budget = max(budget, settings.max_prefill_tokens or (
+        CUDA_PREFILL_BUDGET_FACTOR * budget if device.type == "cuda" else budget))
+    return budget, prefill_budget
+
+
 def engine_limits(settings: Settings, spec: ModelSpec, device: torch.device, kv: KVManager) -> EngineLimits:
     """The engine's limits, from the settings, the model's config and the KV pool that was built.
 
@@ -67,33 +77,50 @@ def engine_limits(settings: Settings, spec: ModelSpec, device: torch.device, kv:
     than the whole pool could never run.
     """
     capacity = kv.full_pool.num_blocks * kv.block_size
-    budget = settings.max_num_batched_tokens or (
-        CUDA_STEP_TOKEN_BUDGET if device.type == "cuda" else CPU_STEP_TOKEN_BUDGET)
-    prefill_budget = max(budget, settings.max_prefill_tokens or (
-        CUDA_PREFILL_BUDGET_FACTOR * budget if device.type == "cuda" else budget))
+    budget, prefill_budget = step_budgets(settings, device)
     return EngineLimits(max_model_len=min(_requested_model_len(settings, spec, device), capacity),
                         vocab_size=spec.vocab_size, kv_capacity_tokens=capacity, step_token_budget=budget,
                         prefill_token_budget=prefill_budget)
 
 
-def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device) -> int:
-    """Bytes for the KV pools."""
+def kv_budget(settings: Settings, geometry: KVGeometry, device: torch.device, step_bytes: int = 0) -> int:
+    """Bytes for the KV pools: ``KV_CACHE_TOKENS``' worth, or on CUDA ``KV_CACHE_MEMORY_FRACTION`` of the memory
+    free now (after the weights) less ``step_bytes``, what the largest step needs beside them
+    (``step_memory_reserve``)."""
     if settings.kv_cache_tokens:
         return settings.kv_cache_tokens * geometry.bytes_per_token
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free * settings.kv_cache_memory_fraction)
+        return int(max(0, free - step_bytes) * settings.kv_cache_memory_fraction)
     return CPU_DEFAULT_KV_TOKENS * geometry.bytes_per_token
 
 
+def step_memory_reserve(settings: Settings, loaded: LoadedModel, device: torch.device, dtype: torch.dtype,
+                        backend: str) -> int:
+    """Device bytes the custom-cuda runner's largest step allocates beside the weights and the KV pool, measured
+    by running it before the pool is sized (``cuda.step_memory.largest_step_bytes``, vLLM's profile run); 0 where
+    the pool is not sized from the free memory (``KV_CACHE_TOKENS``, off CUDA, other backends). Without it the pool
+    took its fraction of all that was free and Gemma-4-31B's 8,192-token warm-up step ran an 80 GB H100 out of
+    memory."""
+    if backend != "custom-cuda" or device.type != "cuda" or settings.kv_cache_tokens:
+        return 0
+    from inference_server.backends.cuda.step_memory import largest_step_bytes
+
+    _, prefill_budget = step_budgets(settings, device)
+    with phase("measuring the largest step's memory"):
+        return largest_step_bytes(settings, loaded, device, dtype,
+                                  max_model_len=_requested_model_len(settings, loaded.spec, device),
+                                  largest_step_tokens=prefill_budget)
+
+
 def build_kv_manager(settings: Settings, spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
-                     prefix_cache: bool) -> KVManager:
-    """The KV manager (the allocator's block accounting), sized as the device storage would be."""
+                     prefix_cache: bool, step_bytes: int = 0) -> KVManager:
+    """The KV manager (the allocator's block accounting), sized as the device storage would be (``kv_budget``)."""
     model_len = _requested_model_len(settings, spec, device)
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
     geometry = KVGeometry.from_cache_layers(spec.cache_layers, dtype_bytes=dtype_bytes,
                                             block_size=settings.kv_block_size)
-    budget = kv_budget(settings, geometry, device)
+    budget = kv_budget(settings, geometry, device, step_bytes)
     try:
         sizes = plan_pool_sizes(geometry, budget, min(settings.kv_expected_sequence_tokens, model_len))
     except ValueError:  # the budget is below the model's minimum: a setting's error, not a traceback
@@ -126,9 +153,11 @@ def prepare_weights(loaded: LoadedModel, device: torch.device, backend: str) -> 
 
 
 def build_kv(settings: Settings, loaded: LoadedModel, device: torch.device,
-             dtype: torch.dtype) -> tuple[KVManager, PagedKVStorage]:
-    """The KV manager (allocator state) and the matching device storage."""
-    kv = build_kv_manager(settings, loaded.spec, device, dtype, prefix_cache=settings.enable_prefix_caching)
+             dtype: torch.dtype, step_bytes: int = 0) -> tuple[KVManager, PagedKVStorage]:
+    """The KV manager (allocator state) and the matching device storage, leaving ``step_bytes`` free
+    (``step_memory_reserve``)."""
+    kv = build_kv_manager(settings, loaded.spec, device, dtype, prefix_cache=settings.enable_prefix_caching,
+                          step_bytes=step_bytes)
     num_blocks = {FULL_GROUP: kv.full_pool.num_blocks}
     if kv.sliding_pool is not None and kv.sliding_pool.num_blocks:
         num_blocks[SLIDING_GROUP] = kv.sliding_pool.num_blocks
