@@ -461,6 +461,36 @@ def test_engine_factory_builds_cuda_runner() -> None:
     assert len(second.tokens) == 1 and runner.graph_steps == 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU; the gpu test measures it")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_measured_step_runs_over_one_kv_block_a_group(monkeypatch: pytest.MonkeyPatch,
+                                                          deterministic: bool) -> None:
+    """What ``largest_step_bytes`` measures before the KV pool exists: the largest warm-up step (72 tokens, three
+    sequences past a 32-token model length) through the runner's real eager path over a storage of one block a
+    group (a model with sliding and full layers), in both kernel tables, leaving no request state behind."""
+    from inference_server.backends.cuda.step_memory import run_largest_step
+    from inference_server.config import Settings
+    from inference_server.models.loading.source import LoadedModel
+
+    torch.set_num_threads(1)
+    launched: list[StepPlan] = []
+    launch = CudaModelRunner.launch
+
+    def spy(self: CudaModelRunner, plan: StepPlan) -> LaunchedStep:
+        launched.append(plan)
+        return launch(self, plan)
+
+    monkeypatch.setattr(CudaModelRunner, "launch", spy)
+    spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
+    loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name="tiny", load_seconds=0.0)
+    settings = Settings(max_batch_size=4, kv_block_size=BLOCK, deterministic=deterministic)
+    runner = run_largest_step(settings, loaded, torch.device("cpu"), torch.float32, max_model_len=2 * BLOCK,
+                              largest_step_tokens=72)
+    assert set(runner.storage.num_blocks.values()) == {1} and len(runner.storage.num_blocks) == 2
+    assert [tuple(len(seq.token_ids) for seq in plan.sequences) for plan in launched] == [(32, 32, 8)]
+    assert runner.graphs is None and not runner._requests and runner.deterministic == deterministic
+
+
 @gpu
 def test_the_largest_step_is_measured_and_its_memory_given_back() -> None:
     """``largest_step_bytes`` (run before the KV pool is sized): a 256-token step of a tiny model allocates at least
