@@ -473,14 +473,7 @@ def test_the_measured_step_runs_over_one_kv_block_a_group(monkeypatch: pytest.Mo
     from inference_server.models.loading.source import LoadedModel
 
     torch.set_num_threads(1)
-    launched: list[StepPlan] = []
-    launch = CudaModelRunner.launch
-
-    def spy(self: CudaModelRunner, plan: StepPlan) -> LaunchedStep:
-        launched.append(plan)
-        return launch(self, plan)
-
-    monkeypatch.setattr(CudaModelRunner, "launch", spy)
+    launched = launched_plans(monkeypatch)
     spec, model = build("gemma-4-26b-a4b-tiny", torch.float32, "cpu")
     loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name="tiny", load_seconds=0.0)
     settings = Settings(max_batch_size=4, kv_block_size=BLOCK, deterministic=deterministic)
