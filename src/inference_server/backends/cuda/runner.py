@@ -119,8 +119,8 @@ class CudaModelRunner(ModelRunner):
                 except torch.OutOfMemoryError as error:
                     raise SettingsError(
                         f"the device ran out of memory in a {count}-token step at start-up: the KV cache "
-                        "(KV_CACHE_MEMORY_FRACTION of the memory free after the weights) left too little for the "
-                        "largest step's activations; lower KV_CACHE_MEMORY_FRACTION (e.g. 0.7), or "
+                        "(KV_CACHE_MEMORY_FRACTION of the memory free after the weights and the largest step's "
+                        "measured need) left too little beside it; lower KV_CACHE_MEMORY_FRACTION (e.g. 0.7), or "
                         "MAX_PREFILL_TOKENS and MAX_NUM_BATCHED_TOKENS") from error
                 self.forget(tuple(sequence.request_id for sequence in sequences))
         # The counters describe serving: a 1-token warm-up step fits a decode graph and would count as one.
