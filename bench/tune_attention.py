@@ -26,6 +26,7 @@ skipped).
   python3 bench/tune_attention.py                             # prefill, on the H200, ~1-2 minutes
   python3 bench/tune_attention.py decode                      # decode, on the H200, under 150 s (--time-limit 90)
   python3 bench/tune_attention.py decode --tiles --models gemma-4-e4b,gemma-4-e2b --contexts 512 --batches 64,256
+  python3 bench/tune_attention.py invariant --time-limit 400   # DETERMINISTIC's tiles and splits, bits checked
   TRITON_INTERPRET=1 uv run python bench/tune_attention.py --context 40 --chunk 16 --quick 2  # prefill dry run
   TRITON_INTERPRET=1 uv run python bench/tune_attention.py decode --models gemma-4-e2b --batches 1,16 \
       --contexts 40 --quick 3 --reps 1                        # decode dry run
@@ -407,9 +408,128 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> None:
                   f"| {status}{mark} |", flush=True)
 
 
+INVARIANT_TILES = {  # head_dim: DETERMINISTIC's (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates beside today's
+    128: [(64, 64, 4, 2), (128, 64, 4, 2), (64, 32, 4, 2)],
+    256: [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
+    512: [(32, 32, 4, 2), (16, 32, 4, 2), (32, 16, 4, 2), (64, 32, 8, 2), (16, 16, 4, 2)],
+}
+INVARIANT_SPLIT_KEYS = (256, 128)
+"""KV split sizes tried with today's tile (the other tiles: today's split, ``KV_SPLIT_KEYS``)."""
+INVARIANT_BIT_CONTEXTS = (300, 512, 1000, 2100)
+"""Contexts of the sequences whose decode rows must equal the aligned prefill's last query, bitwise."""
+
+
+def aligned_prefill_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                         contexts: list[int], window: int | None, split_keys: int, chunk: int = 48) -> torch.Tensor:
+    """``[B, nH, D]``: for each sequence, the last query row of an aligned prefill chunk of ``chunk`` queries ending
+    at its context (the query at ``context - 1`` is ``q[b]``; the chunk's other queries are random), one call each."""
+    rows = []
+    head_dim = q.shape[-1]
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    for b, context in enumerate(contexts):
+        extra = (torch.randn(chunk - 1, *q.shape[1:], generator=gen) * head_dim ** -0.25).to(q.device, q.dtype)
+        queries = torch.cat([extra, q[b : b + 1]])
+        cu = torch.tensor([0, chunk], dtype=torch.int32, device=q.device)
+        ctx = torch.tensor([context], dtype=torch.int32, device=q.device)
+        out = prefill_attention.paged_prefill_attention(queries, k_cache, v_cache, tables[b : b + 1], cu, ctx,
+                                                        head_dim ** -0.5, window, align_kv=True,
+                                                        split_keys=split_keys)
+        rows.append(out[-1])
+    return torch.stack(rows)
+
+
+def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
+    """DETERMINISTIC's attention tiles: per layer kind of Qwen3-30B-A3B and Gemma-4-26B-A4B, today's small tile and
+    ``INVARIANT_TILES`` (with ``INVARIANT_SPLIT_KEYS`` for today's), each timed as the aligned prefill of a
+    ``--chunk``-query chunk at the end of ``--context`` keys, and as ``invariant_decode_attention`` at batch 1 and 64
+    over 512 keys (random bf16 K/V in scattered 16-token pages; batch 1 reads from L2). The decode at a 16-row tile
+    beside the prefill's (``decode 16 rows``) too. Bits: the decode rows of ``INVARIANT_BIT_CONTEXTS`` against the
+    aligned prefill's last query (a 48-query chunk), equal or not; a tile whose decode differs cannot be used."""
+    from inference_server.kernels.invariant_decode_attention import invariant_decode_attention
+
+    started = time.monotonic()
+    for name, heads, kv_heads, head_dim, window in layer_kinds():
+        group = heads // kv_heads
+        gen = torch.Generator(device="cpu").manual_seed(head_dim)
+        longest = max(args.context, 64 * 512, sum(INVARIANT_BIT_CONTEXTS))
+        blocks = -(-longest // PAGE) + 64
+        k_cache = (torch.randn(blocks, PAGE, kv_heads, head_dim, generator=gen) * head_dim ** -0.25).to(
+            device, torch.bfloat16)
+        v_cache = torch.randn(blocks, PAGE, kv_heads, head_dim, generator=gen).to(device, torch.bfloat16)
+        order = torch.randperm(blocks, generator=gen).to(torch.int32)
+
+        def tables_for(contexts: list[int], order: torch.Tensor = order) -> torch.Tensor:
+            width = max(-(-c // PAGE) for c in contexts)
+            table = torch.zeros(len(contexts), width, dtype=torch.int32)
+            used = 0
+            for b, c in enumerate(contexts):
+                n = -(-c // PAGE)
+                table[b, :n] = order[used : used + n]
+                used += n
+            return table.to(device)
+
+        def queries(batch: int, heads: int = heads, head_dim: int = head_dim,
+                    gen: torch.Generator = gen) -> torch.Tensor:
+            return (torch.randn(batch, heads, head_dim, generator=gen) * head_dim ** -0.25).to(device, torch.bfloat16)
+
+        chunk_q = queries(args.chunk)
+        chunk_tables = tables_for([args.context])
+        cu = torch.tensor([0, args.chunk], dtype=torch.int32, device=device)
+        ctx = torch.tensor([args.context], dtype=torch.int32, device=device)
+        keys = sum(min(args.context - args.chunk + i + 1, window or args.context) for i in range(args.chunk))
+        flops = 4.0 * keys * head_dim * heads
+        decode_points = {b: (queries(b), tables_for([512] * b), torch.full((b,), 512, dtype=torch.int32,
+                                                                            device=device)) for b in (1, 64)}
+        bit_q = queries(len(INVARIANT_BIT_CONTEXTS))
+        bit_tables = tables_for(list(INVARIANT_BIT_CONTEXTS))
+        bit_ctx = torch.tensor(INVARIANT_BIT_CONTEXTS, dtype=torch.int32, device=device)
+        today = prefill_attention._prefill_config(head_dim, True)
+        candidates = [(today, keys_) for keys_ in INVARIANT_SPLIT_KEYS]
+        candidates += [(tile, INVARIANT_SPLIT_KEYS[0]) for tile in INVARIANT_TILES[max(head_dim, 128)]]
+        print(f"\n{name}: {heads} heads / {kv_heads} kv heads (G={group}); prefill {args.chunk} queries at the end "
+              f"of {args.context} keys; decode 512 keys\n"
+              "| BLOCK_M | BLOCK_N | warps | stages | split keys | prefill us (TFLOP/s) | decode B=1 us | "
+              "decode B=64 us | bits | decode 16 rows: B=1 / B=64 us, bits |\n" + "|---" * 10 + "|", flush=True)
+        original = prefill_attention._prefill_config
+        for tile, split_keys in candidates:
+            if time.monotonic() - started > args.time_limit:
+                print(f"| {' | '.join(map(str, tile))} | {split_keys} | skipped past --time-limit |", flush=True)
+                continue
+            prefill_attention._prefill_config = lambda _d, _small=True, tile=tile: tile
+            cells = []
+            try:
+                prefill = functools.partial(prefill_attention.paged_prefill_attention, chunk_q, k_cache, v_cache,
+                                            chunk_tables, cu, ctx, head_dim ** -0.5, window, align_kv=True,
+                                            split_keys=split_keys)
+                seconds = time_calls([prefill], device, args.reps)
+                cells.append(f"{seconds * 1e6:.0f} ({flops / seconds / 1e12:.0f})")
+                expected = aligned_prefill_rows(bit_q, k_cache, v_cache, bit_tables, list(INVARIANT_BIT_CONTEXTS),
+                                                window, split_keys)
+                for rows in (None, 16):
+                    if rows is not None and rows >= tile[0]:
+                        cells.append("same tile")
+                        continue
+                    decode = functools.partial(invariant_decode_attention, k_cache=k_cache, v_cache=v_cache,
+                                               scale=head_dim ** -0.5, window=window, max_context_len=131072,
+                                               block_m=rows, split_keys=split_keys)
+                    times = [time_calls([functools.partial(decode, q, block_tables=t, context_lens=c)], device,
+                                        args.reps) for q, t, c in decode_points.values()]
+                    got = decode(bit_q, block_tables=bit_tables, context_lens=bit_ctx)
+                    same = "equal" if torch.equal(got, expected) else (
+                        f"differ {(got.float() - expected.float()).abs().max().item():.1e}")
+                    text = f"{times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} | {same}"
+                    cells.append(text if rows is None else text.replace(" | ", " / ", 1).replace(" | ", ", "))
+            except Exception as err:  # out of shared memory or registers: not a candidate
+                cells.append(f"failed: {type(err).__name__}: {str(err)[:80]}")
+            finally:
+                prefill_attention._prefill_config = original
+            print(f"| {' | '.join(map(str, tile))} | {split_keys} | {' | '.join(cells)} |", flush=True)
+    print(f"\ninvariant done in {time.monotonic() - started:.0f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", choices=("prefill", "decode"), default="prefill")
+    parser.add_argument("mode", nargs="?", choices=("prefill", "decode", "invariant"), default="prefill")
     parser.add_argument("--context", type=int, default=8192, help="prefill: keys before the chunk's end")
     parser.add_argument("--chunk", type=int, default=2048, help="prefill: queries in the chunk")
     parser.add_argument("--models", default=",".join(DECODE_MODELS), help="decode: presets whose layer kinds to time")
@@ -431,6 +551,9 @@ def main() -> int:
     if args.mode == "decode":
         args.reps = args.reps or 5
         run_decode(args, device)
+    elif args.mode == "invariant":
+        args.reps = args.reps or 10
+        run_invariant(args, device)
     else:
         args.reps = args.reps or 10
         run_prefill(args, device)

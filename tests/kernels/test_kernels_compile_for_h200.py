@@ -531,3 +531,23 @@ def test_moe_sum_rounds_each_weighted_pair_before_the_add() -> None:
     product ``pair * weight`` is rounded to fp32 before it is added (as when the down kernel stored it weighted);
     with contraction on, the compiler folds them into one FMA (one rounding fewer, other bits)."""
     _compile_in_child(MOE_SUM_COMPILE)
+
+
+ROW_LOGSUMEXP_COMPILE = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from inference_server.kernels.row_logsumexp import BLOCK, NUM_WARPS, _row_logsumexp_kernel as fn
+
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "stride_xb": "i32", "BLOCK": "constexpr"}
+    kernel = triton.compile(source(fn, signature, {"BLOCK": BLOCK}), target=GPUTarget("cuda", 90, 64),
+                            options={"num_warps": NUM_WARPS})
+    assert "ex2" in kernel.asm["ptx"]
+    print("compiled")
+''')
+
+
+def test_row_logsumexp_compiles_for_sm90() -> None:
+    """The deterministic sampler's row log-sum-exp (its running max and sum carried through the chunk loop as
+    fp32 scalars, which the interpreter never type-checks)."""
+    _compile_in_child(ROW_LOGSUMEXP_COMPILE)

@@ -339,6 +339,11 @@ def greedy_sample(logits: torch.Tensor, row_invariant: bool = False) -> tuple[to
 def _log_normalizer(work: torch.Tensor, row_invariant: bool) -> torch.Tensor:
     """``logsumexp`` of each row of ``work`` ``[B, V]`` (fp32) -> ``[B]``; ``row_invariant``: row by row (see
     ``sample``)."""
+    if row_invariant and work.is_cuda and work.stride(-1) == 1:
+        # imported here: a CPU server never loads Triton (see apply_token_bitmask)
+        from inference_server.kernels.row_logsumexp import row_logsumexp
+
+        return row_logsumexp(work)  # one program a row, one fixed order: one launch for the batch
     if row_invariant:
         return torch.stack([torch.logsumexp(row, dim=-1) for row in work])  # one reduction shape per row
     return torch.logsumexp(work, dim=-1)
