@@ -409,9 +409,9 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> None:
 
 
 INVARIANT_TILES = {  # head_dim: DETERMINISTIC's (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates beside today's
-    128: [(128, 64, 8, 2), (128, 64, 4, 2), (64, 32, 4, 2)],
-    256: [(64, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2)],
-    512: [(32, 32, 8, 2), (16, 32, 4, 2), (32, 16, 4, 2), (64, 32, 8, 2)],
+    128: [(64, 64, 4, 2), (128, 64, 4, 2), (64, 32, 4, 2)],
+    256: [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
+    512: [(32, 32, 4, 2), (16, 32, 4, 2), (32, 16, 4, 2), (64, 32, 8, 2), (16, 16, 4, 2)],
 }
 INVARIANT_SPLIT_KEYS = (256, 128)
 """KV split sizes tried with today's tile (the other tiles: today's split, ``KV_SPLIT_KEYS``)."""
@@ -442,11 +442,10 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
     """DETERMINISTIC's attention tiles: per layer kind of Qwen3-30B-A3B and Gemma-4-26B-A4B, today's small tile and
     ``INVARIANT_TILES`` (with ``INVARIANT_SPLIT_KEYS`` for today's), each timed as the aligned prefill of a
     ``--chunk``-query chunk at the end of ``--context`` keys, and as ``invariant_decode_attention`` at batch 1 and 64
-    over 512 keys (random bf16 K/V in scattered 16-token pages; batch 1 reads from L2), at the prefill's query rows
-    and at its own (``DECODE_BLOCK_M``). Bits: the decode rows of ``INVARIANT_BIT_CONTEXTS`` against the
+    over 512 keys (random bf16 K/V in scattered 16-token pages; batch 1 reads from L2). The decode at a 16-row tile
+    beside the prefill's (``decode 16 rows``) too. Bits: the decode rows of ``INVARIANT_BIT_CONTEXTS`` against the
     aligned prefill's last query (a 48-query chunk), equal or not; a tile whose decode differs cannot be used."""
     from inference_server.kernels.invariant_decode_attention import invariant_decode_attention
-    from inference_server.kernels.prefill_attention import DECODE_BLOCK_M
 
     started = time.monotonic()
     for name, heads, kv_heads, head_dim, window in layer_kinds():
@@ -484,20 +483,19 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
         bit_q = queries(len(INVARIANT_BIT_CONTEXTS))
         bit_tables = tables_for(list(INVARIANT_BIT_CONTEXTS))
         bit_ctx = torch.tensor(INVARIANT_BIT_CONTEXTS, dtype=torch.int32, device=device)
-        today = prefill_attention._aligned_config(head_dim)
+        today = prefill_attention._prefill_config(head_dim, True)
         candidates = [(today, keys_) for keys_ in INVARIANT_SPLIT_KEYS]
         candidates += [(tile, INVARIANT_SPLIT_KEYS[0]) for tile in INVARIANT_TILES[max(head_dim, 128)]]
         print(f"\n{name}: {heads} heads / {kv_heads} kv heads (G={group}); prefill {args.chunk} queries at the end "
               f"of {args.context} keys; decode 512 keys\n"
               "| BLOCK_M | BLOCK_N | warps | stages | split keys | prefill us (TFLOP/s) | decode B=1 us | "
-              "decode B=64 us | bits | decode at DECODE_BLOCK_M rows: B=1 / B=64 us, bits |\n" + "|---" * 10 + "|",
-              flush=True)
-        original = prefill_attention._aligned_config
+              "decode B=64 us | bits | decode 16 rows: B=1 / B=64 us, bits |\n" + "|---" * 10 + "|", flush=True)
+        original = prefill_attention._prefill_config
         for tile, split_keys in candidates:
             if time.monotonic() - started > args.time_limit:
                 print(f"| {' | '.join(map(str, tile))} | {split_keys} | skipped past --time-limit |", flush=True)
                 continue
-            prefill_attention._aligned_config = lambda _d, tile=tile: tile
+            prefill_attention._prefill_config = lambda _d, _small=True, tile=tile: tile
             cells = []
             try:
                 prefill = functools.partial(prefill_attention.paged_prefill_attention, chunk_q, k_cache, v_cache,
@@ -507,8 +505,8 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
                 cells.append(f"{seconds * 1e6:.0f} ({flops / seconds / 1e12:.0f})")
                 expected = aligned_prefill_rows(bit_q, k_cache, v_cache, bit_tables, list(INVARIANT_BIT_CONTEXTS),
                                                 window, split_keys)
-                for rows in (tile[0], None):  # the prefill's query rows, then the decode's own (DECODE_BLOCK_M)
-                    if rows is None and tile[0] <= DECODE_BLOCK_M:
+                for rows in (None, 16):
+                    if rows is not None and rows >= tile[0]:
                         cells.append("same tile")
                         continue
                     decode = functools.partial(invariant_decode_attention, k_cache=k_cache, v_cache=v_cache,
@@ -520,11 +518,11 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
                     same = "equal" if torch.equal(got, expected) else (
                         f"differ {(got.float() - expected.float()).abs().max().item():.1e}")
                     text = f"{times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} | {same}"
-                    cells.append(text if rows is not None else text.replace(" | ", " / ", 1).replace(" | ", ", "))
+                    cells.append(text if rows is None else text.replace(" | ", " / ", 1).replace(" | ", ", "))
             except Exception as err:  # out of shared memory or registers: not a candidate
                 cells.append(f"failed: {type(err).__name__}: {str(err)[:80]}")
             finally:
-                prefill_attention._aligned_config = original
+                prefill_attention._prefill_config = original
             print(f"| {' | '.join(map(str, tile))} | {split_keys} | {' | '.join(cells)} |", flush=True)
     print(f"\ninvariant done in {time.monotonic() - started:.0f} s")
 

@@ -207,8 +207,7 @@ _COMPILE = '''
     from triton.backends.compiler import GPUTarget
 
     from inference_server.kernels.invariant_decode_attention import _fold_splits_kernel, _split_decode_kernel
-    from inference_server.kernels.prefill_attention import (DECODE_BLOCK_M, _paged_prefill_kernel, _value_slices,
-                                                             tile_config)
+    from inference_server.kernels.prefill_attention import _paged_prefill_kernel, _value_slices, tile_config
 
     target = GPUTarget("cuda", 90, 64)
     types = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "block_tables_ptr": "*i32",
@@ -233,15 +232,13 @@ _COMPILE = '''
                                              UPCAST=False, ALIGN_KV=False, SPLIT_KEYS=256,
                                              SLICES=_value_slices(head_dim, small_tiles=False)), fast_warps,
                  fast_stages)
-        # DETERMINISTIC's bf16 tiles: the aligned prefill's, and the split decode's on DECODE_BLOCK_M query rows
-        block_m, block_n, warps, stages = tile_config(head_dim, group, aligned=True)
+        block_m, block_n, warps, stages = tile_config(head_dim, group)
         tiles = dict(PAGE=16, G=group, D=head_dim, BLOCK_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
                      SPLIT_KEYS=256, DOT_PRECISION="tf32", UPCAST=False)
-        compiled(_paged_prefill_kernel, dict(tiles, BLOCK_Q=block_m // group, ALIGN_KV=True, SLICES=1), warps, stages)
-        tiles["BLOCK_M"] = tile_config(head_dim, group, DECODE_BLOCK_M, aligned=True)[0]
         compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=False, BLOCK_R=group), warps, stages)
         fused = compiled(_split_decode_kernel, dict(tiles, FUSED_FOLD=True, BLOCK_R=group), warps, stages)
         assert "atom" in fused.asm["ptx"] and "fma.rn.f32" in fused.asm["ptx"]
+        compiled(_paged_prefill_kernel, dict(tiles, BLOCK_Q=block_m // group, ALIGN_KV=True, SLICES=1), warps, stages)
         fold = compiled(_fold_splits_kernel, dict(D=head_dim, BLOCK_D=head_dim, SPLIT_KEYS=256), 4, 2)
         assert "fma.rn.f32" in fold.asm["ptx"]
     print("compiled")

@@ -9,12 +9,9 @@ Why it is the same: the aligned prefill defines a query's attention as the onlin
 (keys at absolute positions ``[s * S, (s + 1) * S)``, ``S = KV_SPLIT_KEYS``) computed over its ``BLOCK_N`` tiles in
 order from a fresh state (``prefill_attention.split_state``), folded from a fresh total in split order by one formula
 (``prefill_attention.fold_split``), then normalised. Here program ``(b, kv head, j)`` computes the state of the
-``j``-th split its query sees with the same function, with the same ``BLOCK_N``, warps and stages
-(``prefill_attention.tile_config``), on a query tile whose rows ``0 .. G - 1`` hold the G heads as a one-token prefill
-chunk puts them: each row's dot products and sums are then the prefill's. The tile has ``DECODE_BLOCK_M`` rows (G's
-power of two if more) where the prefill has its aligned tile's 32-128: on the H100 every row's bits were the same at
-either (``bench/tune_attention.py invariant`` checks it; the GPU tests hold it), and the padding rows were most of
-the decode's work. The states go to an
+``j``-th split its query sees with the same function, on a query tile of the same ``BLOCK_M`` rows (the G heads in
+rows ``0 .. G - 1``, as a one-token prefill chunk puts them), the same ``BLOCK_N`` and warps
+(``prefill_attention.tile_config``): each row's dot products and sums are then the prefill's. The states go to an
 fp32 workspace; the kv head's last split program to finish (an arrival counter, as ``decode_attention``'s fused
 merge) folds its G rows' states with ``fold_split`` and normalises, in the same launch (past
 ``FUSED_FOLD_MAX_HEADS`` a second launch, ``_fold_splits_kernel``, does: the same arithmetic). A split a query does not
@@ -37,14 +34,12 @@ import triton.language as tl
 from inference_server.kernels.arrival_counters import arrival_counters
 from inference_server.kernels.decode_attention import H200_NUM_SMS, MAX_SPLITS, _num_sms
 from inference_server.kernels.prefill_attention import (
-    DECODE_BLOCK_M,
     INTERPRETED,
     KV_SPLIT_KEYS,
     LOG2E,
     NO_WINDOW,
     _aligned_state,
     _fresh_state,
-    aligned_tiles,
     fold_split,
     split_state,
     tile_config,
@@ -250,20 +245,16 @@ def invariant_decode_attention(
     """Decode attention with ``paged_prefill_attention(align_kv=True)``'s bits (module docstring).
 
     ``max_context_len`` bounds every context (default: the block tables' capacity); with the window it sizes the grid
-    (``num_programs`` overrides the split programs a sequence gets, for tests). ``block_n`` and ``split_keys`` must
-    be those of the prefill calls whose bits this matches (tests pass small ones; the defaults are the prefill's);
-    ``block_m``, the query tile's rows, defaults to ``DECODE_BLOCK_M`` on compiled bf16 caches and to the prefill's
-    elsewhere. No host syncs: grid and workspace follow from the shapes and these ints (CUDA graphs)."""
+    (``num_programs`` overrides the split programs a sequence gets, for tests). ``block_m``, ``block_n`` and
+    ``split_keys`` must be those of the prefill calls whose bits this matches (tests pass small ones; the defaults
+    are the prefill's). No host syncs: grid and workspace follow from the shapes and these ints (CUDA graphs)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
     assert k_cache.shape[-1] == head_dim and v_cache.shape == k_cache.shape
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     group = num_heads // num_kv_heads
-    aligned = aligned_tiles(k_cache.dtype)
-    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m or (DECODE_BLOCK_M if aligned
-                                                                                       else None), block_n,
-                                                          aligned=aligned)
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n)
     split_keys = split_keys or KV_SPLIT_KEYS
     if split_keys % block_n:
         raise ValueError(f"split_keys ({split_keys}) must be a multiple of the key tile ({block_n})")

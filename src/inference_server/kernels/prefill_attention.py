@@ -25,8 +25,7 @@ tiles, BLOCK_M=32, BLOCK_N=32, 8 warps, 2 stages (vLLM's H512 tuning, PR #43257)
 64 fp32 regs/thread. Compiled ahead of time for sm_90 with Triton 3.6 (bf16, G in 1..16) that shape uses
 ~100 KiB smem, 180-200 registers, no spills, mma.sync (wgmma needs BLOCK_M >= 64). D=128 (128x64) and
 D=256 (64x32) use wgmma, ~96 KiB smem, no spills. fp32 caches (tests only) fit but spill. These are the tiles of
-fp32 caches; ``DETERMINISTIC``'s bf16 calls take their own (``_aligned_config``, which its split decode kernel shares
-but for a 16-row query tile), and bf16 calls otherwise take larger tiles
+``DETERMINISTIC`` (its split decode kernel shares them) and of fp32 caches; bf16 calls otherwise take larger tiles
 tuned on the GPU when its chunks are long (``_prefill_config``, ``bench/tune_attention.py``). There D=512 does tile
 D after all: value slices (``_value_slices``), each program recomputing QK^T over all of D and accumulating
 ``D / slices`` output columns, which lets a 128-row tile (wgmma) fit; measured faster than the one-program tiles.
@@ -286,12 +285,6 @@ def _paged_prefill_kernel(
     )
 
 
-def aligned_tiles(dtype: torch.dtype) -> bool:
-    """Whether an ``align_kv`` call over a cache of ``dtype`` takes ``_aligned_config``: compiled 16-bit caches; fp32
-    caches keep the small tiles (shared memory), and so do interpreted calls (the CPU tests' tiles)."""
-    return dtype != torch.float32 and not INTERPRETED
-
-
 LONG_CHUNK_TOKENS = 64
 """A call whose chunks average at least this many tokens takes the long-chunk tiles (``_prefill_config``)."""
 
@@ -320,33 +313,12 @@ def _value_slices(head_dim: int, small_tiles: bool) -> int:
     return 2 if head_dim > 256 and not small_tiles else 1
 
 
-def _aligned_config(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of ``DETERMINISTIC``'s compiled bf16 calls (``align_kv``), which
-    ``kernels.invariant_decode_attention`` shares but for its query tile (``DECODE_BLOCK_M`` rows): the tiles
-    ``bench/tune_attention.py invariant`` timed fastest over the aligned prefill of a 2,048-token chunk and the split
-    decode at batch 1 and 64 (docs/benchmarks.md). A row's bits follow the key tile, warps and stages, not the query
-    tile's rows (the same sweep: every decode at 16 rows equalled the prefill at 32-128)."""
-    if head_dim <= 64:
-        return _prefill_config(head_dim, small_tiles=True)
-    if head_dim <= 128:
-        return 64, 64, 4, 2
-    if head_dim <= 256:
-        return 64, 64, 8, 2
-    return 32, 32, 4, 2
-
-
-DECODE_BLOCK_M = 16
-"""Query rows of ``invariant_decode_attention``'s tile on ``_aligned_config`` (raised to G's power of two): a decode
-has G rows a kv head, and a prefill-sized tile computed 2-8x padding (1.6x the time at batch 64)."""
-
-
 def tile_config(head_dim: int, group: int, block_m: int | None = None, block_n: int | None = None,
-                small_tiles: bool = True, aligned: bool = False) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a call (``paged_prefill_attention``'s overrides applied).
-    ``aligned``: ``DETERMINISTIC``'s compiled bf16 tiles (``_aligned_config``); ``kernels.invariant_decode_attention``
-    launches with the aligned prefill's key tile, warps and stages, so that a row's dots and sums are the prefill's."""
-    cfg_m, cfg_n, num_warps, num_stages = _aligned_config(head_dim) if aligned else _prefill_config(head_dim,
-                                                                                                   small_tiles)
+                small_tiles: bool = True) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a call (``paged_prefill_attention``'s overrides applied):
+    ``kernels.invariant_decode_attention`` launches with the small ones, the aligned prefill's, so that a row's dots
+    and sums are the aligned prefill's."""
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(head_dim, small_tiles)
     return max(block_m or cfg_m, triton.next_power_of_2(group)), block_n or cfg_n, num_warps, num_stages
 
 
@@ -394,8 +366,7 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     small_tiles = align_kv or k_cache.dtype == torch.float32 or num_tokens < LONG_CHUNK_TOKENS * num_seqs
-    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, small_tiles,
-                                                          aligned=align_kv and aligned_tiles(k_cache.dtype))
+    block_m, block_n, num_warps, num_stages = tile_config(head_dim, group, block_m, block_n, small_tiles)
     block_q = block_m // group
     split_keys = split_keys or KV_SPLIT_KEYS
     if align_kv and split_keys % block_n:
