@@ -444,7 +444,9 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
     ``--chunk``-query chunk at the end of ``--context`` keys, and as ``invariant_decode_attention`` at batch 1 and 64
     over 512 keys (random bf16 K/V in scattered 16-token pages; batch 1 reads from L2). The decode at a 16-row tile
     beside the prefill's (``decode 16 rows``) too. Bits: the decode rows of ``INVARIANT_BIT_CONTEXTS`` against the
-    aligned prefill's last query (a 48-query chunk), equal or not; a tile whose decode differs cannot be used."""
+    aligned prefill's last query (a 48-query chunk), equal or not; a tile whose decode differs cannot be used, and
+    equal here is not enough: on random K/V the decode at 16 rows equalled the prefill at 32-128 everywhere (H100,
+    2026-12-05), yet the engine's deterministic GPU tests then failed (tests/test_deterministic_cuda.py decides)."""
     from inference_server.kernels.invariant_decode_attention import invariant_decode_attention
 
     started = time.monotonic()
