@@ -342,7 +342,9 @@ def run_points(url: str, server_pid: int, variant: Variant, points: Sequence[Poi
                          if "arrivals" in report else "")
                 print(f"  {name} c={point.concurrency} run {repeat + 1}/{args.repeats}: "
                       f"{report['output_throughput']:.0f} tok/s, TTFT median {ttft} ms, ITL median {itl} ms"
-                      f"{extra}, {report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}", flush=True)
+                      f"{extra}, {report['failed']} failed, client CPU {report['client_cpu_cores']:.2f}"
+                      + (f"; error: {report['errors'][0][:200]}" if report["failed"] and report.get("errors") else ""),
+                      flush=True)
         for kind in kinds:
             missing = args.repeats - len(reports[kind])
             rows.append(summarize_point(args.model, variant.name + kind, point, reports[kind], missing,
