@@ -151,7 +151,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m and n:
         c = CONFIG
-        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), split_k(n, k)) * c.block_k
+        k_per_split = triton.cdiv(triton.cdiv(k, c.block_k), split_k(n, k, c)) * c.block_k
         splits = triton.cdiv(k, k_per_split)  # no empty split
         tiles = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n))
         flags = dict(FP32_DOT=x.dtype == torch.float32, UPCAST=_INTERPRETED and x.dtype != torch.float32,
