@@ -357,6 +357,41 @@ def test_requests_arriving_after_a_burst_began_do_not_extend_it() -> None:
     assert late_waiting, "the test needs late requests still without a first token after the burst"
 
 
+def test_a_backlog_of_recomputes_is_scanned_for_a_burst_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KV thrash: requests preempted after their first token wait to be recomputed and outnumber the decodes. The
+    backlog takes the prefill budget, but none of them lacks a first token, so there is no burst to hold: the held
+    requests are scanned for one once, and later steps skip the scan until a request that may lack one appears
+    (``check_integrity`` asserts after every step that a skipped scan would have found nobody). Outputs are those of
+    a roomy pool."""
+    entered = scanned = looked_at = 0
+    begin, lacks = Scheduler._begin_burst, Scheduler._lacks_first_token
+
+    def counting_lacks(request: Request) -> bool:
+        nonlocal looked_at
+        looked_at += 1
+        return lacks(request)
+
+    def counting_begin(self: Scheduler) -> None:
+        nonlocal entered, scanned
+        before = looked_at
+        begin(self)
+        entered += 1
+        scanned += looked_at > before
+
+    monkeypatch.setattr(Scheduler, "_lacks_first_token", staticmethod(counting_lacks))
+    monkeypatch.setattr(Scheduler, "_begin_burst", counting_begin)
+    budgets = {"prefill_mode": "chunked", "max_num_batched_tokens": 8, "max_prefill_tokens": 48}
+    roomy, tight = make_scheduler(num_blocks=256, **budgets), make_scheduler(num_blocks=20, **budgets)
+    for scheduler in (roomy, tight):
+        for rid in range(1, 17):
+            scheduler.add(request(rid, prompt_len=9 + rid % 5, max_tokens=40, first_token=rid * 20))
+    expected = run_to_completion(roomy, FakeEngine())
+    entered = scanned = 0
+    assert run_to_completion(tight, FakeEngine()) == expected
+    assert tight.num_preemptions > 16
+    assert 1 <= scanned < entered, (entered, scanned)
+
+
 def test_one_long_prompt_beside_decoding_streams_keeps_the_step_budget() -> None:
     """One prompt arriving while streams decode is no burst (a backlog of one does not outnumber them): every step
     of its prefill keeps the step budget."""

@@ -105,6 +105,11 @@ class Scheduler:
         # arrival index up to it that have no first token, and it is not empty; else empty.
         self._burst_through: int | None = None
         self._burst_pending: set[int] = set()
+        # True once a scan for a burst's members found none, until a request that may lack a first token appears
+        # (an arrival, a preemption that drops a first token in flight): a backlog of recomputes after preemptions
+        # (KV thrash) then costs no scan of every held request each step. Invariant (``check_integrity``): while
+        # True, no held request lacks a first token.
+        self._no_burst_members = False
 
     # -- queries -------------------------------------------------------------------------------------
     @property
@@ -134,6 +139,7 @@ class Scheduler:
         self._session_counts[session_of(request)] += 1
         self.waiting.append(request)
         self.waiting_prompt_tokens += len(request.prompt_ids)
+        self._no_burst_members = False
         if self._burst_through is not None and request.arrival_index <= self._burst_through:
             self._burst_pending.add(request.request_id)  # only out of order (tests): arrivals come after a burst
 
@@ -234,11 +240,16 @@ class Scheduler:
 
     def _begin_burst(self) -> None:
         """Hold the burst of the requests held now without a first token (waiting, or prefilling; not one
-        recomputing after a preemption that came after its first token): O(requests held), once a burst."""
+        recomputing after a preemption that came after its first token): O(requests held), once a burst, and once
+        for a backlog without such requests (``_no_burst_members``) until one may have appeared."""
+        if self._no_burst_members:
+            return
         members = [r for r in self.requests.values() if self._lacks_first_token(r)]
         if members:
             self._burst_through = max(r.arrival_index for r in members)
             self._burst_pending = {r.request_id for r in members}
+        else:
+            self._no_burst_members = True
 
     @staticmethod
     def _lacks_first_token(request: Request) -> bool:
@@ -320,9 +331,10 @@ class Scheduler:
         request.needs_reset = True
         request.num_preemptions += 1
         self.num_preemptions += 1
-        if (self._burst_through is not None and request.arrival_index <= self._burst_through
-                and self._lacks_first_token(request)):
-            self._burst_pending.add(request.request_id)  # its first token was in flight and is dropped: it waits again
+        if self._lacks_first_token(request):  # its first token was in flight and is dropped: it waits again
+            self._no_burst_members = False
+            if self._burst_through is not None and request.arrival_index <= self._burst_through:
+                self._burst_pending.add(request.request_id)
         self.waiting.append(request)
         self.waiting_prompt_tokens += len(request.prompt_ids)
 
@@ -479,6 +491,8 @@ class Scheduler:
             assert self._burst_pending == {r.request_id for r in self.requests.values()
                                            if r.arrival_index <= through and self._lacks_first_token(r)}
             assert self._burst_pending, "a burst without members ended"
+        if self._no_burst_members:
+            assert not any(self._lacks_first_token(r) for r in self.requests.values())
         if kv is not None:
             kv.check_integrity()
             pending = {rid for rid, _ in self._releases}
