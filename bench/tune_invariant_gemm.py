@@ -12,7 +12,8 @@ For each of ``--models`` (dummy shapes from the preset, built on the meta device
 them: q/k/v and gate/up one matrix each), every distinct ``[N, K]`` weight the step multiplies (the layers' and, apart,
 the head's) is timed at each of ``--tokens`` rows: ``kit.graph_timing.time_calls`` over copies of the weight cycled so
 that each call reads it from HBM, as a step's layers do. A row of the table is a candidate; its cells are the step's
-GEMM time summed over the layers (µs), and the head's. Today's configuration is first; cuBLAS last.
+GEMM time summed over the layers (µs), and the head's. Today's configuration is first; cuBLAS last. Then, per
+shape and M, the fastest candidate: the configuration may follow N and K (never M), so a per-shape choice is allowed.
 
   python3 bench/tune_invariant_gemm.py                       # 26B-A4B and Qwen3-30B-A3B, M = 1, 64, 2048 (~2 min)
   TRITON_INTERPRET=1 uv run python bench/tune_invariant_gemm.py --smoke   # tiny presets, M = 1, 3 (a dry run)
@@ -128,6 +129,7 @@ def main() -> int:
         rows = [(f"{c.block_m}, {c.block_n}, {c.block_k}, {c.num_warps}, {c.num_stages}", str(t), invariant_with(c, t))
                 for c, t in candidates]
         rows.append(("cuBLAS (F.linear)", "-", torch.nn.functional.linear))
+        times: dict[tuple[tuple[int, int], int], dict[str, float]] = collections.defaultdict(dict)
         for tile, target, linear in rows:
             if time.monotonic() - started > args.time_limit:
                 print(f"| {tile} | {target} | skipped past --time-limit |", flush=True)
@@ -135,14 +137,29 @@ def main() -> int:
             cells = []
             try:
                 for m in tokens:
-                    layers = sum(count * time_shape(linear, n, k, m, device, args.reps)
-                                 for (n, k), count in shapes.items())
+                    per_shape = {shape: time_shape(linear, *shape, m, device, args.reps) for shape in shapes}
+                    for shape, seconds in per_shape.items():
+                        times[shape, m][f"{tile} / {target}"] = seconds
+                    layers = sum(count * per_shape[shape] for shape, count in shapes.items())
                     # the head at decode sizes only (a chunk's logits are one row a sequence)
                     head_s = time_shape(linear, *head, m, device, args.reps) if m <= 64 else None
                     cells += [f"{layers * 1e6:.0f}", f"{head_s * 1e6:.0f}" if head_s else "-"]
             except Exception as err:  # shared memory or registers: not a candidate
                 cells = [f"failed: {type(err).__name__}: {str(err)[:80]}"]
             print(f"| {tile} | {target} | {' | '.join(cells)} |", flush=True)
+        # N and K may choose the configuration (a row's bits only must not follow M): the fastest per shape
+        print("\n| shape (N, K) x launches | M | fastest invariant (tile / target): µs | today's µs | cuBLAS µs |\n"
+              "|---|---|---|---|---|")
+        today = f"{rows[0][0]} / {rows[0][1]}"
+        for (shape, m), by_candidate in sorted(times.items()):
+            ours = {name: t for name, t in by_candidate.items() if not name.startswith("cuBLAS")}
+            if not ours:
+                continue
+            best = min(ours, key=ours.__getitem__)
+            blas = by_candidate.get("cuBLAS (F.linear) / -")
+            blas_us = f"{blas * 1e6:.1f}" if blas else "-"
+            print(f"| {shape} x {shapes[shape]} | {m} | {best}: {ours[best] * 1e6:.1f} | "
+                  f"{ours.get(today, float('nan')) * 1e6:.1f} | {blas_us} |", flush=True)
     print(f"\ndone in {time.monotonic() - started:.0f} s")
     return 0
 
