@@ -410,9 +410,11 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> None:
 
 INVARIANT_TILES = {  # head_dim: DETERMINISTIC's (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates beside today's
     128: [(64, 64, 4, 2), (128, 64, 4, 2), (64, 32, 4, 2)],
-    256: [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
-    512: [(32, 32, 4, 2), (16, 32, 4, 2), (32, 16, 4, 2), (64, 32, 8, 2), (16, 16, 4, 2)],
+    256: [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2)],
+    512: [(32, 32, 4, 2), (32, 16, 4, 2), (64, 32, 8, 2)],
 }
+"""16-row tiles are not among them: they kept the bits but made the aligned prefill 1.4-2.8x slower (docs/benchmarks.md,
+Retired experiments)."""
 INVARIANT_SPLIT_KEYS = (256, 128)
 """KV split sizes tried with today's tile (the other tiles: today's split, ``KV_SPLIT_KEYS``)."""
 INVARIANT_BIT_CONTEXTS = (300, 512, 1000, 2100)
@@ -442,18 +444,18 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
     """DETERMINISTIC's attention tiles: per layer kind of Qwen3-30B-A3B and Gemma-4-26B-A4B, today's small tile and
     ``INVARIANT_TILES`` (with ``INVARIANT_SPLIT_KEYS`` for today's), each timed as the aligned prefill of a
     ``--chunk``-query chunk at the end of ``--context`` keys, and as ``invariant_decode_attention`` at batch 1 and 64
-    over 512 keys (random bf16 K/V in scattered 16-token pages; batch 1 reads from L2). The decode at a 16-row tile
-    beside the prefill's (``decode 16 rows``) too. Bits: the decode rows of ``INVARIANT_BIT_CONTEXTS`` against the
-    aligned prefill's last query (a 48-query chunk), equal or not; a tile whose decode differs cannot be used, and
-    equal here is not enough: on random K/V the decode at 16 rows equalled the prefill at 32-128 everywhere (H100,
-    2026-12-05), yet the engine's deterministic GPU tests then failed (tests/test_deterministic_cuda.py decides)."""
+    over 512 keys (``decode_case``: the keys' pages scattered, cycled over copies that miss L2, as the decode sweep
+    times). Bits: the decode rows of ``INVARIANT_BIT_CONTEXTS`` against the aligned prefill's last query (a 48-query
+    chunk), equal or not; a tile whose decode differs cannot be used, and equal here is not enough: on random K/V a
+    decode on 16 query rows equalled the prefill on 32-128 everywhere (H100, 2026-12-05), yet the engine's
+    deterministic GPU tests then failed with it (tests/test_deterministic_cuda.py decides)."""
     from inference_server.kernels.invariant_decode_attention import invariant_decode_attention
 
     started = time.monotonic()
     for name, heads, kv_heads, head_dim, window in layer_kinds():
         group = heads // kv_heads
         gen = torch.Generator(device="cpu").manual_seed(head_dim)
-        longest = max(args.context, 64 * 512, sum(INVARIANT_BIT_CONTEXTS))
+        longest = max(args.context, sum(INVARIANT_BIT_CONTEXTS))
         blocks = -(-longest // PAGE) + 64
         k_cache = (torch.randn(blocks, PAGE, kv_heads, head_dim, generator=gen) * head_dim ** -0.25).to(
             device, torch.bfloat16)
@@ -480,8 +482,12 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
         ctx = torch.tensor([args.context], dtype=torch.int32, device=device)
         keys = sum(min(args.context - args.chunk + i + 1, window or args.context) for i in range(args.chunk))
         flops = 4.0 * keys * head_dim * heads
-        decode_points = {b: (queries(b), tables_for([512] * b), torch.full((b,), 512, dtype=torch.int32,
-                                                                            device=device)) for b in (1, 64)}
+        kind = DecodeKind(name, heads, kv_heads, head_dim, window)
+        decode_points = []  # (q, K cache, V cache, a table per copy, lengths) at batch 1 and 64, 512 keys
+        for batch in (1, 64):
+            copies = rotation(decode_bytes(kind, batch, min(512, window or 512)), device_l2_bytes(device),
+                              max_copies=256)
+            decode_points.append(decode_case(kind, batch, 512, copies, device))
         bit_q = queries(len(INVARIANT_BIT_CONTEXTS))
         bit_tables = tables_for(list(INVARIANT_BIT_CONTEXTS))
         bit_ctx = torch.tensor(INVARIANT_BIT_CONTEXTS, dtype=torch.int32, device=device)
@@ -491,7 +497,7 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
         print(f"\n{name}: {heads} heads / {kv_heads} kv heads (G={group}); prefill {args.chunk} queries at the end "
               f"of {args.context} keys; decode 512 keys\n"
               "| BLOCK_M | BLOCK_N | warps | stages | split keys | prefill us (TFLOP/s) | decode B=1 us | "
-              "decode B=64 us | bits | decode 16 rows: B=1 / B=64 us, bits |\n" + "|---" * 10 + "|", flush=True)
+              "decode B=64 us | bits |\n" + "|---" * 9 + "|", flush=True)
         original = prefill_attention._prefill_config
         for tile, split_keys in candidates:
             if time.monotonic() - started > args.time_limit:
@@ -507,20 +513,15 @@ def run_invariant(args: argparse.Namespace, device: torch.device) -> None:
                 cells.append(f"{seconds * 1e6:.0f} ({flops / seconds / 1e12:.0f})")
                 expected = aligned_prefill_rows(bit_q, k_cache, v_cache, bit_tables, list(INVARIANT_BIT_CONTEXTS),
                                                 window, split_keys)
-                for rows in (None, 16):
-                    if rows is not None and rows >= tile[0]:
-                        cells.append("same tile")
-                        continue
-                    decode = functools.partial(invariant_decode_attention, k_cache=k_cache, v_cache=v_cache,
-                                               scale=head_dim ** -0.5, window=window, max_context_len=131072,
-                                               block_m=rows, split_keys=split_keys)
-                    times = [time_calls([functools.partial(decode, q, block_tables=t, context_lens=c)], device,
-                                        args.reps) for q, t, c in decode_points.values()]
-                    got = decode(bit_q, block_tables=bit_tables, context_lens=bit_ctx)
-                    same = "equal" if torch.equal(got, expected) else (
-                        f"differ {(got.float() - expected.float()).abs().max().item():.1e}")
-                    text = f"{times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} | {same}"
-                    cells.append(text if rows is None else text.replace(" | ", " / ", 1).replace(" | ", ", "))
+                decode = functools.partial(invariant_decode_attention, scale=head_dim ** -0.5, window=window,
+                                           max_context_len=131072, split_keys=split_keys)
+                for q, k_point, v_point, tables, lens in decode_points:
+                    calls = [functools.partial(decode, q, k_point, v_point, tables[c % len(tables)], lens)
+                             for c in range(calls_per_graph(len(tables), at_least=4))]
+                    cells.append(f"{time_calls(calls, device, args.reps) * 1e6:.1f}")
+                got = decode(bit_q, k_cache, v_cache, bit_tables, bit_ctx)
+                cells.append("equal" if torch.equal(got, expected) else
+                             f"differ {(got.float() - expected.float()).abs().max().item():.1e}")
             except Exception as err:  # out of shared memory or registers: not a candidate
                 cells.append(f"failed: {type(err).__name__}: {str(err)[:80]}")
             finally:
