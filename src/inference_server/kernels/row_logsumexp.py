@@ -10,8 +10,8 @@ over a fixed ``BLOCK`` with fixed warps: one reduction tree), folded into the ru
 
 Why it exists: ``torch.logsumexp`` over ``[B, V]`` chooses how to split a row's reduction across thread blocks by
 the tensor's shape, so a row's log-normaliser (and the logprob every response carries) moved by an ulp with the
-batch; ``sampler.sample(row_invariant=True)`` reduced row by row instead, B launches of four kernels a step (3.3 ms
-of a 28 ms step at batch 64 on Gemma-4-26B-A4B's 262,144-token vocabulary). One launch here. No host sync, grid
+batch; ``sampler.sample(row_invariant=True)`` reduced row by row instead, B launches of four kernels a step (what
+that cost at batch 64: docs/benchmarks.md, Deterministic inference). One launch here. No host sync, grid
 from the shape only (CUDA-graph capturable).
 """
 
