@@ -7,7 +7,6 @@ the paged storage and builds the step runner for the chosen backend.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 import attrs
@@ -33,8 +32,6 @@ docs/reliability.md), because aborts, deadlines and new requests are honoured be
 CUDA_PREFILL_BUDGET_FACTOR = 4
 """A CUDA step without decodes takes this many times the step budget by default (``MAX_PREFILL_TOKENS=0``): a long
 prompt alone is prefilled in larger chunks, which run closer to the compute limit (docs/benchmarks.md, Prefill)."""
-
-log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -111,12 +108,9 @@ def step_memory_reserve(settings: Settings, loaded: LoadedModel, device: torch.d
 
     _, prefill_budget = step_budgets(settings, device)
     with phase("measuring the largest step's memory"):
-        step_bytes = largest_step_bytes(settings, loaded, device, dtype,
-                                        max_model_len=_requested_model_len(settings, loaded.spec, device),
-                                        largest_step_tokens=prefill_budget)
-    log.info("largest step (%d tokens) measured at %.2f GiB beside the weights; the KV pool leaves it free",
-             prefill_budget, step_bytes / 2**30)
-    return step_bytes
+        return largest_step_bytes(settings, loaded, device, dtype,
+                                  max_model_len=_requested_model_len(settings, loaded.spec, device),
+                                  largest_step_tokens=prefill_budget)
 
 
 def build_kv_manager(settings: Settings, spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,

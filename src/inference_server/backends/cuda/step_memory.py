@@ -13,6 +13,8 @@ the same variants in the process's cache.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from inference_server.backends.cuda.options import CudaRunnerOptions
@@ -20,6 +22,8 @@ from inference_server.backends.cuda.runner import CudaModelRunner, largest_warmu
 from inference_server.backends.paged_kv import PagedKVStorage, group_of
 from inference_server.config import Settings
 from inference_server.models.loading.source import LoadedModel
+
+log = logging.getLogger(__name__)
 
 
 def largest_step_bytes(settings: Settings, loaded: LoadedModel, device: torch.device, dtype: torch.dtype, *,
@@ -36,10 +40,12 @@ def largest_step_bytes(settings: Settings, loaded: LoadedModel, device: torch.de
     runner = run_largest_step(settings, loaded, device, dtype, max_model_len=max_model_len,
                               largest_step_tokens=largest_step_tokens)
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - held
+    peak = max(0, torch.cuda.max_memory_allocated(device) - held)
     del runner
     torch.cuda.empty_cache()
-    return max(0, peak)
+    log.info("the largest step (%d tokens) measured at %.2f GiB beside the weights; the KV pool leaves it free",
+             largest_warmup_step(largest_step_tokens, max_model_len, settings.max_batch_size), peak / 2**30)
+    return peak
 
 
 def run_largest_step(settings: Settings, loaded: LoadedModel, device: torch.device, dtype: torch.dtype, *,
