@@ -84,6 +84,10 @@ def test_gated_gemv_and_route_equals_the_two_launches(T: int, dtype: torch.dtype
     torch.testing.assert_close(weights, ref_w, rtol=tolerance, atol=tolerance)
 
 
+# The invalid id's pair: its gate/up program writes nothing, so the down program reads an uninitialised row of the
+# intermediate buffer (and discards the product, as its epilogue gives the pair zeros): numpy may warn on that garbage.
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("T", [1, 2])
 @pytest.mark.parametrize("dtype,int8", [(torch.bfloat16, False), (torch.float32, False), (torch.bfloat16, True)])
 def test_expert_gate_up_beside_gemv_equals_the_standalone_launches(T: int, dtype: torch.dtype, int8: bool) -> None:
