@@ -117,9 +117,12 @@ class ServerProcess:
         url = url_from_lines(lines, self.process, timeout)
         if url is not None:
             return url
+        exited = self.process.poll()
         self.stop()
         tail = "\n".join(line for _, line in self.log[-30:])
-        raise SystemExit(f"the server did not start within {timeout:.0f} s:\n{tail}")
+        why = f"exited (status {exited}) before it was ready" if exited is not None \
+            else f"did not start within {timeout:.0f} s"
+        raise SystemExit(f"the server {why}:\n{tail}")
 
     def _children(self) -> list[int]:
         """The server's child processes now (Linux; empty elsewhere)."""
