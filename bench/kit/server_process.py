@@ -87,8 +87,10 @@ def launched(env: Mapping[str, str], log_path: Path, *, command: list[str] | Non
     try:
         url = wait_for_url(process, start_timeout)
         if url is None:
-            raise ServerDidNotStart(f"the server did not start within {start_timeout:.0f} s:\n"
-                                    f"{log_path.read_text(errors='replace')[-4000:]}")
+            exited = process.poll()
+            why = f"exited (status {exited}) before it was listening" if exited is not None \
+                else f"did not start within {start_timeout:.0f} s"
+            raise ServerDidNotStart(f"the server {why}:\n{log_path.read_text(errors='replace')[-4000:]}")
         if ready_timeout and not wait_until_ready(url, ready_timeout, process):
             raise ServerDidNotStart(f"{url}/ready did not answer 200 within {ready_timeout:.0f} s:\n"
                                     f"{log_path.read_text(errors='replace')[-4000:]}")
