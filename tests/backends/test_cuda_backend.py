@@ -465,7 +465,7 @@ def test_engine_factory_builds_cuda_runner() -> None:
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_the_measured_step_runs_over_one_kv_block_a_group(monkeypatch: pytest.MonkeyPatch,
                                                           deterministic: bool) -> None:
-    """What ``largest_step_bytes`` measures before the KV pool exists: the largest warm-up step (72 tokens, three
+    """What ``largest_step_bytes`` measures before the KV pool exists: a warm-up step of 72 tokens (three
     sequences past a 32-token model length) through the runner's real eager path over a storage of one block a
     group (a model with sliding and full layers), in both kernel tables, leaving no request state behind."""
     from inference_server.backends.cuda.step_memory import run_largest_step
@@ -478,7 +478,7 @@ def test_the_measured_step_runs_over_one_kv_block_a_group(monkeypatch: pytest.Mo
     loaded = LoadedModel(model=model, spec=spec, tokenizer=None, name="tiny", load_seconds=0.0)
     settings = Settings(max_batch_size=4, kv_block_size=BLOCK, deterministic=deterministic)
     runner = run_largest_step(settings, loaded, torch.device("cpu"), torch.float32, max_model_len=2 * BLOCK,
-                              largest_step_tokens=72)
+                              step_tokens=72)
     assert set(runner.storage.num_blocks.values()) == {1} and len(runner.storage.num_blocks) == 2
     assert [tuple(len(seq.token_ids) for seq in plan.sequences) for plan in launched] == [(32, 32, 8)]
     assert runner.graphs is None and not runner._requests and runner.deterministic == deterministic

@@ -34,29 +34,28 @@ def largest_step_bytes(settings: Settings, loaded: LoadedModel, device: torch.de
     Everything else it allocated is freed and handed back to the device before it returns. 0 off CUDA."""
     if device.type != "cuda" or largest_step_tokens <= 0:
         return 0
+    step = largest_warmup_step(largest_step_tokens, max_model_len, settings.max_batch_size)
     torch.cuda.synchronize(device)
     held = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    runner = run_largest_step(settings, loaded, device, dtype, max_model_len=max_model_len,
-                              largest_step_tokens=largest_step_tokens)
+    runner = run_largest_step(settings, loaded, device, dtype, max_model_len=max_model_len, step_tokens=step)
     torch.cuda.synchronize(device)
     peak = max(0, torch.cuda.max_memory_allocated(device) - held)
     del runner
     torch.cuda.empty_cache()
     log.info("the largest step (%d tokens) measured at %.2f GiB beside the weights; the KV pool leaves it free",
-             largest_warmup_step(largest_step_tokens, max_model_len, settings.max_batch_size), peak / 2**30)
+             step, peak / 2**30)
     return peak
 
 
 def run_largest_step(settings: Settings, loaded: LoadedModel, device: torch.device, dtype: torch.dtype, *,
-                     max_model_len: int, largest_step_tokens: int) -> CudaModelRunner:
+                     max_model_len: int, step_tokens: int) -> CudaModelRunner:
     """The measured work: a runner without graphs over a KV storage of one block a group, built (its start-up
-    warm-up runs the one step of ``largest_warmup_step`` tokens, as several sequences past ``max_model_len``, their
-    KV written through block 0) and returned for the caller to drop."""
-    step = largest_warmup_step(largest_step_tokens, max_model_len, settings.max_batch_size)
+    warm-up runs the one step of ``step_tokens``, as several sequences past ``max_model_len``, their KV written
+    through block 0) and returned for the caller to drop."""
     blocks = {group_of(layer): 1 for layer in loaded.spec.cache_layers}
     storage = PagedKVStorage(loaded.spec.cache_layers, blocks, settings.kv_block_size, dtype, device)
     options = CudaRunnerOptions(max_model_len=max_model_len, max_batch_size=settings.max_batch_size,
-                                eager_warmup_tokens=(step,), cuda_graphs=False,
+                                eager_warmup_tokens=(step_tokens,), cuda_graphs=False,
                                 reference_ops=settings.deterministic, deterministic=settings.deterministic)
     return CudaModelRunner(loaded.model, loaded.spec, storage, device, options)
