@@ -344,6 +344,10 @@ def test_gpu_deterministic_and_graph_capturable() -> None:
     assert int(moe_decode._arrival_counters(x.device).count_nonzero()) == 0
 
 
+# The out-of-range id's pair: its gate/up program writes nothing, so the down program reads an uninitialised row of
+# the intermediate buffer (and its epilogue gives the pair zeros): numpy may warn on that garbage.
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize(("kind", "H", "inter"), [("float", 64, 48), ("float", 96, 40), ("int8", 64, 48),
                                                    ("int8", 104, 40), ("int8-bytes", 64, 48)])
 def test_down_weights_before_the_wait_are_the_same_bits(kind: str, H: int, inter: int) -> None:
